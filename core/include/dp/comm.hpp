@@ -1,0 +1,43 @@
+#pragma once
+// Communicators: collectives over the replicas of one trial. One Communicator object per rank;
+// each rank's thread calls the same collectives in the same order.
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dp {
+
+class Backend;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string kind() const = 0;  // "inprocess", "nccl", "cuda-same-device", ...
+
+  /// In place: data[i] = sum over ranks of data[i]. `data` is memory of this rank's backend.
+  /// The summation order is fixed (rank 0, 1, ...) wherever the transport allows, so results are
+  /// deterministic. On GPU backends the call is ordered on the rank's stream and may return
+  /// before the sum is complete; later work on that stream sees the result.
+  virtual void allreduce_sum(float* data, size_t count) = 0;
+  /// In place: every rank's data = root's data.
+  virtual void broadcast(float* data, size_t count, int root) = 0;
+  /// Returns when every rank has called barrier() (and, on GPUs, their queued work is done).
+  virtual void barrier() = 0;
+  /// Called when this rank failed: every rank blocked in (or later entering) a collective of
+  /// this group throws dp::AbortedError instead of waiting forever. Safe from any thread.
+  virtual void abort() noexcept = 0;
+};
+
+/// Communicators for replicas living in this process, one per backend, in rank order.
+/// CPU backends: a host-memory path through shared buffers (fixed summation order).
+/// CUDA backends on distinct devices: NCCL. CUDA backends sharing a device: a same-device path
+/// (NCCL refuses two ranks on one GPU).
+std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks);
+
+/// The host-memory in-process communicator (used directly by tests).
+std::vector<std::unique_ptr<Communicator>> make_inprocess_communicators(int ranks);
+
+}  // namespace dp

@@ -1,0 +1,183 @@
+#pragma once
+// The layers. Parameter names and shapes follow PyTorch (Conv2d.weight (K,C,R,S), .bias (K);
+// Linear.weight (OUT,IN), .bias (OUT); BatchNorm2d.weight/.bias/.running_mean/.running_var),
+// so checkpoints map one to one onto the PyTorch reference models.
+#include <memory>
+#include <string>
+
+#include "dp/module.hpp"
+
+namespace dp {
+
+/// x (N,C,H,W) -> (N,K,P,Q). Weights default to N(0, 0.01^2) and biases to 0, as d2l does.
+class Conv2d : public Module {
+ public:
+  struct Options {
+    int64_t kernel = 3;
+    int64_t stride = 1;
+    int64_t padding = 0;
+    bool bias = true;
+    Init weight_init = Init::normal(0.01f);
+    Init bias_init = Init::zeros();
+  };
+  Conv2d(int64_t in_channels, int64_t out_channels, Options options);
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride = 1,
+         int64_t padding = 0, bool bias = true);
+  const char* type() const override { return "Conv2d"; }
+  void declare(ParamRegistry& registry, const std::string& prefix) override;
+  void describe(std::ostream& os, int indent = 0) const override;
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  int64_t in_, out_;
+  Options opt_;
+  ParamHandle w_, b_;
+  std::unique_ptr<ConvPlan> plan_;
+  Tensor x_, y_, dx_;  // x_: the last input (a view of the producer's output)
+};
+
+/// Per-channel batch norm on (N,C,H,W). Training: batch statistics (per replica unless
+/// synchronised), running statistics with momentum; evaluation: running statistics.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f);
+  const char* type() const override { return "BatchNorm2d"; }
+  void declare(ParamRegistry& registry, const std::string& prefix) override;
+  void describe(std::ostream& os, int indent = 0) const override;
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  int64_t c_;
+  float eps_, momentum_;
+  ParamHandle gamma_, beta_, mean_, var_;
+  Tensor x_, y_, dx_, save_mean_, save_invstd_;
+};
+
+class ReLU : public Module {
+ public:
+  const char* type() const override { return "ReLU"; }
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  Tensor y_, dx_;
+};
+
+class AvgPool2d : public Module {
+ public:
+  AvgPool2d(int64_t kernel, int64_t stride, int64_t padding = 0);
+  const char* type() const override { return "AvgPool2d"; }
+  void describe(std::ostream& os, int indent = 0) const override;
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  PoolGeometry g_;
+  Tensor y_, dx_;
+};
+
+class MaxPool2d : public Module {
+ public:
+  MaxPool2d(int64_t kernel, int64_t stride, int64_t padding = 0);
+  const char* type() const override { return "MaxPool2d"; }
+  void describe(std::ostream& os, int indent = 0) const override;
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  PoolGeometry g_;
+  Tensor x_, y_, dx_;
+};
+
+/// (N,C,H,W) -> (N,C,1,1), as PyTorch's AdaptiveAvgPool2d((1,1)).
+class GlobalAvgPool : public Module {
+ public:
+  const char* type() const override { return "AdaptiveAvgPool2d"; }
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  Tensor y_, dx_;
+};
+
+/// (N,C,H,W) -> (N,C*H*W): a view, no copy (NCHW order, as PyTorch's flatten).
+class Flatten : public Module {
+ public:
+  const char* type() const override { return "Flatten"; }
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  Shape in_;
+};
+
+/// x (N,IN) -> (N,OUT). Weights default to N(0, 0.01^2), biases to 0.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true,
+         Init weight_init = Init::normal(0.01f), Init bias_init = Init::zeros());
+  const char* type() const override { return "Linear"; }
+  void declare(ParamRegistry& registry, const std::string& prefix) override;
+  void describe(std::ostream& os, int indent = 0) const override;
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  int64_t in_, out_;
+  bool has_bias_;
+  Init w_init_, b_init_;
+  ParamHandle w_, b_;
+  Tensor x_, y_, dx_;
+};
+
+/// The d2l residual block: y = ReLU(bn2(conv2(ReLU(bn1(conv1(x))))) + shortcut(x)) where
+/// shortcut is x, or conv3(x) (1x1, stride) when use_1x1conv. Children are named conv1, conv2,
+/// conv3, bn1, bn2 as in d2l's Residual.
+class Residual : public Module {
+ public:
+  Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv = false,
+           int64_t stride = 1);
+  const char* type() const override { return "Residual"; }
+  void declare(ParamRegistry& registry, const std::string& prefix) override;
+  void describe(std::ostream& os, int indent = 0) const override;
+  std::vector<Module*> children() override;
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  std::unique_ptr<Conv2d> conv1_, conv2_, conv3_;
+  std::unique_ptr<BatchNorm2d> bn1_, bn2_;
+  ReLU relu1_;
+  Tensor sum_, out_, dsum_, dx_;  // out_ = ReLU(sum_)
+};
+
+}  // namespace dp

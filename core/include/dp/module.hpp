@@ -1,0 +1,116 @@
+#pragma once
+// Modules: layers composed into models. Life cycle of one replica's model:
+//   1. construct (plugins do this through a ModelFactory),
+//   2. declare(registry, prefix)  -- parameters and buffers get their dotted names,
+//   3. registry.allocate(...) and registry.initialize(seed),
+//   4. setup(ctx, input shape with the largest batch) -- shape inference; every activation,
+//      gradient and scratch buffer is allocated here from the replica's Arena,
+//   5. forward/backward every step, with any batch size up to the one given to setup.
+// No memory is allocated after setup.
+#include <cstddef>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "dp/backend.hpp"
+#include "dp/params.hpp"
+#include "dp/tensor.hpp"
+
+namespace dp {
+
+class Communicator;
+
+/// Sub-allocates tensors for one replica from large blocks of backend memory. Everything is
+/// released when the Arena is destroyed.
+class Arena {
+ public:
+  explicit Arena(Backend& backend, size_t block_bytes = size_t{64} << 20);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  Tensor allocate(Shape shape, DType dtype = DType::f32, Layout layout = Layout::nchw);
+  void* allocate_bytes(size_t bytes);  // 256-byte aligned
+  size_t bytes_used() const { return used_; }
+  Backend& backend() { return backend_; }
+
+ private:
+  Backend& backend_;
+  size_t block_bytes_;
+  std::vector<void*> blocks_;
+  char* cursor_ = nullptr;
+  size_t left_ = 0;
+  size_t used_ = 0;
+};
+
+struct SetupContext {
+  Backend& backend;
+  Arena& arena;
+  ParamRegistry& params;
+  Layout layout = Layout::nchw;  // layout of activations
+};
+
+struct RunContext {
+  Backend& backend;
+  ParamRegistry& params;
+  bool training = true;
+  Communicator* comm = nullptr;  // this replica's communicator (for synchronised BN); may be null
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  /// "Conv2d", "Sequential", ... (as PyTorch names the class).
+  virtual const char* type() const = 0;
+  /// Declares parameters/buffers under `prefix` (e.g. "resnet_block2.0." or "" at the root).
+  virtual void declare(ParamRegistry& registry, const std::string& prefix) {}
+
+  /// Shape inference and allocation. `input` includes the largest batch. Returns output shape.
+  Shape setup(SetupContext& ctx, const Shape& input);
+  /// x's shape must equal the setup input shape except for a batch <= the setup batch.
+  Tensor forward(RunContext& ctx, const Tensor& x);
+  /// dy has the shape of the last forward's output. Computes parameter gradients (overwriting)
+  /// and, when need_dx, returns dx (an empty Tensor otherwise).
+  Tensor backward(RunContext& ctx, const Tensor& dy, bool need_dx);
+
+  const Shape& input_shape() const { return input_; }
+  const Shape& output_shape() const { return output_; }
+  /// Multi-line description with shapes (after setup), PyTorch-print style.
+  virtual void describe(std::ostream& os, int indent = 0) const;
+  /// Direct children, for traversal (empty for leaves).
+  virtual std::vector<Module*> children() { return {}; }
+
+ protected:
+  virtual Shape do_setup(SetupContext& ctx, const Shape& input) = 0;
+  virtual Tensor do_forward(RunContext& ctx, const Tensor& x) = 0;
+  virtual Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) = 0;
+
+ private:
+  Shape input_, output_;
+  int64_t last_batch_ = -1;
+};
+
+/// Children run in order; named "0", "1", ... unless a name is given (PyTorch add_module).
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential& add(std::unique_ptr<Module> m);
+  Sequential& add(const std::string& name, std::unique_ptr<Module> m);
+  size_t size() const { return mods_.size(); }
+  Module& at(size_t i) { return *mods_.at(i).second; }
+  const char* type() const override { return "Sequential"; }
+  void declare(ParamRegistry& registry, const std::string& prefix) override;
+  void describe(std::ostream& os, int indent = 0) const override;
+  std::vector<Module*> children() override;
+
+ protected:
+  Shape do_setup(SetupContext& ctx, const Shape& input) override;
+  Tensor do_forward(RunContext& ctx, const Tensor& x) override;
+  Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> mods_;
+};
+
+}  // namespace dp

@@ -1,0 +1,96 @@
+#pragma once
+// The parameters, gradients and buffers of one replica's model, each kind in ONE flat buffer,
+// so gradients are allreduced over contiguous memory and checkpoints are one write.
+// Names are PyTorch-style dotted paths ("resnet_block2.0.conv1.weight").
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dp/tensor.hpp"
+
+namespace dp {
+
+class Backend;
+
+/// How a parameter or buffer is initialised.
+struct Init {
+  enum class Kind { constant, normal, uniform };
+  Kind kind = Kind::constant;
+  float a = 0.0f;  // constant: value; normal: mean; uniform: low
+  float b = 0.0f;  // normal: standard deviation; uniform: high
+  static Init zeros() { return {Kind::constant, 0.0f, 0.0f}; }
+  static Init ones() { return {Kind::constant, 1.0f, 0.0f}; }
+  static Init constant(float v) { return {Kind::constant, v, 0.0f}; }
+  static Init normal(float stddev, float mean = 0.0f) { return {Kind::normal, mean, stddev}; }
+  static Init uniform(float low, float high) { return {Kind::uniform, low, high}; }
+};
+
+struct ParamHandle {
+  int index = -1;
+  bool valid() const { return index >= 0; }
+};
+
+class ParamRegistry {
+ public:
+  struct Entry {
+    std::string name;
+    Shape shape;
+    Init init;
+    bool trainable = true;  // false: a buffer (BN running statistics)
+    size_t offset = 0;      // in floats, into the flat buffer of its kind (64-byte aligned)
+  };
+
+  /// Declares a trainable parameter. Names must be unique (throws dp::Error otherwise).
+  ParamHandle add_parameter(const std::string& name, Shape shape, Init init);
+  /// Declares a non-trainable buffer (averaged across replicas before evaluation).
+  ParamHandle add_buffer(const std::string& name, Shape shape, Init init);
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  const Entry& entry(ParamHandle h) const;
+  /// Floats in the flat parameter buffer (= gradient buffer) and in the flat buffer of buffers,
+  /// padding included.
+  size_t parameter_floats() const { return param_floats_; }
+  size_t buffer_floats() const { return buffer_floats_; }
+  /// Number of trainable scalars (no padding).
+  size_t parameter_count() const;
+
+  /// Allocates the flat buffers on the backend (params, grads, buffers; momentum when asked).
+  /// Freed by the destructor.
+  void allocate(Backend& backend, bool with_momentum);
+  bool allocated() const { return backend_ != nullptr; }
+  /// Fills parameters and buffers from `seed`, identically for every registry with the same
+  /// declarations; gradients and momentum are zeroed.
+  void initialize(uint64_t seed);
+
+  Tensor param(ParamHandle h) const;
+  Tensor grad(ParamHandle h) const;
+  Tensor buffer(ParamHandle h) const;
+  Tensor params_flat() const;    // (parameter_floats)
+  Tensor grads_flat() const;     // (parameter_floats)
+  Tensor momentum_flat() const;  // (parameter_floats); empty when allocated without momentum
+  Tensor buffers_flat() const;   // (buffer_floats); may be empty
+
+  /// Host copies (downloaded; for checkpoints and tests), in flat order.
+  std::vector<float> download_params() const;
+  std::vector<float> download_buffers() const;
+  void upload_params(const std::vector<float>& flat);
+  void upload_buffers(const std::vector<float>& flat);
+
+  ParamRegistry() = default;
+  ParamRegistry(const ParamRegistry&) = delete;
+  ParamRegistry& operator=(const ParamRegistry&) = delete;
+  ~ParamRegistry();
+
+ private:
+  ParamHandle add(const std::string& name, Shape shape, Init init, bool trainable);
+  std::vector<Entry> entries_;
+  size_t param_floats_ = 0;
+  size_t buffer_floats_ = 0;
+  Backend* backend_ = nullptr;
+  float* params_ = nullptr;
+  float* grads_ = nullptr;
+  float* momentum_ = nullptr;
+  float* buffers_ = nullptr;
+};
+
+}  // namespace dp

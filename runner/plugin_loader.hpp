@@ -1,0 +1,50 @@
+#pragma once
+// Finding and loading model plugins with Boost.DLL. Every loaded library stays loaded until the
+// process ends (objects a plugin creates must never outlive its code).
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dp/plugin.hpp"
+
+namespace dprun {
+
+/// A plugin that could not be used. what() names the file and the problem.
+class PluginError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct LoadedModel {
+  dp::ModelFactory factory;
+  std::string plugin_path;  // absolute path of the shared library
+  uint32_t abi_version = 0;
+  std::string built_with;   // dprun version the plugin was built with
+};
+
+/// The folders searched, in order: `extra` (--plugins, each may be a folder or a file), then
+/// $DPRUN_PLUGIN_PATH (':'-separated), then the install's plugin folder
+/// (<exe>/../lib/dprun/plugins), then the build tree's plugin folder. Missing folders are
+/// skipped.
+std::vector<std::string> plugin_search_path(const std::vector<std::string>& extra);
+
+/// Loads one plugin file. Checks, in order: the file exists, it is a loadable shared library,
+/// it exports dprun_plugin_abi with the right magic, its ABI version equals ours, it exports
+/// dprun_plugin_models. Each failure is a PluginError naming the file and the problem (for the
+/// version: both versions).
+std::vector<LoadedModel> load_plugin(const std::string& file);
+
+struct PluginScan {
+  std::map<std::string, LoadedModel> models;  // by model name; the first found wins
+  std::vector<std::string> errors;            // plugins that failed to load (one message each)
+  std::vector<std::string> searched;          // folders searched
+};
+
+/// Loads every lib*.so in the search path (files named lib*dprun*.so or any .so given
+/// explicitly).
+PluginScan scan_plugins(const std::vector<std::string>& extra);
+
+/// sha256 (hex) of a file's bytes.
+std::string file_sha256(const std::string& file);
+
+}  // namespace dprun

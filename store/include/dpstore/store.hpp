@@ -1,0 +1,149 @@
+#pragma once
+// The SQLite store of dprun: experiments, trials and epochs. Knows nothing of training.
+// One file per database: WAL, foreign keys on, busy timeout; schema versioned with
+// PRAGMA user_version and migrated forward; a database from a newer dprun is refused.
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dps {
+
+/// Any store failure. Messages name the database file and what went wrong.
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// The schema version this build writes and reads.
+int schema_version();
+
+/// Every resolved setting of a trial; each becomes a column of `trials`.
+struct TrialSettings {
+  std::string model;
+  std::string model_options_json = "{}";  // plugin options, canonical JSON object
+  std::string dataset = "fashion-mnist";
+  std::string data_path;                 // resolved directory ("" until resolved)
+  int64_t gpus = 1;                      // data-parallel replicas
+  int64_t batch_size = 256;              // global batch
+  int64_t per_gpu_batch = 256;           // batch_size / gpus (rounded down)
+  double lr = 0.1;
+  int64_t epochs = 10;
+  int64_t seed = 0;
+  std::string optimizer = "sgd";
+  double momentum = 0.0;
+  double weight_decay = 0.0;
+  std::string precision = "fp32";
+  std::string layout = "nchw";
+  std::string bn_mode = "per-replica";   // or "sync"
+  int64_t eval_batch_size = 0;           // 0: same as batch_size
+  int64_t train_limit = 0;               // 0: all training examples; else the first n
+  int64_t test_limit = 0;
+  std::string backend_request = "auto";  // auto | cpu | cuda (what was asked)
+};
+
+enum class TrialStatus { pending, running, done, failed, diverged, interrupted, skipped };
+const char* status_name(TrialStatus s);
+TrialStatus parse_status(const std::string& s);  // throws StoreError on an unknown name
+
+struct TrialRow {
+  int64_t id = 0;
+  int64_t experiment_id = 0;
+  std::string config_hash;
+  int64_t ordinal = 0;  // position in the expanded sweep
+  TrialSettings settings;
+  TrialStatus status = TrialStatus::pending;
+  std::string error;
+  int64_t attempts = 0;
+  std::string backend;  // what ran: "cpu" / "cuda"
+  std::string devices;
+  bool oversubscribed = false;
+  std::string host;
+  std::string dprun_version;
+  std::string plugin_path, plugin_sha256;
+  std::string created_at, started_at, finished_at, heartbeat_at;  // ISO 8601 UTC
+  int64_t runner_pid = 0;
+  int64_t epochs_done = 0;  // rows in `epochs`
+};
+
+struct EpochRow {
+  int64_t trial_id = 0;
+  int64_t epoch = 0;  // 1-based
+  double train_loss = 0, train_acc = 0, test_acc = 0;
+  double seconds = 0, examples_per_second = 0;
+  double lr = 0;
+  double eval_seconds = 0;
+  int64_t peak_memory_bytes = 0;
+};
+
+/// What the runner learns when it starts a trial.
+struct TrialStart {
+  std::string backend, devices, host, dprun_version, plugin_path, plugin_sha256;
+  bool oversubscribed = false;
+  int64_t runner_pid = 0;
+};
+
+/// Result of a read-only query: column names and every value as text (NULL as nullopt).
+struct QueryResult {
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::optional<std::string>>> rows;
+};
+
+class Store {
+ public:
+  enum class Mode { read_write, read_only };
+  /// Opens (read_write: creating the file and parent folders, and migrating) the database.
+  /// read_only: the file must exist; every statement that would write fails.
+  Store(const std::string& path, Mode mode = Mode::read_write);
+  ~Store();
+  Store(Store&&) noexcept;
+  Store& operator=(Store&&) noexcept;
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  const std::string& path() const;
+  int user_version() const;
+
+  /// Finds the experiment by name, or creates it; stores the TOML source and its sha256
+  /// (updated when the file changed). Returns its id.
+  int64_t upsert_experiment(const std::string& name, const std::string& description,
+                            const std::string& toml_source);
+
+  /// Finds a trial of the experiment by config hash.
+  std::optional<TrialRow> find_trial(int64_t experiment_id, const std::string& config_hash);
+  /// Inserts a pending trial (or returns the existing one with that hash, its ordinal updated).
+  TrialRow ensure_trial(int64_t experiment_id, const std::string& config_hash, int64_t ordinal,
+                        const TrialSettings& settings);
+  std::optional<TrialRow> get_trial(int64_t trial_id);
+  std::vector<TrialRow> trials(int64_t experiment_id);
+
+  /// pending/failed/interrupted/... -> running: deletes any partial epochs of an earlier
+  /// attempt, increments attempts, records start info and heartbeat, clears the error.
+  void start_trial(int64_t trial_id, const TrialStart& start);
+  /// Writes one epoch row idempotently (INSERT OR REPLACE on (trial_id, epoch)) and refreshes
+  /// the heartbeat, in one transaction.
+  void record_epoch(const EpochRow& row);
+  void heartbeat(int64_t trial_id);
+  /// running -> done / failed / diverged / interrupted / skipped, with an error or reason.
+  void finish_trial(int64_t trial_id, TrialStatus status, const std::string& error = "");
+  /// Trials left `running` whose runner process is gone (pid not alive on this host) or whose
+  /// heartbeat is older than `stale_seconds` become `interrupted`. Returns how many.
+  int recover_stale(int64_t experiment_id, double stale_seconds);
+
+  std::vector<EpochRow> epochs(int64_t trial_id);
+
+  /// Runs one SQL statement with no side effects (the connection is opened read-only for
+  /// read_only stores; for read_write stores sqlite3_stmt_readonly is checked). A statement
+  /// that writes gives StoreError "query: only read-only statements are allowed".
+  QueryResult query(const std::string& sql);
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+/// Hex sha256 of a byte string (used for config hashes, TOML sources and plugin files).
+std::string sha256_hex(const std::string& bytes);
+
+}  // namespace dps
