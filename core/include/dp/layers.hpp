@@ -132,6 +132,7 @@ class Flatten : public Module {
 
  private:
   Shape in_;
+  Layout in_layout_ = Layout::nchw;  // layout of the last forward's input, given back to dx
 };
 
 /// x (N,IN) -> (N,OUT). Weights default to N(0, 0.01^2), biases to 0.

@@ -1,0 +1,414 @@
+// The leaf layers. Each allocates its output and input-gradient buffers once in do_setup (for
+// the largest batch) and hands out batch-sized views of them; forward keeps a view of its input
+// when backward needs it. Activations carry the layout of the model input; gradients take the
+// layout of the tensor they are the gradient of.
+#include <cstdio>
+#include <ostream>
+
+#include "dp/error.hpp"
+#include "dp/layers.hpp"
+#include "module_util.hpp"
+
+namespace dp {
+
+namespace detail {
+std::string py_float(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+}  // namespace detail
+
+namespace {
+
+// Rank-4 activations use the model's layout; flat (N, F) tensors have only one.
+Layout layout_for(const Shape& s, Layout l) { return s.rank == 4 ? l : Layout::nchw; }
+
+// A batch-sized view of a setup-time buffer, tagged with the layout of the tensor it derives
+// from (rank-4 only: flat tensors have one order).
+Tensor view(const Tensor& buffer, int64_t batch, Layout layout) {
+  Tensor t = buffer.with_batch(batch);
+  t.layout = layout_for(t.shape, layout);
+  return t;
+}
+
+void check_rank4(const Module& m, const std::string& what, const Shape& input) {
+  DP_CHECK(input.rank == 4, what + " expects (N, C, H, W) input, got " + input.str() + " (" +
+                                std::string(m.type()) + ")");
+}
+
+std::string pair(int64_t v) {
+  const std::string n = std::to_string(v);
+  std::string s = "(";  // appended step by step: GCC 12 warns falsely on "(" + std::string
+  s += n;
+  s += ", ";
+  s += n;
+  s += ")";
+  return s;
+}
+
+}  // namespace
+
+// ---- Conv2d -----------------------------------------------------------------------------------
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Options options)
+    : in_(in_channels), out_(out_channels), opt_(options) {
+  DP_CHECK(in_ >= 1 && out_ >= 1, "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
+                                      "): channel counts must be positive");
+  DP_CHECK(opt_.kernel >= 1 && opt_.stride >= 1 && opt_.padding >= 0,
+           "Conv2d: kernel and stride must be >= 1 and padding >= 0, got kernel " +
+               std::to_string(opt_.kernel) + ", stride " + std::to_string(opt_.stride) +
+               ", padding " + std::to_string(opt_.padding));
+}
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride,
+               int64_t padding, bool bias)
+    : Conv2d(in_channels, out_channels,
+             Options{.kernel = kernel, .stride = stride, .padding = padding, .bias = bias}) {}
+
+void Conv2d::declare(ParamRegistry& registry, const std::string& prefix) {
+  w_ = registry.add_parameter(prefix + "weight", {out_, in_, opt_.kernel, opt_.kernel},
+                              opt_.weight_init);
+  if (opt_.bias) b_ = registry.add_parameter(prefix + "bias", {out_}, opt_.bias_init);
+}
+
+void Conv2d::describe(std::ostream& os, int indent) const {
+  os << "Conv2d(" << in_ << ", " << out_ << ", kernel_size=" << pair(opt_.kernel)
+     << ", stride=" << pair(opt_.stride);
+  if (opt_.padding) os << ", padding=" << pair(opt_.padding);
+  if (!opt_.bias) os << ", bias=False";
+  os << ")";
+  detail::end_description(os, *this, indent);
+}
+
+Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
+  check_rank4(*this, "Conv2d", input);
+  DP_CHECK(input[1] == in_, "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
+                                ") expects " + std::to_string(in_) + " input channels, got " +
+                                input.str());
+  DP_CHECK(w_.valid(), "Conv2d: setup() before declare()");
+  ConvGeometry g;
+  g.max_batch = input[0];
+  g.in_channels = in_;
+  g.in_h = input[2];
+  g.in_w = input[3];
+  g.out_channels = out_;
+  g.kernel_h = g.kernel_w = opt_.kernel;
+  g.stride_h = g.stride_w = opt_.stride;
+  g.pad_h = g.pad_w = opt_.padding;
+  g.layout = ctx.layout;
+  DP_CHECK(input[2] + 2 * opt_.padding >= opt_.kernel && input[3] + 2 * opt_.padding >= opt_.kernel,
+           "Conv2d: kernel " + std::to_string(opt_.kernel) + " is larger than the padded input " +
+               input.str());
+  const Shape out{input[0], out_, g.out_h(), g.out_w()};
+  plan_ = ctx.backend.plan_conv(g);
+  y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
+  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  return out;
+}
+
+Tensor Conv2d::do_forward(RunContext& ctx, const Tensor& x) {
+  x_ = x;
+  const Tensor y = view(y_, x.shape[0], x.layout);
+  const Tensor w = ctx.params.param(w_);
+  if (b_.valid()) {
+    const Tensor b = ctx.params.param(b_);
+    ctx.backend.conv_forward(*plan_, x, w, &b, y);
+  } else {
+    ctx.backend.conv_forward(*plan_, x, w, nullptr, y);
+  }
+  return y;
+}
+
+Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  const Tensor dw = ctx.params.grad(w_);
+  if (b_.valid()) {
+    const Tensor db = ctx.params.grad(b_);
+    ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, &db);
+  } else {
+    ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr);
+  }
+  if (!need_dx) return Tensor();
+  const Tensor dx = view(dx_, dy.shape[0], x_.layout);
+  ctx.backend.conv_backward_data(*plan_, dy, ctx.params.param(w_), dx);
+  return dx;
+}
+
+// ---- BatchNorm2d ------------------------------------------------------------------------------
+
+BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum)
+    : c_(channels), eps_(eps), momentum_(momentum) {
+  DP_CHECK(c_ >= 1, "BatchNorm2d(" + std::to_string(c_) + "): channels must be positive");
+  DP_CHECK(eps_ > 0 && momentum_ >= 0 && momentum_ <= 1,
+           "BatchNorm2d: eps must be > 0 and momentum in [0, 1]");
+}
+
+void BatchNorm2d::declare(ParamRegistry& registry, const std::string& prefix) {
+  gamma_ = registry.add_parameter(prefix + "weight", {c_}, Init::ones());
+  beta_ = registry.add_parameter(prefix + "bias", {c_}, Init::zeros());
+  mean_ = registry.add_buffer(prefix + "running_mean", {c_}, Init::zeros());
+  var_ = registry.add_buffer(prefix + "running_var", {c_}, Init::ones());
+}
+
+void BatchNorm2d::describe(std::ostream& os, int indent) const {
+  os << "BatchNorm2d(" << c_ << ", eps=" << detail::py_float(eps_)
+     << ", momentum=" << detail::py_float(momentum_)
+     << ", affine=True, track_running_stats=True)";
+  detail::end_description(os, *this, indent);
+}
+
+Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
+  DP_CHECK((input.rank == 4 || input.rank == 2) && input[1] == c_,
+           "BatchNorm2d(" + std::to_string(c_) + ") expects (N, " + std::to_string(c_) +
+               ", H, W) or (N, " + std::to_string(c_) + ") input, got " + input.str());
+  DP_CHECK(gamma_.valid(), "BatchNorm2d: setup() before declare()");
+  const Layout l = layout_for(input, ctx.layout);
+  y_ = ctx.arena.allocate(input, DType::f32, l);
+  dx_ = ctx.arena.allocate(input, DType::f32, l);
+  save_mean_ = ctx.arena.allocate({c_});
+  save_invstd_ = ctx.arena.allocate({c_});
+  return input;
+}
+
+Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
+  x_ = x;
+  const Tensor y = view(y_, x.shape[0], x.layout);
+  const Tensor gamma = ctx.params.param(gamma_), beta = ctx.params.param(beta_);
+  const Tensor mean = ctx.params.buffer(mean_), var = ctx.params.buffer(var_);
+  if (ctx.training) {
+    ctx.backend.batchnorm_forward_train(x, gamma, beta, mean, var, momentum_, eps_, save_mean_,
+                                        save_invstd_, y);
+  } else {
+    ctx.backend.batchnorm_forward_infer(x, gamma, beta, mean, var, eps_, y);
+  }
+  return y;
+}
+
+Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  // The backend computes dx together with dgamma/dbeta, so dx is always written.
+  const Tensor dx = view(dx_, dy.shape[0], x_.layout);
+  ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_, dx,
+                                 ctx.params.grad(gamma_), ctx.params.grad(beta_));
+  return need_dx ? dx : Tensor();
+}
+
+// ---- ReLU -------------------------------------------------------------------------------------
+
+Shape ReLU::do_setup(SetupContext& ctx, const Shape& input) {
+  const Layout l = layout_for(input, ctx.layout);
+  y_ = ctx.arena.allocate(input, DType::f32, l);
+  dx_ = ctx.arena.allocate(input, DType::f32, l);
+  return input;
+}
+
+Tensor ReLU::do_forward(RunContext& ctx, const Tensor& x) {
+  // y_ keeps the layout of this forward's input so backward can give dx the same one.
+  y_.layout = x.layout;
+  const Tensor y = y_.with_batch(x.shape[0]);
+  ctx.backend.relu_forward(x, y);
+  return y;
+}
+
+Tensor ReLU::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  if (!need_dx) return Tensor();
+  const Tensor dx = view(dx_, dy.shape[0], y_.layout);
+  ctx.backend.relu_backward(y_.with_batch(dy.shape[0]), dy, dx);
+  return dx;
+}
+
+// ---- pooling ----------------------------------------------------------------------------------
+
+namespace {
+
+PoolGeometry make_pool(const char* type, int64_t kernel, int64_t stride, int64_t padding) {
+  DP_CHECK(kernel >= 1 && stride >= 1 && padding >= 0 && 2 * padding <= kernel,
+           std::string(type) + "(kernel_size=" + std::to_string(kernel) +
+               ", stride=" + std::to_string(stride) + ", padding=" + std::to_string(padding) +
+               "): kernel and stride must be >= 1 and padding at most half the kernel");
+  PoolGeometry g;
+  g.kernel_h = g.kernel_w = kernel;
+  g.stride_h = g.stride_w = stride;
+  g.pad_h = g.pad_w = padding;
+  return g;
+}
+
+Shape pool_output(const Module& m, const PoolGeometry& g, const Shape& input) {
+  check_rank4(m, m.type(), input);
+  DP_CHECK(input[2] + 2 * g.pad_h >= g.kernel_h && input[3] + 2 * g.pad_w >= g.kernel_w,
+           std::string(m.type()) + ": window " + std::to_string(g.kernel_h) +
+               " is larger than the padded input " + input.str());
+  return {input[0], input[1], g.out_h(input[2]), g.out_w(input[3])};
+}
+
+void describe_pool(std::ostream& os, const Module& m, const PoolGeometry& g, int indent,
+                   const char* extra) {
+  os << m.type() << "(kernel_size=" << g.kernel_h << ", stride=" << g.stride_h
+     << ", padding=" << g.pad_h << extra << ")";
+  detail::end_description(os, m, indent);
+}
+
+}  // namespace
+
+AvgPool2d::AvgPool2d(int64_t kernel, int64_t stride, int64_t padding)
+    : g_(make_pool("AvgPool2d", kernel, stride, padding)) {}
+
+void AvgPool2d::describe(std::ostream& os, int indent) const {
+  describe_pool(os, *this, g_, indent, "");
+}
+
+Shape AvgPool2d::do_setup(SetupContext& ctx, const Shape& input) {
+  const Shape out = pool_output(*this, g_, input);
+  y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
+  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  return out;
+}
+
+Tensor AvgPool2d::do_forward(RunContext& ctx, const Tensor& x) {
+  const Tensor y = view(y_, x.shape[0], x.layout);
+  dx_.layout = x.layout;
+  ctx.backend.avgpool_forward(g_, x, y);
+  return y;
+}
+
+Tensor AvgPool2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  if (!need_dx) return Tensor();
+  const Tensor dx = dx_.with_batch(dy.shape[0]);
+  ctx.backend.avgpool_backward(g_, dy, dx);
+  return dx;
+}
+
+MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride, int64_t padding)
+    : g_(make_pool("MaxPool2d", kernel, stride, padding)) {}
+
+void MaxPool2d::describe(std::ostream& os, int indent) const {
+  describe_pool(os, *this, g_, indent, ", dilation=1, ceil_mode=False");
+}
+
+Shape MaxPool2d::do_setup(SetupContext& ctx, const Shape& input) {
+  const Shape out = pool_output(*this, g_, input);
+  y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
+  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  return out;
+}
+
+Tensor MaxPool2d::do_forward(RunContext& ctx, const Tensor& x) {
+  x_ = x;
+  const Tensor y = view(y_, x.shape[0], x.layout);
+  ctx.backend.maxpool_forward(g_, x, y);
+  return y;
+}
+
+Tensor MaxPool2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  if (!need_dx) return Tensor();
+  const Tensor dx = view(dx_, dy.shape[0], x_.layout);
+  ctx.backend.maxpool_backward(g_, x_, view(y_, dy.shape[0], x_.layout), dy, dx);
+  return dx;
+}
+
+// ---- GlobalAvgPool ----------------------------------------------------------------------------
+
+Shape GlobalAvgPool::do_setup(SetupContext& ctx, const Shape& input) {
+  check_rank4(*this, "GlobalAvgPool", input);
+  const Shape out{input[0], input[1], 1, 1};
+  y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
+  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  return out;
+}
+
+Tensor GlobalAvgPool::do_forward(RunContext& ctx, const Tensor& x) {
+  const Tensor y = view(y_, x.shape[0], x.layout);
+  dx_.layout = x.layout;
+  ctx.backend.global_avgpool_forward(x, y);
+  return y;
+}
+
+Tensor GlobalAvgPool::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  if (!need_dx) return Tensor();
+  const Tensor dx = dx_.with_batch(dy.shape[0]);
+  ctx.backend.global_avgpool_backward(dy, dx);
+  return dx;
+}
+
+// ---- Flatten ----------------------------------------------------------------------------------
+
+Shape Flatten::do_setup(SetupContext& ctx, const Shape& input) {
+  in_ = input;
+  return {input[0], input.per_example()};
+}
+
+// A view in memory order; in NCHW this is PyTorch's flatten order (in NHWC the features come
+// in (H, W, C) order, which the following Linear learns just the same).
+Tensor Flatten::do_forward(RunContext& ctx, const Tensor& x) {
+  in_layout_ = x.layout;
+  Tensor y = x.reshaped({x.shape[0], in_.per_example()});
+  y.layout = Layout::nchw;
+  return y;
+}
+
+Tensor Flatten::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  if (!need_dx) return Tensor();
+  Tensor dx = dy.reshaped(in_.with_batch(dy.shape[0]));
+  dx.layout = layout_for(dx.shape, in_layout_);
+  return dx;
+}
+
+// ---- Linear -----------------------------------------------------------------------------------
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Init weight_init,
+               Init bias_init)
+    : in_(in_features),
+      out_(out_features),
+      has_bias_(bias),
+      w_init_(weight_init),
+      b_init_(bias_init) {
+  DP_CHECK(in_ >= 1 && out_ >= 1, "Linear(in_features=" + std::to_string(in_) +
+                                      ", out_features=" + std::to_string(out_) +
+                                      "): feature counts must be positive");
+}
+
+void Linear::declare(ParamRegistry& registry, const std::string& prefix) {
+  w_ = registry.add_parameter(prefix + "weight", {out_, in_}, w_init_);
+  if (has_bias_) b_ = registry.add_parameter(prefix + "bias", {out_}, b_init_);
+}
+
+void Linear::describe(std::ostream& os, int indent) const {
+  os << "Linear(in_features=" << in_ << ", out_features=" << out_
+     << ", bias=" << (has_bias_ ? "True" : "False") << ")";
+  detail::end_description(os, *this, indent);
+}
+
+Shape Linear::do_setup(SetupContext& ctx, const Shape& input) {
+  DP_CHECK(input.rank == 2 && input[1] == in_,
+           "Linear(in_features=" + std::to_string(in_) + ") expects (N, " + std::to_string(in_) +
+               ") input, got " + input.str() + (input.rank == 4 ? " (add a Flatten first)" : ""));
+  DP_CHECK(w_.valid(), "Linear: setup() before declare()");
+  const Shape out{input[0], out_};
+  y_ = ctx.arena.allocate(out);
+  dx_ = ctx.arena.allocate(input);
+  return out;
+}
+
+Tensor Linear::do_forward(RunContext& ctx, const Tensor& x) {
+  x_ = x;
+  const Tensor y = view(y_, x.shape[0], x.layout);
+  const Tensor w = ctx.params.param(w_);
+  if (b_.valid()) {
+    const Tensor b = ctx.params.param(b_);
+    ctx.backend.linear_forward(x, w, &b, y);
+  } else {
+    ctx.backend.linear_forward(x, w, nullptr, y);
+  }
+  return y;
+}
+
+Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  const Tensor dx = view(dx_, dy.shape[0], x_.layout);
+  const Tensor dw = ctx.params.grad(w_);
+  Tensor db;
+  if (b_.valid()) db = ctx.params.grad(b_);
+  ctx.backend.linear_backward(x_, ctx.params.param(w_), dy, need_dx ? &dx : nullptr, dw,
+                              b_.valid() ? &db : nullptr);
+  return need_dx ? dx : Tensor();
+}
+
+}  // namespace dp

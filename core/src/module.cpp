@@ -1,0 +1,174 @@
+#include "dp/module.hpp"
+
+#include "dp/error.hpp"
+#include "module_util.hpp"
+
+namespace dp {
+
+// ---- Arena ------------------------------------------------------------------------------------
+
+namespace {
+constexpr size_t kArenaAlign = 256;
+size_t round_up(size_t n) { return (n + kArenaAlign - 1) / kArenaAlign * kArenaAlign; }
+}  // namespace
+
+Arena::Arena(Backend& backend, size_t block_bytes) : backend_(backend), block_bytes_(block_bytes) {
+  DP_ASSERT(block_bytes_ >= kArenaAlign);
+}
+
+Arena::~Arena() {
+  for (void* b : blocks_) backend_.release(b);
+}
+
+void* Arena::allocate_bytes(size_t bytes) {
+  const size_t n = round_up(bytes == 0 ? 1 : bytes);
+  // A request of half a block or more gets a block of its own, so the tail of the current block
+  // is not wasted (activations of big models are often larger than a block).
+  if (n >= block_bytes_ / 2) {
+    void* p = backend_.allocate(n);
+    blocks_.push_back(p);
+    used_ += n;
+    return p;
+  }
+  if (n > left_) {
+    void* p = backend_.allocate(block_bytes_);
+    blocks_.push_back(p);
+    cursor_ = static_cast<char*>(p);
+    left_ = block_bytes_;
+  }
+  void* p = cursor_;
+  cursor_ += n;
+  left_ -= n;
+  used_ += n;
+  return p;
+}
+
+Tensor Arena::allocate(Shape shape, DType dtype, Layout layout) {
+  DP_ASSERT(shape.numel() >= 0);
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  return Tensor(allocate_bytes(bytes), shape, dtype, backend_.device(), layout);
+}
+
+// ---- Module -----------------------------------------------------------------------------------
+
+Shape Module::setup(SetupContext& ctx, const Shape& input) {
+  DP_CHECK(input.rank >= 1 && input[0] >= 1 && input.numel() > 0,
+           std::string(type()) + ": setup needs an input shape with a batch of at least one, got " +
+               input.str());
+  input_ = input;
+  output_ = do_setup(ctx, input);
+  last_batch_ = -1;
+  return output_;
+}
+
+namespace {
+// True when `actual` has the rank and per-example dims of `expected` and a batch in [1, max].
+bool batch_compatible(const Shape& actual, const Shape& expected) {
+  if (actual.rank != expected.rank || actual.rank < 1) return false;
+  if (actual[0] < 1 || actual[0] > expected[0]) return false;
+  for (int i = 1; i < actual.rank; ++i)
+    if (actual[i] != expected[i]) return false;
+  return true;
+}
+}  // namespace
+
+Tensor Module::forward(RunContext& ctx, const Tensor& x) {
+  DP_CHECK(input_.rank > 0, std::string(type()) + ": forward() called before setup()");
+  DP_CHECK(batch_compatible(x.shape, input_),
+           std::string(type()) + ": forward got input " + x.shape.str() + " but was set up for " +
+               input_.str() + " (the batch may be smaller, every other dimension must match)");
+  Tensor y = do_forward(ctx, x);
+  DP_ASSERT(y.shape == output_.with_batch(x.shape[0]));
+  last_batch_ = x.shape[0];
+  return y;
+}
+
+Tensor Module::backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  DP_CHECK(last_batch_ >= 1, std::string(type()) + ": backward() called before forward()");
+  const Shape expected = output_.with_batch(last_batch_);
+  DP_CHECK(dy.shape == expected, std::string(type()) + ": backward got gradient " +
+                                     dy.shape.str() + " but the last forward produced " +
+                                     expected.str());
+  Tensor dx = do_backward(ctx, dy, need_dx);
+  if (need_dx) DP_ASSERT(dx.shape == input_.with_batch(last_batch_));
+  return dx;
+}
+
+void Module::describe(std::ostream& os, int indent) const {
+  os << type() << "()";
+  detail::end_description(os, *this, indent);
+}
+
+namespace detail {
+
+void end_description(std::ostream& os, const Module& m, int indent) {
+  if (m.output_shape().rank > 0) os << "  -> " << m.output_shape().str();
+  if (indent == 0) os << "\n";
+}
+
+void describe_children(std::ostream& os, const Module& m, int indent,
+                       const std::vector<std::pair<std::string, const Module*>>& children) {
+  os << m.type() << "(\n";
+  const std::string pad(static_cast<size_t>(indent + 2), ' ');
+  for (const auto& [name, child] : children) {
+    os << pad << "(" << name << "): ";
+    child->describe(os, indent + 2);
+    os << "\n";
+  }
+  os << std::string(static_cast<size_t>(indent), ' ') << ")";
+  end_description(os, m, indent);
+}
+
+}  // namespace detail
+
+// ---- Sequential -------------------------------------------------------------------------------
+
+Sequential& Sequential::add(std::unique_ptr<Module> m) {
+  return add(std::to_string(mods_.size()), std::move(m));
+}
+
+Sequential& Sequential::add(const std::string& name, std::unique_ptr<Module> m) {
+  DP_CHECK(m != nullptr, "Sequential::add('" + name + "'): the module is null");
+  DP_CHECK(!name.empty() && name.find('.') == std::string::npos,
+           "Sequential::add: module name '" + name + "' must be non-empty and contain no '.'");
+  for (const auto& [n, _] : mods_)
+    DP_CHECK(n != name, "Sequential::add: a module named '" + name + "' already exists");
+  mods_.emplace_back(name, std::move(m));
+  return *this;
+}
+
+void Sequential::declare(ParamRegistry& registry, const std::string& prefix) {
+  for (auto& [name, m] : mods_) m->declare(registry, prefix + name + ".");
+}
+
+void Sequential::describe(std::ostream& os, int indent) const {
+  std::vector<std::pair<std::string, const Module*>> children;
+  for (const auto& [name, m] : mods_) children.emplace_back(name, m.get());
+  detail::describe_children(os, *this, indent, children);
+}
+
+std::vector<Module*> Sequential::children() {
+  std::vector<Module*> out;
+  for (auto& [_, m] : mods_) out.push_back(m.get());
+  return out;
+}
+
+Shape Sequential::do_setup(SetupContext& ctx, const Shape& input) {
+  Shape s = input;
+  for (auto& [name, m] : mods_) s = m->setup(ctx, s);
+  return s;
+}
+
+Tensor Sequential::do_forward(RunContext& ctx, const Tensor& x) {
+  Tensor t = x;
+  for (auto& [name, m] : mods_) t = m->forward(ctx, t);
+  return t;
+}
+
+Tensor Sequential::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  Tensor g = dy;
+  for (size_t i = mods_.size(); i-- > 0;) g = mods_[i].second->backward(ctx, g, i > 0 || need_dx);
+  return need_dx ? g : Tensor();
+}
+
+}  // namespace dp

@@ -1,0 +1,190 @@
+#include "dp/params.hpp"
+
+#include <algorithm>
+
+#include "dp/backend.hpp"
+#include "dp/error.hpp"
+#include "dp/random.hpp"
+
+namespace dp {
+
+namespace {
+
+// Every entry starts on a 64-byte boundary (16 floats) so vectorised kernels and bucketed
+// collectives never straddle two entries in one cache line.
+constexpr size_t kAlignFloats = 16;
+
+size_t align_up(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+void fill_host(float* dst, int64_t n, const Init& init, Rng rng) {
+  switch (init.kind) {
+    case Init::Kind::constant:
+      std::fill(dst, dst + n, init.a);
+      break;
+    case Init::Kind::normal:
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = static_cast<float>(init.a + static_cast<double>(init.b) * rng.normal());
+      break;
+    case Init::Kind::uniform:
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = static_cast<float>(init.a + (static_cast<double>(init.b) - init.a) *
+                                                 rng.uniform_double());
+      break;
+  }
+}
+
+}  // namespace
+
+ParamHandle ParamRegistry::add_parameter(const std::string& name, Shape shape, Init init) {
+  return add(name, shape, init, true);
+}
+
+ParamHandle ParamRegistry::add_buffer(const std::string& name, Shape shape, Init init) {
+  return add(name, shape, init, false);
+}
+
+ParamHandle ParamRegistry::add(const std::string& name, Shape shape, Init init, bool trainable) {
+  DP_CHECK(!allocated(), "cannot declare '" + name +
+                             "' after the parameter registry was allocated: declare every "
+                             "parameter and buffer first");
+  DP_CHECK(!name.empty(), "a parameter or buffer needs a non-empty name");
+  for (const Entry& e : entries_)
+    DP_CHECK(e.name != name, "duplicate parameter name '" + name +
+                                 "': give each module in a Sequential a distinct name");
+  DP_CHECK(shape.rank >= 1 && shape.numel() > 0,
+           "parameter '" + name + "' has an empty shape " + shape.str());
+  DP_CHECK(init.kind != Init::Kind::normal || init.b >= 0.0f,
+           "parameter '" + name + "': a normal initialiser needs stddev >= 0");
+  Entry e;
+  e.name = name;
+  e.shape = shape;
+  e.init = init;
+  e.trainable = trainable;
+  size_t& total = trainable ? param_floats_ : buffer_floats_;
+  e.offset = total;
+  total += align_up(static_cast<size_t>(shape.numel()));
+  entries_.push_back(e);
+  return ParamHandle{static_cast<int>(entries_.size()) - 1};
+}
+
+const ParamRegistry::Entry& ParamRegistry::entry(ParamHandle h) const {
+  DP_ASSERT(h.index >= 0 && static_cast<size_t>(h.index) < entries_.size());
+  return entries_[static_cast<size_t>(h.index)];
+}
+
+size_t ParamRegistry::parameter_count() const {
+  size_t n = 0;
+  for (const Entry& e : entries_)
+    if (e.trainable) n += static_cast<size_t>(e.shape.numel());
+  return n;
+}
+
+void ParamRegistry::allocate(Backend& backend, bool with_momentum) {
+  DP_CHECK(!allocated(), "the parameter registry is already allocated");
+  backend_ = &backend;
+  if (param_floats_ > 0) {
+    params_ = static_cast<float*>(backend.allocate(param_floats_ * sizeof(float)));
+    grads_ = static_cast<float*>(backend.allocate(param_floats_ * sizeof(float)));
+    if (with_momentum)
+      momentum_ = static_cast<float*>(backend.allocate(param_floats_ * sizeof(float)));
+  }
+  if (buffer_floats_ > 0)
+    buffers_ = static_cast<float*>(backend.allocate(buffer_floats_ * sizeof(float)));
+}
+
+ParamRegistry::~ParamRegistry() {
+  if (!backend_) return;
+  for (float* p : {params_, grads_, momentum_, buffers_})
+    if (p) backend_->release(p);
+}
+
+void ParamRegistry::initialize(uint64_t seed) {
+  DP_CHECK(allocated(), "initialize() needs allocate() first");
+  // Generated on the host from one stream per entry (in declaration order), so the values of
+  // an entry depend only on the seed and its index, identical on every replica and device.
+  std::vector<float> params(param_floats_, 0.0f), buffers(buffer_floats_, 0.0f);
+  const Rng root(seed);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    float* dst = (e.trainable ? params.data() : buffers.data()) + e.offset;
+    fill_host(dst, e.shape.numel(), e.init, root.fork(i));
+  }
+  upload_params(params);
+  upload_buffers(buffers);
+  if (param_floats_ > 0) backend_->fill(grads_flat(), 0.0f);
+  if (momentum_) backend_->fill(momentum_flat(), 0.0f);
+}
+
+Tensor ParamRegistry::param(ParamHandle h) const {
+  const Entry& e = entry(h);
+  DP_ASSERT(allocated() && e.trainable);
+  return Tensor(params_ + e.offset, e.shape, DType::f32, backend_->device());
+}
+
+Tensor ParamRegistry::grad(ParamHandle h) const {
+  const Entry& e = entry(h);
+  DP_ASSERT(allocated() && e.trainable);
+  return Tensor(grads_ + e.offset, e.shape, DType::f32, backend_->device());
+}
+
+Tensor ParamRegistry::buffer(ParamHandle h) const {
+  const Entry& e = entry(h);
+  DP_ASSERT(allocated() && !e.trainable);
+  return Tensor(buffers_ + e.offset, e.shape, DType::f32, backend_->device());
+}
+
+Tensor ParamRegistry::params_flat() const {
+  DP_ASSERT(allocated());
+  return Tensor(params_, {static_cast<int64_t>(param_floats_)}, DType::f32, backend_->device());
+}
+
+Tensor ParamRegistry::grads_flat() const {
+  DP_ASSERT(allocated());
+  return Tensor(grads_, {static_cast<int64_t>(param_floats_)}, DType::f32, backend_->device());
+}
+
+Tensor ParamRegistry::momentum_flat() const {
+  DP_ASSERT(allocated());
+  if (!momentum_) return Tensor();
+  return Tensor(momentum_, {static_cast<int64_t>(param_floats_)}, DType::f32,
+                backend_->device());
+}
+
+Tensor ParamRegistry::buffers_flat() const {
+  DP_ASSERT(allocated());
+  if (!buffers_) return Tensor();
+  return Tensor(buffers_, {static_cast<int64_t>(buffer_floats_)}, DType::f32,
+                backend_->device());
+}
+
+std::vector<float> ParamRegistry::download_params() const {
+  DP_CHECK(allocated(), "download_params() needs allocate() first");
+  std::vector<float> v(param_floats_);
+  if (!v.empty()) backend_->download(v.data(), params_, v.size() * sizeof(float));
+  return v;
+}
+
+std::vector<float> ParamRegistry::download_buffers() const {
+  DP_CHECK(allocated(), "download_buffers() needs allocate() first");
+  std::vector<float> v(buffer_floats_);
+  if (!v.empty()) backend_->download(v.data(), buffers_, v.size() * sizeof(float));
+  return v;
+}
+
+void ParamRegistry::upload_params(const std::vector<float>& flat) {
+  DP_CHECK(allocated(), "upload_params() needs allocate() first");
+  DP_CHECK(flat.size() == param_floats_,
+           "upload_params: got " + std::to_string(flat.size()) + " floats, the model has " +
+               std::to_string(param_floats_) + " (padding included)");
+  if (!flat.empty()) backend_->upload(params_, flat.data(), flat.size() * sizeof(float));
+}
+
+void ParamRegistry::upload_buffers(const std::vector<float>& flat) {
+  DP_CHECK(allocated(), "upload_buffers() needs allocate() first");
+  DP_CHECK(flat.size() == buffer_floats_,
+           "upload_buffers: got " + std::to_string(flat.size()) + " floats, the model has " +
+               std::to_string(buffer_floats_) + " (padding included)");
+  if (!flat.empty()) backend_->upload(buffers_, flat.data(), flat.size() * sizeof(float));
+}
+
+}  // namespace dp

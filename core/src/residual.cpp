@@ -1,0 +1,101 @@
+// The d2l residual block. Main branch: conv1 (3x3, stride) -> bn1 -> ReLU -> conv2 (3x3) -> bn2;
+// shortcut: x or conv3 (1x1, stride); out = ReLU(main + shortcut). Backward sends the gradient
+// of the sum into both branches and adds their input gradients.
+#include <ostream>
+
+#include "dp/error.hpp"
+#include "dp/layers.hpp"
+#include "module_util.hpp"
+
+namespace dp {
+
+Residual::Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv, int64_t stride) {
+  DP_CHECK(use_1x1conv || (in_channels == out_channels && stride == 1),
+           "Residual(" + std::to_string(in_channels) + ", " + std::to_string(out_channels) +
+               ", stride " + std::to_string(stride) +
+               "): without use_1x1conv the shortcut is the identity, so the channel counts must "
+               "be equal and the stride 1; pass use_1x1conv = true");
+  conv1_ = std::make_unique<Conv2d>(in_channels, out_channels, 3, stride, 1);
+  conv2_ = std::make_unique<Conv2d>(out_channels, out_channels, 3, 1, 1);
+  if (use_1x1conv) conv3_ = std::make_unique<Conv2d>(in_channels, out_channels, 1, stride, 0);
+  bn1_ = std::make_unique<BatchNorm2d>(out_channels);
+  bn2_ = std::make_unique<BatchNorm2d>(out_channels);
+}
+
+// Declaration order follows d2l's attribute order, so the flat layout matches its state_dict.
+void Residual::declare(ParamRegistry& registry, const std::string& prefix) {
+  conv1_->declare(registry, prefix + "conv1.");
+  conv2_->declare(registry, prefix + "conv2.");
+  if (conv3_) conv3_->declare(registry, prefix + "conv3.");
+  bn1_->declare(registry, prefix + "bn1.");
+  bn2_->declare(registry, prefix + "bn2.");
+}
+
+void Residual::describe(std::ostream& os, int indent) const {
+  std::vector<std::pair<std::string, const Module*>> children{{"conv1", conv1_.get()},
+                                                              {"conv2", conv2_.get()}};
+  if (conv3_) children.emplace_back("conv3", conv3_.get());
+  children.emplace_back("bn1", bn1_.get());
+  children.emplace_back("bn2", bn2_.get());
+  detail::describe_children(os, *this, indent, children);
+}
+
+std::vector<Module*> Residual::children() {
+  std::vector<Module*> out{conv1_.get(), conv2_.get()};
+  if (conv3_) out.push_back(conv3_.get());
+  out.push_back(bn1_.get());
+  out.push_back(bn2_.get());
+  return out;
+}
+
+Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
+  Shape s = conv1_->setup(ctx, input);
+  s = bn1_->setup(ctx, s);
+  s = relu1_.setup(ctx, s);
+  s = conv2_->setup(ctx, s);
+  s = bn2_->setup(ctx, s);
+  const Shape shortcut = conv3_ ? conv3_->setup(ctx, input) : input;
+  DP_CHECK(shortcut == s, "Residual: the main branch gives " + s.str() +
+                              " but the shortcut gives " + shortcut.str() +
+                              " for input " + input.str());
+  sum_ = ctx.arena.allocate(s, DType::f32, ctx.layout);
+  out_ = ctx.arena.allocate(s, DType::f32, ctx.layout);
+  dsum_ = ctx.arena.allocate(s, DType::f32, ctx.layout);
+  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  return s;
+}
+
+Tensor Residual::do_forward(RunContext& ctx, const Tensor& x) {
+  const int64_t n = x.shape[0];
+  Tensor main = conv1_->forward(ctx, x);
+  main = bn1_->forward(ctx, main);
+  main = relu1_.forward(ctx, main);
+  main = conv2_->forward(ctx, main);
+  main = bn2_->forward(ctx, main);
+  const Tensor shortcut = conv3_ ? conv3_->forward(ctx, x) : x;
+  for (Tensor* t : {&sum_, &out_, &dsum_}) t->layout = x.layout;
+  dx_.layout = x.layout;
+  const Tensor sum = sum_.with_batch(n), out = out_.with_batch(n);
+  ctx.backend.add(main, shortcut, sum);
+  ctx.backend.relu_forward(sum, out);
+  return out;
+}
+
+Tensor Residual::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+  const int64_t n = dy.shape[0];
+  const Tensor dsum = dsum_.with_batch(n);
+  ctx.backend.relu_backward(out_.with_batch(n), dy, dsum);
+  Tensor g = bn2_->backward(ctx, dsum, true);
+  g = conv2_->backward(ctx, g, true);
+  g = relu1_.backward(ctx, g, true);
+  g = bn1_->backward(ctx, g, true);
+  const Tensor dx_main = conv1_->backward(ctx, g, need_dx);
+  // Run conv3's backward even when dx is not needed: it produces conv3's weight gradients.
+  const Tensor dx_shortcut = conv3_ ? conv3_->backward(ctx, dsum, need_dx) : dsum;
+  if (!need_dx) return Tensor();
+  const Tensor dx = dx_.with_batch(n);
+  ctx.backend.add(dx_main, dx_shortcut, dx);
+  return dx;
+}
+
+}  // namespace dp

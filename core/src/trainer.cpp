@@ -1,0 +1,476 @@
+// The data-parallel trainer. Each replica owns a backend, an arena, a parameter registry, a
+// model and a communicator, and runs on its own thread. The whole step loop of an epoch runs on
+// the replica's thread: the host only uploads one permutation per epoch and downloads the
+// per-step loss/correct slots once at the end, so nothing in a step waits for the device.
+#include "dp/trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "dp/comm.hpp"
+#include "dp/error.hpp"
+#include "dp/random.hpp"
+
+namespace dp {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Shard sizes allowing empty shards (the last, partial batch of an epoch may hold fewer
+// examples than there are replicas).
+std::vector<int64_t> split(int64_t n, int k) {
+  std::vector<int64_t> s(static_cast<size_t>(k), n / k);
+  for (int64_t r = 0; r < n % k; ++r) ++s[static_cast<size_t>(r)];
+  return s;
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::vector<int64_t> shard_sizes(int64_t n, int k) {
+  DP_CHECK(k >= 1, "shard_sizes: the replica count must be positive, got " + std::to_string(k));
+  DP_CHECK(n >= k, "a batch of " + std::to_string(n) + " examples cannot be split across " +
+                       std::to_string(k) +
+                       " replicas: every replica needs at least one example (batch size >= "
+                       "gpus); use a larger batch or fewer replicas");
+  return split(n, k);
+}
+
+struct Trainer::Impl {
+  struct Replica {
+    int rank = 0;
+    // Declaration order is destruction order reversed: the model (which holds backend plans)
+    // and the memory go before the backend that owns them.
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Arena> arena;
+    std::unique_ptr<ParamRegistry> params;
+    std::unique_ptr<Module> model;
+    Communicator* comm = nullptr;
+
+    Tensor train_images, train_labels;  // (M,C,H,W) u8, (M) u8
+    Tensor test_images, test_labels;
+    Tensor train_index;      // (M_train) i32: this epoch's permutation, or step()'s indices
+    Tensor test_index;       // (M_test) i32: 0, 1, ... (evaluation reads the test set in order)
+    Tensor x, y, dlogits;    // (per-replica max batch, ...)
+    Tensor loss_slots;       // (steps per epoch) f32: loss sum of each step
+    Tensor correct_slots;    // (steps per epoch) i32
+    Tensor eval_slots;       // (eval steps) i32
+  };
+
+  TrainerOptions options;
+  Dataset train_meta, test_meta;  // shapes and counts only (the bytes live on the devices)
+  int64_t eval_batch = 0;         // global
+  int64_t max_shard = 0;          // largest per-replica batch (training or evaluation)
+  int64_t steps_per_epoch = 0;
+  int64_t eval_steps = 0;         // per replica
+  std::vector<Replica> replicas;
+  std::vector<std::unique_ptr<Communicator>> comms;  // destroyed before the replicas
+  std::string failure;                               // set once a replica failed
+
+  int k() const { return static_cast<int>(replicas.size()); }
+
+  // Runs fn(replica) on one thread per replica. When one throws, every communicator is aborted
+  // so ranks blocked in a collective wake up; after joining, the first real error (not the
+  // AbortedError it caused elsewhere) is rethrown here.
+  void run_all(const std::function<void(Replica&)>& fn) {
+    if (!failure.empty())
+      throw Error("this trainer can no longer be used: an earlier step failed (" + failure + ")");
+    std::mutex m;
+    std::exception_ptr first_real, first_any;
+    auto fail = [&](std::exception_ptr e, bool aborted) {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (!first_any) first_any = e;
+        if (!aborted && !first_real) first_real = e;
+      }
+      for (auto& c : comms) c->abort();
+    };
+    std::vector<std::thread> threads;
+    threads.reserve(replicas.size());
+    for (auto& r : replicas) {
+      threads.emplace_back([&fn, &fail, &r] {
+        try {
+          fn(r);
+        } catch (const AbortedError&) {
+          fail(std::current_exception(), true);
+        } catch (...) {
+          fail(std::current_exception(), false);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::exception_ptr e = first_real ? first_real : first_any;
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      failure = ex.what();
+    } catch (...) {
+      failure = "unknown error";
+    }
+    std::rethrow_exception(e);
+  }
+
+  void setup_replica(Replica& r, const Dataset& train, const Dataset& test);
+  // One step on index-buffer entries [begin, begin + n) of the global batch; the per-replica
+  // loss/correct land in slot `slot`.
+  void train_step(Replica& r, int64_t begin, int64_t n, int64_t slot);
+  void evaluate_replica(Replica& r, int64_t& correct);
+};
+
+namespace {
+
+Tensor upload_bytes(Backend& b, Arena& arena, const std::vector<uint8_t>& bytes, Shape shape) {
+  Tensor t = arena.allocate(shape, DType::u8);
+  DP_ASSERT(t.bytes() == bytes.size());
+  if (!bytes.empty()) b.upload(t.data, bytes.data(), bytes.size());
+  return t;
+}
+
+}  // namespace
+
+void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Dataset& test) {
+  const int k = this->k();
+  BackendOptions bo;
+  bo.kind = options.backend;
+  bo.allow_tf32 = options.allow_tf32;
+  if (options.backend == BackendKind::cpu) {
+    const int total = options.cpu_threads > 0
+                          ? options.cpu_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    bo.cpu_threads = std::max(1, total / k);
+  } else {
+    const int devices = cuda_device_count();
+    bo.device_index = r.rank % std::max(devices, 1);
+  }
+  r.backend = create_backend(bo);
+  Backend& b = *r.backend;
+  r.arena = std::make_unique<Arena>(b);
+  r.params = std::make_unique<ParamRegistry>();
+  r.model->declare(*r.params, "");
+  r.params->allocate(b, options.sgd.momentum != 0.0f);
+  r.params->initialize(options.seed);
+
+  const Shape example{train.channels, train.height, train.width};
+  SetupContext sctx{b, *r.arena, *r.params, options.layout};
+  const Shape out = r.model->setup(sctx, {max_shard, example[0], example[1], example[2]});
+  DP_CHECK(out.rank == 2 && out[1] == train.classes,
+           "the model's output is " + out.str() + " but the dataset has " +
+               std::to_string(train.classes) + " classes: expected (N, " +
+               std::to_string(train.classes) + ")");
+
+  Arena& a = *r.arena;
+  r.x = a.allocate({max_shard, example[0], example[1], example[2]}, DType::f32, options.layout);
+  r.y = a.allocate({max_shard}, DType::i32);
+  r.dlogits = a.allocate(out);
+  r.loss_slots = a.allocate({steps_per_epoch}, DType::f32);
+  r.correct_slots = a.allocate({steps_per_epoch}, DType::i32);
+  r.eval_slots = a.allocate({std::max<int64_t>(eval_steps, 1)}, DType::i32);
+
+  const Shape img{example[0], example[1], example[2]};
+  r.train_images = upload_bytes(b, a, train.images, {train.count, img[0], img[1], img[2]});
+  r.train_labels = upload_bytes(b, a, train.labels, {train.count});
+  r.train_index = a.allocate({train.count}, DType::i32);
+  if (test.count > 0) {
+    r.test_images = upload_bytes(b, a, test.images, {test.count, img[0], img[1], img[2]});
+    r.test_labels = upload_bytes(b, a, test.labels, {test.count});
+    r.test_index = a.allocate({test.count}, DType::i32);
+    std::vector<int32_t> identity(static_cast<size_t>(test.count));
+    std::iota(identity.begin(), identity.end(), 0);
+    b.upload(r.test_index.data, identity.data(), identity.size() * sizeof(int32_t));
+  }
+  b.synchronize();
+}
+
+void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slot) {
+  Backend& b = *r.backend;
+  const std::vector<int64_t> shards = split(n, k());
+  int64_t offset = begin;
+  for (int q = 0; q < r.rank; ++q) offset += shards[static_cast<size_t>(q)];
+  const int64_t m = shards[static_cast<size_t>(r.rank)];
+  const Tensor loss = r.loss_slots.slice_batch(slot, 1);
+  const Tensor correct = r.correct_slots.slice_batch(slot, 1);
+  if (m > 0) {
+    const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
+    b.gather_batch(r.train_images, r.train_labels, r.train_index.slice_batch(offset, m), x, y);
+    RunContext ctx{b, *r.params, true, r.comm};
+    const Tensor logits = r.model->forward(ctx, x);
+    const Tensor dlogits = r.dlogits.with_batch(m);
+    // Scaled by the GLOBAL batch, so the summed gradients are those of the global mean loss.
+    b.softmax_cross_entropy(logits, y, 1.0f / static_cast<float>(n), dlogits, loss, correct);
+    r.model->backward(ctx, dlogits, false);
+  } else {
+    // An empty shard (last batch smaller than the replica count) contributes nothing but must
+    // still take part in the allreduce.
+    b.fill(r.params->grads_flat(), 0.0f);
+    b.fill(loss, 0.0f);
+    b.fill(correct, 0.0f);
+  }
+  const Tensor grads = r.params->grads_flat();
+  r.comm->allreduce_sum(grads.f32(), static_cast<size_t>(grads.numel()));
+  const Tensor momentum = r.params->momentum_flat();
+  b.sgd_update(r.params->params_flat(), grads, momentum.empty() ? nullptr : &momentum,
+               options.sgd);
+}
+
+void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
+  Backend& b = *r.backend;
+  const int k = this->k();
+  if (options.average_bn_buffers && k > 1 && r.params->buffer_floats() > 0) {
+    const Tensor bufs = r.params->buffers_flat();
+    r.comm->allreduce_sum(bufs.f32(), static_cast<size_t>(bufs.numel()));
+    b.scale(bufs, 1.0f / static_cast<float>(k));
+  }
+  correct = 0;
+  if (test_meta.count == 0) return;
+  const std::vector<int64_t> parts = split(test_meta.count, k);
+  int64_t begin = 0;
+  for (int q = 0; q < r.rank; ++q) begin += parts[static_cast<size_t>(q)];
+  const int64_t part = parts[static_cast<size_t>(r.rank)];
+  const int64_t chunk = ceil_div(eval_batch, k);
+  RunContext ctx{b, *r.params, false, r.comm};
+  int64_t steps = 0;
+  for (int64_t i = 0; i < part; i += chunk, ++steps) {
+    const int64_t m = std::min(chunk, part - i);
+    const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
+    b.gather_batch(r.test_images, r.test_labels, r.test_index.slice_batch(begin + i, m), x, y);
+    const Tensor logits = r.model->forward(ctx, x);
+    b.count_correct(logits, y, r.eval_slots.slice_batch(steps, 1));
+  }
+  std::vector<int32_t> counts(static_cast<size_t>(steps));
+  if (steps > 0) b.download(counts.data(), r.eval_slots.data, counts.size() * sizeof(int32_t));
+  for (int32_t c : counts) correct += c;
+}
+
+// ---- Trainer ----------------------------------------------------------------------------------
+
+Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder,
+                 const Dataset& train, const Dataset& test)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.options = options;
+  const int k = options.replicas;
+  DP_CHECK(k >= 1, "the number of replicas must be at least 1, got " + std::to_string(k));
+  DP_CHECK(options.batch_size >= 1, "batch size must be positive, got " +
+                                        std::to_string(options.batch_size));
+  DP_CHECK(options.batch_size >= k,
+           "batch size " + std::to_string(options.batch_size) + " is smaller than the " +
+               std::to_string(k) +
+               " replicas: every replica needs at least one example per step (batch size >= "
+               "gpus); use a larger batch or fewer replicas");
+  DP_CHECK(options.eval_batch_size >= 0, "eval batch size must be >= 0 (0: the batch size)");
+  DP_CHECK(builder != nullptr, "Trainer: no model builder given");
+  DP_CHECK(train.count >= 1, "the training set '" + train.name + "' is empty");
+  for (const Dataset* d : {&train, &test}) {
+    DP_CHECK(d->images.size() == static_cast<size_t>(d->count * d->example_bytes()) &&
+                 d->labels.size() == static_cast<size_t>(d->count),
+             "dataset '" + d->name + "': " + std::to_string(d->count) + " examples but " +
+                 std::to_string(d->images.size()) + " image bytes and " +
+                 std::to_string(d->labels.size()) + " labels");
+  }
+  DP_CHECK(test.count == 0 || (test.channels == train.channels && test.height == train.height &&
+                               test.width == train.width && test.classes == train.classes),
+           "the test set '" + test.name + "' has another example shape or class count than the "
+           "training set '" + train.name + "'");
+  if (options.backend == BackendKind::cuda) {
+    DP_CHECK(cuda_compiled(), "the CUDA backend was requested but dprun was built without CUDA");
+    const int devices = cuda_device_count();
+    DP_CHECK(devices > 0, "the CUDA backend was requested but no CUDA device is visible");
+    DP_CHECK(k <= devices || options.oversubscribe,
+             std::to_string(k) + " replicas requested but only " + std::to_string(devices) +
+                 " GPU" + (devices == 1 ? "" : "s") + " exist" + (devices == 1 ? "s" : "") +
+                 "; use fewer replicas, or --oversubscribe to share GPUs (replica r runs on GPU "
+                 "r % " + std::to_string(devices) + ")");
+  }
+
+  s.train_meta = train;
+  s.train_meta.images.clear();
+  s.train_meta.labels.clear();
+  s.test_meta = test;
+  s.test_meta.images.clear();
+  s.test_meta.labels.clear();
+  s.eval_batch = options.eval_batch_size > 0 ? options.eval_batch_size : options.batch_size;
+  s.max_shard = std::max(ceil_div(options.batch_size, k), ceil_div(s.eval_batch, k));
+  s.steps_per_epoch = ceil_div(train.count, options.batch_size);
+  s.eval_steps = ceil_div(ceil_div(test.count, k), ceil_div(s.eval_batch, k));
+
+  s.replicas.resize(static_cast<size_t>(k));
+  // The builder runs here, on the caller's thread, one replica after another: model code
+  // (plugins, tests) need not be thread-safe.
+  for (int r = 0; r < k; ++r) {
+    Impl::Replica& rep = s.replicas[static_cast<size_t>(r)];
+    rep.rank = r;
+    rep.model = builder();
+    DP_CHECK(rep.model != nullptr, "the model builder returned no model");
+  }
+  // Replicas are set up on their own threads (device contexts, parallel uploads); there are no
+  // communicators yet, so a failure cannot leave anyone blocked.
+  s.run_all([&](Impl::Replica& r) { s.setup_replica(r, train, test); });
+  std::vector<Backend*> backends;
+  for (auto& r : s.replicas) backends.push_back(r.backend.get());
+  s.comms = make_communicators(backends);
+  for (int r = 0; r < k; ++r)
+    s.replicas[static_cast<size_t>(r)].comm = s.comms[static_cast<size_t>(r)].get();
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::fit(const std::function<bool(const EpochReport&)>& on_epoch) {
+  for (int e = 1; e <= impl_->options.epochs; ++e) {
+    const EpochReport report = run_epoch(e);
+    const bool go_on = on_epoch ? on_epoch(report) : true;
+    if (!report.finite || !go_on) break;
+  }
+}
+
+EpochReport Trainer::run_epoch(int epoch) {
+  Impl& s = *impl_;
+  DP_CHECK(epoch >= 1, "epochs are numbered from 1, got " + std::to_string(epoch));
+  const int64_t count = s.train_meta.count, batch = s.options.batch_size;
+  const std::vector<int32_t> perm = [&] {
+    Rng rng = Rng(s.options.seed).fork(static_cast<uint64_t>(epoch));
+    return permutation(count, rng);
+  }();
+
+  std::vector<double> loss(static_cast<size_t>(s.k())), correct(static_cast<size_t>(s.k()));
+  const auto t0 = Clock::now();
+  s.run_all([&](Impl::Replica& r) {
+    Backend& b = *r.backend;
+    b.upload(r.train_index.data, perm.data(), perm.size() * sizeof(int32_t));
+    for (int64_t step = 0; step < s.steps_per_epoch; ++step) {
+      const int64_t begin = step * batch;
+      s.train_step(r, begin, std::min(batch, count - begin), step);
+    }
+    std::vector<float> l(static_cast<size_t>(s.steps_per_epoch));
+    std::vector<int32_t> c(l.size());
+    b.download(l.data(), r.loss_slots.data, l.size() * sizeof(float));
+    b.download(c.data(), r.correct_slots.data, c.size() * sizeof(int32_t));
+    double ls = 0, cs = 0;
+    for (size_t i = 0; i < l.size(); ++i) {
+      ls += l[i];
+      cs += c[i];
+    }
+    loss[static_cast<size_t>(r.rank)] = ls;
+    correct[static_cast<size_t>(r.rank)] = cs;
+  });
+  EpochReport report;
+  report.epoch = epoch;
+  report.seconds = seconds_since(t0);
+  report.train_examples = count;
+  report.test_examples = s.test_meta.count;
+  const double total_loss = std::accumulate(loss.begin(), loss.end(), 0.0);
+  const double total_correct = std::accumulate(correct.begin(), correct.end(), 0.0);
+  report.train_loss = total_loss / static_cast<double>(count);
+  report.train_acc = total_correct / static_cast<double>(count);
+  report.finite = std::isfinite(report.train_loss);
+  report.examples_per_second =
+      report.seconds > 0 ? static_cast<double>(count) / report.seconds : 0.0;
+  const auto t1 = Clock::now();
+  report.test_acc = evaluate();
+  report.eval_seconds = seconds_since(t1);
+  return report;
+}
+
+double Trainer::step(const std::vector<int32_t>& indices) {
+  Impl& s = *impl_;
+  const auto n = static_cast<int64_t>(indices.size());
+  const int k = s.k();
+  shard_sizes(n, k);  // checks n >= k
+  DP_CHECK(n <= s.train_meta.count && ceil_div(n, k) <= s.max_shard,
+           "step(): a batch of " + std::to_string(n) + " examples does not fit the trainer, set "
+           "up for global batches of at most " + std::to_string(s.max_shard * k));
+  for (int32_t i : indices)
+    DP_CHECK(i >= 0 && i < s.train_meta.count,
+             "step(): example index " + std::to_string(i) + " is outside the training set of " +
+                 std::to_string(s.train_meta.count));
+  std::vector<float> loss(static_cast<size_t>(k));
+  s.run_all([&](Impl::Replica& r) {
+    r.backend->upload(r.train_index.data, indices.data(), indices.size() * sizeof(int32_t));
+    s.train_step(r, 0, n, 0);
+    r.backend->download(&loss[static_cast<size_t>(r.rank)], r.loss_slots.data, sizeof(float));
+  });
+  double total = 0;
+  for (float l : loss) total += l;
+  return total / static_cast<double>(n);
+}
+
+double Trainer::evaluate() {
+  Impl& s = *impl_;
+  std::vector<int64_t> correct(static_cast<size_t>(s.k()));
+  s.run_all([&](Impl::Replica& r) { s.evaluate_replica(r, correct[static_cast<size_t>(r.rank)]); });
+  if (s.test_meta.count == 0) return 0.0;
+  const double total = static_cast<double>(std::accumulate(correct.begin(), correct.end(),
+                                                           int64_t{0}));
+  return total / static_cast<double>(s.test_meta.count);
+}
+
+int Trainer::replicas() const { return impl_->k(); }
+
+const TrainerOptions& Trainer::options() const { return impl_->options; }
+
+namespace {
+template <class Replicas>
+auto& replica_at(Replicas& replicas, int r) {
+  DP_CHECK(r >= 0 && static_cast<size_t>(r) < replicas.size(),
+           "replica " + std::to_string(r) + " does not exist (the trainer has " +
+               std::to_string(replicas.size()) + ")");
+  return replicas[static_cast<size_t>(r)];
+}
+}  // namespace
+
+std::vector<float> Trainer::parameters(int replica) const {
+  return replica_at(impl_->replicas, replica).params->download_params();
+}
+
+std::vector<float> Trainer::buffers(int replica) const {
+  return replica_at(impl_->replicas, replica).params->download_buffers();
+}
+
+const ParamRegistry& Trainer::registry(int replica) const {
+  return *replica_at(impl_->replicas, replica).params;
+}
+
+Module& Trainer::model(int replica) { return *replica_at(impl_->replicas, replica).model; }
+
+std::string Trainer::backend_name() const { return impl_->replicas[0].backend->name(); }
+
+std::string Trainer::devices() const {
+  // Identical devices are grouped: "NVIDIA H100 80GB HBM3 x2", in rank order of first use.
+  std::vector<std::pair<std::string, int>> groups;
+  for (const auto& r : impl_->replicas) {
+    const std::string d = r.backend->device_description();
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == d; });
+    if (it == groups.end()) {
+      groups.emplace_back(d, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  std::string out;
+  for (const auto& [d, n] : groups) {
+    if (!out.empty()) out += ", ";
+    out += d + " x" + std::to_string(n);
+  }
+  return out;
+}
+
+std::string Trainer::communicator_kind() const { return impl_->comms[0]->kind(); }
+
+size_t Trainer::peak_memory_bytes() const {
+  size_t peak = 0;
+  for (const auto& r : impl_->replicas) peak = std::max(peak, r.backend->peak_memory());
+  return peak;
+}
+
+}  // namespace dp
