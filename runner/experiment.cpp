@@ -1,0 +1,875 @@
+// Experiment files: read the TOML, validate every section against what dprun and the model
+// catalog know, and hand the validated bindings to the sweep expansion (sweep.cpp).
+#include "experiment.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "dp/data.hpp"
+#include "experiment_detail.hpp"
+
+namespace dprun {
+
+namespace {
+
+std::string format_error(const std::string& file, int line, int column, const std::string& key,
+                         const std::string& message) {
+  std::string s = file + ":" + std::to_string(line) + ":" + std::to_string(column) + ": ";
+  if (!key.empty()) s += key + ": ";
+  return s + message;
+}
+
+std::string join_messages(const std::vector<ConfigError>& errors) {
+  std::string s;
+  for (const auto& e : errors) {
+    if (!s.empty()) s += "\n";
+    s += e.what();
+  }
+  return s;
+}
+
+}  // namespace
+
+ConfigError::ConfigError(const std::string& file, int line, int column, const std::string& key,
+                         const std::string& message)
+    : std::runtime_error(format_error(file, line, column, key, message)),
+      file_(file),
+      key_(key),
+      line_(line),
+      column_(column) {}
+
+ConfigErrors::ConfigErrors(std::vector<ConfigError> errors)
+    : std::runtime_error(join_messages(errors)), errors_(std::move(errors)) {}
+
+namespace detail {
+
+void Diagnostics::add(Pos pos, const std::string& key, const std::string& message) {
+  // The same problem can be reached twice (e.g. one value used by many trials): report it once.
+  auto id = std::make_tuple(pos.line, pos.column, key, message);
+  if (std::find(seen_.begin(), seen_.end(), id) != seen_.end()) return;
+  seen_.push_back(id);
+  errors_.emplace_back(file_, pos.line, pos.column, key, message);
+}
+
+void Diagnostics::throw_if_any() const {
+  if (errors_.empty()) return;
+  auto sorted = errors_;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const ConfigError& a, const ConfigError& b) {
+    return std::make_pair(a.line(), a.column()) < std::make_pair(b.line(), b.column());
+  });
+  throw ConfigErrors(std::move(sorted));
+}
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string shortest(double d) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, d);
+  return std::string(buf, r.ptr);
+}
+
+std::string display(const dp::OptionValue& v) {
+  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&v)) return shortest(*d);
+  return std::get<std::string>(v);
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Binding;
+using detail::Diagnostics;
+using detail::Pos;
+using detail::Val;
+
+constexpr const char* kFormatVersion = "dprun-trial-settings v1";
+
+Pos pos_of(const toml::source_region& r, Pos fallback) {
+  if (r.begin.line == 0) return fallback;
+  return {static_cast<int>(r.begin.line), static_cast<int>(r.begin.column)};
+}
+
+/// How a value is shown after "got": as TOML would write it.
+std::string describe(const toml::node& n) {
+  if (auto* s = n.as_string()) return detail::quoted(s->get());
+  if (auto* i = n.as_integer()) return std::to_string(i->get());
+  if (auto* f = n.as_floating_point()) return detail::shortest(f->get());
+  if (auto* b = n.as_boolean()) return b->get() ? "true" : "false";
+  if (auto* a = n.as_array()) {
+    std::string s = "[";
+    for (size_t i = 0; i < a->size(); ++i) {
+      if (i) s += ", ";
+      if (i == 8) return s + "...]";
+      s += describe((*a)[i]);
+    }
+    return s + "]";
+  }
+  if (n.is_table()) return "a table";
+  return "a date/time";
+}
+
+/// Edit distance counting a swap of two neighbours as one edit (optimal string alignment), so
+/// "nwhc" is closest to "nhwc".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+/// "; did you mean \"lr\"?" when a candidate is close enough to be a likely typo, else "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  size_t best_d = 0;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (!best || d < best_d) best = &c, best_d = d;
+  }
+  if (!best || best_d > std::max<size_t>(1, (word.size() + 2) / 3)) return "";
+  return "; did you mean " + detail::quoted(*best) + "?";
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep, bool quote) {
+  std::string s;
+  for (const auto& i : items) {
+    if (!s.empty()) s += sep;
+    s += quote ? detail::quoted(i) : i;
+  }
+  return s;
+}
+
+/// Entries of a table in the order they appear in the file (toml::table sorts by key).
+std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t) {
+  std::vector<std::pair<const toml::key*, const toml::node*>> out;
+  for (auto&& [k, v] : t) out.emplace_back(&k, &v);
+  auto at = [](const std::pair<const toml::key*, const toml::node*>& e) {
+    auto r = e.first->source().begin.line ? e.first->source() : e.second->source();
+    return std::make_pair(r.begin.line, r.begin.column);
+  };
+  std::stable_sort(out.begin(), out.end(),
+                   [&](const auto& a, const auto& b) { return at(a) < at(b); });
+  return out;
+}
+
+enum class Kind { integer, number, choice, model };
+enum class Range { none, positive, unit_interval, non_negative };
+
+/// A [train] key: its type and what values it accepts.
+struct KeySpec {
+  std::string name;
+  Kind kind;
+  int64_t min = 0;            // integer: smallest value allowed
+  Range range = Range::none;  // number
+  std::vector<std::string> choices = {};
+};
+
+const std::vector<KeySpec>& train_keys() {
+  static const std::vector<KeySpec> keys = {
+      {"model", Kind::model},
+      {"epochs", Kind::integer, 1},
+      {"seed", Kind::integer, 0},
+      {"gpus", Kind::integer, 1},
+      {"batch_size", Kind::integer, 1},
+      {"per_gpu_batch", Kind::integer, 1},
+      {"lr", Kind::number, 0, Range::positive},
+      {"lr_scaling", Kind::choice, 0, Range::none, {"none", "linear"}},
+      {"base_batch", Kind::integer, 1},
+      {"optimizer", Kind::choice, 0, Range::none, {"sgd"}},
+      {"momentum", Kind::number, 0, Range::unit_interval},
+      {"weight_decay", Kind::number, 0, Range::non_negative},
+      {"precision", Kind::choice, 0, Range::none, {"fp32"}},
+      {"layout", Kind::choice, 0, Range::none, {"nchw", "nhwc"}},
+      {"bn", Kind::choice, 0, Range::none, {"per-replica", "sync"}},
+      {"eval_batch_size", Kind::integer, 0},
+      {"train_limit", Kind::integer, 0},
+      {"test_limit", Kind::integer, 0},
+      {"backend", Kind::choice, 0, Range::none, {"auto", "cpu", "cuda"}},
+  };
+  return keys;
+}
+
+const KeySpec* find_train_key(const std::string& name) {
+  for (const auto& k : train_keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> train_key_names() {
+  std::vector<std::string> names;
+  for (const auto& k : train_keys()) names.push_back(k.name);
+  return names;
+}
+
+std::string expected_text(const KeySpec& k, bool list) {
+  switch (k.kind) {
+    case Kind::integer:
+      if (k.min == 1) return list ? "a list of positive integers" : "a positive integer";
+      return list ? "a list of non-negative integers" : "a non-negative integer";
+    case Kind::number:
+      return list ? "a list of numbers" : "a number";
+    case Kind::choice:
+      return list ? "a list of strings" : "a string";
+    case Kind::model:
+      return list ? "a list of model names" : "a model name";
+  }
+  return "";
+}
+
+/// The option type names of the plugin contract: "bool", "int", "float", "string".
+std::string type_name(const dp::OptionValue& v) {
+  static const char* names[] = {"bool", "int", "float", "string"};
+  return names[v.index()];
+}
+
+/// "an integer" / "a list of integers" for an option of the type of `v`.
+std::string option_type(const dp::OptionValue& v, bool list) {
+  static const char* one[] = {"a boolean", "an integer", "a number", "a string"};
+  static const char* many[] = {"a list of booleans", "a list of integers", "a list of numbers",
+                               "a list of strings"};
+  return (list ? many : one)[v.index()];
+}
+
+/// What a dprun session knows while validating one file.
+class Validator {
+ public:
+  Validator(const std::string& file, const ModelCatalog& catalog) : catalog_(catalog), diag_(file) {
+    for (const auto& [name, f] : catalog_.models) model_names_.push_back(name);
+  }
+
+  Diagnostics& diag() { return diag_; }
+
+  std::string known_models() const {
+    if (model_names_.empty()) return "known models: none (no model plugins were found)";
+    return "known models: " + join(model_names_, ", ", false);
+  }
+
+  /// Reads one value of a [train] key (already known to be a scalar context). `list` says the
+  /// value sits where a list was expected (a [sweep] key), for the message.
+  std::optional<Val> read_train_value(const KeySpec& k, const toml::node& n,
+                                      const std::string& path, Pos fallback, bool list) {
+    Pos pos = pos_of(n.source(), fallback);
+    auto type_error = [&] {
+      diag_.add(pos, path, "expected " + expected_text(k, list) + ", got " + describe(n));
+      return std::nullopt;
+    };
+    Val v{{}, pos, path};
+    switch (k.kind) {
+      case Kind::integer: {
+        if (!n.is_integer()) return type_error();
+        int64_t i = n.as_integer()->get();
+        if (i < k.min) {
+          diag_.add(pos, path,
+                    "must be at least " + std::to_string(k.min) + ", got " + std::to_string(i));
+          return std::nullopt;
+        }
+        v.value = i;
+        return v;
+      }
+      case Kind::number: {
+        if (!n.is_number()) return type_error();
+        double d = n.is_integer() ? static_cast<double>(n.as_integer()->get())
+                                  : n.as_floating_point()->get();
+        std::string bad;
+        if (!std::isfinite(d))
+          bad = "must be a finite number";
+        else if (k.range == Range::positive && !(d > 0))
+          bad = "must be greater than 0";
+        else if (k.range == Range::unit_interval && !(d >= 0 && d < 1))
+          bad = "must be in [0, 1)";
+        else if (k.range == Range::non_negative && !(d >= 0))
+          bad = "must be at least 0";
+        if (!bad.empty()) {
+          diag_.add(pos, path, bad + ", got " + describe(n));
+          return std::nullopt;
+        }
+        v.value = d;
+        return v;
+      }
+      case Kind::choice:
+      case Kind::model: {
+        if (!n.is_string()) return type_error();
+        const std::string& s = n.as_string()->get();
+        if (k.kind == Kind::model) {
+          if (!catalog_.models.count(s)) {
+            diag_.add(pos, path,
+                      "unknown model " + detail::quoted(s) + did_you_mean(s, model_names_) + " (" +
+                          known_models() + ")");
+            return std::nullopt;
+          }
+        } else if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
+          if (k.name == "precision" && s == "bf16") {
+            diag_.add(pos, path, "bf16 is not supported yet; use \"fp32\"");
+          } else {
+            diag_.add(pos, path,
+                      "unknown value " + detail::quoted(s) + did_you_mean(s, k.choices) +
+                          " (expected one of " + join(k.choices, ", ", true) + ")");
+          }
+          return std::nullopt;
+        }
+        v.value = s;
+        return v;
+      }
+    }
+    return std::nullopt;
+  }
+
+  /// Looks up a plugin option; adds an error (at pos, for path) and returns null when the
+  /// model or the option does not exist.
+  const dp::OptionSpec* find_option(const std::string& model, const std::string& option,
+                                    const std::string& path, Pos pos) {
+    auto it = catalog_.models.find(model);
+    if (it == catalog_.models.end()) {
+      diag_.add(pos, path,
+                "unknown model " + detail::quoted(model) + did_you_mean(model, model_names_) +
+                    " (" + known_models() + ")");
+      return nullptr;
+    }
+    std::vector<std::string> names, listing;
+    for (const auto& o : it->second.options) {
+      if (o.name == option) return &o;
+      names.push_back(o.name);
+      auto* text = std::get_if<std::string>(&o.default_value);
+      listing.push_back(o.name + ": " + type_name(o.default_value) + " = " +
+                        (text ? detail::quoted(*text) : detail::display(o.default_value)));
+    }
+    diag_.add(pos, path,
+              "unknown option " + detail::quoted(option) + " of model " + model +
+                  did_you_mean(option, names) +
+                  (listing.empty() ? " (the model takes no options)"
+                                   : " (known options: " + join(listing, ", ", false) + ")"));
+    return nullptr;
+  }
+
+  /// Reads a plugin option value, typed by the option's default.
+  std::optional<Val> read_option_value(const dp::OptionSpec& spec, const std::string& model,
+                                       const toml::node& n, const std::string& path, Pos fallback,
+                                       bool list) {
+    Pos pos = pos_of(n.source(), fallback);
+    Val v{{}, pos, path};
+    bool ok = false;
+    switch (spec.default_value.index()) {
+      case 0:
+        if ((ok = n.is_boolean())) v.value = n.as_boolean()->get();
+        break;
+      case 1:
+        if ((ok = n.is_integer())) v.value = n.as_integer()->get();
+        break;
+      case 2:
+        // An integer is accepted where a float is declared ("init_std = 1").
+        if ((ok = n.is_number()))
+          v.value = n.is_integer() ? static_cast<double>(n.as_integer()->get())
+                                   : n.as_floating_point()->get();
+        if (ok && !std::isfinite(std::get<double>(v.value))) {
+          diag_.add(pos, path, "must be a finite number, got " + describe(n));
+          return std::nullopt;
+        }
+        break;
+      default:
+        if ((ok = n.is_string())) v.value = n.as_string()->get();
+    }
+    if (!ok) {
+      diag_.add(pos, path,
+                "expected " + option_type(spec.default_value, list) + " (option " + spec.name +
+                    " of model " + model + " is " + type_name(spec.default_value) + "), got " +
+                    describe(n));
+      return std::nullopt;
+    }
+    return v;
+  }
+
+  const ModelCatalog& catalog() const { return catalog_; }
+
+ private:
+  const ModelCatalog& catalog_;
+  std::vector<std::string> model_names_;
+  Diagnostics diag_;
+};
+
+/// Reads the sections of one parsed file into the validated form.
+class FileReader {
+ public:
+  FileReader(Validator& val, const toml::table& root) : val_(val), diag_(val.diag()), root_(root) {}
+
+  detail::Validated read(Experiment& ex) {
+    static const std::vector<std::string> sections = {"experiment", "data", "train", "model",
+                                                      "sweep"};
+    for (auto [k, n] : in_file_order(root_)) {
+      const std::string name(k->str());
+      Pos pos = pos_of(k->source(), pos_of(n->source(), {}));
+      if (std::find(sections.begin(), sections.end(), name) == sections.end()) {
+        diag_.add(pos, name,
+                  "unknown section" + did_you_mean(name, sections) +
+                      " (known sections: " + join(sections, ", ", false) + ")");
+      } else if (!n->is_table()) {
+        diag_.add(pos_of(n->source(), pos), name,
+                  "expected a table [" + name + "], got " + describe(*n));
+      }
+    }
+    read_experiment(ex);
+    read_data();
+    read_train();
+    read_models();
+    read_sweep();
+    check_whole();
+    return std::move(out_);
+  }
+
+ private:
+  const toml::table* section(const char* name) {
+    auto* n = root_.get(name);
+    return n ? n->as_table() : nullptr;
+  }
+
+  static Pos table_pos(const toml::table* t) { return t ? pos_of(t->source(), {}) : Pos{}; }
+
+  /// Reports keys of `t` that are not in `known`.
+  void unknown_keys(const toml::table& t, const std::string& prefix,
+                    const std::vector<std::string>& known) {
+    for (auto [k, n] : in_file_order(t)) {
+      if (std::find(known.begin(), known.end(), std::string(k->str())) != known.end()) continue;
+      diag_.add(pos_of(k->source(), pos_of(n->source(), table_pos(&t))),
+                prefix + std::string(k->str()),
+                "unknown key" + did_you_mean(std::string(k->str()), known) +
+                    " (known keys: " + join(known, ", ", false) + ")");
+    }
+  }
+
+  /// A string value, or "" (with an error) when it has another type.
+  std::optional<std::string> string_at(const toml::table& t, const char* key,
+                                       const std::string& path) {
+    auto* n = t.get(key);
+    if (!n) return std::nullopt;
+    if (!n->is_string()) {
+      diag_.add(pos_of(n->source(), table_pos(&t)), path, "expected a string, got " + describe(*n));
+      return std::nullopt;
+    }
+    return n->as_string()->get();
+  }
+
+  void read_experiment(Experiment& ex) {
+    auto* t = section("experiment");
+    if (!t) {
+      if (!root_.get("experiment"))
+        diag_.add({}, "experiment.name",
+                  "missing: every experiment file needs an [experiment] table with name = \"...\""
+                  " (the name identifies the experiment in the database)");
+      return;
+    }
+    unknown_keys(*t, "experiment.", {"name", "description", "database"});
+    if (auto name = string_at(*t, "name", "experiment.name")) {
+      if (name->empty())
+        diag_.add(pos_of(t->get("name")->source(), table_pos(t)), "experiment.name",
+                  "must not be empty");
+      ex.name = *name;
+    } else if (!t->get("name")) {
+      diag_.add(table_pos(t), "experiment.name",
+                "missing: give the experiment a name (it identifies the experiment in the "
+                "database)");
+    }
+    if (auto d = string_at(*t, "description", "experiment.description")) ex.description = *d;
+    if (auto d = string_at(*t, "database", "experiment.database")) ex.database = *d;
+  }
+
+  void read_data() {
+    auto* t = section("data");
+    if (!t) return;
+    unknown_keys(*t, "data.", {"dataset", "path"});
+    if (auto d = string_at(*t, "dataset", "data.dataset")) {
+      const auto& known = dp::known_datasets();
+      if (std::find(known.begin(), known.end(), *d) == known.end()) {
+        diag_.add(pos_of(t->get("dataset")->source(), table_pos(t)), "data.dataset",
+                  "unknown dataset " + detail::quoted(*d) + did_you_mean(*d, known) +
+                      " (known datasets: " + join(known, ", ", false) + ")");
+      }
+      out_.dataset = *d;
+    }
+    if (auto p = string_at(*t, "path", "data.path")) out_.data_path = *p;
+  }
+
+  void read_train() {
+    auto* t = section("train");
+    if (!t) return;
+    out_.train_pos = table_pos(t);
+    for (auto [k, n] : in_file_order(*t)) {
+      std::string path = "train." + std::string(k->str());
+      Pos kpos = pos_of(k->source(), out_.train_pos);
+      const KeySpec* spec = find_train_key(std::string(k->str()));
+      if (!spec) {
+        diag_.add(kpos, path,
+                  "unknown key" + did_you_mean(std::string(k->str()), train_key_names()) +
+                      " (known keys: " + join(train_key_names(), ", ", false) + ")");
+        continue;
+      }
+      given_.push_back({std::string(k->str()), path, kpos});
+      auto v = val_.read_train_value(*spec, *n, path, kpos, false);
+      if (!v) continue;
+      Binding b{std::string(k->str()), path, v->pos, kpos, -1, *v, {}};
+      out_.bindings[std::string(k->str())] = b;
+    }
+  }
+
+  void read_models() {
+    auto* n = root_.get("model");
+    if (!n || !n->is_table()) return;
+    for (auto [k, m] : in_file_order(*n->as_table())) {
+      const std::string model(k->str());
+      std::string path = "model." + model;
+      Pos pos = pos_of(m->source(), pos_of(k->source(), {}));
+      if (!m->is_table()) {
+        diag_.add(pos, path,
+                  "expected a table [model." + model + "] of options for the " + model +
+                      " plugin, got " + describe(*m) +
+                      " (the model to train is set with model = ... in [train] or [sweep])");
+        continue;
+      }
+      if (!val_.catalog().models.count(model)) {
+        val_.find_option(model, "", path, pos);  // reports the unknown model
+        continue;
+      }
+      auto& options = out_.model_tables[model];
+      for (auto [ok, on] : in_file_order(*m->as_table())) {
+        std::string opath = path + "." + std::string(ok->str());
+        Pos opos = pos_of(ok->source(), pos);
+        const dp::OptionSpec* spec = val_.find_option(model, std::string(ok->str()), opath, opos);
+        if (!spec) continue;
+        if (auto v = val_.read_option_value(*spec, model, *on, opath, opos, false))
+          options[std::string(ok->str())] = *v;
+      }
+    }
+  }
+
+  /// One key of [sweep] or of a zip group. Returns the binding (fixed or with points) or
+  /// nothing when the key or a value is bad (reported).
+  std::optional<Binding> sweep_entry(const toml::key& k, const toml::node& n,
+                                     const std::string& prefix, bool in_zip) {
+    const std::string key(k.str());
+    std::string path = prefix + key;
+    Pos kpos = pos_of(k.source(), pos_of(n.source(), out_.sweep_pos));
+    Pos vpos = pos_of(n.source(), kpos);
+    // A plugin option axis: "model.lenet.hidden" = [64, 128] (quoted: a bare dotted key
+    // would collide with the model list).
+    const KeySpec* spec = nullptr;
+    const dp::OptionSpec* option = nullptr;
+    std::string model;
+    if (key.rfind("model.", 0) == 0) {
+      auto dot = key.find('.', 6);
+      if (dot == std::string::npos || dot == 6 || dot + 1 == key.size() ||
+          key.find('.', dot + 1) != std::string::npos) {
+        diag_.add(kpos, path,
+                  "a model option axis is written \"model.<model>.<option>\", e.g. "
+                  "\"model.lenet.hidden\" = [64, 128]");
+        return std::nullopt;
+      }
+      model = key.substr(6, dot - 6);
+      option = val_.find_option(model, key.substr(dot + 1), path, kpos);
+      if (!option) return std::nullopt;
+    } else {
+      spec = find_train_key(key);
+      if (!spec) {
+        auto known = train_key_names();
+        if (!in_zip) known.push_back("zip");
+        diag_.add(kpos, path,
+                  "unknown key" + did_you_mean(key, known) +
+                      "; a sweep takes the keys of [train], \"model.<model>.<option>\"" +
+                      (in_zip ? "" : " and [[sweep.zip]] groups"));
+        return std::nullopt;
+      }
+      given_.push_back({key, path, kpos});
+      if (key == "model" && n.is_table()) {
+        diag_.add(vpos, path,
+                  "expected a list of model names, got a table; to sweep a model option, quote "
+                  "the key: \"model.lenet.hidden\" = [64, 128]");
+        return std::nullopt;
+      }
+    }
+    auto read = [&](const toml::node& v, const std::string& p, bool list) {
+      return spec ? val_.read_train_value(*spec, v, p, vpos, list)
+                  : val_.read_option_value(*option, model, v, p, vpos, list);
+    };
+    if (option) given_.push_back({key, path, kpos});
+    Binding b{key, path, vpos, kpos, -1, {}, {}};
+    auto* arr = n.as_array();
+    if (!arr) {
+      if (in_zip) {
+        std::string what =
+            spec ? expected_text(*spec, true) : option_type(option->default_value, true);
+        diag_.add(vpos, path,
+                  "expected " + what + " (the lists of one zip group advance together), got " +
+                      describe(n));
+        return std::nullopt;
+      }
+      auto v = read(n, path, true);
+      if (!v) return std::nullopt;
+      b.fixed = *v;
+      return b;
+    }
+    if (arr->empty()) {
+      diag_.add(vpos, path, "empty list: a sweep axis needs at least one value");
+      return std::nullopt;
+    }
+    bool ok = true;
+    for (size_t i = 0; i < arr->size(); ++i) {
+      auto v = read((*arr)[i], path + "[" + std::to_string(i) + "]", false);
+      if (v)
+        b.points.push_back(*v);
+      else
+        ok = false;
+    }
+    if (!ok) return std::nullopt;
+    b.axis = 0;  // set for real once the axes are ordered
+    return b;
+  }
+
+  /// Registers a sweep key; a key may be swept in one place only.
+  bool claim(const Binding& b) {
+    auto it = swept_.find(b.key);
+    if (it != swept_.end()) {
+      diag_.add(b.key_pos, b.path,
+                b.key + " is already set in the sweep at " + it->second.first + " (line " +
+                    std::to_string(it->second.second.line) +
+                    "); a key may appear in only one place of the sweep");
+      return false;
+    }
+    swept_[b.key] = {b.path, b.pos};
+    return true;
+  }
+
+  void read_sweep() {
+    auto* t = section("sweep");
+    if (!t) return;
+    out_.sweep_pos = table_pos(t);
+    struct PendingAxis {
+      Pos pos;
+      std::vector<Binding> bindings;
+    };
+    std::vector<PendingAxis> pending;
+    std::vector<Binding> fixed;
+    for (auto [k, n] : in_file_order(*t)) {
+      if (std::string(k->str()) == "zip") {
+        read_zip_groups(*n, pending);
+        continue;
+      }
+      auto b = sweep_entry(*k, *n, "sweep.", false);
+      if (!b || !claim(*b)) continue;
+      if (b->axis < 0)
+        fixed.push_back(*b);
+      else
+        pending.push_back({b->pos, {*b}});
+    }
+    std::stable_sort(pending.begin(), pending.end(), [](const auto& a, const auto& b) {
+      return std::make_pair(a.pos.line, a.pos.column) < std::make_pair(b.pos.line, b.pos.column);
+    });
+    for (auto& b : fixed) out_.bindings[b.key] = b;
+    for (auto& p : pending) {
+      detail::Axis axis{p.pos, {}, p.bindings.front().points.size()};
+      for (auto& b : p.bindings) {
+        b.axis = static_cast<int>(out_.axes.size());
+        axis.keys.push_back(b.key);
+        out_.bindings[b.key] = b;
+      }
+      out_.axes.push_back(axis);
+    }
+  }
+
+  template <typename Pending>
+  void read_zip_groups(const toml::node& n, std::vector<Pending>& pending) {
+    Pos zpos = pos_of(n.source(), out_.sweep_pos);
+    auto* groups = n.as_array();
+    if (!groups || !groups->is_array_of_tables()) {
+      diag_.add(zpos, "sweep.zip",
+                "expected [[sweep.zip]] tables (each a group of lists that advance together), "
+                "got " +
+                    describe(n));
+      return;
+    }
+    for (size_t g = 0; g < groups->size(); ++g) {
+      const auto& group = *(*groups)[g].as_table();
+      std::string prefix = "sweep.zip[" + std::to_string(g) + "].";
+      Pos gpos = pos_of(group.source(), zpos);
+      Pending axis{gpos, {}};
+      bool ok = true;
+      for (auto [k, v] : in_file_order(group)) {
+        auto b = sweep_entry(*k, *v, prefix, true);
+        if (!b || !claim(*b)) {
+          ok = false;
+          continue;
+        }
+        if (!axis.bindings.empty() && axis.bindings.front().points.size() != b->points.size()) {
+          const auto& first = axis.bindings.front();
+          diag_.add(b->pos, b->path,
+                    "the lists of one zip group must have the same length: " + first.key + " has " +
+                        std::to_string(first.points.size()) + " values, " + b->key + " has " +
+                        std::to_string(b->points.size()));
+          ok = false;
+          continue;
+        }
+        axis.bindings.push_back(*b);
+      }
+      if (group.empty()) {
+        diag_.add(gpos, prefix.substr(0, prefix.size() - 1),
+                  "empty zip group: give lists that advance together, e.g. gpus = [1, 2] and "
+                  "batch_size = [256, 512]");
+      } else if (ok) {
+        pending.push_back(std::move(axis));
+      }
+    }
+  }
+
+  /// Checks that need the whole file.
+  void check_whole() {
+    if (!out_.bindings.count("model") && !swept_.count("model")) {
+      bool model_given = false;
+      for (const auto& g : given_) model_given |= g.key == "model";
+      if (!model_given) {
+        diag_.add(out_.train_pos, "train.model",
+                  "no model given: set model = \"...\" in [train] or model = [...] in [sweep]; " +
+                      val_.known_models());
+      }
+    }
+    const Given* batch = nullptr;
+    const Given* per_gpu = nullptr;
+    for (const auto& g : given_) {
+      if (g.key == "batch_size" && !batch) batch = &g;
+      if (g.key == "per_gpu_batch" && !per_gpu) per_gpu = &g;
+    }
+    if (batch && per_gpu) {
+      diag_.add(per_gpu->pos, per_gpu->path,
+                "give either batch_size or per_gpu_batch, not both (batch_size is set at " +
+                    batch->path + ", line " + std::to_string(batch->pos.line) + ")");
+    }
+  }
+
+  struct Given {
+    std::string key, path;
+    Pos pos;
+  };
+
+  Validator& val_;
+  Diagnostics& diag_;
+  const toml::table& root_;
+  detail::Validated out_;
+  std::vector<Given> given_;                                  // every key set, in order
+  std::map<std::string, std::pair<std::string, Pos>> swept_;  // key -> (path, pos)
+};
+
+}  // namespace
+
+Experiment parse_experiment(const std::string& file, const std::string& source,
+                            const ModelCatalog& catalog, const ParseOptions& options) {
+  Experiment ex;
+  ex.file = file;
+  ex.source = source;
+  toml::table root;
+  try {
+    root = toml::parse(std::string_view(source), std::string_view(file));
+  } catch (const toml::parse_error& e) {
+    Pos pos = pos_of(e.source(), {});
+    throw ConfigErrors({ConfigError(file, pos.line, pos.column, "",
+                                    "TOML syntax error: " + std::string(e.description()))});
+  }
+  Validator val(file, catalog);
+  detail::Validated validated = FileReader(val, root).read(ex);
+  val.diag().throw_if_any();
+  ex.data_path = validated.data_path;
+  ex.trials = detail::expand(validated, catalog, options, val.diag());
+  val.diag().throw_if_any();
+  return ex;
+}
+
+Experiment load_experiment(const std::string& file, const ModelCatalog& catalog,
+                           const ParseOptions& options) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    throw std::runtime_error("cannot read experiment file " + file + ": " + std::strerror(errno));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw std::runtime_error("cannot read experiment file " + file);
+  return parse_experiment(file, text.str(), catalog, options);
+}
+
+std::string canonical_settings(const dps::TrialSettings& s) {
+  // One "name=value" line per setting that changes what a trial computes, in a fixed order.
+  // Deliberately absent: data_path (the same data may live anywhere) and backend_request
+  // (cpu and cuda compute the same trial). Any change here must bump kFormatVersion.
+  auto num = [](double d) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", d);
+    return std::string(buf);
+  };
+  std::ostringstream o;
+  o << kFormatVersion << "\n";
+  o << "dataset=" << detail::quoted(s.dataset) << "\n";
+  o << "model=" << detail::quoted(s.model) << "\n";
+  o << "model_options=" << s.model_options_json << "\n";
+  o << "gpus=" << s.gpus << "\n";
+  o << "batch_size=" << s.batch_size << "\n";
+  o << "per_gpu_batch=" << s.per_gpu_batch << "\n";
+  o << "lr=" << num(s.lr) << "\n";
+  o << "epochs=" << s.epochs << "\n";
+  o << "seed=" << s.seed << "\n";
+  o << "optimizer=" << detail::quoted(s.optimizer) << "\n";
+  o << "momentum=" << num(s.momentum) << "\n";
+  o << "weight_decay=" << num(s.weight_decay) << "\n";
+  o << "precision=" << detail::quoted(s.precision) << "\n";
+  o << "layout=" << detail::quoted(s.layout) << "\n";
+  o << "bn_mode=" << detail::quoted(s.bn_mode) << "\n";
+  o << "eval_batch_size=" << s.eval_batch_size << "\n";
+  o << "train_limit=" << s.train_limit << "\n";
+  o << "test_limit=" << s.test_limit << "\n";
+  return o.str();
+}
+
+std::string config_hash(const dps::TrialSettings& s) {
+  return dps::sha256_hex(canonical_settings(s));
+}
+
+}  // namespace dprun

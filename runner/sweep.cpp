@@ -1,0 +1,187 @@
+// Sweep expansion: the validated bindings of an experiment file become an ordered list of
+// fully resolved trials (first axis outermost), each with its canonical settings and hash.
+#include <cstdio>
+#include <set>
+
+#include "experiment_detail.hpp"
+
+namespace dprun::detail {
+
+namespace {
+
+constexpr int64_t kMaxTrialsWithoutForce = 1000;
+
+std::string options_json(const dp::ModelOptions& options) {
+  // Canonical: keys sorted (std::map), ints as ints, floats exactly (%.17g).
+  std::string s = "{";
+  for (const auto& [name, value] : options) {
+    if (s.size() > 1) s += ",";
+    s += quoted(name) + ":";
+    if (auto* b = std::get_if<bool>(&value)) {
+      s += *b ? "true" : "false";
+    } else if (auto* i = std::get_if<int64_t>(&value)) {
+      s += std::to_string(*i);
+    } else if (auto* d = std::get_if<double>(&value)) {
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%.17g", *d);
+      s += buf;
+    } else {
+      s += quoted(std::get<std::string>(value));
+    }
+  }
+  return s + "}";
+}
+
+/// The values of one trial: a point of every axis.
+class Trial {
+ public:
+  Trial(const Validated& v, const std::vector<size_t>& point) : v_(v), point_(point) {}
+
+  const Val* get(const std::string& key) const {
+    auto it = v_.bindings.find(key);
+    if (it == v_.bindings.end()) return nullptr;
+    const Binding& b = it->second;
+    return b.axis < 0 ? &b.fixed : &b.points[point_[b.axis]];
+  }
+  int64_t integer(const std::string& key, int64_t fallback) const {
+    auto* v = get(key);
+    return v ? std::get<int64_t>(v->value) : fallback;
+  }
+  double number(const std::string& key, double fallback) const {
+    auto* v = get(key);
+    return v ? std::get<double>(v->value) : fallback;
+  }
+  std::string text(const std::string& key, const std::string& fallback) const {
+    auto* v = get(key);
+    return v ? std::get<std::string>(v->value) : fallback;
+  }
+
+ private:
+  const Validated& v_;
+  const std::vector<size_t>& point_;
+};
+
+}  // namespace
+
+std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
+                              const ParseOptions& options, Diagnostics& diag) {
+  // Count first (saturating), so a runaway sweep is refused before anything is allocated.
+  int64_t count = 1;
+  for (const auto& a : v.axes) {
+    count = count > (int64_t{1} << 40) ? count : count * static_cast<int64_t>(a.size);
+  }
+  if (count > kMaxTrialsWithoutForce && !options.force) {
+    diag.add(v.sweep_pos, "sweep",
+             "sweep expands to " + std::to_string(count) +
+                 " trials; pass --force to run more "
+                 "than " +
+                 std::to_string(kMaxTrialsWithoutForce));
+    return {};
+  }
+
+  std::vector<TrialSpec> trials;
+  std::set<std::string> hashes;
+  std::set<std::string> option_axes_used;
+  std::vector<size_t> point(v.axes.size(), 0);
+  for (int64_t n = 0; n < count; ++n) {
+    Trial t(v, point);
+    dps::TrialSettings s;
+    s.model = t.text("model", "");
+    s.dataset = v.dataset;
+    s.data_path = v.data_path;
+    s.gpus = t.integer("gpus", 1);
+    if (t.get("per_gpu_batch")) {
+      s.batch_size = t.integer("per_gpu_batch", 0) * s.gpus;
+    } else {
+      s.batch_size = t.integer("batch_size", 256);
+    }
+    s.per_gpu_batch = s.batch_size / s.gpus;
+    s.lr = t.number("lr", 0.1);
+    if (t.text("lr_scaling", "none") == "linear") {
+      s.lr = s.lr * static_cast<double>(s.batch_size) /
+             static_cast<double>(t.integer("base_batch", 256));
+    }
+    s.epochs = t.integer("epochs", 10);
+    s.seed = t.integer("seed", 0);
+    s.optimizer = t.text("optimizer", "sgd");
+    s.momentum = t.number("momentum", 0.0);
+    s.weight_decay = t.number("weight_decay", 0.0);
+    s.precision = t.text("precision", "fp32");
+    s.layout = t.text("layout", "nchw");
+    s.bn_mode = t.text("bn", "per-replica");
+    s.eval_batch_size = t.integer("eval_batch_size", 0);
+    s.train_limit = t.integer("train_limit", 0);
+    s.test_limit = t.integer("test_limit", 0);
+    s.backend_request = t.text("backend", "auto");
+
+    // Every replica needs at least one example of each batch.
+    auto smaller_than_gpus = [&](const char* key, int64_t batch) {
+      const Val* where = t.get(key);
+      if (!where && std::string(key) == "batch_size") where = t.get("gpus");
+      const Val* gpus = t.get("gpus");
+      diag.add(where ? where->pos : v.train_pos, where ? where->path : std::string("train.") + key,
+               std::string(key) + " " + std::to_string(batch) + " is smaller than gpus " +
+                   std::to_string(s.gpus) + (gpus ? " (" + gpus->path + ")" : "") +
+                   ": every GPU needs at least one example per batch");
+    };
+    if (s.batch_size < s.gpus) smaller_than_gpus("batch_size", s.batch_size);
+    if (s.eval_batch_size != 0 && s.eval_batch_size < s.gpus)
+      smaller_than_gpus("eval_batch_size", s.eval_batch_size);
+
+    // Plugin options: declared defaults, then the [model.<name>] table, then swept options.
+    const dp::ModelFactory& factory = catalog.models.at(s.model);
+    dp::ModelOptions resolved;
+    for (const auto& o : factory.options) resolved[o.name] = o.default_value;
+    if (auto it = v.model_tables.find(s.model); it != v.model_tables.end()) {
+      for (const auto& [name, val] : it->second) resolved[name] = val.value;
+    }
+    const std::string option_prefix = "model." + s.model + ".";
+    for (const auto& [key, b] : v.bindings) {
+      if (key.rfind(option_prefix, 0) != 0) continue;
+      resolved[key.substr(option_prefix.size())] = t.get(key)->value;
+      option_axes_used.insert(key);
+    }
+    s.model_options_json = options_json(resolved);
+
+    std::string label;
+    for (const auto& axis : v.axes) {
+      for (const auto& key : axis.keys) {
+        // An option of another model does not apply to this trial.
+        if (key.rfind("model.", 0) == 0 && key.rfind(option_prefix, 0) != 0) continue;
+        if (!label.empty()) label += " ";
+        label += key + "=" + display(t.get(key)->value);
+      }
+    }
+
+    TrialSpec spec;
+    spec.settings = s;
+    spec.model_options = resolved;
+    spec.canonical = canonical_settings(s);
+    spec.config_hash = config_hash(s);
+    spec.label = label;
+    // A trial is identified by its settings: an option axis of one model repeats the trials of
+    // the other models, which run once.
+    if (hashes.insert(spec.config_hash).second) {
+      spec.ordinal = static_cast<int64_t>(trials.size());
+      trials.push_back(std::move(spec));
+    }
+
+    // Next point: the last axis advances fastest.
+    for (size_t a = v.axes.size(); a-- > 0;) {
+      if (++point[a] < v.axes[a].size) break;
+      point[a] = 0;
+    }
+  }
+
+  for (const auto& [key, b] : v.bindings) {
+    if (key.rfind("model.", 0) == 0 && !option_axes_used.count(key)) {
+      std::string model = key.substr(6, key.find('.', 6) - 6);
+      diag.add(b.pos, b.path,
+               "no trial uses model " + model + ", so this option changes nothing; add " + model +
+                   " to the models of the sweep or remove the option");
+    }
+  }
+  return trials;
+}
+
+}  // namespace dprun::detail
