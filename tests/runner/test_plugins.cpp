@@ -1,0 +1,268 @@
+// Plugin loader: the two real plugins load and build their models; every broken plugin (built
+// from tests/plugins) is refused with a message that names the file and the problem.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dp/params.hpp"
+#include "dp/plugin.hpp"
+#include "dp/version.hpp"
+#include "plugin_loader.hpp"
+#include "support/check.hpp"
+
+namespace fs = std::filesystem;
+using Catch::Matchers::Contains;
+
+namespace {
+
+const std::string kPluginDir = DPRUN_TEST_PLUGIN_DIR;
+const std::string kBadPluginDir = std::string(DPRUN_TEST_BINARY_DIR) + "/test-plugins";
+
+std::string canonical(const std::string& p) { return fs::weakly_canonical(p).string(); }
+
+// The message of the PluginError that `file` gives ("" and a failed check when none).
+std::string load_error(const std::string& file) {
+  try {
+    dprun::load_plugin(file);
+  } catch (const dprun::PluginError& e) {
+    return e.what();
+  }
+  FAIL_CHECK(file + ": expected a PluginError, the plugin loaded");
+  return "";
+}
+
+// Sets (or unsets, with nullopt) an environment variable for one scope.
+class EnvVar {
+ public:
+  EnvVar(const char* name, const std::optional<std::string>& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      setenv(name, value->c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~EnvVar() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+const dp::OptionSpec* find_option(const dp::ModelFactory& f, const std::string& name) {
+  for (const auto& o : f.options) {
+    if (o.name == name) return &o;
+  }
+  return nullptr;
+}
+
+// Trainable scalars of the model `factory` builds with `given` options (declarations only: no
+// backend needed).
+size_t parameter_count(const dp::ModelFactory& factory, const dp::ModelOptions& given) {
+  const dp::ModelOptions options = dp::resolve_model_options(factory, given);
+  std::unique_ptr<dp::Module> model = factory.build(options, factory.input);
+  REQUIRE(model != nullptr);
+  dp::ParamRegistry registry;
+  model->declare(registry, "");
+  return registry.parameter_count();
+}
+
+// d2l LeNet: conv3x3 1->20, conv5x5 20->50, linear 800->hidden, linear hidden->10.
+size_t lenet_parameters(size_t hidden) {
+  return (1 * 20 * 9 + 20) + (20 * 50 * 25 + 50) + (800 * hidden + hidden) + (hidden * 10 + 10);
+}
+
+// d2l small-image ResNet-18 of first-stage width w: biased convolutions, BN weight and bias.
+size_t resnet18_parameters(size_t w) {
+  auto conv = [](size_t in, size_t out, size_t k) { return in * out * k * k + out; };
+  auto bn = [](size_t c) { return 2 * c; };
+  auto residual = [&](size_t in, size_t out, bool shortcut) {
+    return conv(in, out, 3) + bn(out) + conv(out, out, 3) + bn(out) +
+           (shortcut ? conv(in, out, 1) : 0);
+  };
+  size_t n = conv(1, w, 3) + bn(w);
+  n += 2 * residual(w, w, false);
+  for (size_t c = w; c < 8 * w; c *= 2)
+    n += residual(c, 2 * c, true) + residual(2 * c, 2 * c, false);
+  return n + (8 * w * 10 + 10);
+}
+
+}  // namespace
+
+TEST_CASE("the LeNet plugin loads and builds its model", "[plugins]") {
+  const std::string file = kPluginDir + "/libdprun_lenet.so";
+  const auto models = dprun::load_plugin(file);
+  REQUIRE(models.size() == 1);
+  const dprun::LoadedModel& m = models[0];
+  CHECK(m.factory.name == "lenet");
+  CHECK_FALSE(m.factory.description.empty());
+  CHECK(m.plugin_path == canonical(file));
+  CHECK(m.abi_version == DPRUN_PLUGIN_ABI_VERSION);
+  CHECK(m.built_with == dp::version());
+  CHECK(m.factory.input.channels == 1);
+  CHECK(m.factory.input.height == 28);
+  CHECK(m.factory.input.classes == 10);
+
+  const auto* hidden = find_option(m.factory, "hidden");
+  const auto* pool = find_option(m.factory, "pool");
+  const auto* init_std = find_option(m.factory, "init_std");
+  REQUIRE(hidden != nullptr);
+  REQUIRE(pool != nullptr);
+  REQUIRE(init_std != nullptr);
+  CHECK(std::get<int64_t>(hidden->default_value) == 128);
+  CHECK(std::get<std::string>(pool->default_value) == "avg");
+  CHECK(std::get<double>(init_std->default_value) == 0.01);
+
+  // The model is built by the plugin's code through the std::function it returned: the library
+  // must still be loaded here. Options reach the model (hidden changes the first linear layer).
+  CHECK(parameter_count(m.factory, {}) == lenet_parameters(128));
+  CHECK(parameter_count(m.factory, {{"hidden", int64_t{64}}}) == lenet_parameters(64));
+}
+
+TEST_CASE("the ResNet-18 plugin loads and builds its model", "[plugins]") {
+  const std::string file = kPluginDir + "/libdprun_resnet18.so";
+  const auto models = dprun::load_plugin(file);
+  REQUIRE(models.size() == 1);
+  const dp::ModelFactory& f = models[0].factory;
+  CHECK(f.name == "resnet18");
+  const auto* width = find_option(f, "width");
+  REQUIRE(width != nullptr);
+  CHECK(std::get<int64_t>(width->default_value) == 64);
+  CHECK(resnet18_parameters(64) > 11'000'000);  // the formula itself: d2l's ~11.2M
+  CHECK(parameter_count(f, {}) == resnet18_parameters(64));
+  CHECK(parameter_count(f, {{"width", int64_t{4}}}) == resnet18_parameters(4));
+}
+
+TEST_CASE("loading a plugin twice gives the same models", "[plugins]") {
+  const std::string file = kPluginDir + "/libdprun_lenet.so";
+  const auto a = dprun::load_plugin(file);
+  const auto b = dprun::load_plugin(file);
+  REQUIRE(a.size() == 1);
+  REQUIRE(b.size() == 1);
+  CHECK(a[0].plugin_path == b[0].plugin_path);
+  CHECK(parameter_count(a[0].factory, {}) == parameter_count(b[0].factory, {}));
+}
+
+TEST_CASE("a plugin that cannot be used gives an error naming the file", "[plugins]") {
+  SECTION("missing file") {
+    const std::string file = kBadPluginDir + "/libdprun_does_not_exist.so";
+    CHECK_THAT(load_error(file), Contains(file + ": no such plugin file"));
+  }
+  SECTION("a folder") {
+    CHECK_THAT(load_error(kBadPluginDir), Contains(kBadPluginDir + ": is a folder"));
+  }
+  SECTION("not a shared library") {
+    dptest::TempDir tmp;
+    const std::string file = tmp.path() + "/libdprun_junk.so";
+    std::ofstream(file) << "this is not an ELF file\n";
+    const std::string m = load_error(file);
+    CHECK_THAT(m, Contains(canonical(file) + ": cannot be loaded as a shared library: "));
+    CHECK_THAT(m, Contains("libdprun_junk.so"));  // dlopen's own message, which names it too
+  }
+  SECTION("no dprun_plugin_abi") {
+    const std::string file = canonical(kBadPluginDir + "/libdprun_bad_no_abi.so");
+    CHECK_THAT(load_error(file),
+               Contains(file + ": not a dprun plugin: it does not export dprun_plugin_abi"));
+  }
+  SECTION("wrong magic") {
+    const std::string file = canonical(kBadPluginDir + "/libdprun_bad_wrong_magic.so");
+    CHECK_THAT(load_error(file), Contains(file + ": dprun_plugin_abi has magic 0x12345678, "
+                                                 "expected 0x4450524E"));
+  }
+  SECTION("another ABI version (its model list, which aborts, is never called)") {
+    const std::string file = canonical(kBadPluginDir + "/libdprun_bad_old_abi.so");
+    CHECK_THAT(load_error(file), Contains(file + ": plugin ABI version 0, this dprun expects " +
+                                          std::to_string(DPRUN_PLUGIN_ABI_VERSION) +
+                                          ": rebuild the plugin against this dprun"));
+  }
+  SECTION("ABI record but no dprun_plugin_models") {
+    const std::string file = canonical(kBadPluginDir + "/libdprun_bad_no_models.so");
+    CHECK_THAT(load_error(file),
+               Contains(file + ": exports dprun_plugin_abi but not dprun_plugin_models"));
+  }
+  SECTION("the model list throws") {
+    const std::string file = canonical(kBadPluginDir + "/libdprun_bad_throws.so");
+    CHECK_THAT(load_error(file), Contains(file + ": dprun_plugin_models() threw: this test "
+                                                 "plugin always fails"));
+  }
+}
+
+TEST_CASE("plugin_search_path: --plugins, then DPRUN_PLUGIN_PATH, then the build tree",
+          "[plugins]") {
+  dptest::TempDir a, b;
+  EnvVar env("DPRUN_PLUGIN_PATH", b.path() + "::" + a.path() + ":/no/such/folder");
+  const auto path = dprun::plugin_search_path({a.path(), "/no/such/plugins"});
+  REQUIRE(path.size() >= 3);
+  CHECK(path[0] == canonical(a.path()));
+  CHECK(path[1] == canonical(b.path()));  // a again (from the variable) is not repeated
+  CHECK(path.back() == canonical(kPluginDir));
+  for (const auto& p : path) CHECK(p.find("/no/such") == std::string::npos);
+}
+
+TEST_CASE("scan_plugins finds good plugins and reports bad ones", "[plugins]") {
+  EnvVar env("DPRUN_PLUGIN_PATH", std::nullopt);
+  dptest::TempDir tmp;
+  // A copy of the real LeNet plugin next to junk, in a folder searched before the build tree.
+  const std::string lenet_copy = tmp.path() + "/libdprun_lenet.so";
+  fs::copy_file(kPluginDir + "/libdprun_lenet.so", lenet_copy);
+  std::ofstream(tmp.path() + "/libdprun_junk.so") << "not a library";
+  std::ofstream(tmp.path() + "/notes.txt") << "ignored: not named lib*dprun*.so";
+
+  const auto scan =
+      dprun::scan_plugins({tmp.path(), kBadPluginDir, tmp.path() + "/missing-folder"});
+  REQUIRE(scan.searched.size() >= 3);
+  CHECK(scan.searched[0] == canonical(tmp.path()));
+  CHECK(scan.searched[1] == canonical(kBadPluginDir));
+
+  REQUIRE(scan.models.count("lenet") == 1);
+  CHECK(scan.models.at("lenet").plugin_path == canonical(lenet_copy));  // the first found wins
+  REQUIRE(scan.models.count("resnet18") == 1);                          // from the build tree
+  CHECK(scan.models.at("resnet18").plugin_path == canonical(kPluginDir + "/libdprun_resnet18.so"));
+
+  auto reported = [&](const std::string& needle) {
+    for (const auto& e : scan.errors) {
+      if (e.find(needle) != std::string::npos) return true;
+    }
+    return false;
+  };
+  INFO("errors:\n"
+       << [&] {
+            std::string all;
+            for (const auto& e : scan.errors) all += e + "\n";
+            return all;
+          }());
+  CHECK(reported("libdprun_junk.so: cannot be loaded as a shared library"));
+  CHECK(reported("libdprun_bad_no_abi.so: not a dprun plugin"));
+  CHECK(reported("libdprun_bad_wrong_magic.so: dprun_plugin_abi has magic"));
+  CHECK(reported("libdprun_bad_old_abi.so: plugin ABI version 0"));
+  CHECK(reported("libdprun_bad_no_models.so: exports dprun_plugin_abi but not"));
+  CHECK(reported("libdprun_bad_throws.so: dprun_plugin_models() threw"));
+  CHECK(reported(tmp.path() + "/missing-folder: no such plugin file or folder"));
+  CHECK_FALSE(reported("notes.txt"));
+  CHECK(scan.errors.size() == 7);
+}
+
+TEST_CASE("file_sha256 hashes a file's bytes", "[plugins]") {
+  dptest::TempDir tmp;
+  const std::string file = tmp.path() + "/abc";
+  std::ofstream(file, std::ios::binary) << "abc";
+  CHECK(dprun::file_sha256(file) ==
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  std::ofstream(tmp.path() + "/empty", std::ios::binary).flush();
+  CHECK(dprun::file_sha256(tmp.path() + "/empty") ==
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK_THROWS_AS(dprun::file_sha256(tmp.path() + "/missing"), dprun::PluginError);
+}
