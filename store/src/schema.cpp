@@ -1,0 +1,214 @@
+// The database schema and its forward migrations. Table and column names are a documented
+// interface: users query them with plain SQL (`dprun query`), so they change only through a
+// new migration, never by editing an applied one.
+#include <string>
+
+#include "sqlite_util.hpp"
+
+namespace dps {
+
+namespace {
+
+struct Migration {
+  int version;      // user_version after applying `sql`
+  const char* sql;  // DDL only: no values, so plain text is fine here
+};
+
+// Version 1: experiments, trials, epochs and the two views.
+constexpr const char* kSchemaV1 = R"SQL(
+CREATE TABLE experiments (
+  id          INTEGER PRIMARY KEY,
+  name        TEXT NOT NULL UNIQUE,
+  description TEXT NOT NULL DEFAULT '',
+  toml_source TEXT NOT NULL,
+  toml_sha256 TEXT NOT NULL,
+  created_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+  updated_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+);
+
+-- One row per trial of a sweep. Every resolved setting is its own column (same names as
+-- dps::TrialSettings; model_options holds the plugin options as canonical JSON). Columns that
+-- describe a run (backend ... heartbeat_at) are NULL until the trial first starts.
+CREATE TABLE trials (
+  id              INTEGER PRIMARY KEY,
+  experiment_id   INTEGER NOT NULL REFERENCES experiments(id) ON DELETE CASCADE,
+  config_hash     TEXT NOT NULL,
+  ordinal         INTEGER NOT NULL,
+  model           TEXT NOT NULL,
+  model_options   TEXT NOT NULL DEFAULT '{}',
+  dataset         TEXT NOT NULL,
+  data_path       TEXT NOT NULL,
+  gpus            INTEGER NOT NULL,
+  batch_size      INTEGER NOT NULL,
+  per_gpu_batch   INTEGER NOT NULL,
+  lr              REAL NOT NULL,
+  epochs          INTEGER NOT NULL,
+  seed            INTEGER NOT NULL,
+  optimizer       TEXT NOT NULL,
+  momentum        REAL NOT NULL,
+  weight_decay    REAL NOT NULL,
+  precision       TEXT NOT NULL,
+  layout          TEXT NOT NULL,
+  bn_mode         TEXT NOT NULL,
+  eval_batch_size INTEGER NOT NULL,
+  train_limit     INTEGER NOT NULL,
+  test_limit      INTEGER NOT NULL,
+  backend_request TEXT NOT NULL,
+  status          TEXT NOT NULL DEFAULT 'pending'
+                  CHECK (status IN ('pending', 'running', 'done', 'failed', 'diverged',
+                                    'interrupted', 'skipped')),
+  error           TEXT,
+  attempts        INTEGER NOT NULL DEFAULT 0,
+  backend         TEXT,
+  devices         TEXT,
+  oversubscribed  INTEGER NOT NULL DEFAULT 0 CHECK (oversubscribed IN (0, 1)),
+  host            TEXT,
+  dprun_version   TEXT,
+  plugin_path     TEXT,
+  plugin_sha256   TEXT,
+  runner_pid      INTEGER,
+  created_at      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+  started_at      TEXT,
+  finished_at     TEXT,
+  heartbeat_at    TEXT,
+  UNIQUE (experiment_id, config_hash)
+);
+CREATE INDEX trials_by_ordinal ON trials(experiment_id, ordinal);
+CREATE INDEX trials_by_status ON trials(status);
+CREATE INDEX trials_by_model ON trials(experiment_id, model, per_gpu_batch, gpus);
+
+-- One row per finished epoch (1-based). A NaN metric (a diverged trial) is stored as NULL.
+CREATE TABLE epochs (
+  trial_id            INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  epoch               INTEGER NOT NULL CHECK (epoch >= 1),
+  train_loss          REAL,
+  train_acc           REAL,
+  test_acc            REAL,
+  seconds             REAL,
+  examples_per_second REAL,
+  lr                  REAL,
+  eval_seconds        REAL,
+  peak_memory_bytes   INTEGER,
+  recorded_at         TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+  PRIMARY KEY (trial_id, epoch)
+);
+
+CREATE VIEW trial_summary AS
+-- One row per trial: its settings, status and what its epochs achieved.
+--   final_test_acc / final_train_loss: of the last recorded epoch.
+--   best_test_acc: the highest test accuracy over all epochs.
+--   mean_seconds_per_epoch: mean of epochs.seconds EXCLUDING EPOCH 1 when the trial has more
+--     than one epoch, because epoch 1 includes warm-up (allocations, library autotuning, first
+--     touch of the data) and would bias timings and speedups; with a single epoch it is that
+--     epoch's seconds. total_seconds sums every epoch, warm-up included.
+SELECT
+  e.name AS experiment, t.experiment_id, t.id AS trial_id, t.ordinal, t.config_hash,
+  t.model, t.model_options, t.dataset, t.data_path, t.gpus, t.batch_size, t.per_gpu_batch,
+  t.lr, t.epochs, t.seed, t.optimizer, t.momentum, t.weight_decay, t.precision, t.layout,
+  t.bn_mode, t.eval_batch_size, t.train_limit, t.test_limit, t.backend_request,
+  t.status, t.error, t.attempts,
+  COALESCE(a.n, 0) AS epochs_done,
+  last.test_acc AS final_test_acc,
+  a.best_test_acc,
+  CASE WHEN a.n > 1 THEN a.mean_after_first ELSE a.mean_all END AS mean_seconds_per_epoch,
+  last.train_loss AS final_train_loss,
+  a.total_seconds,
+  t.backend, t.devices, t.oversubscribed, t.host, t.started_at, t.finished_at
+FROM trials t
+JOIN experiments e ON e.id = t.experiment_id
+LEFT JOIN (
+  SELECT trial_id, COUNT(*) AS n, MAX(epoch) AS last_epoch, MAX(test_acc) AS best_test_acc,
+         AVG(seconds) AS mean_all, AVG(CASE WHEN epoch > 1 THEN seconds END) AS mean_after_first,
+         SUM(seconds) AS total_seconds
+  FROM epochs GROUP BY trial_id
+) a ON a.trial_id = t.id
+LEFT JOIN epochs last ON last.trial_id = t.id AND last.epoch = a.last_epoch;
+
+CREATE VIEW scaling AS
+-- Done trials with their speedup over the 1-GPU trial of the same configuration:
+--   speedup = baseline seconds / this trial's mean_seconds_per_epoch; efficiency = speedup / gpus.
+-- The baseline is the done 1-GPU trial of the same experiment, model, per_gpu_batch and backend
+-- that also shares every other setting that changes the cost of an epoch (model_options,
+-- dataset, precision, layout, bn_mode, optimizer, train_limit, test_limit, eval_batch_size);
+-- settings that may legitimately vary with gpus (batch_size, lr) or between repeats (seed,
+-- momentum, weight_decay, epochs) are not matched, and several matching 1-GPU trials (e.g. a
+-- seed sweep) are averaged. speedup and efficiency are NULL when there is no such 1-GPU trial.
+-- Seconds are mean_seconds_per_epoch of trial_summary (epoch 1, the warm-up, excluded).
+SELECT
+  s.experiment, s.experiment_id, s.trial_id, s.model, s.per_gpu_batch, s.backend, s.gpus,
+  s.batch_size, s.lr, s.seed, s.precision, s.bn_mode, s.mean_seconds_per_epoch,
+  b.base_seconds / s.mean_seconds_per_epoch AS speedup,
+  b.base_seconds / s.mean_seconds_per_epoch / s.gpus AS efficiency,
+  s.final_test_acc
+FROM trial_summary s
+LEFT JOIN (
+  SELECT experiment_id, model, model_options, dataset, per_gpu_batch, backend, precision, layout,
+         bn_mode, optimizer, train_limit, test_limit, eval_batch_size,
+         AVG(mean_seconds_per_epoch) AS base_seconds
+  FROM trial_summary
+  WHERE status = 'done' AND gpus = 1
+  GROUP BY experiment_id, model, model_options, dataset, per_gpu_batch, backend, precision,
+           layout, bn_mode, optimizer, train_limit, test_limit, eval_batch_size
+) b ON b.experiment_id = s.experiment_id AND b.model = s.model
+   AND b.model_options = s.model_options AND b.dataset = s.dataset
+   AND b.per_gpu_batch = s.per_gpu_batch AND b.backend IS s.backend
+   AND b.precision = s.precision AND b.layout = s.layout AND b.bn_mode = s.bn_mode
+   AND b.optimizer = s.optimizer AND b.train_limit = s.train_limit
+   AND b.test_limit = s.test_limit AND b.eval_batch_size = s.eval_batch_size
+WHERE s.status = 'done';
+)SQL";
+
+// Append new versions here ({2, kSchemaV2}, ...); applied ones are never edited.
+constexpr Migration kMigrations[] = {
+    {1, kSchemaV1},
+};
+
+}  // namespace
+
+int schema_version() { return kMigrations[std::size(kMigrations) - 1].version; }
+
+namespace detail {
+
+namespace {
+
+[[noreturn]] void throw_newer(const std::string& path, int found) {
+  throw StoreError(path + ": database schema version " + std::to_string(found) +
+                   " is newer than this dprun supports (" + std::to_string(schema_version()) +
+                   "): upgrade dprun");
+}
+
+}  // namespace
+
+int migrate(sqlite3* db, const std::string& path) {
+  int found = read_user_version(db);
+  if (found > schema_version()) throw_newer(path, found);
+  if (found == schema_version()) return found;
+
+  WriteTransaction txn(db);
+  if (found == 0) {
+    // Version 0 is a brand-new file; one that already has tables belongs to someone else.
+    Stmt tables(db, "SELECT COUNT(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'");
+    tables.step();
+    if (tables.int64(0) > 0) {
+      throw StoreError(path +
+                       ": an SQLite database, but not a dprun one (it has tables and no dprun "
+                       "schema version); give a new file name or an existing dprun database");
+    }
+  }
+  // Another process may have migrated between the read above and taking the write lock.
+  found = read_user_version(db);
+  if (found > schema_version()) throw_newer(path, found);
+  for (const Migration& m : kMigrations) {
+    if (m.version <= found) continue;
+    SQLITE_CHECK(db, sqlite3_exec(db, m.sql, nullptr, nullptr, nullptr));
+    // PRAGMA takes no bound parameters; the value is our own integer constant.
+    const std::string set_version = "PRAGMA user_version = " + std::to_string(m.version);
+    SQLITE_CHECK(db, sqlite3_exec(db, set_version.c_str(), nullptr, nullptr, nullptr));
+  }
+  txn.commit();
+  return schema_version();
+}
+
+}  // namespace detail
+
+}  // namespace dps

@@ -1,0 +1,86 @@
+#pragma once
+// Private helpers of the store: the SQLITE_CHECK macro and a prepared-statement wrapper that
+// binds parameters by position (values never reach SQL text).
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "dpstore/store.hpp"
+
+namespace dps::detail {
+
+/// Throws StoreError when rc is not SQLITE_OK / SQLITE_ROW / SQLITE_DONE. The message names the
+/// database file, SQLite's own error string, the failing C++ statement (and the SQL when known)
+/// and file:line.
+void sqlite_check(int rc, sqlite3* db, const char* call, const char* file, int line,
+                  const char* sql = nullptr);
+/// For destructors: reports a failure on stderr instead of throwing.
+void sqlite_check_nothrow(int rc, sqlite3* db, const char* call, const char* file,
+                          int line) noexcept;
+
+#define SQLITE_CHECK(db, call) ::dps::detail::sqlite_check((call), (db), #call, __FILE__, __LINE__)
+#define SQLITE_CHECK_NOTHROW(db, call) \
+  ::dps::detail::sqlite_check_nothrow((call), (db), #call, __FILE__, __LINE__)
+
+/// The database file a connection is open on, for messages ("" for in-memory).
+std::string db_name(sqlite3* db);
+
+/// Current time as stored everywhere: ISO 8601 UTC with milliseconds, computed by SQLite.
+#define DPS_NOW_SQL "strftime('%Y-%m-%dT%H:%M:%fZ','now')"
+
+/// One prepared statement; parameters are 1-based as in SQLite.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql);
+  ~Stmt();
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& bind(int i, int64_t v);
+  Stmt& bind(int i, double v);  // NaN is stored as NULL (SQLite has no NaN)
+  Stmt& bind(int i, const std::string& v);
+  Stmt& bind_text_or_null(int i, const std::string& v);  // "" -> NULL
+  Stmt& bind_null(int i);
+
+  /// Steps once: true when a row is available, false when done.
+  bool step();
+  /// Steps to completion (for statements that return no rows).
+  void run();
+
+  int64_t int64(int col) const;
+  double real(int col) const;       // NULL -> NaN
+  std::string text(int col) const;  // NULL -> ""
+  bool is_null(int col) const;
+
+  sqlite3_stmt* get() const { return stmt_; }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+/// BEGIN IMMEDIATE ... COMMIT. Takes the write lock at once (waiting up to the busy timeout)
+/// so that a transaction never has to upgrade a read lock, which SQLite would answer with an
+/// immediate SQLITE_BUSY instead of waiting. Rolls back when destroyed uncommitted.
+class WriteTransaction {
+ public:
+  explicit WriteTransaction(sqlite3* db);
+  ~WriteTransaction();
+  WriteTransaction(const WriteTransaction&) = delete;
+  WriteTransaction& operator=(const WriteTransaction&) = delete;
+  void commit();
+
+ private:
+  sqlite3* db_;
+  bool open_ = false;
+};
+
+/// Applies every migration after the database's user_version, in one write transaction.
+/// Refuses a database newer than this build. Returns the resulting user_version.
+int migrate(sqlite3* db, const std::string& path);
+/// Reads PRAGMA user_version.
+int read_user_version(sqlite3* db);
+
+}  // namespace dps::detail

@@ -1,0 +1,454 @@
+// dps::Store: opening (pragmas, version check, migrations) and the trial lifecycle.
+// Every write is one short BEGIN IMMEDIATE transaction, so several runners can share a file:
+// a writer waits for the lock (busy timeout) instead of failing, and nobody holds it long.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <filesystem>
+#include <memory>
+#include <utility>
+
+#include "sqlite_util.hpp"
+#include "store_impl.hpp"
+
+namespace dps {
+
+using detail::Stmt;
+using detail::WriteTransaction;
+
+namespace {
+
+constexpr int kBusyTimeoutMs = 10000;
+
+const TrialStatus kAllStatuses[] = {
+    TrialStatus::pending,  TrialStatus::running,     TrialStatus::done,   TrialStatus::failed,
+    TrialStatus::diverged, TrialStatus::interrupted, TrialStatus::skipped};
+
+// Columns of a TrialRow, in the order read_trial expects them.
+constexpr const char* kSelectTrial =
+    "SELECT id, experiment_id, config_hash, ordinal, model, model_options, dataset, data_path, "
+    "gpus, batch_size, per_gpu_batch, lr, epochs, seed, optimizer, momentum, weight_decay, "
+    "precision, layout, bn_mode, eval_batch_size, train_limit, test_limit, backend_request, "
+    "status, error, attempts, backend, devices, oversubscribed, host, dprun_version, "
+    "plugin_path, plugin_sha256, runner_pid, created_at, started_at, finished_at, heartbeat_at, "
+    "(SELECT COUNT(*) FROM epochs WHERE epochs.trial_id = trials.id) FROM trials ";
+
+TrialRow read_trial(const Stmt& s) {
+  TrialRow r;
+  r.id = s.int64(0);
+  r.experiment_id = s.int64(1);
+  r.config_hash = s.text(2);
+  r.ordinal = s.int64(3);
+  TrialSettings& t = r.settings;
+  t.model = s.text(4);
+  t.model_options_json = s.text(5);
+  t.dataset = s.text(6);
+  t.data_path = s.text(7);
+  t.gpus = s.int64(8);
+  t.batch_size = s.int64(9);
+  t.per_gpu_batch = s.int64(10);
+  t.lr = s.real(11);
+  t.epochs = s.int64(12);
+  t.seed = s.int64(13);
+  t.optimizer = s.text(14);
+  t.momentum = s.real(15);
+  t.weight_decay = s.real(16);
+  t.precision = s.text(17);
+  t.layout = s.text(18);
+  t.bn_mode = s.text(19);
+  t.eval_batch_size = s.int64(20);
+  t.train_limit = s.int64(21);
+  t.test_limit = s.int64(22);
+  t.backend_request = s.text(23);
+  r.status = parse_status(s.text(24));
+  r.error = s.text(25);
+  r.attempts = s.int64(26);
+  r.backend = s.text(27);
+  r.devices = s.text(28);
+  r.oversubscribed = s.int64(29) != 0;
+  r.host = s.text(30);
+  r.dprun_version = s.text(31);
+  r.plugin_path = s.text(32);
+  r.plugin_sha256 = s.text(33);
+  r.runner_pid = s.int64(34);
+  r.created_at = s.text(35);
+  r.started_at = s.text(36);
+  r.finished_at = s.text(37);
+  r.heartbeat_at = s.text(38);
+  r.epochs_done = s.int64(39);
+  return r;
+}
+
+std::string this_host() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+// True only when the process certainly does not exist: kill(pid, 0) can also fail with EPERM
+// for a live process of another user, which must not count as dead.
+bool process_is_gone(int64_t pid) {
+  if (pid <= 0 || pid > INT_MAX) return false;  // 0 / negative would address process groups
+  return kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH;
+}
+
+void exec(sqlite3* db, const char* sql) {
+  detail::sqlite_check(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), db, "sqlite3_exec",
+                       __FILE__, __LINE__, sql);
+}
+
+}  // namespace
+
+const char* status_name(TrialStatus s) {
+  switch (s) {
+    case TrialStatus::pending:
+      return "pending";
+    case TrialStatus::running:
+      return "running";
+    case TrialStatus::done:
+      return "done";
+    case TrialStatus::failed:
+      return "failed";
+    case TrialStatus::diverged:
+      return "diverged";
+    case TrialStatus::interrupted:
+      return "interrupted";
+    case TrialStatus::skipped:
+      return "skipped";
+  }
+  return "unknown";
+}
+
+TrialStatus parse_status(const std::string& s) {
+  for (TrialStatus t : kAllStatuses) {
+    if (s == status_name(t)) return t;
+  }
+  throw StoreError("unknown trial status \"" + s +
+                   "\": expected one of pending, running, done, failed, diverged, interrupted, "
+                   "skipped");
+}
+
+Store::Impl::~Impl() {
+  if (db) SQLITE_CHECK_NOTHROW(db, sqlite3_close_v2(db));
+}
+
+Store::Store(const std::string& path, Mode mode) : impl_(nullptr) {
+  namespace fs = std::filesystem;
+  if (path.empty()) throw StoreError("database path is empty: give a file name such as results.db");
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->mode = mode;
+
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    throw StoreError(path + ": is a folder, not a database file; give a file name such as " +
+                     (fs::path(path) / "results.db").string());
+  }
+  if (mode == Mode::read_only) {
+    if (!fs::exists(path, ec)) {
+      throw StoreError(path +
+                       ": no such database file (opening read-only needs an existing database: "
+                       "check the path, or run the experiment first)");
+    }
+  } else {
+    fs::path parent = fs::path(path).parent_path();
+    if (!parent.empty() && !fs::exists(parent, ec)) {
+      fs::create_directories(parent, ec);
+      if (ec) {
+        throw StoreError(path + ": cannot create the folder " + parent.string() + ": " +
+                         ec.message());
+      }
+    }
+  }
+
+  const int flags =
+      mode == Mode::read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+  int rc = sqlite3_open_v2(path.c_str(), &impl->db, flags, nullptr);
+  if (rc != SQLITE_OK) {
+    throw StoreError(path + ": cannot open the database: " +
+                     (impl->db ? sqlite3_errmsg(impl->db) : sqlite3_errstr(rc)));
+  }
+  sqlite3* db = impl->db;
+  SQLITE_CHECK(db, sqlite3_busy_timeout(db, kBusyTimeoutMs));
+
+  try {
+    // The first statement reads the file header: a file that is not a database fails here.
+    int version = detail::read_user_version(db);
+    if (version > schema_version()) {
+      throw StoreError(path + ": database schema version " + std::to_string(version) +
+                       " is newer than this dprun supports (" + std::to_string(schema_version()) +
+                       "): upgrade dprun");
+    }
+    exec(db, "PRAGMA foreign_keys = ON");
+    if (mode == Mode::read_write) {
+      // WAL lets readers (dprun query) run while a runner writes; NORMAL sync is safe in WAL
+      // (a power loss may drop the last commits, never corrupt the file).
+      exec(db, "PRAGMA journal_mode = WAL");
+      exec(db, "PRAGMA synchronous = NORMAL");
+      impl->user_version = detail::migrate(db, path);
+    } else {
+      if (version == 0) {
+        throw StoreError(path + ": not a dprun database (it has no dprun schema)");
+      }
+      if (version < schema_version()) {
+        throw StoreError(path + ": database schema version " + std::to_string(version) +
+                         " is older than this dprun (" + std::to_string(schema_version()) +
+                         "); open it once read-write (run dprun on the experiment) to migrate it");
+      }
+      impl->user_version = version;
+    }
+  } catch (const StoreError&) {
+    if (sqlite3_errcode(db) == SQLITE_NOTADB) {
+      throw StoreError(path + ": not an SQLite database (" + sqlite3_errmsg(db) +
+                       "); give the path of a dprun results database or a new file name");
+    }
+    throw;
+  }
+  impl_ = impl.release();
+}
+
+Store::~Store() { delete impl_; }
+
+Store::Store(Store&& other) noexcept : impl_(std::exchange(other.impl_, nullptr)) {}
+
+Store& Store::operator=(Store&& other) noexcept {
+  if (this != &other) {
+    delete impl_;
+    impl_ = std::exchange(other.impl_, nullptr);
+  }
+  return *this;
+}
+
+const std::string& Store::path() const { return impl_->path; }
+
+int Store::user_version() const { return impl_->user_version; }
+
+int64_t Store::upsert_experiment(const std::string& name, const std::string& description,
+                                 const std::string& toml_source) {
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  Stmt ins(db,
+           "INSERT INTO experiments (name, description, toml_source, toml_sha256) "
+           "VALUES (?1, ?2, ?3, ?4) "
+           "ON CONFLICT (name) DO UPDATE SET description = excluded.description, "
+           "  toml_source = excluded.toml_source, toml_sha256 = excluded.toml_sha256, "
+           "  updated_at = " DPS_NOW_SQL
+           " WHERE toml_sha256 != excluded.toml_sha256 OR description != excluded.description");
+  ins.bind(1, name).bind(2, description).bind(3, toml_source).bind(4, sha256_hex(toml_source));
+  ins.run();
+  Stmt sel(db, "SELECT id FROM experiments WHERE name = ?1");
+  sel.bind(1, name);
+  if (!sel.step()) throw StoreError(impl_->path + ": experiment \"" + name + "\" vanished");
+  int64_t id = sel.int64(0);
+  txn.commit();
+  return id;
+}
+
+std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::string& config_hash) {
+  Stmt s(impl_->db,
+         (std::string(kSelectTrial) + "WHERE experiment_id = ?1 AND config_hash = ?2").c_str());
+  s.bind(1, experiment_id).bind(2, config_hash);
+  if (!s.step()) return std::nullopt;
+  return read_trial(s);
+}
+
+TrialRow Store::ensure_trial(int64_t experiment_id, const std::string& config_hash, int64_t ordinal,
+                             const TrialSettings& t) {
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  {
+    Stmt e(db, "SELECT 1 FROM experiments WHERE id = ?1");
+    e.bind(1, experiment_id);
+    if (!e.step()) {
+      throw StoreError(impl_->path + ": ensure_trial: no experiment with id " +
+                       std::to_string(experiment_id));
+    }
+  }
+  Stmt ins(db,
+           "INSERT INTO trials (experiment_id, config_hash, ordinal, model, model_options, "
+           "dataset, data_path, gpus, batch_size, per_gpu_batch, lr, epochs, seed, optimizer, "
+           "momentum, weight_decay, precision, layout, bn_mode, eval_batch_size, train_limit, "
+           "test_limit, backend_request) "
+           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, "
+           "?18, ?19, ?20, ?21, ?22, ?23) "
+           "ON CONFLICT (experiment_id, config_hash) DO UPDATE SET ordinal = excluded.ordinal");
+  ins.bind(1, experiment_id).bind(2, config_hash).bind(3, ordinal);
+  ins.bind(4, t.model).bind(5, t.model_options_json).bind(6, t.dataset).bind(7, t.data_path);
+  ins.bind(8, t.gpus).bind(9, t.batch_size).bind(10, t.per_gpu_batch).bind(11, t.lr);
+  ins.bind(12, t.epochs).bind(13, t.seed).bind(14, t.optimizer).bind(15, t.momentum);
+  ins.bind(16, t.weight_decay).bind(17, t.precision).bind(18, t.layout).bind(19, t.bn_mode);
+  ins.bind(20, t.eval_batch_size).bind(21, t.train_limit).bind(22, t.test_limit);
+  ins.bind(23, t.backend_request);
+  ins.run();
+  Stmt sel(db,
+           (std::string(kSelectTrial) + "WHERE experiment_id = ?1 AND config_hash = ?2").c_str());
+  sel.bind(1, experiment_id).bind(2, config_hash);
+  if (!sel.step()) throw StoreError(impl_->path + ": ensure_trial: the trial vanished");
+  TrialRow row = read_trial(sel);
+  txn.commit();
+  return row;
+}
+
+std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
+  Stmt s(impl_->db, (std::string(kSelectTrial) + "WHERE id = ?1").c_str());
+  s.bind(1, trial_id);
+  if (!s.step()) return std::nullopt;
+  return read_trial(s);
+}
+
+std::vector<TrialRow> Store::trials(int64_t experiment_id) {
+  Stmt s(impl_->db,
+         (std::string(kSelectTrial) + "WHERE experiment_id = ?1 ORDER BY ordinal, id").c_str());
+  s.bind(1, experiment_id);
+  std::vector<TrialRow> rows;
+  while (s.step()) rows.push_back(read_trial(s));
+  return rows;
+}
+
+void Store::start_trial(int64_t trial_id, const TrialStart& start) {
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  // Epochs of an earlier, unfinished attempt would mix with the new run's: a restart begins at
+  // epoch 1.
+  Stmt del(db, "DELETE FROM epochs WHERE trial_id = ?1");
+  del.bind(1, trial_id);
+  del.run();
+  Stmt up(db,
+          "UPDATE trials SET status = 'running', attempts = attempts + 1, error = NULL, "
+          "  started_at = " DPS_NOW_SQL ", heartbeat_at = " DPS_NOW_SQL
+          ", finished_at = NULL, "
+          "  backend = ?2, devices = ?3, host = ?4, dprun_version = ?5, plugin_path = ?6, "
+          "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9 "
+          "WHERE id = ?1");
+  up.bind(1, trial_id);
+  up.bind_text_or_null(2, start.backend).bind_text_or_null(3, start.devices);
+  up.bind_text_or_null(4, start.host).bind_text_or_null(5, start.dprun_version);
+  up.bind_text_or_null(6, start.plugin_path).bind_text_or_null(7, start.plugin_sha256);
+  up.bind(8, int64_t{start.oversubscribed ? 1 : 0}).bind(9, start.runner_pid);
+  up.run();
+  if (sqlite3_changes(db) == 0) {
+    throw StoreError(impl_->path + ": start_trial: no trial with id " + std::to_string(trial_id));
+  }
+  txn.commit();
+}
+
+void Store::record_epoch(const EpochRow& row) {
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  Stmt hb(db, "UPDATE trials SET heartbeat_at = " DPS_NOW_SQL " WHERE id = ?1");
+  hb.bind(1, row.trial_id);
+  hb.run();
+  if (sqlite3_changes(db) == 0) {
+    throw StoreError(impl_->path + ": record_epoch: no trial with id " +
+                     std::to_string(row.trial_id));
+  }
+  Stmt ins(db,
+           "INSERT OR REPLACE INTO epochs (trial_id, epoch, train_loss, train_acc, test_acc, "
+           "seconds, examples_per_second, lr, eval_seconds, peak_memory_bytes) "
+           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
+  ins.bind(1, row.trial_id).bind(2, row.epoch).bind(3, row.train_loss).bind(4, row.train_acc);
+  ins.bind(5, row.test_acc).bind(6, row.seconds).bind(7, row.examples_per_second);
+  ins.bind(8, row.lr).bind(9, row.eval_seconds).bind(10, row.peak_memory_bytes);
+  ins.run();
+  txn.commit();
+}
+
+void Store::heartbeat(int64_t trial_id) {
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  Stmt hb(db, "UPDATE trials SET heartbeat_at = " DPS_NOW_SQL " WHERE id = ?1");
+  hb.bind(1, trial_id);
+  hb.run();
+  if (sqlite3_changes(db) == 0) {
+    throw StoreError(impl_->path + ": heartbeat: no trial with id " + std::to_string(trial_id));
+  }
+  txn.commit();
+}
+
+void Store::finish_trial(int64_t trial_id, TrialStatus status, const std::string& error) {
+  if (status == TrialStatus::pending || status == TrialStatus::running) {
+    throw StoreError(impl_->path + ": finish_trial: " + status_name(status) +
+                     " is not a final status (expected done, failed, diverged, interrupted or "
+                     "skipped)");
+  }
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  Stmt up(db, "UPDATE trials SET status = ?2, error = ?3, finished_at = " DPS_NOW_SQL
+              ", heartbeat_at = " DPS_NOW_SQL " WHERE id = ?1");
+  up.bind(1, trial_id).bind(2, std::string(status_name(status))).bind_text_or_null(3, error);
+  up.run();
+  if (sqlite3_changes(db) == 0) {
+    throw StoreError(impl_->path + ": finish_trial: no trial with id " + std::to_string(trial_id));
+  }
+  txn.commit();
+}
+
+int Store::recover_stale(int64_t experiment_id, double stale_seconds) {
+  sqlite3* db = impl_->db;
+  const std::string host = this_host();
+  WriteTransaction txn(db);
+  struct Stale {
+    int64_t id, pid;
+    std::string reason;
+  };
+  std::vector<Stale> stale;
+  {
+    Stmt s(db,
+           "SELECT id, host, runner_pid, "
+           "  (julianday('now') - julianday(heartbeat_at)) * 86400.0 "
+           "FROM trials WHERE experiment_id = ?1 AND status = 'running'");
+    s.bind(1, experiment_id);
+    while (s.step()) {
+      const int64_t pid = s.int64(2);
+      // The pid says something only on the host that started it.
+      const bool gone = !host.empty() && s.text(1) == host && process_is_gone(pid);
+      const bool silent = s.is_null(3) || s.real(3) > stale_seconds;
+      if (gone) {
+        stale.push_back({s.int64(0), pid, ""});
+      } else if (silent) {
+        std::string age = s.is_null(3) ? std::string("never")
+                                       : std::to_string(static_cast<int64_t>(s.real(3))) + " s";
+        stale.push_back({s.int64(0), pid, ": no heartbeat for " + age});
+      }
+    }
+  }
+  Stmt up(db, "UPDATE trials SET status = 'interrupted', error = ?2, finished_at = " DPS_NOW_SQL
+              " WHERE id = ?1 AND status = 'running'");
+  int count = 0;
+  for (const Stale& t : stale) {
+    up.bind(1, t.id).bind(2, "runner stopped without finishing this trial (pid " +
+                                 std::to_string(t.pid) + ")" + t.reason);
+    up.run();
+    count += sqlite3_changes(db);
+    sqlite3_reset(up.get());
+  }
+  txn.commit();
+  return count;
+}
+
+std::vector<EpochRow> Store::epochs(int64_t trial_id) {
+  Stmt s(impl_->db,
+         "SELECT trial_id, epoch, train_loss, train_acc, test_acc, seconds, examples_per_second, "
+         "lr, eval_seconds, peak_memory_bytes FROM epochs WHERE trial_id = ?1 ORDER BY epoch");
+  s.bind(1, trial_id);
+  std::vector<EpochRow> rows;
+  while (s.step()) {
+    EpochRow r;
+    r.trial_id = s.int64(0);
+    r.epoch = s.int64(1);
+    r.train_loss = s.real(2);
+    r.train_acc = s.real(3);
+    r.test_acc = s.real(4);
+    r.seconds = s.real(5);
+    r.examples_per_second = s.real(6);
+    r.lr = s.real(7);
+    r.eval_seconds = s.real(8);
+    r.peak_memory_bytes = s.int64(9);
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace dps
