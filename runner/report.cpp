@@ -1,0 +1,223 @@
+#include "report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "json.hpp"
+#include "sweep_runner.hpp"
+
+namespace dprun {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool looks_numeric(const std::string& s) {
+  static const std::regex number(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
+  return !s.empty() && std::regex_match(s, number);
+}
+
+// Display width in terminal columns: UTF-8 continuation bytes take no column.
+size_t width(const std::string& s) {
+  size_t w = 0;
+  for (unsigned char c : s)
+    if ((c & 0xC0) != 0x80) ++w;
+  return w;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string format_aligned(const std::vector<std::vector<std::string>>& rows,
+                           const std::string& indent) {
+  if (rows.empty()) return "";
+  size_t columns = 0;
+  for (const auto& r : rows) columns = std::max(columns, r.size());
+  std::vector<size_t> widths(columns, 0);
+  std::vector<bool> numeric(columns, true);
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t c = 0; c < rows[i].size(); ++c) {
+      widths[c] = std::max(widths[c], width(rows[i][c]));
+      if (i > 0 && !looks_numeric(rows[i][c]) && rows[i][c] != "-" && rows[i][c] != "NULL")
+        numeric[c] = false;
+    }
+  std::string out;
+  auto emit = [&](const std::vector<std::string>& r) {
+    std::string line = indent;
+    for (size_t c = 0; c < columns; ++c) {
+      const std::string cell = c < r.size() ? r[c] : "";
+      const std::string pad(widths[c] - width(cell), ' ');
+      if (c) line += "  ";
+      line += numeric[c] && rows.size() > 1 ? pad + cell : cell + pad;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  };
+  emit(rows[0]);
+  std::vector<std::string> rule;
+  for (size_t c = 0; c < columns; ++c) rule.push_back(std::string(widths[c], '-'));
+  emit(rule);
+  for (size_t i = 1; i < rows.size(); ++i) emit(rows[i]);
+  return out;
+}
+
+std::string format_query(const dps::QueryResult& result, QueryFormat format) {
+  switch (format) {
+    case QueryFormat::table: {
+      std::vector<std::vector<std::string>> rows;
+      rows.push_back(result.columns);
+      for (const auto& r : result.rows) {
+        std::vector<std::string> cells;
+        for (const auto& v : r) cells.push_back(v ? *v : "NULL");
+        rows.push_back(std::move(cells));
+      }
+      std::string out = format_aligned(rows);
+      out += '(';
+      out += std::to_string(result.rows.size());
+      out += result.rows.size() == 1 ? " row)\n" : " rows)\n";
+      return out;
+    }
+    case QueryFormat::csv: {
+      std::string out;
+      for (size_t c = 0; c < result.columns.size(); ++c)
+        out.append(c ? "," : "").append(csv_field(result.columns[c]));
+      out += "\r\n";
+      for (const auto& r : result.rows) {
+        for (size_t c = 0; c < r.size(); ++c)
+          out.append(c ? "," : "").append(csv_field(r[c].value_or("")));
+        out += "\r\n";
+      }
+      return out;
+    }
+    case QueryFormat::json: {
+      std::string out = "[";
+      for (size_t i = 0; i < result.rows.size(); ++i) {
+        Json o = Json::object();
+        const auto& r = result.rows[i];
+        for (size_t c = 0; c < result.columns.size() && c < r.size(); ++c) {
+          if (!r[c])
+            o.set(result.columns[c], Json());
+          else if (looks_numeric(*r[c]))
+            o.set(result.columns[c], Json::parse(*r[c]));
+          else
+            o.set(result.columns[c], Json::string(*r[c]));
+        }
+        out += (i ? ",\n " : "\n ") + o.dump();
+      }
+      out += result.rows.empty() ? "]\n" : "\n]\n";
+      return out;
+    }
+  }
+  return "";
+}
+
+std::string default_database(const std::string& command) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  if (fs::is_directory("results", ec))
+    for (const auto& e : fs::directory_iterator("results", ec))
+      if (e.path().extension() == ".db") found.push_back(e.path().string());
+  if (found.size() == 1) {
+    std::fprintf(stderr, "dprun: using %s (the only database in results/; pass --db to choose)\n",
+                 found[0].c_str());
+    return found[0];
+  }
+  std::string msg = "dprun " + command + " needs a database: pass --db PATH";
+  if (found.empty()) {
+    msg += " (no results/*.db in the current folder)";
+  } else {
+    std::sort(found.begin(), found.end());
+    msg += " (several in results/:";
+    for (const auto& f : found) msg += " " + f;
+    msg += ")";
+  }
+  throw UsageError(msg);
+}
+
+std::string format_report(dps::Store& store) {
+  auto experiments =
+      store.query("SELECT id, name, description FROM experiments ORDER BY id");
+  if (experiments.rows.empty()) return "no experiments in " + store.path() + "\n";
+  std::string out;
+  for (const auto& e : experiments.rows) {
+    const std::string id = e[0].value_or("0");
+    auto r = store.query(
+        "SELECT s.model, s.model_options, s.dataset, s.gpus, s.batch_size, s.per_gpu_batch, s.lr, "
+        "s.epochs, s.seed, s.momentum, s.weight_decay, s.precision, s.layout, s.bn_mode, "
+        "s.train_limit, s.test_limit, s.status, s.epochs_done, s.final_test_acc, "
+        "s.best_test_acc, s.mean_seconds_per_epoch, c.speedup, s.backend, s.error "
+        "FROM trial_summary s LEFT JOIN scaling c ON c.trial_id = s.trial_id "
+        "WHERE s.experiment_id = " +
+        id + " ORDER BY s.ordinal, s.trial_id");
+    out += "experiment " + e[1].value_or("?");
+    if (e[2] && !e[2]->empty()) out += ": " + *e[2];
+    out += " (" + std::to_string(r.rows.size()) + " trial" + (r.rows.size() == 1 ? "" : "s") +
+           ")\n";
+    if (r.rows.empty()) {
+      out += "\n";
+      continue;
+    }
+    // Settings: the model and gpus always, every other one only when it varies.
+    constexpr size_t kSettings = 16;
+    std::vector<size_t> shown;
+    for (size_t c = 0; c < kSettings; ++c) {
+      std::set<std::string> distinct;
+      for (const auto& row : r.rows) distinct.insert(row[c].value_or("NULL"));
+      if (c == 0 || c == 3 || distinct.size() > 1) shown.push_back(c);
+    }
+    auto fixed = [](const std::optional<std::string>& v, const char* fmt) -> std::string {
+      if (!v) return "-";
+      char buf[32];
+      std::snprintf(buf, sizeof buf, fmt, std::strtod(v->c_str(), nullptr));
+      return buf;
+    };
+    std::vector<std::vector<std::string>> table;
+    std::vector<std::string> header;
+    for (size_t c : shown) header.push_back(r.columns[c]);
+    for (const char* h : {"status", "epochs", "final_acc", "best_acc", "s/epoch", "speedup",
+                          "backend"})
+      header.push_back(h);
+    table.push_back(header);
+    std::vector<std::string> errors;
+    for (const auto& row : r.rows) {
+      std::vector<std::string> cells;
+      for (size_t c : shown) cells.push_back(row[c].value_or("NULL"));
+      cells.push_back(row[16].value_or(""));
+      cells.push_back(row[17].value_or("0") + "/" + row[7].value_or("?"));
+      cells.push_back(fixed(row[18], "%.4f"));
+      cells.push_back(fixed(row[19], "%.4f"));
+      cells.push_back(fixed(row[20], "%.2f"));
+      cells.push_back(row[21] ? fixed(row[21], "%.2fx") : "-");
+      cells.push_back(row[22].value_or("-"));
+      table.push_back(cells);
+      if (row[23] && !row[23]->empty()) {
+        std::string label;
+        for (size_t c : shown) label += (label.empty() ? "" : " ") + r.columns[c] + "=" +
+                                        row[c].value_or("NULL");
+        errors.push_back(label + ": " + *row[23]);
+      }
+    }
+    out += format_aligned(table, "  ");
+    for (const auto& err : errors) out += "  ! " + err + "\n";
+    out += "\n";
+  }
+  out += "speedup: seconds per epoch of the matching 1-GPU trial / this trial's (epoch 1, the "
+         "warm-up, excluded)\n";
+  return out;
+}
+
+}  // namespace dprun

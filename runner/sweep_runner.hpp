@@ -1,0 +1,83 @@
+#pragma once
+// Running a sweep: load the plugins and the experiment, reconcile its trials with the store,
+// then run the trials that need it, one child process each (trial_process.hpp), writing every
+// epoch as it arrives. Also the read-only plan (`dprun plan`, `dprun run --dry-run`).
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dpstore/store.hpp"
+#include "experiment.hpp"
+
+namespace dprun {
+
+/// A bad command line (exit status 2). what() is the message without the "dprun: " prefix.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SweepOptions {
+  std::string file;
+  std::string db;       // "" : [experiment].database, else results/<name>.db
+  std::string backend;  // "" : as the file says; else auto | cpu | cuda for every trial
+  bool dry_run = false;
+  bool rerun = false;  // run trials that are already done again
+  bool force = false;  // allow more than 1000 trials
+  bool oversubscribe = false;
+  bool verbose = false;  // forward the trial processes' output to stderr
+  std::vector<std::pair<std::string, std::string>> filters;  // KEY=VALUE, see trial_matches
+  std::vector<std::string> plugin_dirs;
+  int threads = 0;              // CPU threads per trial (0: all)
+  double trial_timeout = 0;     // seconds; 0: none
+  double heartbeat_seconds = 10;
+  double stale_seconds = 120;   // a `running` trial whose heartbeat is older is interrupted
+  std::string command_line;     // how we were started, for the resume hint
+};
+
+/// What a run would do with one trial.
+enum class TrialAction { run, skip };
+struct PlannedTrial {
+  const TrialSpec* spec = nullptr;
+  std::optional<dps::TrialRow> row;  // the stored trial, when there is one
+  TrialAction action = TrialAction::run;
+  std::string why;  // "new", "done", "failed", "filtered out", ...
+  /// "run", "skip: done", "restart: interrupted", "rerun: failed", ...
+  std::string describe() const;
+};
+
+/// Decides for each trial of `experiment` given what the store holds (rows by config hash).
+std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
+                                      const std::map<std::string, dps::TrialRow>& stored,
+                                      const SweepOptions& options);
+
+/// Every setting of a trial by name as text ("gpus" -> "2", "lr" -> "0.4", "option.hidden" ->
+/// "128"), for --filter and display.
+std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec);
+/// True when the trial matches every filter key (several values for one key: any of them).
+/// Throws UsageError for a key that is not a setting name.
+bool trial_matches(const TrialSpec& spec,
+                   const std::vector<std::pair<std::string, std::string>>& filters);
+
+/// "lenet gpus=2 batch_size=512 lr=0.4": the model (unless the label names it) and the label.
+std::string trial_display_name(const TrialSpec& spec);
+
+/// The database path for an experiment under these options.
+std::string database_path(const Experiment& experiment, const SweepOptions& options);
+
+/// Loads the plugins (plugin errors become warnings on stderr) and parses the experiment.
+/// Throws ConfigErrors on a bad file.
+Experiment load_sweep(const SweepOptions& options);
+
+/// `dprun run`: returns the exit status (0, 1, 130 / 143 when interrupted). Bad files throw
+/// ConfigErrors, bad options UsageError, before any database is created.
+int run_sweep(const SweepOptions& options);
+
+/// `dprun plan` / `--dry-run`: prints the trials and what a run would do; reads the database
+/// when it exists, never creates or changes it. Returns 0.
+int plan_sweep(const SweepOptions& options);
+
+}  // namespace dprun

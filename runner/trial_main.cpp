@@ -1,0 +1,356 @@
+#include "trial_main.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <sstream>
+
+#include "dp/data.hpp"
+#include "dp/error.hpp"
+#include "plugin_loader.hpp"
+
+namespace dprun {
+
+namespace {
+
+// ---- DPRUN_FAULT -----------------------------------------------------------------------------
+
+struct Fault {
+  enum class Kind { none, kill, abort, throw_, nan, hang };
+  Kind kind = Kind::none;
+  int64_t epoch = 0;
+  int64_t ordinal = -1;  // -1: every trial
+};
+
+// "KIND@EPOCH" or "KIND@EPOCH#ORDINAL". Bad values are errors: a test that sets a fault must not
+// silently run without it.
+Fault parse_fault(const char* env, int64_t ordinal) {
+  Fault f;
+  if (!env || !*env) return f;
+  const std::string text = env;
+  auto bad = [&]() -> Fault {
+    throw dp::Error("DPRUN_FAULT=\"" + text +
+                    "\": expected KIND@EPOCH or KIND@EPOCH#TRIAL with KIND one of kill, abort, "
+                    "throw, nan, hang (e.g. kill@1 or nan@2#0)");
+  };
+  const auto at = text.find('@');
+  if (at == std::string::npos) return bad();
+  const std::string kind = text.substr(0, at);
+  std::string rest = text.substr(at + 1);
+  int64_t target = -1;
+  if (auto hash = rest.find('#'); hash != std::string::npos) {
+    try {
+      size_t used = 0;
+      target = std::stoll(rest.substr(hash + 1), &used);
+      if (used != rest.size() - hash - 1 || target < 0) return bad();
+    } catch (const std::exception&) {
+      return bad();
+    }
+    rest = rest.substr(0, hash);
+  }
+  try {
+    size_t used = 0;
+    f.epoch = std::stoll(rest, &used);
+    if (used != rest.size() || f.epoch < 1) return bad();
+  } catch (const std::exception&) {
+    return bad();
+  }
+  if (kind == "kill") f.kind = Fault::Kind::kill;
+  else if (kind == "abort") f.kind = Fault::Kind::abort;
+  else if (kind == "throw") f.kind = Fault::Kind::throw_;
+  else if (kind == "nan") f.kind = Fault::Kind::nan;
+  else if (kind == "hang") f.kind = Fault::Kind::hang;
+  else return bad();
+  f.ordinal = target;
+  if (target >= 0 && target != ordinal) f.kind = Fault::Kind::none;
+  return f;
+}
+
+void act_on_fault(const Fault& f, int64_t epoch) {
+  if (f.kind == Fault::Kind::none || f.epoch != epoch) return;
+  switch (f.kind) {
+    case Fault::Kind::kill: raise(SIGKILL); break;
+    case Fault::Kind::abort: std::abort();
+    case Fault::Kind::throw_:
+      throw dp::Error("injected fault DPRUN_FAULT: throw after epoch " + std::to_string(epoch));
+    case Fault::Kind::hang:
+      for (;;) pause();  // until a signal ends the process
+    default: break;
+  }
+}
+
+// ---- backend resolution ------------------------------------------------------------------------
+
+struct BackendChoice {
+  dp::BackendKind kind = dp::BackendKind::cpu;
+  bool oversubscribed = false;
+  std::string skip_reason;  // non-empty: the trial cannot run on this machine
+};
+
+BackendChoice choose_backend(const TrialRequest& r) {
+  BackendChoice c;
+  const std::string& req = r.backend;
+  if (req == "cpu") return c;
+  if (req != "auto" && req != "cuda")
+    throw dp::Error("backend \"" + req + "\": expected auto, cpu or cuda");
+  if (req == "cuda" && !dp::cuda_compiled())
+    throw dp::Error(
+        "backend cuda was requested but this dprun was built without CUDA; use --backend cpu "
+        "or rebuild with -DDPRUN_CUDA=ON");
+  // This is the only place CUDA is initialised: in the trial process, never in the runner.
+  const int devices = dp::cuda_device_count();
+  if (devices == 0) {
+    if (req == "cuda")
+      throw dp::Error("backend cuda was requested but no CUDA device is visible; use --backend "
+                      "cpu or check nvidia-smi and CUDA_VISIBLE_DEVICES");
+    return c;  // auto without a GPU: the CPU backend
+  }
+  c.kind = dp::BackendKind::cuda;
+  if (r.settings.gpus > devices) {
+    if (!r.oversubscribe) {
+      c.skip_reason = "trial needs " + std::to_string(r.settings.gpus) + " GPUs, this machine has " +
+                      std::to_string(devices) + " (use --oversubscribe to share GPUs)";
+    } else {
+      c.oversubscribed = true;
+    }
+  }
+  return c;
+}
+
+std::string loss_problem(double loss) { return std::isnan(loss) ? "NaN" : "infinite"; }
+
+TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
+  const dps::TrialSettings& s = r.settings;
+  const Fault fault = parse_fault(std::getenv("DPRUN_FAULT"), r.ordinal);
+
+  // Settings the engine does not implement are refused before anything is loaded.
+  if (s.precision != "fp32")
+    return {TrialRecord::Kind::error,
+            "precision " + s.precision + " is not supported yet (use precision = \"fp32\")"};
+  if (s.bn_mode != "per-replica")
+    return {TrialRecord::Kind::error,
+            s.bn_mode == "sync" ? "synchronised batch norm is not supported yet (use bn_mode = "
+                                  "\"per-replica\")"
+                                : "bn_mode \"" + s.bn_mode + "\": expected per-replica or sync"};
+  if (s.optimizer != "sgd")
+    return {TrialRecord::Kind::error,
+            "optimizer \"" + s.optimizer + "\" is not supported (only sgd)"};
+  dp::Layout layout = dp::Layout::nchw;
+  if (s.layout == "nhwc") layout = dp::Layout::nhwc;
+  else if (s.layout != "nchw")
+    return {TrialRecord::Kind::error, "layout \"" + s.layout + "\": expected nchw or nhwc"};
+
+  PluginScan scan = scan_plugins(r.plugin_dirs);
+  auto found = scan.models.find(s.model);
+  if (found == scan.models.end()) {
+    std::string msg = "unknown model \"" + s.model + "\"; models found:";
+    for (const auto& [name, m] : scan.models) msg += " " + name;
+    if (scan.models.empty()) msg += " none";
+    msg += " (searched:";
+    for (const auto& d : scan.searched) msg += " " + d;
+    msg += ")";
+    for (const auto& e : scan.errors) msg += "; " + e;
+    return {TrialRecord::Kind::error, msg};
+  }
+  const LoadedModel& model = found->second;
+  const dp::ModelOptions options = dp::resolve_model_options(model.factory, r.model_options);
+
+  const BackendChoice backend = choose_backend(r);
+  if (!backend.skip_reason.empty()) return {TrialRecord::Kind::skipped, backend.skip_reason};
+
+  const std::string data_path = !r.data_path.empty() ? r.data_path : s.data_path;
+  dp::DatasetPair data = dp::load_dataset(s.dataset, data_path);
+  if (s.train_limit > 0 && s.train_limit < data.train.count)
+    data.train = data.train.head(s.train_limit);
+  if (s.test_limit > 0 && s.test_limit < data.test.count) data.test = data.test.head(s.test_limit);
+
+  dp::TrainerOptions t;
+  t.replicas = static_cast<int>(s.gpus);
+  t.backend = backend.kind;
+  t.oversubscribe = r.oversubscribe;
+  t.batch_size = s.batch_size;
+  t.eval_batch_size = s.eval_batch_size;
+  t.epochs = static_cast<int>(s.epochs);
+  t.sgd.lr = static_cast<float>(s.lr);
+  t.sgd.momentum = static_cast<float>(s.momentum);
+  t.sgd.weight_decay = static_cast<float>(s.weight_decay);
+  t.seed = static_cast<uint64_t>(s.seed);
+  t.cpu_threads = r.threads;
+  t.layout = layout;
+
+  // The model is built for the data it will see, whatever input it was designed for.
+  const dp::ModelInput input{data.train.channels, data.train.height, data.train.width,
+                             data.train.classes};
+  const dp::ModelFactory& factory = model.factory;
+  dp::Trainer trainer(
+      t, [&] { return factory.build(options, input); }, data.train, data.test);
+
+  dps::TrialStart start;
+  start.backend = trainer.backend_name();
+  start.devices = trainer.devices();
+  start.plugin_path = model.plugin_path;
+  start.plugin_sha256 = file_sha256(model.plugin_path);
+  start.oversubscribed = backend.oversubscribed;
+  sink.start(start);
+
+  TrialResult result;
+  trainer.fit([&](const dp::EpochReport& report) {
+    double loss = report.train_loss;
+    bool finite = report.finite && std::isfinite(loss);
+    if (fault.kind == Fault::Kind::nan && fault.epoch == report.epoch) {
+      loss = std::nan("");
+      finite = false;
+    }
+    if (!finite) {
+      result = {TrialRecord::Kind::diverged, "loss became " + loss_problem(loss) + " at epoch " +
+                                                 std::to_string(report.epoch)};
+      return false;
+    }
+    dps::EpochRow row;
+    row.epoch = report.epoch;
+    row.train_loss = loss;
+    row.train_acc = report.train_acc;
+    row.test_acc = report.test_acc;
+    row.seconds = report.seconds;
+    row.examples_per_second = report.examples_per_second;
+    row.lr = s.lr;
+    row.eval_seconds = report.eval_seconds;
+    row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
+    sink.epoch(row, report);
+    act_on_fault(fault, report.epoch);
+    return true;
+  });
+  return result;
+}
+
+// ---- the child's sink: protocol records ----------------------------------------------------------
+
+class RecordSink : public TrialSink {
+ public:
+  explicit RecordSink(RecordWriter& w) : w_(w) {}
+  void start(const dps::TrialStart& start) override {
+    TrialRecord r;
+    r.kind = TrialRecord::Kind::start;
+    r.start = start;
+    w_.write(r);
+  }
+  void epoch(const dps::EpochRow& row, const dp::EpochReport&) override {
+    TrialRecord r;
+    r.kind = TrialRecord::Kind::epoch;
+    r.epoch = row;
+    w_.write(r);
+  }
+
+ private:
+  RecordWriter& w_;
+};
+
+// ---- `dprun train`'s sink: one line per epoch ----------------------------------------------------
+
+class PrintSink : public TrialSink {
+ public:
+  explicit PrintSink(const TrialRequest& r) : r_(r) {}
+  void start(const dps::TrialStart& start) override {
+    std::printf("%s on %s: %s%s (plugin %s)\n", r_.settings.model.c_str(), start.backend.c_str(),
+                start.devices.c_str(), start.oversubscribed ? ", oversubscribed" : "",
+                start.plugin_path.c_str());
+    std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc",
+                "test_acc", "seconds", "examples/s");
+    std::fflush(stdout);
+  }
+  void epoch(const dps::EpochRow& row, const dp::EpochReport&) override {
+    std::printf("%5lld  %10.4f  %9.4f  %8.4f  %8.2f  %12.0f\n", static_cast<long long>(row.epoch),
+                row.train_loss, row.train_acc, row.test_acc, row.seconds,
+                row.examples_per_second);
+    std::fflush(stdout);
+  }
+
+ private:
+  const TrialRequest& r_;
+};
+
+}  // namespace
+
+TrialResult run_trial(const TrialRequest& request, TrialSink& sink) {
+  try {
+    return run_trial_unchecked(request, sink);
+  } catch (const std::exception& e) {
+    return {TrialRecord::Kind::error, e.what()};
+  } catch (...) {
+    return {TrialRecord::Kind::error, "unknown exception"};
+  }
+}
+
+int trial_child_main(const std::vector<std::string>& args) {
+  int fd = -1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--record-fd" && i + 1 < args.size()) fd = std::atoi(args[++i].c_str());
+  }
+  if (fd < 0) {
+    std::fprintf(stderr,
+                 "dprun: __trial is internal: it runs one trial for `dprun run` and needs "
+                 "--record-fd N and a trial request (JSON) on stdin\n");
+    return 2;
+  }
+  RecordWriter writer(fd);
+  TrialRecord final_record;
+  try {
+    std::ostringstream in;
+    in << std::cin.rdbuf();
+    const TrialRequest request = request_from_json(Json::parse(in.str()));
+    RecordSink sink(writer);
+    TrialResult result = run_trial(request, sink);
+    final_record.kind = result.kind;
+    final_record.message = result.message;
+  } catch (const std::exception& e) {
+    final_record.kind = TrialRecord::Kind::error;
+    final_record.message = std::string("bad trial request: ") + e.what();
+  }
+  try {
+    writer.write(final_record);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dprun: %s\n", e.what());
+    return 1;
+  }
+  if (final_record.kind == TrialRecord::Kind::error) {
+    std::fprintf(stderr, "dprun: %s\n", final_record.message.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int run_train(const TrialRequest& request) {
+  PrintSink sink(request);
+  TrialResult result = run_trial(request, sink);
+  switch (result.kind) {
+    case TrialRecord::Kind::done: return 0;
+    case TrialRecord::Kind::diverged:
+      std::fprintf(stderr, "dprun: diverged: %s\n", result.message.c_str());
+      return 1;
+    case TrialRecord::Kind::skipped:
+      std::fprintf(stderr, "dprun: skipped: %s\n", result.message.c_str());
+      return 1;
+    default:
+      std::fprintf(stderr, "dprun: %s\n", result.message.c_str());
+      return 1;
+  }
+}
+
+const char* fault_help() {
+  return "Testing:\n"
+         "  DPRUN_FAULT=KIND@EPOCH[#TRIAL] makes the trial process fail on purpose after it has\n"
+         "  reported epoch EPOCH (only in the trial with 0-based sweep position TRIAL when\n"
+         "  given). KIND is one of:\n"
+         "    kill   the trial process sends itself SIGKILL\n"
+         "    abort  it calls abort() (SIGABRT)\n"
+         "    throw  it throws an exception (recorded as an error)\n"
+         "    nan    the loss of that epoch is reported as NaN (the trial diverges)\n"
+         "    hang   it sleeps forever (see --trial-timeout)\n";
+}
+
+}  // namespace dprun
