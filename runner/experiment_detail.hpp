@@ -1,10 +1,14 @@
 #pragma once
-// Internal to the experiment parser (experiment.cpp reads and validates, sweep.cpp expands):
-// the validated, position-carrying form of an experiment file between the two steps.
+// Internal to the experiment parser: experiment_values.cpp reads and checks single values,
+// experiment.cpp reads the sections, sweep.cpp expands the validated form into trials.
+#include <toml++/toml.h>
+
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "experiment.hpp"
@@ -72,9 +76,66 @@ struct Validated {
 std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
                               const ParseOptions& options, Diagnostics& diag);
 
-/// Text helpers shared by both files.
+/// Text helpers.
 std::string quoted(const std::string& s);       // JSON string literal
 std::string shortest(double d);                 // shortest text that reads back as d
 std::string display(const dp::OptionValue& v);  // 0.2, 128, lenet, true (labels)
+/// How a value is shown after "got": "two" (quoted), 3, 0.5, [1, 2], a table.
+std::string describe(const toml::node& n);
+/// "; did you mean \"lr\"?" when a candidate is close enough to be a likely typo, else "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+std::string join(const std::vector<std::string>& items, const std::string& sep, bool quote);
+
+/// The position of a source region, or `fallback` when TOML++ has none (implicit tables).
+Pos pos_of(const toml::source_region& r, Pos fallback);
+/// Entries of a table in the order they appear in the file (toml::table sorts by key).
+std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t);
+
+enum class Kind { integer, number, choice, model };
+enum class Range { none, positive, unit_interval, non_negative };
+
+/// A [train] key: its type and what values it accepts.
+struct KeySpec {
+  std::string name;
+  Kind kind;
+  int64_t min = 0;            // integer: smallest value allowed
+  Range range = Range::none;  // number
+  std::vector<std::string> choices = {};
+};
+const KeySpec* find_train_key(const std::string& name);  // null when unknown
+std::vector<std::string> train_key_names();              // in documentation order
+/// "a positive integer" / "a list of positive integers".
+std::string expected_text(const KeySpec& k, bool list);
+/// "an integer" / "a list of integers" for a plugin option of the type of `v`.
+std::string option_type(const dp::OptionValue& v, bool list);
+
+/// Reads and checks single values against the [train] keys and the model catalog, reporting
+/// every problem to its Diagnostics.
+class Validator {
+ public:
+  Validator(const std::string& file, const ModelCatalog& catalog);
+  Diagnostics& diag() { return diag_; }
+  const ModelCatalog& catalog() const { return catalog_; }
+  /// "known models: lenet, resnet18".
+  std::string known_models() const;
+
+  /// One value of a [train] key; `list` says a list was expected there (a [sweep] key), for
+  /// the message. Nothing (reported) when the type or the range is wrong.
+  std::optional<Val> read_train_value(const KeySpec& k, const toml::node& n,
+                                      const std::string& path, Pos fallback, bool list);
+  /// A plugin option's spec; null (reported at pos, for path) when the model or the option
+  /// does not exist.
+  const dp::OptionSpec* find_option(const std::string& model, const std::string& option,
+                                    const std::string& path, Pos pos);
+  /// A plugin option value, typed by the option's default (an integer is accepted for a float).
+  std::optional<Val> read_option_value(const dp::OptionSpec& spec, const std::string& model,
+                                       const toml::node& n, const std::string& path, Pos fallback,
+                                       bool list);
+
+ private:
+  const ModelCatalog& catalog_;
+  std::vector<std::string> model_names_;
+  Diagnostics diag_;
+};
 
 }  // namespace dprun::detail

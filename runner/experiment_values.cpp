@@ -1,0 +1,354 @@
+// Experiment files, the value layer: what each key accepts, reading and checking one TOML
+// value, the messages (did-you-mean, how a value is shown), collecting errors.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+
+#include "experiment_detail.hpp"
+
+namespace dprun::detail {
+
+void Diagnostics::add(Pos pos, const std::string& key, const std::string& message) {
+  // The same problem can be reached twice (e.g. one value used by many trials): report it once.
+  auto id = std::make_tuple(pos.line, pos.column, key, message);
+  if (std::find(seen_.begin(), seen_.end(), id) != seen_.end()) return;
+  seen_.push_back(id);
+  errors_.emplace_back(file_, pos.line, pos.column, key, message);
+}
+
+void Diagnostics::throw_if_any() const {
+  if (errors_.empty()) return;
+  auto sorted = errors_;
+  std::stable_sort(sorted.begin(), sorted.end(), [](const ConfigError& a, const ConfigError& b) {
+    return std::make_pair(a.line(), a.column()) < std::make_pair(b.line(), b.column());
+  });
+  throw ConfigErrors(std::move(sorted));
+}
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string shortest(double d) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, d);
+  return std::string(buf, r.ptr);
+}
+
+std::string display(const dp::OptionValue& v) {
+  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&v)) return shortest(*d);
+  return std::get<std::string>(v);
+}
+
+namespace {
+
+/// Edit distance counting a swap of two neighbours as one edit (optimal string alignment), so
+/// "nwhc" is closest to "nhwc".
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min(
+          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+const std::vector<KeySpec>& train_keys() {
+  static const std::vector<KeySpec> keys = {
+      {"model", Kind::model},
+      {"epochs", Kind::integer, 1},
+      {"seed", Kind::integer, 0},
+      {"gpus", Kind::integer, 1},
+      {"batch_size", Kind::integer, 1},
+      {"per_gpu_batch", Kind::integer, 1},
+      {"lr", Kind::number, 0, Range::positive},
+      {"lr_scaling", Kind::choice, 0, Range::none, {"none", "linear"}},
+      {"base_batch", Kind::integer, 1},
+      {"optimizer", Kind::choice, 0, Range::none, {"sgd"}},
+      {"momentum", Kind::number, 0, Range::unit_interval},
+      {"weight_decay", Kind::number, 0, Range::non_negative},
+      {"precision", Kind::choice, 0, Range::none, {"fp32"}},
+      {"layout", Kind::choice, 0, Range::none, {"nchw", "nhwc"}},
+      {"bn", Kind::choice, 0, Range::none, {"per-replica", "sync"}},
+      {"eval_batch_size", Kind::integer, 0},
+      {"train_limit", Kind::integer, 0},
+      {"test_limit", Kind::integer, 0},
+      {"backend", Kind::choice, 0, Range::none, {"auto", "cpu", "cuda"}},
+  };
+  return keys;
+}
+
+/// The option type names of the plugin contract: "bool", "int", "float", "string".
+std::string type_name(const dp::OptionValue& v) {
+  static const char* names[] = {"bool", "int", "float", "string"};
+  return names[v.index()];
+}
+
+}  // namespace
+
+Pos pos_of(const toml::source_region& r, Pos fallback) {
+  if (r.begin.line == 0) return fallback;
+  return {static_cast<int>(r.begin.line), static_cast<int>(r.begin.column)};
+}
+
+std::string describe(const toml::node& n) {
+  if (auto* s = n.as_string()) return detail::quoted(s->get());
+  if (auto* i = n.as_integer()) return std::to_string(i->get());
+  if (auto* f = n.as_floating_point()) return detail::shortest(f->get());
+  if (auto* b = n.as_boolean()) return b->get() ? "true" : "false";
+  if (auto* a = n.as_array()) {
+    std::string s = "[";
+    for (size_t i = 0; i < a->size(); ++i) {
+      if (i) s += ", ";
+      if (i == 8) return s + "...]";
+      s += describe((*a)[i]);
+    }
+    return s + "]";
+  }
+  if (n.is_table()) return "a table";
+  return "a date/time";
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  size_t best_d = 0;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (!best || d < best_d) best = &c, best_d = d;
+  }
+  if (!best || best_d > std::max<size_t>(1, (word.size() + 2) / 3)) return "";
+  return "; did you mean " + detail::quoted(*best) + "?";
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep, bool quote) {
+  std::string s;
+  for (const auto& i : items) {
+    if (!s.empty()) s += sep;
+    s += quote ? detail::quoted(i) : i;
+  }
+  return s;
+}
+
+std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t) {
+  std::vector<std::pair<const toml::key*, const toml::node*>> out;
+  for (auto&& [k, v] : t) out.emplace_back(&k, &v);
+  auto at = [](const std::pair<const toml::key*, const toml::node*>& e) {
+    auto r = e.first->source().begin.line ? e.first->source() : e.second->source();
+    return std::make_pair(r.begin.line, r.begin.column);
+  };
+  std::stable_sort(out.begin(), out.end(),
+                   [&](const auto& a, const auto& b) { return at(a) < at(b); });
+  return out;
+}
+
+const KeySpec* find_train_key(const std::string& name) {
+  for (const auto& k : train_keys())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::vector<std::string> train_key_names() {
+  std::vector<std::string> names;
+  for (const auto& k : train_keys()) names.push_back(k.name);
+  return names;
+}
+
+std::string expected_text(const KeySpec& k, bool list) {
+  switch (k.kind) {
+    case Kind::integer:
+      if (k.min == 1) return list ? "a list of positive integers" : "a positive integer";
+      return list ? "a list of non-negative integers" : "a non-negative integer";
+    case Kind::number:
+      return list ? "a list of numbers" : "a number";
+    case Kind::choice:
+      return list ? "a list of strings" : "a string";
+    case Kind::model:
+      return list ? "a list of model names" : "a model name";
+  }
+  return "";
+}
+
+std::string option_type(const dp::OptionValue& v, bool list) {
+  static const char* one[] = {"a boolean", "an integer", "a number", "a string"};
+  static const char* many[] = {"a list of booleans", "a list of integers", "a list of numbers",
+                               "a list of strings"};
+  return (list ? many : one)[v.index()];
+}
+
+Validator::Validator(const std::string& file, const ModelCatalog& catalog)
+    : catalog_(catalog), diag_(file) {
+  for (const auto& [name, f] : catalog_.models) model_names_.push_back(name);
+}
+
+std::string Validator::known_models() const {
+  if (model_names_.empty()) return "known models: none (no model plugins were found)";
+  return "known models: " + join(model_names_, ", ", false);
+}
+
+std::optional<Val> Validator::read_train_value(const KeySpec& k, const toml::node& n,
+                                               const std::string& path, Pos fallback, bool list) {
+  Pos pos = pos_of(n.source(), fallback);
+  auto type_error = [&] {
+    diag_.add(pos, path, "expected " + expected_text(k, list) + ", got " + describe(n));
+    return std::nullopt;
+  };
+  Val v{{}, pos, path};
+  switch (k.kind) {
+    case Kind::integer: {
+      if (!n.is_integer()) return type_error();
+      int64_t i = n.as_integer()->get();
+      if (i < k.min) {
+        diag_.add(pos, path,
+                  "must be at least " + std::to_string(k.min) + ", got " + std::to_string(i));
+        return std::nullopt;
+      }
+      v.value = i;
+      return v;
+    }
+    case Kind::number: {
+      if (!n.is_number()) return type_error();
+      double d = n.is_integer() ? static_cast<double>(n.as_integer()->get())
+                                : n.as_floating_point()->get();
+      std::string bad;
+      if (!std::isfinite(d))
+        bad = "must be a finite number";
+      else if (k.range == Range::positive && !(d > 0))
+        bad = "must be greater than 0";
+      else if (k.range == Range::unit_interval && !(d >= 0 && d < 1))
+        bad = "must be in [0, 1)";
+      else if (k.range == Range::non_negative && !(d >= 0))
+        bad = "must be at least 0";
+      if (!bad.empty()) {
+        diag_.add(pos, path, bad + ", got " + describe(n));
+        return std::nullopt;
+      }
+      v.value = d;
+      return v;
+    }
+    case Kind::choice:
+    case Kind::model: {
+      if (!n.is_string()) return type_error();
+      const std::string& s = n.as_string()->get();
+      if (k.kind == Kind::model) {
+        if (!catalog_.models.count(s)) {
+          diag_.add(pos, path,
+                    "unknown model " + detail::quoted(s) + did_you_mean(s, model_names_) + " (" +
+                        known_models() + ")");
+          return std::nullopt;
+        }
+      } else if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
+        if (k.name == "precision" && s == "bf16") {
+          diag_.add(pos, path, "bf16 is not supported yet; use \"fp32\"");
+        } else {
+          diag_.add(pos, path,
+                    "unknown value " + detail::quoted(s) + did_you_mean(s, k.choices) +
+                        " (expected one of " + join(k.choices, ", ", true) + ")");
+        }
+        return std::nullopt;
+      }
+      v.value = s;
+      return v;
+    }
+  }
+  return std::nullopt;
+}
+
+const dp::OptionSpec* Validator::find_option(const std::string& model, const std::string& option,
+                                             const std::string& path, Pos pos) {
+  auto it = catalog_.models.find(model);
+  if (it == catalog_.models.end()) {
+    diag_.add(pos, path,
+              "unknown model " + detail::quoted(model) + did_you_mean(model, model_names_) + " (" +
+                  known_models() + ")");
+    return nullptr;
+  }
+  std::vector<std::string> names, listing;
+  for (const auto& o : it->second.options) {
+    if (o.name == option) return &o;
+    names.push_back(o.name);
+    auto* text = std::get_if<std::string>(&o.default_value);
+    listing.push_back(o.name + ": " + type_name(o.default_value) + " = " +
+                      (text ? detail::quoted(*text) : detail::display(o.default_value)));
+  }
+  diag_.add(pos, path,
+            "unknown option " + detail::quoted(option) + " of model " + model +
+                did_you_mean(option, names) +
+                (listing.empty() ? " (the model takes no options)"
+                                 : " (known options: " + join(listing, ", ", false) + ")"));
+  return nullptr;
+}
+
+std::optional<Val> Validator::read_option_value(const dp::OptionSpec& spec,
+                                                const std::string& model, const toml::node& n,
+                                                const std::string& path, Pos fallback, bool list) {
+  Pos pos = pos_of(n.source(), fallback);
+  Val v{{}, pos, path};
+  bool ok = false;
+  switch (spec.default_value.index()) {
+    case 0:
+      if ((ok = n.is_boolean())) v.value = n.as_boolean()->get();
+      break;
+    case 1:
+      if ((ok = n.is_integer())) v.value = n.as_integer()->get();
+      break;
+    case 2:
+      // An integer is accepted where a float is declared ("init_std = 1").
+      if ((ok = n.is_number()))
+        v.value = n.is_integer() ? static_cast<double>(n.as_integer()->get())
+                                 : n.as_floating_point()->get();
+      if (ok && !std::isfinite(std::get<double>(v.value))) {
+        diag_.add(pos, path, "must be a finite number, got " + describe(n));
+        return std::nullopt;
+      }
+      break;
+    default:
+      if ((ok = n.is_string())) v.value = n.as_string()->get();
+  }
+  if (!ok) {
+    diag_.add(pos, path,
+              "expected " + option_type(spec.default_value, list) + " (option " + spec.name +
+                  " of model " + model + " is " + type_name(spec.default_value) + "), got " +
+                  describe(n));
+    return std::nullopt;
+  }
+  return v;
+}
+
+}  // namespace dprun::detail
