@@ -1,0 +1,38 @@
+#pragma once
+// Checking macros for the CUDA runtime and for kernel launches. Every failing call becomes a
+// dp::Error carrying the statement, file:line and the library's own error string; the *_WARN
+// variants print instead of throwing, for destructors. The cuDNN, cuBLAS and NCCL macros live in
+// lib_check.hpp so kernel files need not include those libraries.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace dp::cuda {
+
+/// Throws dp::Error: "<library> error in `<statement>`: <what> (file:line)".
+[[noreturn]] void throw_library_error(const char* library, const char* statement, const char* file,
+                                      int line, const std::string& what);
+/// Prints the same message to stderr as a warning (never throws).
+void warn_library_error(const char* library, const char* statement, const char* file, int line,
+                        const std::string& what) noexcept;
+
+}  // namespace dp::cuda
+
+#define CUDA_CHECK(statement)                                                 \
+  do {                                                                        \
+    const cudaError_t dp_cuda_status_ = (statement);                          \
+    if (dp_cuda_status_ != cudaSuccess)                                       \
+      ::dp::cuda::throw_library_error("CUDA", #statement, __FILE__, __LINE__, \
+                                      cudaGetErrorString(dp_cuda_status_));   \
+  } while (0)
+
+#define CUDA_WARN(statement)                                                 \
+  do {                                                                       \
+    const cudaError_t dp_cuda_status_ = (statement);                         \
+    if (dp_cuda_status_ != cudaSuccess)                                      \
+      ::dp::cuda::warn_library_error("CUDA", #statement, __FILE__, __LINE__, \
+                                     cudaGetErrorString(dp_cuda_status_));   \
+  } while (0)
+
+/// After every kernel launch: a bad launch configuration surfaces here, at the launch site.
+#define CUDA_CHECK_LAUNCH(kernel_name) CUDA_CHECK(cudaGetLastError())

@@ -1,0 +1,610 @@
+// CUDA communicators: NCCL between distinct GPUs, a same-device path for replicas sharing one
+// GPU. The design (ordering, failure handling) is described in cuda_comm.hpp.
+#include "cuda/cuda_comm.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_comm_entry.hpp"
+#include "cuda/kernels.cuh"
+#include "cuda/lib_check.hpp"
+#include "dp/error.hpp"
+
+namespace dp::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// How long a rank waits for its peers (host barrier, enqueue, GPU completion) before the group
+/// is declared dead.
+std::chrono::milliseconds comm_timeout() {
+  static const std::chrono::milliseconds timeout = [] {
+    double seconds = 300.0;
+    if (const char* s = std::getenv("DPRUN_COMM_TIMEOUT_S")) {
+      char* end = nullptr;
+      const double v = std::strtod(s, &end);
+      if (end != s && v > 0) seconds = v;
+    }
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+  }();
+  return timeout;
+}
+
+std::string timeout_text() {
+  return std::to_string(comm_timeout().count() / 1000.0) + " s (DPRUN_COMM_TIMEOUT_S)";
+}
+
+/// Abort state shared by the ranks of one group.
+class AbortFlag {
+ public:
+  bool set(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.load()) return false;
+    reason_ = reason;
+    aborted_.store(true);
+    return true;
+  }
+  bool is_set() const { return aborted_.load(); }
+  [[noreturn]] void raise(const char* what) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    throw AbortedError(std::string(what) + ": the collective was aborted (" + reason_ + ")");
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::atomic<bool> aborted_{false};
+  std::string reason_;
+};
+
+/// A reusable host barrier that gives up when the group is aborted or after the timeout.
+class HostBarrier {
+ public:
+  HostBarrier(int n, AbortFlag& flag) : n_(n), flag_(flag) {}
+
+  /// Returns when all n ranks have arrived. Throws AbortedError when the group is (or gets)
+  /// aborted; on timeout aborts the group and throws dp::Error.
+  void wait(const char* what) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (flag_.is_set()) {
+      lock.unlock();
+      flag_.raise(what);
+    }
+    const uint64_t generation = generation_;
+    if (++waiting_ == n_) {
+      waiting_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    const bool done = cv_.wait_for(lock, comm_timeout(),
+                                   [&] { return generation_ != generation || flag_.is_set(); });
+    if (generation_ != generation) return;
+    lock.unlock();
+    if (done) flag_.raise(what);  // woken by an abort
+    const std::string reason = std::string(what) + ": timed out after " + timeout_text() +
+                               " waiting for the other ranks (one died or hangs)";
+    flag_.set(reason);
+    wake();
+    throw Error(reason);
+  }
+
+  void wake() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  const int n_;
+  int waiting_ = 0;
+  uint64_t generation_ = 0;
+  AbortFlag& flag_;
+};
+
+/// Waits for a stream without blocking in the driver, so an abort or the timeout can end it.
+void wait_stream(cudaStream_t stream, AbortFlag& flag, const char* what) {
+  const auto deadline = Clock::now() + comm_timeout();
+  for (;;) {
+    const cudaError_t status = cudaStreamQuery(stream);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) CUDA_CHECK(status);
+    if (flag.is_set()) flag.raise(what);
+    if (Clock::now() > deadline) {
+      const std::string reason =
+          std::string(what) + ": this rank's GPU work did not finish within " + timeout_text();
+      flag.set(reason);
+      throw Error(reason);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+CudaBackend* as_cuda(Backend* b, size_t rank) {
+  auto* cb = dynamic_cast<CudaBackend*>(b);
+  if (cb == nullptr) {
+    throw Error("cuda communicators: rank " + std::to_string(rank) + " runs on the " +
+                (b ? b->name() : std::string("(null)")) +
+                " backend; every rank must use the cuda backend");
+  }
+  return cb;
+}
+
+cudaEvent_t make_event(int device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+// ==== same device
+// =================================================================================
+
+struct SameDeviceGroup {
+  explicit SameDeviceGroup(std::vector<CudaBackend*> b)
+      : backends(std::move(b)),
+        size(static_cast<int>(backends.size())),
+        barrier(size, aborted),
+        data(backends.size()),
+        counts(backends.size()) {
+    for (auto* backend : backends) {
+      ready.push_back(make_event(backend->device_index()));
+      done.push_back(make_event(backend->device_index()));
+    }
+  }
+  ~SameDeviceGroup() {
+    for (size_t r = 0; r < backends.size(); ++r) {
+      CUDA_WARN(cudaSetDevice(backends[r]->device_index()));
+      if (r < ready.size()) CUDA_WARN(cudaEventDestroy(ready[r]));
+      if (r < done.size()) CUDA_WARN(cudaEventDestroy(done[r]));
+    }
+  }
+
+  std::vector<CudaBackend*> backends;
+  int size;
+  AbortFlag aborted;
+  HostBarrier barrier;
+  std::vector<cudaEvent_t> ready, done;  // per rank: after its inputs / after its part of the sum
+  std::vector<float*> data;              // published between the two barriers of a collective
+  std::vector<size_t> counts;
+};
+
+class SameDeviceCommunicator final : public Communicator {
+ public:
+  SameDeviceCommunicator(std::shared_ptr<SameDeviceGroup> group, int rank)
+      : group_(std::move(group)), rank_(rank), backend_(group_->backends[rank]) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size; }
+  std::string kind() const override { return "cuda-same-device"; }
+
+  void allreduce_sum(float* data, size_t count) override {
+    SameDeviceGroup& g = *group_;
+    if (g.aborted.is_set()) g.aborted.raise("allreduce_sum");
+    if (g.size == 1) return;
+    backend_->activate();
+    cudaStream_t stream = backend_->stream();
+    publish(data, count, "allreduce_sum");
+    kernels::RankPointers ranks{};
+    ranks.count = g.size;
+    for (int s = 0; s < g.size; ++s) ranks.p[s] = g.data[static_cast<size_t>(s)];
+    const int64_t n = static_cast<int64_t>(count);
+    const int64_t begin = n * rank_ / g.size, end = n * (rank_ + 1) / g.size;
+    kernels::sum_across_ranks(ranks, begin, end, stream);
+    finish(stream, "allreduce_sum");
+  }
+
+  void broadcast(float* data, size_t count, int root) override {
+    SameDeviceGroup& g = *group_;
+    if (root < 0 || root >= g.size) {
+      throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " +
+                  std::to_string(g.size));
+    }
+    if (g.aborted.is_set()) g.aborted.raise("broadcast");
+    if (g.size == 1) return;
+    backend_->activate();
+    cudaStream_t stream = backend_->stream();
+    publish(data, count, "broadcast");
+    if (rank_ != root && count > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(data, g.data[static_cast<size_t>(root)], count * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, stream));
+    }
+    // The root must not overwrite its buffer before every rank has copied it: finish() makes
+    // every stream wait for every other rank's copy.
+    finish(stream, "broadcast");
+  }
+
+  void barrier() override {
+    SameDeviceGroup& g = *group_;
+    backend_->activate();
+    wait_stream(backend_->stream(), g.aborted, "barrier");
+    g.barrier.wait("barrier");
+  }
+
+  void abort() noexcept override {
+    group_->aborted.set("rank " + std::to_string(rank_) + " failed and called abort()");
+    group_->barrier.wake();
+  }
+
+ private:
+  /// Records this rank's inputs as ready, exchanges buffers, and orders this stream after every
+  /// rank's inputs.
+  void publish(float* data, size_t count, const char* what) {
+    SameDeviceGroup& g = *group_;
+    cudaStream_t stream = backend_->stream();
+    g.data[static_cast<size_t>(rank_)] = data;
+    g.counts[static_cast<size_t>(rank_)] = count;
+    CUDA_CHECK(cudaEventRecord(g.ready[static_cast<size_t>(rank_)], stream));
+    g.barrier.wait(what);
+    for (int s = 0; s < g.size; ++s) {
+      if (g.counts[static_cast<size_t>(s)] != count) {
+        // Every rank sees the same counts, so every rank throws here.
+        throw Error(std::string(what) + ": rank " + std::to_string(s) + " passed " +
+                    std::to_string(g.counts[static_cast<size_t>(s)]) + " floats but rank " +
+                    std::to_string(rank_) + " passed " + std::to_string(count) +
+                    "; every rank must call collectives with the same count");
+      }
+      if (s != rank_) CUDA_CHECK(cudaStreamWaitEvent(stream, g.ready[static_cast<size_t>(s)], 0));
+    }
+  }
+
+  /// Records this rank's part as done and orders this stream after every rank's part.
+  void finish(cudaStream_t stream, const char* what) {
+    SameDeviceGroup& g = *group_;
+    CUDA_CHECK(cudaEventRecord(g.done[static_cast<size_t>(rank_)], stream));
+    g.barrier.wait(what);
+    for (int s = 0; s < g.size; ++s) {
+      if (s != rank_) CUDA_CHECK(cudaStreamWaitEvent(stream, g.done[static_cast<size_t>(s)], 0));
+    }
+  }
+
+  std::shared_ptr<SameDeviceGroup> group_;
+  int rank_;
+  CudaBackend* backend_;
+};
+
+// ==== NCCL
+// ========================================================================================
+
+class NcclGroup {
+ public:
+  explicit NcclGroup(std::vector<CudaBackend*> b)
+      : backends(std::move(b)), size(static_cast<int>(backends.size())), barrier(size, aborted) {
+    comms.assign(backends.size(), nullptr);
+    for (size_t r = 0; r < backends.size(); ++r) {
+      comm_mutex.push_back(std::make_unique<std::mutex>());
+      last_event.push_back(make_event(backends[r]->device_index()));
+    }
+    pending.assign(backends.size(), false);
+    enqueued_at.assign(backends.size(), Clock::now());
+    try {
+      init();
+    } catch (...) {
+      cleanup_events();
+      throw;
+    }
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~NcclGroup() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      stopping_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    if (!comms_aborted_) finalize();
+    cleanup_events();
+  }
+
+  /// Called by a rank or the watchdog: mark the group aborted and let the watchdog abort the
+  /// NCCL communicators (it owns that step, so it never races a rank's enqueue).
+  void abort_group(const std::string& reason) {
+    aborted.set(reason);
+    barrier.wake();
+    watch_cv_.notify_all();
+  }
+
+  /// Enqueues one NCCL call for `rank` under its mutex and waits (bounded) until the
+  /// non-blocking communicator has accepted it; then records the completion event.
+  template <typename Enqueue>
+  void run(int rank, const char* what, Enqueue enqueue) {
+    const size_t r = static_cast<size_t>(rank);
+    if (aborted.is_set()) aborted.raise(what);
+    std::lock_guard<std::mutex> lock(*comm_mutex[r]);
+    if (comms_aborted_ || aborted.is_set()) aborted.raise(what);
+    ncclComm_t comm = comms[r];
+    NCCL_CHECK(enqueue(comm));
+    const auto deadline = Clock::now() + comm_timeout();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+      if (state == ncclSuccess) break;
+      if (state != ncclInProgress) {
+        const std::string reason = std::string(what) + " on rank " + std::to_string(rank) +
+                                   ": NCCL error " + ncclGetErrorString(state) + " (" +
+                                   ncclGetLastError(comm) + ")";
+        abort_group(reason);
+        throw Error(reason);
+      }
+      if (aborted.is_set()) aborted.raise(what);
+      if (Clock::now() > deadline) {
+        const std::string reason = std::string(what) + " on rank " + std::to_string(rank) +
+                                   ": NCCL did not accept the operation within " + timeout_text();
+        abort_group(reason);
+        throw Error(reason);
+      }
+      std::this_thread::yield();
+    }
+    CUDA_CHECK(cudaEventRecord(last_event[r], backends[r]->stream()));
+    std::lock_guard<std::mutex> state_lock(state_mutex_);
+    pending[r] = true;
+    enqueued_at[r] = Clock::now();
+  }
+
+  std::vector<CudaBackend*> backends;
+  int size;
+  AbortFlag aborted;
+  HostBarrier barrier;
+  std::vector<ncclComm_t> comms;
+
+ private:
+  void init() {
+    ncclUniqueId id;
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < size; ++r) {
+      CUDA_CHECK(cudaSetDevice(backends[static_cast<size_t>(r)]->device_index()));
+      NCCL_CHECK(ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], size, id, r, &config));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    const auto deadline = Clock::now() + comm_timeout();
+    for (int r = 0; r < size; ++r) {
+      ncclComm_t comm = comms[static_cast<size_t>(r)];
+      for (;;) {
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+        if (query != ncclSuccess) state = query;
+        if (state == ncclSuccess) break;
+        if (state != ncclInProgress || Clock::now() > deadline) {
+          const std::string message =
+              "NCCL communicator initialisation failed on rank " + std::to_string(r) + ": " +
+              (state == ncclInProgress
+                   ? "timed out after " + timeout_text()
+                   : std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm) + ")");
+          for (auto& c : comms) {
+            if (c != nullptr) NCCL_WARN(ncclCommAbort(c));
+            c = nullptr;
+          }
+          throw Error(message);
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+  }
+
+  /// Orderly teardown: finalize every communicator (flushes queued work), wait, destroy. On
+  /// error or timeout the communicators are aborted instead.
+  void finalize() noexcept {
+    bool ok = true;
+    for (size_t r = 0; r < comms.size(); ++r) {
+      CUDA_WARN(cudaSetDevice(backends[r]->device_index()));
+      const ncclResult_t status = ncclCommFinalize(comms[r]);
+      if (status != ncclSuccess && status != ncclInProgress) ok = false;
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    for (size_t r = 0; r < comms.size() && ok; ++r) {
+      for (;;) {
+        ncclResult_t state = ncclSuccess;
+        if (ncclCommGetAsyncError(comms[r], &state) != ncclSuccess) state = ncclInternalError;
+        if (state == ncclSuccess) break;
+        if (state != ncclInProgress || Clock::now() > deadline) {
+          ok = false;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    for (size_t r = 0; r < comms.size(); ++r) {
+      CUDA_WARN(cudaSetDevice(backends[r]->device_index()));
+      if (ok) {
+        NCCL_WARN(ncclCommDestroy(comms[r]));
+      } else {
+        NCCL_WARN(ncclCommAbort(comms[r]));
+      }
+      comms[r] = nullptr;
+    }
+  }
+
+  void cleanup_events() noexcept {
+    for (size_t r = 0; r < last_event.size(); ++r) {
+      CUDA_WARN(cudaSetDevice(backends[r]->device_index()));
+      CUDA_WARN(cudaEventDestroy(last_event[r]));
+    }
+    last_event.clear();
+  }
+
+  /// The watchdog: every 100 ms (or when woken) checks NCCL's asynchronous errors and whether
+  /// each rank's last collective completed in time; aborts the communicators once the group is
+  /// aborted.
+  void watch() {
+    std::unique_lock<std::mutex> lock(watch_mutex_);
+    while (!stopping_) {
+      watch_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (stopping_) break;
+      if (!aborted.is_set()) check_ranks();
+      if (aborted.is_set() && !comms_aborted_) abort_comms();
+    }
+  }
+
+  void check_ranks() {
+    for (size_t r = 0; r < comms.size(); ++r) {
+      std::unique_lock<std::mutex> comm_lock(*comm_mutex[r], std::try_to_lock);
+      if (!comm_lock.owns_lock()) continue;  // the rank is enqueueing; look next time
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comms[r], &state) == ncclSuccess && state != ncclSuccess &&
+          state != ncclInProgress) {
+        abort_group("NCCL reported an asynchronous error on rank " + std::to_string(r) + ": " +
+                    ncclGetErrorString(state));
+        return;
+      }
+      std::lock_guard<std::mutex> state_lock(state_mutex_);
+      if (!pending[r]) continue;
+      if (cudaSetDevice(backends[r]->device_index()) != cudaSuccess) continue;
+      const cudaError_t q = cudaEventQuery(last_event[r]);
+      if (q == cudaSuccess) {
+        pending[r] = false;
+      } else if (q != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        abort_group("rank " + std::to_string(r) + "'s stream failed: " + cudaGetErrorString(q));
+        return;
+      } else if (Clock::now() - enqueued_at[r] > comm_timeout()) {
+        abort_group("rank " + std::to_string(r) +
+                    "'s collective did not complete on the GPU within " + timeout_text() +
+                    " (a peer died or hangs)");
+        return;
+      }
+    }
+  }
+
+  void abort_comms() noexcept {
+    // Ranks leave their enqueue poll loops as soon as they see the flag, releasing the mutex.
+    for (size_t r = 0; r < comms.size(); ++r) {
+      std::lock_guard<std::mutex> comm_lock(*comm_mutex[r]);
+      CUDA_WARN(cudaSetDevice(backends[r]->device_index()));
+      if (comms[r] != nullptr) NCCL_WARN(ncclCommAbort(comms[r]));
+      comms[r] = nullptr;
+    }
+    comms_aborted_ = true;
+  }
+
+  std::vector<std::unique_ptr<std::mutex>> comm_mutex;
+  std::vector<cudaEvent_t> last_event;
+  std::mutex state_mutex_;
+  std::vector<bool> pending;
+  std::vector<Clock::time_point> enqueued_at;
+  std::atomic<bool> comms_aborted_{false};
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank)
+      : group_(std::move(group)), rank_(rank), backend_(group_->backends[rank]) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size; }
+  std::string kind() const override { return "nccl"; }
+
+  void allreduce_sum(float* data, size_t count) override {
+    backend_->activate();
+    cudaStream_t stream = backend_->stream();
+    group_->run(rank_, "allreduce_sum", [&](ncclComm_t comm) {
+      return ncclAllReduce(data, data, count, ncclFloat, ncclSum, comm, stream);
+    });
+  }
+
+  void broadcast(float* data, size_t count, int root) override {
+    if (root < 0 || root >= group_->size) {
+      throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " +
+                  std::to_string(group_->size));
+    }
+    backend_->activate();
+    cudaStream_t stream = backend_->stream();
+    group_->run(rank_, "broadcast", [&](ncclComm_t comm) {
+      return ncclBroadcast(data, data, count, ncclFloat, root, comm, stream);
+    });
+  }
+
+  void barrier() override {
+    backend_->activate();
+    wait_stream(backend_->stream(), group_->aborted, "barrier");
+    group_->barrier.wait("barrier");
+  }
+
+  void abort() noexcept override {
+    group_->abort_group("rank " + std::to_string(rank_) + " failed and called abort()");
+  }
+
+ private:
+  std::shared_ptr<NcclGroup> group_;
+  int rank_;
+  CudaBackend* backend_;
+};
+
+std::vector<CudaBackend*> cuda_backends(const std::vector<Backend*>& ranks) {
+  if (ranks.empty()) throw Error("cuda communicators: no ranks given");
+  std::vector<CudaBackend*> out;
+  for (size_t r = 0; r < ranks.size(); ++r) out.push_back(as_cuda(ranks[r], r));
+  return out;
+}
+
+std::string device_list(const std::vector<CudaBackend*>& backends) {
+  std::string s;
+  for (auto* b : backends) s += (s.empty() ? "" : ", ") + std::to_string(b->device_index());
+  return "[" + s + "]";
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(
+    const std::vector<Backend*>& ranks) {
+  auto backends = cuda_backends(ranks);
+  std::set<int> devices;
+  for (auto* b : backends) devices.insert(b->device_index());
+  if (devices.size() != backends.size()) {
+    throw Error("NCCL communicators need one rank per GPU, got devices " + device_list(backends) +
+                " (NCCL refuses two ranks on one GPU)");
+  }
+  auto group = std::make_shared<NcclGroup>(backends);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < group->size; ++r) out.push_back(std::make_unique<NcclCommunicator>(group, r));
+  return out;
+}
+
+std::vector<std::unique_ptr<Communicator>> make_same_device_communicators(
+    const std::vector<Backend*>& ranks) {
+  auto backends = cuda_backends(ranks);
+  for (auto* b : backends) {
+    if (b->device_index() != backends[0]->device_index()) {
+      throw Error("same-device communicators need every rank on one GPU, got devices " +
+                  device_list(backends));
+    }
+  }
+  if (backends.size() > static_cast<size_t>(kernels::kMaxSameDeviceRanks)) {
+    throw Error("at most " + std::to_string(kernels::kMaxSameDeviceRanks) +
+                " replicas can share one GPU, got " + std::to_string(backends.size()));
+  }
+  auto group = std::make_shared<SameDeviceGroup>(backends);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < group->size; ++r) {
+    out.push_back(std::make_unique<SameDeviceCommunicator>(group, r));
+  }
+  return out;
+}
+
+std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks) {
+  auto backends = cuda_backends(ranks);
+  std::set<int> devices;
+  for (auto* b : backends) devices.insert(b->device_index());
+  // One replica needs no transport at all: the same-device path with one rank does nothing.
+  if (devices.size() == 1) return make_same_device_communicators(ranks);
+  if (devices.size() == backends.size()) return make_nccl_communicators(ranks);
+  throw Error("replicas on GPUs " + device_list(backends) +
+              ": some share a GPU and some do not, which is not supported; use one replica per "
+              "GPU, or put every replica on one GPU");
+}
+
+}  // namespace dp::cuda

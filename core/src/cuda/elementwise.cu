@@ -1,0 +1,275 @@
+// Elementwise kernels, the deterministic per-channel reduction, filter-layout transposes, SGD, the
+// batch gather and the same-device rank sum. Grid-stride loops; launchers check every launch.
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.cuh"
+#include "cuda/launch.cuh"
+
+namespace dp::cuda::kernels {
+namespace {
+
+template <typename T>
+__global__ void fill_kernel(T* p, int64_t n, T value) {
+  DP_GRID_STRIDE(i, n) p[i] = value;
+}
+
+__global__ void relu_forward_kernel(const float* x, float* y, int64_t n) {
+  DP_GRID_STRIDE(i, n) y[i] = fmaxf(x[i], 0.0f);
+}
+
+__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, int64_t n) {
+  DP_GRID_STRIDE(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* y, int64_t n) {
+  DP_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
+}
+
+__global__ void scale_kernel(float* t, int64_t n, float alpha) {
+  DP_GRID_STRIDE(i, n) t[i] *= alpha;
+}
+
+template <bool kNhwc>
+__global__ void bias_add_kernel(float* y, const float* b, int64_t total, int64_t c, int64_t hw) {
+  DP_GRID_STRIDE(i, total) {
+    const int64_t ch = kNhwc ? i % c : (i / hw) % c;
+    y[i] += b[ch];
+  }
+}
+
+/// Sums a block's values in a fixed tree order; the result is valid in thread 0.
+__device__ float block_sum(float v, float* shared /* blockDim.x / 32 */) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += shared[w];
+  }
+  return total;
+}
+
+// NCHW: block (channel, group) sums the group's contiguous chunk of the channel's N*HW values.
+__global__ void channel_sum_nchw_kernel(const float* x, float* dst, int64_t c, int64_t hw,
+                                        int64_t total, int64_t chunk) {
+  __shared__ float shared[kThreads / 32];
+  const int64_t ch = blockIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t end = min(begin + chunk, total);
+  float acc = 0.0f;
+  for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
+    acc += x[((e / hw) * c + ch) * hw + e % hw];
+  }
+  const float s = block_sum(acc, shared);
+  if (threadIdx.x == 0) dst[static_cast<int64_t>(blockIdx.y) * c + ch] = s;
+}
+
+// NHWC (rows of C): block (32 channels x 8 row lanes) per (channel tile, group).
+constexpr int kRowLanes = 8;
+__global__ void channel_sum_nhwc_kernel(const float* x, float* dst, int64_t c, int64_t rows,
+                                        int64_t chunk) {
+  __shared__ float shared[kRowLanes][32];
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t end = min(begin + chunk, rows);
+  float acc = 0.0f;
+  if (ch < c) {
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) acc += x[r * c + ch];
+  }
+  shared[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && ch < c) {
+    float s = 0.0f;
+    for (int l = 0; l < kRowLanes; ++l) s += shared[l][threadIdx.x];
+    dst[static_cast<int64_t>(blockIdx.y) * c + ch] = s;
+  }
+}
+
+__global__ void sum_groups_kernel(const float* partial, float* out, int64_t c, int groups) {
+  DP_GRID_STRIDE(ch, c) {
+    float s = 0.0f;
+    for (int g = 0; g < groups; ++g) s += partial[static_cast<int64_t>(g) * c + ch];
+    out[ch] = s;
+  }
+}
+
+__global__ void kcrs_to_krsc_kernel(const float* in, float* out, int64_t k, int64_t c, int64_t rs) {
+  DP_GRID_STRIDE(i, k * c * rs) {
+    const int64_t kk = i / (rs * c), rem = i % (rs * c);
+    const int64_t r = rem / c, cc = rem % c;
+    out[i] = in[(kk * c + cc) * rs + r];
+  }
+}
+
+__global__ void krsc_to_kcrs_kernel(const float* in, float* out, int64_t k, int64_t c, int64_t rs) {
+  DP_GRID_STRIDE(i, k * c * rs) {
+    const int64_t kk = i / (c * rs), rem = i % (c * rs);
+    const int64_t cc = rem / rs, r = rem % rs;
+    out[i] = in[(kk * rs + r) * c + cc];
+  }
+}
+
+__global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, float lr,
+                           float momentum, float wd) {
+  DP_GRID_STRIDE(i, n) {
+    float d = g[i];
+    if (wd != 0.0f) d += wd * p[i];
+    if (buf != nullptr) {
+      d = momentum * buf[i] + d;
+      buf[i] = d;
+    }
+    p[i] -= lr * d;
+  }
+}
+
+template <bool kNhwc>
+__global__ void gather_kernel(const uint8_t* images, const uint8_t* labels, int64_t m,
+                              const int32_t* indices, int64_t n, int64_t C, int64_t H, int64_t W,
+                              float* x, int32_t* y) {
+  DP_GRID_STRIDE(i, n * C * H * W) {
+    int64_t b, c, h, w;
+    decode4<kNhwc>(i, C, H, W, b, c, h, w);
+    const int64_t idx = indices[b];
+    x[i] = (idx >= 0 && idx < m)
+               ? static_cast<float>(images[idx * C * H * W + (c * H + h) * W + w]) / 255.0f
+               : __int_as_float(0x7fc00000);
+  }
+  DP_GRID_STRIDE(j, n) {
+    const int64_t idx = indices[j];
+    y[j] = (idx >= 0 && idx < m) ? static_cast<int32_t>(labels[idx]) : -1;
+  }
+}
+
+__global__ void rank_sum_kernel(RankPointers ranks, int64_t begin, int64_t end) {
+  DP_GRID_STRIDE(j, end - begin) {
+    const int64_t i = begin + j;
+    float s = ranks.p[0][i];
+    for (int r = 1; r < ranks.count; ++r) s += ranks.p[r][i];
+    for (int r = 0; r < ranks.count; ++r) ranks.p[r][i] = s;
+  }
+}
+
+}  // namespace
+
+void fill_f32(float* p, int64_t n, float value, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, value);
+  CUDA_CHECK_LAUNCH(fill_kernel);
+}
+
+void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream) {
+  if (n <= 0) return;
+  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(p, n, value);
+  CUDA_CHECK_LAUNCH(fill_kernel);
+}
+
+void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  relu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  CUDA_CHECK_LAUNCH(relu_forward_kernel);
+}
+
+void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  relu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, dy, dx, n);
+  CUDA_CHECK_LAUNCH(relu_backward_kernel);
+}
+
+void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, y, n);
+  CUDA_CHECK_LAUNCH(add_kernel);
+}
+
+void scale(float* t, int64_t n, float alpha, cudaStream_t stream) {
+  if (n <= 0) return;
+  scale_kernel<<<grid_for(n), kThreads, 0, stream>>>(t, n, alpha);
+  CUDA_CHECK_LAUNCH(scale_kernel);
+}
+
+void bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
+              cudaStream_t stream) {
+  const int64_t total = n * c * hw;
+  if (total <= 0) return;
+  if (nhwc) {
+    bias_add_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(y, b, total, c, hw);
+  } else {
+    bias_add_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(y, b, total, c, hw);
+  }
+  CUDA_CHECK_LAUNCH(bias_add_kernel);
+}
+
+void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                 float* partial, cudaStream_t stream) {
+  if (c <= 0) return;
+  const int64_t total = n * hw;  // values per channel
+  if (total <= 0) {
+    fill_f32(out, c, 0.0f, stream);
+    return;
+  }
+  // The group count depends only on the shape, so the summation order is fixed.
+  const int64_t groups =
+      partial == nullptr ? 1 : std::min<int64_t>(kChannelSumGroups, (total + 1023) / 1024);
+  const int64_t chunk = (total + groups - 1) / groups;
+  float* dst = groups == 1 ? out : partial;
+  if (nhwc) {
+    const dim3 grid(static_cast<unsigned>((c + 31) / 32), static_cast<unsigned>(groups));
+    channel_sum_nhwc_kernel<<<grid, dim3(32, kRowLanes), 0, stream>>>(x, dst, c, total, chunk);
+  } else {
+    const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(groups));
+    channel_sum_nchw_kernel<<<grid, kThreads, 0, stream>>>(x, dst, c, hw, total, chunk);
+  }
+  CUDA_CHECK_LAUNCH(channel_sum_kernel);
+  if (groups > 1) {
+    sum_groups_kernel<<<grid_for(c), kThreads, 0, stream>>>(partial, out, c,
+                                                            static_cast<int>(groups));
+    CUDA_CHECK_LAUNCH(sum_groups_kernel);
+  }
+}
+
+void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
+                  cudaStream_t stream) {
+  const int64_t n = k * c * rs;
+  if (n <= 0) return;
+  kcrs_to_krsc_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, out, k, c, rs);
+  CUDA_CHECK_LAUNCH(kcrs_to_krsc_kernel);
+}
+
+void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
+                  cudaStream_t stream) {
+  const int64_t n = k * c * rs;
+  if (n <= 0) return;
+  krsc_to_kcrs_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, out, k, c, rs);
+  CUDA_CHECK_LAUNCH(krsc_to_kcrs_kernel);
+}
+
+void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, cudaStream_t stream) {
+  if (n <= 0) return;
+  sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(params, grads, momentum_buf, n, lr, momentum,
+                                                   weight_decay);
+  CUDA_CHECK_LAUNCH(sgd_kernel);
+}
+
+void gather_batch(const uint8_t* images, const uint8_t* labels, int64_t m, const int32_t* indices,
+                  int64_t n, int64_t c, int64_t h, int64_t w, bool nhwc, float* x, int32_t* y,
+                  cudaStream_t stream) {
+  const int64_t total = n * c * h * w;
+  if (n <= 0) return;
+  if (nhwc) {
+    gather_kernel<true>
+        <<<grid_for(total), kThreads, 0, stream>>>(images, labels, m, indices, n, c, h, w, x, y);
+  } else {
+    gather_kernel<false>
+        <<<grid_for(total), kThreads, 0, stream>>>(images, labels, m, indices, n, c, h, w, x, y);
+  }
+  CUDA_CHECK_LAUNCH(gather_kernel);
+}
+
+void sum_across_ranks(const RankPointers& ranks, int64_t begin, int64_t end, cudaStream_t stream) {
+  if (end <= begin) return;
+  rank_sum_kernel<<<grid_for(end - begin), kThreads, 0, stream>>>(ranks, begin, end);
+  CUDA_CHECK_LAUNCH(rank_sum_kernel);
+}
+
+}  // namespace dp::cuda::kernels

@@ -1,0 +1,93 @@
+#pragma once
+// Host launchers of the backend's own kernels (elementwise.cu, pool.cu, loss.cu). Plain C++
+// declarations so the cuDNN/cuBLAS side (compiled by the host compiler) can call them. Every
+// launcher enqueues on `stream`, checks the launch and never synchronises. Activations are
+// logical (N, C, H, W); `nhwc` says the memory order.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace dp::cuda::kernels {
+
+// ---- elementwise (elementwise.cu) -----------------------------------------------------------
+/// p[0..n) = value.
+void fill_f32(float* p, int64_t n, float value, cudaStream_t stream);
+void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream);
+/// y = max(x, 0); y may alias x.
+void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream);
+/// dx = y > 0 ? dy : 0; dx may alias dy.
+void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream);
+/// y = a + b; y may alias a or b.
+void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
+/// t *= alpha.
+void scale(float* t, int64_t n, float alpha, cudaStream_t stream);
+/// y (N,C,HW) += b (C) broadcast over n and hw. A row-major (N, C) matrix is nhwc with hw = 1.
+void bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
+              cudaStream_t stream);
+
+/// Row-groups of the two-level channel reduction; `partial` must hold groups * c floats.
+constexpr int kChannelSumGroups = 64;
+/// out (C) = sum over n and hw of x (N,C,HW), in a fixed order (deterministic). With
+/// partial == nullptr one pass without scratch (fine for small inputs, e.g. linear bias grads);
+/// else a two-level reduction through partial (kChannelSumGroups * C floats).
+void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                 float* partial, cudaStream_t stream);
+
+/// Filter layouts: (K, C, R*S) <-> (K, R*S, C), for cuDNN's all-NHWC configuration.
+void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
+                  cudaStream_t stream);
+void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
+                  cudaStream_t stream);
+
+/// PyTorch SGD over flat buffers: g' = g + wd * p; buf = momentum * buf + g' (when buf);
+/// p -= lr * (buf or g'). grads are not modified.
+void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
+                float momentum, float weight_decay, cudaStream_t stream);
+
+/// images (M,C,H,W) u8, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255 in the
+/// given layout, y (n) i32. An index outside [0, M) writes NaN images and label -1 (visible, as
+/// a kernel cannot throw).
+void gather_batch(const uint8_t* images, const uint8_t* labels, int64_t m, const int32_t* indices,
+                  int64_t n, int64_t c, int64_t h, int64_t w, bool nhwc, float* x, int32_t* y,
+                  cudaStream_t stream);
+
+/// The most replicas the same-device allreduce sums in one kernel.
+constexpr int kMaxSameDeviceRanks = 16;
+struct RankPointers {
+  float* p[kMaxSameDeviceRanks];
+  int count;
+};
+/// For i in [begin, end): s = p[0][i] + p[1][i] + ... (rank order); every p[r][i] = s.
+void sum_across_ranks(const RankPointers& ranks, int64_t begin, int64_t end, cudaStream_t stream);
+
+// ---- pooling (pool.cu) ----------------------------------------------------------------------
+struct PoolShape {
+  int64_t n, c, h, w;  // input
+  int64_t p, q;        // output height, width
+  int64_t kh, kw, sh, sw, ph, pw;
+  bool nhwc;
+};
+/// Average pooling, divisor kh * kw (padding counted, PyTorch's count_include_pad).
+void avgpool_forward(const PoolShape& s, const float* x, float* y, cudaStream_t stream);
+void avgpool_backward(const PoolShape& s, const float* dy, float* dx, cudaStream_t stream);
+/// Max pooling: padded positions never win; ties go to the first maximum in row-major window
+/// order. Backward recomputes each window's winner from x (no index buffer, no atomics).
+void maxpool_forward(const PoolShape& s, const float* x, float* y, cudaStream_t stream);
+void maxpool_backward(const PoolShape& s, const float* x, const float* dy, float* dx,
+                      cudaStream_t stream);
+/// x (N,C,HW) -> y (N,C) mean over hw; backward dx = dy / hw.
+void global_avgpool_forward(const float* x, float* y, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                            cudaStream_t stream);
+void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t c, int64_t hw,
+                             bool nhwc, cudaStream_t stream);
+
+// ---- loss (loss.cu) -------------------------------------------------------------------------
+/// logits (N,K), labels (N) -> dlogits (N,K) = (softmax - onehot) * grad_scale,
+/// loss_sum (1) = sum of -log softmax[label], correct (1) = #argmax == label (first max).
+/// One block, rows spread over its warps in a fixed pattern: deterministic, no scratch.
+/// dlogits and loss_sum may be null (count_correct).
+void softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t n, int64_t k,
+                           float grad_scale, float* dlogits, float* loss_sum, int32_t* correct,
+                           cudaStream_t stream);
+
+}  // namespace dp::cuda::kernels
