@@ -1,0 +1,191 @@
+// Batch normalisation on the CPU, per channel of (N,C,H,W) or per feature of (N,C), with
+// PyTorch's semantics. Channels are independent, so they are spread over the threads; each
+// channel's sums are accumulated in double so the reference stays accurate for large N*H*W.
+#include <cmath>
+#include <string>
+
+#include "cpu/cpu_backend.hpp"
+#include "dp/error.hpp"
+
+namespace dp::cpu {
+
+namespace {
+
+void check_channel_vector(const Tensor& t, int64_t c, const char* op, const char* what) {
+  expect_dtype(t, DType::f32, op, what);
+  expect_not_null(t.data, op, what);
+  expect_numel(t, c, op, what);
+}
+
+Dims check_bn_activation(const Tensor& t, const char* op, const char* what) {
+  const Dims d = activation_dims(t, op, what, /*allow_rank2=*/true);
+  expect_nchw(t, op, what);
+  return d;
+}
+
+void check_same(const Tensor& t, const Tensor& like, const char* op, const char* what) {
+  expect_dtype(t, DType::f32, op, what);
+  expect_not_null(t.data, op, what);
+  expect_shape(t, like.shape, op, what);
+  expect_nchw(t, op, what);
+}
+
+}  // namespace
+
+// x (N,C,H,W); gamma, beta, running_mean, running_var (C) -> save_mean, save_invstd (C),
+// y (N,C,H,W); running stats updated in place.
+void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         const Tensor& running_mean, const Tensor& running_var,
+                                         float momentum, float eps, const Tensor& save_mean,
+                                         const Tensor& save_invstd, const Tensor& y) {
+  const char* op = "batchnorm_forward_train";
+  const Dims d = check_bn_activation(x, op, "x");
+  check_same(y, x, op, "y");
+  check_channel_vector(gamma, d.c, op, "gamma");
+  check_channel_vector(beta, d.c, op, "beta");
+  check_channel_vector(running_mean, d.c, op, "running_mean");
+  check_channel_vector(running_var, d.c, op, "running_var");
+  check_channel_vector(save_mean, d.c, op, "save_mean");
+  check_channel_vector(save_invstd, d.c, op, "save_invstd");
+  const int64_t count = d.n * d.hw();
+  DP_CHECK(count > 1, "cpu backend: " + std::string(op) + ": x has shape " + x.shape.str() +
+                          ": batch norm in training needs more than one value per channel "
+                          "(N*H*W > 1); use a larger batch");
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const float* gp = gamma.f32();
+  const float* bp = beta.f32();
+  float* rm = running_mean.f32();
+  float* rv = running_var.f32();
+  float* sm = save_mean.f32();
+  float* si = save_invstd.f32();
+  const int64_t hw = d.hw();
+  const int64_t chw = d.chw();
+  const int team = threads_for(count * d.c, threads_);
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t c = 0; c < d.c; ++c) {
+    double sum = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const float* xc = xp + n * chw + c * hw;
+      for (int64_t i = 0; i < hw; ++i) sum += xc[i];
+    }
+    const double mean = sum / static_cast<double>(count);
+    double squares = 0;  // second pass: no cancellation from E[x^2] - E[x]^2
+    for (int64_t n = 0; n < d.n; ++n) {
+      const float* xc = xp + n * chw + c * hw;
+      for (int64_t i = 0; i < hw; ++i) {
+        const double dev = xc[i] - mean;
+        squares += dev * dev;
+      }
+    }
+    const double var = squares / static_cast<double>(count);
+    const double invstd = 1.0 / std::sqrt(var + static_cast<double>(eps));
+    const double unbiased = var * static_cast<double>(count) / static_cast<double>(count - 1);
+    sm[c] = static_cast<float>(mean);
+    si[c] = static_cast<float>(invstd);
+    rm[c] = static_cast<float>((1.0 - momentum) * rm[c] + momentum * mean);
+    rv[c] = static_cast<float>((1.0 - momentum) * rv[c] + momentum * unbiased);
+    const auto scale = static_cast<float>(gp[c] * invstd);
+    const auto shift = static_cast<float>(bp[c] - mean * gp[c] * invstd);
+    for (int64_t n = 0; n < d.n; ++n) {
+      const float* xc = xp + n * chw + c * hw;
+      float* yc = yp + n * chw + c * hw;
+      for (int64_t i = 0; i < hw; ++i) yc[i] = xc[i] * scale + shift;
+    }
+  }
+}
+
+// x (N,C,H,W); gamma, beta, running_mean, running_var (C) -> y (N,C,H,W)
+void CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                         const Tensor& running_mean, const Tensor& running_var,
+                                         float eps, const Tensor& y) {
+  const char* op = "batchnorm_forward_infer";
+  const Dims d = check_bn_activation(x, op, "x");
+  check_same(y, x, op, "y");
+  check_channel_vector(gamma, d.c, op, "gamma");
+  check_channel_vector(beta, d.c, op, "beta");
+  check_channel_vector(running_mean, d.c, op, "running_mean");
+  check_channel_vector(running_var, d.c, op, "running_var");
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const float* gp = gamma.f32();
+  const float* bp = beta.f32();
+  const float* rm = running_mean.f32();
+  const float* rv = running_var.f32();
+  const int64_t hw = d.hw();
+  const int64_t chw = d.chw();
+  const int team = threads_for(d.n * chw, threads_);
+#pragma omp parallel for num_threads(team) schedule(static) collapse(2)
+  for (int64_t n = 0; n < d.n; ++n) {
+    for (int64_t c = 0; c < d.c; ++c) {
+      const double invstd = 1.0 / std::sqrt(static_cast<double>(rv[c]) + eps);
+      const auto scale = static_cast<float>(gp[c] * invstd);
+      const auto shift = static_cast<float>(bp[c] - rm[c] * gp[c] * invstd);
+      const float* xc = xp + n * chw + c * hw;
+      float* yc = yp + n * chw + c * hw;
+      for (int64_t i = 0; i < hw; ++i) yc[i] = xc[i] * scale + shift;
+    }
+  }
+}
+
+// x, dy (N,C,H,W); gamma, save_mean, save_invstd (C) -> dx (N,C,H,W), dgamma, dbeta (C).
+// With xhat = (x - mean) * invstd and m = N*H*W:
+//   dbeta = sum dy, dgamma = sum dy * xhat,
+//   dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma).
+void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                    const Tensor& save_mean, const Tensor& save_invstd,
+                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "batchnorm_backward";
+  const Dims d = check_bn_activation(x, op, "x");
+  check_same(dy, x, op, "dy");
+  check_same(dx, x, op, "dx");
+  check_channel_vector(gamma, d.c, op, "gamma");
+  check_channel_vector(save_mean, d.c, op, "save_mean");
+  check_channel_vector(save_invstd, d.c, op, "save_invstd");
+  check_channel_vector(dgamma, d.c, op, "dgamma");
+  check_channel_vector(dbeta, d.c, op, "dbeta");
+  const float* xp = x.f32();
+  const float* dyp = dy.f32();
+  float* dxp = dx.f32();
+  const float* gp = gamma.f32();
+  const float* sm = save_mean.f32();
+  const float* si = save_invstd.f32();
+  float* dgp = dgamma.f32();
+  float* dbp = dbeta.f32();
+  const int64_t hw = d.hw();
+  const int64_t chw = d.chw();
+  const int64_t count = d.n * hw;
+  const int team = threads_for(count * d.c, threads_);
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double mean = sm[c];
+    const double invstd = si[c];
+    double sum_dy = 0, sum_dy_xhat = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const float* xc = xp + n * chw + c * hw;
+      const float* dyc = dyp + n * chw + c * hw;
+      for (int64_t i = 0; i < hw; ++i) {
+        sum_dy += dyc[i];
+        sum_dy_xhat += dyc[i] * ((xc[i] - mean) * invstd);
+      }
+    }
+    dbp[c] = static_cast<float>(sum_dy);
+    dgp[c] = static_cast<float>(sum_dy_xhat);
+    if (count == 0) continue;
+    const double k = gp[c] * invstd / static_cast<double>(count);
+    const auto dy_scale = static_cast<float>(k * static_cast<double>(count));
+    const auto offset = static_cast<float>(-k * sum_dy);
+    const auto xhat_scale = static_cast<float>(-k * sum_dy_xhat);
+    const auto mean_f = static_cast<float>(mean);
+    const auto invstd_f = static_cast<float>(invstd);
+    for (int64_t n = 0; n < d.n; ++n) {
+      const float* xc = xp + n * chw + c * hw;
+      const float* dyc = dyp + n * chw + c * hw;
+      float* dxc = dxp + n * chw + c * hw;
+      for (int64_t i = 0; i < hw; ++i)
+        dxc[i] = dy_scale * dyc[i] + offset + xhat_scale * ((xc[i] - mean_f) * invstd_f);
+    }
+  }
+}
+
+}  // namespace dp::cpu

@@ -1,0 +1,352 @@
+// Convolution on the CPU: im2col over a chunk of images, then one SGEMM per chunk.
+//
+// For a chunk of B images the unfolded input is a (C*R*S, B*P*Q) matrix, so
+//   forward          y_chunk (K, B*P*Q)  = w (K, C*R*S) * columns
+//   backward data    columns             = w^T * dy_chunk (K, B*P*Q), then col2im into dx
+//   backward filter  dw (K, C*R*S)      += dy_chunk * columns^T
+// The chunk makes the GEMM's N dimension large (LeNet's conv2 has only P*Q = 81 per image),
+// which is what lets OpenBLAS run near peak. Chunks are spread over the backend's threads, each
+// with its own scratch from the plan; BLAS itself runs single-threaded on the calling thread.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/cpu_backend.hpp"
+#include "dp/error.hpp"
+
+namespace dp::cpu {
+
+namespace {
+
+// Large enough for the GEMM to amortise packing, small enough that one chunk's columns stay
+// near the L2/L3 caches (tuned with bench_cpu_ops on LeNet and ResNet-18 shapes).
+constexpr int64_t kTargetColumns = 2048;
+constexpr int64_t kMaxColumnBytes = int64_t{4} << 20;
+
+struct ConvShape {
+  int64_t c, h, w, k, r, s, p, q, sh, sw, ph, pw;
+  int64_t pq() const { return p * q; }
+  int64_t crs() const { return c * r * s; }
+  int64_t chw() const { return c * h * w; }
+  int64_t kpq() const { return k * p * q; }
+};
+
+ConvShape shape_of(const ConvGeometry& g) {
+  return ConvShape{g.in_channels, g.in_h,    g.in_w,     g.out_channels, g.kernel_h, g.kernel_w,
+                   g.out_h(),     g.out_w(), g.stride_h, g.stride_w,     g.pad_h,    g.pad_w};
+}
+
+// Output columns q in [lo, hi) read an input column inside the image for kernel column s;
+// the rest read padding.
+void valid_range(int64_t q_count, int64_t stride, int64_t pad, int64_t s, int64_t width,
+                 int64_t& lo, int64_t& hi) {
+  // iw = q*stride - pad + s must satisfy 0 <= iw < width.
+  lo = pad > s ? (pad - s + stride - 1) / stride : 0;
+  hi = width + pad - s > 0 ? (width + pad - s + stride - 1) / stride : 0;
+  lo = std::min(lo, q_count);
+  hi = std::clamp(hi, lo, q_count);
+}
+
+// One image x (C, H, W) -> columns (C*R*S rows, leading dimension ld), its P*Q columns starting
+// at column `offset`. Padding reads as zero.
+void im2col(const ConvShape& cs, const float* x, float* columns, int64_t ld, int64_t offset) {
+  for (int64_t c = 0; c < cs.c; ++c) {
+    for (int64_t r = 0; r < cs.r; ++r) {
+      for (int64_t s = 0; s < cs.s; ++s) {
+        float* dst = columns + ((c * cs.r + r) * cs.s + s) * ld + offset;
+        int64_t lo, hi;
+        valid_range(cs.q, cs.sw, cs.pw, s, cs.w, lo, hi);
+        for (int64_t p = 0; p < cs.p; ++p) {
+          float* d = dst + p * cs.q;
+          const int64_t ih = p * cs.sh - cs.ph + r;
+          if (ih < 0 || ih >= cs.h) {
+            std::fill(d, d + cs.q, 0.0f);
+            continue;
+          }
+          const float* src = x + (c * cs.h + ih) * cs.w - cs.pw + s;
+          std::fill(d, d + lo, 0.0f);
+          if (cs.sw == 1) {
+            std::copy(src + lo, src + hi, d + lo);
+          } else {
+            for (int64_t q = lo; q < hi; ++q) d[q] = src[q * cs.sw];
+          }
+          std::fill(d + hi, d + cs.q, 0.0f);
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of im2col: dx (C, H, W) += the columns of one image, summed where windows overlap.
+void col2im(const ConvShape& cs, const float* columns, int64_t ld, int64_t offset, float* dx) {
+  for (int64_t c = 0; c < cs.c; ++c) {
+    for (int64_t r = 0; r < cs.r; ++r) {
+      for (int64_t s = 0; s < cs.s; ++s) {
+        const float* src_row = columns + ((c * cs.r + r) * cs.s + s) * ld + offset;
+        int64_t lo, hi;
+        valid_range(cs.q, cs.sw, cs.pw, s, cs.w, lo, hi);
+        for (int64_t p = 0; p < cs.p; ++p) {
+          const int64_t ih = p * cs.sh - cs.ph + r;
+          if (ih < 0 || ih >= cs.h) continue;
+          const float* src = src_row + p * cs.q;
+          float* dst = dx + (c * cs.h + ih) * cs.w - cs.pw + s;
+          for (int64_t q = lo; q < hi; ++q) dst[q * cs.sw] += src[q];
+        }
+      }
+    }
+  }
+}
+
+CpuConvPlan& cpu_plan(ConvPlan& plan, const char* op) {
+  auto* p = dynamic_cast<CpuConvPlan*>(&plan);
+  if (p == nullptr) {
+    DP_THROW(std::string("cpu backend: ") + op +
+             ": the plan was not created by the cpu backend; create it with this backend's "
+             "plan_conv");
+  }
+  return *p;
+}
+
+// Checks an activation against the plan: (N, channels, h, w) with N <= max_batch. Returns N.
+int64_t check_activation(const ConvGeometry& g, const Tensor& t, int64_t channels, int64_t h,
+                         int64_t w, const char* op, const char* what) {
+  const Dims d = activation_dims(t, op, what);
+  expect_nchw(t, op, what);
+  if (d.c != channels || d.h != h || d.w != w || d.n > g.max_batch) {
+    DP_THROW(std::string("cpu backend: ") + op + ": " + what + " has shape " + t.shape.str() +
+             ", expected (N, " + std::to_string(channels) + ", " + std::to_string(h) + ", " +
+             std::to_string(w) + ") with N <= max_batch for the plan " + g.str());
+  }
+  return d.n;
+}
+
+void check_filter(const ConvGeometry& g, const Tensor& w, const char* op, const char* what) {
+  expect_dtype(w, DType::f32, op, what);
+  expect_not_null(w.data, op, what);
+  expect_shape(w, Shape{g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, op, what);
+}
+
+void check_bias(const ConvGeometry& g, const Tensor* b, const char* op, const char* what) {
+  if (b == nullptr) return;
+  expect_dtype(*b, DType::f32, op, what);
+  expect_not_null(b->data, op, what);
+  expect_numel(*b, g.out_channels, op, what);
+}
+
+int64_t chunk_count(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
+
+}  // namespace
+
+CpuConvPlan::CpuConvPlan(const ConvGeometry& g, int threads, std::shared_ptr<MemoryTracker> memory)
+    : ConvPlan(g), memory_(std::move(memory)) {
+  DP_CHECK(g.layout == Layout::nchw,
+           "cpu backend: plan_conv: layout " + std::string(layout_name(g.layout)) +
+               " is not supported by the cpu backend's convolution; use nchw (" + g.str() + ")");
+  DP_CHECK(g.dtype == DType::f32, "cpu backend: plan_conv: dtype " +
+                                      std::string(dtype_name(g.dtype)) +
+                                      " is not supported; use f32 (" + g.str() + ")");
+  DP_CHECK(g.max_batch >= 1 && g.in_channels >= 1 && g.in_h >= 1 && g.in_w >= 1 &&
+               g.out_channels >= 1 && g.kernel_h >= 1 && g.kernel_w >= 1 && g.stride_h >= 1 &&
+               g.stride_w >= 1 && g.pad_h >= 0 && g.pad_w >= 0,
+           "cpu backend: plan_conv: every size must be positive and padding non-negative, got " +
+               g.str());
+  DP_CHECK(g.in_h + 2 * g.pad_h >= g.kernel_h && g.in_w + 2 * g.pad_w >= g.kernel_w,
+           "cpu backend: plan_conv: the kernel is larger than the padded input in " + g.str());
+  const ConvShape cs = shape_of(g);
+  const int64_t column_bytes_per_image = cs.crs() * cs.pq() * int64_t{sizeof(float)};
+  chunk_ = std::max<int64_t>(1, (kTargetColumns + cs.pq() - 1) / cs.pq());
+  chunk_ = std::min(chunk_, std::max<int64_t>(1, kMaxColumnBytes / column_bytes_per_image));
+  // Leave no thread idle when the batch could feed them all.
+  chunk_ = std::min(chunk_, std::max<int64_t>(1, (g.max_batch + threads - 1) / threads));
+  threads_ =
+      static_cast<int>(std::min<int64_t>(std::max(threads, 1), chunk_count(g.max_batch, chunk_)));
+  columns_stride_ = cs.crs() * chunk_ * cs.pq();
+  outputs_stride_ = cs.k * chunk_ * cs.pq();
+  partials_stride_ = cs.k * cs.crs() + cs.k;
+  // Strides rounded to 64 floats (256 bytes) so each thread's buffer is aligned and no two
+  // threads share a cache line.
+  auto round = [](int64_t n) { return (n + 63) / 64 * 64; };
+  columns_stride_ = round(columns_stride_);
+  outputs_stride_ = round(outputs_stride_);
+  partials_stride_ = round(partials_stride_);
+  auto alloc = [&](int64_t floats) {
+    return static_cast<float*>(
+        memory_->allocate(static_cast<size_t>(floats * threads_) * sizeof(float)));
+  };
+  columns_ = alloc(columns_stride_);
+  outputs_ = alloc(outputs_stride_);
+  partials_ = alloc(partials_stride_);
+}
+
+CpuConvPlan::~CpuConvPlan() {
+  memory_->release(columns_);
+  memory_->release(outputs_);
+  memory_->release(partials_);
+}
+
+std::unique_ptr<ConvPlan> CpuBackend::plan_conv(const ConvGeometry& g) {
+  return std::make_unique<CpuConvPlan>(g, threads_, memory_);
+}
+
+// x (N,C,H,W), w (K,C,R,S), b (K) or null -> y (N,K,P,Q)
+void CpuBackend::conv_forward(ConvPlan& plan_base, const Tensor& x, const Tensor& w,
+                              const Tensor* b, const Tensor& y) {
+  const char* op = "conv_forward";
+  CpuConvPlan& plan = cpu_plan(plan_base, op);
+  const ConvGeometry& g = plan.geometry();
+  const ConvShape cs = shape_of(g);
+  const int64_t n = check_activation(g, x, cs.c, cs.h, cs.w, op, "x");
+  check_filter(g, w, op, "w");
+  check_bias(g, b, op, "b");
+  expect_shape(y, Shape{n, cs.k, cs.p, cs.q}, op, "y");
+  expect_dtype(y, DType::f32, op, "y");
+  expect_nchw(y, op, "y");
+  const float* xp = x.f32();
+  const float* wp = w.f32();
+  const float* bp = b ? b->f32() : nullptr;
+  float* yp = y.f32();
+  if (n == 0) return;
+  const int64_t chunks = chunk_count(n, plan.chunk());
+  const int team = static_cast<int>(std::min<int64_t>(plan.threads(), chunks));
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num();
+    float* columns = plan.columns(t);
+    float* out = plan.outputs(t);
+    for (int64_t chunk = t; chunk < chunks; chunk += omp_get_num_threads()) {
+      const int64_t n0 = chunk * plan.chunk();
+      const int64_t images = std::min(plan.chunk(), n - n0);
+      const int64_t ld = images * cs.pq();
+      for (int64_t i = 0; i < images; ++i)
+        im2col(cs, xp + (n0 + i) * cs.chw(), columns, ld, i * cs.pq());
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(cs.k),
+                  static_cast<int>(ld), static_cast<int>(cs.crs()), 1.0f, wp,
+                  static_cast<int>(cs.crs()), columns, static_cast<int>(ld), 0.0f, out,
+                  static_cast<int>(ld));
+      // (K, B*P*Q) -> y's (B, K, P*Q), adding the bias on the way.
+      for (int64_t i = 0; i < images; ++i) {
+        for (int64_t k = 0; k < cs.k; ++k) {
+          const float* src = out + k * ld + i * cs.pq();
+          float* dst = yp + (n0 + i) * cs.kpq() + k * cs.pq();
+          const float bias = bp ? bp[k] : 0.0f;
+          for (int64_t j = 0; j < cs.pq(); ++j) dst[j] = src[j] + bias;
+        }
+      }
+    }
+  }
+}
+
+// dy (N,K,P,Q), w (K,C,R,S) -> dx (N,C,H,W)
+void CpuBackend::conv_backward_data(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,
+                                    const Tensor& dx) {
+  const char* op = "conv_backward_data";
+  CpuConvPlan& plan = cpu_plan(plan_base, op);
+  const ConvGeometry& g = plan.geometry();
+  const ConvShape cs = shape_of(g);
+  const int64_t n = check_activation(g, dy, cs.k, cs.p, cs.q, op, "dy");
+  check_filter(g, w, op, "w");
+  expect_shape(dx, Shape{n, cs.c, cs.h, cs.w}, op, "dx");
+  expect_dtype(dx, DType::f32, op, "dx");
+  expect_nchw(dx, op, "dx");
+  const float* dyp = dy.f32();
+  const float* wp = w.f32();
+  float* dxp = dx.f32();
+  if (n == 0) return;
+  const int64_t chunks = chunk_count(n, plan.chunk());
+  const int team = static_cast<int>(std::min<int64_t>(plan.threads(), chunks));
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num();
+    float* columns = plan.columns(t);
+    float* grad_out = plan.outputs(t);
+    for (int64_t chunk = t; chunk < chunks; chunk += omp_get_num_threads()) {
+      const int64_t n0 = chunk * plan.chunk();
+      const int64_t images = std::min(plan.chunk(), n - n0);
+      const int64_t ld = images * cs.pq();
+      // dy's (B, K, P*Q) -> (K, B*P*Q).
+      for (int64_t i = 0; i < images; ++i)
+        for (int64_t k = 0; k < cs.k; ++k)
+          std::copy_n(dyp + (n0 + i) * cs.kpq() + k * cs.pq(), cs.pq(),
+                      grad_out + k * ld + i * cs.pq());
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(cs.crs()),
+                  static_cast<int>(ld), static_cast<int>(cs.k), 1.0f, wp,
+                  static_cast<int>(cs.crs()), grad_out, static_cast<int>(ld), 0.0f, columns,
+                  static_cast<int>(ld));
+      for (int64_t i = 0; i < images; ++i) {
+        float* dx_image = dxp + (n0 + i) * cs.chw();
+        std::fill(dx_image, dx_image + cs.chw(), 0.0f);
+        col2im(cs, columns, ld, i * cs.pq(), dx_image);
+      }
+    }
+  }
+}
+
+// x (N,C,H,W), dy (N,K,P,Q) -> dw (K,C,R,S), db (K) or null
+void CpuBackend::conv_backward_filter(ConvPlan& plan_base, const Tensor& x, const Tensor& dy,
+                                      const Tensor& dw, const Tensor* db) {
+  const char* op = "conv_backward_filter";
+  CpuConvPlan& plan = cpu_plan(plan_base, op);
+  const ConvGeometry& g = plan.geometry();
+  const ConvShape cs = shape_of(g);
+  const int64_t n = check_activation(g, x, cs.c, cs.h, cs.w, op, "x");
+  expect_shape(dy, Shape{n, cs.k, cs.p, cs.q}, op, "dy");
+  expect_dtype(dy, DType::f32, op, "dy");
+  expect_nchw(dy, op, "dy");
+  check_filter(g, dw, op, "dw");
+  check_bias(g, db, op, "db");
+  const float* xp = x.f32();
+  const float* dyp = dy.f32();
+  const int64_t kcrs = cs.k * cs.crs();
+  const int64_t chunks = chunk_count(n, plan.chunk());
+  const int team =
+      static_cast<int>(std::min<int64_t>(plan.threads(), std::max<int64_t>(chunks, 1)));
+  int team_size = 1;
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num();
+#pragma omp single
+    team_size = omp_get_num_threads();
+    float* columns = plan.columns(t);
+    float* grad_out = plan.outputs(t);
+    float* partial = plan.filter_partial(t);  // dw (K*C*R*S) then db (K)
+    std::fill(partial, partial + kcrs + cs.k, 0.0f);
+    for (int64_t chunk = t; chunk < chunks; chunk += omp_get_num_threads()) {
+      const int64_t n0 = chunk * plan.chunk();
+      const int64_t images = std::min(plan.chunk(), n - n0);
+      const int64_t ld = images * cs.pq();
+      for (int64_t i = 0; i < images; ++i) {
+        im2col(cs, xp + (n0 + i) * cs.chw(), columns, ld, i * cs.pq());
+        for (int64_t k = 0; k < cs.k; ++k)
+          std::copy_n(dyp + (n0 + i) * cs.kpq() + k * cs.pq(), cs.pq(),
+                      grad_out + k * ld + i * cs.pq());
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(cs.k),
+                  static_cast<int>(cs.crs()), static_cast<int>(ld), 1.0f, grad_out,
+                  static_cast<int>(ld), columns, static_cast<int>(ld), 1.0f, partial,
+                  static_cast<int>(cs.crs()));
+      for (int64_t k = 0; k < cs.k; ++k) {
+        const float* row = grad_out + k * ld;
+        float sum = 0.0f;
+        for (int64_t j = 0; j < ld; ++j) sum += row[j];
+        partial[kcrs + k] += sum;
+      }
+    }
+  }
+  // Summing the per-thread partials in thread order keeps the result deterministic for a
+  // given thread count.
+  float* dwp = dw.f32();
+  float* dbp = db ? db->f32() : nullptr;
+  const float* first = plan.filter_partial(0);
+  std::copy_n(first, kcrs, dwp);
+  if (dbp) std::copy_n(first + kcrs, cs.k, dbp);
+  for (int t = 1; t < team_size; ++t) {
+    const float* partial = plan.filter_partial(t);
+    for (int64_t i = 0; i < kcrs; ++i) dwp[i] += partial[i];
+    if (dbp)
+      for (int64_t k = 0; k < cs.k; ++k) dbp[k] += partial[kcrs + k];
+  }
+}
+
+}  // namespace dp::cpu

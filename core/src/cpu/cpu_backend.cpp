@@ -1,0 +1,169 @@
+// CpuBackend: memory, copies, fill, the checks every op shares, and construction.
+#include "cpu/cpu_backend.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "dp/error.hpp"
+
+namespace dp::cpu {
+
+namespace {
+constexpr size_t kAlignment = 256;
+
+std::string prefix(const char* op) { return std::string("cpu backend: ") + op + ": "; }
+}  // namespace
+
+// ---- memory ------------------------------------------------------------------------------------
+
+MemoryTracker::~MemoryTracker() {
+  for (auto& [p, bytes] : sizes_) std::free(p);
+}
+
+void* MemoryTracker::allocate(size_t bytes) {
+  // aligned_alloc needs a size that is a multiple of the alignment; 0 bytes still gets a
+  // unique pointer so release() stays symmetric.
+  const size_t rounded =
+      std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr) {
+    DP_THROW("cpu backend: out of host memory allocating " + std::to_string(bytes) +
+             " bytes (in use: " + std::to_string(in_use()) +
+             " bytes); reduce the batch size or the number of replicas");
+  }
+  // Zeroed so a freshly allocated buffer never holds garbage that a test could mistake for a
+  // result (and so first-touch happens here, at setup, not in the step loop).
+  std::memset(p, 0, rounded);
+  std::lock_guard<std::mutex> lock(mutex_);
+  sizes_[p] = bytes;
+  in_use_ += bytes;
+  peak_ = std::max(peak_, in_use_);
+  return p;
+}
+
+void MemoryTracker::release(void* p) noexcept {
+  if (p == nullptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = sizes_.find(p);
+  if (it == sizes_.end()) return;  // not ours: ignoring is safer than freeing foreign memory
+  in_use_ -= it->second;
+  sizes_.erase(it);
+  std::free(p);
+}
+
+size_t MemoryTracker::in_use() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return in_use_;
+}
+
+size_t MemoryTracker::peak() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peak_;
+}
+
+// ---- checks ------------------------------------------------------------------------------------
+
+void expect_dtype(const Tensor& t, DType dtype, const char* op, const char* what) {
+  if (t.dtype != dtype) {
+    DP_THROW(prefix(op) + what + " must be " + dtype_name(dtype) + ", got " + dtype_name(t.dtype));
+  }
+}
+
+void expect_shape(const Tensor& t, const Shape& shape, const char* op, const char* what) {
+  if (t.shape != shape) {
+    DP_THROW(prefix(op) + what + " has shape " + t.shape.str() + ", expected " + shape.str());
+  }
+}
+
+void expect_numel(const Tensor& t, int64_t numel, const char* op, const char* what) {
+  if (t.numel() != numel) {
+    DP_THROW(prefix(op) + what + " has shape " + t.shape.str() + " (" + std::to_string(t.numel()) +
+             " elements), expected " + std::to_string(numel) + " elements");
+  }
+}
+
+void expect_nchw(const Tensor& t, const char* op, const char* what) {
+  if (t.layout != Layout::nchw) {
+    DP_THROW(prefix(op) + what + " has layout " + layout_name(t.layout) +
+             ", which the cpu backend does not support for " + op + "; use nchw");
+  }
+}
+
+void expect_not_null(const void* p, const char* op, const char* what) {
+  if (p == nullptr) DP_THROW(prefix(op) + what + " has no data (null pointer)");
+}
+
+Dims activation_dims(const Tensor& t, const char* op, const char* what, bool allow_rank2) {
+  expect_dtype(t, DType::f32, op, what);
+  expect_not_null(t.data, op, what);
+  if (t.shape.rank == 4) return Dims{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
+  if (allow_rank2 && t.shape.rank == 2) return Dims{t.shape[0], t.shape[1], 1, 1};
+  DP_THROW(prefix(op) + what + " has shape " + t.shape.str() + ", expected rank 4 (N, C, H, W)" +
+           (allow_rank2 ? " or rank 2 (N, C)" : ""));
+}
+
+// ---- the backend -------------------------------------------------------------------------------
+
+CpuBackend::CpuBackend(const BackendOptions& options) : memory_(std::make_shared<MemoryTracker>()) {
+  DP_CHECK(options.cpu_threads >= 0,
+           "cpu backend: cpu_threads must be >= 0 (0 = all hardware threads), got " +
+               std::to_string(options.cpu_threads));
+  threads_ = options.cpu_threads > 0 ? options.cpu_threads : omp_get_max_threads();
+  // The backend parallelises over images and rows itself (OpenMP, threads_ per replica), so
+  // every BLAS call must run on its calling thread: a multi-threaded BLAS inside those loops, or
+  // beside other replicas' threads, would oversubscribe the cores. The setting is process-wide,
+  // hence once.
+  static std::once_flag blas_single_threaded;
+  std::call_once(blas_single_threaded, [] { openblas_set_num_threads(1); });
+}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::device_description() const {
+  return "CPU (" + std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+}
+
+void* CpuBackend::allocate(size_t bytes) { return memory_->allocate(bytes); }
+void CpuBackend::release(void* p) noexcept { memory_->release(p); }
+size_t CpuBackend::memory_in_use() const { return memory_->in_use(); }
+size_t CpuBackend::peak_memory() const { return memory_->peak(); }
+
+void CpuBackend::upload(void* dst, const void* host_src, size_t bytes) {
+  if (bytes) std::memcpy(dst, host_src, bytes);
+}
+void CpuBackend::download(void* host_dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(host_dst, src, bytes);
+}
+void CpuBackend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memmove(dst, src, bytes);
+}
+
+void CpuBackend::fill(const Tensor& t, float value) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  expect_not_null(t.data, "fill", "t");
+  if (t.dtype == DType::f32) {
+    float* p = t.f32();
+#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] = value;
+  } else if (t.dtype == DType::i32) {
+    int32_t* p = t.i32();
+    const auto v = static_cast<int32_t>(value);
+#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] = v;
+  } else {
+    DP_THROW(std::string("cpu backend: fill: t must be f32 or i32, got ") + dtype_name(t.dtype));
+  }
+}
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace dp::cpu

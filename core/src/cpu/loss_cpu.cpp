@@ -1,0 +1,159 @@
+// Softmax cross-entropy, accuracy counting and the SGD update on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "cpu/cpu_backend.hpp"
+#include "dp/error.hpp"
+
+namespace dp::cpu {
+
+namespace {
+
+struct Classes {
+  int64_t n, k;
+};
+
+// logits (N,K) f32, labels (N) i32.
+Classes check_logits(const Tensor& logits, const Tensor& labels, const char* op) {
+  expect_dtype(logits, DType::f32, op, "logits");
+  if (logits.shape.rank != 2 || logits.shape[1] < 1) {
+    DP_THROW(std::string("cpu backend: ") + op + ": logits has shape " + logits.shape.str() +
+             ", expected (N, K) with K >= 1");
+  }
+  const Classes c{logits.shape[0], logits.shape[1]};
+  expect_dtype(labels, DType::i32, op, "labels");
+  expect_shape(labels, Shape{c.n}, op, "labels");
+  if (c.n > 0) {
+    expect_not_null(logits.data, op, "logits");
+    expect_not_null(labels.data, op, "labels");
+  }
+  return c;
+}
+
+void check_scalar(const Tensor& t, DType dtype, const char* op, const char* what) {
+  expect_dtype(t, dtype, op, what);
+  expect_not_null(t.data, op, what);
+  expect_numel(t, 1, op, what);
+}
+
+// Index of the first maximum of row[0..k).
+int64_t first_argmax(const float* row, int64_t k) {
+  int64_t best = 0;
+  for (int64_t j = 1; j < k; ++j)
+    if (row[j] > row[best]) best = j;
+  return best;
+}
+
+[[noreturn]] void bad_label(const char* op, const Tensor& labels, int64_t n, int64_t k) {
+  const int32_t* lp = labels.i32();
+  for (int64_t i = 0; i < n; ++i) {
+    if (lp[i] < 0 || lp[i] >= k) {
+      DP_THROW(std::string("cpu backend: ") + op + ": labels[" + std::to_string(i) +
+               "] = " + std::to_string(lp[i]) + " is outside [0, " + std::to_string(k) +
+               "); the model's class count must match the dataset's");
+    }
+  }
+  DP_THROW(std::string("cpu backend: ") + op + ": a label is outside [0, K)");
+}
+
+}  // namespace
+
+// logits (N,K) f32, labels (N) i32 -> dlogits (N,K) = (softmax - onehot) * grad_scale,
+// loss_sum (1) f32 = sum_n -log softmax[n, label], correct (1) i32.
+void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                       const Tensor& dlogits, const Tensor& loss_sum,
+                                       const Tensor& correct) {
+  const char* op = "softmax_cross_entropy";
+  const Classes c = check_logits(logits, labels, op);
+  expect_dtype(dlogits, DType::f32, op, "dlogits");
+  expect_shape(dlogits, logits.shape, op, "dlogits");
+  if (c.n > 0) expect_not_null(dlogits.data, op, "dlogits");
+  check_scalar(loss_sum, DType::f32, op, "loss_sum");
+  check_scalar(correct, DType::i32, op, "correct");
+  const float* lp = logits.f32();
+  const int32_t* yp = labels.i32();
+  float* dlp = dlogits.f32();
+  double loss = 0;
+  int64_t right = 0;
+  int64_t bad = 0;
+#pragma omp parallel for num_threads(threads_for(c.n * c.k * 8, threads_)) schedule(static) \
+    reduction(+ : loss, right, bad)
+  for (int64_t i = 0; i < c.n; ++i) {
+    const float* row = lp + i * c.k;
+    float* grad = dlp + i * c.k;
+    const int32_t label = yp[i];
+    if (label < 0 || label >= c.k) {
+      ++bad;
+      continue;
+    }
+    // log-sum-exp shifted by the maximum, so large logits cannot overflow.
+    const int64_t best = first_argmax(row, c.k);
+    const double shift = row[best];
+    double sum = 0;
+    for (int64_t j = 0; j < c.k; ++j) sum += std::exp(static_cast<double>(row[j]) - shift);
+    const double log_sum = std::log(sum);
+    loss += log_sum - (static_cast<double>(row[label]) - shift);
+    for (int64_t j = 0; j < c.k; ++j) {
+      const double p = std::exp(static_cast<double>(row[j]) - shift - log_sum);
+      grad[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * grad_scale);
+    }
+    if (best == label) ++right;
+  }
+  if (bad > 0) bad_label(op, labels, c.n, c.k);
+  *loss_sum.f32() = static_cast<float>(loss);
+  *correct.i32() = static_cast<int32_t>(right);
+}
+
+// logits (N,K) f32, labels (N) i32 -> correct (1) i32 = #n with first argmax == label.
+void CpuBackend::count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct) {
+  const char* op = "count_correct";
+  const Classes c = check_logits(logits, labels, op);
+  check_scalar(correct, DType::i32, op, "correct");
+  const float* lp = logits.f32();
+  const int32_t* yp = labels.i32();
+  int64_t right = 0;
+#pragma omp parallel for num_threads(threads_for(c.n * c.k * 8, threads_)) schedule(static) \
+    reduction(+ : right)
+  for (int64_t i = 0; i < c.n; ++i)
+    if (first_argmax(lp + i * c.k, c.k) == yp[i]) ++right;
+  *correct.i32() = static_cast<int32_t>(right);
+}
+
+// params, grads, momentum_buf (flat, equal length) -> params and momentum_buf updated:
+// g' = g + weight_decay * p; buf = momentum * buf + g'; p -= lr * buf (p -= lr * g' without
+// momentum). grads are not modified.
+void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
+                            const SgdParams& p) {
+  const char* op = "sgd_update";
+  expect_dtype(params, DType::f32, op, "params");
+  expect_dtype(grads, DType::f32, op, "grads");
+  expect_numel(grads, params.numel(), op, "grads");
+  const int64_t n = params.numel();
+  if (n == 0) return;
+  expect_not_null(params.data, op, "params");
+  expect_not_null(grads.data, op, "grads");
+  float* w = params.f32();
+  const float* g = grads.f32();
+  const float lr = p.lr, wd = p.weight_decay, mu = p.momentum;
+  if (mu != 0.0f) {
+    DP_CHECK(momentum_buf != nullptr,
+             "cpu backend: sgd_update: momentum is " + std::to_string(mu) +
+                 " but no momentum buffer was given; allocate one (zeroed) per parameter buffer");
+    expect_dtype(*momentum_buf, DType::f32, op, "momentum_buf");
+    expect_numel(*momentum_buf, n, op, "momentum_buf");
+    expect_not_null(momentum_buf->data, op, "momentum_buf");
+    float* buf = momentum_buf->f32();
+#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * w[i];
+      buf[i] = mu * buf[i] + d;
+      w[i] -= lr * buf[i];
+    }
+  } else {
+#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+  }
+}
+
+}  // namespace dp::cpu

@@ -1,0 +1,207 @@
+// Pooling on the CPU (NCHW): average, max and global average. Every (n, c) plane is independent,
+// so planes are spread over the threads; the backward passes scatter into their own plane only.
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "cpu/cpu_backend.hpp"
+#include "dp/error.hpp"
+
+namespace dp::cpu {
+
+namespace {
+
+struct PoolDims {
+  Dims in;
+  int64_t p, q;
+};
+
+// Checks the window, x (N,C,H,W) and y (N,C,P,Q) as PyTorch would (padding at most half the
+// kernel, so no window lies entirely in the padding).
+PoolDims check_pool(const PoolGeometry& g, const Tensor& in, const Tensor& out, const char* op,
+                    const char* in_name, const char* out_name) {
+  DP_CHECK(g.kernel_h >= 1 && g.kernel_w >= 1 && g.stride_h >= 1 && g.stride_w >= 1 &&
+               g.pad_h >= 0 && g.pad_w >= 0 && 2 * g.pad_h <= g.kernel_h &&
+               2 * g.pad_w <= g.kernel_w,
+           "cpu backend: " + std::string(op) + ": pooling window " + std::to_string(g.kernel_h) +
+               "x" + std::to_string(g.kernel_w) + " stride " + std::to_string(g.stride_h) + "x" +
+               std::to_string(g.stride_w) + " pad " + std::to_string(g.pad_h) + "x" +
+               std::to_string(g.pad_w) +
+               " is invalid: sizes must be positive and padding at most half the kernel");
+  const Dims d = activation_dims(in, op, in_name);
+  expect_nchw(in, op, in_name);
+  const int64_t p = g.out_h(d.h), q = g.out_w(d.w);
+  DP_CHECK(d.h + 2 * g.pad_h >= g.kernel_h && d.w + 2 * g.pad_w >= g.kernel_w,
+           "cpu backend: " + std::string(op) + ": " + in_name + " of shape " + in.shape.str() +
+               " is smaller than the pooling window");
+  expect_dtype(out, DType::f32, op, out_name);
+  expect_not_null(out.data, op, out_name);
+  expect_shape(out, Shape{d.n, d.c, p, q}, op, out_name);
+  expect_nchw(out, op, out_name);
+  return PoolDims{d, p, q};
+}
+
+// The window of output (op, oq), clipped to the input.
+struct Window {
+  int64_t h0, h1, w0, w1;
+};
+Window window(const PoolGeometry& g, const Dims& d, int64_t op, int64_t oq) {
+  const int64_t h0 = op * g.stride_h - g.pad_h;
+  const int64_t w0 = oq * g.stride_w - g.pad_w;
+  return Window{std::max<int64_t>(h0, 0), std::min(h0 + g.kernel_h, d.h), std::max<int64_t>(w0, 0),
+                std::min(w0 + g.kernel_w, d.w)};
+}
+
+}  // namespace
+
+// x (N,C,H,W) -> y (N,C,P,Q) = window sums / (kernel_h * kernel_w), padding counted.
+void CpuBackend::avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  const PoolDims pd = check_pool(g, x, y, "avgpool_forward", "x", "y");
+  const Dims& d = pd.in;
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const float inv_area = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
+  const int64_t planes = d.n * d.c;
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float* xc = xp + plane * d.hw();
+    float* yc = yp + plane * pd.p * pd.q;
+    for (int64_t p = 0; p < pd.p; ++p) {
+      for (int64_t q = 0; q < pd.q; ++q) {
+        const Window win = window(g, d, p, q);
+        float sum = 0.0f;
+        for (int64_t h = win.h0; h < win.h1; ++h)
+          for (int64_t w = win.w0; w < win.w1; ++w) sum += xc[h * d.w + w];
+        yc[p * pd.q + q] = sum * inv_area;
+      }
+    }
+  }
+}
+
+// dy (N,C,P,Q) -> dx (N,C,H,W): each dy spread evenly over its window.
+void CpuBackend::avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
+  const PoolDims pd = check_pool(g, dx, dy, "avgpool_backward", "dx", "dy");
+  const Dims& d = pd.in;
+  const float* dyp = dy.f32();
+  float* dxp = dx.f32();
+  const float inv_area = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
+  const int64_t planes = d.n * d.c;
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    float* dxc = dxp + plane * d.hw();
+    const float* dyc = dyp + plane * pd.p * pd.q;
+    std::fill(dxc, dxc + d.hw(), 0.0f);
+    for (int64_t p = 0; p < pd.p; ++p) {
+      for (int64_t q = 0; q < pd.q; ++q) {
+        const Window win = window(g, d, p, q);
+        const float grad = dyc[p * pd.q + q] * inv_area;
+        for (int64_t h = win.h0; h < win.h1; ++h)
+          for (int64_t w = win.w0; w < win.w1; ++w) dxc[h * d.w + w] += grad;
+      }
+    }
+  }
+}
+
+// x (N,C,H,W) -> y (N,C,P,Q) = window maxima (padding never wins).
+void CpuBackend::maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  const PoolDims pd = check_pool(g, x, y, "maxpool_forward", "x", "y");
+  const Dims& d = pd.in;
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const int64_t planes = d.n * d.c;
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float* xc = xp + plane * d.hw();
+    float* yc = yp + plane * pd.p * pd.q;
+    for (int64_t p = 0; p < pd.p; ++p) {
+      for (int64_t q = 0; q < pd.q; ++q) {
+        const Window win = window(g, d, p, q);
+        float best = -std::numeric_limits<float>::infinity();
+        for (int64_t h = win.h0; h < win.h1; ++h)
+          for (int64_t w = win.w0; w < win.w1; ++w) best = std::max(best, xc[h * d.w + w]);
+        yc[p * pd.q + q] = best;
+      }
+    }
+  }
+}
+
+// x (N,C,H,W), y, dy (N,C,P,Q) -> dx (N,C,H,W): each dy goes to the first position of its window
+// (row-major) that holds the maximum y.
+void CpuBackend::maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                                  const Tensor& dy, const Tensor& dx) {
+  const char* op = "maxpool_backward";
+  const PoolDims pd = check_pool(g, x, y, op, "x", "y");
+  check_pool(g, dx, dy, op, "dx", "dy");
+  expect_shape(dx, x.shape, op, "dx");
+  const Dims& d = pd.in;
+  const float* xp = x.f32();
+  const float* yp = y.f32();
+  const float* dyp = dy.f32();
+  float* dxp = dx.f32();
+  const int64_t planes = d.n * d.c;
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float* xc = xp + plane * d.hw();
+    const float* yc = yp + plane * pd.p * pd.q;
+    const float* dyc = dyp + plane * pd.p * pd.q;
+    float* dxc = dxp + plane * d.hw();
+    std::fill(dxc, dxc + d.hw(), 0.0f);
+    for (int64_t p = 0; p < pd.p; ++p) {
+      for (int64_t q = 0; q < pd.q; ++q) {
+        const Window win = window(g, d, p, q);
+        const float best = yc[p * pd.q + q];
+        int64_t at = -1;
+        for (int64_t h = win.h0; h < win.h1 && at < 0; ++h)
+          for (int64_t w = win.w0; w < win.w1; ++w)
+            if (xc[h * d.w + w] == best) {
+              at = h * d.w + w;
+              break;
+            }
+        if (at >= 0) dxc[at] += dyc[p * pd.q + q];
+      }
+    }
+  }
+}
+
+// x (N,C,H,W) -> y (N,C,1,1) = mean over H*W.
+void CpuBackend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
+  const char* op = "global_avgpool_forward";
+  const Dims d = activation_dims(x, op, "x");
+  expect_nchw(x, op, "x");
+  expect_dtype(y, DType::f32, op, "y");
+  expect_not_null(y.data, op, "y");
+  expect_shape(y, Shape{d.n, d.c, 1, 1}, op, "y");
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const int64_t planes = d.n * d.c;
+  const int64_t hw = d.hw();
+#pragma omp parallel for num_threads(threads_for(planes* hw, threads_)) schedule(static)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float* xc = xp + plane * hw;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < hw; ++i) sum += xc[i];
+    yp[plane] = sum / static_cast<float>(hw);
+  }
+}
+
+// dy (N,C,1,1) -> dx (N,C,H,W) = dy / (H*W).
+void CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
+  const char* op = "global_avgpool_backward";
+  const Dims d = activation_dims(dx, op, "dx");
+  expect_nchw(dx, op, "dx");
+  expect_dtype(dy, DType::f32, op, "dy");
+  expect_not_null(dy.data, op, "dy");
+  expect_shape(dy, Shape{d.n, d.c, 1, 1}, op, "dy");
+  const float* dyp = dy.f32();
+  float* dxp = dx.f32();
+  const int64_t planes = d.n * d.c;
+  const int64_t hw = d.hw();
+#pragma omp parallel for num_threads(threads_for(planes* hw, threads_)) schedule(static)
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float grad = dyp[plane] / static_cast<float>(hw);
+    float* dxc = dxp + plane * hw;
+    for (int64_t i = 0; i < hw; ++i) dxc[i] = grad;
+  }
+}
+
+}  // namespace dp::cpu
