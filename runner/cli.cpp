@@ -260,12 +260,13 @@ std::string main_help() {
       "usage: dprun COMMAND [options]   (dprun FILE.toml is dprun run FILE.toml)\n\n"
       "dprun runs data-parallel training experiments declared in TOML files and records every\n"
       "epoch in SQLite.\n\ncommands:\n";
-  for (const Command* c : kCommands) {
-    std::string s = c->summary;
-    s = s.substr(0, s.find_first_of(".\n"));
-    out += "  " + std::string(c->name) + std::string(10 - std::string(c->name).size(), ' ') + s +
-           "\n";
-  }
+  out +=
+      "  run       run an experiment file: train the trials not yet done, record every epoch\n"
+      "  plan      list the trials of an experiment and what a run would do with each\n"
+      "  plugins   list the models found, with their options\n"
+      "  query     run a read-only SQL statement on a results database\n"
+      "  report    summarise the experiments of a results database\n"
+      "  train     train one model in this process, without a database\n";
   out +=
       "\n  dprun COMMAND --help   options of a command\n"
       "  dprun --version        the version\n\n"

@@ -1,0 +1,247 @@
+// End-to-end tests of the dprun binary: sweeps, reconciliation with the database, the query /
+// plan / plugins / report / train commands and command-line errors. Failure paths (killed
+// trials, signals) are in test_run_faults.cpp.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "cli_helpers.hpp"
+
+namespace fs = std::filesystem;
+using clitest::run;
+using clitest::sql;
+using clitest::sql1;
+
+#define DPRUN_NEED_DATA(var)                                                              \
+  const std::string var = clitest::data_dir();                                            \
+  if (var.empty()) {                                                                      \
+    WARN("Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
+         "skipping this end-to-end test");                                                \
+    return;                                                                               \
+  }
+
+TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/sweep.toml";
+  const std::string db = dir.path() + "/out/sweep.db";
+  clitest::write_file(file, clitest::experiment_toml("sweep", data));
+  const std::vector<std::string> base{"run", file, "--db", db, "--threads", "2"};
+
+  auto r = run(base, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db, "SELECT COUNT(*) FROM trials") == "2");
+  CHECK(sql1(db, "SELECT COUNT(*) FROM trials WHERE status = 'done'") == "2");
+  CHECK(sql1(db, "SELECT COUNT(*) FROM epochs") == "4");
+  for (const auto& row : sql(db, "SELECT gpus, COUNT(e.epoch), MIN(e.test_acc), MAX(e.test_acc), "
+                                 "t.backend, t.devices, t.attempts, t.plugin_sha256 FROM trials t "
+                                 "JOIN epochs e ON e.trial_id = t.id GROUP BY t.id")) {
+    INFO("gpus=" << row[0]);
+    CHECK(row[1] == "2");
+    CHECK(std::stod(row[2]) > 0.0);
+    CHECK(std::stod(row[3]) <= 1.0);
+    CHECK(row[4] == "cpu");
+    CHECK_FALSE(row[5].empty());
+    CHECK(row[6] == "1");
+    CHECK(row[7].size() == 64);
+  }
+  // The summary names the database and a query to try.
+  CHECK(r.out.find(db) != std::string::npos);
+  CHECK(r.out.find("dprun query --db") != std::string::npos);
+  // Progress lines (not a terminal): one per epoch.
+  CHECK(r.err.find("[1/2] lenet gpus=1 epoch 1/2 loss") != std::string::npos);
+  CHECK(r.err.find("[2/2] lenet gpus=2 epoch 2/2 loss") != std::string::npos);
+
+  // A re-run skips both: no new attempts, no new epochs.
+  r = run(base, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.err.find("0 to run") != std::string::npos);
+  CHECK(sql1(db, "SELECT SUM(attempts) FROM trials") == "2");
+  CHECK(sql1(db, "SELECT COUNT(*) FROM epochs") == "4");
+
+  // --rerun runs them again.
+  auto rerun = base;
+  rerun.push_back("--rerun");
+  r = run(rerun, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db, "SELECT MIN(attempts) || ',' || MAX(attempts) FROM trials") == "2,2");
+  CHECK(sql1(db, "SELECT COUNT(*) FROM epochs") == "4");
+
+  // A third GPU count: only the new trial runs, in the same experiment.
+  const std::string experiment_id = sql1(db, "SELECT id FROM experiments");
+  clitest::write_file(file, clitest::experiment_toml("sweep", data, "[1, 2, 4]"));
+  r = run(base, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db, "SELECT COUNT(*) FROM experiments") == "1");
+  CHECK(sql1(db, "SELECT id FROM experiments") == experiment_id);
+  CHECK(sql1(db, "SELECT COUNT(*) FROM trials WHERE status = 'done'") == "3");
+  CHECK(sql1(db, "SELECT attempts FROM trials WHERE gpus = 4") == "1");
+  CHECK(sql1(db, "SELECT SUM(attempts) FROM trials") == "5");
+
+  // --filter runs only the matching trial.
+  auto filtered = base;
+  for (const char* a : {"--rerun", "--filter", "gpus=4"}) filtered.push_back(a);
+  r = run(filtered, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db, "SELECT attempts FROM trials WHERE gpus = 4") == "2");
+  CHECK(sql1(db, "SELECT SUM(attempts) FROM trials") == "6");
+
+  // query: table, csv and json; a writing statement is refused.
+  r = run({"query", "--db", db, "SELECT gpus, status FROM trials ORDER BY gpus"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out.find("gpus  status") != std::string::npos);
+  CHECK(r.out.find("(3 rows)") != std::string::npos);
+  r = run({"query", "--db", db, "--format", "csv",
+           "SELECT gpus, 'a,\"b\"' AS odd, NULL AS missing FROM trials ORDER BY gpus"},
+          dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out == "gpus,odd,missing\r\n1,\"a,\"\"b\"\"\",\r\n2,\"a,\"\"b\"\"\",\r\n4,\"a,\"\"b\"\"\",\r\n");
+  r = run({"query", "--db", db, "--format=json",
+           "SELECT gpus, status, NULL AS missing FROM trials WHERE gpus = 2"},
+          dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out == "[\n {\"gpus\":2,\"status\":\"done\",\"missing\":null}\n]\n");
+  r = run({"query", "--db", db, "INSERT INTO experiments(name, toml_source, toml_sha256) "
+                                "VALUES ('x', '', '')"},
+          dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("read-only") != std::string::npos);
+  CHECK(sql1(db, "SELECT COUNT(*) FROM experiments") == "1");
+
+  // report: one block per experiment.
+  r = run({"report", "--db", db}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out.find("experiment sweep") != std::string::npos);
+  CHECK(r.out.find("speedup") != std::string::npos);
+  CHECK(r.out.find("1.00x") != std::string::npos);  // the 1-GPU trial against itself
+
+  // plan: all done now.
+  r = run({"plan", file, "--db", db}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out.find("skip: done") != std::string::npos);
+  CHECK(r.out.find("0 to run, 3 to skip") != std::string::npos);
+}
+
+TEST_CASE("plan and --dry-run read the database without creating it", "[cli]") {
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/plan.toml";
+  clitest::write_file(file, clitest::experiment_toml("plan", "/nonexistent", "[1, 2, 4]"));
+  const std::string db = dir.path() + "/plan.db";
+  auto r = run({"plan", file, "--db", db}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out.find("lenet gpus=1") != std::string::npos);
+  CHECK(r.out.find("lenet gpus=4") != std::string::npos);
+  CHECK(r.out.find("3 to run, 0 to skip") != std::string::npos);
+  CHECK(r.out.find("not created yet") != std::string::npos);
+  r = run({file, "--db", db, "--dry-run", "--filter", "gpus=2"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out.find("1 to run, 2 to skip") != std::string::npos);
+  CHECK(r.out.find("skip: filtered out") != std::string::npos);
+  CHECK_FALSE(fs::exists(db));
+  r = run({file, "--db", db, "--dry-run", "--filter", "gpu=2"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("unknown setting \"gpu\"") != std::string::npos);
+}
+
+TEST_CASE("bad experiment files give file:line:column and create no database", "[cli]") {
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/bad.toml";
+  const std::string db = dir.path() + "/bad.db";
+  clitest::write_file(file,
+                      "[experiment]\nname = \"bad\"\n\n[train]\nmodel = \"lenet\"\n"
+                      "epochs = \"two\"\n\n[sweep]\ngpus = [1, \"two\"]\n");
+  auto r = run({"run", file, "--db", db}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find(file + ":6:") != std::string::npos);
+  CHECK(r.err.find(file + ":9:") != std::string::npos);
+  CHECK_FALSE(fs::exists(db));
+  CHECK_FALSE(fs::exists(dir.path() + "/results"));
+
+  clitest::write_file(file, "[experiment]\nname = \"bad\"\n[train]\nmodel = \"lenett\"\n");
+  r = run({file, "--db", db}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find(file + ":4:") != std::string::npos);
+  CHECK_FALSE(fs::exists(db));
+
+  r = run({dir.path() + "/missing.toml", "--db", db}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("missing.toml") != std::string::npos);
+  CHECK_FALSE(fs::exists(db));
+}
+
+TEST_CASE("command line: help, version, unknown commands and options", "[cli]") {
+  dptest::TempDir dir;
+  auto r = run({"--help"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  for (const char* word : {"run", "plan", "plugins", "query", "report", "train", "DPRUN_FAULT"})
+    CHECK(r.out.find(word) != std::string::npos);
+  r = run({"run", "--help"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  for (const char* word : {"--db", "--dry-run", "--rerun", "--filter", "--oversubscribe",
+                           "--threads", "--trial-timeout", "kill", "hang"})
+    CHECK(r.out.find(word) != std::string::npos);
+  r = run({"query", "--help"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("--format") != std::string::npos);
+  r = run({"--version"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.rfind("dprun ", 0) == 0);
+
+  r = run({"plna", "x.toml"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("unknown command 'plna'; did you mean 'plan'?") != std::string::npos);
+  r = run({"run", "x.toml", "--rerunn"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("unknown option --rerunn") != std::string::npos);
+  CHECK(r.err.find("did you mean --rerun?") != std::string::npos);
+  r = run({"run", "x.toml", "--threads", "zero"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("--threads zero") != std::string::npos);
+  r = run({"query", "SELECT 1"}, dir.path());  // no --db and no results/*.db here
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("--db") != std::string::npos);
+  r = run({"train", "--model", "lenett"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("did you mean lenet?") != std::string::npos);
+  r = run({"train", "--model", "lenet", "--option", "hidden=wide"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("hidden=wide") != std::string::npos);
+}
+
+TEST_CASE("plugins lists the models with their options", "[cli]") {
+  dptest::TempDir dir;
+  auto r = run({"plugins", "--plugins", DPRUN_TEST_PLUGIN_DIR}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out.find("lenet:") != std::string::npos);
+  CHECK(r.out.find("resnet18:") != std::string::npos);
+  CHECK(r.out.find("ABI version 1") != std::string::npos);
+  CHECK(r.out.find("hidden") != std::string::npos);  // a LeNet option with its type and default
+  CHECK(r.out.find("int") != std::string::npos);
+  CHECK(r.out.find("128") != std::string::npos);
+}
+
+TEST_CASE("train runs one model in process and prints one line per epoch", "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  auto r = run({"train", "--model", "lenet", "--gpus", "2", "--batch-size", "64", "--epochs", "2",
+                "--train-limit", "256", "--test-limit", "128", "--backend", "cpu", "--threads",
+                "2", "--data", data, "--option", "hidden=64"},
+               dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out.find("lenet on cpu") != std::string::npos);
+  CHECK(r.out.find("test_acc") != std::string::npos);
+  std::istringstream lines(r.out);
+  int epoch_lines = 0;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    int epoch = 0;
+    double loss = 0, train_acc = 0, test_acc = 0, seconds = 0, rate = 0;
+    if (fields >> epoch >> loss >> train_acc >> test_acc >> seconds >> rate) {
+      ++epoch_lines;
+      CHECK(epoch == epoch_lines);
+      CHECK(std::isfinite(loss));
+      CHECK(test_acc > 0.0);
+      CHECK(test_acc <= 1.0);
+    }
+  }
+  CHECK(epoch_lines == 2);
+}
