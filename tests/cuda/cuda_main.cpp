@@ -1,0 +1,36 @@
+// The [cuda] tests' own main: without a CUDA build or a visible GPU it says so and exits 77,
+// which ctest reports as skipped (SKIP_RETURN_CODE 77).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <string>
+
+#include "cuda_test_util.hpp"
+#include "dp/backend.hpp"
+#include "plugin_loader.hpp"
+
+namespace cudatest {
+
+dp::ModelFactory model_factory(const std::string& model) {
+  const std::string file = plugin_dir() + "/libdprun_" + model + ".so";
+  for (const auto& m : dprun::load_plugin(file)) {
+    if (m.factory.name == model) return m.factory;
+  }
+  FAIL("plugin " << file << " does not provide the model " << model);
+  return {};
+}
+
+}  // namespace cudatest
+
+int main(int argc, char** argv) {
+  const bool compiled = dp::cuda_compiled();
+  const int devices = compiled ? dp::cuda_device_count() : 0;
+  if (!compiled || devices == 0) {
+    std::printf("test_cuda: no CUDA device (built with CUDA: %s): skipping the [cuda] tests\n",
+                compiled ? "yes" : "no");
+    return 77;
+  }
+  std::printf("test_cuda: %d CUDA device(s); device 0: %s\n", devices,
+              dp::cuda_device_name(0).c_str());
+  return Catch::Session().run(argc, argv);
+}

@@ -1,0 +1,99 @@
+#pragma once
+// Shared by the [cuda] tests: one CPU and one CUDA backend (exact fp32: TF32 off), tensors
+// mirrored on both, host layout conversions, and locating plugins and data on either machine.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dp/backend.hpp"
+#include "dp/plugin.hpp"
+#include "support/check.hpp"
+
+namespace cudatest {
+
+/// The oracle and the backend under test, created once for the whole run (cuDNN handles are
+/// slow to create). The CUDA backend computes in exact fp32 (allow_tf32 = false).
+struct Backends {
+  std::unique_ptr<dp::Backend> cpu;
+  std::unique_ptr<dp::Backend> gpu;
+};
+inline Backends& backends() {
+  static Backends b = [] {
+    Backends out;
+    dp::BackendOptions c;
+    c.kind = dp::BackendKind::cpu;
+    c.cpu_threads = 0;
+    out.cpu = dp::create_backend(c);
+    dp::BackendOptions g;
+    g.kind = dp::BackendKind::cuda;
+    g.device_index = 0;
+    g.allow_tf32 = false;
+    out.gpu = dp::create_backend(g);
+    return out;
+  }();
+  return b;
+}
+
+/// One logical tensor with a copy on each backend (the GPU copy may use another layout).
+struct Twin {
+  dptest::DeviceBuffer cpu;
+  dptest::DeviceBuffer gpu;
+  Twin(dp::Shape s, dp::DType t = dp::DType::f32, dp::Layout gpu_layout = dp::Layout::nchw)
+      : cpu(*backends().cpu, s, t, dp::Layout::nchw), gpu(*backends().gpu, s, t, gpu_layout) {}
+  const dp::Tensor& c() const { return cpu.tensor(); }
+  const dp::Tensor& g() const { return gpu.tensor(); }
+};
+
+/// (N,C,H,W) <-> (N,H,W,C) on the host.
+inline std::vector<float> to_nhwc(const std::vector<float>& v, int64_t n, int64_t c, int64_t h,
+                                  int64_t w) {
+  std::vector<float> out(v.size());
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t k = 0; k < c; ++k)
+      for (int64_t y = 0; y < h; ++y)
+        for (int64_t x = 0; x < w; ++x)
+          out[static_cast<size_t>(((b * h + y) * w + x) * c + k)] =
+              v[static_cast<size_t>(((b * c + k) * h + y) * w + x)];
+  return out;
+}
+inline std::vector<float> to_nchw(const std::vector<float>& v, int64_t n, int64_t c, int64_t h,
+                                  int64_t w) {
+  std::vector<float> out(v.size());
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t k = 0; k < c; ++k)
+      for (int64_t y = 0; y < h; ++y)
+        for (int64_t x = 0; x < w; ++x)
+          out[static_cast<size_t>(((b * c + k) * h + y) * w + x)] =
+              v[static_cast<size_t>(((b * h + y) * w + x) * c + k)];
+  return out;
+}
+
+/// Values in [lo, hi) rounded to multiples of `step`, so max pooling and argmax see ties.
+inline std::vector<float> quantized(int64_t n, uint64_t seed, float lo, float hi, float step) {
+  auto v = dptest::random_vector(n, seed, lo, hi);
+  for (auto& x : v) x = step * static_cast<float>(static_cast<int>(x / step));
+  return v;
+}
+
+/// Plugins: $DPRUN_PLUGIN_DIR (the GPU machine, where the build tree is elsewhere), else the
+/// build tree's plugin folder.
+inline std::string plugin_dir() {
+  if (const char* env = std::getenv("DPRUN_PLUGIN_DIR"); env != nullptr && *env != '\0') return env;
+  return DPRUN_TEST_PLUGIN_DIR;
+}
+
+/// The factory of a model from its plugin (libdprun_<model>.so).
+dp::ModelFactory model_factory(const std::string& model);
+
+}  // namespace cudatest
+
+/// Compares with the tolerance of an op test: |a-b| <= rel * max(|a|, |b|, 1).
+#define CUDA_CHECK_CLOSE(actual, expected, rel)                           \
+  do {                                                                    \
+    auto cmp_ = ::dptest::compare((actual), (expected), (rel), 0.0, 1.0); \
+    INFO(cmp_.message);                                                   \
+    CHECK(cmp_.ok);                                                       \
+  } while (0)

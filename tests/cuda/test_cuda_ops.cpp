@@ -1,0 +1,527 @@
+// Every op of the CUDA backend against the CPU backend (the reference) on random inputs, several
+// shapes including odd sizes, exact fp32 (TF32 off). NHWC runs of the CUDA backend are compared
+// with the same CPU (NCHW) results after a host transpose.
+//
+// Tolerances: |a - b| <= rel * max(|a|, |b|, 1) with rel = 1e-4 unless stated. Both sides
+// compute in fp32 with different summation orders (cuDNN/cuBLAS tiles vs. im2col + BLAS); a dot
+// product of m terms of size <= 1 differs by about m * 2^-24 in the worst case, i.e. < 3e-5 for
+// the largest reductions here (m <= 500), so 1e-4 catches any real error (TF32 alone would be
+// ~1e-3) without failing on rounding.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "dp/backend.hpp"
+#include "dp/error.hpp"
+#include "support/check.hpp"
+
+using cudatest::backends;
+using cudatest::to_nchw;
+using cudatest::to_nhwc;
+using cudatest::Twin;
+using dp::DType;
+using dp::Layout;
+
+namespace {
+
+constexpr double kRel = 1e-4;
+
+const char* name(Layout l) { return l == Layout::nhwc ? "nhwc" : "nchw"; }
+
+/// A rank-4 activation twin: uploads NCHW host data to the CPU and the GPU's layout to the GPU.
+struct Act {
+  int64_t n, c, h, w;
+  Layout layout;
+  Twin t;
+  Act(int64_t n_, int64_t c_, int64_t h_, int64_t w_, Layout l)
+      : n(n_), c(c_), h(h_), w(w_), layout(l), t({n_, c_, h_, w_}, DType::f32, l) {}
+  void set(const std::vector<float>& v) {
+    t.cpu.upload(v);
+    t.gpu.upload(layout == Layout::nhwc ? to_nhwc(v, n, c, h, w) : v);
+  }
+  std::vector<float> cpu() const { return t.cpu.download_f32(); }
+  /// The GPU result in NCHW order.
+  std::vector<float> gpu() const {
+    auto v = t.gpu.download_f32();
+    return layout == Layout::nhwc ? to_nchw(v, n, c, h, w) : v;
+  }
+  const dp::Tensor& c_() const { return t.c(); }
+  const dp::Tensor& g_() const { return t.g(); }
+};
+
+/// A flat twin (parameters, per-channel vectors, matrices).
+struct Flat {
+  Twin t;
+  explicit Flat(dp::Shape s, DType d = DType::f32) : t(s, d) {}
+  void set(const std::vector<float>& v) {
+    t.cpu.upload(v);
+    t.gpu.upload(v);
+  }
+  void set(const std::vector<int32_t>& v) {
+    t.cpu.upload(v);
+    t.gpu.upload(v);
+  }
+  std::vector<float> cpu() const { return t.cpu.download_f32(); }
+  std::vector<float> gpu() const { return t.gpu.download_f32(); }
+};
+
+// ---- convolution
+// ---------------------------------------------------------------------------------
+
+struct ConvCase {
+  int64_t plan_n, n, c, h, w, k, r, s, stride, pad;
+  bool bias;
+};
+
+void check_conv(const ConvCase& cc, Layout layout) {
+  auto& B = backends();
+  INFO("conv n=" << cc.n << " (plan " << cc.plan_n << ") c=" << cc.c << " " << cc.h << "x" << cc.w
+                 << " k=" << cc.k << " " << cc.r << "x" << cc.s << " stride " << cc.stride
+                 << " pad " << cc.pad << " bias " << cc.bias << " " << name(layout));
+  dp::ConvGeometry g;
+  g.max_batch = cc.plan_n;
+  g.in_channels = cc.c;
+  g.in_h = cc.h;
+  g.in_w = cc.w;
+  g.out_channels = cc.k;
+  g.kernel_h = cc.r;
+  g.kernel_w = cc.s;
+  g.stride_h = g.stride_w = cc.stride;
+  g.pad_h = g.pad_w = cc.pad;
+  auto cpu_plan = B.cpu->plan_conv(g);
+  g.layout = layout;
+  auto gpu_plan = B.gpu->plan_conv(g);
+  const int64_t p = g.out_h(), q = g.out_w();
+
+  Act x(cc.n, cc.c, cc.h, cc.w, layout), dx(cc.n, cc.c, cc.h, cc.w, layout);
+  Act y(cc.n, cc.k, p, q, layout), dy(cc.n, cc.k, p, q, layout);
+  Flat w({cc.k, cc.c, cc.r, cc.s}), dw({cc.k, cc.c, cc.r, cc.s}), b({cc.k}), db({cc.k});
+  x.set(dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 11));
+  w.set(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 12, -0.5f, 0.5f));
+  b.set(dptest::random_vector(cc.k, 13));
+  dy.set(dptest::random_vector(cc.n * cc.k * p * q, 14));
+
+  const dp::Tensor* bc = cc.bias ? &b.t.c() : nullptr;
+  const dp::Tensor* bg = cc.bias ? &b.t.g() : nullptr;
+  B.cpu->conv_forward(*cpu_plan, x.c_(), w.t.c(), bc, y.c_());
+  B.gpu->conv_forward(*gpu_plan, x.g_(), w.t.g(), bg, y.g_());
+  CUDA_CHECK_CLOSE(y.gpu(), y.cpu(), kRel);
+
+  B.cpu->conv_backward_data(*cpu_plan, dy.c_(), w.t.c(), dx.c_());
+  B.gpu->conv_backward_data(*gpu_plan, dy.g_(), w.t.g(), dx.g_());
+  CUDA_CHECK_CLOSE(dx.gpu(), dx.cpu(), kRel);
+
+  const dp::Tensor* dbc = cc.bias ? &db.t.c() : nullptr;
+  const dp::Tensor* dbg = cc.bias ? &db.t.g() : nullptr;
+  B.cpu->conv_backward_filter(*cpu_plan, x.c_(), dy.c_(), dw.t.c(), dbc);
+  B.gpu->conv_backward_filter(*gpu_plan, x.g_(), dy.g_(), dw.t.g(), dbg);
+  CUDA_CHECK_CLOSE(dw.gpu(), dw.cpu(), kRel);
+  if (cc.bias) CUDA_CHECK_CLOSE(db.gpu(), db.cpu(), kRel);
+}
+
+}  // namespace
+
+TEST_CASE("cuda conv forward/backward match the cpu backend", "[cuda]") {
+  const std::vector<ConvCase> cases = {
+      {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, true},      // odd sizes, same padding
+      {4, 4, 3, 9, 9, 4, 5, 5, 2, 2, true},      // strided, large kernel
+      {2, 2, 20, 12, 12, 50, 5, 5, 1, 0, true},  // LeNet's second convolution (500-term sums)
+      {5, 5, 8, 8, 8, 16, 1, 1, 2, 0, false},    // ResNet's 1x1 strided shortcut, no bias
+      {8, 3, 1, 28, 28, 6, 3, 3, 1, 1, true},    // batch smaller than the plan's (a last batch)
+      {2, 2, 64, 7, 7, 64, 3, 3, 1, 1, true},    // wide channels
+  };
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    for (const auto& cc : cases) check_conv(cc, layout);
+  }
+}
+
+// ---- linear
+// --------------------------------------------------------------------------------------
+
+TEST_CASE("cuda linear forward/backward match the cpu backend", "[cuda]") {
+  auto& B = backends();
+  struct Case {
+    int64_t n, in, out;
+  };
+  for (const Case cc : {Case{7, 33, 5}, Case{256, 800, 128}, Case{1, 3, 2}, Case{65, 128, 10}}) {
+    INFO("linear n=" << cc.n << " in=" << cc.in << " out=" << cc.out);
+    Flat x({cc.n, cc.in}), w({cc.out, cc.in}), b({cc.out}), y({cc.n, cc.out});
+    Flat dy({cc.n, cc.out}), dx({cc.n, cc.in}), dw({cc.out, cc.in}), db({cc.out});
+    x.set(dptest::random_vector(cc.n * cc.in, 21));
+    w.set(dptest::random_vector(cc.out * cc.in, 22, -0.2f, 0.2f));
+    b.set(dptest::random_vector(cc.out, 23));
+    dy.set(dptest::random_vector(cc.n * cc.out, 24));
+    B.cpu->linear_forward(x.t.c(), w.t.c(), &b.t.c(), y.t.c());
+    B.gpu->linear_forward(x.t.g(), w.t.g(), &b.t.g(), y.t.g());
+    CUDA_CHECK_CLOSE(y.gpu(), y.cpu(), kRel);
+    B.cpu->linear_forward(x.t.c(), w.t.c(), nullptr, y.t.c());
+    B.gpu->linear_forward(x.t.g(), w.t.g(), nullptr, y.t.g());
+    CUDA_CHECK_CLOSE(y.gpu(), y.cpu(), kRel);
+
+    B.cpu->linear_backward(x.t.c(), w.t.c(), dy.t.c(), &dx.t.c(), dw.t.c(), &db.t.c());
+    B.gpu->linear_backward(x.t.g(), w.t.g(), dy.t.g(), &dx.t.g(), dw.t.g(), &db.t.g());
+    CUDA_CHECK_CLOSE(dx.gpu(), dx.cpu(), kRel);
+    CUDA_CHECK_CLOSE(dw.gpu(), dw.cpu(), kRel);
+    CUDA_CHECK_CLOSE(db.gpu(), db.cpu(), kRel);
+    // Without dx and db (the first layer): dw alone.
+    dw.set(std::vector<float>(static_cast<size_t>(cc.out * cc.in), 7.0f));
+    B.gpu->linear_backward(x.t.g(), w.t.g(), dy.t.g(), nullptr, dw.t.g(), nullptr);
+    CUDA_CHECK_CLOSE(dw.gpu(), dw.cpu(), kRel);
+  }
+}
+
+// ---- batch norm
+// ---------------------------------------------------------------------------------- Tolerance 1e-4
+// as everywhere: the statistics are sums of <= 1568 values per channel, computed in a different
+// order (and cuDNN may use a one-pass variance); inputs have a non-zero mean (0.5) to expose a
+// naive one-pass variance, whose error would show here.
+
+namespace {
+void check_batchnorm(int64_t n, int64_t c, int64_t h, int64_t w, bool rank2, Layout layout) {
+  auto& B = backends();
+  INFO("batchnorm (" << n << ", " << c << ", " << h << ", " << w << ") rank2 " << rank2 << " "
+                     << name(layout));
+  const int64_t numel = n * c * h * w;
+  auto make = [&]() {
+    return rank2 ? std::make_unique<Act>(n, c, 1, 1, Layout::nchw)
+                 : std::make_unique<Act>(n, c, h, w, layout);
+  };
+  // Rank-2 (N, C) inputs use a flat twin viewed as (N, C).
+  std::unique_ptr<Flat> x2, y2, dy2, dx2;
+  std::unique_ptr<Act> x4, y4, dy4, dx4;
+  if (rank2) {
+    x2 = std::make_unique<Flat>(dp::Shape{n, c});
+    y2 = std::make_unique<Flat>(dp::Shape{n, c});
+    dy2 = std::make_unique<Flat>(dp::Shape{n, c});
+    dx2 = std::make_unique<Flat>(dp::Shape{n, c});
+  } else {
+    x4 = make();
+    y4 = make();
+    dy4 = make();
+    dx4 = make();
+  }
+  auto set = [&](auto& a4, auto& a2, const std::vector<float>& v) {
+    if (rank2)
+      a2->set(v);
+    else
+      a4->set(v);
+  };
+  auto tc = [&](auto& a4, auto& a2) -> const dp::Tensor& { return rank2 ? a2->t.c() : a4->c_(); };
+  auto tg = [&](auto& a4, auto& a2) -> const dp::Tensor& { return rank2 ? a2->t.g() : a4->g_(); };
+  auto gpu = [&](auto& a4, auto& a2) { return rank2 ? a2->gpu() : a4->gpu(); };
+  auto cpu = [&](auto& a4, auto& a2) { return rank2 ? a2->cpu() : a4->cpu(); };
+
+  auto xv = dptest::random_vector(numel, 31, -1.5f, 2.5f);
+  set(x4, x2, xv);
+  set(dy4, dy2, dptest::random_vector(numel, 32));
+  Flat gamma({c}), beta({c}), rmean({c}), rvar({c}), smean({c}), sinv({c}), dgamma({c}), dbeta({c});
+  gamma.set(dptest::random_vector(c, 33, 0.5f, 1.5f));
+  beta.set(dptest::random_vector(c, 34));
+  rmean.set(dptest::random_vector(c, 35));
+  rvar.set(dptest::random_vector(c, 36, 0.5f, 1.5f));
+  const float momentum = 0.1f, eps = 1e-5f;
+
+  B.cpu->batchnorm_forward_train(tc(x4, x2), gamma.t.c(), beta.t.c(), rmean.t.c(), rvar.t.c(),
+                                 momentum, eps, smean.t.c(), sinv.t.c(), tc(y4, y2));
+  B.gpu->batchnorm_forward_train(tg(x4, x2), gamma.t.g(), beta.t.g(), rmean.t.g(), rvar.t.g(),
+                                 momentum, eps, smean.t.g(), sinv.t.g(), tg(y4, y2));
+  CUDA_CHECK_CLOSE(gpu(y4, y2), cpu(y4, y2), kRel);
+  CUDA_CHECK_CLOSE(rmean.gpu(), rmean.cpu(), kRel);
+  CUDA_CHECK_CLOSE(rvar.gpu(), rvar.cpu(), kRel);
+  CUDA_CHECK_CLOSE(smean.gpu(), smean.cpu(), kRel);
+  CUDA_CHECK_CLOSE(sinv.gpu(), sinv.cpu(), kRel);
+
+  B.cpu->batchnorm_backward(tc(x4, x2), tc(dy4, dy2), gamma.t.c(), smean.t.c(), sinv.t.c(),
+                            tc(dx4, dx2), dgamma.t.c(), dbeta.t.c());
+  B.gpu->batchnorm_backward(tg(x4, x2), tg(dy4, dy2), gamma.t.g(), smean.t.g(), sinv.t.g(),
+                            tg(dx4, dx2), dgamma.t.g(), dbeta.t.g());
+  CUDA_CHECK_CLOSE(gpu(dx4, dx2), cpu(dx4, dx2), kRel);
+  CUDA_CHECK_CLOSE(dgamma.gpu(), dgamma.cpu(), kRel);
+  CUDA_CHECK_CLOSE(dbeta.gpu(), dbeta.cpu(), kRel);
+
+  B.cpu->batchnorm_forward_infer(tc(x4, x2), gamma.t.c(), beta.t.c(), rmean.t.c(), rvar.t.c(), eps,
+                                 tc(y4, y2));
+  B.gpu->batchnorm_forward_infer(tg(x4, x2), gamma.t.g(), beta.t.g(), rmean.t.g(), rvar.t.g(), eps,
+                                 tg(y4, y2));
+  CUDA_CHECK_CLOSE(gpu(y4, y2), cpu(y4, y2), kRel);
+}
+}  // namespace
+
+TEST_CASE("cuda batch norm matches the cpu backend", "[cuda]") {
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    check_batchnorm(4, 3, 5, 5, false, layout);
+    check_batchnorm(8, 16, 7, 7, false, layout);
+    check_batchnorm(32, 64, 7, 7, false, layout);  // 1568 values per channel
+    check_batchnorm(3, 5, 2, 1, false, layout);
+  }
+  check_batchnorm(6, 10, 1, 1, true, Layout::nchw);  // (N, C), BatchNorm1d-style
+}
+
+// ---- pooling
+// -------------------------------------------------------------------------------------
+
+namespace {
+struct PoolCase {
+  int64_t n, c, h, w, k, stride, pad;
+};
+
+void check_pool(const PoolCase& pc, bool max, Layout layout) {
+  auto& B = backends();
+  INFO((max ? "maxpool" : "avgpool")
+       << " (" << pc.n << ", " << pc.c << ", " << pc.h << ", " << pc.w << ") kernel " << pc.k
+       << " stride " << pc.stride << " pad " << pc.pad << " " << name(layout));
+  dp::PoolGeometry g;
+  g.kernel_h = g.kernel_w = pc.k;
+  g.stride_h = g.stride_w = pc.stride;
+  g.pad_h = g.pad_w = pc.pad;
+  const int64_t p = g.out_h(pc.h), q = g.out_w(pc.w);
+  Act x(pc.n, pc.c, pc.h, pc.w, layout), dx(pc.n, pc.c, pc.h, pc.w, layout);
+  Act y(pc.n, pc.c, p, q, layout), dy(pc.n, pc.c, p, q, layout);
+  // Quantised inputs make ties common: the first maximum must win on both backends.
+  x.set(cudatest::quantized(pc.n * pc.c * pc.h * pc.w, 41, -1.0f, 1.0f, 0.25f));
+  dy.set(dptest::random_vector(pc.n * pc.c * p * q, 42));
+  if (max) {
+    B.cpu->maxpool_forward(g, x.c_(), y.c_());
+    B.gpu->maxpool_forward(g, x.g_(), y.g_());
+  } else {
+    B.cpu->avgpool_forward(g, x.c_(), y.c_());
+    B.gpu->avgpool_forward(g, x.g_(), y.g_());
+  }
+  CUDA_CHECK_CLOSE(y.gpu(), y.cpu(), kRel);
+  if (max) {
+    B.cpu->maxpool_backward(g, x.c_(), y.c_(), dy.c_(), dx.c_());
+    B.gpu->maxpool_backward(g, x.g_(), y.g_(), dy.g_(), dx.g_());
+  } else {
+    B.cpu->avgpool_backward(g, dy.c_(), dx.c_());
+    B.gpu->avgpool_backward(g, dy.g_(), dx.g_());
+  }
+  CUDA_CHECK_CLOSE(dx.gpu(), dx.cpu(), kRel);
+}
+}  // namespace
+
+TEST_CASE("cuda pooling matches the cpu backend (ties: first maximum)", "[cuda]") {
+  const std::vector<PoolCase> cases = {
+      {3, 4, 8, 8, 2, 2, 0},  // LeNet's 2x2
+      {2, 3, 9, 7, 3, 2, 1},  // ResNet-style 3x3 stride 2 pad 1, odd sizes
+      {2, 2, 5, 6, 3, 1, 1},  // overlapping windows
+      {1, 5, 7, 7, 2, 2, 0},  // odd input: the last row/column is dropped
+  };
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    for (const auto& pc : cases) {
+      check_pool(pc, false, layout);
+      check_pool(pc, true, layout);
+    }
+  }
+}
+
+TEST_CASE("cuda global average pooling matches the cpu backend", "[cuda]") {
+  auto& B = backends();
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    for (auto [n, c, h, w] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 5, 7, 7},
+                              {2, 512, 4, 4},
+                              {4, 3, 1, 1},
+                              {1, 33, 28, 28}}) {
+      INFO("global avgpool (" << n << ", " << c << ", " << h << ", " << w << ") " << name(layout));
+      Act x(n, c, h, w, layout), dx(n, c, h, w, layout);
+      Act y(n, c, 1, 1, layout), dy(n, c, 1, 1, layout);
+      x.set(dptest::random_vector(n * c * h * w, 51));
+      dy.set(dptest::random_vector(n * c, 52));
+      B.cpu->global_avgpool_forward(x.c_(), y.c_());
+      B.gpu->global_avgpool_forward(x.g_(), y.g_());
+      CUDA_CHECK_CLOSE(y.gpu(), y.cpu(), kRel);
+      B.cpu->global_avgpool_backward(dy.c_(), dx.c_());
+      B.gpu->global_avgpool_backward(dy.g_(), dx.g_());
+      CUDA_CHECK_CLOSE(dx.gpu(), dx.cpu(), kRel);
+    }
+  }
+}
+
+// ---- elementwise
+// ---------------------------------------------------------------------------------
+
+TEST_CASE("cuda relu, add, scale, fill match the cpu backend", "[cuda]") {
+  auto& B = backends();
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{65537}}) {
+    INFO("n = " << n);
+    Flat a({n}), b({n}), y({n}), dy({n}), dx({n});
+    a.set(cudatest::quantized(n, 61, -1.0f, 1.0f, 0.125f));  // exact zeros occur
+    b.set(dptest::random_vector(n, 62));
+    dy.set(dptest::random_vector(n, 63));
+    B.cpu->relu_forward(a.t.c(), y.t.c());
+    B.gpu->relu_forward(a.t.g(), y.t.g());
+    CHECK(y.gpu() == y.cpu());
+    B.cpu->relu_backward(y.t.c(), dy.t.c(), dx.t.c());
+    B.gpu->relu_backward(y.t.g(), dy.t.g(), dx.t.g());
+    CHECK(dx.gpu() == dx.cpu());
+    // In place: y aliases x, dx aliases dy.
+    B.gpu->relu_backward(y.t.g(), dy.t.g(), dy.t.g());
+    CHECK(dy.gpu() == dx.cpu());
+    B.gpu->relu_forward(a.t.g(), a.t.g());
+    CHECK(a.gpu() == y.cpu());
+
+    B.cpu->add(a.t.c(), b.t.c(), y.t.c());
+    B.gpu->add(a.t.g(), b.t.g(), y.t.g());
+    CHECK(y.gpu() == y.cpu());
+    B.cpu->add(y.t.c(), b.t.c(), y.t.c());
+    B.gpu->add(y.t.g(), b.t.g(), y.t.g());
+    CHECK(y.gpu() == y.cpu());
+    B.cpu->scale(y.t.c(), -0.37f);
+    B.gpu->scale(y.t.g(), -0.37f);
+    CHECK(y.gpu() == y.cpu());
+    B.gpu->fill(y.t.g(), 2.5f);
+    CHECK(y.gpu() == std::vector<float>(static_cast<size_t>(n), 2.5f));
+  }
+  dptest::DeviceBuffer ints(*backends().gpu, {17}, DType::i32);
+  backends().gpu->fill(ints.tensor(), 3.0f);
+  CHECK(ints.download_i32() == std::vector<int32_t>(17, 3));
+}
+
+// ---- loss
+// ----------------------------------------------------------------------------------------
+
+TEST_CASE("cuda softmax cross-entropy and count_correct match the cpu backend", "[cuda]") {
+  auto& B = backends();
+  struct Case {
+    int64_t n, k;
+    float scale;
+  };
+  for (const Case cc : {Case{37, 10, 1.0f / 37}, Case{256, 10, 1.0f / 512}, Case{5, 100, 1.0f},
+                        Case{1, 2, 0.5f}, Case{2000, 10, 1.0f / 2000}}) {
+    INFO("softmax xent n=" << cc.n << " k=" << cc.k);
+    Flat logits({cc.n, cc.k}), dlogits({cc.n, cc.k}), labels({cc.n}, DType::i32);
+    Flat loss({1}), correct({1}, DType::i32);
+    // Quantised logits: ties in the argmax (the first maximum wins).
+    logits.set(cudatest::quantized(cc.n * cc.k, 71, -3.0f, 3.0f, 0.5f));
+    std::vector<int32_t> lab(static_cast<size_t>(cc.n));
+    const auto r = dptest::random_vector(cc.n, 72, 0.0f, static_cast<float>(cc.k));
+    for (size_t i = 0; i < lab.size(); ++i)
+      lab[i] = std::min<int32_t>(static_cast<int32_t>(r[i]), static_cast<int32_t>(cc.k - 1));
+    labels.set(lab);
+    B.cpu->softmax_cross_entropy(logits.t.c(), labels.t.c(), cc.scale, dlogits.t.c(), loss.t.c(),
+                                 correct.t.c());
+    B.gpu->softmax_cross_entropy(logits.t.g(), labels.t.g(), cc.scale, dlogits.t.g(), loss.t.g(),
+                                 correct.t.g());
+    // The gradient is scaled by grad_scale: compare relative to its size.
+    auto cmp = dptest::compare(dlogits.gpu(), dlogits.cpu(), kRel, 0.0, cc.scale);
+    INFO(cmp.message);
+    CHECK(cmp.ok);
+    CUDA_CHECK_CLOSE(loss.gpu(), loss.cpu(), kRel);
+    const int32_t cpu_correct = correct.t.cpu.download_i32()[0];
+    CHECK(correct.t.gpu.download_i32()[0] == cpu_correct);
+    correct.set(std::vector<int32_t>{-5});
+    B.gpu->count_correct(logits.t.g(), labels.t.g(), correct.t.g());
+    CHECK(correct.t.gpu.download_i32()[0] == cpu_correct);
+  }
+}
+
+// ---- optimizer
+// -----------------------------------------------------------------------------------
+
+TEST_CASE("cuda sgd_update matches the cpu backend (PyTorch semantics)", "[cuda]") {
+  auto& B = backends();
+  const int64_t n = 10007;
+  for (auto sgd : {dp::SgdParams{0.1f, 0.0f, 0.0f}, dp::SgdParams{0.05f, 0.9f, 5e-4f},
+                   dp::SgdParams{0.2f, 0.0f, 1e-2f}}) {
+    INFO("lr " << sgd.lr << " momentum " << sgd.momentum << " wd " << sgd.weight_decay);
+    Flat p({n}), g({n}), buf({n});
+    p.set(dptest::random_vector(n, 81));
+    buf.set(std::vector<float>(static_cast<size_t>(n), 0.0f));
+    for (int step = 0; step < 3; ++step) {
+      g.set(dptest::random_vector(n, 82 + static_cast<uint64_t>(step)));
+      const dp::Tensor* bc = sgd.momentum != 0.0f ? &buf.t.c() : nullptr;
+      const dp::Tensor* bg = sgd.momentum != 0.0f ? &buf.t.g() : nullptr;
+      B.cpu->sgd_update(p.t.c(), g.t.c(), bc, sgd);
+      B.gpu->sgd_update(p.t.g(), g.t.g(), bg, sgd);
+    }
+    CUDA_CHECK_CLOSE(p.gpu(), p.cpu(), 1e-6);
+    CUDA_CHECK_CLOSE(buf.gpu(), buf.cpu(), 1e-6);
+    CHECK(g.gpu() == g.cpu());  // gradients are not modified
+  }
+}
+
+// ---- data
+// ----------------------------------------------------------------------------------------
+
+TEST_CASE("cuda gather_batch matches the cpu backend in both layouts", "[cuda]") {
+  auto& B = backends();
+  const int64_t m = 50, c = 1, h = 28, w = 28, n = 13;
+  std::vector<uint8_t> images(static_cast<size_t>(m * c * h * w)), labels(static_cast<size_t>(m));
+  const auto r = dptest::random_vector(m * c * h * w + m, 91, 0.0f, 256.0f);
+  for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>(r[i]);
+  for (size_t i = 0; i < labels.size(); ++i)
+    labels[i] = static_cast<uint8_t>(static_cast<int>(r[images.size() + i]) % 10);
+  Twin img({m, c, h, w}, DType::u8), lab({m}, DType::u8);
+  for (auto* t : {&img, &lab}) {
+    const auto& src = t == &img ? images : labels;
+    B.cpu->upload(t->c().data, src.data(), src.size());
+    B.gpu->upload(t->g().data, src.data(), src.size());
+  }
+  std::vector<int32_t> idx = {49, 0, 7, 7, 23, 1, 48, 30, 12, 5, 44, 2, 19};
+  Flat indices({n}, DType::i32);
+  indices.set(idx);
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    INFO(name(layout));
+    Act x(n, c, h, w, layout);
+    Flat y({n}, DType::i32);
+    B.cpu->gather_batch(img.c(), lab.c(), indices.t.c(), x.c_(), y.t.c());
+    B.gpu->gather_batch(img.g(), lab.g(), indices.t.g(), x.g_(), y.t.g());
+    CUDA_CHECK_CLOSE(x.gpu(), x.cpu(), 1e-6);
+    CHECK(y.t.gpu.download_i32() == y.t.cpu.download_i32());
+  }
+  // A 3-channel dataset exercises the NHWC index arithmetic with C > 1.
+  const int64_t c3 = 3;
+  Twin img3({m, c3, 4, 5}, DType::u8);
+  std::vector<uint8_t> images3(static_cast<size_t>(m * c3 * 4 * 5));
+  for (size_t i = 0; i < images3.size(); ++i) images3[i] = static_cast<uint8_t>(i * 7 % 251);
+  B.cpu->upload(img3.c().data, images3.data(), images3.size());
+  B.gpu->upload(img3.g().data, images3.data(), images3.size());
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    Act x(n, c3, 4, 5, layout);
+    Flat y({n}, DType::i32);
+    B.cpu->gather_batch(img3.c(), lab.c(), indices.t.c(), x.c_(), y.t.c());
+    B.gpu->gather_batch(img3.g(), lab.g(), indices.t.g(), x.g_(), y.t.g());
+    CUDA_CHECK_CLOSE(x.gpu(), x.cpu(), 1e-6);
+  }
+}
+
+// ---- memory and errors
+// ---------------------------------------------------------------------------
+
+TEST_CASE("cuda memory accounting, copy, upload and download", "[cuda]") {
+  auto& gpu = *backends().gpu;
+  CHECK(gpu.name() == "cuda");
+  CHECK(gpu.device().kind == dp::DeviceKind::cuda);
+  CHECK(!gpu.device_description().empty());
+  const size_t before = gpu.memory_in_use();
+  void* p = gpu.allocate(size_t{3} << 20);
+  CHECK(reinterpret_cast<uintptr_t>(p) % 256 == 0);
+  CHECK(gpu.memory_in_use() == before + (size_t{3} << 20));
+  CHECK(gpu.peak_memory() >= gpu.memory_in_use());
+  void* q = gpu.allocate(size_t{3} << 20);
+  const auto v = dptest::random_vector(size_t{3} << 18, 99);
+  gpu.upload(p, v.data(), v.size() * sizeof(float));
+  gpu.copy(q, p, v.size() * sizeof(float));
+  std::vector<float> back(v.size());
+  gpu.download(back.data(), q, back.size() * sizeof(float));
+  CHECK(back == v);
+  gpu.release(q);
+  gpu.release(p);
+  CHECK(gpu.memory_in_use() == before);
+}
+
+TEST_CASE("cuda backend errors name the op and the problem", "[cuda]") {
+  auto& gpu = *backends().gpu;
+  dptest::DeviceBuffer x(gpu, {2, 3, 4, 4}), y(gpu, {2, 3, 3, 3});
+  dp::PoolGeometry g;  // 2x2 stride 2: (4, 4) -> (2, 2), not (3, 3)
+  CHECK_THROWS_WITH(gpu.avgpool_forward(g, x.tensor(), y.tensor()),
+                    Catch::Contains("avgpool_forward") && Catch::Contains("y has shape"));
+  dptest::DeviceBuffer logits(gpu, {4, 10}), labels_f32(gpu, {4}), c(gpu, {1}, DType::i32);
+  CHECK_THROWS_WITH(gpu.count_correct(logits.tensor(), labels_f32.tensor(), c.tensor()),
+                    Catch::Contains("labels") && Catch::Contains("i32"));
+  dp::BackendOptions bad;
+  bad.kind = dp::BackendKind::cuda;
+  bad.device_index = 999;
+  CHECK_THROWS_WITH(dp::create_backend(bad), Catch::Contains("device 999 does not exist"));
+}
