@@ -340,7 +340,9 @@ class SweepRun {
     if (!started_) start(nullptr, request);
     store_.finish_trial(trial_id_, out.status, out.message);
     progress_.trial_finished(out.status, out.message);
-    if (out.status == dps::TrialStatus::failed && !options_.verbose && !child.stderr_tail().empty())
+    // A crash leaves no error record: show what the process said last (its own error record
+    // already carries the message).
+    if (out.status == dps::TrialStatus::failed && !final_ && !options_.verbose)
       for (const auto& l : child.stderr_tail()) progress_.note("  | " + l);
     return out;
   }
@@ -552,6 +554,10 @@ int run_sweep(const SweepOptions& options) {
   int index = 0;
   try {
     for (const PlannedTrial* p : to_run) {
+      if (int sig = signals.received()) {  // arrived between two trials
+        interrupted_by = sig;
+        break;
+      }
       ++index;
       TrialOutcome out = runner.run(*p->spec, *p->row, index);
       if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)

@@ -65,6 +65,8 @@ class Dprun {
     envp.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
+    // dprun runs in `dir`, so relative paths (results/NAME.db) land in the test's folder.
+    posix_spawn_file_actions_addchdir_np(&fa, dir.c_str());
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, out_file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, err_file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "cli_helpers.hpp"
+#include "dp/backend.hpp"
 
 namespace fs = std::filesystem;
 using clitest::run;
@@ -244,4 +245,31 @@ TEST_CASE("train runs one model in process and prints one line per epoch", "[cli
     }
   }
   CHECK(epoch_lines == 2);
+}
+
+TEST_CASE("default database path, query without --db, --backend override", "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  // No [experiment].database and no --db: results/<name>.db in the current folder.
+  clitest::write_file(dir.path() + "/cuda.toml", clitest::experiment_toml("cuda", data, "[1]"));
+  const bool has_gpu = dp::cuda_device_count() > 0;
+  auto r = run({"cuda.toml", "--backend", "cuda", "--threads", "1"}, dir.path());
+  const std::string db = dir.path() + "/results/cuda.db";
+  REQUIRE(fs::exists(db));
+  if (!has_gpu) {
+    // Built without CUDA, or no device: the trial fails and says why; the sweep goes on.
+    DPRUN_CHECK_EXIT(r, 1);
+    CHECK(sql1(db, "SELECT status FROM trials") == "failed");
+    CHECK(sql1(db, "SELECT error FROM trials").find("CUDA") != std::string::npos);
+  } else {
+    DPRUN_CHECK_EXIT(r, 0);
+    CHECK(sql1(db, "SELECT backend FROM trials") == "cuda");
+  }
+  // The file says cpu; --backend overrode it for the run, not in the settings.
+  CHECK(sql1(db, "SELECT backend_request FROM trials") == "cpu");
+
+  r = run({"query", "SELECT COUNT(*) AS n FROM trials"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.err.find("using results/cuda.db") != std::string::npos);
+  CHECK(r.out.find("n\n-\n1\n(1 row)") != std::string::npos);
 }
