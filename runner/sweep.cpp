@@ -143,15 +143,31 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     }
     s.model_options_json = options_json(resolved);
 
+    // The label shows the learning rate a trial runs with: with linear scaling that is the
+    // scaled one, which varies with the batch even when lr itself is not swept.
+    const bool scaled = t.text("lr_scaling", "none") == "linear";
+    auto lr_text = [&] {
+      if (!scaled) return shortest(s.lr);
+      char buf[32];  // a product: 0.1 * 768 / 256 shows as 0.3, not 0.30000000000000004
+      std::snprintf(buf, sizeof buf, "%.6g", s.lr);
+      return std::string(buf);
+    };
+    bool lr_shown = false;
     std::string label;
     for (const auto& axis : v.axes) {
       for (const auto& key : axis.keys) {
         // An option of another model does not apply to this trial.
         if (key.rfind("model.", 0) == 0 && key.rfind(option_prefix, 0) != 0) continue;
         if (!label.empty()) label += " ";
-        label += key + "=" + display(t.get(key)->value);
+        if (key == "lr") {
+          label += "lr=" + lr_text();
+          lr_shown = true;
+        } else {
+          label += key + "=" + display(t.get(key)->value);
+        }
       }
     }
+    if (scaled && !lr_shown && !v.axes.empty()) label += " lr=" + lr_text();
 
     TrialSpec spec;
     spec.settings = s;

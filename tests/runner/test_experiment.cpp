@@ -243,6 +243,12 @@ batch_size = [256, 512, 1024]
   CHECK(ex.trials[0].settings.lr == Approx(0.1));
   CHECK(ex.trials[1].settings.lr == Approx(0.2));
   CHECK(ex.trials[2].settings.lr == Approx(0.4));
+  // The label shows the learning rate the trial runs with.
+  CHECK(ex.trials[1].label == "gpus=2 batch_size=512 lr=0.2");
+  auto odd = parse(kHead +
+                   "[train]\nmodel = \"lenet\"\nlr_scaling = \"linear\"\n[sweep]\n"
+                   "batch_size = [768]\n");
+  CHECK(odd.trials[0].label == "batch_size=768 lr=0.3");
 
   auto base = parse(kHead + R"([train]
 model = "lenet"
@@ -627,6 +633,7 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
     CHECK(scaling.trials[i].settings.lr == Approx(lrs[i]));
     CHECK(scaling.trials[i].settings.epochs == 10);
   }
+  CHECK(scaling.trials[1].label == "model=lenet lr=0.4 gpus=2 batch_size=512");
 
   CHECK_THROWS_WITH(dprun::load_experiment(dir + "no-such-file.toml", fake_catalog()),
                     Catch::Contains("cannot read experiment file"));
