@@ -20,9 +20,10 @@ namespace dp::cpu {
 
 namespace {
 
-// Large enough for the GEMM to amortise packing, small enough that one chunk's columns stay
-// near the L2/L3 caches (tuned with bench_cpu_ops on LeNet and ResNet-18 shapes).
-constexpr int64_t kTargetColumns = 2048;
+// Columns per chunk: OpenBLAS's SGEMM reaches its best speed on LeNet's conv2 shapes from about
+// 600 columns (8 images) and slows past a few thousand, when a chunk's columns no longer stay in
+// the L2/L3 caches between im2col and the GEMM (measured with bench_cpu_ops).
+constexpr int64_t kTargetColumns = 640;
 constexpr int64_t kMaxColumnBytes = int64_t{4} << 20;
 
 struct ConvShape {
@@ -51,7 +52,8 @@ void valid_range(int64_t q_count, int64_t stride, int64_t pad, int64_t s, int64_
 
 // One image x (C, H, W) -> columns (C*R*S rows, leading dimension ld), its P*Q columns starting
 // at column `offset`. Padding reads as zero.
-void im2col(const ConvShape& cs, const float* x, float* columns, int64_t ld, int64_t offset) {
+void im2col(const ConvShape& cs, const float* __restrict x, float* __restrict columns, int64_t ld,
+            int64_t offset) {
   for (int64_t c = 0; c < cs.c; ++c) {
     for (int64_t r = 0; r < cs.r; ++r) {
       for (int64_t s = 0; s < cs.s; ++s) {
@@ -66,13 +68,16 @@ void im2col(const ConvShape& cs, const float* x, float* columns, int64_t ld, int
             continue;
           }
           const float* src = x + (c * cs.h + ih) * cs.w - cs.pw + s;
-          std::fill(d, d + lo, 0.0f);
+          // Plain loops, not std::copy/std::fill: rows are short (9 floats in LeNet's conv2),
+          // where a memmove call costs several times the copy itself.
+          for (int64_t q = 0; q < lo; ++q) d[q] = 0.0f;
           if (cs.sw == 1) {
-            std::copy(src + lo, src + hi, d + lo);
+#pragma omp simd
+            for (int64_t q = lo; q < hi; ++q) d[q] = src[q];
           } else {
             for (int64_t q = lo; q < hi; ++q) d[q] = src[q * cs.sw];
           }
-          std::fill(d + hi, d + cs.q, 0.0f);
+          for (int64_t q = hi; q < cs.q; ++q) d[q] = 0.0f;
         }
       }
     }
@@ -80,7 +85,8 @@ void im2col(const ConvShape& cs, const float* x, float* columns, int64_t ld, int
 }
 
 // The adjoint of im2col: dx (C, H, W) += the columns of one image, summed where windows overlap.
-void col2im(const ConvShape& cs, const float* columns, int64_t ld, int64_t offset, float* dx) {
+void col2im(const ConvShape& cs, const float* __restrict columns, int64_t ld, int64_t offset,
+            float* __restrict dx) {
   for (int64_t c = 0; c < cs.c; ++c) {
     for (int64_t r = 0; r < cs.r; ++r) {
       for (int64_t s = 0; s < cs.s; ++s) {
@@ -92,7 +98,12 @@ void col2im(const ConvShape& cs, const float* columns, int64_t ld, int64_t offse
           if (ih < 0 || ih >= cs.h) continue;
           const float* src = src_row + p * cs.q;
           float* dst = dx + (c * cs.h + ih) * cs.w - cs.pw + s;
-          for (int64_t q = lo; q < hi; ++q) dst[q * cs.sw] += src[q];
+          if (cs.sw == 1) {
+#pragma omp simd
+            for (int64_t q = lo; q < hi; ++q) dst[q] += src[q];
+          } else {
+            for (int64_t q = lo; q < hi; ++q) dst[q * cs.sw] += src[q];
+          }
         }
       }
     }
@@ -329,6 +340,8 @@ void CpuBackend::conv_backward_filter(ConvPlan& plan_base, const Tensor& x, cons
       for (int64_t k = 0; k < cs.k; ++k) {
         const float* row = grad_out + k * ld;
         float sum = 0.0f;
+        // simd: lets the compiler keep several partial sums instead of one serial chain.
+#pragma omp simd reduction(+ : sum)
         for (int64_t j = 0; j < ld; ++j) sum += row[j];
         partial[kcrs + k] += sum;
       }
