@@ -112,9 +112,12 @@ TEST_CASE("--trial-timeout kills a hanging trial", "[cli]") {
   CHECK(s.error(1).find("timed out") != std::string::npos);
 }
 
-TEST_CASE("SIGINT stops the runner and its trial; a re-run completes it", "[cli]") {
+TEST_CASE("SIGINT or SIGTERM stops the runner and its trial; a re-run completes it", "[cli]") {
   DPRUN_NEED_DATA(data);
-  Sweep s("sigint", data, "[1, 2]");
+  const int sig = GENERATE(SIGINT, SIGTERM);
+  const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  INFO(name);
+  Sweep s("signal", data, "[1, 2]");
   clitest::Dprun runner(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@1#0"});
   REQUIRE(runner.pid() > 0);
   // The trial has written epoch 1 and now hangs: a deterministic point to interrupt.
@@ -130,13 +133,13 @@ TEST_CASE("SIGINT stops the runner and its trial; a re-run completes it", "[cli]
   const pid_t child = children[0];
   REQUIRE(clitest::process_alive(child));
 
-  ::kill(runner.pid(), SIGINT);
+  ::kill(runner.pid(), sig);
   auto r = runner.wait();
-  DPRUN_CHECK_EXIT(r, 130);
+  DPRUN_CHECK_EXIT(r, 128 + sig);
   CHECK(r.err.find("run the same command again") != std::string::npos);
   CHECK_FALSE(clitest::process_alive(child));
   CHECK(s.status(1) == "interrupted");
-  CHECK(s.error(1) == "interrupted by SIGINT");
+  CHECK(s.error(1) == "interrupted by " + name);
   CHECK(s.epochs(1) == "1");
   CHECK(s.status(2) == "pending");  // never started
 

@@ -1,0 +1,185 @@
+// The pieces of `dprun run` below the process level: the JSON codec, the trial request and the
+// record protocol between runner and trial process, filters, query formatting, did-you-mean.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "cli.hpp"
+#include "json.hpp"
+#include "report.hpp"
+#include "sweep_runner.hpp"
+#include "trial_process.hpp"
+
+using dprun::Json;
+
+TEST_CASE("json: round trip of every type, escapes and exact 64-bit integers", "[cli][protocol]") {
+  Json o = Json::object();
+  o.set("s", Json::string("tab\t quote\" backslash\\ newline\n \x01 é"));
+  o.set("big", Json::integer(9007199254740993LL));  // not representable as a double
+  o.set("neg", Json::integer(-42));
+  o.set("pi", Json::number(3.141592653589793));
+  o.set("tiny", Json::number(1e-300));
+  o.set("nan", Json::number(std::nan("")));
+  o.set("t", Json::boolean(true));
+  Json a = Json::array();
+  a.push(Json()).push(Json::boolean(false)).push(Json::object());
+  o.set("a", a);
+  const std::string text = o.dump();
+  CHECK(text.find('\n') == std::string::npos);  // one record per line
+  Json back = Json::parse(text);
+  CHECK(back.dump() == text);
+  CHECK(back.at("s").as_string() == "tab\t quote\" backslash\\ newline\n \x01 é");
+  CHECK(back.at("big").as_int() == 9007199254740993LL);
+  CHECK(back.at("neg").as_int() == -42);
+  CHECK(back.at("pi").as_double() == 3.141592653589793);
+  CHECK(back.at("tiny").as_double() == 1e-300);
+  CHECK(std::isnan(back.at("nan").as_double()));  // non-finite travels as null
+  CHECK(back.at("t").as_bool());
+  CHECK(back.at("a").items().size() == 3);
+  CHECK(Json::parse(R"("\u00e9\ud83d\ude00")").as_string() == "é\xF0\x9F\x98\x80");
+
+  CHECK_THROWS_AS(Json::parse("{\"a\":1,}"), dprun::JsonError);
+  CHECK_THROWS_AS(Json::parse("[1 2]"), dprun::JsonError);
+  CHECK_THROWS_AS(Json::parse("{\"a\":1} x"), dprun::JsonError);
+  CHECK_THROWS_AS(Json::parse("\"open"), dprun::JsonError);
+  CHECK_THROWS_AS(back.at("missing"), dprun::JsonError);
+  CHECK_THROWS_AS(back.at("s").as_int(), dprun::JsonError);
+}
+
+TEST_CASE("trial request: every field survives the trip to the trial process", "[cli][protocol]") {
+  dprun::TrialRequest r;
+  r.ordinal = 7;
+  r.settings.model = "lenet";
+  r.settings.model_options_json = R"({"hidden":64})";
+  r.settings.gpus = 4;
+  r.settings.batch_size = 1024;
+  r.settings.per_gpu_batch = 256;
+  r.settings.lr = 0.4;
+  r.settings.seed = 123456789012345LL;
+  r.settings.momentum = 0.9;
+  r.settings.weight_decay = 5e-4;
+  r.settings.layout = "nhwc";
+  r.settings.bn_mode = "sync";
+  r.settings.train_limit = 512;
+  r.settings.backend_request = "cuda";
+  r.model_options = {{"hidden", int64_t{64}},
+                     {"init_std", 1.0},  // a float that prints like an integer
+                     {"pool", std::string("max")},
+                     {"bias", true}};
+  r.data_path = "/data/fashion mnist";
+  r.plugin_dirs = {"/a", "/b"};
+  r.backend = "cpu";
+  r.oversubscribe = true;
+  r.threads = 3;
+  const auto back = dprun::request_from_json(Json::parse(dprun::request_to_json(r).dump()));
+  CHECK(back.ordinal == 7);
+  CHECK(back.settings.model == "lenet");
+  CHECK(back.settings.model_options_json == r.settings.model_options_json);
+  CHECK(back.settings.gpus == 4);
+  CHECK(back.settings.batch_size == 1024);
+  CHECK(back.settings.per_gpu_batch == 256);
+  CHECK(back.settings.lr == 0.4);
+  CHECK(back.settings.seed == 123456789012345LL);
+  CHECK(back.settings.momentum == 0.9);
+  CHECK(back.settings.weight_decay == 5e-4);
+  CHECK(back.settings.layout == "nhwc");
+  CHECK(back.settings.bn_mode == "sync");
+  CHECK(back.settings.train_limit == 512);
+  CHECK(back.settings.backend_request == "cuda");
+  CHECK(back.model_options == r.model_options);
+  CHECK(std::holds_alternative<double>(back.model_options.at("init_std")));
+  CHECK(back.data_path == r.data_path);
+  CHECK(back.plugin_dirs == r.plugin_dirs);
+  CHECK(back.backend == "cpu");
+  CHECK(back.oversubscribe);
+  CHECK(back.threads == 3);
+
+  Json broken = dprun::request_to_json(r);
+  broken.set("threads", Json::string("three"));
+  CHECK_THROWS_WITH(dprun::request_from_json(broken), Catch::Contains("\"threads\""));
+}
+
+TEST_CASE("records: encode and decode each kind", "[cli][protocol]") {
+  using K = dprun::TrialRecord::Kind;
+  dprun::TrialRecord start;
+  start.kind = K::start;
+  start.start.backend = "cuda";
+  start.start.devices = "NVIDIA H100 80GB HBM3 x2";
+  start.start.plugin_path = "/p/libdprun_lenet.so";
+  start.start.plugin_sha256 = std::string(64, 'a');
+  start.start.oversubscribed = true;
+  auto s = dprun::decode_record(dprun::encode_record(start));
+  CHECK(s.kind == K::start);
+  CHECK(s.start.devices == start.start.devices);
+  CHECK(s.start.plugin_sha256 == start.start.plugin_sha256);
+  CHECK(s.start.oversubscribed);
+  CHECK_FALSE(s.is_final());
+
+  dprun::TrialRecord epoch;
+  epoch.kind = K::epoch;
+  epoch.epoch = {0, 3, 0.25, 0.9, 0.875, 1.5, 40000, 0.1, 0.2, int64_t{1} << 40};
+  auto e = dprun::decode_record(dprun::encode_record(epoch));
+  CHECK(e.kind == K::epoch);
+  CHECK(e.epoch.epoch == 3);
+  CHECK(e.epoch.train_loss == 0.25);
+  CHECK(e.epoch.test_acc == 0.875);
+  CHECK(e.epoch.examples_per_second == 40000);
+  CHECK(e.epoch.peak_memory_bytes == int64_t{1} << 40);
+
+  for (K k : {K::done, K::diverged, K::skipped, K::error}) {
+    dprun::TrialRecord f;
+    f.kind = k;
+    f.message = k == K::done ? "" : "why\nit ended";
+    auto d = dprun::decode_record(dprun::encode_record(f));
+    CHECK(d.kind == k);
+    CHECK(d.message == f.message);
+    CHECK(d.is_final());
+  }
+  CHECK_THROWS(dprun::decode_record("{\"type\":\"bogus\"}"));
+  CHECK_THROWS(dprun::decode_record("epoch 1 loss 0.5"));
+}
+
+TEST_CASE("filters match settings by value; unknown keys are errors", "[cli][protocol]") {
+  dprun::TrialSpec spec;
+  spec.settings.model = "lenet";
+  spec.settings.gpus = 2;
+  spec.settings.lr = 0.4;
+  spec.model_options = {{"hidden", int64_t{128}}};
+  using F = std::vector<std::pair<std::string, std::string>>;
+  CHECK(dprun::trial_matches(spec, {}));
+  CHECK(dprun::trial_matches(spec, F{{"gpus", "2"}}));
+  CHECK(dprun::trial_matches(spec, F{{"lr", "0.40"}}));  // numbers compare as numbers
+  CHECK_FALSE(dprun::trial_matches(spec, F{{"gpus", "1"}}));
+  CHECK(dprun::trial_matches(spec, F{{"gpus", "1"}, {"gpus", "2"}}));  // one key: any value
+  CHECK_FALSE(dprun::trial_matches(spec, F{{"gpus", "2"}, {"model", "resnet18"}}));  // all keys
+  CHECK(dprun::trial_matches(spec, F{{"option.hidden", "128"}}));
+  CHECK_FALSE(dprun::trial_matches(spec, F{{"option.width", "64"}}));
+  CHECK_THROWS_AS(dprun::trial_matches(spec, F{{"gpu", "2"}}), dprun::UsageError);
+}
+
+TEST_CASE("query output formats", "[cli][protocol]") {
+  dps::QueryResult r;
+  r.columns = {"name", "acc", "note"};
+  r.rows = {{std::string("lenet"), std::string("0.875"), std::nullopt},
+            {std::string("a,\"b\""), std::string("-1e-05"), std::string("line\nbreak")}};
+  CHECK(dprun::format_query(r, dprun::QueryFormat::csv) ==
+        "name,acc,note\r\nlenet,0.875,\r\n\"a,\"\"b\"\"\",-1e-05,\"line\nbreak\"\r\n");
+  const std::string json = dprun::format_query(r, dprun::QueryFormat::json);
+  auto parsed = Json::parse(json);
+  REQUIRE(parsed.items().size() == 2);
+  CHECK(parsed.items()[0].at("acc").as_double() == 0.875);
+  CHECK(parsed.items()[0].at("note").is_null());
+  CHECK(parsed.items()[1].at("name").as_string() == "a,\"b\"");
+  CHECK(parsed.items()[1].at("note").as_string() == "line\nbreak");
+  const std::string table = dprun::format_query(r, dprun::QueryFormat::table);
+  CHECK(table.find("NULL") != std::string::npos);
+  CHECK(table.find("(2 rows)") != std::string::npos);
+}
+
+TEST_CASE("did you mean", "[cli][protocol]") {
+  const std::vector<std::string> commands{"run", "plan", "plugins", "query", "report", "train"};
+  CHECK(dprun::did_you_mean("plna", commands) == "plan");
+  CHECK(dprun::did_you_mean("qeury", commands) == "query");
+  CHECK(dprun::did_you_mean("trian", commands) == "train");
+  CHECK(dprun::did_you_mean("plug", commands) == "plugins");
+  CHECK(dprun::did_you_mean("xyzzy", commands).empty());
+}
