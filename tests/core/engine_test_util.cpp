@@ -1,0 +1,123 @@
+#include "engine_test_util.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "dp/error.hpp"
+#include "dp/random.hpp"
+#include "plugin_loader.hpp"
+#include "support/check.hpp"
+
+namespace enginetest {
+
+ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, uint64_t seed)
+    : module_(std::move(module)), input_(input) {
+  dp::BackendOptions bo;
+  bo.kind = dp::BackendKind::cpu;
+  bo.cpu_threads = 1;
+  backend_ = dp::create_backend(bo);
+  arena_ = std::make_unique<dp::Arena>(*backend_);
+  module_->declare(registry_, "");
+  registry_.allocate(*backend_, false);
+  registry_.initialize(seed);
+  dp::SetupContext ctx{*backend_, *arena_, registry_, dp::Layout::nchw};
+  const dp::Shape out = module_->setup(ctx, input);
+  // Twice the setup batch, so tests can hand the module a too-large batch and see its error.
+  x_ = arena_->allocate(input.with_batch(2 * input[0]));
+  dy_ = arena_->allocate(out.with_batch(2 * out[0]));
+}
+
+ModuleRunner::~ModuleRunner() {
+  // The module holds plans and views into the arena: it goes first, the backend last.
+  module_.reset();
+  arena_.reset();
+}
+
+std::vector<float> ModuleRunner::grads() const {
+  std::vector<float> g(registry_.parameter_floats());
+  if (!g.empty()) backend_->download(g.data(), registry_.grads_flat().data, g.size() * 4);
+  return g;
+}
+
+std::vector<float> ModuleRunner::forward(const std::vector<float>& x, bool training) {
+  const int64_t per = input_.per_example();
+  DP_CHECK(static_cast<int64_t>(x.size()) % per == 0, "ModuleRunner: bad input size");
+  batch_ = static_cast<int64_t>(x.size()) / per;
+  const dp::Tensor xt = x_.with_batch(batch_);
+  backend_->upload(xt.data, x.data(), x.size() * sizeof(float));
+  dp::RunContext ctx{*backend_, registry_, training, nullptr};
+  const dp::Tensor y = module_->forward(ctx, xt);
+  std::vector<float> out(static_cast<size_t>(y.numel()));
+  backend_->download(out.data(), y.data, y.bytes());
+  return out;
+}
+
+std::vector<float> ModuleRunner::backward(const std::vector<float>& dy) {
+  const int64_t per = dy_.shape.per_example();
+  DP_CHECK(static_cast<int64_t>(dy.size()) % per == 0, "ModuleRunner: bad gradient size");
+  const dp::Tensor dyt = dy_.with_batch(static_cast<int64_t>(dy.size()) / per);
+  backend_->upload(dyt.data, dy.data(), dy.size() * sizeof(float));
+  dp::RunContext ctx{*backend_, registry_, true, nullptr};
+  const dp::Tensor dx = module_->backward(ctx, dyt, true);
+  std::vector<float> out(static_cast<size_t>(dx.numel()));
+  backend_->download(out.data(), dx.data, dx.bytes());
+  return out;
+}
+
+dp::ModelFactory plugin_model(const std::string& file, const std::string& model) {
+  static std::mutex mutex;
+  static std::map<std::string, std::vector<dprun::LoadedModel>> loaded;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = loaded.find(file);
+  if (it == loaded.end())
+    it = loaded.emplace(file, dprun::load_plugin(std::string(DPRUN_TEST_PLUGIN_DIR) + "/" + file))
+             .first;
+  for (const auto& m : it->second)
+    if (m.factory.name == model) return m.factory;
+  throw dp::Error("plugin " + file + " has no model '" + model + "'");
+}
+
+std::unique_ptr<dp::Module> build_model(const std::string& file, const std::string& model,
+                                        const dp::ModelOptions& options) {
+  const dp::ModelFactory f = plugin_model(file, model);
+  return f.build(dp::resolve_model_options(f, options), f.input);
+}
+
+dp::Dataset synthetic_dataset(int64_t count, uint64_t seed) {
+  dp::Dataset d;
+  d.name = "synthetic";
+  d.count = count;
+  d.images.resize(static_cast<size_t>(count * 784));
+  d.labels.resize(static_cast<size_t>(count));
+  dp::Rng rng(seed);
+  // Class c lights up block (c % 4, c / 4) of a 4x4 grid of 7x7 blocks.
+  for (int64_t i = 0; i < count; ++i) {
+    const int c = static_cast<int>(rng.below(10));
+    d.labels[static_cast<size_t>(i)] = static_cast<uint8_t>(c);
+    const int bx = c % 4, by = c / 4;
+    for (int y = 0; y < 28; ++y) {
+      for (int x = 0; x < 28; ++x) {
+        const bool on = x / 7 == bx && y / 7 == by;
+        const double v = (on ? 180.0 : 40.0) + 30.0 * rng.normal();
+        d.images[static_cast<size_t>(i * 784 + y * 28 + x)] =
+            static_cast<uint8_t>(std::clamp(v, 0.0, 255.0));
+      }
+    }
+  }
+  return d;
+}
+
+dp::Dataset training_data(int64_t count, uint64_t seed, bool* real) {
+  const std::string dir = dptest::fashion_mnist_dir();
+  if (!dir.empty()) {
+    if (real) *real = true;
+    static const dp::Dataset train = dp::load_dataset("fashion-mnist", dir).train;  // once
+    return train.head(count);
+  }
+  if (real) *real = false;
+  return synthetic_dataset(count, seed);
+}
+
+}  // namespace enginetest
