@@ -193,10 +193,10 @@ const Command kRun{
     "trains the others one after another, each in its own process. Every epoch is written to\n"
     "the database as it finishes; a failing trial never stops the sweep. Ctrl-C stops the\n"
     "running trial (recorded interrupted); running the same command again resumes the sweep.",
-    kSweepOptions,
-    ""};
+    kSweepOptions, ""};
 
-const Command kPlan{"plan", "dprun plan FILE.toml [options]",
+const Command kPlan{"plan",
+                    "dprun plan FILE.toml [options]",
                     "Lists the trials of an experiment with a short config hash, their label and "
                     "what a run would\ndo (run, skip: done, restart: interrupted, rerun: failed). "
                     "Reads the database if it exists;\nnever creates or changes it.",
@@ -204,7 +204,8 @@ const Command kPlan{"plan", "dprun plan FILE.toml [options]",
                      kSweepOptions[5], kSweepOptions[6]},
                     ""};
 
-const Command kPlugins{"plugins", "dprun plugins [--plugins DIR]...",
+const Command kPlugins{"plugins",
+                       "dprun plugins [--plugins DIR]...",
                        "Lists the model plugins found: model name, file, ABI version, description "
                        "and options\n(name, type, default, help), and plugins that failed to "
                        "load.",
@@ -213,7 +214,8 @@ const Command kPlugins{"plugins", "dprun plugins [--plugins DIR]...",
                        "<dprun>/../lib/dprun/plugins,\nthen the build tree's plugin folder.\n"};
 
 const Command kQuery{
-    "query", "dprun query [--db PATH] [--format table|csv|json] \"SQL\"",
+    "query",
+    "dprun query [--db PATH] [--format table|csv|json] \"SQL\"",
     "Runs one read-only SQL statement on a results database and prints the rows. Tables:\n"
     "experiments, trials, epochs; views: trial_summary, scaling.",
     {{"--db", "PATH", "the database (default: the only results/*.db in this folder)"},
@@ -221,14 +223,16 @@ const Command kQuery{
     "Example:\n  dprun query --db results/scaling.db \"SELECT model, gpus, batch_size, lr, "
     "final_test_acc,\n    mean_seconds_per_epoch FROM trial_summary\"\n"};
 
-const Command kReport{"report", "dprun report [--db PATH]",
+const Command kReport{"report",
+                      "dprun report [--db PATH]",
                       "Summarises every experiment in a database: settings, status, final and "
                       "best test accuracy,\nseconds per epoch and speedup over the 1-GPU trial.",
                       {{"--db", "PATH", "the database (default: the only results/*.db here)"}},
                       ""};
 
 const Command kTrain{
-    "train", "dprun train --model NAME [options]",
+    "train",
+    "dprun train --model NAME [options]",
     "Trains one model in this process, without a database, printing one line per epoch\n"
     "(epoch, train loss, train accuracy, test accuracy, seconds, examples/s).",
     {{"--model", "NAME", "the model (see dprun plugins)"},
@@ -252,8 +256,8 @@ const Command kTrain{
      {"--plugins", "DIR", "also look for model plugins here; repeatable"}},
     ""};
 
-const std::vector<const Command*> kCommands = {&kRun, &kPlan, &kPlugins, &kQuery, &kReport,
-                                               &kTrain};
+const std::vector<const Command*> kCommands = {&kRun,   &kPlan,   &kPlugins,
+                                               &kQuery, &kReport, &kTrain};
 
 std::string main_help() {
   std::string out =
@@ -279,8 +283,9 @@ std::string main_help() {
 SweepOptions sweep_options(const Args& a, const Command& cmd, int argc, char** argv) {
   if (a.positional.size() != 1)
     throw UsageError(std::string("dprun ") + cmd.name + " needs one experiment file" +
-                     (a.positional.empty() ? "" : ", got " + std::to_string(a.positional.size()) +
-                                                      " arguments") +
+                     (a.positional.empty()
+                          ? ""
+                          : ", got " + std::to_string(a.positional.size()) + " arguments") +
                      " (see dprun " + cmd.name + " --help)");
   SweepOptions o;
   o.file = a.positional[0];
@@ -331,14 +336,19 @@ int cmd_plugins(const Args& a) {
 
 int cmd_query(const Args& a) {
   if (a.positional.size() != 1)
-    throw UsageError("dprun query needs one SQL statement in quotes, e.g. dprun query --db "
-                     "results/x.db \"SELECT * FROM trial_summary\"");
+    throw UsageError(
+        "dprun query needs one SQL statement in quotes, e.g. dprun query --db "
+        "results/x.db \"SELECT * FROM trial_summary\"");
   QueryFormat format = QueryFormat::table;
   if (auto f = a.last("--format")) {
-    if (*f == "table") format = QueryFormat::table;
-    else if (*f == "csv") format = QueryFormat::csv;
-    else if (*f == "json") format = QueryFormat::json;
-    else throw UsageError("--format " + *f + ": expected table, csv or json");
+    if (*f == "table")
+      format = QueryFormat::table;
+    else if (*f == "csv")
+      format = QueryFormat::csv;
+    else if (*f == "json")
+      format = QueryFormat::json;
+    else
+      throw UsageError("--format " + *f + ": expected table, csv or json");
   }
   const std::string db = a.last("--db") ? *a.last("--db") : default_database("query");
   if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");

@@ -54,12 +54,18 @@ Json Json::object() {
 namespace {
 const char* type_name(Json::Type t) {
   switch (t) {
-    case Json::Type::null: return "null";
-    case Json::Type::boolean: return "a boolean";
-    case Json::Type::number: return "a number";
-    case Json::Type::string: return "a string";
-    case Json::Type::array: return "an array";
-    case Json::Type::object: return "an object";
+    case Json::Type::null:
+      return "null";
+    case Json::Type::boolean:
+      return "a boolean";
+    case Json::Type::number:
+      return "a number";
+    case Json::Type::string:
+      return "a string";
+    case Json::Type::array:
+      return "an array";
+    case Json::Type::object:
+      return "an object";
   }
   return "?";
 }
@@ -149,13 +155,27 @@ std::string json_quote(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -172,10 +192,14 @@ std::string json_quote(const std::string& s) {
 
 std::string Json::dump() const {
   switch (type_) {
-    case Type::null: return "null";
-    case Type::boolean: return bool_ ? "true" : "false";
-    case Type::number: return text_;
-    case Type::string: return json_quote(text_);
+    case Type::null:
+      return "null";
+    case Type::boolean:
+      return bool_ ? "true" : "false";
+    case Type::number:
+      return text_;
+    case Type::string:
+      return json_quote(text_);
     case Type::array: {
       std::string out = "[";
       for (size_t i = 0; i < items_.size(); ++i) {
@@ -326,10 +350,14 @@ class JsonParser {
     for (int k = 0; k < 4; ++k) {
       char h = t_[i_++];
       v <<= 4;
-      if (h >= '0' && h <= '9') v |= unsigned(h - '0');
-      else if (h >= 'a' && h <= 'f') v |= unsigned(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') v |= unsigned(h - 'A' + 10);
-      else fail("bad \\u escape");
+      if (h >= '0' && h <= '9')
+        v |= unsigned(h - '0');
+      else if (h >= 'a' && h <= 'f')
+        v |= unsigned(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F')
+        v |= unsigned(h - 'A' + 10);
+      else
+        fail("bad \\u escape");
     }
     return v;
   }
@@ -367,14 +395,30 @@ class JsonParser {
       if (i_ >= t_.size()) fail("unterminated string");
       char e = t_[i_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           unsigned cp = hex4();
           if (cp >= 0xD800 && cp < 0xDC00 && i_ + 6 <= t_.size() && t_[i_] == '\\' &&
@@ -387,7 +431,8 @@ class JsonParser {
           append_utf8(out, cp);
           break;
         }
-        default: fail(std::string("bad escape '\\") + e + "'");
+        default:
+          fail(std::string("bad escape '\\") + e + "'");
       }
     }
   }

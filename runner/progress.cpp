@@ -42,8 +42,9 @@ void Progress::clear_line() {
 
 void Progress::draw() {
   if (!live_ || index_ == 0) return;
-  std::string line = prefix() + "  epoch " + std::to_string(epoch_ + 1 > trial_epochs_ ? epoch_ : epoch_ + 1) +
-                     "/" + std::to_string(trial_epochs_);
+  std::string line = prefix() + "  epoch " +
+                     std::to_string(epoch_ + 1 > trial_epochs_ ? epoch_ : epoch_ + 1) + "/" +
+                     std::to_string(trial_epochs_);
   char buf[128];
   if (last_test_acc_ >= 0) {
     std::snprintf(buf, sizeof buf, "  test_acc %.3f", last_test_acc_);

@@ -2,7 +2,8 @@
 // The progress display of a sweep, on stderr. On a terminal: one live line for the running
 // trial (epoch i/N, last test accuracy, s/epoch, ETA of the sweep), replaced in place. Otherwise
 // (logs, CI, tests): one plain line per event, e.g.
-//   [2/4] lenet gpus=2 batch_size=512 lr=0.4 epoch 1/2 loss 0.912 train_acc 0.667 test_acc 0.781 9.8s
+//   [2/4] lenet gpus=2 batch_size=512 lr=0.4 epoch 1/2 loss 0.912 train_acc 0.667 test_acc
+//   0.781 9.8s
 #include <chrono>
 #include <cstdint>
 #include <cstdio>

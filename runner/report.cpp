@@ -149,8 +149,7 @@ std::string default_database(const std::string& command) {
 }
 
 std::string format_report(dps::Store& store) {
-  auto experiments =
-      store.query("SELECT id, name, description FROM experiments ORDER BY id");
+  auto experiments = store.query("SELECT id, name, description FROM experiments ORDER BY id");
   if (experiments.rows.empty()) return "no experiments in " + store.path() + "\n";
   std::string out;
   for (const auto& e : experiments.rows) {
@@ -165,8 +164,8 @@ std::string format_report(dps::Store& store) {
         id + " ORDER BY s.ordinal, s.trial_id");
     out += "experiment " + e[1].value_or("?");
     if (e[2] && !e[2]->empty()) out += ": " + *e[2];
-    out += " (" + std::to_string(r.rows.size()) + " trial" + (r.rows.size() == 1 ? "" : "s") +
-           ")\n";
+    out +=
+        " (" + std::to_string(r.rows.size()) + " trial" + (r.rows.size() == 1 ? "" : "s") + ")\n";
     if (r.rows.empty()) {
       out += "\n";
       continue;
@@ -188,8 +187,8 @@ std::string format_report(dps::Store& store) {
     std::vector<std::vector<std::string>> table;
     std::vector<std::string> header;
     for (size_t c : shown) header.push_back(r.columns[c]);
-    for (const char* h : {"status", "epochs", "final_acc", "best_acc", "s/epoch", "speedup",
-                          "backend"})
+    for (const char* h :
+         {"status", "epochs", "final_acc", "best_acc", "s/epoch", "speedup", "backend"})
       header.push_back(h);
     table.push_back(header);
     std::vector<std::string> errors;
@@ -206,8 +205,8 @@ std::string format_report(dps::Store& store) {
       table.push_back(cells);
       if (row[23] && !row[23]->empty()) {
         std::string label;
-        for (size_t c : shown) label += (label.empty() ? "" : " ") + r.columns[c] + "=" +
-                                        row[c].value_or("NULL");
+        for (size_t c : shown)
+          label += (label.empty() ? "" : " ") + r.columns[c] + "=" + row[c].value_or("NULL");
         errors.push_back(label + ": " + *row[23]);
       }
     }
@@ -215,8 +214,9 @@ std::string format_report(dps::Store& store) {
     for (const auto& err : errors) out += "  ! " + err + "\n";
     out += "\n";
   }
-  out += "speedup: seconds per epoch of the matching 1-GPU trial / this trial's (epoch 1, the "
-         "warm-up, excluded)\n";
+  out +=
+      "speedup: seconds per epoch of the matching 1-GPU trial / this trial's (epoch 1, the "
+      "warm-up, excluded)\n";
   return out;
 }
 

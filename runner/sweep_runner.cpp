@@ -23,7 +23,8 @@ namespace dprun {
 
 namespace fs = std::filesystem;
 
-// ---- settings as text, filters -------------------------------------------------------------------
+// ---- settings as text, filters
+// -------------------------------------------------------------------
 
 namespace {
 
@@ -108,7 +109,8 @@ std::string database_path(const Experiment& experiment, const SweepOptions& opti
   return "results/" + experiment.name + ".db";
 }
 
-// ---- plan ----------------------------------------------------------------------------------------
+// ---- plan
+// ----------------------------------------------------------------------------------------
 
 std::string PlannedTrial::describe() const {
   if (action == TrialAction::run) return why == "new" ? "run" : why;
@@ -131,7 +133,9 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
     } else {
       using S = dps::TrialStatus;
       switch (p.row->status) {
-        case S::pending: p.why = "run"; break;
+        case S::pending:
+          p.why = "run";
+          break;
         case S::done:
           if (options.rerun) {
             p.why = "rerun: done (--rerun)";
@@ -140,10 +144,18 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
             p.why = "done";
           }
           break;
-        case S::failed: p.why = "rerun: failed"; break;
-        case S::diverged: p.why = "rerun: diverged"; break;
-        case S::interrupted: p.why = "restart: interrupted"; break;
-        case S::skipped: p.why = "rerun: skipped before"; break;
+        case S::failed:
+          p.why = "rerun: failed";
+          break;
+        case S::diverged:
+          p.why = "rerun: diverged";
+          break;
+        case S::interrupted:
+          p.why = "restart: interrupted";
+          break;
+        case S::skipped:
+          p.why = "rerun: skipped before";
+          break;
         case S::running:
           // After recover_stale, a trial still running belongs to a live dprun elsewhere.
           p.action = TrialAction::skip;
@@ -157,7 +169,8 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
   return plan;
 }
 
-// ---- loading -------------------------------------------------------------------------------------
+// ---- loading
+// -------------------------------------------------------------------------------------
 
 Experiment load_sweep(const SweepOptions& options) {
   if (!options.backend.empty() && options.backend != "auto" && options.backend != "cpu" &&
@@ -189,7 +202,7 @@ std::string sql_text(const std::string& s) {
 // The stored trials of an experiment by config hash; empty when the database or the experiment
 // does not exist. Read-only.
 std::map<std::string, dps::TrialRow> stored_trials_read_only(const std::string& db,
-                                                            const std::string& experiment) {
+                                                             const std::string& experiment) {
   std::map<std::string, dps::TrialRow> rows;
   if (!fs::exists(db)) return rows;
   dps::Store store(db, dps::Store::Mode::read_only);
@@ -224,7 +237,8 @@ int plan_sweep(const SweepOptions& options) {
   return 0;
 }
 
-// ---- running -------------------------------------------------------------------------------------
+// ---- running
+// -------------------------------------------------------------------------------------
 
 namespace {
 
@@ -307,8 +321,7 @@ class SweepRun {
         wait = std::min(wait, options_.trial_timeout - seconds_since(t0));
       wait = std::clamp(wait, 0.0, 1.0);  // at least once a second for the live line
       int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait * 1000) + 1);
-      if (rc < 0 && errno != EINTR)
-        throw std::system_error(errno, std::generic_category(), "poll");
+      if (rc < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
       if (int sig = signals_.received()) {
         out.interrupted_by = sig;
         break;
@@ -387,7 +400,8 @@ class SweepRun {
         progress_.epoch(row);
         break;
       }
-      default: final_ = r;
+      default:
+        final_ = r;
     }
   }
 
@@ -409,16 +423,24 @@ class SweepRun {
     using S = dps::TrialStatus;
     if (final_) {
       switch (final_->kind) {
-        case TrialRecord::Kind::done: out.status = S::done; break;
-        case TrialRecord::Kind::diverged: out.status = S::diverged; break;
-        case TrialRecord::Kind::skipped: out.status = S::skipped; break;
-        default: out.status = S::failed; break;
+        case TrialRecord::Kind::done:
+          out.status = S::done;
+          break;
+        case TrialRecord::Kind::diverged:
+          out.status = S::diverged;
+          break;
+        case TrialRecord::Kind::skipped:
+          out.status = S::skipped;
+          break;
+        default:
+          out.status = S::failed;
+          break;
       }
       out.message = final_->message;
       if (out.status == S::done && last_epoch_ < experiment_epochs()) {
         out.status = S::failed;
-        out.message = "trial process reported done after " + std::to_string(last_epoch_) +
-                      " of " + std::to_string(experiment_epochs()) + " epochs";
+        out.message = "trial process reported done after " + std::to_string(last_epoch_) + " of " +
+                      std::to_string(experiment_epochs()) + " epochs";
       }
       return;
     }
@@ -433,8 +455,8 @@ class SweepRun {
                     signal_name(sig) + ") " + after_epoch(last_epoch_);
       if (auto t = tail_text(child.stderr_tail(), 3); !t.empty()) out.message += ": " + t;
     } else if (child.exit_code() != 0) {
-      out.message = "trial process exited with status " + std::to_string(child.exit_code()) +
-                    " " + after_epoch(last_epoch_);
+      out.message = "trial process exited with status " + std::to_string(child.exit_code()) + " " +
+                    after_epoch(last_epoch_);
       if (auto t = tail_text(child.stderr_tail(), 5); !t.empty()) out.message += ": " + t;
     } else {
       out.message = "trial process exited without reporting a result " + after_epoch(last_epoch_);
@@ -501,9 +523,10 @@ void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& e
   std::printf("\nexperiment %s:\n", experiment.name.c_str());
   std::fputs(format_aligned(table, "  ").c_str(), stdout);
   std::printf("\ndatabase: %s\n", db.c_str());
-  std::printf("try: dprun query --db %s \"SELECT model, gpus, batch_size, lr, final_test_acc, "
-              "mean_seconds_per_epoch FROM trial_summary\"\n",
-              shell_quote(db).c_str());
+  std::printf(
+      "try: dprun query --db %s \"SELECT model, gpus, batch_size, lr, final_test_acc, "
+      "mean_seconds_per_epoch FROM trial_summary\"\n",
+      shell_quote(db).c_str());
   std::fflush(stdout);
 }
 
@@ -522,8 +545,9 @@ int run_sweep(const SweepOptions& options) {
   const int64_t experiment_id =
       store.upsert_experiment(experiment.name, experiment.description, experiment.source);
   if (int n = store.recover_stale(experiment_id, options.stale_seconds))
-    std::fprintf(stderr, "dprun: %d trial%s left running by a dprun that is gone: now interrupted\n",
-                 n, n == 1 ? "" : "s");
+    std::fprintf(stderr,
+                 "dprun: %d trial%s left running by a dprun that is gone: now interrupted\n", n,
+                 n == 1 ? "" : "s");
   std::map<std::string, dps::TrialRow> stored;
   for (const TrialSpec& spec : experiment.trials) {
     dps::TrialSettings settings = spec.settings;

@@ -31,11 +31,11 @@ struct SweepOptions {
   bool verbose = false;  // forward the trial processes' output to stderr
   std::vector<std::pair<std::string, std::string>> filters;  // KEY=VALUE, see trial_matches
   std::vector<std::string> plugin_dirs;
-  int threads = 0;              // CPU threads per trial (0: all)
-  double trial_timeout = 0;     // seconds; 0: none
+  int threads = 0;           // CPU threads per trial (0: all)
+  double trial_timeout = 0;  // seconds; 0: none
   double heartbeat_seconds = 10;
-  double stale_seconds = 120;   // a `running` trial whose heartbeat is older is interrupted
-  std::string command_line;     // how we were started, for the resume hint
+  double stale_seconds = 120;  // a `running` trial whose heartbeat is older is interrupted
+  std::string command_line;    // how we were started, for the resume hint
 };
 
 /// What a run would do with one trial.

@@ -60,12 +60,18 @@ Fault parse_fault(const char* env, int64_t ordinal) {
   } catch (const std::exception&) {
     return bad();
   }
-  if (kind == "kill") f.kind = Fault::Kind::kill;
-  else if (kind == "abort") f.kind = Fault::Kind::abort;
-  else if (kind == "throw") f.kind = Fault::Kind::throw_;
-  else if (kind == "nan") f.kind = Fault::Kind::nan;
-  else if (kind == "hang") f.kind = Fault::Kind::hang;
-  else return bad();
+  if (kind == "kill")
+    f.kind = Fault::Kind::kill;
+  else if (kind == "abort")
+    f.kind = Fault::Kind::abort;
+  else if (kind == "throw")
+    f.kind = Fault::Kind::throw_;
+  else if (kind == "nan")
+    f.kind = Fault::Kind::nan;
+  else if (kind == "hang")
+    f.kind = Fault::Kind::hang;
+  else
+    return bad();
   f.ordinal = target;
   if (target >= 0 && target != ordinal) f.kind = Fault::Kind::none;
   return f;
@@ -74,13 +80,17 @@ Fault parse_fault(const char* env, int64_t ordinal) {
 void act_on_fault(const Fault& f, int64_t epoch) {
   if (f.kind == Fault::Kind::none || f.epoch != epoch) return;
   switch (f.kind) {
-    case Fault::Kind::kill: raise(SIGKILL); break;
-    case Fault::Kind::abort: std::abort();
+    case Fault::Kind::kill:
+      raise(SIGKILL);
+      break;
+    case Fault::Kind::abort:
+      std::abort();
     case Fault::Kind::throw_:
       throw dp::Error("injected fault DPRUN_FAULT: throw after epoch " + std::to_string(epoch));
     case Fault::Kind::hang:
       for (;;) pause();  // until a signal ends the process
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -106,15 +116,17 @@ BackendChoice choose_backend(const TrialRequest& r) {
   const int devices = dp::cuda_device_count();
   if (devices == 0) {
     if (req == "cuda")
-      throw dp::Error("backend cuda was requested but no CUDA device is visible; use --backend "
-                      "cpu or check nvidia-smi and CUDA_VISIBLE_DEVICES");
+      throw dp::Error(
+          "backend cuda was requested but no CUDA device is visible; use --backend "
+          "cpu or check nvidia-smi and CUDA_VISIBLE_DEVICES");
     return c;  // auto without a GPU: the CPU backend
   }
   c.kind = dp::BackendKind::cuda;
   if (r.settings.gpus > devices) {
     if (!r.oversubscribe) {
-      c.skip_reason = "trial needs " + std::to_string(r.settings.gpus) + " GPUs, this machine has " +
-                      std::to_string(devices) + " (use --oversubscribe to share GPUs)";
+      c.skip_reason = "trial needs " + std::to_string(r.settings.gpus) +
+                      " GPUs, this machine has " + std::to_string(devices) +
+                      " (use --oversubscribe to share GPUs)";
     } else {
       c.oversubscribed = true;
     }
@@ -141,7 +153,8 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
     return {TrialRecord::Kind::error,
             "optimizer \"" + s.optimizer + "\" is not supported (only sgd)"};
   dp::Layout layout = dp::Layout::nchw;
-  if (s.layout == "nhwc") layout = dp::Layout::nhwc;
+  if (s.layout == "nhwc")
+    layout = dp::Layout::nhwc;
   else if (s.layout != "nchw")
     return {TrialRecord::Kind::error, "layout \"" + s.layout + "\": expected nchw or nhwc"};
 
@@ -207,8 +220,8 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
       finite = false;
     }
     if (!finite) {
-      result = {TrialRecord::Kind::diverged, "loss became " + loss_problem(loss) + " at epoch " +
-                                                 std::to_string(report.epoch)};
+      result = {TrialRecord::Kind::diverged,
+                "loss became " + loss_problem(loss) + " at epoch " + std::to_string(report.epoch)};
       return false;
     }
     dps::EpochRow row;
@@ -228,7 +241,8 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
   return result;
 }
 
-// ---- the child's sink: protocol records ----------------------------------------------------------
+// ---- the child's sink: protocol records
+// ----------------------------------------------------------
 
 class RecordSink : public TrialSink {
  public:
@@ -250,7 +264,8 @@ class RecordSink : public TrialSink {
   RecordWriter& w_;
 };
 
-// ---- `dprun train`'s sink: one line per epoch ----------------------------------------------------
+// ---- `dprun train`'s sink: one line per epoch
+// ----------------------------------------------------
 
 class PrintSink : public TrialSink {
  public:
@@ -259,14 +274,13 @@ class PrintSink : public TrialSink {
     std::printf("%s on %s: %s%s (plugin %s)\n", r_.settings.model.c_str(), start.backend.c_str(),
                 start.devices.c_str(), start.oversubscribed ? ", oversubscribed" : "",
                 start.plugin_path.c_str());
-    std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc",
-                "test_acc", "seconds", "examples/s");
+    std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc", "test_acc",
+                "seconds", "examples/s");
     std::fflush(stdout);
   }
   void epoch(const dps::EpochRow& row, const dp::EpochReport&) override {
     std::printf("%5lld  %10.4f  %9.4f  %8.4f  %8.2f  %12.0f\n", static_cast<long long>(row.epoch),
-                row.train_loss, row.train_acc, row.test_acc, row.seconds,
-                row.examples_per_second);
+                row.train_loss, row.train_acc, row.test_acc, row.seconds, row.examples_per_second);
     std::fflush(stdout);
   }
 
@@ -328,7 +342,8 @@ int run_train(const TrialRequest& request) {
   PrintSink sink(request);
   TrialResult result = run_trial(request, sink);
   switch (result.kind) {
-    case TrialRecord::Kind::done: return 0;
+    case TrialRecord::Kind::done:
+      return 0;
     case TrialRecord::Kind::diverged:
       std::fprintf(stderr, "dprun: diverged: %s\n", result.message.c_str());
       return 1;

@@ -41,15 +41,20 @@ dp::ModelOptions model_options_from_json(const Json& json) {
   dp::ModelOptions options;
   for (const auto& [name, v] : json.members()) {
     switch (v.type()) {
-      case Json::Type::boolean: options[name] = v.as_bool(); break;
+      case Json::Type::boolean:
+        options[name] = v.as_bool();
+        break;
       case Json::Type::number:
         if (v.is_integer_text())
           options[name] = v.as_int();
         else
           options[name] = v.as_double();
         break;
-      case Json::Type::string: options[name] = v.as_string(); break;
-      default: throw JsonError("model option \"" + name + "\": unsupported JSON type");
+      case Json::Type::string:
+        options[name] = v.as_string();
+        break;
+      default:
+        throw JsonError("model option \"" + name + "\": unsupported JSON type");
     }
   }
   return options;
@@ -93,9 +98,13 @@ auto field(const Json& o, const std::string& key, F read) {
 }
 
 dps::TrialSettings settings_from_json(const Json& o) {
-  auto str = [&](const char* k) { return field(o, k, [](const Json& j) { return j.as_string(); }); };
+  auto str = [&](const char* k) {
+    return field(o, k, [](const Json& j) { return j.as_string(); });
+  };
   auto i64 = [&](const char* k) { return field(o, k, [](const Json& j) { return j.as_int(); }); };
-  auto dbl = [&](const char* k) { return field(o, k, [](const Json& j) { return j.as_double(); }); };
+  auto dbl = [&](const char* k) {
+    return field(o, k, [](const Json& j) { return j.as_double(); });
+  };
   dps::TrialSettings s;
   s.model = str("model");
   s.model_options_json = str("model_options_json");
@@ -180,7 +189,9 @@ std::string encode_record(const TrialRecord& r) {
       o.set("eval_seconds", Json::number(r.epoch.eval_seconds));
       o.set("peak_memory_bytes", Json::integer(r.epoch.peak_memory_bytes));
       break;
-    case TrialRecord::Kind::done: o.set("type", Json::string("done")); break;
+    case TrialRecord::Kind::done:
+      o.set("type", Json::string("done"));
+      break;
     case TrialRecord::Kind::diverged:
       o.set("type", Json::string("diverged"));
       o.set("reason", Json::string(r.message));
@@ -301,20 +312,34 @@ int SignalPipe::received() {
 
 std::string signal_name(int sig) {
   switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    default: return "signal " + std::to_string(sig);
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGINT:
+      return "SIGINT";
+    case SIGQUIT:
+      return "SIGQUIT";
+    case SIGILL:
+      return "SIGILL";
+    case SIGTRAP:
+      return "SIGTRAP";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGPIPE:
+      return "SIGPIPE";
+    case SIGALRM:
+      return "SIGALRM";
+    case SIGTERM:
+      return "SIGTERM";
+    default:
+      return "signal " + std::to_string(sig);
   }
 }
 

@@ -51,9 +51,10 @@ dp::ModelOptions model_options_from_json(const Json& json);
 struct TrialRecord {
   enum class Kind { start, epoch, done, diverged, skipped, error };
   Kind kind = Kind::done;
-  dps::TrialStart start;  // kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed
-  dps::EpochRow epoch;    // kind epoch (trial_id left 0)
-  std::string message;    // diverged / skipped: the reason; error: the message
+  dps::TrialStart
+      start;            // kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed
+  dps::EpochRow epoch;  // kind epoch (trial_id left 0)
+  std::string message;  // diverged / skipped: the reason; error: the message
 
   bool is_final() const { return kind != Kind::start && kind != Kind::epoch; }
 };

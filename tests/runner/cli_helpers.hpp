@@ -127,15 +127,15 @@ inline std::string describe(const Result& r) {
 }
 
 /// Exit status checks that print the command's output on failure (and only for that check).
-#define DPRUN_REQUIRE_EXIT(result, code)                 \
-  do {                                                   \
-    INFO(::clitest::describe(result));                   \
-    REQUIRE((result).exit_code == (code));               \
+#define DPRUN_REQUIRE_EXIT(result, code)   \
+  do {                                     \
+    INFO(::clitest::describe(result));     \
+    REQUIRE((result).exit_code == (code)); \
   } while (0)
-#define DPRUN_CHECK_EXIT(result, code)                   \
-  do {                                                   \
-    INFO(::clitest::describe(result));                   \
-    CHECK((result).exit_code == (code));                 \
+#define DPRUN_CHECK_EXIT(result, code)   \
+  do {                                   \
+    INFO(::clitest::describe(result));   \
+    CHECK((result).exit_code == (code)); \
   } while (0)
 
 /// A small, fast experiment: LeNet on 512 training / 256 test examples, batch 64, CPU.
@@ -143,8 +143,7 @@ inline std::string experiment_toml(const std::string& name, const std::string& d
                                    const std::string& gpus = "[1, 2]", int epochs = 2) {
   return "[experiment]\nname = \"" + name +
          "\"\ndescription = \"end-to-end test\"\n\n[data]\ndataset = \"fashion-mnist\"\npath = \"" +
-         data_dir +
-         "\"\n\n[train]\nmodel = \"lenet\"\nepochs = " + std::to_string(epochs) +
+         data_dir + "\"\n\n[train]\nmodel = \"lenet\"\nepochs = " + std::to_string(epochs) +
          "\nbatch_size = 64\nlr = 0.1\ntrain_limit = 512\ntest_limit = 256\nbackend = \"cpu\"\n\n"
          "[sweep]\ngpus = " +
          gpus + "\n";

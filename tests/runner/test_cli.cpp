@@ -12,12 +12,13 @@ using clitest::run;
 using clitest::sql;
 using clitest::sql1;
 
-#define DPRUN_NEED_DATA(var)                                                              \
-  const std::string var = clitest::data_dir();                                            \
-  if (var.empty()) {                                                                      \
-    WARN("Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
-         "skipping this end-to-end test");                                                \
-    return;                                                                               \
+#define DPRUN_NEED_DATA(var)                                                           \
+  const std::string var = clitest::data_dir();                                         \
+  if (var.empty()) {                                                                   \
+    WARN(                                                                              \
+        "Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
+        "skipping this end-to-end test");                                              \
+    return;                                                                            \
   }
 
 TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[cli]") {
@@ -33,9 +34,10 @@ TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[
   CHECK(sql1(db, "SELECT COUNT(*) FROM trials") == "2");
   CHECK(sql1(db, "SELECT COUNT(*) FROM trials WHERE status = 'done'") == "2");
   CHECK(sql1(db, "SELECT COUNT(*) FROM epochs") == "4");
-  for (const auto& row : sql(db, "SELECT gpus, COUNT(e.epoch), MIN(e.test_acc), MAX(e.test_acc), "
-                                 "t.backend, t.devices, t.attempts, t.plugin_sha256 FROM trials t "
-                                 "JOIN epochs e ON e.trial_id = t.id GROUP BY t.id")) {
+  for (const auto& row : sql(db,
+                             "SELECT gpus, COUNT(e.epoch), MIN(e.test_acc), MAX(e.test_acc), "
+                             "t.backend, t.devices, t.attempts, t.plugin_sha256 FROM trials t "
+                             "JOIN epochs e ON e.trial_id = t.id GROUP BY t.id")) {
     INFO("gpus=" << row[0]);
     CHECK(row[1] == "2");
     CHECK(std::stod(row[2]) > 0.0);
@@ -95,14 +97,16 @@ TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[
            "SELECT gpus, 'a,\"b\"' AS odd, NULL AS missing FROM trials ORDER BY gpus"},
           dir.path());
   DPRUN_REQUIRE_EXIT(r, 0);
-  CHECK(r.out == "gpus,odd,missing\r\n1,\"a,\"\"b\"\"\",\r\n2,\"a,\"\"b\"\"\",\r\n4,\"a,\"\"b\"\"\",\r\n");
+  CHECK(r.out ==
+        "gpus,odd,missing\r\n1,\"a,\"\"b\"\"\",\r\n2,\"a,\"\"b\"\"\",\r\n4,\"a,\"\"b\"\"\",\r\n");
   r = run({"query", "--db", db, "--format=json",
            "SELECT gpus, status, NULL AS missing FROM trials WHERE gpus = 2"},
           dir.path());
   DPRUN_REQUIRE_EXIT(r, 0);
   CHECK(r.out == "[\n {\"gpus\":2,\"status\":\"done\",\"missing\":null}\n]\n");
-  r = run({"query", "--db", db, "INSERT INTO experiments(name, toml_source, toml_sha256) "
-                                "VALUES ('x', '', '')"},
+  r = run({"query", "--db", db,
+           "INSERT INTO experiments(name, toml_source, toml_sha256) "
+           "VALUES ('x', '', '')"},
           dir.path());
   DPRUN_CHECK_EXIT(r, 2);
   CHECK(r.err.find("read-only") != std::string::npos);
@@ -223,9 +227,10 @@ TEST_CASE("plugins lists the models with their options", "[cli]") {
 TEST_CASE("train runs one model in process and prints one line per epoch", "[cli]") {
   DPRUN_NEED_DATA(data);
   dptest::TempDir dir;
-  auto r = run({"train", "--model", "lenet", "--gpus", "2", "--batch-size", "64", "--epochs", "2",
-                "--train-limit", "256", "--test-limit", "128", "--backend", "cpu", "--threads",
-                "2", "--data", data, "--option", "hidden=64"},
+  auto r = run({"train", "--model",   "lenet",    "--gpus",        "2",   "--batch-size",
+                "64",    "--epochs",  "2",        "--train-limit", "256", "--test-limit",
+                "128",   "--backend", "cpu",      "--threads",     "2",   "--data",
+                data,    "--option",  "hidden=64"},
                dir.path());
   DPRUN_REQUIRE_EXIT(r, 0);
   CHECK(r.out.find("lenet on cpu") != std::string::npos);

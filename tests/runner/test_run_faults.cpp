@@ -10,12 +10,13 @@ using clitest::run;
 using clitest::sql;
 using clitest::sql1;
 
-#define DPRUN_NEED_DATA(var)                                                              \
-  const std::string var = clitest::data_dir();                                            \
-  if (var.empty()) {                                                                      \
-    WARN("Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
-         "skipping this end-to-end test");                                                \
-    return;                                                                               \
+#define DPRUN_NEED_DATA(var)                                                           \
+  const std::string var = clitest::data_dir();                                         \
+  if (var.empty()) {                                                                   \
+    WARN(                                                                              \
+        "Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
+        "skipping this end-to-end test");                                              \
+    return;                                                                            \
   }
 
 namespace {
@@ -36,8 +37,10 @@ struct Sweep {
     return sql1(db, "SELECT error FROM trials WHERE gpus = " + std::to_string(gpus));
   }
   std::string epochs(int gpus) const {
-    return sql1(db, "SELECT COUNT(*) FROM epochs e JOIN trials t ON t.id = e.trial_id WHERE "
-                    "t.gpus = " + std::to_string(gpus));
+    return sql1(db,
+                "SELECT COUNT(*) FROM epochs e JOIN trials t ON t.id = e.trial_id WHERE "
+                "t.gpus = " +
+                    std::to_string(gpus));
   }
 };
 
