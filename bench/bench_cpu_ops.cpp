@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dp/backend.hpp"
@@ -108,6 +109,8 @@ class Arena {
 };
 
 struct Timed {
+  Timed(std::string n, std::function<void()> r, double g = 0)
+      : name(std::move(n)), run(std::move(r)), gflop(g) {}
   std::string name;
   std::function<void()> run;
   double gflop = 0;  // per call, 0 when not GEMM-shaped
