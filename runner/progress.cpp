@@ -1,5 +1,6 @@
 #include "progress.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace dprun {
@@ -42,9 +43,10 @@ void Progress::clear_line() {
 
 void Progress::draw() {
   if (!live_ || index_ == 0) return;
-  std::string line = prefix() + "  epoch " +
-                     std::to_string(epoch_ + 1 > trial_epochs_ ? epoch_ : epoch_ + 1) + "/" +
-                     std::to_string(trial_epochs_);
+  // The epoch in progress (the last one once all are done).
+  const int64_t shown = std::min(epoch_ + 1, trial_epochs_);
+  std::string line =
+      prefix() + "  epoch " + std::to_string(shown) + "/" + std::to_string(trial_epochs_);
   char buf[128];
   if (last_test_acc_ >= 0) {
     std::snprintf(buf, sizeof buf, "  test_acc %.3f", last_test_acc_);
