@@ -156,8 +156,8 @@ class InProcessCommunicator : public Communicator {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_inprocess_communicators(int ranks) {
-  DP_CHECK(ranks >= 1, "a communicator group needs at least one rank, got " +
-                           std::to_string(ranks));
+  DP_CHECK(ranks >= 1,
+           "a communicator group needs at least one rank, got " + std::to_string(ranks));
   auto group = std::make_shared<Group>(ranks);
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < ranks; ++r) out.push_back(std::make_unique<InProcessCommunicator>(group, r));

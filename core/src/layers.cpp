@@ -2,11 +2,12 @@
 // the largest batch) and hands out batch-sized views of them; forward keeps a view of its input
 // when backward needs it. Activations carry the layout of the model input; gradients take the
 // layout of the tensor they are the gradient of.
+#include "dp/layers.hpp"
+
 #include <cstdio>
 #include <ostream>
 
 #include "dp/error.hpp"
-#include "dp/layers.hpp"
 #include "module_util.hpp"
 
 namespace dp {
@@ -152,8 +153,7 @@ void BatchNorm2d::declare(ParamRegistry& registry, const std::string& prefix) {
 
 void BatchNorm2d::describe(std::ostream& os, int indent) const {
   os << "BatchNorm2d(" << c_ << ", eps=" << detail::py_float(eps_)
-     << ", momentum=" << detail::py_float(momentum_)
-     << ", affine=True, track_running_stats=True)";
+     << ", momentum=" << detail::py_float(momentum_) << ", affine=True, track_running_stats=True)";
   detail::end_description(os, *this, indent);
 }
 
@@ -361,9 +361,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, Init weight
       has_bias_(bias),
       w_init_(weight_init),
       b_init_(bias_init) {
-  DP_CHECK(in_ >= 1 && out_ >= 1, "Linear(in_features=" + std::to_string(in_) +
-                                      ", out_features=" + std::to_string(out_) +
-                                      "): feature counts must be positive");
+  DP_CHECK(in_ >= 1 && out_ >= 1, "Linear(in_features=" + std::to_string(in_) + ", out_features=" +
+                                      std::to_string(out_) + "): feature counts must be positive");
 }
 
 void Linear::declare(ParamRegistry& registry, const std::string& prefix) {

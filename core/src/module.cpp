@@ -86,9 +86,8 @@ Tensor Module::forward(RunContext& ctx, const Tensor& x) {
 Tensor Module::backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   DP_CHECK(last_batch_ >= 1, std::string(type()) + ": backward() called before forward()");
   const Shape expected = output_.with_batch(last_batch_);
-  DP_CHECK(dy.shape == expected, std::string(type()) + ": backward got gradient " +
-                                     dy.shape.str() + " but the last forward produced " +
-                                     expected.str());
+  DP_CHECK(dy.shape == expected, std::string(type()) + ": backward got gradient " + dy.shape.str() +
+                                     " but the last forward produced " + expected.str());
   Tensor dx = do_backward(ctx, dy, need_dx);
   if (need_dx) DP_ASSERT(dx.shape == input_.with_batch(last_batch_));
   return dx;

@@ -27,8 +27,8 @@ void fill_host(float* dst, int64_t n, const Init& init, Rng rng) {
       break;
     case Init::Kind::uniform:
       for (int64_t i = 0; i < n; ++i)
-        dst[i] = static_cast<float>(init.a + (static_cast<double>(init.b) - init.a) *
-                                                 rng.uniform_double());
+        dst[i] = static_cast<float>(init.a +
+                                    (static_cast<double>(init.b) - init.a) * rng.uniform_double());
       break;
   }
 }
@@ -146,15 +146,13 @@ Tensor ParamRegistry::grads_flat() const {
 Tensor ParamRegistry::momentum_flat() const {
   DP_ASSERT(allocated());
   if (!momentum_) return Tensor();
-  return Tensor(momentum_, {static_cast<int64_t>(param_floats_)}, DType::f32,
-                backend_->device());
+  return Tensor(momentum_, {static_cast<int64_t>(param_floats_)}, DType::f32, backend_->device());
 }
 
 Tensor ParamRegistry::buffers_flat() const {
   DP_ASSERT(allocated());
   if (!buffers_) return Tensor();
-  return Tensor(buffers_, {static_cast<int64_t>(buffer_floats_)}, DType::f32,
-                backend_->device());
+  return Tensor(buffers_, {static_cast<int64_t>(buffer_floats_)}, DType::f32, backend_->device());
 }
 
 std::vector<float> ParamRegistry::download_params() const {
@@ -173,9 +171,9 @@ std::vector<float> ParamRegistry::download_buffers() const {
 
 void ParamRegistry::upload_params(const std::vector<float>& flat) {
   DP_CHECK(allocated(), "upload_params() needs allocate() first");
-  DP_CHECK(flat.size() == param_floats_,
-           "upload_params: got " + std::to_string(flat.size()) + " floats, the model has " +
-               std::to_string(param_floats_) + " (padding included)");
+  DP_CHECK(flat.size() == param_floats_, "upload_params: got " + std::to_string(flat.size()) +
+                                             " floats, the model has " +
+                                             std::to_string(param_floats_) + " (padding included)");
   if (!flat.empty()) backend_->upload(params_, flat.data(), flat.size() * sizeof(float));
 }
 

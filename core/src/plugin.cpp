@@ -9,10 +9,14 @@ namespace dp {
 
 std::string option_type_name(const OptionValue& v) {
   switch (v.index()) {
-    case 0: return "bool";
-    case 1: return "int";
-    case 2: return "float";
-    default: return "string";
+    case 0:
+      return "bool";
+    case 1:
+      return "int";
+    case 2:
+      return "float";
+    default:
+      return "string";
   }
 }
 
@@ -46,8 +50,8 @@ std::string known_options(const ModelFactory& factory) {
   for (size_t i = 0; i < factory.options.size(); ++i) {
     const OptionSpec& o = factory.options[i];
     if (i) s += ", ";
-    s += o.name + " (" + option_type_name(o.default_value) +
-         ", default " + option_to_string(o.default_value) + ")";
+    s += o.name + " (" + option_type_name(o.default_value) + ", default " +
+         option_to_string(o.default_value) + ")";
   }
   return s;
 }
@@ -71,8 +75,8 @@ ModelOptions resolve_model_options(const ModelFactory& factory, const ModelOptio
       out[name] = static_cast<double>(std::get<int64_t>(value));
     } else {
       throw Error("model '" + factory.name + "': option '" + name + "' expects " +
-                  option_type_name(spec->default_value) + ", got " + option_type_name(value) +
-                  " " + option_to_string(value) + "; " + known_options(factory));
+                  option_type_name(spec->default_value) + ", got " + option_type_name(value) + " " +
+                  option_to_string(value) + "; " + known_options(factory));
     }
   }
   return out;

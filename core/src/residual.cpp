@@ -56,8 +56,8 @@ Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
   s = bn2_->setup(ctx, s);
   const Shape shortcut = conv3_ ? conv3_->setup(ctx, input) : input;
   DP_CHECK(shortcut == s, "Residual: the main branch gives " + s.str() +
-                              " but the shortcut gives " + shortcut.str() +
-                              " for input " + input.str());
+                              " but the shortcut gives " + shortcut.str() + " for input " +
+                              input.str());
   sum_ = ctx.arena.allocate(s, DType::f32, ctx.layout);
   out_ = ctx.arena.allocate(s, DType::f32, ctx.layout);
   dsum_ = ctx.arena.allocate(s, DType::f32, ctx.layout);

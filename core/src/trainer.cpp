@@ -60,12 +60,12 @@ struct Trainer::Impl {
 
     Tensor train_images, train_labels;  // (M,C,H,W) u8, (M) u8
     Tensor test_images, test_labels;
-    Tensor train_index;      // (M_train) i32: this epoch's permutation, or step()'s indices
-    Tensor test_index;       // (M_test) i32: 0, 1, ... (evaluation reads the test set in order)
-    Tensor x, y, dlogits;    // (per-replica max batch, ...)
-    Tensor loss_slots;       // (steps per epoch) f32: loss sum of each step
-    Tensor correct_slots;    // (steps per epoch) i32
-    Tensor eval_slots;       // (eval steps) i32
+    Tensor train_index;    // (M_train) i32: this epoch's permutation, or step()'s indices
+    Tensor test_index;     // (M_test) i32: 0, 1, ... (evaluation reads the test set in order)
+    Tensor x, y, dlogits;  // (per-replica max batch, ...)
+    Tensor loss_slots;     // (steps per epoch) f32: loss sum of each step
+    Tensor correct_slots;  // (steps per epoch) i32
+    Tensor eval_slots;     // (eval steps) i32
   };
 
   TrainerOptions options;
@@ -73,7 +73,7 @@ struct Trainer::Impl {
   int64_t eval_batch = 0;         // global
   int64_t max_shard = 0;          // largest per-replica batch (training or evaluation)
   int64_t steps_per_epoch = 0;
-  int64_t eval_steps = 0;         // per replica
+  int64_t eval_steps = 0;  // per replica
   std::vector<Replica> replicas;
   std::vector<std::unique_ptr<Communicator>> comms;  // destroyed before the replicas
   std::string failure;                               // set once a replica failed
@@ -220,8 +220,7 @@ void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slo
   const Tensor grads = r.params->grads_flat();
   r.comm->allreduce_sum(grads.f32(), static_cast<size_t>(grads.numel()));
   const Tensor momentum = r.params->momentum_flat();
-  b.sgd_update(r.params->params_flat(), grads, momentum.empty() ? nullptr : &momentum,
-               options.sgd);
+  b.sgd_update(r.params->params_flat(), grads, momentum.empty() ? nullptr : &momentum, options.sgd);
 }
 
 void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
@@ -255,15 +254,15 @@ void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
 
 // ---- Trainer ----------------------------------------------------------------------------------
 
-Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder,
-                 const Dataset& train, const Dataset& test)
+Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, const Dataset& train,
+                 const Dataset& test)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.options = options;
   const int k = options.replicas;
   DP_CHECK(k >= 1, "the number of replicas must be at least 1, got " + std::to_string(k));
-  DP_CHECK(options.batch_size >= 1, "batch size must be positive, got " +
-                                        std::to_string(options.batch_size));
+  DP_CHECK(options.batch_size >= 1,
+           "batch size must be positive, got " + std::to_string(options.batch_size));
   DP_CHECK(options.batch_size >= k,
            "batch size " + std::to_string(options.batch_size) + " is smaller than the " +
                std::to_string(k) +
@@ -281,8 +280,10 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder,
   }
   DP_CHECK(test.count == 0 || (test.channels == train.channels && test.height == train.height &&
                                test.width == train.width && test.classes == train.classes),
-           "the test set '" + test.name + "' has another example shape or class count than the "
-           "training set '" + train.name + "'");
+           "the test set '" + test.name +
+               "' has another example shape or class count than the "
+               "training set '" +
+               train.name + "'");
   if (options.backend == BackendKind::cuda) {
     DP_CHECK(cuda_compiled(), "the CUDA backend was requested but dprun was built without CUDA");
     const int devices = cuda_device_count();
@@ -291,7 +292,8 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder,
              std::to_string(k) + " replicas requested but only " + std::to_string(devices) +
                  " GPU" + (devices == 1 ? "" : "s") + " exist" + (devices == 1 ? "s" : "") +
                  "; use fewer replicas, or --oversubscribe to share GPUs (replica r runs on GPU "
-                 "r % " + std::to_string(devices) + ")");
+                 "r % " +
+                 std::to_string(devices) + ")");
   }
 
   s.train_meta = train;
@@ -388,12 +390,14 @@ double Trainer::step(const std::vector<int32_t>& indices) {
   const int k = s.k();
   shard_sizes(n, k);  // checks n >= k
   DP_CHECK(n <= s.train_meta.count && ceil_div(n, k) <= s.max_shard,
-           "step(): a batch of " + std::to_string(n) + " examples does not fit the trainer, set "
-           "up for global batches of at most " + std::to_string(s.max_shard * k));
+           "step(): a batch of " + std::to_string(n) +
+               " examples does not fit the trainer, set "
+               "up for global batches of at most " +
+               std::to_string(s.max_shard * k));
   for (int32_t i : indices)
-    DP_CHECK(i >= 0 && i < s.train_meta.count,
-             "step(): example index " + std::to_string(i) + " is outside the training set of " +
-                 std::to_string(s.train_meta.count));
+    DP_CHECK(i >= 0 && i < s.train_meta.count, "step(): example index " + std::to_string(i) +
+                                                   " is outside the training set of " +
+                                                   std::to_string(s.train_meta.count));
   std::vector<float> loss(static_cast<size_t>(k));
   s.run_all([&](Impl::Replica& r) {
     r.backend->upload(r.train_index.data, indices.data(), indices.size() * sizeof(int32_t));
@@ -410,8 +414,8 @@ double Trainer::evaluate() {
   std::vector<int64_t> correct(static_cast<size_t>(s.k()));
   s.run_all([&](Impl::Replica& r) { s.evaluate_replica(r, correct[static_cast<size_t>(r.rank)]); });
   if (s.test_meta.count == 0) return 0.0;
-  const double total = static_cast<double>(std::accumulate(correct.begin(), correct.end(),
-                                                           int64_t{0}));
+  const double total =
+      static_cast<double>(std::accumulate(correct.begin(), correct.end(), int64_t{0}));
   return total / static_cast<double>(s.test_meta.count);
 }
 

@@ -1,7 +1,6 @@
 // The in-process communicator: exact, deterministic sums in rank order; broadcast; abort.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <thread>

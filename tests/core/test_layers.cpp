@@ -1,9 +1,8 @@
 // Every layer through the Module API on the CPU backend: forward against a naive reference,
 // backward (dx and parameter gradients) against central differences, odd shapes; the shape
 // checks of Module; Sequential naming; describe().
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -130,8 +129,8 @@ const Tolerance kinky{1e-3, 2e-2, 3e-3, true};
 // ---- naive references (NCHW) ----------------------------------------------------------------
 
 std::vector<float> conv_ref(const std::vector<float>& x, const std::vector<float>& w,
-                            const std::vector<float>* b, int64_t N, int64_t C, int64_t H,
-                            int64_t W, int64_t K, int64_t R, int64_t stride, int64_t pad) {
+                            const std::vector<float>* b, int64_t N, int64_t C, int64_t H, int64_t W,
+                            int64_t K, int64_t R, int64_t stride, int64_t pad) {
   const int64_t P = (H + 2 * pad - R) / stride + 1, Q = (W + 2 * pad - R) / stride + 1;
   std::vector<float> y(static_cast<size_t>(N * K * P * Q));
   for (int64_t n = 0; n < N; ++n)
@@ -152,8 +151,8 @@ std::vector<float> conv_ref(const std::vector<float>& x, const std::vector<float
   return y;
 }
 
-std::vector<float> pool_ref(const std::vector<float>& x, int64_t N, int64_t C, int64_t H,
-                            int64_t W, int64_t k, int64_t stride, int64_t pad, bool max) {
+std::vector<float> pool_ref(const std::vector<float>& x, int64_t N, int64_t C, int64_t H, int64_t W,
+                            int64_t k, int64_t stride, int64_t pad, bool max) {
   const int64_t P = (H + 2 * pad - k) / stride + 1, Q = (W + 2 * pad - k) / stride + 1;
   std::vector<float> y(static_cast<size_t>(N * C * P * Q));
   for (int64_t nc = 0; nc < N * C; ++nc)
@@ -178,7 +177,8 @@ std::vector<float> pool_ref(const std::vector<float>& x, int64_t N, int64_t C, i
 // no value within 0.025 of zero for ReLU, so a finite-difference step of 1e-2 crosses no kink.
 std::vector<float> spaced_values(int64_t n, uint64_t seed) {
   std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = 0.05f * static_cast<float>(i - n / 2) + 0.025f;
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = 0.05f * static_cast<float>(i - n / 2) + 0.025f;
   dp::Rng rng(seed);
   const auto perm = dp::permutation(n, rng);
   std::vector<float> out(v.size());
@@ -195,7 +195,7 @@ TEST_CASE("Conv2d: forward matches a naive convolution, gradients match finite d
     bool bias;
   };
   for (const Case& cs : {Case{3, 2, 7, 6, 5, 3, 2, 1, true}, Case{2, 3, 5, 5, 4, 1, 2, 0, false},
-                        Case{1, 1, 6, 4, 2, 3, 1, 0, true}}) {
+                         Case{1, 1, 6, 4, 2, 3, 1, 0, true}}) {
     DYNAMIC_SECTION("N=" << cs.n << " C=" << cs.c << " " << cs.h << "x" << cs.w << " K=" << cs.k
                          << " R=" << cs.r << " stride " << cs.stride << " pad " << cs.pad) {
       ModuleRunner run(std::make_unique<dp::Conv2d>(cs.c, cs.k, cs.r, cs.stride, cs.pad, cs.bias),
@@ -206,8 +206,8 @@ TEST_CASE("Conv2d: forward matches a naive convolution, gradients match finite d
       const auto w = entry_values(run.registry(), p, "weight");
       std::vector<float> b;
       if (cs.bias) b = entry_values(run.registry(), p, "bias");
-      const auto expected =
-          conv_ref(x, w, cs.bias ? &b : nullptr, cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.stride, cs.pad);
+      const auto expected = conv_ref(x, w, cs.bias ? &b : nullptr, cs.n, cs.c, cs.h, cs.w, cs.k,
+                                     cs.r, cs.stride, cs.pad);
       DP_CHECK_CLOSE(run.forward(x), expected, 1e-5);
       check_gradients(run, x);
     }
@@ -225,8 +225,7 @@ TEST_CASE("Conv2d: a batch smaller than the setup batch", "[engine][layers]") {
   check_gradients(run, x);
 }
 
-TEST_CASE("Linear: forward is x w^T + b, gradients match finite differences",
-          "[engine][layers]") {
+TEST_CASE("Linear: forward is x w^T + b, gradients match finite differences", "[engine][layers]") {
   const int64_t n = 3, in = 7, out = 5;
   ModuleRunner run(std::make_unique<dp::Linear>(in, out), {n, in});
   randomize_params(run, 4);
@@ -239,7 +238,8 @@ TEST_CASE("Linear: forward is x w^T + b, gradients match finite differences",
     for (int64_t o = 0; o < out; ++o) {
       double s = b[static_cast<size_t>(o)];
       for (int64_t j = 0; j < in; ++j)
-        s += static_cast<double>(x[static_cast<size_t>(i * in + j)]) * w[static_cast<size_t>(o * in + j)];
+        s += static_cast<double>(x[static_cast<size_t>(i * in + j)]) *
+             w[static_cast<size_t>(o * in + j)];
       expected[static_cast<size_t>(i * out + o)] = static_cast<float>(s);
     }
   DP_CHECK_CLOSE(run.forward(x), expected, 1e-5);
@@ -304,8 +304,8 @@ TEST_CASE("BatchNorm2d: training forward, running statistics, inference, gradien
         for (int64_t i = 0; i < H * W; ++i) {
           const size_t k = static_cast<size_t>((n * C + c) * H * W + i);
           const size_t cc = static_cast<size_t>(c);
-          inf[k] = static_cast<float>(gamma[cc] * (x[k] - rm[cc]) / std::sqrt(rv[cc] + 1e-5) +
-                                      beta[cc]);
+          inf[k] =
+              static_cast<float>(gamma[cc] * (x[k] - rm[cc]) / std::sqrt(rv[cc] + 1e-5) + beta[cc]);
         }
     DP_CHECK_CLOSE(run.forward(x, false), inf, 1e-5);
   }
@@ -330,13 +330,12 @@ TEST_CASE("ReLU: forward and gradient", "[engine][layers]") {
   }
 }
 
-TEST_CASE("AvgPool2d and MaxPool2d: forward against a naive pool, gradients",
-          "[engine][layers]") {
+TEST_CASE("AvgPool2d and MaxPool2d: forward against a naive pool, gradients", "[engine][layers]") {
   struct Case {
     int64_t n, c, h, w, k, stride, pad;
   };
-  for (const Case& cs : {Case{2, 3, 7, 5, 3, 2, 1}, Case{3, 2, 6, 6, 2, 2, 0},
-                        Case{1, 2, 5, 7, 3, 1, 0}}) {
+  for (const Case& cs :
+       {Case{2, 3, 7, 5, 3, 2, 1}, Case{3, 2, 6, 6, 2, 2, 0}, Case{1, 2, 5, 7, 3, 1, 0}}) {
     DYNAMIC_SECTION(cs.h << "x" << cs.w << " kernel " << cs.k << " stride " << cs.stride << " pad "
                          << cs.pad) {
       const auto x = spaced_values(cs.n * cs.c * cs.h * cs.w, 17);
@@ -360,7 +359,8 @@ TEST_CASE("GlobalAvgPool and Flatten", "[engine][layers]") {
   std::vector<float> expected(static_cast<size_t>(N * C));
   for (size_t i = 0; i < expected.size(); ++i) {
     double s = 0;
-    for (int64_t j = 0; j < H * W; ++j) s += x[i * static_cast<size_t>(H * W) + static_cast<size_t>(j)];
+    for (int64_t j = 0; j < H * W; ++j)
+      s += x[i * static_cast<size_t>(H * W) + static_cast<size_t>(j)];
     expected[i] = static_cast<float>(s / (H * W));
   }
   DP_CHECK_CLOSE(gap.forward(x), expected, 1e-5);
@@ -378,11 +378,10 @@ TEST_CASE("Residual with a 1x1 shortcut and stride 2: gradients (BN in training 
   CHECK(run.output() == dp::Shape{2, 4, 3, 3});
   std::vector<std::string> names;
   for (const auto& e : run.registry().entries()) names.push_back(e.name);
-  CHECK(names == std::vector<std::string>{"conv1.weight", "conv1.bias", "conv2.weight",
-                                          "conv2.bias", "conv3.weight", "conv3.bias",
-                                          "bn1.weight", "bn1.bias", "bn1.running_mean",
-                                          "bn1.running_var", "bn2.weight", "bn2.bias",
-                                          "bn2.running_mean", "bn2.running_var"});
+  CHECK(names == std::vector<std::string>{
+                     "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "conv3.weight",
+                     "conv3.bias", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var",
+                     "bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var"});
   randomize_params(run, 31);
   const auto x = dptest::random_vector(2 * 3 * 6 * 6, 32);
   check_gradients(run, x, kinky);

@@ -1,7 +1,6 @@
 // ParamRegistry: names, alignment, deterministic initialisation, distributions; the ResNet-18
 // names; model option resolution.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <set>
 
@@ -127,10 +126,10 @@ TEST_CASE("ResNet-18 from its plugin: PyTorch names, unique, the d2l parameter c
   std::set<std::string> names;
   for (const auto& e : r.entries()) names.insert(e.name);
   CHECK(names.size() == r.entries().size());
-  for (const char* n : {"0.weight", "0.bias", "1.weight", "1.running_mean",
-                        "resnet_block1.0.conv1.weight", "resnet_block2.0.conv1.weight",
-                        "resnet_block2.0.conv3.weight", "resnet_block4.1.bn2.running_var",
-                        "fc.1.weight", "fc.1.bias"})
+  for (const char* n :
+       {"0.weight", "0.bias", "1.weight", "1.running_mean", "resnet_block1.0.conv1.weight",
+        "resnet_block2.0.conv1.weight", "resnet_block2.0.conv3.weight",
+        "resnet_block4.1.bn2.running_var", "fc.1.weight", "fc.1.bias"})
     CHECK(names.count(n) == 1);
   CHECK(names.count("resnet_block1.0.conv3.weight") == 0);
   // d2l's ResNet-18 for one input channel and 10 classes (with conv biases): 11,175,818.

@@ -1,8 +1,7 @@
 // The data-parallel trainer on the CPU backend: k replicas compute the step of one replica,
 // shards, epochs, evaluation, failures.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 
 #include "dp/error.hpp"
@@ -66,8 +65,8 @@ std::vector<float> train_steps(const dp::TrainerOptions& o, const dp::ModelBuild
   for (int s = 0; s < steps; ++s) {
     std::vector<int32_t> idx(static_cast<size_t>(o.batch_size));
     for (size_t i = 0; i < idx.size(); ++i)
-      idx[i] = static_cast<int32_t>((static_cast<int64_t>(s) * o.batch_size +
-                                     static_cast<int64_t>(i)) % data.count);
+      idx[i] = static_cast<int32_t>(
+          (static_cast<int64_t>(s) * o.batch_size + static_cast<int64_t>(i)) % data.count);
     const double loss = t.step(idx);
     if (losses) losses->push_back(loss);
   }
@@ -227,8 +226,7 @@ TEST_CASE("Epochs: shuffled, reproducible, BN buffers averaged, reports filled",
   CHECK(a.registry(1).entries().size() == a.registry(0).entries().size());
 }
 
-TEST_CASE("fit stops when the callback says so, or after a non-finite loss",
-          "[engine][trainer]") {
+TEST_CASE("fit stops when the callback says so, or after a non-finite loss", "[engine][trainer]") {
   const auto data = enginetest::synthetic_dataset(200, 9);
   auto o = cpu_options(3, 50);
   o.epochs = 4;
