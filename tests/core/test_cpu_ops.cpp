@@ -45,6 +45,7 @@ struct ConvCase {
 // Every case has odd or unequal sizes somewhere; the last runs fewer images than planned.
 const std::vector<ConvCase> kConvCases = {
     {"3x3 pad 1, odd sizes", 3, 5, 7, 9, 4, 3, 3, 1, 1, 1, 1},
+    {"3x3 stride 2 pad 1 (ResNet downsampling)", 2, 3, 9, 8, 4, 3, 3, 2, 2, 1, 1},
     {"3x2 kernel, stride 2x1, pad 1x0", 2, 3, 8, 7, 6, 3, 2, 2, 1, 1, 0},
     {"1x1 stride 2, batch 1", 1, 2, 5, 5, 3, 1, 1, 2, 2, 0, 0},
     {"4x4 stride 3 pad 2", 2, 2, 10, 11, 2, 4, 4, 3, 3, 2, 2},

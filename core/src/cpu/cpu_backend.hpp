@@ -161,7 +161,7 @@ class CpuBackend final : public Backend {
 
 /// Threads for a loop of `work` cheap elementwise operations: 1 below a size where waking the
 /// team costs more than it saves.
-inline int threads_for(int64_t work, int threads) { return work < (1 << 15) ? 1 : threads; }
+inline int threads_for(int64_t work, int threads) { return work < (1 << 16) ? 1 : threads; }
 
 /// The i-th of `parts` contiguous, nearly equal ranges of [0, n).
 inline void split_range(int64_t n, int parts, int i, int64_t& begin, int64_t& end) {
