@@ -297,7 +297,8 @@ class SweepRun {
 
     progress_.trial_started(index, trial_display_name(spec), spec.settings.epochs);
     SpawnOptions spawn;
-    spawn.forward_stderr = options_.verbose;
+    if (options_.verbose)
+      spawn.on_output_line = [this](const std::string& l) { progress_.note("  | " + l); };
     TrialProcess child(request, spawn);
 
     trial_id_ = row.id;

@@ -475,11 +475,7 @@ void TrialProcess::read_fd(int& fd, std::string& buffer, bool records,
 void TrialProcess::line(const std::string& text, bool records,
                         const std::function<void(const TrialRecord&)>& on_record) {
   if (!records) {
-    if (options_.forward_stderr) {
-      std::string out = "  | " + text + "\n";
-      ssize_t ignored = ::write(2, out.data(), out.size());
-      (void)ignored;
-    }
+    if (options_.on_output_line) options_.on_output_line(text);
     stderr_tail_.push_back(text);
     while (stderr_tail_.size() > options_.stderr_tail_lines) stderr_tail_.pop_front();
     return;

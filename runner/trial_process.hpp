@@ -94,8 +94,9 @@ class SignalPipe {
 
 struct SpawnOptions {
   std::string exe = "/proc/self/exe";
-  /// Copy every stderr line of the child to our stderr as it arrives (else only kept).
-  bool forward_stderr = false;
+  /// Called with every line the child writes to stdout/stderr as it arrives (--verbose); the
+  /// last stderr_tail_lines are kept either way.
+  std::function<void(const std::string&)> on_output_line;
   size_t stderr_tail_lines = 20;
 };
 
