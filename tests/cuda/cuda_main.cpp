@@ -32,5 +32,7 @@ int main(int argc, char** argv) {
   }
   std::printf("test_cuda: %d CUDA device(s); device 0: %s\n", devices,
               dp::cuda_device_name(0).c_str());
-  return Catch::Session().run(argc, argv);
+  const int rc = Catch::Session().run(argc, argv);
+  cudatest::backends_slot().reset();
+  return rc;
 }

@@ -20,21 +20,26 @@ struct Backends {
   std::unique_ptr<dp::Backend> cpu;
   std::unique_ptr<dp::Backend> gpu;
 };
+/// Owned here so main() can destroy the backends before the CUDA runtime shuts down at exit.
+inline std::unique_ptr<Backends>& backends_slot() {
+  static std::unique_ptr<Backends> slot;
+  return slot;
+}
 inline Backends& backends() {
-  static Backends b = [] {
-    Backends out;
+  auto& slot = backends_slot();
+  if (!slot) {
+    slot = std::make_unique<Backends>();
     dp::BackendOptions c;
     c.kind = dp::BackendKind::cpu;
     c.cpu_threads = 0;
-    out.cpu = dp::create_backend(c);
+    slot->cpu = dp::create_backend(c);
     dp::BackendOptions g;
     g.kind = dp::BackendKind::cuda;
     g.device_index = 0;
     g.allow_tf32 = false;
-    out.gpu = dp::create_backend(g);
-    return out;
-  }();
-  return b;
+    slot->gpu = dp::create_backend(g);
+  }
+  return *slot;
 }
 
 /// One logical tensor with a copy on each backend (the GPU copy may use another layout).

@@ -67,8 +67,7 @@ struct Flat {
   std::vector<float> gpu() const { return t.gpu.download_f32(); }
 };
 
-// ---- convolution
-// ---------------------------------------------------------------------------------
+// ---- convolution --------------------------------------------------------------------------------
 
 struct ConvCase {
   int64_t plan_n, n, c, h, w, k, r, s, stride, pad;
@@ -137,8 +136,7 @@ TEST_CASE("cuda conv forward/backward match the cpu backend", "[cuda]") {
   }
 }
 
-// ---- linear
-// --------------------------------------------------------------------------------------
+// ---- linear -------------------------------------------------------------------------------------
 
 TEST_CASE("cuda linear forward/backward match the cpu backend", "[cuda]") {
   auto& B = backends();
@@ -259,8 +257,7 @@ TEST_CASE("cuda batch norm matches the cpu backend", "[cuda]") {
   check_batchnorm(6, 10, 1, 1, true, Layout::nchw);  // (N, C), BatchNorm1d-style
 }
 
-// ---- pooling
-// -------------------------------------------------------------------------------------
+// ---- pooling ------------------------------------------------------------------------------------
 
 namespace {
 struct PoolCase {
@@ -338,8 +335,7 @@ TEST_CASE("cuda global average pooling matches the cpu backend", "[cuda]") {
   }
 }
 
-// ---- elementwise
-// ---------------------------------------------------------------------------------
+// ---- elementwise --------------------------------------------------------------------------------
 
 TEST_CASE("cuda relu, add, scale, fill match the cpu backend", "[cuda]") {
   auto& B = backends();
@@ -378,8 +374,7 @@ TEST_CASE("cuda relu, add, scale, fill match the cpu backend", "[cuda]") {
   CHECK(ints.download_i32() == std::vector<int32_t>(17, 3));
 }
 
-// ---- loss
-// ----------------------------------------------------------------------------------------
+// ---- loss ---------------------------------------------------------------------------------------
 
 TEST_CASE("cuda softmax cross-entropy and count_correct match the cpu backend", "[cuda]") {
   auto& B = backends();
@@ -416,8 +411,7 @@ TEST_CASE("cuda softmax cross-entropy and count_correct match the cpu backend", 
   }
 }
 
-// ---- optimizer
-// -----------------------------------------------------------------------------------
+// ---- optimizer ----------------------------------------------------------------------------------
 
 TEST_CASE("cuda sgd_update matches the cpu backend (PyTorch semantics)", "[cuda]") {
   auto& B = backends();
@@ -441,8 +435,7 @@ TEST_CASE("cuda sgd_update matches the cpu backend (PyTorch semantics)", "[cuda]
   }
 }
 
-// ---- data
-// ----------------------------------------------------------------------------------------
+// ---- data ---------------------------------------------------------------------------------------
 
 TEST_CASE("cuda gather_batch matches the cpu backend in both layouts", "[cuda]") {
   auto& B = backends();
@@ -486,8 +479,7 @@ TEST_CASE("cuda gather_batch matches the cpu backend in both layouts", "[cuda]")
   }
 }
 
-// ---- memory and errors
-// ---------------------------------------------------------------------------
+// ---- memory and errors --------------------------------------------------------------------------
 
 TEST_CASE("cuda memory accounting, copy, upload and download", "[cuda]") {
   auto& gpu = *backends().gpu;

@@ -12,8 +12,7 @@
 
 namespace dp::cuda {
 
-// ---- errors and checks
-// ---------------------------------------------------------------------------
+// ---- errors and checks --------------------------------------------------------------------------
 
 void throw_library_error(const char* library, const char* statement, const char* file, int line,
                          const std::string& what) {
@@ -261,8 +260,7 @@ void CudaBackend::synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-// ---- activation and elementwise
-// ------------------------------------------------------------------
+// ---- activation and elementwise -----------------------------------------------------------------
 
 void CudaBackend::relu_forward(const Tensor& x, const Tensor& y) {
   expect_f32(x, "relu_forward", "x");
@@ -298,8 +296,7 @@ void CudaBackend::scale(const Tensor& t, float alpha) {
   kernels::scale(t.f32(), t.numel(), alpha, stream_);
 }
 
-// ---- pooling
-// -------------------------------------------------------------------------------------
+// ---- pooling ------------------------------------------------------------------------------------
 
 void CudaBackend::avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
   const kernels::PoolShape s = check_pool(g, x, y, "avgpool_forward", "x", "y");
@@ -347,8 +344,7 @@ void CudaBackend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
   kernels::global_avgpool_backward(dy.f32(), dx.f32(), d.n, d.c, d.hw(), is_nhwc(dx), stream_);
 }
 
-// ---- loss and metrics
-// ----------------------------------------------------------------------------
+// ---- loss and metrics ---------------------------------------------------------------------------
 
 namespace {
 void check_logits(const Tensor& logits, const Tensor& labels, const Tensor& correct,
@@ -384,8 +380,7 @@ void CudaBackend::count_correct(const Tensor& logits, const Tensor& labels, cons
                                  nullptr, nullptr, correct.i32(), stream_);
 }
 
-// ---- optimizer
-// -----------------------------------------------------------------------------------
+// ---- optimizer ----------------------------------------------------------------------------------
 
 void CudaBackend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
                              const SgdParams& p) {
@@ -404,8 +399,7 @@ void CudaBackend::sgd_update(const Tensor& params, const Tensor& grads, const Te
                       p.weight_decay, stream_);
 }
 
-// ---- data
-// ----------------------------------------------------------------------------------------
+// ---- data ---------------------------------------------------------------------------------------
 
 void CudaBackend::gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
                                const Tensor& x, const Tensor& y) {

@@ -10,6 +10,7 @@
 // the filter is transposed to (K, R, S, C) into scratch for forward/backward-data, and the
 // filter gradient is computed as (K, R, S, C) and transposed back.
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
@@ -136,8 +137,7 @@ void check_filter(const CudnnConvPlan& plan, const Tensor& w, const char* op, co
 
 }  // namespace
 
-// ---- scratch, grown at plan time only
-// -------------------------------------------------------------
+// ---- scratch, grown at plan time only -----------------------------------------------------------
 
 void CudaBackend::reserve_workspace(size_t bytes) {
   if (bytes <= workspace_bytes_) return;
@@ -170,8 +170,7 @@ void CudaBackend::reserve_reduce_scratch(size_t floats) {
   reduce_scratch_floats_ = floats;
 }
 
-// ---- plans
-// ---------------------------------------------------------------------------------------
+// ---- plans --------------------------------------------------------------------------------------
 
 std::unique_ptr<ConvPlan> CudaBackend::plan_conv(const ConvGeometry& g) {
   const char* op = "plan_conv";
@@ -220,37 +219,62 @@ ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, bool at_plan_
   return *plan.batches.back();
 }
 
+namespace {
+
+/// The first algorithm, in cuDNN's heuristic order, that succeeded, has an acceptable math type,
+/// is deterministic when asked, and whose workspace (queried with the math type it will run with)
+/// fits `limit`. In TF32 mode the descriptor takes the algorithm's math type, as cuDNN asks for
+/// _v7 results; in exact mode it stays FMA.
+template <typename Perf, typename Algo, typename WorkspaceQuery>
+bool pick_algorithm(const Perf* perf, int returned, bool deterministic, bool allow_tf32,
+                    size_t limit, cudnnConvolutionDescriptor_t conv, WorkspaceQuery query,
+                    Algo& algo, size_t& workspace) {
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS || !math_ok(perf[i].mathType, allow_tf32)) continue;
+    if (deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+    if (allow_tf32) CUDNN_CHECK(cudnnSetConvolutionMathType(conv, perf[i].mathType));
+    size_t ws = 0;
+    if (query(perf[i].algo, &ws) != CUDNN_STATUS_SUCCESS || ws > limit) continue;
+    algo = perf[i].algo;
+    workspace = ws;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void CudaBackend::choose_algorithms(CudnnConvPlan& plan, ConvBatch& b, size_t limit) {
   const ConvGeometry& g = plan.geometry();
-  const auto none = [&](const char* direction) {
+  // Deterministic algorithms first (a run is reproducible); if cuDNN offers none within the
+  // workspace, the fastest other one, with a warning, rather than failing the trial.
+  const auto choose = [&](const char* direction, auto&& try_pick) {
+    if (try_pick(true)) return;
+    if (try_pick(false)) {
+      std::fprintf(stderr,
+                   "dprun: warning: cuda backend: no deterministic %s algorithm for %s at batch "
+                   "%lld; using a non-deterministic one\n",
+                   direction, g.str().c_str(), static_cast<long long>(b.n));
+      return;
+    }
     fail("plan_conv", std::string("cuDNN offers no ") + direction +
                           " algorithm within a workspace of " + std::to_string(limit >> 20) +
                           " MiB for " + g.str() + " at batch " + std::to_string(b.n));
   };
-  // Each direction: heuristic order; first acceptable algorithm whose workspace fits. In TF32 mode
-  // the descriptor takes the algorithm's math type, as cuDNN asks for _v7 results.
   {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int returned = 0;
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, b.x, plan.w_desc, b.fwd_conv, b.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned,
                                                        perf));
-    bool found = false;
-    for (int i = 0; i < returned && !found; ++i) {
-      if (perf[i].status != CUDNN_STATUS_SUCCESS || !math_ok(perf[i].mathType, allow_tf32_))
-        continue;
-      if (allow_tf32_) CUDNN_CHECK(cudnnSetConvolutionMathType(b.fwd_conv, perf[i].mathType));
-      size_t ws = 0;
-      if (cudnnGetConvolutionForwardWorkspaceSize(cudnn_, b.x, plan.w_desc, b.fwd_conv, b.y,
-                                                  perf[i].algo, &ws) != CUDNN_STATUS_SUCCESS ||
-          ws > limit) {
-        continue;
-      }
-      b.fwd_algo = perf[i].algo;
-      b.fwd_ws = ws;
-      found = true;
-    }
-    if (!found) none("forward");
+    const auto query = [&](cudnnConvolutionFwdAlgo_t algo, size_t* ws) {
+      return cudnnGetConvolutionForwardWorkspaceSize(cudnn_, b.x, plan.w_desc, b.fwd_conv, b.y,
+                                                     algo, ws);
+    };
+    choose("forward", [&](bool deterministic) {
+      return pick_algorithm(perf, returned, deterministic, allow_tf32_, limit, b.fwd_conv, query,
+                            b.fwd_algo, b.fwd_ws);
+    });
   }
   {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -258,24 +282,14 @@ void CudaBackend::choose_algorithms(CudnnConvPlan& plan, ConvBatch& b, size_t li
     CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
         cudnn_, plan.w_desc, b.y, b.data_conv, b.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         &returned, perf));
-    bool found = false;
-    for (int i = 0; i < returned && !found; ++i) {
-      if (perf[i].status != CUDNN_STATUS_SUCCESS || !math_ok(perf[i].mathType, allow_tf32_) ||
-          perf[i].determinism != CUDNN_DETERMINISTIC) {
-        continue;
-      }
-      if (allow_tf32_) CUDNN_CHECK(cudnnSetConvolutionMathType(b.data_conv, perf[i].mathType));
-      size_t ws = 0;
-      if (cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, plan.w_desc, b.y, b.data_conv, b.x,
-                                                       perf[i].algo, &ws) != CUDNN_STATUS_SUCCESS ||
-          ws > limit) {
-        continue;
-      }
-      b.data_algo = perf[i].algo;
-      b.data_ws = ws;
-      found = true;
-    }
-    if (!found) none("deterministic backward-data");
+    const auto query = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* ws) {
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, plan.w_desc, b.y, b.data_conv,
+                                                          b.x, algo, ws);
+    };
+    choose("backward-data", [&](bool deterministic) {
+      return pick_algorithm(perf, returned, deterministic, allow_tf32_, limit, b.data_conv, query,
+                            b.data_algo, b.data_ws);
+    });
   }
   {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
@@ -283,25 +297,14 @@ void CudaBackend::choose_algorithms(CudnnConvPlan& plan, ConvBatch& b, size_t li
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         cudnn_, b.x, b.y, b.filter_conv, plan.w_desc, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         &returned, perf));
-    bool found = false;
-    for (int i = 0; i < returned && !found; ++i) {
-      if (perf[i].status != CUDNN_STATUS_SUCCESS || !math_ok(perf[i].mathType, allow_tf32_) ||
-          perf[i].determinism != CUDNN_DETERMINISTIC) {
-        continue;
-      }
-      if (allow_tf32_) CUDNN_CHECK(cudnnSetConvolutionMathType(b.filter_conv, perf[i].mathType));
-      size_t ws = 0;
-      if (cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, b.x, b.y, b.filter_conv,
-                                                         plan.w_desc, perf[i].algo,
-                                                         &ws) != CUDNN_STATUS_SUCCESS ||
-          ws > limit) {
-        continue;
-      }
-      b.filter_algo = perf[i].algo;
-      b.filter_ws = ws;
-      found = true;
-    }
-    if (!found) none("deterministic backward-filter");
+    const auto query = [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* ws) {
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, b.x, b.y, b.filter_conv,
+                                                            plan.w_desc, algo, ws);
+    };
+    choose("backward-filter", [&](bool deterministic) {
+      return pick_algorithm(perf, returned, deterministic, allow_tf32_, limit, b.filter_conv, query,
+                            b.filter_algo, b.filter_ws);
+    });
   }
 }
 
@@ -313,8 +316,7 @@ const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const Tensor& w)
   return filter_scratch_;
 }
 
-// ---- ops
-// -----------------------------------------------------------------------------------------
+// ---- ops ----------------------------------------------------------------------------------------
 
 void CudaBackend::conv_forward(ConvPlan& plan_base, const Tensor& x, const Tensor& w,
                                const Tensor* b, const Tensor& y) {
