@@ -68,7 +68,7 @@ TEST_CASE("ParamRegistry: unique names, aligned offsets, zero padding", "[engine
   CHECK_THROWS_AS(r.upload_params(std::vector<float>(3)), dp::Error);
 }
 
-TEST_CASE("ParamRegistry: a seed means the same values; entries do not shift each other",
+TEST_CASE("ParamRegistry: a seed means the same values, entries do not shift each other",
           "[engine][params]") {
   auto b = cpu();
   dp::ParamRegistry r1, r2, r3, r4;

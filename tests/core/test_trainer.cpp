@@ -83,7 +83,7 @@ std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& 
 
 }  // namespace
 
-TEST_CASE("shard_sizes: the first n % k shards get one more; batch >= replicas",
+TEST_CASE("shard_sizes: the first n % k shards get one more, batch >= replicas",
           "[engine][trainer]") {
   CHECK(dp::shard_sizes(10, 3) == std::vector<int64_t>{4, 3, 3});
   CHECK(dp::shard_sizes(9, 3) == std::vector<int64_t>{3, 3, 3});

@@ -165,7 +165,7 @@ seed = [0, 1, 2]
   CHECK(inline_zip.trials[3].label == "gpus=2 batch_size=16 seed=0");
 }
 
-TEST_CASE("a scalar in [sweep] overrides [train]; [train] holds the defaults", "[experiment]") {
+TEST_CASE("a scalar in [sweep] overrides [train], [train] holds the defaults", "[experiment]") {
   auto ex = parse(kHead + R"([train]
 model = "lenet"
 epochs = 3

@@ -67,7 +67,7 @@ TEST_CASE("a killed trial process is recorded failed and the sweep goes on", "[c
   CHECK(sql1(s.db, "SELECT error FROM trials WHERE gpus = 1").empty());
 }
 
-TEST_CASE("NaN loss -> diverged; abort and throw -> failed with the reason", "[cli]") {
+TEST_CASE("NaN loss -> diverged, abort and throw -> failed with the reason", "[cli]") {
   DPRUN_NEED_DATA(data);
   {
     Sweep s("nan", data, "[1]");
@@ -103,7 +103,7 @@ TEST_CASE("NaN loss -> diverged; abort and throw -> failed with the reason", "[c
   }
 }
 
-TEST_CASE("--trial-timeout kills a hanging trial", "[cli]") {
+TEST_CASE("the option --trial-timeout kills a hanging trial", "[cli]") {
   DPRUN_NEED_DATA(data);
   Sweep s("timeout", data, "[1]");
   auto args = s.args();
@@ -115,7 +115,7 @@ TEST_CASE("--trial-timeout kills a hanging trial", "[cli]") {
   CHECK(s.error(1).find("timed out") != std::string::npos);
 }
 
-TEST_CASE("SIGINT or SIGTERM stops the runner and its trial; a re-run completes it", "[cli]") {
+TEST_CASE("SIGINT or SIGTERM stops the runner and its trial, a re-run completes it", "[cli]") {
   DPRUN_NEED_DATA(data);
   const int sig = GENERATE(SIGINT, SIGTERM);
   const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";

@@ -138,7 +138,7 @@ TEST_CASE("records: encode and decode each kind", "[cli][protocol]") {
   CHECK_THROWS(dprun::decode_record("epoch 1 loss 0.5"));
 }
 
-TEST_CASE("filters match settings by value; unknown keys are errors", "[cli][protocol]") {
+TEST_CASE("filters match settings by value, unknown keys are errors", "[cli][protocol]") {
   dprun::TrialSpec spec;
   spec.settings.model = "lenet";
   spec.settings.gpus = 2;
