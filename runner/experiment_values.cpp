@@ -106,7 +106,7 @@ const std::vector<KeySpec>& train_keys() {
       {"weight_decay", Kind::number, 0, Range::non_negative},
       {"precision", Kind::choice, 0, Range::none, {"fp32"}},
       {"layout", Kind::choice, 0, Range::none, {"nchw", "nhwc"}},
-      {"bn", Kind::choice, 0, Range::none, {"per-replica", "sync"}},
+      {"bn", Kind::choice, 0, Range::none, {"per-replica"}},
       {"eval_batch_size", Kind::integer, 0},
       {"train_limit", Kind::integer, 0},
       {"test_limit", Kind::integer, 0},
@@ -276,6 +276,11 @@ std::optional<Val> Validator::read_train_value(const KeySpec& k, const toml::nod
       } else if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
         if (k.name == "precision" && s == "bf16") {
           diag_.add(pos, path, "bf16 is not supported yet; use \"fp32\"");
+        } else if (k.name == "bn" && s == "sync") {
+          // Synchronised statistics need collectives inside batch norm; until the engine has
+          // them, refuse the file before anything runs rather than fail every such trial.
+          diag_.add(pos, path,
+                    "synchronised batch norm is not supported yet; use \"per-replica\"");
         } else {
           diag_.add(pos, path,
                     "unknown value " + detail::quoted(s) + did_you_mean(s, k.choices) +

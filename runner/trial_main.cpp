@@ -146,7 +146,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
             "precision " + s.precision + " is not supported yet (use precision = \"fp32\")"};
   if (s.bn_mode != "per-replica")
     return {TrialRecord::Kind::error,
-            s.bn_mode == "sync" ? "synchronised batch norm is not supported yet (use bn_mode = "
+            s.bn_mode == "sync" ? "synchronised batch norm is not supported yet (use bn = "
                                   "\"per-replica\")"
                                 : "bn_mode \"" + s.bn_mode + "\": expected per-replica or sync"};
   if (s.optimizer != "sgd")

@@ -173,7 +173,7 @@ lr = 0.5
 momentum = 0.9
 weight_decay = 0.0005
 layout = "nhwc"
-bn = "sync"
+bn = "per-replica"
 eval_batch_size = 1000
 train_limit = 512
 test_limit = 256
@@ -188,7 +188,7 @@ epochs = 7
   CHECK(s.momentum == 0.9);
   CHECK(s.weight_decay == 0.0005);
   CHECK(s.layout == "nhwc");
-  CHECK(s.bn_mode == "sync");
+  CHECK(s.bn_mode == "per-replica");
   CHECK(s.eval_batch_size == 1000);
   CHECK(s.train_limit == 512);
   CHECK(s.test_limit == 256);
@@ -329,7 +329,7 @@ name = "a"
   CHECK(parse(a + "[model.lenet]\nhidden = 128\n").trials.at(0).config_hash == ha);
   // Every setting that changes the result changes the hash.
   for (const char* change : {"momentum = 0.5\n", "epochs = 11\n", "weight_decay = 0.1\n",
-                             "layout = \"nhwc\"\n", "bn = \"sync\"\n", "eval_batch_size = 64\n",
+                             "layout = \"nhwc\"\n", "eval_batch_size = 64\n",
                              "train_limit = 100\n", "test_limit = 100\n", "batch_size = 128\n"}) {
     INFO(change);
     CHECK(parse(a + change).trials.at(0).config_hash != ha);
@@ -439,6 +439,8 @@ TEST_CASE("error: values out of range", "[experiment]") {
        "t.toml:5:13: train.optimizer: unknown value \"adam\" (expected one of \"sgd\")"},
       {"precision = \"bf16\"",
        "t.toml:5:13: train.precision: bf16 is not supported yet; use \"fp32\""},
+      {"bn = \"sync\"",
+       "t.toml:5:6: train.bn: synchronised batch norm is not supported yet; use \"per-replica\""},
       {"layout = \"nwhc\"",
        "t.toml:5:10: train.layout: unknown value \"nwhc\"; did you mean \"nhwc\"? (expected one "
        "of \"nchw\", \"nhwc\")"},
