@@ -354,8 +354,12 @@ TEST_CASE("cuda relu, add, scale, fill match the cpu backend", "[cuda]") {
     // In place: y aliases x, dx aliases dy.
     B.gpu->relu_backward(y.t.g(), dy.t.g(), dy.t.g());
     CHECK(dy.gpu() == dx.cpu());
+    // From here on a is relu(a) on both sides (the CPU in place too), so add and scale below
+    // compare like with like.
+    B.cpu->relu_forward(a.t.c(), a.t.c());
     B.gpu->relu_forward(a.t.g(), a.t.g());
     CHECK(a.gpu() == y.cpu());
+    CHECK(a.cpu() == y.cpu());
 
     B.cpu->add(a.t.c(), b.t.c(), y.t.c());
     B.gpu->add(a.t.g(), b.t.g(), y.t.g());
