@@ -163,8 +163,9 @@ TEST_CASE("cuda linear forward/backward match the cpu backend", "[cuda]") {
     CUDA_CHECK_CLOSE(dx.gpu(), dx.cpu(), kRel);
     CUDA_CHECK_CLOSE(dw.gpu(), dw.cpu(), kRel);
     CUDA_CHECK_CLOSE(db.gpu(), db.cpu(), kRel);
-    // Without dx and db (the first layer): dw alone.
-    dw.set(std::vector<float>(static_cast<size_t>(cc.out * cc.in), 7.0f));
+    // Without dx and db (the first layer): dw alone, overwritten. Only the GPU copy is poisoned:
+    // the CPU copy stays the reference computed above.
+    dw.t.gpu.upload(std::vector<float>(static_cast<size_t>(cc.out * cc.in), 7.0f));
     B.gpu->linear_backward(x.t.g(), w.t.g(), dy.t.g(), nullptr, dw.t.g(), nullptr);
     CUDA_CHECK_CLOSE(dw.gpu(), dw.cpu(), kRel);
   }
