@@ -120,24 +120,32 @@ TEST_CASE("cuda same-device allreduce, broadcast and barrier (2 and 3 ranks on o
       CHECK(comms[static_cast<size_t>(r)]->size() == k);
     }
     exercise(comms, backends, /*exact=*/true);
-    // Repeated back-to-back collectives without host synchronisation in between.
+    // Repeated back-to-back collectives without host synchronisation in between. The ranks only
+    // collect their results: Catch2's assertions are not thread-safe, so they run on this thread.
+    std::vector<std::vector<float>> repeated(static_cast<size_t>(k));
     on_threads(k, [&](int r) {
       dp::Backend& b = *backends[static_cast<size_t>(r)];
       dptest::DeviceBuffer buf(b, {4099});
       b.fill(buf.tensor(), static_cast<float>(r + 1));
       for (int i = 0; i < 20; ++i)
         comms[static_cast<size_t>(r)]->allreduce_sum(buf.tensor().f32(), 4099);
-      // Round 1 gives S = 1 + 2 + ... + k on every rank; each later round sums k equal values,
-      // which the host replays in the kernel's order to get the same rounding.
-      float expected = static_cast<float>(k * (k + 1) / 2);
-      for (int i = 1; i < 20; ++i) {
-        float s = expected;
-        for (int j = 1; j < k; ++j) s += expected;
-        expected = s;
-      }
-      const auto v = buf.download_f32();
-      for (float x : v) REQUIRE(x == expected);
+      repeated[static_cast<size_t>(r)] = buf.download_f32();
+      // Every rank's buffer is written by the others' kernels: leave none in flight when this
+      // rank's buffer is freed.
+      comms[static_cast<size_t>(r)]->barrier();
     });
+    // Round 1 gives S = 1 + 2 + ... + k on every rank; each later round sums k equal values,
+    // which the host replays in the kernel's order to get the same rounding.
+    float expected = static_cast<float>(k * (k + 1) / 2);
+    for (int i = 1; i < 20; ++i) {
+      float s = expected;
+      for (int j = 1; j < k; ++j) s += expected;
+      expected = s;
+    }
+    for (int r = 0; r < k; ++r) {
+      INFO("rank " << r);
+      CHECK(repeated[static_cast<size_t>(r)] == std::vector<float>(4099, expected));
+    }
   }
 }
 
