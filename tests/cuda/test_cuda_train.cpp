@@ -201,9 +201,9 @@ TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one rep
     for (const auto& b : batches) loss = trainer.step(b);
     StepResult many{before, trainer.parameters(0), loss};
     for (int r = 1; r < k; ++r) CHECK(trainer.parameters(r) == many.after);
-    auto cmp = dptest::compare(many.after, one.after, 1e-5, 0.0, 1e-3);
-    INFO("parameters, 1e-5 relative: " << cmp.message);
-    CHECK(cmp.ok);
+    // Parameters within 1e-5 (floor 1) and updates within 1e-4 of the largest update. (No
+    // parameter check with a smaller floor: a weight near zero would then be held to ~1e-8
+    // absolute, below the rounding noise of summing the gradient in another order at lr 0.9.)
     check_same_step(many, one, 1e-5, 1e-4);
   }
 }
