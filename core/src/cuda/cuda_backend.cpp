@@ -85,7 +85,9 @@ kernels::PoolShape pool_shape(const PoolGeometry& g, const Dims& x, const char* 
     fail(op, "bad pooling window (kernel >= 1, stride >= 1, 0 <= pad <= kernel / 2)");
   }
   const int64_t p = g.out_h(x.h), q = g.out_w(x.w);
-  if (p < 1 || q < 1) {
+  // Not just p, q >= 1: C++ division truncates, so H + 2*pad - kernel in (-stride, 0) gives
+  // P = 1 with a window that overhangs the padded input (the CPU backend and PyTorch refuse it).
+  if (x.h + 2 * g.pad_h < g.kernel_h || x.w + 2 * g.pad_w < g.kernel_w || p < 1 || q < 1) {
     fail(op, "input " + std::to_string(x.h) + "x" + std::to_string(x.w) +
                  " is smaller than the pooling window");
   }
