@@ -176,10 +176,14 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv(const ConvGeometry& g) {
   const char* op = "plan_conv";
   if (g.dtype != DType::f32)
     fail(op, std::string("dtype ") + dtype_name(g.dtype) + " is not supported (f32)");
-  if (g.max_batch < 1 || g.in_channels < 1 || g.out_channels < 1 || g.kernel_h < 1 ||
-      g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 || g.pad_w < 0 ||
-      g.out_h() < 1 || g.out_w() < 1) {
-    fail(op, "invalid geometry " + g.str());
+  if (g.max_batch < 1 || g.in_channels < 1 || g.in_h < 1 || g.in_w < 1 || g.out_channels < 1 ||
+      g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 ||
+      g.pad_w < 0) {
+    fail(op, "every size must be positive and padding non-negative, got " + g.str());
+  }
+  // out_h() >= 1 is not enough: the division truncates toward zero.
+  if (g.in_h + 2 * g.pad_h < g.kernel_h || g.in_w + 2 * g.pad_w < g.kernel_w) {
+    fail(op, "the kernel is larger than the padded input in " + g.str());
   }
   activate();
   auto plan = std::make_unique<CudnnConvPlan>(g);
