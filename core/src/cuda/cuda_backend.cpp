@@ -246,6 +246,7 @@ void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaBackend::fill(const Tensor& t, float value) {
+  if (t.numel() == 0) return;  // as the CPU backend: an empty tensor may have no memory
   activate();
   if (t.data == nullptr) fail("fill", "tensor has no data (null pointer)");
   if (t.dtype == DType::f32) {
