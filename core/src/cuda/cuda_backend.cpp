@@ -353,8 +353,8 @@ namespace {
 void check_logits(const Tensor& logits, const Tensor& labels, const Tensor& correct,
                   const char* op) {
   expect_f32(logits, op, "logits");
-  if (logits.shape.rank != 2)
-    fail(op, "logits has shape " + logits.shape.str() + ", expected (N, K)");
+  if (logits.shape.rank != 2 || logits.shape[1] < 1)
+    fail(op, "logits has shape " + logits.shape.str() + ", expected (N, K) with K >= 1");
   expect_dtype(labels, DType::i32, op, "labels");
   expect_numel(labels, logits.shape[0], op, "labels");
   expect_dtype(correct, DType::i32, op, "correct");
