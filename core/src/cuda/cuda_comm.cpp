@@ -300,7 +300,15 @@ class NcclGroup {
     }
     watch_cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    if (!comms_aborted_) finalize();
+    // An aborted group whose watchdog had not got to it yet (it polls every 100 ms) is aborted
+    // here: finalizing would wait on collectives a dead peer never joins.
+    if (!comms_aborted_) {
+      if (aborted.is_set()) {
+        abort_comms();
+      } else {
+        finalize();
+      }
+    }
     cleanup_events();
   }
 
