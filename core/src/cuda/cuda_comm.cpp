@@ -329,11 +329,17 @@ class NcclGroup {
     std::lock_guard<std::mutex> lock(*comm_mutex[r]);
     if (comms_aborted_ || aborted.is_set()) aborted.raise(what);
     ncclComm_t comm = comms[r];
-    NCCL_CHECK(enqueue(comm));
+    // An error here means the peers may already be inside this collective on their GPUs and
+    // will never see this rank: abort the group (as for asynchronous errors) rather than
+    // leave them to the watchdog's timeout.
+    const ncclResult_t enqueued = enqueue(comm);
     const auto deadline = Clock::now() + comm_timeout();
     for (;;) {
-      ncclResult_t state = ncclSuccess;
-      NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+      ncclResult_t state = enqueued;
+      if (state == ncclSuccess || state == ncclInProgress) {
+        const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+        if (query != ncclSuccess) state = query;
+      }
       if (state == ncclSuccess) break;
       if (state != ncclInProgress) {
         const std::string reason = std::string(what) + " on rank " + std::to_string(rank) +
