@@ -399,6 +399,9 @@ TEST_CASE("cuda softmax cross-entropy and count_correct match the cpu backend", 
     for (size_t i = 0; i < lab.size(); ++i)
       lab[i] = std::min<int32_t>(static_cast<int32_t>(r[i]), static_cast<int32_t>(cc.k - 1));
     labels.set(lab);
+    // Stale values in the outputs: loss_sum and correct are written, not accumulated.
+    loss.set(std::vector<float>{1234.5f});
+    correct.set(std::vector<int32_t>{77});
     B.cpu->softmax_cross_entropy(logits.t.c(), labels.t.c(), cc.scale, dlogits.t.c(), loss.t.c(),
                                  correct.t.c());
     B.gpu->softmax_cross_entropy(logits.t.g(), labels.t.g(), cc.scale, dlogits.t.g(), loss.t.g(),
