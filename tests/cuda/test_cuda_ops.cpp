@@ -101,6 +101,9 @@ void check_conv(const ConvCase& cc, Layout layout) {
   w.set(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 12, -0.5f, 0.5f));
   b.set(dptest::random_vector(cc.k, 13));
   dy.set(dptest::random_vector(cc.n * cc.k * p * q, 14));
+  // Stale values in the GPU outputs: every op overwrites (cuDNN beta = 0, bias written).
+  for (dptest::DeviceBuffer* t : {&y.t.gpu, &dx.t.gpu, &dw.t.gpu, &db.t.gpu})
+    t->upload(std::vector<float>(static_cast<size_t>(t->tensor().numel()), 7.0f));
 
   const dp::Tensor* bc = cc.bias ? &b.t.c() : nullptr;
   const dp::Tensor* bg = cc.bias ? &b.t.g() : nullptr;
