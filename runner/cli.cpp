@@ -159,15 +159,6 @@ std::pair<std::string, std::string> key_value(const std::string& option, const s
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
-std::string shell_word(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-./=:,@+") == std::string::npos)
-    return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 // ---- the commands -------------------------------------------------------------------------------
 
 const std::vector<Opt> kSweepOptions = {
@@ -301,7 +292,7 @@ SweepOptions sweep_options(const Args& a, const Command& cmd, int argc, char** a
   o.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
   o.trial_timeout = double_option(a, "--trial-timeout", 0, 0);
   std::string line = "dprun";
-  for (int i = 1; i < argc; ++i) line += " " + shell_word(argv[i]);
+  for (int i = 1; i < argc; ++i) line += " " + shell_quote(argv[i]);
   o.command_line = line;
   return o;
 }

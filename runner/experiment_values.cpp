@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "experiment_detail.hpp"
+#include "json.hpp"
 
 namespace dprun::detail {
 
@@ -26,37 +27,7 @@ void Diagnostics::throw_if_any() const {
   throw ConfigErrors(std::move(sorted));
 }
 
-std::string quoted(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
+std::string quoted(const std::string& s) { return json_quote(s); }
 
 std::string shortest(double d) {
   char buf[64];

@@ -23,6 +23,15 @@ namespace dprun {
 
 namespace fs = std::filesystem;
 
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789_-./=:,@+") == std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 // ---- settings as text, filters
 // -------------------------------------------------------------------
 
@@ -478,15 +487,6 @@ class SweepRun {
   std::string protocol_error_;
   int64_t epochs_ = 0;  // of the trial being run
 };
-
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-./=:,@+") == std::string::npos)
-    return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& experiment,
                    const std::string& db) {

@@ -57,6 +57,10 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
 /// Every setting of a trial by name as text ("gpus" -> "2", "lr" -> "0.4", "option.hidden" ->
 /// "128"), for --filter and display.
 std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec);
+
+/// `s` as one word for a POSIX shell (unchanged when it needs no quoting), for the commands
+/// dprun prints for the user to run.
+std::string shell_quote(const std::string& s);
 /// True when the trial matches every filter key (several values for one key: any of them).
 /// Throws UsageError for a key that is not a setting name.
 bool trial_matches(const TrialSpec& spec,
