@@ -195,10 +195,11 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
 
 void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slot) {
   Backend& b = *r.backend;
-  const std::vector<int64_t> shards = split(n, k());
-  int64_t offset = begin;
-  for (int q = 0; q < r.rank; ++q) offset += shards[static_cast<size_t>(q)];
-  const int64_t m = shards[static_cast<size_t>(r.rank)];
+  // This replica's shard as split() cuts it, computed without a vector: nothing is allocated
+  // in the step loop.
+  const int64_t k = this->k(), base = n / k, extra = n % k;
+  const int64_t m = base + (r.rank < extra ? 1 : 0);
+  const int64_t offset = begin + r.rank * base + std::min<int64_t>(r.rank, extra);
   const Tensor loss = r.loss_slots.slice_batch(slot, 1);
   const Tensor correct = r.correct_slots.slice_batch(slot, 1);
   if (m > 0) {
