@@ -262,6 +262,76 @@ TEST_CASE("The last partial batch may be smaller than the replica count", "[engi
   }
 }
 
+TEST_CASE("A last batch, or a whole training set, smaller than the replica count: the step of "
+          "one replica",
+          "[engine][trainer]") {
+  // 129 examples in batches of 64 on 3 replicas: the last step has one example (shards 1, 0, 0).
+  // 2 examples in one batch of 3: the training set itself is smaller than the replica count.
+  struct Case {
+    int64_t count, batch;
+  };
+  for (const Case c : {Case{129, 64}, Case{2, 3}}) {
+    DYNAMIC_SECTION(c.count << " examples, batch " << c.batch) {
+      const auto data = enginetest::synthetic_dataset(c.count, 12);
+      dp::SgdParams sgd;
+      sgd.lr = 0.5f;
+      sgd.momentum = 0.9f;
+      sgd.weight_decay = 1e-3f;
+      auto o3 = cpu_options(3, c.batch, sgd);
+      dp::Trainer one(cpu_options(1, c.batch, sgd), linear_net, data, data.head(0));
+      dp::Trainer three(o3, linear_net, data, data.head(0));
+      const auto p0 = one.parameters(0);
+      REQUIRE(three.parameters(0) == p0);
+      const size_t peak = three.peak_memory_bytes();
+      const auto r1 = one.run_epoch(1);
+      const auto r3 = three.run_epoch(1);
+      CHECK(three.peak_memory_bytes() == peak);  // nothing allocated in the step loop
+      CHECK(r3.finite);
+      CHECK(r3.train_loss == Approx(r1.train_loss).epsilon(1e-5));
+      CHECK(r3.train_acc == r1.train_acc);
+      const auto p1 = one.parameters(0), p3 = three.parameters(0);
+      for (int r = 1; r < 3; ++r) CHECK(three.parameters(r) == p3);
+      CHECK_FALSE(dptest::compare(p1, p0, 1e-3, 0.0, 1e-2).ok);  // the epoch moved them
+      const auto c3 = dptest::compare(minus(p3, p0), minus(p1, p0), 1e-3, 1e-7, 1e-3);
+      INFO("updates: " << c3.message);
+      CHECK(c3.ok);
+    }
+  }
+}
+
+TEST_CASE("Evaluation counts every test example once, whatever the replicas and eval batch",
+          "[engine][trainer]") {
+  // Zero weights and biases: every logit is 0, the prediction is class 0 (the first maximum),
+  // so the accuracy is exactly the fraction of label-0 examples. A shard evaluated twice or
+  // skipped would change it.
+  const dp::ModelBuilder constant = [] {
+    auto net = std::make_unique<dp::Sequential>();
+    net->add(std::make_unique<dp::Flatten>());
+    net->add(std::make_unique<dp::Linear>(784, 10, true, dp::Init::zeros(), dp::Init::zeros()));
+    return net;
+  };
+  const auto train = enginetest::synthetic_dataset(16, 13);
+  for (const int64_t count : {int64_t{101}, int64_t{2}}) {  // 2: fewer examples than replicas
+    auto test = enginetest::synthetic_dataset(count, 14);
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      auto& label = test.labels[static_cast<size_t>(i)];
+      if (i % 3 == 0) label = 0;
+      if (label == 0) ++zeros;
+    }
+    const double expected = static_cast<double>(zeros) / static_cast<double>(count);
+    for (const int k : {1, 2, 3}) {
+      for (const int64_t eval_batch : {int64_t{1}, int64_t{7}, int64_t{50}, int64_t{256}}) {
+        INFO(count << " test examples, " << k << " replicas, eval batch " << eval_batch);
+        auto o = cpu_options(k, 16);
+        o.eval_batch_size = eval_batch;
+        dp::Trainer t(o, constant, train, test);
+        CHECK(t.evaluate() == expected);
+      }
+    }
+  }
+}
+
 namespace {
 // Identity module that throws from forward on one chosen replica after a few calls.
 class FailingModule : public dp::Module {
