@@ -267,6 +267,7 @@ struct TrialOutcome {
   dps::TrialStatus status = dps::TrialStatus::failed;
   std::string message;
   int interrupted_by = 0;  // SIGINT / SIGTERM received by the runner
+  bool taken = false;      // another dprun claimed or finished it since the plan: not run here
 };
 
 std::string after_epoch(int64_t epoch) {
@@ -304,6 +305,22 @@ class SweepRun {
     request.oversubscribe = options_.oversubscribe;
     request.threads = options_.threads;
 
+    // Another dprun on the same database planned from the same rows: whoever claims the trial
+    // first runs it; the other skips it rather than restart it (and drop its epochs).
+    if (!store_.claim_trial(row.id, row.status, getpid(), host_name())) {
+      TrialOutcome taken;
+      taken.taken = true;
+      taken.status = dps::TrialStatus::skipped;
+      auto now = store_.get_trial(row.id);
+      const dps::TrialStatus status = now ? now->status : dps::TrialStatus::running;
+      std::string who;
+      if (now && status == dps::TrialStatus::running)
+        who = " by another dprun (pid " + std::to_string(now->runner_pid) +
+              (now->host.empty() ? "" : " on " + now->host) + ")";
+      progress_.note("[" + std::to_string(index) + "] " + trial_display_name(spec) +
+                     ": skipped: now " + dps::status_name(status) + who);
+      return taken;
+    }
     progress_.trial_started(index, trial_display_name(spec), spec.settings.epochs);
     SpawnOptions spawn;
     if (options_.verbose)
@@ -338,7 +355,7 @@ class SweepRun {
       }
       child.pump(on_record);
       if (seconds_since(last_beat) >= options_.heartbeat_seconds) {
-        if (started_) store_.heartbeat(trial_id_);
+        store_.heartbeat(trial_id_);  // claimed: running from here on, even before its start
         last_beat = clock::now();
       }
       if (options_.trial_timeout > 0 && seconds_since(t0) >= options_.trial_timeout &&

@@ -307,6 +307,29 @@ std::vector<TrialRow> Store::trials(int64_t experiment_id) {
   return rows;
 }
 
+bool Store::claim_trial(int64_t trial_id, TrialStatus expected, int64_t runner_pid,
+                        const std::string& host) {
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  Stmt up(db,
+          "UPDATE trials SET status = 'running', runner_pid = ?3, host = ?4, "
+          "  heartbeat_at = " DPS_NOW_SQL " WHERE id = ?1 AND status = ?2");
+  up.bind(1, trial_id).bind(2, std::string(status_name(expected))).bind(3, runner_pid);
+  up.bind_text_or_null(4, host);
+  up.run();
+  const bool claimed = sqlite3_changes(db) > 0;
+  if (!claimed) {
+    Stmt exists(db, "SELECT 1 FROM trials WHERE id = ?1");
+    exists.bind(1, trial_id);
+    if (!exists.step()) {
+      throw StoreError(impl_->path + ": claim_trial: no trial with id " +
+                       std::to_string(trial_id));
+    }
+  }
+  txn.commit();
+  return claimed;
+}
+
 void Store::start_trial(int64_t trial_id, const TrialStart& start) {
   sqlite3* db = impl_->db;
   WriteTransaction txn(db);

@@ -184,3 +184,36 @@ TEST_CASE("a runner killed with SIGKILL takes its trial process with it", "[cli]
   CHECK(s.epochs(1) == "2");
   CHECK(sql1(s.db, "SELECT attempts FROM trials") == "2");
 }
+
+TEST_CASE("two runners on one database never run the same trial twice", "[cli]") {
+  DPRUN_NEED_DATA(data);
+  Sweep s("two_runners", data, "[1, 2]");
+  // Runner A hangs in trial 1 (gpus=1) after its first epoch; both trials were pending when it
+  // made its plan.
+  clitest::Dprun a(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@1#0"}, "a");
+  REQUIRE(a.pid() > 0);
+  REQUIRE(clitest::wait_until([&] {
+    try {
+      return sql1(s.db, "SELECT COUNT(*) FROM epochs") == "1";
+    } catch (const std::exception&) {
+      return false;
+    }
+  }));
+  // Runner B leaves A's running trial alone and runs the other one.
+  auto b = clitest::Dprun(s.args(), s.dir.path(), {}, "b").wait();
+  DPRUN_CHECK_EXIT(b, 0);
+  CHECK(s.status(2) == "done");
+  CHECK(sql1(s.db, "SELECT attempts FROM trials WHERE gpus = 2") == "1");
+
+  // A's trial ends (its process killed); A must now skip the trial B finished, not restart it.
+  const auto children = clitest::children_of(a.pid());
+  REQUIRE(children.size() == 1);
+  ::kill(children[0], SIGKILL);
+  auto r = a.wait();
+  DPRUN_CHECK_EXIT(r, 1);
+  CHECK(r.err.find("skipped: now done") != std::string::npos);
+  CHECK(s.status(1) == "failed");
+  CHECK(s.status(2) == "done");
+  CHECK(sql1(s.db, "SELECT attempts FROM trials WHERE gpus = 2") == "1");
+  CHECK(s.epochs(2) == "2");
+}

@@ -469,6 +469,36 @@ TEST_CASE("two stores on one file write alternately without lock errors", "[stor
   CHECK(second.get_trial(a)->status == TrialStatus::done);
 }
 
+TEST_CASE("claim_trial lets only one of two runners take a trial", "[store]") {
+  ScratchDir dir;
+  const std::string path = dir.file("results.db");
+  Store first(path);
+  Store second(path);
+  const int64_t exp = first.upsert_experiment("e", "", "");
+  const int64_t id = first.ensure_trial(exp, "a", 0, dpstest::settings("lenet", 1)).id;
+  // Both runners planned the trial as pending; only the first claim wins.
+  CHECK(first.claim_trial(id, TrialStatus::pending, getpid(), this_host()));
+  CHECK_FALSE(second.claim_trial(id, TrialStatus::pending, getpid() + 1, "elsewhere"));
+  dps::TrialRow t = *second.get_trial(id);
+  CHECK(t.status == TrialStatus::running);
+  CHECK(t.runner_pid == getpid());
+  CHECK(t.host == this_host());
+  CHECK(t.attempts == 0);  // start_trial counts the attempt
+  CHECK_FALSE(t.heartbeat_at.empty());
+
+  // A trial the other runner finished meanwhile is not taken (and its epochs stay).
+  first.start_trial(id, start_info(getpid()));
+  first.record_epoch(dpstest::epoch_row(id, 1, 0.7, 1.0));
+  first.finish_trial(id, TrialStatus::done);
+  CHECK_FALSE(second.claim_trial(id, TrialStatus::pending, getpid(), this_host()));
+  CHECK(second.get_trial(id)->status == TrialStatus::done);
+  CHECK(second.epochs(id).size() == 1);
+  // --rerun: a runner that planned it as done may take it again.
+  CHECK(second.claim_trial(id, TrialStatus::done, getpid(), this_host()));
+  REQUIRE_THROWS_WITH(first.claim_trial(id + 50, TrialStatus::pending, 1, ""),
+                      Contains("no trial with id"));
+}
+
 TEST_CASE("two processes writing one file at the same time both succeed", "[store]") {
   ScratchDir dir;
   const std::string path = dir.file("results.db");

@@ -118,6 +118,13 @@ class Store {
   std::optional<TrialRow> get_trial(int64_t trial_id);
   std::vector<TrialRow> trials(int64_t experiment_id);
 
+  /// Claims a trial for this runner before its process starts: `expected` -> running, only if
+  /// the trial's status is still `expected` (another dprun on the same database may have claimed
+  /// or finished it since this runner read it). Records runner_pid, host and a heartbeat; keeps
+  /// everything else (start_trial follows). Returns false, changing nothing, when the status
+  /// is no longer `expected`. (Added in review: the check and the write are one transaction.)
+  bool claim_trial(int64_t trial_id, TrialStatus expected, int64_t runner_pid,
+                   const std::string& host);
   /// pending/failed/interrupted/... -> running: deletes any partial epochs of an earlier
   /// attempt, increments attempts, records start info and heartbeat, clears the error.
   void start_trial(int64_t trial_id, const TrialStart& start);
