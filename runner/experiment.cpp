@@ -128,6 +128,15 @@ class FileReader {
     return n->as_string()->get();
   }
 
+  static std::string bad_name_reason(const std::string& name) {
+    if (name == "." || name == "..") return "is not a file name";
+    for (unsigned char c : name) {
+      if (c == '/' || c == '\\') return "must not contain '/' or '\\'";
+      if (c < 0x20 || c == 0x7f) return "must not contain control characters (newline, tab, ...)";
+    }
+    return "";
+  }
+
   void read_experiment(Experiment& ex) {
     auto* t = section("experiment");
     if (!t) {
@@ -139,9 +148,17 @@ class FileReader {
     }
     unknown_keys(*t, "experiment.", {"name", "description", "database"});
     if (auto name = string_at(*t, "name", "experiment.name")) {
-      if (name->empty())
-        diag_.add(pos_of(t->get("name")->source(), table_pos(t)), "experiment.name",
-                  "must not be empty");
+      const auto name_pos = pos_of(t->get("name")->source(), table_pos(t));
+      if (name->empty()) {
+        diag_.add(name_pos, "experiment.name", "must not be empty");
+      } else if (auto why = bad_name_reason(*name); !why.empty()) {
+        // The name is the default database file (results/NAME.db) and is printed in tables:
+        // a path separator would put the database elsewhere, a control character garbles both.
+        diag_.add(name_pos, "experiment.name",
+                  detail::quoted(*name) + ": " + why +
+                      "; the name is also the default database file results/NAME.db (use "
+                      "letters, digits, spaces, '-', '_' or '.')");
+      }
       ex.name = *name;
     } else if (!t->get("name")) {
       diag_.add(table_pos(t), "experiment.name",

@@ -556,6 +556,25 @@ TEST_CASE("error: missing name and model", "[experiment]") {
   CHECK(std::string(empty.what()) == "t.toml:2:8: experiment.name: must not be empty");
 }
 
+TEST_CASE("error: a name that cannot be the default database file", "[experiment]") {
+  // results/NAME.db: "../../x" would put the database outside results/, a newline garbles it.
+  for (const char* bad : {"../../escape", "a/b", "a\\\\b", "..", "a\\nb", "tab\\there"}) {
+    INFO(bad);
+    auto e = error_of(std::string("[experiment]\nname = \"") + bad +
+                      "\"\n[train]\nmodel = \"lenet\"\n");
+    CHECK(e.line() == 2);
+    CHECK(e.key() == "experiment.name");
+    CHECK(std::string(e.what()).find("results/NAME.db") != std::string::npos);
+  }
+  // Unicode, spaces and dots are fine.
+  for (const char* good : {"ünï cødé 😀", "lenet v1.2", "a-b_c"}) {
+    INFO(good);
+    CHECK(parse(std::string("[experiment]\nname = \"") + good +
+                "\"\n[train]\nmodel = \"lenet\"\n")
+              .name == good);
+  }
+}
+
 TEST_CASE("every error of a file is reported, in file order", "[experiment]") {
   auto errors = errors_of(R"([experiment]
 name = "x"
