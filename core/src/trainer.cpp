@@ -77,6 +77,10 @@ struct Trainer::Impl {
   std::vector<Replica> replicas;
   std::vector<std::unique_ptr<Communicator>> comms;  // destroyed before the replicas
   std::string failure;                               // set once a replica failed
+  // True when training ran since the BN buffers were last averaged. Averaging replicas that
+  // already agree is not a no-op in floats ((a + a + a) * (1/3) != a), so evaluating twice
+  // would drift the running statistics; it is skipped then.
+  bool buffers_differ = false;
 
   int k() const { return static_cast<int>(replicas.size()); }
 
@@ -227,7 +231,7 @@ void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slo
 void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
   Backend& b = *r.backend;
   const int k = this->k();
-  if (options.average_bn_buffers && k > 1 && r.params->buffer_floats() > 0) {
+  if (options.average_bn_buffers && buffers_differ && k > 1 && r.params->buffer_floats() > 0) {
     const Tensor bufs = r.params->buffers_flat();
     r.comm->allreduce_sum(bufs.f32(), static_cast<size_t>(bufs.numel()));
     b.scale(bufs, 1.0f / static_cast<float>(k));
@@ -367,6 +371,7 @@ EpochReport Trainer::run_epoch(int epoch) {
     loss[static_cast<size_t>(r.rank)] = ls;
     correct[static_cast<size_t>(r.rank)] = cs;
   });
+  s.buffers_differ = true;
   EpochReport report;
   report.epoch = epoch;
   report.seconds = seconds_since(t0);
@@ -405,6 +410,7 @@ double Trainer::step(const std::vector<int32_t>& indices) {
     s.train_step(r, 0, n, 0);
     r.backend->download(&loss[static_cast<size_t>(r.rank)], r.loss_slots.data, sizeof(float));
   });
+  s.buffers_differ = true;
   double total = 0;
   for (float l : loss) total += l;
   return total / static_cast<double>(n);
@@ -414,6 +420,7 @@ double Trainer::evaluate() {
   Impl& s = *impl_;
   std::vector<int64_t> correct(static_cast<size_t>(s.k()));
   s.run_all([&](Impl::Replica& r) { s.evaluate_replica(r, correct[static_cast<size_t>(r.rank)]); });
+  s.buffers_differ = false;
   if (s.test_meta.count == 0) return 0.0;
   const double total =
       static_cast<double>(std::accumulate(correct.begin(), correct.end(), int64_t{0}));

@@ -226,6 +226,19 @@ TEST_CASE("Epochs: shuffled, reproducible, BN buffers averaged, reports filled",
   CHECK(a.registry(1).entries().size() == a.registry(0).entries().size());
 }
 
+TEST_CASE("Evaluating again does not change the averaged BN buffers", "[engine][trainer]") {
+  // With 3 replicas, (a + a + a) * (1/3) is not always a in floats: averaging buffers that
+  // already agree must be skipped, or every evaluate() drifts the running statistics.
+  const auto data = enginetest::synthetic_dataset(96, 15);
+  dp::Trainer t(cpu_options(3, 48), small_bn_net, data, data.head(30));
+  const double acc = t.run_epoch(1).test_acc;
+  const auto averaged = t.buffers(0);
+  CHECK(t.buffers(2) == averaged);
+  for (int i = 0; i < 3; ++i) CHECK(t.evaluate() == acc);
+  CHECK(t.buffers(0) == averaged);
+  CHECK(t.buffers(1) == averaged);
+}
+
 TEST_CASE("fit stops when the callback says so, or after a non-finite loss", "[engine][trainer]") {
   const auto data = enginetest::synthetic_dataset(200, 9);
   auto o = cpu_options(3, 50);
