@@ -185,6 +185,11 @@ int migrate(sqlite3* db, const std::string& path) {
   if (found == schema_version()) return found;
 
   WriteTransaction txn(db);
+  // Another process (a second dprun on the same new file) may have migrated between the read
+  // above and taking the write lock: read again before judging the file by its tables.
+  found = read_user_version(db);
+  if (found > schema_version()) throw_newer(path, found);
+  if (found == schema_version()) return found;  // the transaction rolls back: nothing to do
   if (found == 0) {
     // Version 0 is a brand-new file; one that already has tables belongs to someone else.
     Stmt tables(db, "SELECT COUNT(*) FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%'");
@@ -195,9 +200,6 @@ int migrate(sqlite3* db, const std::string& path) {
                        "schema version); give a new file name or an existing dprun database");
     }
   }
-  // Another process may have migrated between the read above and taking the write lock.
-  found = read_user_version(db);
-  if (found > schema_version()) throw_newer(path, found);
   for (const Migration& m : kMigrations) {
     if (m.version <= found) continue;
     SQLITE_CHECK(db, sqlite3_exec(db, m.sql, nullptr, nullptr, nullptr));

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <thread>
 #include <climits>
 #include <filesystem>
 #include <memory>
@@ -99,6 +101,26 @@ void exec(sqlite3* db, const char* sql) {
                        __FILE__, __LINE__, sql);
 }
 
+// Switching a file to WAL needs an exclusive lock for a moment, and SQLite answers SQLITE_BUSY
+// at once, without the busy handler, while another connection (a second dprun creating the
+// same new file) holds a lock. The mode is stored in the file, so this runs once per file:
+// retry until the busy timeout.
+void enable_wal(sqlite3* db) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMs);
+  for (;;) {
+    {
+      Stmt mode(db, "PRAGMA journal_mode");
+      if (mode.step() && mode.text(0) == "wal") return;
+    }
+    const int rc = sqlite3_exec(db, "PRAGMA journal_mode = WAL", nullptr, nullptr, nullptr);
+    if (rc == SQLITE_OK) return;
+    if ((rc != SQLITE_BUSY && rc != SQLITE_LOCKED) || std::chrono::steady_clock::now() > deadline)
+      detail::sqlite_check(rc, db, "sqlite3_exec", __FILE__, __LINE__, "PRAGMA journal_mode = WAL");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 }  // namespace
 
 const char* status_name(TrialStatus s) {
@@ -185,7 +207,7 @@ Store::Store(const std::string& path, Mode mode) : impl_(nullptr) {
     if (mode == Mode::read_write) {
       // WAL lets readers (dprun query) run while a runner writes; NORMAL sync is safe in WAL
       // (a power loss may drop the last commits, never corrupt the file).
-      exec(db, "PRAGMA journal_mode = WAL");
+      enable_wal(db);
       exec(db, "PRAGMA synchronous = NORMAL");
       impl->user_version = detail::migrate(db, path);
     } else {

@@ -550,6 +550,56 @@ TEST_CASE("two processes writing one file at the same time both succeed", "[stor
   CHECK(store.get_trial(b)->status == TrialStatus::done);
 }
 
+TEST_CASE("several processes creating one new database at the same time all succeed", "[store]") {
+  // Two `dprun` started together on a new results file: each opens it, sets WAL and migrates.
+  // A race repeated a few times; every round must succeed for every process.
+  constexpr int kRounds = 15, kProcesses = 4;
+  for (int round = 0; round < kRounds; ++round) {
+    ScratchDir dir;
+    const std::string path = dir.file("results.db");
+    int go[2];
+    REQUIRE(pipe(go) == 0);
+    std::vector<pid_t> children;
+    for (int p = 0; p < kProcesses; ++p) {
+      pid_t child = fork();
+      REQUIRE(child >= 0);
+      if (child == 0) {
+        ::close(go[1]);
+        char byte;
+        while (::read(go[0], &byte, 1) < 0 && errno == EINTR) {
+        }
+        int code = 0;
+        try {
+          Store store(path);
+          const int64_t exp = store.upsert_experiment("e", "", "");
+          store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1));
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "process %d of round %d: %s\n", p, round, e.what());
+          code = 1;
+        }
+        _exit(code);
+      }
+      children.push_back(child);
+    }
+    ::close(go[0]);
+    ::close(go[1]);  // end of file: every child starts at once
+    int failures = 0;
+    for (pid_t c : children) {
+      int status = 0;
+      REQUIRE(waitpid(c, &status, 0) == c);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        ++failures;
+        UNSCOPED_INFO("a process ended with wait status " << status);
+      }
+    }
+    INFO("round " << round);
+    REQUIRE(failures == 0);
+    Store store(path, Store::Mode::read_only);
+    CHECK(store.user_version() == dps::schema_version());
+    CHECK(dpstest::scalar(store, "SELECT COUNT(*) FROM trials") == "1");
+  }
+}
+
 TEST_CASE("status names round-trip and unknown ones are refused", "[store]") {
   for (TrialStatus s :
        {TrialStatus::pending, TrialStatus::running, TrialStatus::done, TrialStatus::failed,
