@@ -65,14 +65,21 @@ struct Group {
     counts[static_cast<size_t>(rank)] = count;
   }
 
-  // Every rank sees the same counts after the first barrier, so all throw together.
-  void check_counts(const char* op) const {
-    for (int r = 1; r < size; ++r)
-      if (counts[static_cast<size_t>(r)] != counts[0])
-        throw Error(std::string(op) + ": ranks passed different element counts (rank 0: " +
-                    std::to_string(counts[0]) + ", rank " + std::to_string(r) + ": " +
-                    std::to_string(counts[static_cast<size_t>(r)]) +
-                    "); every rank must call the same collectives with the same sizes");
+  // Every rank sees the same counts after the first barrier, so all throw together. They pass
+  // one more barrier first: a rank that threw at once could publish its next collective's
+  // count while a slower rank is still reading these, and that rank would then go on.
+  void check_counts(const char* op) {
+    for (int r = 1; r < size; ++r) {
+      if (counts[static_cast<size_t>(r)] != counts[0]) {
+        const std::string message =
+            std::string(op) + ": ranks passed different element counts (rank 0: " +
+            std::to_string(counts[0]) + ", rank " + std::to_string(r) + ": " +
+            std::to_string(counts[static_cast<size_t>(r)]) +
+            "); every rank must call the same collectives with the same sizes";
+        arrive();
+        throw Error(message);
+      }
+    }
   }
 
   void abort() noexcept {

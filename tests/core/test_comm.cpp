@@ -113,6 +113,35 @@ TEST_CASE("In-process broadcast and mismatched counts", "[engine][comm]") {
   CHECK_THROWS_AS(comms[0]->broadcast(data[0].data(), 1, 7), dp::Error);
 }
 
+TEST_CASE("In-process: after a count mismatch the next collective works at once",
+          "[engine][comm]") {
+  // A rank that has thrown goes straight on to the next collective and publishes its new
+  // count while slower ranks may still be checking the old ones.
+  const int k = 3;
+  const size_t count = 33;
+  auto comms = dp::make_inprocess_communicators(k);
+  std::vector<std::vector<float>> data(k, std::vector<float>(count));
+  const auto errors = run_ranks(comms, [&](int r, dp::Communicator& c) {
+    auto& d = data[static_cast<size_t>(r)];
+    for (int round = 0; round < 300; ++round) {
+      bool threw = false;
+      try {
+        c.allreduce_sum(d.data(), r == round % k ? 10 : count);
+      } catch (const dp::AbortedError&) {
+        throw;
+      } catch (const dp::Error&) {
+        threw = true;
+      }
+      if (!threw) throw std::runtime_error("a count mismatch went unnoticed");
+      for (size_t i = 0; i < count; ++i) d[i] = static_cast<float>(r + 1);
+      c.allreduce_sum(d.data(), count);
+      for (size_t i = 0; i < count; ++i)
+        if (d[i] != 6.0f) throw std::runtime_error("wrong sum after a mismatch");
+    }
+  });
+  for (const auto& e : errors) CHECK(e.empty());
+}
+
 TEST_CASE("abort() wakes ranks blocked in a collective with AbortedError", "[engine][comm]") {
   const int k = 3;
   auto comms = dp::make_inprocess_communicators(k);
