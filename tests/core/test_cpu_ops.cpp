@@ -230,6 +230,27 @@ TEST_CASE("cpu conv rejects bad shapes and foreign layouts with clear errors", "
                               host_tensor(y, {cc.n, cc.k, cc.p(), cc.q()}));
       },
       {"conv_forward", "nhwc"});
+  // Outputs without memory are errors that name the argument, not a crash.
+  const dp::Tensor no_memory(nullptr, {cc.n, cc.k, cc.p(), cc.q()});
+  check_error_mentions(
+      [&] {
+        backend->conv_forward(*plan, host_tensor(x, {cc.n, cc.c, cc.h, cc.w}),
+                              host_tensor(w, {cc.k, cc.c, 3, 3}), nullptr, no_memory);
+      },
+      {"conv_forward", "y", "null"});
+  check_error_mentions(
+      [&] {
+        backend->conv_backward_data(*plan, host_tensor(y, {cc.n, cc.k, cc.p(), cc.q()}),
+                                    host_tensor(w, {cc.k, cc.c, 3, 3}),
+                                    dp::Tensor(nullptr, {cc.n, cc.c, cc.h, cc.w}));
+      },
+      {"conv_backward_data", "dx", "null"});
+  check_error_mentions(
+      [&] {
+        backend->conv_backward_filter(*plan, host_tensor(x, {cc.n, cc.c, cc.h, cc.w}), no_memory,
+                                      host_tensor(w, {cc.k, cc.c, 3, 3}), nullptr);
+      },
+      {"conv_backward_filter", "dy", "null"});
 }
 
 // ---- linear ------------------------------------------------------------------------------------

@@ -213,6 +213,7 @@ void CpuBackend::conv_forward(ConvPlan& plan_base, const Tensor& x, const Tensor
   check_bias(g, b, op, "b");
   expect_shape(y, Shape{n, cs.k, cs.p, cs.q}, op, "y");
   expect_dtype(y, DType::f32, op, "y");
+  expect_not_null(y.data, op, "y");
   expect_nchw(y, op, "y");
   const float* xp = x.f32();
   const float* wp = w.f32();
@@ -260,6 +261,7 @@ void CpuBackend::conv_backward_data(ConvPlan& plan_base, const Tensor& dy, const
   check_filter(g, w, op, "w");
   expect_shape(dx, Shape{n, cs.c, cs.h, cs.w}, op, "dx");
   expect_dtype(dx, DType::f32, op, "dx");
+  expect_not_null(dx.data, op, "dx");
   expect_nchw(dx, op, "dx");
   const float* dyp = dy.f32();
   const float* wp = w.f32();
@@ -304,6 +306,7 @@ void CpuBackend::conv_backward_filter(ConvPlan& plan_base, const Tensor& x, cons
   const int64_t n = check_activation(g, x, cs.c, cs.h, cs.w, op, "x");
   expect_shape(dy, Shape{n, cs.k, cs.p, cs.q}, op, "dy");
   expect_dtype(dy, DType::f32, op, "dy");
+  expect_not_null(dy.data, op, "dy");
   expect_nchw(dy, op, "dy");
   check_filter(g, dw, op, "dw");
   check_bias(g, db, op, "db");
