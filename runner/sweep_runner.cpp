@@ -369,6 +369,13 @@ class SweepRun {
       progress_.tick();
     }
 
+    if (!out.interrupted_by && !timed_out) {
+      child.reap();
+      // Ctrl-C on a terminal signals the whole process group: the trial process can die of it
+      // and close its pipes before the loop above saw the runner's own SIGINT. Without a
+      // result from the child, that is an interrupted trial, not a failed one.
+      if (!final_) out.interrupted_by = signals_.received();
+    }
     if (out.interrupted_by) {
       stop(child);
       out.status = dps::TrialStatus::interrupted;

@@ -48,7 +48,8 @@ inline void write_file(const std::string& file, const std::string& text) {
 class Dprun {
  public:
   Dprun(const std::vector<std::string>& args, const std::string& dir,
-        const std::vector<std::string>& env_extra = {}, const std::string& tag = "dprun")
+        const std::vector<std::string>& env_extra = {}, const std::string& tag = "dprun",
+        bool own_process_group = false)
       : out_file_(dir + "/" + tag + ".out"), err_file_(dir + "/" + tag + ".err") {
     std::vector<std::string> argv_s{DPRUN_TEST_EXE};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -79,7 +80,14 @@ class Dprun {
     for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGQUIT, SIGHUP}) sigaddset(&dfl, sig);
     posix_spawnattr_setsigmask(&attr, &none);
     posix_spawnattr_setsigdefault(&attr, &dfl);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+    if (own_process_group) {
+      // As a shell's job: kill(-pid, SIGINT) then signals it and its trial processes, like the
+      // Ctrl-C of a terminal.
+      posix_spawnattr_setpgroup(&attr, 0);
+      flags |= POSIX_SPAWN_SETPGROUP;
+    }
+    posix_spawnattr_setflags(&attr, flags);
     int rc = posix_spawn(&pid_, argv_s[0].c_str(), &fa, &attr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);

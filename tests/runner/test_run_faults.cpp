@@ -153,6 +153,32 @@ TEST_CASE("SIGINT or SIGTERM stops the runner and its trial, a re-run completes 
   CHECK(s.epochs(1) == "2");
 }
 
+TEST_CASE("Ctrl-C (SIGINT to the whole process group) records the trial interrupted", "[cli]") {
+  DPRUN_NEED_DATA(data);
+  // The runner and its trial process get SIGINT together; whichever notices first, the trial
+  // is interrupted (not failed with "killed by signal 2") and the sweep stops with 130.
+  Sweep s("ctrl_c", data, "[1, 2]");
+  clitest::Dprun runner(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@1#0"}, "dprun", true);
+  REQUIRE(runner.pid() > 0);
+  REQUIRE(clitest::wait_until([&] {
+    try {
+      return sql1(s.db, "SELECT COUNT(*) FROM epochs") == "1";
+    } catch (const std::exception&) {
+      return false;
+    }
+  }));
+  const auto children = clitest::children_of(runner.pid());
+  REQUIRE(children.size() == 1);
+  ::kill(-runner.pid(), SIGINT);
+  auto r = runner.wait();
+  DPRUN_CHECK_EXIT(r, 130);
+  CHECK_FALSE(clitest::process_alive(children[0]));
+  CHECK(s.status(1) == "interrupted");
+  CHECK(s.error(1) == "interrupted by SIGINT");
+  CHECK(s.epochs(1) == "1");
+  CHECK(s.status(2) == "pending");
+}
+
 TEST_CASE("a runner killed with SIGKILL takes its trial process with it", "[cli]") {
   DPRUN_NEED_DATA(data);
   Sweep s("sigkill", data, "[1]");
