@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <set>
 
+#include "cli.hpp"
 #include "dp/version.hpp"
 #include "plugin_loader.hpp"
 #include "progress.hpp"
@@ -194,6 +195,22 @@ Experiment load_sweep(const SweepOptions& options) {
   Experiment experiment = load_experiment(options.file, catalog, parse);
   // Unknown filter keys are command-line errors, found before anything runs.
   if (!experiment.trials.empty()) trial_matches(experiment.trials.front(), options.filters);
+  // option.NAME must be an option of a model of this sweep: a misspelt one would silently
+  // filter out every trial.
+  std::set<std::string> option_names;
+  for (const TrialSpec& spec : experiment.trials)
+    for (const auto& [name, value] : spec.model_options) option_names.insert(name);
+  for (const auto& [key, wanted] : options.filters) {
+    if (key.rfind("option.", 0) != 0) continue;
+    const std::string name = key.substr(7);
+    if (option_names.count(name)) continue;
+    std::vector<std::string> names(option_names.begin(), option_names.end());
+    std::string known, hint = did_you_mean(name, names);
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + ("option." + n);
+    throw UsageError("--filter " + key + "=" + wanted + ": no model of this sweep has an option \"" +
+                     name + "\"" + (hint.empty() ? "" : "; did you mean option." + hint + "?") +
+                     " (options: " + (known.empty() ? "none" : known) + ")");
+  }
   return experiment;
 }
 

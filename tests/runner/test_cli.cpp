@@ -145,6 +145,15 @@ TEST_CASE("plan and --dry-run read the database without creating it", "[cli]") {
   r = run({file, "--db", db, "--dry-run", "--filter", "gpu=2"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
   CHECK(r.err.find("unknown setting \"gpu\"") != std::string::npos);
+  // A misspelt model option would filter out every trial: an error, with the known options.
+  r = run({file, "--db", db, "--dry-run", "--filter", "option.hiden=64"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("no model of this sweep has an option \"hiden\"") != std::string::npos);
+  CHECK(r.err.find("did you mean option.hidden?") != std::string::npos);
+  r = run({file, "--db", db, "--dry-run", "--filter", "option.hidden=64"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("0 to run, 3 to skip") != std::string::npos);
+  CHECK_FALSE(fs::exists(db));
 }
 
 TEST_CASE("bad experiment files give file:line:column and create no database", "[cli]") {
