@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -477,6 +478,12 @@ Experiment parse_experiment(const std::string& file, const std::string& source,
 
 Experiment load_experiment(const std::string& file, const ModelCatalog& catalog,
                            const ParseOptions& options) {
+  // An ifstream opens a folder and reads it as empty, which would report a missing
+  // [experiment] table instead of the real mistake.
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec))
+    throw std::runtime_error("cannot read experiment file " + file +
+                             ": it is a folder; give the path of a .toml file");
   std::ifstream in(file, std::ios::binary);
   if (!in) {
     throw std::runtime_error("cannot read experiment file " + file + ": " + std::strerror(errno));

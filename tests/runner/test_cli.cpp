@@ -170,6 +170,13 @@ TEST_CASE("bad experiment files give file:line:column and create no database", "
   CHECK_FALSE(fs::exists(db));
   CHECK_FALSE(fs::exists(dir.path() + "/results"));
 
+  // A folder named like an experiment file is named as the mistake, not read as an empty file.
+  fs::create_directories(dir.path() + "/folder.toml");
+  r = run({"run", dir.path() + "/folder.toml", "--db", db}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("folder.toml: it is a folder") != std::string::npos);
+  CHECK(r.err.find("missing") == std::string::npos);
+
   clitest::write_file(file, "[experiment]\nname = \"bad\"\n[train]\nmodel = \"lenett\"\n");
   r = run({file, "--db", db}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
