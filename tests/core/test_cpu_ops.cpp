@@ -4,6 +4,7 @@
 #include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -504,6 +505,30 @@ TEST_CASE("cpu maxpool ties go to the first maximum in window order", "[cpu][ops
                             host_tensor(dy, {1, 1, 2, 2}), host_tensor(dx, {1, 1, 3, 3}));
   // Window (0,0) -> x[0]; (0,1) -> x[1]; (1,0) -> x[3]; (1,1) -> x[4].
   CHECK(dx == fvec{1, 2, 0, 3, 4, 0, 0, 0, 0});
+}
+
+TEST_CASE("cpu relu and maxpool propagate NaN, as PyTorch does", "[cpu][ops]") {
+  // A diverging model must not be hidden by its activations: NaN in gives NaN out.
+  auto backend = make_cpu(1);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  fvec a = {-1.0f, nan, 2.0f, 0.0f}, r(4);
+  backend->relu_forward(host_tensor(a, {4}), host_tensor(r, {4}));
+  CHECK(r[0] == 0.0f);
+  CHECK(std::isnan(r[1]));
+  CHECK(r[2] == 2.0f);
+  CHECK(r[3] == 0.0f);
+  // One 2x3 image, 2x2 windows, stride 1: the NaN at x[1] lies in both windows and wins over
+  // the larger numbers after it; backward routes each window's gradient to it.
+  fvec x = {1, nan, 9,  //
+            3, 4, 5};
+  fvec y(2), dy = {1, 2}, dx(6, -1.0f);
+  const auto g = pool(2, 2, 1, 1, 0, 0);
+  backend->maxpool_forward(g, host_tensor(x, {1, 1, 2, 3}), host_tensor(y, {1, 1, 1, 2}));
+  CHECK(std::isnan(y[0]));
+  CHECK(std::isnan(y[1]));
+  backend->maxpool_backward(g, host_tensor(x, {1, 1, 2, 3}), host_tensor(y, {1, 1, 1, 2}),
+                            host_tensor(dy, {1, 1, 1, 2}), host_tensor(dx, {1, 1, 2, 3}));
+  CHECK(dx == fvec{0, 3, 0, 0, 0, 0});
 }
 
 TEST_CASE("cpu global average pooling", "[cpu][ops]") {

@@ -133,7 +133,7 @@ class Backend {
                                   const Tensor& dbeta) = 0;
 
   // ---- activation --------------------------------------------------------------------------
-  /// y = max(x, 0). y may alias x.
+  /// y = max(x, 0); NaN stays NaN (as PyTorch). y may alias x.
   virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
   /// dx = dy where y > 0, else 0. dx may alias dy.
   virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
@@ -142,7 +142,8 @@ class Backend {
   virtual void avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
   virtual void avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) = 0;
   /// Max pooling; padded positions never win. Ties go to the first maximum in window order
-  /// (row-major), which backward routes the gradient to.
+  /// (row-major), which backward routes the gradient to. The first NaN of a window wins over
+  /// any number (NaN propagates, as PyTorch's).
   virtual void maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
   virtual void maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y,
                                 const Tensor& dy, const Tensor& dx) = 0;

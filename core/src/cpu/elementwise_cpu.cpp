@@ -28,7 +28,8 @@ void check_f32(const Tensor& t, const char* op, const char* what) {
 
 }  // namespace
 
-// x -> y = max(x, 0), any shape and layout; y may alias x.
+// x -> y = max(x, 0), any shape and layout; y may alias x. NaN stays NaN (as PyTorch), so a
+// diverging model is not hidden by the activation.
 void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
   const char* op = "relu_forward";
   check_f32(x, op, "x");
@@ -37,7 +38,7 @@ void CpuBackend::relu_forward(const Tensor& x, const Tensor& y) {
   float* yp = y.f32();
   const int64_t n = x.numel();
 #pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] > 0.0f ? xp[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) yp[i] = xp[i] < 0.0f ? 0.0f : xp[i];
 }
 
 // y, dy -> dx = dy where y > 0, else 0; dx may alias dy.

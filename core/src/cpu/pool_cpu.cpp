@@ -1,6 +1,7 @@
 // Pooling on the CPU (NCHW): average, max and global average. Every (n, c) plane is independent,
 // so planes are spread over the threads; the backward passes scatter into their own plane only.
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -156,7 +157,11 @@ void CpuBackend::maxpool_forward(const PoolGeometry& g, const Tensor& x, const T
         const Window win = window(g, d, p, q);
         float best = -std::numeric_limits<float>::infinity();
         for (int64_t h = win.h0; h < win.h1; ++h)
-          for (int64_t w = win.w0; w < win.w1; ++w) best = std::max(best, xc[h * d.w + w]);
+          for (int64_t w = win.w0; w < win.w1; ++w) {
+            // The first NaN of a window wins (NaN propagates, as in PyTorch).
+            const float v = xc[h * d.w + w];
+            if (v > best || (std::isnan(v) && !std::isnan(best))) best = v;
+          }
         yc[p * pd.q + q] = best;
       }
     }
@@ -191,7 +196,7 @@ void CpuBackend::maxpool_backward(const PoolGeometry& g, const Tensor& x, const 
         int64_t at = -1;
         for (int64_t h = win.h0; h < win.h1 && at < 0; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w)
-            if (xc[h * d.w + w] == best) {
+            if (xc[h * d.w + w] == best || (std::isnan(best) && std::isnan(xc[h * d.w + w]))) {
               at = h * d.w + w;
               break;
             }

@@ -13,7 +13,7 @@ __global__ void fill_kernel(T* p, int64_t n, T value) {
 }
 
 __global__ void relu_forward_kernel(const float* x, float* y, int64_t n) {
-  DP_GRID_STRIDE(i, n) y[i] = fmaxf(x[i], 0.0f);
+  DP_GRID_STRIDE(i, n) y[i] = x[i] < 0.0f ? 0.0f : x[i];  // NaN stays NaN, as on the CPU
 }
 
 __global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, int64_t n) {

@@ -56,7 +56,8 @@ __global__ void avgpool_backward_kernel(PoolShape s, const float* dy, float* dx)
   }
 }
 
-/// The first maximum of window (p, q) in row-major window order, padded positions excluded.
+/// The first maximum of window (p, q) in row-major window order, padded positions excluded; the
+/// first NaN wins over any number (NaN propagates, as on the CPU and in PyTorch).
 template <bool kNhwc>
 __device__ __forceinline__ float window_max(const PoolShape& s, const float* x, int64_t n,
                                             int64_t c, int64_t p, int64_t q, int64_t& best_h,
@@ -71,7 +72,7 @@ __device__ __forceinline__ float window_max(const PoolShape& s, const float* x, 
       const int64_t w = q * s.sw - s.pw + t;
       if (w < 0 || w >= s.w) continue;
       const float v = x[offset4<kNhwc>(n, c, h, w, s.c, s.h, s.w)];
-      if (best_h < 0 || v > best) {
+      if (best_h < 0 || v > best || (isnan(v) && !isnan(best))) {
         best = v;
         best_h = h;
         best_w = w;
