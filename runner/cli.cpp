@@ -322,7 +322,9 @@ int cmd_plugins(const Args& a) {
   for (const auto& d : scan.searched) std::printf(" %s", d.c_str());
   std::printf("%s\n", scan.searched.empty() ? " (no plugin folder exists)" : "");
   for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: plugin error: %s\n", e.c_str());
-  return 0;
+  // Non-zero when something the user should fix was found (a plugin that did not load, a
+  // --plugins path that does not exist) or no model at all.
+  return scan.errors.empty() && !scan.models.empty() ? 0 : 1;
 }
 
 int cmd_query(const Args& a) {

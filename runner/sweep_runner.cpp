@@ -472,6 +472,15 @@ class SweepRun {
 
   void decide(const TrialProcess& child, bool timed_out, TrialOutcome& out) {
     using S = dps::TrialStatus;
+    // A record line that could not be read may have been an epoch: the trial's rows cannot be
+    // trusted to be complete, whatever its final record says.
+    if (protocol_error_.empty() && !child.protocol_error().empty())
+      protocol_error_ = child.protocol_error();
+    if (!protocol_error_.empty() && !timed_out) {
+      out.status = S::failed;
+      out.message = protocol_error_;
+      return;
+    }
     if (final_) {
       switch (final_->kind) {
         case TrialRecord::Kind::done:

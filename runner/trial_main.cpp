@@ -21,7 +21,7 @@ namespace {
 // ---- DPRUN_FAULT -----------------------------------------------------------------------------
 
 struct Fault {
-  enum class Kind { none, kill, abort, throw_, nan, hang };
+  enum class Kind { none, kill, abort, throw_, nan, hang, garble };
   Kind kind = Kind::none;
   int64_t epoch = 0;
   int64_t ordinal = -1;  // -1: every trial
@@ -36,7 +36,7 @@ Fault parse_fault(const char* env, int64_t ordinal) {
   auto bad = [&]() -> Fault {
     throw dp::Error("DPRUN_FAULT=\"" + text +
                     "\": expected KIND@EPOCH or KIND@EPOCH#TRIAL with KIND one of kill, abort, "
-                    "throw, nan, hang (e.g. kill@1 or nan@2#0)");
+                    "throw, nan, hang, garble (e.g. kill@1 or nan@2#0)");
   };
   const auto at = text.find('@');
   if (at == std::string::npos) return bad();
@@ -70,6 +70,8 @@ Fault parse_fault(const char* env, int64_t ordinal) {
     f.kind = Fault::Kind::nan;
   else if (kind == "hang")
     f.kind = Fault::Kind::hang;
+  else if (kind == "garble")
+    f.kind = Fault::Kind::garble;
   else
     return bad();
   f.ordinal = target;
@@ -234,7 +236,10 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
     row.lr = s.lr;
     row.eval_seconds = report.eval_seconds;
     row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
-    sink.epoch(row, report);
+    if (fault.kind == Fault::Kind::garble && fault.epoch == report.epoch)
+      sink.corrupt_epoch();
+    else
+      sink.epoch(row, report);
     act_on_fault(fault, report.epoch);
     return true;
   });
@@ -259,6 +264,7 @@ class RecordSink : public TrialSink {
     r.epoch = row;
     w_.write(r);
   }
+  void corrupt_epoch() override { w_.write_line("{\"kind\": \"epoch\", \"epoch\": "); }
 
  private:
   RecordWriter& w_;
@@ -365,7 +371,8 @@ const char* fault_help() {
          "    abort  it calls abort() (SIGABRT)\n"
          "    throw  it throws an exception (recorded as an error)\n"
          "    nan    the loss of that epoch is reported as NaN (the trial diverges)\n"
-         "    hang   it sleeps forever (see --trial-timeout)\n";
+         "    hang   it sleeps forever (see --trial-timeout)\n"
+         "    garble its record of that epoch is not valid (the runner must fail the trial)\n";
 }
 
 }  // namespace dprun

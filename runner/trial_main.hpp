@@ -16,6 +16,8 @@ class TrialSink {
   virtual void start(const dps::TrialStart& start) = 0;
   /// Called after each finite epoch, before any DPRUN_FAULT action for that epoch.
   virtual void epoch(const dps::EpochRow& row, const dp::EpochReport& report) = 0;
+  /// Testing (DPRUN_FAULT=garble): reports the epoch as a line that is not a valid record.
+  virtual void corrupt_epoch() {}
 };
 
 /// How a trial ended (kind is done, diverged, skipped or error; message says why).

@@ -247,8 +247,10 @@ TrialRecord decode_record(const std::string& line) {
   return r;
 }
 
-void RecordWriter::write(const TrialRecord& record) {
-  std::string line = encode_record(record) + "\n";
+void RecordWriter::write(const TrialRecord& record) { write_line(encode_record(record)); }
+
+void RecordWriter::write_line(const std::string& text) {
+  const std::string line = text + "\n";
   size_t done = 0;
   while (done < line.size()) {
     ssize_t n = ::write(fd_, line.data() + done, line.size() - done);

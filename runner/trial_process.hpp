@@ -70,6 +70,8 @@ class RecordWriter {
  public:
   explicit RecordWriter(int fd) : fd_(fd) {}
   void write(const TrialRecord& record);
+  /// Writes one line as it is (no record encoding); for fault injection in tests.
+  void write_line(const std::string& line);
 
  private:
   int fd_;

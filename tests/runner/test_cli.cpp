@@ -238,6 +238,10 @@ TEST_CASE("plugins lists the models with their options", "[cli]") {
   CHECK(r.out.find("hidden") != std::string::npos);  // a LeNet option with its type and default
   CHECK(r.out.find("int") != std::string::npos);
   CHECK(r.out.find("128") != std::string::npos);
+  // A --plugins path that does not exist is reported, and the exit status says so.
+  r = run({"plugins", "--plugins", dir.path() + "/no-such-folder"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 1);
+  CHECK(r.err.find("no-such-folder") != std::string::npos);
 }
 
 TEST_CASE("train runs one model in process and prints one line per epoch", "[cli]") {

@@ -95,6 +95,16 @@ TEST_CASE("NaN loss -> diverged, abort and throw -> failed with the reason", "[c
     }
   }
   {
+    // A record line the runner cannot read may have been an epoch: the trial fails, and the
+    // epochs read before it stay.
+    Sweep s("garble", data, "[1]");
+    auto r = run(s.args(), s.dir.path(), {"DPRUN_FAULT=garble@2"});
+    DPRUN_CHECK_EXIT(r, 1);
+    CHECK(s.status(1) == "failed");
+    CHECK(s.error(1).find("malformed record") != std::string::npos);
+    CHECK(s.epochs(1) == "1");
+  }
+  {
     // A bad DPRUN_FAULT is an error of the trial, never silently ignored.
     Sweep s("badfault", data, "[1]");
     auto r = run(s.args(), s.dir.path(), {"DPRUN_FAULT=explode@1"});
