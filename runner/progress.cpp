@@ -41,6 +41,11 @@ void Progress::clear_line() {
   }
 }
 
+double Progress::mean_epoch_seconds() const {
+  if (epoch_ > 1) return (trial_seconds_ - first_epoch_seconds_) / double(epoch_ - 1);
+  return epoch_ > 0 ? trial_seconds_ / double(epoch_) : 0.0;
+}
+
 void Progress::draw() {
   if (!live_ || index_ == 0) return;
   // The epoch in progress (the last one once all are done).
@@ -52,7 +57,7 @@ void Progress::draw() {
     std::snprintf(buf, sizeof buf, "  test_acc %.3f", last_test_acc_);
     line += buf;
   }
-  if (epoch_ > 0) line += "  " + duration(trial_seconds_ / double(epoch_)) + "/epoch";
+  if (epoch_ > 0) line += "  " + duration(mean_epoch_seconds()) + "/epoch";
   const double running = std::chrono::duration<double>(clock::now() - epoch_started_).count();
   line += "  (" + duration(running) + ")";
   if (epochs_finished_ > 0) {
@@ -72,6 +77,7 @@ void Progress::trial_started(int index, const std::string& name, int64_t epochs)
   epoch_ = 0;
   last_test_acc_ = -1;
   trial_seconds_ = 0;
+  first_epoch_seconds_ = 0;
   epoch_started_ = clock::now();
   if (live_) {
     draw();
@@ -88,6 +94,7 @@ void Progress::epoch(const dps::EpochRow& row) {
   epoch_ = row.epoch;
   last_test_acc_ = row.test_acc;
   trial_seconds_ += row.seconds;
+  if (row.epoch == 1) first_epoch_seconds_ = row.seconds;
   ++epochs_finished_;
   seconds_finished_ += wall;
   if (live_) {
@@ -109,7 +116,7 @@ void Progress::trial_finished(dps::TrialStatus status, const std::string& messag
   if (status == dps::TrialStatus::done && epoch_ > 0) {
     char buf[96];
     std::snprintf(buf, sizeof buf, ": test_acc %.3f, %s/epoch", last_test_acc_,
-                  duration(trial_seconds_ / double(epoch_)).c_str());
+                  duration(mean_epoch_seconds()).c_str());
     line += buf;
   }
   if (!message.empty()) line += ": " + message;

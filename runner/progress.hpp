@@ -49,6 +49,10 @@ class Progress {
   int64_t epoch_ = 0;
   double last_test_acc_ = -1;
   double trial_seconds_ = 0;
+  double first_epoch_seconds_ = 0;  // epoch 1 includes warm-up; see mean_epoch_seconds()
+  /// Seconds per epoch as the database's trial_summary counts them: epoch 1 left out when
+  /// there are more, so the live line, the trial's last line and the summary agree.
+  double mean_epoch_seconds() const;
   clock::time_point epoch_started_;
   bool line_shown_ = false;
 };
