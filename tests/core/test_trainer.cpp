@@ -155,8 +155,7 @@ TEST_CASE("ResNet-18 on the CPU: output shape and a decreasing loss", "[engine][
     for (float v : y) CHECK(std::isfinite(v));
   }
   SECTION("20 steps of batch 32 on 512 images, 2 replicas") {
-    // Width 16 (a quarter of the channels) keeps it fast on two cores; the structure (and the
-    // code path) is that of the full model.
+    // The real model (width 64, 11.2 M parameters): about 12 s on two cores.
     bool real = false;
     const auto data = enginetest::training_data(512, 5, &real);
     INFO((real ? "Fashion-MNIST" : "synthetic data"));
@@ -164,7 +163,7 @@ TEST_CASE("ResNet-18 on the CPU: output shape and a decreasing loss", "[engine][
     sgd.lr = 0.05f;
     std::vector<double> losses;
     const dp::ModelBuilder builder = [] {
-      return enginetest::build_model("libdprun_resnet18.so", "resnet18", {{"width", int64_t{16}}});
+      return enginetest::build_model("libdprun_resnet18.so", "resnet18");
     };
     train_steps(cpu_options(2, 32, sgd), builder, data, 20, &losses);
     double first = 0, last = 0;
@@ -175,7 +174,7 @@ TEST_CASE("ResNet-18 on the CPU: output shape and a decreasing loss", "[engine][
     INFO("mean loss of steps 1-5: " << first << ", of steps 16-20: " << last);
     for (double l : losses) CHECK(std::isfinite(l));
     // Steps 1-16 each see new examples: a noisy curve, still clearly going down (measured on
-    // Fashion-MNIST: about 2.31 -> 1.78).
+    // Fashion-MNIST: about 2.41 -> 1.83).
     CHECK(last < first - 0.2);
   }
 }
