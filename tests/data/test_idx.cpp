@@ -16,6 +16,7 @@
 #include "dp/data.hpp"
 #include "dp/error.hpp"
 #include "support/check.hpp"
+#include "support/env_var.hpp"
 
 namespace fs = std::filesystem;
 
@@ -92,31 +93,7 @@ void write_dataset(const std::string& dir, bool gz) {
   write(dir + "/t10k-labels-idx1-ubyte" + suffix, labels_bytes(2, {4, 5}));
 }
 
-// Sets (or unsets, with nullopt) an environment variable for one scope.
-class EnvVar {
- public:
-  EnvVar(const char* name, const std::optional<std::string>& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value->c_str(), 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~EnvVar() {
-    if (old_) {
-      setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-  EnvVar(const EnvVar&) = delete;
-  EnvVar& operator=(const EnvVar&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using dptest::EnvVar;
 
 // The message of the dp::Error that `f` throws ("" and a failed check when it throws none).
 template <typename F>

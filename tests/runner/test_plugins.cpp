@@ -14,6 +14,7 @@
 #include "dp/version.hpp"
 #include "plugin_loader.hpp"
 #include "support/check.hpp"
+#include "support/env_var.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -36,31 +37,7 @@ std::string load_error(const std::string& file) {
   return "";
 }
 
-// Sets (or unsets, with nullopt) an environment variable for one scope.
-class EnvVar {
- public:
-  EnvVar(const char* name, const std::optional<std::string>& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value->c_str(), 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~EnvVar() {
-    if (old_) {
-      setenv(name_.c_str(), old_->c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-  EnvVar(const EnvVar&) = delete;
-  EnvVar& operator=(const EnvVar&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+using dptest::EnvVar;
 
 const dp::OptionSpec* find_option(const dp::ModelFactory& f, const std::string& name) {
   for (const auto& o : f.options) {
