@@ -327,7 +327,7 @@ void bench_resnet(dp::Backend& backend, const Options& o) {
       {"bn 64x28x28 train fwd",
        [&] { backend.batchnorm_forward_train(bx, gamma, beta, rm, rv, 0.1f, 1e-5f, sm, si, by); }});
   ops.push_back({"bn 64x28x28 bwd",
-                 [&] { backend.batchnorm_backward(bx, by, gamma, sm, si, bx, dgamma, dbeta); }});
+                 [&] { backend.batchnorm_backward(bx, by, gamma, sm, si, 1e-5f, bx, dgamma, dbeta); }});
   run_ops(backend, ops, o.reps);
   std::printf("ResNet-18 (28x28) layers, batch %lld (median of %d):\n", static_cast<long long>(n),
               o.reps);

@@ -69,6 +69,14 @@ int cuda_device_count() {
 #endif
 }
 
+CudaVersions cuda_versions() {
+#ifdef DPRUN_WITH_CUDA
+  return cuda::versions();
+#else
+  return {};
+#endif
+}
+
 std::string cuda_device_name(int index) {
 #ifdef DPRUN_WITH_CUDA
   return cuda::device_name(index);

@@ -68,6 +68,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
              Options{.kernel = kernel, .stride = stride, .padding = padding, .bias = bias}) {}
 
 void Conv2d::declare(ParamRegistry& registry, const std::string& prefix) {
+  name_ = prefix.empty() ? "conv" : prefix.substr(0, prefix.size() - 1);
   w_ = registry.add_parameter(prefix + "weight", {out_, in_, opt_.kernel, opt_.kernel},
                               opt_.weight_init);
   if (opt_.bias) b_ = registry.add_parameter(prefix + "bias", {out_}, opt_.bias_init);
@@ -102,7 +103,12 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
            "Conv2d: kernel " + std::to_string(opt_.kernel) + " is larger than the padded input " +
                input.str());
   const Shape out{input[0], out_, g.out_h(), g.out_w()};
-  plan_ = ctx.backend.plan_conv(g);
+  ConvUse use;
+  use.layer = name_;
+  use.train_batches = ctx.train_batches;
+  use.infer_batches = ctx.infer_batches;
+  use.input_grad = ctx.input_grad;
+  plan_ = ctx.backend.plan_conv(g, use);
   y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
   dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
   return out;
@@ -187,8 +193,8 @@ Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
 Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   // The backend computes dx together with dgamma/dbeta, so dx is always written.
   const Tensor dx = view(dx_, dy.shape[0], x_.layout);
-  ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_, dx,
-                                 ctx.params.grad(gamma_), ctx.params.grad(beta_));
+  ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_, eps_,
+                                 dx, ctx.params.grad(gamma_), ctx.params.grad(beta_));
   return need_dx ? dx : Tensor();
 }
 

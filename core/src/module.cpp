@@ -153,8 +153,14 @@ std::vector<Module*> Sequential::children() {
 }
 
 Shape Sequential::do_setup(SetupContext& ctx, const Shape& input) {
+  const bool input_grad = ctx.input_grad;
   Shape s = input;
-  for (auto& [name, m] : mods_) s = m->setup(ctx, s);
+  for (size_t i = 0; i < mods_.size(); ++i) {
+    // Mirrors do_backward: only the first layer's input gradient may go unasked.
+    ctx.input_grad = i > 0 || input_grad;
+    s = mods_[i].second->setup(ctx, s);
+  }
+  ctx.input_grad = input_grad;
   return s;
 }
 

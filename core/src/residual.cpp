@@ -49,11 +49,16 @@ std::vector<Module*> Residual::children() {
 }
 
 Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
+  // conv1 and conv3 read the block's input: their input gradient is asked for only when the
+  // block's is (see do_backward); every later layer's always is.
+  const bool input_grad = ctx.input_grad;
   Shape s = conv1_->setup(ctx, input);
+  ctx.input_grad = true;
   s = bn1_->setup(ctx, s);
   s = relu1_.setup(ctx, s);
   s = conv2_->setup(ctx, s);
   s = bn2_->setup(ctx, s);
+  ctx.input_grad = input_grad;
   const Shape shortcut = conv3_ ? conv3_->setup(ctx, input) : input;
   DP_CHECK(shortcut == s, "Residual: the main branch gives " + s.str() +
                               " but the shortcut gives " + shortcut.str() + " for input " +

@@ -127,6 +127,11 @@ struct Trainer::Impl {
   }
 
   void setup_replica(Replica& r, const Dataset& train, const Dataset& test);
+  // The per-replica batch sizes an epoch runs: training steps (full batches and the last partial
+  // one; an empty shard runs no layer) and evaluation chunks. Layers prepare for exactly these
+  // at setup (convolution algorithms), so nothing is planned mid-epoch.
+  std::vector<int64_t> train_batches(int rank) const;
+  std::vector<int64_t> eval_batches(int rank) const;
   // One step on index-buffer entries [begin, begin + n) of the global batch; the per-replica
   // loss/correct land in slot `slot`.
   void train_step(Replica& r, int64_t begin, int64_t n, int64_t slot);
@@ -143,6 +148,30 @@ Tensor upload_bytes(Backend& b, Arena& arena, const std::vector<uint8_t>& bytes,
 }
 
 }  // namespace
+
+namespace {
+void add_unique(std::vector<int64_t>& sizes, int64_t n) {
+  if (n > 0 && std::find(sizes.begin(), sizes.end(), n) == sizes.end()) sizes.push_back(n);
+}
+}  // namespace
+
+std::vector<int64_t> Trainer::Impl::train_batches(int rank) const {
+  const int64_t count = train_meta.count, batch = options.batch_size;
+  const auto r = static_cast<size_t>(rank);
+  std::vector<int64_t> sizes;
+  if (count >= batch) add_unique(sizes, split(batch, k())[r]);
+  if (count % batch != 0) add_unique(sizes, split(count % batch, k())[r]);
+  return sizes;
+}
+
+std::vector<int64_t> Trainer::Impl::eval_batches(int rank) const {
+  const int64_t part = split(test_meta.count, k())[static_cast<size_t>(rank)];
+  const int64_t chunk = ceil_div(eval_batch, k());
+  std::vector<int64_t> sizes;
+  add_unique(sizes, std::min(chunk, part));
+  add_unique(sizes, part % chunk);
+  return sizes;
+}
 
 void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Dataset& test) {
   const int k = this->k();
@@ -167,7 +196,9 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   r.params->initialize(options.seed);
 
   const Shape example{train.channels, train.height, train.width};
-  SetupContext sctx{b, *r.arena, *r.params, options.layout};
+  // train_step never asks for the gradient of the images: input_grad false.
+  SetupContext sctx{b,       *r.arena, *r.params, options.layout, train_batches(r.rank),
+                    eval_batches(r.rank), false};
   const Shape out = r.model->setup(sctx, {max_shard, example[0], example[1], example[2]});
   DP_CHECK(out.rank == 2 && out[1] == train.classes,
            "the model's output is " + out.str() + " but the dataset has " +

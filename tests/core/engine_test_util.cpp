@@ -22,7 +22,7 @@ ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, 
   module_->declare(registry_, "");
   registry_.allocate(*backend_, false);
   registry_.initialize(seed);
-  dp::SetupContext ctx{*backend_, *arena_, registry_, dp::Layout::nchw};
+  dp::SetupContext ctx{*backend_, *arena_, registry_, dp::Layout::nchw, {}, {}, true};
   const dp::Shape out = module_->setup(ctx, input);
   // Twice the setup batch, so tests can hand the module a too-large batch and see its error.
   x_ = arena_->allocate(input.with_batch(2 * input[0]));

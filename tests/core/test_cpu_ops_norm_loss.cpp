@@ -109,7 +109,7 @@ TEST_CASE("cpu batchnorm training forward, running statistics and backward", "[c
       fvec dx(x.size(), 3.0f), dgamma(C, 3.0f), dbeta(C, 3.0f);
       backend->batchnorm_backward(host_tensor(x, bc.shape), host_tensor(r, bc.shape),
                                   host_tensor(gamma, cs), host_tensor(save_mean, cs),
-                                  host_tensor(save_invstd, cs), host_tensor(dx, bc.shape),
+                                  host_tensor(save_invstd, cs), eps, host_tensor(dx, bc.shape),
                                   host_tensor(dgamma, cs), host_tensor(dbeta, cs));
       const int64_t HW = bc.hw(), N = bc.n();
       const double m = static_cast<double>(N * HW);

@@ -11,11 +11,13 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cuda_test_util.hpp"
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
+#include "support/backend_cases.hpp"
 #include "support/check.hpp"
 
 using cudatest::backends;
@@ -236,9 +238,9 @@ void check_batchnorm(int64_t n, int64_t c, int64_t h, int64_t w, bool rank2, Lay
   CUDA_CHECK_CLOSE(smean.gpu(), smean.cpu(), kRel);
   CUDA_CHECK_CLOSE(sinv.gpu(), sinv.cpu(), kRel);
 
-  B.cpu->batchnorm_backward(tc(x4, x2), tc(dy4, dy2), gamma.t.c(), smean.t.c(), sinv.t.c(),
+  B.cpu->batchnorm_backward(tc(x4, x2), tc(dy4, dy2), gamma.t.c(), smean.t.c(), sinv.t.c(), eps,
                             tc(dx4, dx2), dgamma.t.c(), dbeta.t.c());
-  B.gpu->batchnorm_backward(tg(x4, x2), tg(dy4, dy2), gamma.t.g(), smean.t.g(), sinv.t.g(),
+  B.gpu->batchnorm_backward(tg(x4, x2), tg(dy4, dy2), gamma.t.g(), smean.t.g(), sinv.t.g(), eps,
                             tg(dx4, dx2), dgamma.t.g(), dbeta.t.g());
   CUDA_CHECK_CLOSE(gpu(dx4, dx2), cpu(dx4, dx2), kRel);
   CUDA_CHECK_CLOSE(dgamma.gpu(), dgamma.cpu(), kRel);
@@ -515,15 +517,39 @@ TEST_CASE("cuda memory accounting, copy, upload and download", "[cuda]") {
   CHECK(gpu.memory_in_use() == before);
 }
 
-TEST_CASE("cuda backend errors name the op and the problem", "[cuda]") {
+TEST_CASE("cuda backend refuses exactly what the cpu backend refuses, with the same words",
+          "[cuda]") {
+  auto& cpu = *backends().cpu;
   auto& gpu = *backends().gpu;
-  dptest::DeviceBuffer x(gpu, {2, 3, 4, 4}), y(gpu, {2, 3, 3, 3});
-  dp::PoolGeometry g;  // 2x2 stride 2: (4, 4) -> (2, 2), not (3, 3)
-  CHECK_THROWS_WITH(gpu.avgpool_forward(g, x.tensor(), y.tensor()),
-                    Catch::Contains("avgpool_forward") && Catch::Contains("y has shape"));
-  dptest::DeviceBuffer logits(gpu, {4, 10}), labels_f32(gpu, {4}), c(gpu, {1}, DType::i32);
-  CHECK_THROWS_WITH(gpu.count_correct(logits.tensor(), labels_f32.tensor(), c.tensor()),
-                    Catch::Contains("labels") && Catch::Contains("i32"));
+  dptest::BackendCases cpu_cases(cpu), gpu_cases(gpu);
+  const auto& expected = cpu_cases.bad_calls();
+  const auto& actual = gpu_cases.bad_calls();
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    INFO(actual[i].op << ": " << actual[i].what);
+    const std::string on_gpu = dptest::error_of(actual[i].call);
+    const std::string on_cpu = dptest::error_of(expected[i].call);
+    INFO("cuda: " << on_gpu << "\ncpu:  " << on_cpu);
+    REQUIRE(on_gpu.rfind("cuda backend: " + actual[i].op + ": ", 0) == 0);
+    REQUIRE(on_cpu.rfind("cpu backend: " + expected[i].op + ": ", 0) == 0);
+    // Identical after the prefix, but for the device named in the wrong-device case.
+    if (actual[i].what.find("another device") == std::string::npos) {
+      CHECK(on_gpu.substr(std::string("cuda").size()) == on_cpu.substr(std::string("cpu").size()));
+    }
+  }
+}
+
+TEST_CASE("cuda backend accepts empty batches as the cpu backend does", "[cuda]") {
+  auto& gpu = *backends().gpu;
+  dptest::BackendCases cases(gpu);
+  for (const auto& [name, values] : cases.run_empty_calls()) {
+    INFO(name);
+    CHECK(!values.empty());
+    for (float v : values) CHECK(v == 0.0f);
+  }
+}
+
+TEST_CASE("cuda backend errors name the device", "[cuda]") {
   dp::BackendOptions bad;
   bad.kind = dp::BackendKind::cuda;
   bad.device_index = 999;

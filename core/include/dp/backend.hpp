@@ -14,10 +14,13 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dp/tensor.hpp"
 
 namespace dp {
+
+class Backend;
 
 /// A 2-D convolution with its shapes fixed at setup. Output size follows PyTorch:
 /// P = (H + 2*pad_h - kernel_h) / stride_h + 1 (floor), Q likewise.
@@ -36,6 +39,18 @@ struct ConvGeometry {
   std::string str() const;
 };
 
+/// What a convolution plan will be used for, so a backend prepares exactly that before the step
+/// loop (cuDNN: one algorithm per direction and batch size, chosen and sized at plan time; a
+/// batch size first met mid-epoch would otherwise be planned mid-epoch). Every batch size must be
+/// in [1, max_batch]. Empty lists mean: training at max_batch only. A call outside what was
+/// declared still works; the backend may then prepare it on first use.
+struct ConvUse {
+  std::string layer;                   // for messages: "resnet_block2.0.conv1"
+  std::vector<int64_t> train_batches;  // forward, backward-filter (and backward-data, see below)
+  std::vector<int64_t> infer_batches;  // forward only (evaluation)
+  bool input_grad = true;              // false: backward-data never runs (a model's first layer)
+};
+
 /// Per-shape state a backend keeps for one convolution (chosen algorithms, workspace sizes,
 /// descriptors, scratch buffers). Created once at setup; reused every step.
 class ConvPlan {
@@ -45,7 +60,9 @@ class ConvPlan {
   const ConvGeometry& geometry() const { return geometry_; }
 
  private:
+  friend class Backend;
   ConvGeometry geometry_;
+  const Backend* owner_ = nullptr;  // set by Backend::plan_conv: a plan works with its backend only
 };
 
 /// Pooling window. Output size: (H + 2*pad - kernel) / stride + 1 (floor), as PyTorch.
@@ -66,6 +83,18 @@ struct SgdParams {
   float weight_decay = 0.0f;
 };
 
+/// The ops every backend provides. Each public op is non-virtual: it validates its arguments
+/// once, for every backend alike (backend_checks.cpp), handles the empty cases (a batch of 0
+/// examples) the same way everywhere, and only then calls the backend's *_impl. So two backends
+/// accept exactly the same inputs and fail with the same message, prefixed by the backend's
+/// name ("cpu backend: conv_forward: w has shape ..."). The checks cover dtypes, shapes, layouts
+/// agreeing between arguments, null data (allowed only for tensors with no elements), tensors
+/// living on this backend's device, and the scalar arguments' ranges. What a backend does not
+/// implement (the cpu backend's NCHW-only convolution, pooling and batch norm) it refuses in its
+/// *_impl with an error naming the op and what is unsupported. Values in device memory (labels,
+/// gather indices) are checked where the backend can read them without waiting for the device:
+/// the cpu backend throws on a label or index outside its range; the cuda backend cannot, and
+/// marks the batch instead (NaN images, so the loss is NaN and the trial is recorded diverged).
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -82,108 +111,169 @@ class Backend {
   virtual size_t memory_in_use() const = 0;
   virtual size_t peak_memory() const = 0;
   /// Host -> device, blocking.
-  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  void upload(void* dst, const void* host_src, size_t bytes);
   /// Device -> host, blocking: waits for all queued work first.
-  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
-  /// Device -> device on this backend, asynchronous.
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  void download(void* host_dst, const void* src, size_t bytes);
+  /// Device -> device on this backend, asynchronous. dst == src is a no-op.
+  void copy(void* dst, const void* src, size_t bytes);
   /// Every element of t = value (f32 or i32; for i32 value is converted).
-  virtual void fill(const Tensor& t, float value) = 0;
+  void fill(const Tensor& t, float value);
   /// Waits until all queued work on this backend has finished.
   virtual void synchronize() = 0;
 
   // ---- convolution: x (N,C,H,W), w (K,C,R,S), b (K) -> y (N,K,P,Q) ---------------------------
-  virtual std::unique_ptr<ConvPlan> plan_conv(const ConvGeometry& g) = 0;
-  /// y = conv(x, w) + b; b may be null.
-  virtual void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                            const Tensor& y) = 0;
+  /// Checks the geometry (and `use`) and prepares the plan; the plan works with this backend only.
+  std::unique_ptr<ConvPlan> plan_conv(const ConvGeometry& g, const ConvUse& use = {});
+  /// y = conv(x, w) + b; b may be null. x and y in the plan's layout.
+  void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                    const Tensor& y);
   /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w).
-  virtual void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                                  const Tensor& dx) = 0;
-  /// dw (K,C,R,S) = sum_n corr(x, dy); db (K) = sum_{n,p,q} dy (db may be null). Overwrites.
-  virtual void conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy,
-                                    const Tensor& dw, const Tensor* db) = 0;
+  void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx);
+  /// dw (K,C,R,S) = sum_n corr(x, dy); db (K) = sum_{n,p,q} dy (db may be null). Overwrites;
+  /// zero for a batch of 0 examples.
+  void conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& dw,
+                            const Tensor* db);
 
   // ---- linear: x (N,IN), w (OUT,IN) (PyTorch nn.Linear layout), b (OUT) -> y (N,OUT) -----------
   /// y = x w^T + b; b may be null.
-  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b,
-                              const Tensor& y) = 0;
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y);
   /// dx (N,IN) = dy w (skipped when dx is null); dw (OUT,IN) = dy^T x; db (OUT) = sum_n dy
-  /// (skipped when db is null). Overwrites.
-  virtual void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                               const Tensor* dx, const Tensor& dw, const Tensor* db) = 0;
+  /// (skipped when db is null). Overwrites; dw and db are zero for a batch of 0 examples.
+  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
+                       const Tensor& dw, const Tensor* db);
 
   // ---- batch norm over (N,C,H,W) per channel (or (N,C) per feature) ---------------------------
   /// Training: normalise with this batch's mean and biased variance; update running stats as
   /// PyTorch does (running = (1-momentum)*running + momentum*stat, the variance unbiased by
-  /// n/(n-1) where n = N*H*W); save_mean, save_invstd (C) = mean and 1/sqrt(var_biased + eps)
-  /// for the backward pass. y = gamma * (x - mean) * invstd + beta.
-  virtual void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                       const Tensor& running_mean, const Tensor& running_var,
-                                       float momentum, float eps, const Tensor& save_mean,
-                                       const Tensor& save_invstd, const Tensor& y) = 0;
+  /// n/(n-1) where n = N*H*W, which must be > 1); save_mean, save_invstd (C) = mean and
+  /// 1/sqrt(var_biased + eps) for the backward pass. y = gamma * (x - mean) * invstd + beta.
+  /// momentum in [0, 1], eps > 0.
+  void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               const Tensor& running_mean, const Tensor& running_var,
+                               float momentum, float eps, const Tensor& save_mean,
+                               const Tensor& save_invstd, const Tensor& y);
   /// Inference: y = gamma * (x - running_mean) / sqrt(running_var + eps) + beta.
-  virtual void batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                       const Tensor& running_mean, const Tensor& running_var,
-                                       float eps, const Tensor& y) = 0;
-  /// Gradients of the training-mode forward. dx (N,C,H,W); dgamma, dbeta (C). Overwrites.
-  virtual void batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                  const Tensor& save_mean, const Tensor& save_invstd,
-                                  const Tensor& dx, const Tensor& dgamma,
-                                  const Tensor& dbeta) = 0;
+  void batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               const Tensor& running_mean, const Tensor& running_var, float eps,
+                               const Tensor& y);
+  /// Gradients of the training-mode forward (the same eps). dx (N,C,H,W); dgamma, dbeta (C).
+  /// Overwrites.
+  void batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                          const Tensor& save_mean, const Tensor& save_invstd, float eps,
+                          const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
 
   // ---- activation --------------------------------------------------------------------------
-  /// y = max(x, 0); NaN stays NaN (as PyTorch). y may alias x.
-  virtual void relu_forward(const Tensor& x, const Tensor& y) = 0;
+  /// y = max(x, 0); NaN stays NaN (as PyTorch). Any shape; y may alias x.
+  void relu_forward(const Tensor& x, const Tensor& y);
   /// dx = dy where y > 0, else 0. dx may alias dy.
-  virtual void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
 
-  // ---- pooling: x (N,C,H,W) -> y (N,C,P,Q) -------------------------------------------------------
-  virtual void avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
-  virtual void avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) = 0;
+  // ---- pooling: x (N,C,H,W) -> y (N,C,P,Q)
+  // -------------------------------------------------------
+  /// The window: kernel and stride >= 1, 0 <= pad <= kernel / 2 (as PyTorch), and the padded
+  /// input at least as large as the kernel.
+  void avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y);
+  void avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx);
   /// Max pooling; padded positions never win. Ties go to the first maximum in window order
   /// (row-major), which backward routes the gradient to. The first NaN of a window wins over
-  /// any number (NaN propagates, as PyTorch's).
-  virtual void maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
-  virtual void maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y,
-                                const Tensor& dy, const Tensor& dx) = 0;
+  /// any number (NaN propagates, as PyTorch's). y is the forward's output.
+  void maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y);
+  void maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y, const Tensor& dy,
+                        const Tensor& dx);
   /// x (N,C,H,W) -> y (N,C,1,1): the mean over H*W.
-  virtual void global_avgpool_forward(const Tensor& x, const Tensor& y) = 0;
+  void global_avgpool_forward(const Tensor& x, const Tensor& y);
   /// dy (N,C,1,1) -> dx (N,C,H,W) = dy / (H*W).
-  virtual void global_avgpool_backward(const Tensor& dy, const Tensor& dx) = 0;
+  void global_avgpool_backward(const Tensor& dy, const Tensor& dx);
 
   // ---- elementwise (same shape and layout) ----------------------------------------------------
   /// y = a + b; y may alias a or b.
-  virtual void add(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  void add(const Tensor& a, const Tensor& b, const Tensor& y);
   /// t *= alpha.
-  virtual void scale(const Tensor& t, float alpha) = 0;
+  void scale(const Tensor& t, float alpha);
 
   // ---- loss and metrics -------------------------------------------------------------------------
   /// Softmax cross-entropy with its gradient and the count of correct predictions, in one pass.
-  /// logits (N,K) f32, labels (N) i32 in [0,K).
+  /// logits (N,K) f32 with K >= 1, labels (N) i32 in [0,K).
   /// dlogits (N,K) = (softmax(logits) - onehot(labels)) * grad_scale
   ///   (grad_scale = 1 / global batch size gives the mean loss over the global batch).
   /// loss_sum (1) f32 = sum over n of -log softmax(logits)[n, label]  (written, not accumulated).
   /// correct (1) i32 = #n with argmax(logits[n]) == label (first maximum wins).
-  virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                     const Tensor& dlogits, const Tensor& loss_sum,
-                                     const Tensor& correct) = 0;
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                             const Tensor& dlogits, const Tensor& loss_sum, const Tensor& correct);
   /// correct (1) i32 = #n with argmax(logits[n]) == label (written, not accumulated).
-  virtual void count_correct(const Tensor& logits, const Tensor& labels,
-                             const Tensor& correct) = 0;
+  void count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct);
 
   // ---- optimizer ------------------------------------------------------------------------------
   /// One SGD step over flat buffers of equal length. momentum_buf may be null when
-  /// p.momentum == 0.
-  virtual void sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                          const SgdParams& p) = 0;
+  /// p.momentum == 0. lr, momentum and weight_decay finite and >= 0.
+  void sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
+                  const SgdParams& p);
 
   // ---- data -------------------------------------------------------------------------------------
   /// Gathers examples by index from a dataset resident in this backend's memory.
-  /// images (M,C,H,W) u8, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255 in
-  /// x.layout, y (n) i32 = label.
-  virtual void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                            const Tensor& x, const Tensor& y) = 0;
+  /// images (M,C,H,W) u8 NCHW, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255
+  /// in x.layout, y (n) i32 = label.
+  void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
+                    const Tensor& x, const Tensor& y);
+
+ private:
+  // The implementations. Called only after the public op's checks passed, so they may assume
+  // every shape, dtype and layout relation above, non-null data, and a non-empty batch (the
+  // public ops handle N == 0 themselves). A plan passed in was made by this backend's
+  // plan_conv_impl.
+  virtual void upload_impl(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download_impl(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy_impl(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_impl(const Tensor& t, float value) = 0;
+  virtual std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) = 0;
+  virtual void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                                 const Tensor& y) = 0;
+  virtual void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
+                                       const Tensor& dx) = 0;
+  virtual void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
+                                         const Tensor& dw, const Tensor* db) = 0;
+  virtual void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
+                                   const Tensor& y) = 0;
+  virtual void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                    const Tensor* dx, const Tensor& dw, const Tensor* db) = 0;
+  virtual void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
+                                            const Tensor& beta, const Tensor& running_mean,
+                                            const Tensor& running_var, float momentum, float eps,
+                                            const Tensor& save_mean, const Tensor& save_invstd,
+                                            const Tensor& y) = 0;
+  virtual void batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
+                                            const Tensor& beta, const Tensor& running_mean,
+                                            const Tensor& running_var, float eps,
+                                            const Tensor& y) = 0;
+  virtual void batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                       const Tensor& save_mean, const Tensor& save_invstd,
+                                       float eps, const Tensor& dx, const Tensor& dgamma,
+                                       const Tensor& dbeta) = 0;
+  virtual void relu_forward_impl(const Tensor& x, const Tensor& y) = 0;
+  virtual void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  virtual void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
+  virtual void avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) = 0;
+  virtual void maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
+  virtual void maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                                     const Tensor& dy, const Tensor& dx) = 0;
+  virtual void global_avgpool_forward_impl(const Tensor& x, const Tensor& y) = 0;
+  virtual void global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) = 0;
+  virtual void add_impl(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  virtual void scale_impl(const Tensor& t, float alpha) = 0;
+  virtual void softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels,
+                                          float grad_scale, const Tensor& dlogits,
+                                          const Tensor& loss_sum, const Tensor& correct) = 0;
+  virtual void count_correct_impl(const Tensor& logits, const Tensor& labels,
+                                  const Tensor& correct) = 0;
+  virtual void sgd_update_impl(const Tensor& params, const Tensor& grads,
+                               const Tensor* momentum_buf, const SgdParams& p) = 0;
+  virtual void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
+                                 const Tensor& x, const Tensor& y) = 0;
+
+  /// "cpu backend: <op>: " (the prefix of every argument error).
+  std::string prefix(const char* op) const;
+  /// The plan's checks shared by the three convolution passes; returns the plan's geometry.
+  const ConvGeometry& check_plan(const ConvPlan& plan, const char* op) const;
 };
 
 enum class BackendKind { cpu, cuda };
@@ -191,8 +281,8 @@ const char* backend_kind_name(BackendKind k);
 
 struct BackendOptions {
   BackendKind kind = BackendKind::cpu;
-  int device_index = 0;  // CUDA device ordinal (among visible devices)
-  int cpu_threads = 0;   // CPU backend: worker threads for this replica (0: all hardware threads)
+  int device_index = 0;    // CUDA device ordinal (among visible devices)
+  int cpu_threads = 0;     // CPU backend: worker threads for this replica (0: all hardware threads)
   bool allow_tf32 = true;  // CUDA: tensor-core TF32 for fp32 convolutions and GEMMs
 };
 
@@ -207,5 +297,13 @@ bool cuda_compiled();
 int cuda_device_count();
 /// Device name ("NVIDIA H100 80GB HBM3"); throws when the device does not exist.
 std::string cuda_device_name(int index);
+/// The CUDA stack as loaded at run time (not as compiled): versions as the libraries report them
+/// (driver and runtime 13000 = 13.0, cuDNN 91900 = 9.19.0, cuBLAS 130100, NCCL 22809). All zero
+/// when not compiled with CUDA; the driver's is zero without a driver.
+struct CudaVersions {
+  int driver = 0, runtime = 0, cublas = 0, nccl = 0;
+  size_t cudnn = 0;
+};
+CudaVersions cuda_versions();
 
 }  // namespace dp

@@ -35,6 +35,7 @@ class Conv2d : public Module {
  private:
   int64_t in_, out_;
   Options opt_;
+  std::string name_;  // the dotted path, for the backend's messages ("resnet_block2.0.conv1")
   ParamHandle w_, b_;
   std::unique_ptr<ConvPlan> plan_;
   Tensor x_, y_, dx_;  // x_: the last input (a view of the producer's output)

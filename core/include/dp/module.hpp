@@ -49,6 +49,14 @@ struct SetupContext {
   Arena& arena;
   ParamRegistry& params;
   Layout layout = Layout::nchw;  // layout of activations
+  /// The batch sizes the step loop will run (each <= the setup batch), so layers prepare for
+  /// them at setup rather than on first use mid-epoch: training steps (the last partial batch
+  /// included) and evaluation chunks. Both empty: training at the setup batch only.
+  std::vector<int64_t> train_batches;
+  std::vector<int64_t> infer_batches;
+  /// Whether backward will be asked for the gradient of this module's input (false for a
+  /// model's input). Containers pass it to their first layer and true to the rest.
+  bool input_grad = true;
 };
 
 struct RunContext {

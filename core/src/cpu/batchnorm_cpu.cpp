@@ -9,48 +9,16 @@
 
 namespace dp::cpu {
 
-namespace {
-
-void check_channel_vector(const Tensor& t, int64_t c, const char* op, const char* what) {
-  expect_dtype(t, DType::f32, op, what);
-  expect_not_null(t.data, op, what);
-  expect_numel(t, c, op, what);
-}
-
-Dims check_bn_activation(const Tensor& t, const char* op, const char* what) {
-  const Dims d = activation_dims(t, op, what, /*allow_rank2=*/true);
-  expect_nchw(t, op, what);
-  return d;
-}
-
-void check_same(const Tensor& t, const Tensor& like, const char* op, const char* what) {
-  expect_dtype(t, DType::f32, op, what);
-  expect_not_null(t.data, op, what);
-  expect_shape(t, like.shape, op, what);
-  expect_nchw(t, op, what);
-}
-
-}  // namespace
-
 // x (N,C,H,W); gamma, beta, running_mean, running_var (C) -> save_mean, save_invstd (C),
 // y (N,C,H,W); running stats updated in place.
-void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                         const Tensor& running_mean, const Tensor& running_var,
-                                         float momentum, float eps, const Tensor& save_mean,
-                                         const Tensor& save_invstd, const Tensor& y) {
-  const char* op = "batchnorm_forward_train";
-  const Dims d = check_bn_activation(x, op, "x");
-  check_same(y, x, op, "y");
-  check_channel_vector(gamma, d.c, op, "gamma");
-  check_channel_vector(beta, d.c, op, "beta");
-  check_channel_vector(running_mean, d.c, op, "running_mean");
-  check_channel_vector(running_var, d.c, op, "running_var");
-  check_channel_vector(save_mean, d.c, op, "save_mean");
-  check_channel_vector(save_invstd, d.c, op, "save_invstd");
+void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, const Tensor& running_mean,
+                                              const Tensor& running_var, float momentum, float eps,
+                                              const Tensor& save_mean, const Tensor& save_invstd,
+                                              const Tensor& y) {
+  expect_nchw(x, "batchnorm_forward_train", "x");
+  const Dims d = dims_of(x);
   const int64_t count = d.n * d.hw();
-  DP_CHECK(count > 1, "cpu backend: " + std::string(op) + ": x has shape " + x.shape.str() +
-                          ": batch norm in training needs more than one value per channel "
-                          "(N*H*W > 1); use a larger batch");
   const float* xp = x.f32();
   float* yp = y.f32();
   const float* gp = gamma.f32();
@@ -99,16 +67,12 @@ void CpuBackend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, c
 }
 
 // x (N,C,H,W); gamma, beta, running_mean, running_var (C) -> y (N,C,H,W)
-void CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                         const Tensor& running_mean, const Tensor& running_var,
-                                         float eps, const Tensor& y) {
-  const char* op = "batchnorm_forward_infer";
-  const Dims d = check_bn_activation(x, op, "x");
-  check_same(y, x, op, "y");
-  check_channel_vector(gamma, d.c, op, "gamma");
-  check_channel_vector(beta, d.c, op, "beta");
-  check_channel_vector(running_mean, d.c, op, "running_mean");
-  check_channel_vector(running_var, d.c, op, "running_var");
+void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, const Tensor& running_mean,
+                                              const Tensor& running_var, float eps,
+                                              const Tensor& y) {
+  expect_nchw(x, "batchnorm_forward_infer", "x");
+  const Dims d = dims_of(x);
   const float* xp = x.f32();
   float* yp = y.f32();
   const float* gp = gamma.f32();
@@ -135,18 +99,13 @@ void CpuBackend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, c
 // With xhat = (x - mean) * invstd and m = N*H*W:
 //   dbeta = sum dy, dgamma = sum dy * xhat,
 //   dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma).
-void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                    const Tensor& save_mean, const Tensor& save_invstd,
-                                    const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
-  const char* op = "batchnorm_backward";
-  const Dims d = check_bn_activation(x, op, "x");
-  check_same(dy, x, op, "dy");
-  check_same(dx, x, op, "dx");
-  check_channel_vector(gamma, d.c, op, "gamma");
-  check_channel_vector(save_mean, d.c, op, "save_mean");
-  check_channel_vector(save_invstd, d.c, op, "save_invstd");
-  check_channel_vector(dgamma, d.c, op, "dgamma");
-  check_channel_vector(dbeta, d.c, op, "dbeta");
+// (eps is not needed: save_invstd already holds 1/sqrt(var + eps).)
+void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                         const Tensor& save_mean, const Tensor& save_invstd,
+                                         float /*eps*/, const Tensor& dx, const Tensor& dgamma,
+                                         const Tensor& dbeta) {
+  expect_nchw(x, "batchnorm_backward", "x");
+  const Dims d = dims_of(x);
   const float* xp = x.f32();
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
@@ -175,7 +134,6 @@ void CpuBackend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Ten
     }
     dbp[c] = static_cast<float>(sum_dy);
     dgp[c] = static_cast<float>(sum_dy_xhat);
-    if (count == 0) continue;
     const double k = gp[c] * invstd / static_cast<double>(count);
     const auto dy_scale = static_cast<float>(k * static_cast<double>(count));
     const auto offset = static_cast<float>(-k * sum_dy);

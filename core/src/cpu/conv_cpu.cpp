@@ -110,41 +110,8 @@ void col2im(const ConvShape& cs, const float* __restrict columns, int64_t ld, in
   }
 }
 
-CpuConvPlan& cpu_plan(ConvPlan& plan, const char* op) {
-  auto* p = dynamic_cast<CpuConvPlan*>(&plan);
-  if (p == nullptr) {
-    DP_THROW(std::string("cpu backend: ") + op +
-             ": the plan was not created by the cpu backend; create it with this backend's "
-             "plan_conv");
-  }
-  return *p;
-}
-
-// Checks an activation against the plan: (N, channels, h, w) with N <= max_batch. Returns N.
-int64_t check_activation(const ConvGeometry& g, const Tensor& t, int64_t channels, int64_t h,
-                         int64_t w, const char* op, const char* what) {
-  const Dims d = activation_dims(t, op, what);
-  expect_nchw(t, op, what);
-  if (d.c != channels || d.h != h || d.w != w || d.n > g.max_batch) {
-    DP_THROW(std::string("cpu backend: ") + op + ": " + what + " has shape " + t.shape.str() +
-             ", expected (N, " + std::to_string(channels) + ", " + std::to_string(h) + ", " +
-             std::to_string(w) + ") with N <= max_batch for the plan " + g.str());
-  }
-  return d.n;
-}
-
-void check_filter(const ConvGeometry& g, const Tensor& w, const char* op, const char* what) {
-  expect_dtype(w, DType::f32, op, what);
-  expect_not_null(w.data, op, what);
-  expect_shape(w, Shape{g.out_channels, g.in_channels, g.kernel_h, g.kernel_w}, op, what);
-}
-
-void check_bias(const ConvGeometry& g, const Tensor* b, const char* op, const char* what) {
-  if (b == nullptr) return;
-  expect_dtype(*b, DType::f32, op, what);
-  expect_not_null(b->data, op, what);
-  expect_numel(*b, g.out_channels, op, what);
-}
+// The public op checked that the plan is this backend's, so it is a CpuConvPlan.
+CpuConvPlan& cpu_plan(ConvPlan& plan) { return static_cast<CpuConvPlan&>(plan); }
 
 int64_t chunk_count(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
 
@@ -158,13 +125,6 @@ CpuConvPlan::CpuConvPlan(const ConvGeometry& g, int threads, std::shared_ptr<Mem
   DP_CHECK(g.dtype == DType::f32, "cpu backend: plan_conv: dtype " +
                                       std::string(dtype_name(g.dtype)) +
                                       " is not supported; use f32 (" + g.str() + ")");
-  DP_CHECK(g.max_batch >= 1 && g.in_channels >= 1 && g.in_h >= 1 && g.in_w >= 1 &&
-               g.out_channels >= 1 && g.kernel_h >= 1 && g.kernel_w >= 1 && g.stride_h >= 1 &&
-               g.stride_w >= 1 && g.pad_h >= 0 && g.pad_w >= 0,
-           "cpu backend: plan_conv: every size must be positive and padding non-negative, got " +
-               g.str());
-  DP_CHECK(g.in_h + 2 * g.pad_h >= g.kernel_h && g.in_w + 2 * g.pad_w >= g.kernel_w,
-           "cpu backend: plan_conv: the kernel is larger than the padded input in " + g.str());
   const ConvShape cs = shape_of(g);
   const int64_t column_bytes_per_image = cs.crs() * cs.pq() * int64_t{sizeof(float)};
   chunk_ = std::max<int64_t>(1, (kTargetColumns + cs.pq() - 1) / cs.pq());
@@ -197,29 +157,22 @@ CpuConvPlan::~CpuConvPlan() {
   memory_->release(partials_);
 }
 
-std::unique_ptr<ConvPlan> CpuBackend::plan_conv(const ConvGeometry& g) {
+// The cpu backend's convolution has one algorithm for every batch size and direction, so `use`
+// needs no preparation.
+std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse&) {
   return std::make_unique<CpuConvPlan>(g, threads_, memory_);
 }
 
 // x (N,C,H,W), w (K,C,R,S), b (K) or null -> y (N,K,P,Q)
-void CpuBackend::conv_forward(ConvPlan& plan_base, const Tensor& x, const Tensor& w,
-                              const Tensor* b, const Tensor& y) {
-  const char* op = "conv_forward";
-  CpuConvPlan& plan = cpu_plan(plan_base, op);
-  const ConvGeometry& g = plan.geometry();
-  const ConvShape cs = shape_of(g);
-  const int64_t n = check_activation(g, x, cs.c, cs.h, cs.w, op, "x");
-  check_filter(g, w, op, "w");
-  check_bias(g, b, op, "b");
-  expect_shape(y, Shape{n, cs.k, cs.p, cs.q}, op, "y");
-  expect_dtype(y, DType::f32, op, "y");
-  expect_not_null(y.data, op, "y");
-  expect_nchw(y, op, "y");
+void CpuBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& w,
+                                   const Tensor* b, const Tensor& y) {
+  CpuConvPlan& plan = cpu_plan(plan_base);
+  const ConvShape cs = shape_of(plan.geometry());
+  const int64_t n = x.shape[0];
   const float* xp = x.f32();
   const float* wp = w.f32();
   const float* bp = b ? b->f32() : nullptr;
   float* yp = y.f32();
-  if (n == 0) return;
   const int64_t chunks = chunk_count(n, plan.chunk());
   const int team = static_cast<int>(std::min<int64_t>(plan.threads(), chunks));
 #pragma omp parallel num_threads(team)
@@ -251,22 +204,14 @@ void CpuBackend::conv_forward(ConvPlan& plan_base, const Tensor& x, const Tensor
 }
 
 // dy (N,K,P,Q), w (K,C,R,S) -> dx (N,C,H,W)
-void CpuBackend::conv_backward_data(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,
-                                    const Tensor& dx) {
-  const char* op = "conv_backward_data";
-  CpuConvPlan& plan = cpu_plan(plan_base, op);
-  const ConvGeometry& g = plan.geometry();
-  const ConvShape cs = shape_of(g);
-  const int64_t n = check_activation(g, dy, cs.k, cs.p, cs.q, op, "dy");
-  check_filter(g, w, op, "w");
-  expect_shape(dx, Shape{n, cs.c, cs.h, cs.w}, op, "dx");
-  expect_dtype(dx, DType::f32, op, "dx");
-  expect_not_null(dx.data, op, "dx");
-  expect_nchw(dx, op, "dx");
+void CpuBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,
+                                         const Tensor& dx) {
+  CpuConvPlan& plan = cpu_plan(plan_base);
+  const ConvShape cs = shape_of(plan.geometry());
+  const int64_t n = dy.shape[0];
   const float* dyp = dy.f32();
   const float* wp = w.f32();
   float* dxp = dx.f32();
-  if (n == 0) return;
   const int64_t chunks = chunk_count(n, plan.chunk());
   const int team = static_cast<int>(std::min<int64_t>(plan.threads(), chunks));
 #pragma omp parallel num_threads(team)
@@ -297,25 +242,16 @@ void CpuBackend::conv_backward_data(ConvPlan& plan_base, const Tensor& dy, const
 }
 
 // x (N,C,H,W), dy (N,K,P,Q) -> dw (K,C,R,S), db (K) or null
-void CpuBackend::conv_backward_filter(ConvPlan& plan_base, const Tensor& x, const Tensor& dy,
-                                      const Tensor& dw, const Tensor* db) {
-  const char* op = "conv_backward_filter";
-  CpuConvPlan& plan = cpu_plan(plan_base, op);
-  const ConvGeometry& g = plan.geometry();
-  const ConvShape cs = shape_of(g);
-  const int64_t n = check_activation(g, x, cs.c, cs.h, cs.w, op, "x");
-  expect_shape(dy, Shape{n, cs.k, cs.p, cs.q}, op, "dy");
-  expect_dtype(dy, DType::f32, op, "dy");
-  expect_not_null(dy.data, op, "dy");
-  expect_nchw(dy, op, "dy");
-  check_filter(g, dw, op, "dw");
-  check_bias(g, db, op, "db");
+void CpuBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& dy,
+                                           const Tensor& dw, const Tensor* db) {
+  CpuConvPlan& plan = cpu_plan(plan_base);
+  const ConvShape cs = shape_of(plan.geometry());
+  const int64_t n = x.shape[0];
   const float* xp = x.f32();
   const float* dyp = dy.f32();
   const int64_t kcrs = cs.k * cs.crs();
   const int64_t chunks = chunk_count(n, plan.chunk());
-  const int team =
-      static_cast<int>(std::min<int64_t>(plan.threads(), std::max<int64_t>(chunks, 1)));
+  const int team = static_cast<int>(std::min<int64_t>(plan.threads(), chunks));
   int team_size = 1;
 #pragma omp parallel num_threads(team)
   {

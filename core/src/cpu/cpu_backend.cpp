@@ -67,45 +67,14 @@ size_t MemoryTracker::peak() const {
   return peak_;
 }
 
-// ---- checks ------------------------------------------------------------------------------------
-
-void expect_dtype(const Tensor& t, DType dtype, const char* op, const char* what) {
-  if (t.dtype != dtype) {
-    DP_THROW(prefix(op) + what + " must be " + dtype_name(dtype) + ", got " + dtype_name(t.dtype));
-  }
-}
-
-void expect_shape(const Tensor& t, const Shape& shape, const char* op, const char* what) {
-  if (t.shape != shape) {
-    DP_THROW(prefix(op) + what + " has shape " + t.shape.str() + ", expected " + shape.str());
-  }
-}
-
-void expect_numel(const Tensor& t, int64_t numel, const char* op, const char* what) {
-  if (t.numel() != numel) {
-    DP_THROW(prefix(op) + what + " has shape " + t.shape.str() + " (" + std::to_string(t.numel()) +
-             " elements), expected " + std::to_string(numel) + " elements");
-  }
-}
+// ---- what the cpu backend does not implement ----------------------------------------------------
 
 void expect_nchw(const Tensor& t, const char* op, const char* what) {
   if (t.layout != Layout::nchw) {
     DP_THROW(prefix(op) + what + " has layout " + layout_name(t.layout) +
-             ", which the cpu backend does not support for " + op + "; use nchw");
+             ", which the cpu backend does not support for " + op +
+             "; use nchw, or the cuda backend");
   }
-}
-
-void expect_not_null(const void* p, const char* op, const char* what) {
-  if (p == nullptr) DP_THROW(prefix(op) + what + " has no data (null pointer)");
-}
-
-Dims activation_dims(const Tensor& t, const char* op, const char* what, bool allow_rank2) {
-  expect_dtype(t, DType::f32, op, what);
-  expect_not_null(t.data, op, what);
-  if (t.shape.rank == 4) return Dims{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
-  if (allow_rank2 && t.shape.rank == 2) return Dims{t.shape[0], t.shape[1], 1, 1};
-  DP_THROW(prefix(op) + what + " has shape " + t.shape.str() + ", expected rank 4 (N, C, H, W)" +
-           (allow_rank2 ? " or rank 2 (N, C)" : ""));
 }
 
 // ---- the backend -------------------------------------------------------------------------------
@@ -136,31 +105,28 @@ void CpuBackend::release(void* p) noexcept { memory_->release(p); }
 size_t CpuBackend::memory_in_use() const { return memory_->in_use(); }
 size_t CpuBackend::peak_memory() const { return memory_->peak(); }
 
-void CpuBackend::upload(void* dst, const void* host_src, size_t bytes) {
-  if (bytes) std::memcpy(dst, host_src, bytes);
+void CpuBackend::upload_impl(void* dst, const void* host_src, size_t bytes) {
+  std::memcpy(dst, host_src, bytes);
 }
-void CpuBackend::download(void* host_dst, const void* src, size_t bytes) {
-  if (bytes) std::memcpy(host_dst, src, bytes);
+void CpuBackend::download_impl(void* host_dst, const void* src, size_t bytes) {
+  std::memcpy(host_dst, src, bytes);
 }
-void CpuBackend::copy(void* dst, const void* src, size_t bytes) {
-  if (bytes) std::memmove(dst, src, bytes);
+void CpuBackend::copy_impl(void* dst, const void* src, size_t bytes) {
+  std::memmove(dst, src, bytes);
 }
 
-void CpuBackend::fill(const Tensor& t, float value) {
+// t (any shape) f32 or i32 = value.
+void CpuBackend::fill_impl(const Tensor& t, float value) {
   const int64_t n = t.numel();
-  if (n == 0) return;
-  expect_not_null(t.data, "fill", "t");
   if (t.dtype == DType::f32) {
     float* p = t.f32();
 #pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
     for (int64_t i = 0; i < n; ++i) p[i] = value;
-  } else if (t.dtype == DType::i32) {
+  } else {
     int32_t* p = t.i32();
     const auto v = static_cast<int32_t>(value);
 #pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
     for (int64_t i = 0; i < n; ++i) p[i] = v;
-  } else {
-    DP_THROW(std::string("cpu backend: fill: t must be f32 or i32, got ") + dtype_name(t.dtype));
   }
 }
 

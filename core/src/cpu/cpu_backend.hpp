@@ -44,17 +44,15 @@ struct Dims {
   int64_t chw() const { return c * h * w; }
 };
 
-// Checks shared by every op. Each throws dp::Error with a message that names the op, the argument
-// and what was expected, e.g. "cpu backend: conv_forward: w has shape (4, 3, 3, 3), expected
-// (4, 2, 3, 3)".
-void expect_dtype(const Tensor& t, DType dtype, const char* op, const char* what);
-void expect_shape(const Tensor& t, const Shape& shape, const char* op, const char* what);
-void expect_numel(const Tensor& t, int64_t numel, const char* op, const char* what);
-/// Ops written for NCHW only reject NHWC with an error that names the op and the layout.
+/// The logical dims of an activation the public op already checked (rank 4, or rank 2 as
+/// (N, C, 1, 1)).
+inline Dims dims_of(const Tensor& t) {
+  if (t.shape.rank == 2) return Dims{t.shape[0], t.shape[1], 1, 1};
+  return Dims{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
+}
+/// What the cpu backend does not implement: ops written for NCHW refuse NHWC with an error that
+/// names the op and the layout ("use nchw, or the cuda backend").
 void expect_nchw(const Tensor& t, const char* op, const char* what);
-void expect_not_null(const void* p, const char* op, const char* what);
-/// Rank 4 (or rank 2 when allow_rank2) f32 activation -> its logical dims.
-Dims activation_dims(const Tensor& t, const char* op, const char* what, bool allow_rank2 = false);
 
 /// Convolution scratch, allocated once by plan_conv for max_batch and the backend's thread
 /// count, so conv_forward/backward never allocate. Images are processed in chunks of
@@ -100,61 +98,66 @@ class CpuBackend final : public Backend {
   void release(void* p) noexcept override;
   size_t memory_in_use() const override;
   size_t peak_memory() const override;
-  void upload(void* dst, const void* host_src, size_t bytes) override;
-  void download(void* host_dst, const void* src, size_t bytes) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
-  void fill(const Tensor& t, float value) override;
   void synchronize() override {}
 
-  std::unique_ptr<ConvPlan> plan_conv(const ConvGeometry& g) override;
-  void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                    const Tensor& y) override;
-  void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                          const Tensor& dx) override;
-  void conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& dw,
-                            const Tensor* db) override;
-
-  void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) override;
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                       const Tensor& dw, const Tensor* db) override;
-
-  void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               const Tensor& running_mean, const Tensor& running_var,
-                               float momentum, float eps, const Tensor& save_mean,
-                               const Tensor& save_invstd, const Tensor& y) override;
-  void batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               const Tensor& running_mean, const Tensor& running_var, float eps,
-                               const Tensor& y) override;
-  void batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                          const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
-                          const Tensor& dgamma, const Tensor& dbeta) override;
-
-  void relu_forward(const Tensor& x, const Tensor& y) override;
-  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
-
-  void avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
-  void avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) override;
-  void maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
-  void maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y, const Tensor& dy,
-                        const Tensor& dx) override;
-  void global_avgpool_forward(const Tensor& x, const Tensor& y) override;
-  void global_avgpool_backward(const Tensor& dy, const Tensor& dx) override;
-
-  void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
-  void scale(const Tensor& t, float alpha) override;
-
-  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
-                             const Tensor& dlogits, const Tensor& loss_sum,
-                             const Tensor& correct) override;
-  void count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct) override;
-
-  void sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                  const SgdParams& p) override;
-
-  void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                    const Tensor& x, const Tensor& y) override;
-
  private:
+  // The ops (see dp::Backend); arguments are checked before these run. One file per concern.
+  void upload_impl(void* dst, const void* host_src, size_t bytes) override;
+  void download_impl(void* host_dst, const void* src, size_t bytes) override;
+  void copy_impl(void* dst, const void* src, size_t bytes) override;
+  void fill_impl(const Tensor& t, float value) override;
+
+  std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
+  void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                         const Tensor& y) override;
+  void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
+                               const Tensor& dx) override;
+  void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dw, const Tensor* db) override;
+
+  void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
+                           const Tensor& y) override;
+  void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
+                            const Tensor& dw, const Tensor* db) override;
+
+  void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    const Tensor& running_mean, const Tensor& running_var,
+                                    float momentum, float eps, const Tensor& save_mean,
+                                    const Tensor& save_invstd, const Tensor& y) override;
+  void batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    const Tensor& running_mean, const Tensor& running_var,
+                                    float eps, const Tensor& y) override;
+  void batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                               const Tensor& save_mean, const Tensor& save_invstd, float eps,
+                               const Tensor& dx, const Tensor& dgamma,
+                               const Tensor& dbeta) override;
+
+  void relu_forward_impl(const Tensor& x, const Tensor& y) override;
+  void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+
+  void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
+  void avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) override;
+  void maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
+  void maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                             const Tensor& dy, const Tensor& dx) override;
+  void global_avgpool_forward_impl(const Tensor& x, const Tensor& y) override;
+  void global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) override;
+
+  void add_impl(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void scale_impl(const Tensor& t, float alpha) override;
+
+  void softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                  const Tensor& dlogits, const Tensor& loss_sum,
+                                  const Tensor& correct) override;
+  void count_correct_impl(const Tensor& logits, const Tensor& labels,
+                          const Tensor& correct) override;
+
+  void sgd_update_impl(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
+                       const SgdParams& p) override;
+
+  void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
+                         const Tensor& x, const Tensor& y) override;
+
   int threads_ = 1;
   std::shared_ptr<MemoryTracker> memory_;
 };

@@ -8,31 +8,10 @@ namespace dp::cpu {
 
 // images (M,C,H,W) u8, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255 in
 // x.layout, y (n) i32 = label.
-void CpuBackend::gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                              const Tensor& x, const Tensor& y) {
-  const char* op = "gather_batch";
-  expect_dtype(images, DType::u8, op, "images");
-  expect_dtype(labels, DType::u8, op, "labels");
-  expect_dtype(indices, DType::i32, op, "indices");
-  expect_dtype(x, DType::f32, op, "x");
-  expect_dtype(y, DType::i32, op, "y");
-  expect_nchw(images, op, "images");
-  if (images.shape.rank != 4) {
-    DP_THROW("cpu backend: gather_batch: images has shape " + images.shape.str() +
-             ", expected (M, C, H, W)");
-  }
+void CpuBackend::gather_batch_impl(const Tensor& images, const Tensor& labels,
+                                   const Tensor& indices, const Tensor& x, const Tensor& y) {
   const int64_t m = images.shape[0], c = images.shape[1], h = images.shape[2], w = images.shape[3];
-  expect_shape(labels, Shape{m}, op, "labels");
-  if (indices.shape.rank != 1) {
-    DP_THROW("cpu backend: gather_batch: indices has shape " + indices.shape.str() +
-             ", expected (n)");
-  }
   const int64_t n = indices.shape[0];
-  expect_shape(x, Shape{n, c, h, w}, op, "x");
-  expect_shape(y, Shape{n}, op, "y");
-  if (n == 0) return;
-  for (const Tensor* t : {&images, &labels, &indices, &x, &y})
-    expect_not_null(t->data, op, "a tensor");
   const int32_t* index = indices.i32();
   for (int64_t i = 0; i < n; ++i) {
     if (index[i] < 0 || index[i] >= m) {

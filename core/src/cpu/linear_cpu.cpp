@@ -18,25 +18,6 @@ struct LinearDims {
   int64_t n, in, out;
 };
 
-LinearDims check_linear(const Tensor& x, const Tensor& w, const char* op) {
-  expect_dtype(x, DType::f32, op, "x");
-  expect_dtype(w, DType::f32, op, "w");
-  expect_not_null(x.data, op, "x");
-  expect_not_null(w.data, op, "w");
-  if (x.shape.rank != 2 || w.shape.rank != 2 || x.shape[1] != w.shape[1]) {
-    DP_THROW(std::string("cpu backend: ") + op + ": x has shape " + x.shape.str() +
-             " and w has shape " + w.shape.str() +
-             ", expected x (N, IN) and w (OUT, IN) with the same IN (flatten x first)");
-  }
-  return LinearDims{x.shape[0], x.shape[1], w.shape[0]};
-}
-
-void check_out(const Tensor& t, Shape s, const char* op, const char* what) {
-  expect_dtype(t, DType::f32, op, what);
-  expect_not_null(t.data, op, what);
-  expect_shape(t, s, op, what);
-}
-
 int gemm_threads(const LinearDims& d, int threads) {
   return threads_for(d.n * d.in * d.out / 16, threads);
 }
@@ -44,13 +25,9 @@ int gemm_threads(const LinearDims& d, int threads) {
 }  // namespace
 
 // x (N,IN), w (OUT,IN), b (OUT) or null -> y (N,OUT)
-void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b,
-                                const Tensor& y) {
-  const char* op = "linear_forward";
-  const LinearDims d = check_linear(x, w, op);
-  check_out(y, Shape{d.n, d.out}, op, "y");
-  if (b) check_out(*b, Shape{d.out}, op, "b");
-  if (d.n == 0) return;
+void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
+                                     const Tensor& y) {
+  const LinearDims d{x.shape[0], x.shape[1], w.shape[0]};
   const float* xp = x.f32();
   const float* wp = w.f32();
   const float* bp = b ? b->f32() : nullptr;
@@ -74,14 +51,9 @@ void CpuBackend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* 
 }
 
 // x (N,IN), w (OUT,IN), dy (N,OUT) -> dx (N,IN) or null, dw (OUT,IN), db (OUT) or null
-void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                 const Tensor* dx, const Tensor& dw, const Tensor* db) {
-  const char* op = "linear_backward";
-  const LinearDims d = check_linear(x, w, op);
-  check_out(dy, Shape{d.n, d.out}, op, "dy");
-  check_out(dw, Shape{d.out, d.in}, op, "dw");
-  if (dx) check_out(*dx, Shape{d.n, d.in}, op, "dx");
-  if (db) check_out(*db, Shape{d.out}, op, "db");
+void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                      const Tensor* dx, const Tensor& dw, const Tensor* db) {
+  const LinearDims d{x.shape[0], x.shape[1], w.shape[0]};
   const float* xp = x.f32();
   const float* wp = w.f32();
   const float* dyp = dy.f32();
@@ -94,17 +66,13 @@ void CpuBackend::linear_backward(const Tensor& x, const Tensor& w, const Tensor&
     const int parts = omp_get_num_threads();
     const int t = omp_get_thread_num();
     int64_t begin, end;
-    // dw rows [begin, end) = dy[:, begin:end]^T x; with N == 0 the gradient is zero.
+    // dw rows [begin, end) = dy[:, begin:end]^T x.
     split_range(d.out, parts, t, begin, end);
     if (end > begin) {
-      if (d.n > 0) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(end - begin),
-                    static_cast<int>(d.in), static_cast<int>(d.n), 1.0f, dyp + begin,
-                    static_cast<int>(d.out), xp, static_cast<int>(d.in), 0.0f, dwp + begin * d.in,
-                    static_cast<int>(d.in));
-      } else {
-        std::fill(dwp + begin * d.in, dwp + end * d.in, 0.0f);
-      }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(end - begin),
+                  static_cast<int>(d.in), static_cast<int>(d.n), 1.0f, dyp + begin,
+                  static_cast<int>(d.out), xp, static_cast<int>(d.in), 0.0f, dwp + begin * d.in,
+                  static_cast<int>(d.in));
       if (dbp) {
         for (int64_t o = begin; o < end; ++o) dbp[o] = 0.0f;
         for (int64_t i = 0; i < d.n; ++i)

@@ -14,29 +14,6 @@ struct Classes {
   int64_t n, k;
 };
 
-// logits (N,K) f32, labels (N) i32.
-Classes check_logits(const Tensor& logits, const Tensor& labels, const char* op) {
-  expect_dtype(logits, DType::f32, op, "logits");
-  if (logits.shape.rank != 2 || logits.shape[1] < 1) {
-    DP_THROW(std::string("cpu backend: ") + op + ": logits has shape " + logits.shape.str() +
-             ", expected (N, K) with K >= 1");
-  }
-  const Classes c{logits.shape[0], logits.shape[1]};
-  expect_dtype(labels, DType::i32, op, "labels");
-  expect_shape(labels, Shape{c.n}, op, "labels");
-  if (c.n > 0) {
-    expect_not_null(logits.data, op, "logits");
-    expect_not_null(labels.data, op, "labels");
-  }
-  return c;
-}
-
-void check_scalar(const Tensor& t, DType dtype, const char* op, const char* what) {
-  expect_dtype(t, dtype, op, what);
-  expect_not_null(t.data, op, what);
-  expect_numel(t, 1, op, what);
-}
-
 // Index of the first maximum of row[0..k).
 int64_t first_argmax(const float* row, int64_t k) {
   int64_t best = 0;
@@ -61,16 +38,11 @@ int64_t first_argmax(const float* row, int64_t k) {
 
 // logits (N,K) f32, labels (N) i32 -> dlogits (N,K) = (softmax - onehot) * grad_scale,
 // loss_sum (1) f32 = sum_n -log softmax[n, label], correct (1) i32.
-void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                       const Tensor& dlogits, const Tensor& loss_sum,
-                                       const Tensor& correct) {
+void CpuBackend::softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels,
+                                            float grad_scale, const Tensor& dlogits,
+                                            const Tensor& loss_sum, const Tensor& correct) {
   const char* op = "softmax_cross_entropy";
-  const Classes c = check_logits(logits, labels, op);
-  expect_dtype(dlogits, DType::f32, op, "dlogits");
-  expect_shape(dlogits, logits.shape, op, "dlogits");
-  if (c.n > 0) expect_not_null(dlogits.data, op, "dlogits");
-  check_scalar(loss_sum, DType::f32, op, "loss_sum");
-  check_scalar(correct, DType::i32, op, "correct");
+  const Classes c{logits.shape[0], logits.shape[1]};
   const float* lp = logits.f32();
   const int32_t* yp = labels.i32();
   float* dlp = dlogits.f32();
@@ -106,10 +78,9 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& label
 }
 
 // logits (N,K) f32, labels (N) i32 -> correct (1) i32 = #n with first argmax == label.
-void CpuBackend::count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct) {
-  const char* op = "count_correct";
-  const Classes c = check_logits(logits, labels, op);
-  check_scalar(correct, DType::i32, op, "correct");
+void CpuBackend::count_correct_impl(const Tensor& logits, const Tensor& labels,
+                                    const Tensor& correct) {
+  const Classes c{logits.shape[0], logits.shape[1]};
   const float* lp = logits.f32();
   const int32_t* yp = labels.i32();
   int64_t right = 0;
@@ -123,26 +94,13 @@ void CpuBackend::count_correct(const Tensor& logits, const Tensor& labels, const
 // params, grads, momentum_buf (flat, equal length) -> params and momentum_buf updated:
 // g' = g + weight_decay * p; buf = momentum * buf + g'; p -= lr * buf (p -= lr * g' without
 // momentum). grads are not modified.
-void CpuBackend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                            const SgdParams& p) {
-  const char* op = "sgd_update";
-  expect_dtype(params, DType::f32, op, "params");
-  expect_dtype(grads, DType::f32, op, "grads");
-  expect_numel(grads, params.numel(), op, "grads");
+void CpuBackend::sgd_update_impl(const Tensor& params, const Tensor& grads,
+                                 const Tensor* momentum_buf, const SgdParams& p) {
   const int64_t n = params.numel();
-  if (n == 0) return;
-  expect_not_null(params.data, op, "params");
-  expect_not_null(grads.data, op, "grads");
   float* w = params.f32();
   const float* g = grads.f32();
   const float lr = p.lr, wd = p.weight_decay, mu = p.momentum;
   if (mu != 0.0f) {
-    DP_CHECK(momentum_buf != nullptr,
-             "cpu backend: sgd_update: momentum is " + std::to_string(mu) +
-                 " but no momentum buffer was given; allocate one (zeroed) per parameter buffer");
-    expect_dtype(*momentum_buf, DType::f32, op, "momentum_buf");
-    expect_numel(*momentum_buf, n, op, "momentum_buf");
-    expect_not_null(momentum_buf->data, op, "momentum_buf");
     float* buf = momentum_buf->f32();
 #pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
     for (int64_t i = 0; i < n; ++i) {

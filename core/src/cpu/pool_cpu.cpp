@@ -17,29 +17,11 @@ struct PoolDims {
   int64_t p, q;
 };
 
-// Checks the window, x (N,C,H,W) and y (N,C,P,Q) as PyTorch would (padding at most half the
-// kernel, so no window lies entirely in the padding).
-PoolDims check_pool(const PoolGeometry& g, const Tensor& in, const Tensor& out, const char* op,
-                    const char* in_name, const char* out_name) {
-  DP_CHECK(g.kernel_h >= 1 && g.kernel_w >= 1 && g.stride_h >= 1 && g.stride_w >= 1 &&
-               g.pad_h >= 0 && g.pad_w >= 0 && 2 * g.pad_h <= g.kernel_h &&
-               2 * g.pad_w <= g.kernel_w,
-           "cpu backend: " + std::string(op) + ": pooling window " + std::to_string(g.kernel_h) +
-               "x" + std::to_string(g.kernel_w) + " stride " + std::to_string(g.stride_h) + "x" +
-               std::to_string(g.stride_w) + " pad " + std::to_string(g.pad_h) + "x" +
-               std::to_string(g.pad_w) +
-               " is invalid: sizes must be positive and padding at most half the kernel");
-  const Dims d = activation_dims(in, op, in_name);
+// The input's dims and the output size; the cpu backend's pooling is NCHW only.
+PoolDims pool_dims(const PoolGeometry& g, const Tensor& in, const char* op, const char* in_name) {
   expect_nchw(in, op, in_name);
-  const int64_t p = g.out_h(d.h), q = g.out_w(d.w);
-  DP_CHECK(d.h + 2 * g.pad_h >= g.kernel_h && d.w + 2 * g.pad_w >= g.kernel_w,
-           "cpu backend: " + std::string(op) + ": " + in_name + " of shape " + in.shape.str() +
-               " is smaller than the pooling window");
-  expect_dtype(out, DType::f32, op, out_name);
-  expect_not_null(out.data, op, out_name);
-  expect_shape(out, Shape{d.n, d.c, p, q}, op, out_name);
-  expect_nchw(out, op, out_name);
-  return PoolDims{d, p, q};
+  const Dims d = dims_of(in);
+  return PoolDims{d, g.out_h(d.h), g.out_w(d.w)};
 }
 
 // The window of output (op, oq), clipped to the input.
@@ -63,8 +45,8 @@ bool tiles(const PoolGeometry& g) {
 }  // namespace
 
 // x (N,C,H,W) -> y (N,C,P,Q) = window sums / (kernel_h * kernel_w), padding counted.
-void CpuBackend::avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
-  const PoolDims pd = check_pool(g, x, y, "avgpool_forward", "x", "y");
+void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  const PoolDims pd = pool_dims(g, x, "avgpool_forward", "x");
   const Dims& d = pd.in;
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -100,8 +82,8 @@ void CpuBackend::avgpool_forward(const PoolGeometry& g, const Tensor& x, const T
 }
 
 // dy (N,C,P,Q) -> dx (N,C,H,W): each dy spread evenly over its window.
-void CpuBackend::avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
-  const PoolDims pd = check_pool(g, dx, dy, "avgpool_backward", "dx", "dy");
+void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
+  const PoolDims pd = pool_dims(g, dx, "avgpool_backward", "dx");
   const Dims& d = pd.in;
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
@@ -142,8 +124,8 @@ void CpuBackend::avgpool_backward(const PoolGeometry& g, const Tensor& dy, const
 }
 
 // x (N,C,H,W) -> y (N,C,P,Q) = window maxima (padding never wins).
-void CpuBackend::maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
-  const PoolDims pd = check_pool(g, x, y, "maxpool_forward", "x", "y");
+void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  const PoolDims pd = pool_dims(g, x, "maxpool_forward", "x");
   const Dims& d = pd.in;
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -170,12 +152,9 @@ void CpuBackend::maxpool_forward(const PoolGeometry& g, const Tensor& x, const T
 
 // x (N,C,H,W), y, dy (N,C,P,Q) -> dx (N,C,H,W): each dy goes to the first position of its window
 // (row-major) that holds the maximum y.
-void CpuBackend::maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y,
-                                  const Tensor& dy, const Tensor& dx) {
-  const char* op = "maxpool_backward";
-  const PoolDims pd = check_pool(g, x, y, op, "x", "y");
-  check_pool(g, dx, dy, op, "dx", "dy");
-  expect_shape(dx, x.shape, op, "dx");
+void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                                       const Tensor& dy, const Tensor& dx) {
+  const PoolDims pd = pool_dims(g, x, "maxpool_backward", "x");
   const Dims& d = pd.in;
   const float* xp = x.f32();
   const float* yp = y.f32();
@@ -207,13 +186,9 @@ void CpuBackend::maxpool_backward(const PoolGeometry& g, const Tensor& x, const 
 }
 
 // x (N,C,H,W) -> y (N,C,1,1) = mean over H*W.
-void CpuBackend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
-  const char* op = "global_avgpool_forward";
-  const Dims d = activation_dims(x, op, "x");
-  expect_nchw(x, op, "x");
-  expect_dtype(y, DType::f32, op, "y");
-  expect_not_null(y.data, op, "y");
-  expect_shape(y, Shape{d.n, d.c, 1, 1}, op, "y");
+void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
+  expect_nchw(x, "global_avgpool_forward", "x");
+  const Dims d = dims_of(x);
   const float* xp = x.f32();
   float* yp = y.f32();
   const int64_t planes = d.n * d.c;
@@ -229,13 +204,9 @@ void CpuBackend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
 }
 
 // dy (N,C,1,1) -> dx (N,C,H,W) = dy / (H*W).
-void CpuBackend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
-  const char* op = "global_avgpool_backward";
-  const Dims d = activation_dims(dx, op, "dx");
-  expect_nchw(dx, op, "dx");
-  expect_dtype(dy, DType::f32, op, "dy");
-  expect_not_null(dy.data, op, "dy");
-  expect_shape(dy, Shape{d.n, d.c, 1, 1}, op, "dy");
+void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
+  expect_nchw(dx, "global_avgpool_backward", "dx");
+  const Dims d = dims_of(dx);
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const int64_t planes = d.n * d.c;

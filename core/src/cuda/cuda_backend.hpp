@@ -50,59 +50,7 @@ class CudaBackend final : public Backend {
   void release(void* p) noexcept override;
   size_t memory_in_use() const override;
   size_t peak_memory() const override;
-  void upload(void* dst, const void* host_src, size_t bytes) override;
-  void download(void* host_dst, const void* src, size_t bytes) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
-  void fill(const Tensor& t, float value) override;
   void synchronize() override;
-
-  std::unique_ptr<ConvPlan> plan_conv(const ConvGeometry& g) override;
-  void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                    const Tensor& y) override;
-  void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                          const Tensor& dx) override;
-  void conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& dw,
-                            const Tensor* db) override;
-
-  void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) override;
-  void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                       const Tensor& dw, const Tensor* db) override;
-
-  void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               const Tensor& running_mean, const Tensor& running_var,
-                               float momentum, float eps, const Tensor& save_mean,
-                               const Tensor& save_invstd, const Tensor& y) override;
-  void batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               const Tensor& running_mean, const Tensor& running_var, float eps,
-                               const Tensor& y) override;
-  void batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                          const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
-                          const Tensor& dgamma, const Tensor& dbeta) override;
-
-  void relu_forward(const Tensor& x, const Tensor& y) override;
-  void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
-
-  void avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
-  void avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) override;
-  void maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
-  void maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y, const Tensor& dy,
-                        const Tensor& dx) override;
-  void global_avgpool_forward(const Tensor& x, const Tensor& y) override;
-  void global_avgpool_backward(const Tensor& dy, const Tensor& dx) override;
-
-  void add(const Tensor& a, const Tensor& b, const Tensor& y) override;
-  void scale(const Tensor& t, float alpha) override;
-
-  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
-                             const Tensor& dlogits, const Tensor& loss_sum,
-                             const Tensor& correct) override;
-  void count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct) override;
-
-  void sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                  const SgdParams& p) override;
-
-  void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                    const Tensor& x, const Tensor& y) override;
 
   // ---- for the communicators ----------------------------------------------------------------
   int device_index() const { return device_; }
@@ -112,15 +60,75 @@ class CudaBackend final : public Backend {
   void activate() const;
 
  private:
+  // The ops (see dp::Backend); arguments are checked before these run. Bodies: cuda_backend.cpp
+  // (memory, elementwise, pooling, loss, optimizer, data), cuda_conv.cpp, cuda_dnn.cpp.
+  void upload_impl(void* dst, const void* host_src, size_t bytes) override;
+  void download_impl(void* host_dst, const void* src, size_t bytes) override;
+  void copy_impl(void* dst, const void* src, size_t bytes) override;
+  void fill_impl(const Tensor& t, float value) override;
+
+  std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
+  void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                         const Tensor& y) override;
+  void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
+                               const Tensor& dx) override;
+  void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
+                                 const Tensor& dw, const Tensor* db) override;
+
+  void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
+                           const Tensor& y) override;
+  void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
+                            const Tensor& dw, const Tensor* db) override;
+
+  void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    const Tensor& running_mean, const Tensor& running_var,
+                                    float momentum, float eps, const Tensor& save_mean,
+                                    const Tensor& save_invstd, const Tensor& y) override;
+  void batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    const Tensor& running_mean, const Tensor& running_var,
+                                    float eps, const Tensor& y) override;
+  void batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                               const Tensor& save_mean, const Tensor& save_invstd, float eps,
+                               const Tensor& dx, const Tensor& dgamma,
+                               const Tensor& dbeta) override;
+
+  void relu_forward_impl(const Tensor& x, const Tensor& y) override;
+  void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+
+  void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
+  void avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) override;
+  void maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
+  void maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                             const Tensor& dy, const Tensor& dx) override;
+  void global_avgpool_forward_impl(const Tensor& x, const Tensor& y) override;
+  void global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) override;
+
+  void add_impl(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void scale_impl(const Tensor& t, float alpha) override;
+
+  void softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                  const Tensor& dlogits, const Tensor& loss_sum,
+                                  const Tensor& correct) override;
+  void count_correct_impl(const Tensor& logits, const Tensor& labels,
+                          const Tensor& correct) override;
+
+  void sgd_update_impl(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
+                       const SgdParams& p) override;
+
+  void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
+                         const Tensor& x, const Tensor& y) override;
+
   void teardown() noexcept;
   // Scratch shared by every plan, grown only at plan time (cuda_conv.cpp).
   void reserve_workspace(size_t bytes);
   void reserve_filter_scratch(size_t floats);
   void reserve_reduce_scratch(size_t floats);
-  /// Per-batch-size cuDNN state of a plan; created on first use of a batch size, choosing
-  /// algorithms that fit the workspace reserved at plan time (no device allocation).
-  ConvBatch& conv_batch(CudnnConvPlan& plan, int64_t n, bool at_plan_time);
-  void choose_algorithms(CudnnConvPlan& plan, ConvBatch& b, size_t workspace_limit);
+  /// The cuDNN state of one batch size of a plan (descriptors; algorithms chosen per direction),
+  /// created on first use. `direction` is chosen now if it was not yet: at plan time within
+  /// kMaxWorkspaceBytes (the workspace then grows to fit), later within the workspace already
+  /// reserved, so a step never allocates.
+  ConvBatch& conv_batch(CudnnConvPlan& plan, int64_t n, int direction, bool at_plan_time);
+  void choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit);
   /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch.
   const float* filter_for(const CudnnConvPlan& plan, const Tensor& w);
   /// Sets the backend's scratch descriptors for a batch-norm input (NCHW or NHWC; rank 2 is
@@ -148,17 +156,15 @@ class CudaBackend final : public Backend {
 
   cudnnTensorDescriptor_t bn_x_desc_ = nullptr;
   cudnnTensorDescriptor_t bn_param_desc_ = nullptr;
-  /// eps of each batch-norm layer's last training forward, keyed by its save_invstd buffer
-  /// (cuDNN's backward takes eps; the interface's backward does not).
-  std::unordered_map<const void*, float> bn_eps_;
 };
 
-/// Logical dims of a rank-4 (or, when allowed, rank-2) f32 activation; throws dp::Error naming
-/// the op and argument otherwise.
-Dims activation_dims(const Tensor& t, const char* op, const char* what, bool allow_rank2 = false);
-void expect_f32(const Tensor& t, const char* op, const char* what);
-void expect_numel(const Tensor& t, int64_t numel, const char* op, const char* what);
-void expect_same_layout(const Tensor& a, const Tensor& b, const char* op);
+/// Logical dims of an activation the public op already checked (rank 4, or rank 2 as
+/// (N, C, 1, 1)).
+inline Dims dims_of(const Tensor& t) {
+  if (t.shape.rank == 2) return {t.shape[0], t.shape[1], 1, 1};
+  return {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
+}
+inline bool is_nhwc(const Tensor& t) { return t.shape.rank == 4 && t.layout == Layout::nhwc; }
 /// "cuda backend: <op>: <message>"
 [[noreturn]] void fail(const char* op, const std::string& message);
 

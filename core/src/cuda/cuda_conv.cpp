@@ -1,17 +1,29 @@
 // Convolutions through cuDNN's legacy (v7-style) API. A plan holds the filter descriptor and, per
-// batch size seen, the tensor/convolution descriptors and the algorithms chosen once by cuDNN's
-// heuristics (cudnnGet*_v7): the fastest that fits the workspace bound, exact fp32 (FMA math)
-// unless TF32 is allowed, and deterministic for the two backward passes, so a run is
-// reproducible. The workspace is one buffer per backend, grown at plan time only; a batch size
-// first seen in the step loop (a last partial batch) gets algorithms that fit what is there.
+// batch size, the tensor/convolution descriptors and one algorithm per direction (forward,
+// backward-data, backward-filter). The directions and batch sizes a layer will use are declared
+// at plan time (dp::ConvUse), so every algorithm is chosen, and the shared workspace grown,
+// before the step loop; a layer whose input needs no gradient never asks cuDNN for a
+// backward-data algorithm. A batch size or direction first met later still works: its algorithm
+// is chosen then, within the workspace already reserved, without allocating.
+//
+// Choice: cuDNN's heuristics (cudnnGet*_v7) in their order, then the algorithms every
+// configuration supports as a fallback; the first that runs with the wanted math (exact fp32 =
+// FMA unless TF32 is allowed), is deterministic (a run is reproducible; a non-deterministic one
+// only when nothing else fits, with a warning), and whose workspace fits. DPRUN_CUDNN_LOG=1
+// prints every choice.
 //
 // Filters are (K, C, R, S) in memory whatever the activation layout (PyTorch's parameter
 // layout). For NHWC activations cuDNN is given the all-NHWC configuration (its fast path):
 // the filter is transposed to (K, R, S, C) into scratch for forward/backward-data, and the
 // filter gradient is computed as (K, R, S, C) and transposed back.
 #include <algorithm>
+#include <array>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_backend.hpp"
@@ -25,14 +37,24 @@ namespace dp::cuda {
 /// keeps k replicas on one GPU predictable).
 constexpr size_t kMaxWorkspaceBytes = size_t{256} << 20;
 
+namespace {
+enum Direction : int { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
+constexpr std::array<const char*, 3> kDirectionNames = {"forward", "backward-data",
+                                                        "backward-filter"};
+}  // namespace
+
 struct ConvBatch {
+  struct Choice {
+    bool chosen = false;
+    int algo = 0;
+    size_t workspace = 0;
+    cudnnMathType_t math = CUDNN_FMA_MATH;
+  };
   int64_t n = 0;
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
-  cudnnConvolutionDescriptor_t fwd_conv = nullptr, data_conv = nullptr, filter_conv = nullptr;
-  cudnnConvolutionFwdAlgo_t fwd_algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  cudnnConvolutionBwdDataAlgo_t data_algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-  cudnnConvolutionBwdFilterAlgo_t filter_algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-  size_t fwd_ws = 0, data_ws = 0, filter_ws = 0;
+  // One convolution descriptor per direction: each carries its algorithm's math type.
+  std::array<cudnnConvolutionDescriptor_t, 3> conv{};
+  std::array<Choice, 3> choice{};
 
   ConvBatch() = default;
   ConvBatch(const ConvBatch&) = delete;
@@ -40,16 +62,15 @@ struct ConvBatch {
   ~ConvBatch() {
     if (x != nullptr) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
     if (y != nullptr) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
-    for (auto* c : {fwd_conv, data_conv, filter_conv}) {
+    for (auto* c : conv) {
       if (c != nullptr) CUDNN_WARN(cudnnDestroyConvolutionDescriptor(c));
     }
   }
-  size_t max_workspace() const { return std::max({fwd_ws, data_ws, filter_ws}); }
 };
 
 class CudnnConvPlan final : public ConvPlan {
  public:
-  explicit CudnnConvPlan(const ConvGeometry& g) : ConvPlan(g) {
+  CudnnConvPlan(const ConvGeometry& g, std::string layer) : ConvPlan(g), layer_(std::move(layer)) {
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
     const cudnnStatus_t status = cudnnSetFilter4dDescriptor(
         w_desc, CUDNN_DATA_FLOAT, nhwc() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
@@ -69,28 +90,32 @@ class CudnnConvPlan final : public ConvPlan {
     const ConvGeometry& g = geometry();
     return g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
   }
+  /// "layer resnet_block2.0.conv1 (conv 64->128 ... nhwc f32)", or the geometry alone.
+  std::string describe() const {
+    return layer_.empty() ? geometry().str() : "layer " + layer_ + " (" + geometry().str() + ")";
+  }
 
   cudnnFilterDescriptor_t w_desc = nullptr;
   std::vector<std::unique_ptr<ConvBatch>> batches;
+
+ private:
+  std::string layer_;
 };
 
 namespace {
 
-CudnnConvPlan& as_cudnn(ConvPlan& plan, const char* op) {
-  auto* p = dynamic_cast<CudnnConvPlan*>(&plan);
-  if (p == nullptr) fail(op, "the plan was not made by this cuda backend's plan_conv");
-  return *p;
-}
+CudnnConvPlan& as_cudnn(ConvPlan& plan) { return static_cast<CudnnConvPlan&>(plan); }
 
-int to_int(int64_t v, const char* op, const char* what) {
-  if (v < 0 || v > (int64_t{1} << 30)) fail(op, std::string(what) + " out of range for cuDNN");
+int to_int(int64_t v, const char* what) {
+  if (v < 0 || v > (int64_t{1} << 30))
+    fail("plan_conv", std::string(what) + " too large for cuDNN");
   return static_cast<int>(v);
 }
 
 void set_tensor(cudnnTensorDescriptor_t d, bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w) {
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-      d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(n, "conv", "N"),
-      to_int(c, "conv", "C"), to_int(h, "conv", "H"), to_int(w, "conv", "W")));
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                         CUDNN_DATA_FLOAT, to_int(n, "N"), to_int(c, "C"),
+                                         to_int(h, "H"), to_int(w, "W")));
 }
 
 void set_conv(cudnnConvolutionDescriptor_t d, const ConvGeometry& g, cudnnMathType_t math) {
@@ -100,39 +125,53 @@ void set_conv(cudnnConvolutionDescriptor_t d, const ConvGeometry& g, cudnnMathTy
   CUDNN_CHECK(cudnnSetConvolutionMathType(d, math));
 }
 
-/// Exact fp32 mode accepts only FMA (or default, which the FMA descriptor resolves to) math;
-/// TF32 mode accepts tensor-op math but never down-conversion to fp16.
-bool math_ok(cudnnMathType_t m, bool allow_tf32) {
-  if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
-  return allow_tf32 || m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH;
+const char* math_name(cudnnMathType_t m) {
+  switch (m) {
+    case CUDNN_DEFAULT_MATH:
+      return "default";
+    case CUDNN_TENSOR_OP_MATH:
+      return "tensor-op";
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      return "tensor-op-conversion";
+    case CUDNN_FMA_MATH:
+      return "fma";
+  }
+  return "?";
 }
 
-/// Validates the (N,C,H,W) activation `t` against the plan's geometry; returns N.
-int64_t check_activation(const ConvGeometry& g, const Tensor& t, int64_t c, int64_t h, int64_t w,
-                         const char* op, const char* what) {
-  const Dims d = activation_dims(t, op, what);
-  if (d.c != c || d.h != h || d.w != w || d.n > g.max_batch) {
-    fail(op, std::string(what) + " has shape " + t.shape.str() +
-                 ", expected (N <= " + std::to_string(g.max_batch) + ", " + std::to_string(c) +
-                 ", " + std::to_string(h) + ", " + std::to_string(w) + ") for the plan " + g.str());
-  }
-  if (t.layout != g.layout) {
-    fail(op, std::string(what) + " is " + layout_name(t.layout) + " but the plan is " +
-                 layout_name(g.layout));
-  }
-  return d.n;
+bool log_choices() {
+  static const bool on = [] {
+    const char* v = std::getenv("DPRUN_CUDNN_LOG");
+    return v != nullptr && *v != '\0' && *v != '0';
+  }();
+  return on;
 }
 
-void check_filter(const CudnnConvPlan& plan, const Tensor& w, const char* op, const char* what) {
-  expect_f32(w, op, what);
-  const ConvGeometry& g = plan.geometry();
-  expect_numel(w, plan.filter_numel(), op, what);
-  if (w.shape.rank == 4 && (w.shape[0] != g.out_channels || w.shape[1] != g.in_channels ||
-                            w.shape[2] != g.kernel_h || w.shape[3] != g.kernel_w)) {
-    fail(op, std::string(what) + " has shape " + w.shape.str() + ", expected (K, C, R, S) = (" +
-                 std::to_string(g.out_channels) + ", " + std::to_string(g.in_channels) + ", " +
-                 std::to_string(g.kernel_h) + ", " + std::to_string(g.kernel_w) + ")");
+/// One algorithm to try: from cuDNN's heuristics (with what they reported) or from the fallback
+/// list (every configuration supports these).
+struct Candidate {
+  int algo = 0;
+  bool deterministic = true;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;  // what the heuristics suggested
+};
+
+/// cuDNN's heuristic order, then the fallbacks not already listed. Entries cuDNN reports as
+/// failed are dropped; everything else is verified by the workspace query.
+template <typename Perf>
+std::vector<Candidate> candidates(const Perf* perf, int returned,
+                                  std::initializer_list<std::pair<int, bool>> fallbacks) {
+  std::vector<Candidate> out;
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    out.push_back({static_cast<int>(perf[i].algo), perf[i].determinism == CUDNN_DETERMINISTIC,
+                   perf[i].mathType});
   }
+  for (const auto& [algo, deterministic] : fallbacks) {
+    const bool listed =
+        std::any_of(out.begin(), out.end(), [&](const Candidate& c) { return c.algo == algo; });
+    if (!listed) out.push_back({algo, deterministic, CUDNN_DEFAULT_MATH});
+  }
+  return out;
 }
 
 }  // namespace
@@ -172,143 +211,151 @@ void CudaBackend::reserve_reduce_scratch(size_t floats) {
 
 // ---- plans --------------------------------------------------------------------------------------
 
-std::unique_ptr<ConvPlan> CudaBackend::plan_conv(const ConvGeometry& g) {
-  const char* op = "plan_conv";
-  if (g.dtype != DType::f32)
-    fail(op, std::string("dtype ") + dtype_name(g.dtype) + " is not supported (f32)");
-  if (g.max_batch < 1 || g.in_channels < 1 || g.in_h < 1 || g.in_w < 1 || g.out_channels < 1 ||
-      g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 ||
-      g.pad_w < 0) {
-    fail(op, "every size must be positive and padding non-negative, got " + g.str());
-  }
-  // out_h() >= 1 is not enough: the division truncates toward zero.
-  if (g.in_h + 2 * g.pad_h < g.kernel_h || g.in_w + 2 * g.pad_w < g.kernel_w) {
-    fail(op, "the kernel is larger than the padded input in " + g.str());
+std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
+  if (g.dtype != DType::f32) {
+    fail("plan_conv",
+         std::string("dtype ") + dtype_name(g.dtype) + " is not supported (f32) in " + g.str());
   }
   activate();
-  auto plan = std::make_unique<CudnnConvPlan>(g);
+  auto plan = std::make_unique<CudnnConvPlan>(g, use.layer);
   if (plan->nhwc()) reserve_filter_scratch(2 * static_cast<size_t>(plan->filter_numel()));
   reserve_reduce_scratch(static_cast<size_t>(kernels::kChannelSumGroups * g.out_channels));
-  conv_batch(*plan, g.max_batch, /*at_plan_time=*/true);
+  std::vector<int64_t> train = use.train_batches;
+  if (train.empty() && use.infer_batches.empty()) train.push_back(g.max_batch);
+  for (int64_t n : train) {
+    conv_batch(*plan, n, kForward, true);
+    conv_batch(*plan, n, kBackwardFilter, true);
+    if (use.input_grad) conv_batch(*plan, n, kBackwardData, true);
+  }
+  for (int64_t n : use.infer_batches) conv_batch(*plan, n, kForward, true);
   return plan;
 }
 
-ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, bool at_plan_time) {
-  for (auto& b : plan.batches) {
-    if (b->n == n) return *b;
+ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, int direction,
+                                   bool at_plan_time) {
+  ConvBatch* b = nullptr;
+  for (auto& existing : plan.batches) {
+    if (existing->n == n) b = existing.get();
   }
-  const ConvGeometry& g = plan.geometry();
-  auto b = std::make_unique<ConvBatch>();
-  b->n = n;
-  CUDNN_CHECK(cudnnCreateTensorDescriptor(&b->x));
-  CUDNN_CHECK(cudnnCreateTensorDescriptor(&b->y));
-  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&b->fwd_conv));
-  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&b->data_conv));
-  CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&b->filter_conv));
-  set_tensor(b->x, plan.nhwc(), n, g.in_channels, g.in_h, g.in_w);
-  set_tensor(b->y, plan.nhwc(), n, g.out_channels, g.out_h(), g.out_w());
-  const cudnnMathType_t math = allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-  for (auto* c : {b->fwd_conv, b->data_conv, b->filter_conv}) set_conv(c, g, math);
-  int on = 0, oc = 0, oh = 0, ow = 0;
-  CUDNN_CHECK(
-      cudnnGetConvolution2dForwardOutputDim(b->fwd_conv, b->x, plan.w_desc, &on, &oc, &oh, &ow));
-  if (on != n || oc != g.out_channels || oh != g.out_h() || ow != g.out_w()) {
-    throw InternalError("cuda backend: cuDNN's output shape (" + std::to_string(on) + ", " +
-                        std::to_string(oc) + ", " + std::to_string(oh) + ", " + std::to_string(ow) +
-                        ") differs from the plan " + g.str());
-  }
-  choose_algorithms(plan, *b, at_plan_time ? kMaxWorkspaceBytes : workspace_bytes_);
-  if (at_plan_time) reserve_workspace(b->max_workspace());
-  plan.batches.push_back(std::move(b));
-  return *plan.batches.back();
-}
-
-namespace {
-
-/// The first algorithm, in cuDNN's heuristic order, that succeeded, has an acceptable math type,
-/// is deterministic when asked, and whose workspace (queried with the math type it will run with)
-/// fits `limit`. In TF32 mode the descriptor takes the algorithm's math type, as cuDNN asks for
-/// _v7 results; in exact mode it stays FMA.
-template <typename Perf, typename Algo, typename WorkspaceQuery>
-bool pick_algorithm(const Perf* perf, int returned, bool deterministic, bool allow_tf32,
-                    size_t limit, cudnnConvolutionDescriptor_t conv, WorkspaceQuery query,
-                    Algo& algo, size_t& workspace) {
-  for (int i = 0; i < returned; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS || !math_ok(perf[i].mathType, allow_tf32)) continue;
-    if (deterministic && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-    if (allow_tf32) CUDNN_CHECK(cudnnSetConvolutionMathType(conv, perf[i].mathType));
-    size_t ws = 0;
-    if (query(perf[i].algo, &ws) != CUDNN_STATUS_SUCCESS || ws > limit) continue;
-    algo = perf[i].algo;
-    workspace = ws;
-    return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-void CudaBackend::choose_algorithms(CudnnConvPlan& plan, ConvBatch& b, size_t limit) {
-  const ConvGeometry& g = plan.geometry();
-  // Deterministic algorithms first (a run is reproducible); if cuDNN offers none within the
-  // workspace, the fastest other one, with a warning, rather than failing the trial.
-  const auto choose = [&](const char* direction, auto&& try_pick) {
-    if (try_pick(true)) return;
-    if (try_pick(false)) {
-      std::fprintf(stderr,
-                   "dprun: warning: cuda backend: no deterministic %s algorithm for %s at batch "
-                   "%lld; using a non-deterministic one\n",
-                   direction, g.str().c_str(), static_cast<long long>(b.n));
-      return;
+  if (b == nullptr) {
+    const ConvGeometry& g = plan.geometry();
+    auto fresh = std::make_unique<ConvBatch>();
+    fresh->n = n;
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&fresh->x));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&fresh->y));
+    for (auto& c : fresh->conv) CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c));
+    set_tensor(fresh->x, plan.nhwc(), n, g.in_channels, g.in_h, g.in_w);
+    set_tensor(fresh->y, plan.nhwc(), n, g.out_channels, g.out_h(), g.out_w());
+    for (auto* c : fresh->conv) set_conv(c, g, allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    int on = 0, oc = 0, oh = 0, ow = 0;
+    CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(fresh->conv[kForward], fresh->x, plan.w_desc,
+                                                      &on, &oc, &oh, &ow));
+    if (on != n || oc != g.out_channels || oh != g.out_h() || ow != g.out_w()) {
+      throw InternalError("cuda backend: cuDNN's output shape (" + std::to_string(on) + ", " +
+                          std::to_string(oc) + ", " + std::to_string(oh) + ", " +
+                          std::to_string(ow) + ") differs from the plan " + g.str());
     }
-    fail("plan_conv", std::string("cuDNN offers no ") + direction +
-                          " algorithm within a workspace of " + std::to_string(limit >> 20) +
-                          " MiB for " + g.str() + " at batch " + std::to_string(b.n));
-  };
-  {
+    plan.batches.push_back(std::move(fresh));
+    b = plan.batches.back().get();
+  }
+  if (!b->choice[static_cast<size_t>(direction)].chosen) {
+    choose_algorithm(plan, *b, direction, at_plan_time ? kMaxWorkspaceBytes : workspace_bytes_);
+    if (at_plan_time) reserve_workspace(b->choice[static_cast<size_t>(direction)].workspace);
+  }
+  return *b;
+}
+
+void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
+  cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
+  std::vector<Candidate> list;
+  // The workspace of `algo` run with the math type now set on `conv`.
+  std::function<cudnnStatus_t(int, size_t*)> query;
+  if (direction == kForward) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int returned = 0;
-    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, b.x, plan.w_desc, b.fwd_conv, b.y,
-                                                       CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned,
-                                                       perf));
-    const auto query = [&](cudnnConvolutionFwdAlgo_t algo, size_t* ws) {
-      return cudnnGetConvolutionForwardWorkspaceSize(cudnn_, b.x, plan.w_desc, b.fwd_conv, b.y,
-                                                     algo, ws);
+    CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
+        cudnn_, b.x, plan.w_desc, conv, b.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
+    list = candidates(perf, returned,
+                      {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true},
+                       {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true}});
+    query = [&](int algo, size_t* ws) {
+      return cudnnGetConvolutionForwardWorkspaceSize(
+          cudnn_, b.x, plan.w_desc, conv, b.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws);
     };
-    choose("forward", [&](bool deterministic) {
-      return pick_algorithm(perf, returned, deterministic, allow_tf32_, limit, b.fwd_conv, query,
-                            b.fwd_algo, b.fwd_ws);
-    });
-  }
-  {
+  } else if (direction == kBackwardData) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int returned = 0;
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        cudnn_, plan.w_desc, b.y, b.data_conv, b.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-        &returned, perf));
-    const auto query = [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* ws) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, plan.w_desc, b.y, b.data_conv,
-                                                          b.x, algo, ws);
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, plan.w_desc, b.y, conv, b.x,
+                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                            &returned, perf));
+    list = candidates(
+        perf, returned,
+        {{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true}, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false}});
+    query = [&](int algo, size_t* ws) {
+      return cudnnGetConvolutionBackwardDataWorkspaceSize(
+          cudnn_, plan.w_desc, b.y, conv, b.x, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
+          ws);
     };
-    choose("backward-data", [&](bool deterministic) {
-      return pick_algorithm(perf, returned, deterministic, allow_tf32_, limit, b.data_conv, query,
-                            b.data_algo, b.data_ws);
-    });
-  }
-  {
+  } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int returned = 0;
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        cudnn_, b.x, b.y, b.filter_conv, plan.w_desc, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-        &returned, perf));
-    const auto query = [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* ws) {
-      return cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, b.x, b.y, b.filter_conv,
-                                                            plan.w_desc, algo, ws);
+        cudnn_, b.x, b.y, conv, plan.w_desc, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
+        perf));
+    list = candidates(perf, returned,
+                      {{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true},
+                       {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false},
+                       {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false}});
+    query = [&](int algo, size_t* ws) {
+      return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          cudnn_, b.x, b.y, conv, plan.w_desc, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+          ws);
     };
-    choose("backward-filter", [&](bool deterministic) {
-      return pick_algorithm(perf, returned, deterministic, allow_tf32_, limit, b.filter_conv, query,
-                            b.filter_algo, b.filter_ws);
-    });
+  }
+  const char* name = kDirectionNames[static_cast<size_t>(direction)];
+  ConvBatch::Choice& choice = b.choice[static_cast<size_t>(direction)];
+  // Exact fp32 runs every algorithm with FMA math, whatever the heuristics suggested for it (the
+  // descriptor's math type decides what runs; an algorithm without an FMA kernel fails the
+  // query). With TF32 allowed the heuristics' math type is used, never a down-conversion.
+  const auto math_for = [&](const Candidate& c) {
+    if (!allow_tf32_) return CUDNN_FMA_MATH;
+    return c.math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ? CUDNN_TENSOR_OP_MATH : c.math;
+  };
+  const auto try_pass = [&](bool deterministic_only) {
+    for (const Candidate& c : list) {
+      if (deterministic_only && !c.deterministic) continue;
+      const cudnnMathType_t math = math_for(c);
+      CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math));
+      size_t ws = 0;
+      if (query(c.algo, &ws) != CUDNN_STATUS_SUCCESS || ws > limit) continue;
+      choice = {true, c.algo, ws, math};
+      return true;
+    }
+    return false;
+  };
+  if (!try_pass(true)) {
+    if (!try_pass(false)) {
+      CUDNN_WARN(
+          cudnnSetConvolutionMathType(conv, allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+      fail("plan_conv", std::string("cuDNN offers no ") + name + " algorithm for " +
+                            plan.describe() + " at batch " + std::to_string(b.n) +
+                            " within a workspace of " + std::to_string(limit >> 20) + " MiB" +
+                            (allow_tf32_ ? ": use a smaller batch per replica"
+                                         : " with exact fp32 (FMA) math: allow TF32, or use a "
+                                           "smaller batch per replica"));
+    }
+    std::fprintf(
+        stderr,
+        "dprun: warning: cuda backend: no deterministic %s algorithm for %s at batch %lld; "
+        "using a non-deterministic one (results may vary from run to run)\n",
+        name, plan.describe().c_str(), static_cast<long long>(b.n));
+  }
+  if (log_choices()) {
+    std::fprintf(stderr,
+                 "dprun: cudnn: %s batch %lld %s: algo %d, %s math, workspace %zu bytes%s\n",
+                 plan.describe().c_str(), static_cast<long long>(b.n), name, choice.algo,
+                 math_name(choice.math), choice.workspace,
+                 limit == kMaxWorkspaceBytes ? "" : " (chosen after setup)");
   }
 }
 
@@ -322,26 +369,17 @@ const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const Tensor& w)
 
 // ---- ops ----------------------------------------------------------------------------------------
 
-void CudaBackend::conv_forward(ConvPlan& plan_base, const Tensor& x, const Tensor& w,
-                               const Tensor* b, const Tensor& y) {
-  const char* op = "conv_forward";
-  CudnnConvPlan& plan = as_cudnn(plan_base, op);
+void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& w,
+                                    const Tensor* b, const Tensor& y) {
+  CudnnConvPlan& plan = as_cudnn(plan_base);
   const ConvGeometry& g = plan.geometry();
-  const int64_t n = check_activation(g, x, g.in_channels, g.in_h, g.in_w, op, "x");
-  check_filter(plan, w, op, "w");
-  if (check_activation(g, y, g.out_channels, g.out_h(), g.out_w(), op, "y") != n) {
-    fail(op, "x has " + std::to_string(n) + " examples but y has shape " + y.shape.str());
-  }
-  if (b != nullptr) {
-    expect_f32(*b, op, "b");
-    expect_numel(*b, g.out_channels, op, "b");
-  }
-  if (n == 0) return;
+  const int64_t n = x.shape[0];
   activate();
-  ConvBatch& cb = conv_batch(plan, n, false);
+  ConvBatch& cb = conv_batch(plan, n, kForward, false);
+  const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, x.data, plan.w_desc, filter_for(plan, w),
-                                      cb.fwd_conv, cb.fwd_algo, workspace_, workspace_bytes_, &zero,
+                                      cb.conv[kForward], algo, workspace_, workspace_bytes_, &zero,
                                       cb.y, y.data));
   if (b != nullptr) {
     kernels::bias_add(y.f32(), b->f32(), n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc(),
@@ -349,50 +387,30 @@ void CudaBackend::conv_forward(ConvPlan& plan_base, const Tensor& x, const Tenso
   }
 }
 
-void CudaBackend::conv_backward_data(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,
-                                     const Tensor& dx) {
-  const char* op = "conv_backward_data";
-  CudnnConvPlan& plan = as_cudnn(plan_base, op);
-  const ConvGeometry& g = plan.geometry();
-  const int64_t n = check_activation(g, dy, g.out_channels, g.out_h(), g.out_w(), op, "dy");
-  check_filter(plan, w, op, "w");
-  if (check_activation(g, dx, g.in_channels, g.in_h, g.in_w, op, "dx") != n) {
-    fail(op, "dy has " + std::to_string(n) + " examples but dx has shape " + dx.shape.str());
-  }
-  if (n == 0) return;
+void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,
+                                          const Tensor& dx) {
+  CudnnConvPlan& plan = as_cudnn(plan_base);
   activate();
-  ConvBatch& cb = conv_batch(plan, n, false);
+  ConvBatch& cb = conv_batch(plan, dy.shape[0], kBackwardData, false);
+  const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(cb.choice[kBackwardData].algo);
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, w), cb.y,
-                                           dy.data, cb.data_conv, cb.data_algo, workspace_,
+                                           dy.data, cb.conv[kBackwardData], algo, workspace_,
                                            workspace_bytes_, &zero, cb.x, dx.data));
 }
 
-void CudaBackend::conv_backward_filter(ConvPlan& plan_base, const Tensor& x, const Tensor& dy,
-                                       const Tensor& dw, const Tensor* db) {
-  const char* op = "conv_backward_filter";
-  CudnnConvPlan& plan = as_cudnn(plan_base, op);
+void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& dy,
+                                            const Tensor& dw, const Tensor* db) {
+  CudnnConvPlan& plan = as_cudnn(plan_base);
   const ConvGeometry& g = plan.geometry();
-  const int64_t n = check_activation(g, x, g.in_channels, g.in_h, g.in_w, op, "x");
-  if (check_activation(g, dy, g.out_channels, g.out_h(), g.out_w(), op, "dy") != n) {
-    fail(op, "x has " + std::to_string(n) + " examples but dy has shape " + dy.shape.str());
-  }
-  check_filter(plan, dw, op, "dw");
-  if (db != nullptr) {
-    expect_f32(*db, op, "db");
-    expect_numel(*db, g.out_channels, op, "db");
-  }
+  const int64_t n = x.shape[0];
   activate();
-  if (n == 0) {  // the sum over no examples
-    kernels::fill_f32(dw.f32(), plan.filter_numel(), 0.0f, stream_);
-    if (db != nullptr) kernels::fill_f32(db->f32(), g.out_channels, 0.0f, stream_);
-    return;
-  }
-  ConvBatch& cb = conv_batch(plan, n, false);
+  ConvBatch& cb = conv_batch(plan, n, kBackwardFilter, false);
+  const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(cb.choice[kBackwardFilter].algo);
   const float one = 1.0f, zero = 0.0f;
   float* target = plan.nhwc() ? filter_scratch_ + plan.filter_numel() : dw.f32();
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, x.data, cb.y, dy.data,
-                                             cb.filter_conv, cb.filter_algo, workspace_,
+                                             cb.conv[kBackwardFilter], algo, workspace_,
                                              workspace_bytes_, &zero, plan.w_desc, target));
   if (plan.nhwc()) {
     kernels::krsc_to_kcrs(target, dw.f32(), g.out_channels, g.in_channels, g.kernel_h * g.kernel_w,

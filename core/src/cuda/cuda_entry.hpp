@@ -8,4 +8,5 @@ namespace dp::cuda {
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);
 int device_count() noexcept;  // 0 on any error
 std::string device_name(int index);
+CudaVersions versions() noexcept;
 }  // namespace dp::cuda

@@ -1,0 +1,545 @@
+// The public ops of dp::Backend: every argument is checked here, once for every backend, then the
+// backend's *_impl runs (the tiny-cuda-nn pattern). Empty batches are handled here too, so no
+// backend needs its own rule for them. Errors read "<backend> backend: <op>: <what is wrong>".
+#include <cmath>
+#include <string>
+
+#include "dp/backend.hpp"
+#include "dp/error.hpp"
+
+namespace dp {
+
+namespace {
+
+/// The argument checks of one op call: each names the op and the argument in its message.
+class Checker {
+ public:
+  Checker(const Backend& backend, const char* op)
+      : prefix_(backend.name() + " backend: " + op + ": "), device_(backend.device()) {}
+
+  [[noreturn]] void fail(const std::string& message) const { throw Error(prefix_ + message); }
+
+  /// dtype, data (may be null only when there are no elements) and device.
+  void tensor(const Tensor& t, DType dtype, const char* what) const {
+    if (t.dtype != dtype) {
+      fail(std::string(what) + " must be " + dtype_name(dtype) + ", got " + dtype_name(t.dtype));
+    }
+    if (t.data == nullptr && t.numel() > 0) fail(std::string(what) + " has no data (null pointer)");
+    if (t.data != nullptr && !(t.device == device_)) {
+      fail(std::string(what) + " lives on " + t.device.str() + " but this backend computes on " +
+           device_.str() + "; allocate it with this backend");
+    }
+  }
+
+  void shape(const Tensor& t, const Shape& expected, const char* what) const {
+    if (t.shape != expected) {
+      fail(std::string(what) + " has shape " + t.shape.str() + ", expected " + expected.str());
+    }
+  }
+
+  /// An f32 tensor of exactly `expected` shape.
+  void f32(const Tensor& t, const Shape& expected, const char* what) const {
+    tensor(t, DType::f32, what);
+    shape(t, expected, what);
+  }
+
+  /// A rank-4 f32 activation (or rank 2 when allowed); returns its shape.
+  Shape activation(const Tensor& t, const char* what, bool allow_rank2 = false) const {
+    tensor(t, DType::f32, what);
+    if (t.shape.rank != 4 && !(allow_rank2 && t.shape.rank == 2)) {
+      fail(std::string(what) + " has shape " + t.shape.str() + ", expected (N, C, H, W)" +
+           (allow_rank2 ? " or (N, C)" : ""));
+    }
+    return t.shape;
+  }
+
+  /// `t` has the shape and (for rank 4) the layout of `like`, and is f32.
+  void like(const Tensor& t, const Tensor& like, const char* what, const char* like_name) const {
+    tensor(t, DType::f32, what);
+    if (t.shape != like.shape) {
+      fail(std::string(what) + " has shape " + t.shape.str() + " but " + like_name + " has " +
+           like.shape.str() + "; they must match");
+    }
+    same_layout(t, like, what, like_name);
+  }
+
+  void same_layout(const Tensor& t, const Tensor& like, const char* what,
+                   const char* like_name) const {
+    if (t.shape.rank == 4 && like.shape.rank == 4 && t.layout != like.layout) {
+      fail(std::string(what) + " is " + layout_name(t.layout) + " but " + like_name + " is " +
+           layout_name(like.layout) + "; both must share one layout (convert explicitly)");
+    }
+  }
+
+  void optional_f32(const Tensor* t, const Shape& expected, const char* what) const {
+    if (t != nullptr) f32(*t, expected, what);
+  }
+
+  void finite(float v, const char* what) const {
+    if (!std::isfinite(v)) fail(std::string(what) + " must be finite, got " + std::to_string(v));
+  }
+
+  void pointers(const void* dst, const void* src, size_t bytes) const {
+    if (bytes > 0 && (dst == nullptr || src == nullptr)) {
+      fail("a copy of " + std::to_string(bytes) + " bytes needs two non-null pointers");
+    }
+  }
+
+ private:
+  std::string prefix_;
+  Device device_;
+};
+
+void plan_layout(const Checker& check, const ConvGeometry& g, const Tensor& t, const char* what) {
+  if (t.layout != g.layout) {
+    check.fail(std::string(what) + " is " + layout_name(t.layout) + " but the plan is " +
+               layout_name(g.layout));
+  }
+}
+
+/// An activation of a convolution plan: (N <= max_batch, c, h, w) in the plan's layout.
+/// Returns N.
+int64_t plan_activation(const Checker& check, const ConvGeometry& g, const Tensor& t, int64_t c,
+                        int64_t h, int64_t w, const char* what) {
+  const Shape s = check.activation(t, what);
+  if (s[1] != c || s[2] != h || s[3] != w || s[0] > g.max_batch) {
+    check.fail(std::string(what) + " has shape " + s.str() +
+               ", expected (N <= " + std::to_string(g.max_batch) + ", " + std::to_string(c) + ", " +
+               std::to_string(h) + ", " + std::to_string(w) + ") for the plan " + g.str());
+  }
+  plan_layout(check, g, t, what);
+  return s[0];
+}
+
+Shape filter_shape(const ConvGeometry& g) {
+  return {g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
+}
+
+/// The pooling window and the (N,C,H,W) input `in` / (N,C,P,Q) output `out` of one layout.
+void check_pool(const Checker& check, const PoolGeometry& g, const Tensor& in, const Tensor& out,
+                const char* in_name, const char* out_name) {
+  if (g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 ||
+      g.pad_w < 0 || 2 * g.pad_h > g.kernel_h || 2 * g.pad_w > g.kernel_w) {
+    check.fail("pooling window " + std::to_string(g.kernel_h) + "x" + std::to_string(g.kernel_w) +
+               " stride " + std::to_string(g.stride_h) + "x" + std::to_string(g.stride_w) +
+               " pad " + std::to_string(g.pad_h) + "x" + std::to_string(g.pad_w) +
+               " is invalid: kernel and stride must be >= 1, and padding at most half the kernel "
+               "(never negative)");
+  }
+  const Shape x = check.activation(in, in_name);
+  // Not just P, Q >= 1: C++ division truncates, so H + 2*pad - kernel in (-stride, 0) gives
+  // P = 1 with a window that overhangs the padded input (PyTorch refuses it too).
+  if (x[2] + 2 * g.pad_h < g.kernel_h || x[3] + 2 * g.pad_w < g.kernel_w) {
+    check.fail(std::string(in_name) + " of shape " + x.str() +
+               " is smaller than the pooling window " + std::to_string(g.kernel_h) + "x" +
+               std::to_string(g.kernel_w) + " (padding " + std::to_string(g.pad_h) + "x" +
+               std::to_string(g.pad_w) + ")");
+  }
+  check.f32(out, {x[0], x[1], g.out_h(x[2]), g.out_w(x[3])}, out_name);
+  check.same_layout(out, in, out_name, in_name);
+}
+
+/// logits (N, K >= 1) f32, labels (N) i32, correct (1) i32. Returns N.
+int64_t check_logits(const Checker& check, const Tensor& logits, const Tensor& labels,
+                     const Tensor& correct) {
+  check.tensor(logits, DType::f32, "logits");
+  if (logits.shape.rank != 2 || logits.shape[1] < 1) {
+    check.fail("logits has shape " + logits.shape.str() + ", expected (N, K) with K >= 1");
+  }
+  const int64_t n = logits.shape[0];
+  check.tensor(labels, DType::i32, "labels");
+  check.shape(labels, {n}, "labels");
+  check.tensor(correct, DType::i32, "correct");
+  check.shape(correct, {1}, "correct");
+  return n;
+}
+
+/// A per-channel vector (C) f32.
+void channel_vectors(const Checker& check, int64_t c,
+                     std::initializer_list<std::pair<const Tensor*, const char*>> vectors) {
+  for (const auto& [t, what] : vectors) check.f32(*t, {c}, what);
+}
+
+/// Values per channel of a batch-norm input: N*H*W (N for rank 2).
+int64_t per_channel(const Shape& s) { return s.rank == 4 ? s[0] * s[2] * s[3] : s[0]; }
+
+}  // namespace
+
+std::string Backend::prefix(const char* op) const { return name() + " backend: " + op + ": "; }
+
+// ---- memory -------------------------------------------------------------------------------------
+
+void Backend::upload(void* dst, const void* host_src, size_t bytes) {
+  Checker(*this, "upload").pointers(dst, host_src, bytes);
+  if (bytes > 0) upload_impl(dst, host_src, bytes);
+}
+
+void Backend::download(void* host_dst, const void* src, size_t bytes) {
+  Checker(*this, "download").pointers(host_dst, src, bytes);
+  if (bytes > 0) download_impl(host_dst, src, bytes);
+}
+
+void Backend::copy(void* dst, const void* src, size_t bytes) {
+  Checker(*this, "copy").pointers(dst, src, bytes);
+  if (bytes > 0 && dst != src) copy_impl(dst, src, bytes);
+}
+
+void Backend::fill(const Tensor& t, float value) {
+  const Checker check(*this, "fill");
+  if (t.dtype != DType::f32 && t.dtype != DType::i32) {
+    check.fail(std::string("t must be f32 or i32, got ") + dtype_name(t.dtype));
+  }
+  check.tensor(t, t.dtype, "t");
+  if (t.dtype == DType::i32) check.finite(value, "value");
+  if (t.numel() > 0) fill_impl(t, value);
+}
+
+// ---- convolution --------------------------------------------------------------------------------
+
+std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUse& use) {
+  const Checker check(*this, "plan_conv");
+  if (g.max_batch < 1 || g.in_channels < 1 || g.in_h < 1 || g.in_w < 1 || g.out_channels < 1 ||
+      g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 ||
+      g.pad_w < 0) {
+    check.fail("every size must be positive and padding non-negative, got " + g.str());
+  }
+  // out_h() >= 1 is not enough: the division truncates toward zero.
+  if (g.in_h + 2 * g.pad_h < g.kernel_h || g.in_w + 2 * g.pad_w < g.kernel_w) {
+    check.fail("the kernel is larger than the padded input in " + g.str());
+  }
+  for (const auto* list : {&use.train_batches, &use.infer_batches}) {
+    for (int64_t n : *list) {
+      if (n < 1 || n > g.max_batch) {
+        check.fail("batch size " + std::to_string(n) + " declared for " +
+                   (use.layer.empty() ? std::string("the plan") : use.layer) +
+                   " is outside [1, max_batch = " + std::to_string(g.max_batch) + "] of " +
+                   g.str());
+      }
+    }
+  }
+  std::unique_ptr<ConvPlan> plan = plan_conv_impl(g, use);
+  DP_ASSERT(plan != nullptr);
+  plan->owner_ = this;
+  return plan;
+}
+
+const ConvGeometry& Backend::check_plan(const ConvPlan& plan, const char* op) const {
+  if (plan.owner_ != this) {
+    throw Error(prefix(op) +
+                "the plan was made by another backend; make it with this backend's plan_conv");
+  }
+  return plan.geometry();
+}
+
+void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                           const Tensor& y) {
+  const char* op = "conv_forward";
+  const ConvGeometry& g = check_plan(plan, op);
+  const Checker check(*this, op);
+  const int64_t n = plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x");
+  check.f32(w, filter_shape(g), "w");
+  check.optional_f32(b, {g.out_channels}, "b");
+  check.f32(y, {n, g.out_channels, g.out_h(), g.out_w()}, "y");
+  plan_layout(check, g, y, "y");
+  if (n > 0) conv_forward_impl(plan, x, w, b, y);
+}
+
+void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w,
+                                 const Tensor& dx) {
+  const char* op = "conv_backward_data";
+  const ConvGeometry& g = check_plan(plan, op);
+  const Checker check(*this, op);
+  const int64_t n = plan_activation(check, g, dy, g.out_channels, g.out_h(), g.out_w(), "dy");
+  check.f32(w, filter_shape(g), "w");
+  check.f32(dx, {n, g.in_channels, g.in_h, g.in_w}, "dx");
+  plan_layout(check, g, dx, "dx");
+  if (n > 0) conv_backward_data_impl(plan, dy, w, dx);
+}
+
+void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy,
+                                   const Tensor& dw, const Tensor* db) {
+  const char* op = "conv_backward_filter";
+  const ConvGeometry& g = check_plan(plan, op);
+  const Checker check(*this, op);
+  const int64_t n = plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x");
+  check.f32(dy, {n, g.out_channels, g.out_h(), g.out_w()}, "dy");
+  plan_layout(check, g, dy, "dy");
+  check.f32(dw, filter_shape(g), "dw");
+  check.optional_f32(db, {g.out_channels}, "db");
+  if (n > 0) {
+    conv_backward_filter_impl(plan, x, dy, dw, db);
+  } else {  // the sum over no examples
+    fill_impl(dw, 0.0f);
+    if (db != nullptr) fill_impl(*db, 0.0f);
+  }
+}
+
+// ---- linear -------------------------------------------------------------------------------------
+
+namespace {
+struct LinearDims {
+  int64_t n, in, out;
+};
+
+LinearDims check_linear(const Checker& check, const Tensor& x, const Tensor& w) {
+  check.tensor(x, DType::f32, "x");
+  check.tensor(w, DType::f32, "w");
+  if (x.shape.rank != 2 || w.shape.rank != 2 || x.shape[1] != w.shape[1]) {
+    check.fail("x has shape " + x.shape.str() + " and w has shape " + w.shape.str() +
+               ", expected x (N, IN) and w (OUT, IN) with the same IN (flatten x first)");
+  }
+  return {x.shape[0], x.shape[1], w.shape[0]};
+}
+}  // namespace
+
+void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
+  const Checker check(*this, "linear_forward");
+  const LinearDims d = check_linear(check, x, w);
+  check.optional_f32(b, {d.out}, "b");
+  check.f32(y, {d.n, d.out}, "y");
+  if (d.n > 0) linear_forward_impl(x, w, b, y);
+}
+
+void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
+                              const Tensor& dw, const Tensor* db) {
+  const Checker check(*this, "linear_backward");
+  const LinearDims d = check_linear(check, x, w);
+  check.f32(dy, {d.n, d.out}, "dy");
+  check.optional_f32(dx, {d.n, d.in}, "dx");
+  check.f32(dw, {d.out, d.in}, "dw");
+  check.optional_f32(db, {d.out}, "db");
+  if (d.n > 0) {
+    linear_backward_impl(x, w, dy, dx, dw, db);
+  } else {  // sums over no examples
+    fill_impl(dw, 0.0f);
+    if (db != nullptr) fill_impl(*db, 0.0f);
+  }
+}
+
+// ---- batch norm ---------------------------------------------------------------------------------
+
+void Backend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& running_mean, const Tensor& running_var,
+                                      float momentum, float eps, const Tensor& save_mean,
+                                      const Tensor& save_invstd, const Tensor& y) {
+  const Checker check(*this, "batchnorm_forward_train");
+  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  check.like(y, x, "y", "x");
+  channel_vectors(check, s[1],
+                  {{&gamma, "gamma"},
+                   {&beta, "beta"},
+                   {&running_mean, "running_mean"},
+                   {&running_var, "running_var"},
+                   {&save_mean, "save_mean"},
+                   {&save_invstd, "save_invstd"}});
+  if (!(momentum >= 0.0f && momentum <= 1.0f)) {
+    check.fail("momentum must be in [0, 1], got " + std::to_string(momentum));
+  }
+  if (!(eps > 0.0f) || !std::isfinite(eps)) {
+    check.fail("eps must be positive, got " + std::to_string(eps));
+  }
+  if (per_channel(s) < 2) {
+    check.fail("x has shape " + s.str() +
+               ": batch norm in training needs more than one value per channel (N*H*W > 1), as "
+               "PyTorch; use a larger batch per replica");
+  }
+  batchnorm_forward_train_impl(x, gamma, beta, running_mean, running_var, momentum, eps, save_mean,
+                               save_invstd, y);
+}
+
+void Backend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& running_mean, const Tensor& running_var,
+                                      float eps, const Tensor& y) {
+  const Checker check(*this, "batchnorm_forward_infer");
+  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  check.like(y, x, "y", "x");
+  channel_vectors(check, s[1],
+                  {{&gamma, "gamma"},
+                   {&beta, "beta"},
+                   {&running_mean, "running_mean"},
+                   {&running_var, "running_var"}});
+  if (!(eps > 0.0f) || !std::isfinite(eps)) {
+    check.fail("eps must be positive, got " + std::to_string(eps));
+  }
+  if (s[0] > 0) batchnorm_forward_infer_impl(x, gamma, beta, running_mean, running_var, eps, y);
+}
+
+void Backend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                 const Tensor& save_mean, const Tensor& save_invstd, float eps,
+                                 const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  const Checker check(*this, "batchnorm_backward");
+  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  check.like(dy, x, "dy", "x");
+  check.like(dx, x, "dx", "x");
+  channel_vectors(check, s[1],
+                  {{&gamma, "gamma"},
+                   {&save_mean, "save_mean"},
+                   {&save_invstd, "save_invstd"},
+                   {&dgamma, "dgamma"},
+                   {&dbeta, "dbeta"}});
+  if (!(eps > 0.0f) || !std::isfinite(eps)) {
+    check.fail("eps must be positive, got " + std::to_string(eps));
+  }
+  if (per_channel(s) < 2) {
+    check.fail("x has shape " + s.str() +
+               ": batch norm in training needs more than one value per channel (N*H*W > 1)");
+  }
+  batchnorm_backward_impl(x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma, dbeta);
+}
+
+// ---- activation and elementwise -----------------------------------------------------------------
+
+void Backend::relu_forward(const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "relu_forward");
+  check.tensor(x, DType::f32, "x");
+  check.like(y, x, "y", "x");
+  if (x.numel() > 0) relu_forward_impl(x, y);
+}
+
+void Backend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  const Checker check(*this, "relu_backward");
+  check.tensor(y, DType::f32, "y");
+  check.like(dy, y, "dy", "y");
+  check.like(dx, y, "dx", "y");
+  if (y.numel() > 0) relu_backward_impl(y, dy, dx);
+}
+
+void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  const Checker check(*this, "add");
+  check.tensor(a, DType::f32, "a");
+  check.like(b, a, "b", "a");
+  check.like(y, a, "y", "a");
+  if (a.numel() > 0) add_impl(a, b, y);
+}
+
+void Backend::scale(const Tensor& t, float alpha) {
+  const Checker check(*this, "scale");
+  check.tensor(t, DType::f32, "t");
+  if (t.numel() > 0) scale_impl(t, alpha);
+}
+
+// ---- pooling ------------------------------------------------------------------------------------
+
+void Backend::avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "avgpool_forward");
+  check_pool(check, g, x, y, "x", "y");
+  if (x.numel() > 0) avgpool_forward_impl(g, x, y);
+}
+
+void Backend::avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
+  const Checker check(*this, "avgpool_backward");
+  check_pool(check, g, dx, dy, "dx", "dy");
+  if (dx.numel() > 0) avgpool_backward_impl(g, dy, dx);
+}
+
+void Backend::maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "maxpool_forward");
+  check_pool(check, g, x, y, "x", "y");
+  if (x.numel() > 0) maxpool_forward_impl(g, x, y);
+}
+
+void Backend::maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                               const Tensor& dy, const Tensor& dx) {
+  const Checker check(*this, "maxpool_backward");
+  check_pool(check, g, x, y, "x", "y");
+  check.like(dy, y, "dy", "y");
+  check.like(dx, x, "dx", "x");
+  if (x.numel() > 0) maxpool_backward_impl(g, x, y, dy, dx);
+}
+
+void Backend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "global_avgpool_forward");
+  const Shape s = check.activation(x, "x");
+  check.f32(y, {s[0], s[1], 1, 1}, "y");
+  check.same_layout(y, x, "y", "x");
+  if (x.numel() > 0) global_avgpool_forward_impl(x, y);
+}
+
+void Backend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
+  const Checker check(*this, "global_avgpool_backward");
+  const Shape s = check.activation(dx, "dx");
+  check.f32(dy, {s[0], s[1], 1, 1}, "dy");
+  check.same_layout(dy, dx, "dy", "dx");
+  if (dx.numel() > 0) global_avgpool_backward_impl(dy, dx);
+}
+
+// ---- loss and metrics ---------------------------------------------------------------------------
+
+void Backend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                    const Tensor& dlogits, const Tensor& loss_sum,
+                                    const Tensor& correct) {
+  const Checker check(*this, "softmax_cross_entropy");
+  const int64_t n = check_logits(check, logits, labels, correct);
+  check.f32(dlogits, logits.shape, "dlogits");
+  check.f32(loss_sum, {1}, "loss_sum");
+  check.finite(grad_scale, "grad_scale");
+  if (n > 0) {
+    softmax_cross_entropy_impl(logits, labels, grad_scale, dlogits, loss_sum, correct);
+  } else {
+    fill_impl(loss_sum, 0.0f);
+    fill_impl(correct, 0.0f);
+  }
+}
+
+void Backend::count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct) {
+  const Checker check(*this, "count_correct");
+  const int64_t n = check_logits(check, logits, labels, correct);
+  if (n > 0) {
+    count_correct_impl(logits, labels, correct);
+  } else {
+    fill_impl(correct, 0.0f);
+  }
+}
+
+// ---- optimizer ----------------------------------------------------------------------------------
+
+void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
+                         const SgdParams& p) {
+  const Checker check(*this, "sgd_update");
+  check.tensor(params, DType::f32, "params");
+  check.f32(grads, params.shape, "grads");
+  for (const auto& [v, what] :
+       {std::pair{p.lr, "lr"}, {p.momentum, "momentum"}, {p.weight_decay, "weight_decay"}}) {
+    if (!(v >= 0.0f) || !std::isfinite(v)) {
+      check.fail(std::string(what) + " must be finite and >= 0, got " + std::to_string(v));
+    }
+  }
+  if (p.momentum != 0.0f) {
+    if (momentum_buf == nullptr) {
+      check.fail("momentum is " + std::to_string(p.momentum) +
+                 " but no momentum buffer was given; allocate one (zeroed) per parameter buffer");
+    }
+    check.f32(*momentum_buf, params.shape, "momentum_buf");
+  }
+  if (params.numel() > 0) sgd_update_impl(params, grads, momentum_buf, p);
+}
+
+// ---- data ---------------------------------------------------------------------------------------
+
+void Backend::gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
+                           const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "gather_batch");
+  check.tensor(images, DType::u8, "images");
+  if (images.shape.rank != 4) {
+    check.fail("images has shape " + images.shape.str() + ", expected (M, C, H, W)");
+  }
+  if (images.layout != Layout::nchw) {
+    check.fail(std::string("images is ") + layout_name(images.layout) +
+               ", expected nchw (datasets are stored as read from their files)");
+  }
+  const Shape s = images.shape;
+  check.tensor(labels, DType::u8, "labels");
+  check.shape(labels, {s[0]}, "labels");
+  check.tensor(indices, DType::i32, "indices");
+  if (indices.shape.rank != 1) {
+    check.fail("indices has shape " + indices.shape.str() + ", expected (n)");
+  }
+  const int64_t n = indices.shape[0];
+  check.tensor(x, DType::f32, "x");
+  check.shape(x, {n, s[1], s[2], s[3]}, "x");
+  check.tensor(y, DType::i32, "y");
+  check.shape(y, {n}, "y");
+  if (n > 0) gather_batch_impl(images, labels, indices, x, y);
+}
+
+}  // namespace dp
