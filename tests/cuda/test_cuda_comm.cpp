@@ -218,6 +218,25 @@ TEST_CASE("cuda NCCL abort makes later collectives throw", "[cuda][comm][nccl]")
 #endif
 }
 
+TEST_CASE("cuda NCCL initialisation that fails midway leaves nothing open", "[cuda][comm][nccl]") {
+#if defined(DPRUN_WITH_CUDA)
+  // Every rank but the last gets its communicator before the failure, inside the init group.
+  const int gpus = dp::cuda_device_count();
+  std::vector<int> devices(static_cast<size_t>(gpus));
+  for (int d = 0; d < gpus; ++d) devices[static_cast<size_t>(d)] = d;
+  auto backends = gpu_backends(devices);
+  dp::cuda::inject_nccl_init_failure(gpus - 1);
+  CHECK_THROWS_WITH(dp::cuda::make_nccl_communicators(raw(backends)),
+                    Catch::Contains("injected failure of NCCL initialisation"));
+  // Had the group been left open, this initialisation would queue behind it and never complete
+  // (the test would fail on the communicator timeout); had communicators leaked, NCCL would
+  // still hold them. It must work as if nothing had happened.
+  auto comms = dp::cuda::make_nccl_communicators(raw(backends));
+  REQUIRE(comms.size() == static_cast<size_t>(gpus));
+  exercise(comms, backends, /*exact=*/gpus == 1);
+#endif
+}
+
 TEST_CASE("cuda communicators refuse unsupported rank placements", "[cuda][comm]") {
 #if defined(DPRUN_WITH_CUDA)
   auto same = gpu_backends({0, 0});

@@ -144,6 +144,21 @@ cudaEvent_t make_event(int device) {
   return e;
 }
 
+// ==== fault injection (tests)
+// ======================================================================
+
+std::atomic<int> injected_init_failure{-1};
+
+/// Throws once, right after rank `rank`'s communicator was created inside the group, when a
+/// test asked for it (inject_nccl_init_failure).
+void take_injected_init_failure(int rank) {
+  int expected = rank;
+  if (injected_init_failure.compare_exchange_strong(expected, -1)) {
+    throw Error("injected failure of NCCL initialisation after rank " + std::to_string(rank) +
+                " (a test asked for it)");
+  }
+}
+
 // ==== same device
 // =================================================================================
 
@@ -278,19 +293,22 @@ class NcclGroup {
   explicit NcclGroup(std::vector<CudaBackend*> b)
       : backends(std::move(b)), size(static_cast<int>(backends.size())), barrier(size, aborted) {
     comms.assign(backends.size(), nullptr);
-    for (size_t r = 0; r < backends.size(); ++r) {
-      comm_mutex.push_back(std::make_unique<std::mutex>());
-      last_event.push_back(make_event(backends[r]->device_index()));
-    }
     pending.assign(backends.size(), false);
     enqueued_at.assign(backends.size(), Clock::now());
+    // Whatever fails here (an event, NCCL's initialisation, the watchdog thread) releases
+    // everything made so far: no communicator or event outlives a failed construction.
     try {
+      for (size_t r = 0; r < backends.size(); ++r) {
+        comm_mutex.push_back(std::make_unique<std::mutex>());
+        last_event.push_back(make_event(backends[r]->device_index()));
+      }
       init();
+      watchdog_ = std::thread([this] { watch(); });
     } catch (...) {
+      abort_comms();
       cleanup_events();
       throw;
     }
-    watchdog_ = std::thread([this] { watch(); });
   }
 
   ~NcclGroup() {
@@ -370,17 +388,41 @@ class NcclGroup {
   std::vector<ncclComm_t> comms;
 
  private:
+  /// Ends an NCCL group on every path: a group left open would swallow the process's next NCCL
+  /// calls (they would queue behind a ncclGroupEnd that never comes).
+  class GroupGuard {
+   public:
+    GroupGuard() { NCCL_CHECK(ncclGroupStart()); }
+    ~GroupGuard() {
+      if (open_) NCCL_WARN(ncclGroupEnd());
+    }
+    GroupGuard(const GroupGuard&) = delete;
+    GroupGuard& operator=(const GroupGuard&) = delete;
+    void end() {
+      open_ = false;
+      NCCL_CHECK(ncclGroupEnd());
+    }
+
+   private:
+    bool open_ = true;
+  };
+
+  /// Creates every rank's communicator in one group and waits until all are ready. On failure
+  /// the caller (the constructor) aborts whatever was created.
   void init() {
     ncclUniqueId id;
     NCCL_CHECK(ncclGetUniqueId(&id));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < size; ++r) {
-      CUDA_CHECK(cudaSetDevice(backends[static_cast<size_t>(r)]->device_index()));
-      NCCL_CHECK(ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], size, id, r, &config));
+    {
+      GroupGuard group;
+      for (int r = 0; r < size; ++r) {
+        CUDA_CHECK(cudaSetDevice(backends[static_cast<size_t>(r)]->device_index()));
+        NCCL_CHECK(ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], size, id, r, &config));
+        take_injected_init_failure(r);
+      }
+      group.end();
     }
-    NCCL_CHECK(ncclGroupEnd());
     const auto deadline = Clock::now() + comm_timeout();
     for (int r = 0; r < size; ++r) {
       ncclComm_t comm = comms[static_cast<size_t>(r)];
@@ -390,16 +432,11 @@ class NcclGroup {
         if (query != ncclSuccess) state = query;
         if (state == ncclSuccess) break;
         if (state != ncclInProgress || Clock::now() > deadline) {
-          const std::string message =
+          throw Error(
               "NCCL communicator initialisation failed on rank " + std::to_string(r) + ": " +
               (state == ncclInProgress
                    ? "timed out after " + timeout_text()
-                   : std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm) + ")");
-          for (auto& c : comms) {
-            if (c != nullptr) NCCL_WARN(ncclCommAbort(c));
-            c = nullptr;
-          }
-          throw Error(message);
+                   : std::string(ncclGetErrorString(state)) + " (" + ncclGetLastError(comm) + ")"));
         }
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
@@ -492,10 +529,13 @@ class NcclGroup {
 
   void abort_comms() noexcept {
     // Ranks leave their enqueue poll loops as soon as they see the flag, releasing the mutex.
+    // (During a failed construction some ranks may have no mutex or communicator yet.)
     for (size_t r = 0; r < comms.size(); ++r) {
-      std::lock_guard<std::mutex> comm_lock(*comm_mutex[r]);
+      std::unique_lock<std::mutex> comm_lock;
+      if (r < comm_mutex.size()) comm_lock = std::unique_lock<std::mutex>(*comm_mutex[r]);
+      if (comms[r] == nullptr) continue;
       CUDA_WARN(cudaSetDevice(backends[r]->device_index()));
-      if (comms[r] != nullptr) NCCL_WARN(ncclCommAbort(comms[r]));
+      NCCL_WARN(ncclCommAbort(comms[r]));
       comms[r] = nullptr;
     }
     comms_aborted_ = true;
@@ -572,6 +612,8 @@ std::string device_list(const std::vector<CudaBackend*>& backends) {
 }
 
 }  // namespace
+
+void inject_nccl_init_failure(int rank) { injected_init_failure.store(rank); }
 
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(
     const std::vector<Backend*>& ranks) {

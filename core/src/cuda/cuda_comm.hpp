@@ -32,6 +32,9 @@ namespace dp::cuda {
 /// One NCCL communicator per rank; the ranks' backends must be CUDA backends on distinct devices.
 std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(
     const std::vector<Backend*>& ranks);
+/// For tests: the next NCCL initialisation throws right after creating rank `rank`'s
+/// communicator inside its group, so the cleanup path (group ended, communicators aborted) runs.
+void inject_nccl_init_failure(int rank);
 /// Same-device communicators; all ranks' backends on one device (at most 16 ranks).
 std::vector<std::unique_ptr<Communicator>> make_same_device_communicators(
     const std::vector<Backend*>& ranks);
