@@ -7,7 +7,9 @@
 // Builds without CUDA too and then only says so.
 //
 //   bench_gpu [--steps N] [--warmup N] [--batch N] [--no-epoch] [--model lenet|resnet18]
-//             [--plugins DIR] [--data DIR]
+//             [--plugins DIR] [--data DIR] [--json FILE]
+// --json also writes the results, the device and the CUDA library versions as loaded, for the
+// machine-readable record scripts/gpu-check keeps (bench/results/).
 // Plugins: --plugins, else $DPRUN_PLUGIN_DIR, else the usual search path. Data: --data, else
 // $DPRUN_DATA / the standard folder; without data a synthetic set of the same shape is used
 // (and no real epoch is run).
@@ -26,6 +28,7 @@
 #include "dp/error.hpp"
 #include "dp/plugin.hpp"
 #include "dp/trainer.hpp"
+#include "json.hpp"
 #include "plugin_loader.hpp"
 
 namespace {
@@ -38,6 +41,7 @@ struct Args {
   std::string model;  // empty: both
   std::string plugins;
   std::string data;
+  std::string json;
 };
 
 Args parse(int argc, char** argv) {
@@ -65,10 +69,12 @@ Args parse(int argc, char** argv) {
       a.plugins = value();
     } else if (s == "--data") {
       a.data = value();
+    } else if (s == "--json") {
+      a.json = value();
     } else {
       std::fprintf(stderr,
                    "usage: bench_gpu [--steps N] [--warmup N] [--batch N] [--no-epoch] "
-                   "[--model lenet|resnet18] [--plugins DIR] [--data DIR]\n");
+                   "[--model lenet|resnet18] [--plugins DIR] [--data DIR] [--json FILE]\n");
       std::exit(2);
     }
   }
@@ -177,6 +183,48 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
   return r;
 }
 
+/// The results as one JSON object (see --json).
+std::string to_json(const Args& args, bool real_data, const std::vector<Result>& results) {
+  using dprun::Json;
+  const dp::CudaVersions v = dp::cuda_versions();
+  Json versions = Json::object();
+  versions.set("cuda_driver", Json::integer(v.driver));
+  versions.set("cuda_runtime", Json::integer(v.runtime));
+  versions.set("cudnn", Json::integer(static_cast<int64_t>(v.cudnn)));
+  versions.set("cublas", Json::integer(v.cublas));
+  versions.set("nccl", Json::integer(v.nccl));
+  Json out = Json::object();
+  out.set("device", Json::string(dp::cuda_device_name(0)));
+  out.set("versions", versions);
+  out.set("batch", Json::integer(args.batch));
+  out.set("warmup_steps", Json::integer(args.warmup));
+  out.set("timed_steps", Json::integer(args.steps));
+  out.set("data", Json::string(real_data ? "fashion-mnist" : "synthetic"));
+  Json rows = Json::array();
+  for (const auto& r : results) {
+    Json row = Json::object();
+    row.set("model", Json::string(r.config.model));
+    row.set("layout", Json::string(dp::layout_name(r.config.layout)));
+    row.set("math", Json::string(r.config.tf32 ? "tf32" : "fp32"));
+    if (!r.error.empty()) {
+      row.set("error", Json::string(r.error));
+    } else {
+      row.set("median_step_ms", Json::number(r.median_ms));
+      row.set("min_step_ms", Json::number(r.min_ms));
+      row.set("projected_s_per_epoch", Json::number(r.projected_s));
+      if (r.epoch_s >= 0) {
+        row.set("epoch_s", Json::number(r.epoch_s));
+        row.set("eval_s", Json::number(r.eval_s));
+        row.set("test_acc_after_1_epoch", Json::number(r.test_acc));
+      }
+      row.set("peak_mb", Json::number(r.peak_mb));
+    }
+    rows.push(row);
+  }
+  out.set("results", rows);
+  return out.dump() + "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -244,5 +292,13 @@ int main(int argc, char** argv) {
   std::printf(
       "reference (PyTorch 2.11, H100, data on the GPU): ResNet-18 fp32/TF32 NCHW 2.81 s/epoch, "
       "peak 1198 MB; LeNet fp32 0.385 s/epoch\n");
+  if (!args.json.empty()) {
+    std::FILE* f = std::fopen(args.json.c_str(), "w");
+    const std::string text = to_json(args, real_data, results);
+    if (f == nullptr || std::fputs(text.c_str(), f) < 0 || std::fclose(f) != 0) {
+      std::fprintf(stderr, "bench_gpu: cannot write %s\n", args.json.c_str());
+      return 1;
+    }
+  }
   return failures == 0 ? 0 : 1;
 }
