@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# scripts/gpu-check fails loudly on what would make a GPU run prove nothing, and builds a clean
+# library path. Runs here without a GPU: nvidia-smi, the Python `nvidia` package and the bundle
+# are stand-ins made in a temporary folder; only the script's own logic is under test.
+set -uo pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+T=$(mktemp -d /tmp/dprun-gpu-check-test.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fails=0
+check() {  # description, command...
+  local what=$1; shift
+  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; fails=$((fails + 1)); fi
+}
+
+# A repository copy with the script and a stand-in bundle.
+mkdir -p "$T/repo/scripts" "$T/repo/.gpu/data" "$T/bin" "$T/py/nvidia/cudnn/lib" \
+  "$T/py2/nvidia/nccl/lib" "$T/stage/bin" "$T/stage/lib" "$T/stage/plugins"
+cp "$SRC/scripts/gpu-check" "$SRC/scripts/gpu-record" "$T/repo/scripts/"
+for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
+  t10k-labels-idx1-ubyte.gz; do : >"$T/repo/.gpu/data/$f"; done
+echo abc1234 >"$T/repo/.gpu/commit"
+cat >"$T/bin/nvidia-smi" <<'SMI'
+#!/bin/sh
+case "$*" in
+  -L) echo "GPU 0: Stand-in GPU (UUID: GPU-0)" ;;
+  *name,driver_version*) echo "Stand-in GPU, 580.00, 81559 MiB" ;;
+  *name*) echo "Stand-in GPU" ;;
+  *driver_version*) echo "580.00" ;;
+  *memory.total*) echo "81559 MiB" ;;
+esac
+SMI
+chmod +x "$T/bin/nvidia-smi"
+# The stand-in test binary reports the library path it was given.
+cat >"$T/stage/bin/test_cuda" <<'TC'
+#!/bin/sh
+echo "$LD_LIBRARY_PATH" >"$OUT/ld_library_path"
+echo "All tests passed (3 assertions in 1 test case)"
+TC
+chmod +x "$T/stage/bin/test_cuda"
+pack() { tar -C "$T/stage" -cJf "$T/repo/.gpu/bundle.tar.xz" bin lib plugins; }
+pack
+run() {  # extra environment assignments for gpu-check
+  (cd "$T/repo" && env PATH="$T/bin:$PATH" PYTHONPATH="$T/py:$T/py2" OUT="$T/out" \
+    DPRUN_GPU_PREFIX="$T/prefix" "$@" \
+    bash scripts/gpu-check --phases tests >"$T/log" 2>&1)
+}
+
+# 1. A clean run: the record is written, and the path holds every nvidia lib folder (from both
+#    places the namespace package lives) and no empty entry.
+rm -rf "$T/out"
+run LD_LIBRARY_PATH=""
+rc=$?
+check "a clean stand-in run passes (exit $rc)" test $rc -eq 0
+check "the tests phase writes its record" test -s "$T/out/record-tests.json"
+check "the record names the commit and the GPU" \
+  grep -q '"commit": "abc1234"' "$T/out/record-tests.json"
+path=$(cat "$T/out/ld_library_path" 2>/dev/null)
+check "LD_LIBRARY_PATH has no empty entry ($path)" \
+  bash -c '[[ -n $1 && $1 != :* && $1 != *: && $1 != *::* ]]' _ "$path"
+check "LD_LIBRARY_PATH has the cudnn lib folder" bash -c '[[ $1 == *py/nvidia/cudnn/lib* ]]' _ "$path"
+check "LD_LIBRARY_PATH has the nccl lib folder" bash -c '[[ $1 == *py2/nvidia/nccl/lib* ]]' _ "$path"
+folded=$(python3 "$T/repo/scripts/gpu-record" fold "$T/out")
+check "gpu-record folds the parts into bench/results ($folded)" \
+  bash -c '[[ $1 == */bench/results/*-stand-in-gpu-abc1234.json && -s $1 ]]' _ "$folded"
+check "the folded record keeps the tests phase" grep -q '"group": "ops"' "$folded"
+table=$(python3 "$T/repo/scripts/gpu-record" table "$folded" 2>&1)
+check "gpu-record prints a table from it" grep -q "tests ops: All tests passed" <<<"$table"
+run LD_LIBRARY_PATH="/opt/x::"
+path=$(cat "$T/out/ld_library_path" 2>/dev/null)
+check "an inherited path with empty entries is cleaned ($path)" \
+  bash -c '[[ $1 == */opt/x && $1 != *::* && $1 != *: ]]' _ "$path"
+
+# 2. An unresolved library is a failure, not a warning.
+if command -v cc >/dev/null; then
+  printf 'int helper(void){return 1;}\n' >"$T/h.c"
+  printf 'int helper(void);\nint main(void){return helper();}\n' >"$T/m.c"
+  cc -shared -fPIC -o "$T/libhelper.so" "$T/h.c" && cc -o "$T/stage/bin/needs_helper" "$T/m.c" \
+    -L"$T" -lhelper
+  pack
+  run
+  rc=$?
+  check "an unresolved library fails the run (exit $rc)" test $rc -ne 0
+  check "the failure names the library" grep -q "libhelper.so => not found" "$T/log"
+  rm -f "$T/stage/bin/needs_helper"
+  pack
+else
+  echo "FAILED: no C compiler to build the unresolved-library case"; fails=$((fails + 1))
+fi
+
+# 3. Missing data, a missing nvidia package, no GPU: each a failure with its reason.
+rm "$T/repo/.gpu/data/t10k-labels-idx1-ubyte.gz"
+run; rc=$?
+check "missing Fashion-MNIST fails (exit $rc)" test $rc -ne 0
+check "the failure names the data file" grep -q "t10k-labels-idx1-ubyte.gz missing" "$T/log"
+: >"$T/repo/.gpu/data/t10k-labels-idx1-ubyte.gz"
+(cd "$T/repo" && env PATH="$T/bin:$PATH" PYTHONPATH="$T/nowhere" OUT="$T/out" DPRUN_GPU_PREFIX="$T/prefix" \
+  bash scripts/gpu-check --phases tests >"$T/log" 2>&1)
+rc=$?
+check "no CUDA libraries in Python fails (exit $rc)" test $rc -ne 0
+check "the failure says where it looked" grep -q "Python 'nvidia' package" "$T/log"
+printf '#!/bin/sh\nexit 9\n' >"$T/bin/nvidia-smi"
+run; rc=$?
+check "a machine whose nvidia-smi sees no GPU fails (exit $rc)" test $rc -ne 0
+check "an unknown phase is refused" bash -c "cd '$T/repo' && ! bash scripts/gpu-check --phases test >/dev/null 2>&1"
+
+if ((fails)); then
+  echo "--- last gpu-check output:"; cat "$T/log"
+  exit 1
+fi
+echo "all gpu-check checks passed"
