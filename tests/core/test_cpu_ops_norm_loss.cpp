@@ -535,7 +535,14 @@ TEST_CASE("backend factory: cpu, and cuda only where compiled", "[cpu][ops]") {
   auto backend = make_cpu(2);
   CHECK(backend->name() == "cpu");
   CHECK(backend->device() == dp::Device{dp::DeviceKind::cpu, 0});
-  CHECK(backend->device_description() == "CPU (2 threads)");
+  // "CPU (2 threads, oneDNN avx512_core_bf16)": the thread count and the kernels in use.
+  CHECK(backend->device_description().rfind("CPU (2 threads, ", 0) == 0);
+  dp::BackendOptions blas;
+  blas.cpu_threads = 1;
+  blas.cpu_kernels = dp::CpuKernels::blas;
+  CHECK(dp::create_backend(blas)->device_description().rfind("CPU (1 thread, OpenBLAS ", 0) == 0);
+  CHECK(dp::cpu_kernels(dp::CpuKernels::onednn).rfind("oneDNN ", 0) == 0);
+  CHECK(dp::cpu_kernels(dp::CpuKernels::blas).rfind("OpenBLAS ", 0) == 0);
   CHECK(std::string(dp::backend_kind_name(dp::BackendKind::cpu)) == "cpu");
   CHECK(std::string(dp::backend_kind_name(dp::BackendKind::cuda)) == "cuda");
   if (!dp::cuda_compiled()) {

@@ -5,22 +5,23 @@
 //   backward data    columns             = w^T * dy_chunk (K, B*P*Q), then col2im into dx
 //   backward filter  dw (K, C*R*S)      += dy_chunk * columns^T
 // The chunk makes the GEMM's N dimension large (LeNet's conv2 has only P*Q = 81 per image),
-// which is what lets OpenBLAS run near peak. Chunks are spread over the backend's threads, each
-// with its own scratch from the plan; BLAS itself runs single-threaded on the calling thread.
-#include <cblas.h>
+// which is what lets the SGEMM run near peak. Chunks are spread over the backend's threads, each
+// with its own scratch from the plan; the SGEMM (oneDNN's or OpenBLAS's, see sgemm in
+// cpu_kernels.hpp) runs single-threaded on the calling thread.
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "cpu/cpu_backend.hpp"
+#include "cpu/cpu_kernels.hpp"
 #include "dp/error.hpp"
 
 namespace dp::cpu {
 
 namespace {
 
-// Columns per chunk: OpenBLAS's SGEMM reaches its best speed on LeNet's conv2 shapes from about
+// Columns per chunk: the SGEMM reaches its best speed on LeNet's conv2 shapes from about
 // 600 columns (8 images) and slows past a few thousand, when a chunk's columns no longer stay in
 // the L2/L3 caches between im2col and the GEMM (measured with bench_cpu_ops).
 constexpr int64_t kTargetColumns = 640;
@@ -186,10 +187,8 @@ void CpuBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const T
       const int64_t ld = images * cs.pq();
       for (int64_t i = 0; i < images; ++i)
         im2col(cs, xp + (n0 + i) * cs.chw(), columns, ld, i * cs.pq());
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(cs.k),
-                  static_cast<int>(ld), static_cast<int>(cs.crs()), 1.0f, wp,
-                  static_cast<int>(cs.crs()), columns, static_cast<int>(ld), 0.0f, out,
-                  static_cast<int>(ld));
+      sgemm(kernels_, false, false, cs.k, ld, cs.crs(), 1.0f, wp, cs.crs(), columns, ld, 0.0f, out,
+            ld);
       // (K, B*P*Q) -> y's (B, K, P*Q), adding the bias on the way.
       for (int64_t i = 0; i < images; ++i) {
         for (int64_t k = 0; k < cs.k; ++k) {
@@ -228,10 +227,8 @@ void CpuBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy, 
         for (int64_t k = 0; k < cs.k; ++k)
           std::copy_n(dyp + (n0 + i) * cs.kpq() + k * cs.pq(), cs.pq(),
                       grad_out + k * ld + i * cs.pq());
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(cs.crs()),
-                  static_cast<int>(ld), static_cast<int>(cs.k), 1.0f, wp,
-                  static_cast<int>(cs.crs()), grad_out, static_cast<int>(ld), 0.0f, columns,
-                  static_cast<int>(ld));
+      sgemm(kernels_, true, false, cs.crs(), ld, cs.k, 1.0f, wp, cs.crs(), grad_out, ld, 0.0f,
+            columns, ld);
       for (int64_t i = 0; i < images; ++i) {
         float* dx_image = dxp + (n0 + i) * cs.chw();
         std::fill(dx_image, dx_image + cs.chw(), 0.0f);
@@ -272,10 +269,8 @@ void CpuBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x,
           std::copy_n(dyp + (n0 + i) * cs.kpq() + k * cs.pq(), cs.pq(),
                       grad_out + k * ld + i * cs.pq());
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(cs.k),
-                  static_cast<int>(cs.crs()), static_cast<int>(ld), 1.0f, grad_out,
-                  static_cast<int>(ld), columns, static_cast<int>(ld), 1.0f, partial,
-                  static_cast<int>(cs.crs()));
+      sgemm(kernels_, false, true, cs.k, cs.crs(), ld, 1.0f, grad_out, ld, columns, ld, 1.0f,
+            partial, cs.crs());
       for (int64_t k = 0; k < cs.k; ++k) {
         const float* row = grad_out + k * ld;
         float sum = 0.0f;

@@ -1,7 +1,6 @@
 // CpuBackend: memory, copies, fill, the checks every op shares, and construction.
 #include "cpu/cpu_backend.hpp"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -10,6 +9,9 @@
 #include <mutex>
 #include <new>
 
+#include "cpu/cpu_kernels.hpp"
+#include "cpu/onednn.hpp"
+#include "cpu/openblas.hpp"
 #include "dp/error.hpp"
 
 namespace dp::cpu {
@@ -79,25 +81,27 @@ void expect_nchw(const Tensor& t, const char* op, const char* what) {
 
 // ---- the backend -------------------------------------------------------------------------------
 
-CpuBackend::CpuBackend(const BackendOptions& options) : memory_(std::make_shared<MemoryTracker>()) {
+CpuBackend::CpuBackend(const BackendOptions& options)
+    : kernels_(resolve_cpu_kernels(options.cpu_kernels)),
+      memory_(std::make_shared<MemoryTracker>()) {
   DP_CHECK(options.cpu_threads >= 0,
            "cpu backend: cpu_threads must be >= 0 (0 = all hardware threads), got " +
                std::to_string(options.cpu_threads));
   threads_ = options.cpu_threads > 0 ? options.cpu_threads : omp_get_max_threads();
-  // The backend parallelises over images and rows itself (OpenMP, threads_ per replica), so
-  // every BLAS call must run on its calling thread: a multi-threaded BLAS inside those loops, or
-  // beside other replicas' threads, would oversubscribe the cores. It is also faster: a LeNet
-  // step at batch 256 on 2 cores takes 37 ms this way, 82 ms with one OpenMP thread and a
-  // 2-thread OpenBLAS (its threads do not pay off on GEMMs this small). The setting is
-  // process-wide, hence once.
-  static std::once_flag blas_single_threaded;
-  std::call_once(blas_single_threaded, [] { openblas_set_num_threads(1); });
+  // The kernels' library is loaded now, so a missing one fails here, not in the first step.
+  if (kernels_ == CpuKernels::blas) {
+    kernels_description_ = "OpenBLAS " + openblas().core;
+  } else {
+    onednn_ = std::make_unique<OnednnContext>();
+    kernels_description_ = "oneDNN " + onednn_isa();
+  }
 }
 
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::device_description() const {
-  return "CPU (" + std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+  return "CPU (" + std::to_string(threads_) + (threads_ == 1 ? " thread, " : " threads, ") +
+         kernels_description_ + ")";
 }
 
 void* CpuBackend::allocate(size_t bytes) { return memory_->allocate(bytes); }

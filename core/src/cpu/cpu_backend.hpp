@@ -1,7 +1,8 @@
 #pragma once
 // The CPU backend: the readable reference every other backend is tested against.
-// GEMM-shaped work (convolution through im2col, linear) goes to CBLAS; the rest is plain loops
-// parallelised with OpenMP over this replica's threads. The op bodies live in one file per
+// GEMM-shaped work (convolution, linear) goes to the kernels selected by dp::CpuKernels (oneDNN,
+// or im2col + OpenBLAS); the rest is plain loops parallelised with OpenMP over this replica's
+// threads. The op bodies live in one file per
 // concern (conv_cpu.cpp, linear_cpu.cpp, batchnorm_cpu.cpp, pool_cpu.cpp, elementwise_cpu.cpp,
 // loss_cpu.cpp, data_cpu.cpp); this header holds the class and the checks they share.
 #include <cstddef>
@@ -84,6 +85,8 @@ class CpuConvPlan : public ConvPlan {
   int64_t columns_stride_ = 0, outputs_stride_ = 0, partials_stride_ = 0;
 };
 
+struct OnednnContext;  // onednn.hpp: kept out of this header, which every op file includes
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& options);
@@ -93,6 +96,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device{DeviceKind::cpu, 0}; }
   std::string device_description() const override;
   int threads() const { return threads_; }
+  CpuKernels kernels() const { return kernels_; }
 
   void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
@@ -159,6 +163,9 @@ class CpuBackend final : public Backend {
                          const Tensor& x, const Tensor& y) override;
 
   int threads_ = 1;
+  CpuKernels kernels_;                     // resolved: onednn or blas
+  std::string kernels_description_;        // "oneDNN avx512_core_bf16", "OpenBLAS SkylakeX"
+  std::unique_ptr<OnednnContext> onednn_;  // with the oneDNN kernels only
   std::shared_ptr<MemoryTracker> memory_;
 };
 
