@@ -9,6 +9,7 @@
 #include <mutex>
 #include <new>
 
+#include "cpu/conv_plans.hpp"
 #include "cpu/cpu_kernels.hpp"
 #include "cpu/onednn.hpp"
 #include "cpu/openblas.hpp"
@@ -69,6 +70,14 @@ size_t MemoryTracker::peak() const {
   return peak_;
 }
 
+void SharedScratch::reserve(size_t bytes) {
+  if (bytes <= bytes_) return;
+  void* grown = memory_->allocate(bytes);
+  memory_->release(data_);
+  data_ = grown;
+  bytes_ = bytes;
+}
+
 // ---- what the cpu backend does not implement ----------------------------------------------------
 
 void expect_nchw(const Tensor& t, const char* op, const char* what) {
@@ -92,7 +101,7 @@ CpuBackend::CpuBackend(const BackendOptions& options)
   if (kernels_ == CpuKernels::blas) {
     kernels_description_ = "OpenBLAS " + openblas().core;
   } else {
-    onednn_ = std::make_unique<OnednnContext>();
+    onednn_ = std::make_shared<OnednnContext>();
     kernels_description_ = "oneDNN " + onednn_isa();
   }
 }
@@ -102,6 +111,15 @@ CpuBackend::~CpuBackend() = default;
 std::string CpuBackend::device_description() const {
   return "CPU (" + std::to_string(threads_) + (threads_ == 1 ? " thread, " : " threads, ") +
          kernels_description_ + ")";
+}
+
+std::shared_ptr<SharedScratch> CpuBackend::shared_scratch() {
+  std::shared_ptr<SharedScratch> scratch = shared_scratch_.lock();
+  if (!scratch) {
+    scratch = std::make_shared<SharedScratch>(memory_);
+    shared_scratch_ = scratch;
+  }
+  return scratch;
 }
 
 void* CpuBackend::allocate(size_t bytes) { return memory_->allocate(bytes); }
@@ -132,6 +150,31 @@ void CpuBackend::fill_impl(const Tensor& t, float value) {
 #pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
     for (int64_t i = 0; i < n; ++i) p[i] = v;
   }
+}
+
+// ---- convolution: the plan does the work (conv_plans.hpp) -----------------------------------
+
+std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
+  if (kernels_ == CpuKernels::onednn) {
+    std::unique_ptr<CpuConvPlan> plan =
+        make_onednn_plan(g, use, onednn_, threads_, shared_scratch(), memory_);
+    if (plan) return plan;
+  }
+  return make_im2col_plan(g, kernels_, threads_, memory_);
+}
+
+// The public ops checked that the plan is this backend's, so it is a CpuConvPlan.
+void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w,
+                                   const Tensor* b, const Tensor& y) {
+  static_cast<CpuConvPlan&>(plan).forward(x, w, b, y);
+}
+void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
+                                         const Tensor& dx) {
+  static_cast<CpuConvPlan&>(plan).backward_data(dy, w, dx);
+}
+void CpuBackend::conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
+                                           const Tensor& dw, const Tensor* db) {
+  static_cast<CpuConvPlan&>(plan).backward_filter(x, dy, dw, db);
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {

@@ -55,34 +55,24 @@ inline Dims dims_of(const Tensor& t) {
 /// names the op and the layout ("use nchw, or the cuda backend").
 void expect_nchw(const Tensor& t, const char* op, const char* what);
 
-/// Convolution scratch, allocated once by plan_conv for max_batch and the backend's thread
-/// count, so conv_forward/backward never allocate. Images are processed in chunks of
-/// `chunk` so the GEMM's N dimension (chunk * P * Q) is large enough to run near peak; each
-/// thread owns one set of buffers.
-class CpuConvPlan : public ConvPlan {
+/// Scratch shared by all convolution plans of one backend (oneDNN's reordered arguments and
+/// scratchpads): a replica runs one op at a time, so one buffer sized for the largest pass
+/// serves them all. It grows only when a plan is made (or a pass not declared at plan time is
+/// first met); the plans keep it alive, and it is released with the last of them.
+class SharedScratch {
  public:
-  CpuConvPlan(const ConvGeometry& g, int threads, std::shared_ptr<MemoryTracker> memory);
-  ~CpuConvPlan() override;
-  CpuConvPlan(const CpuConvPlan&) = delete;
-  CpuConvPlan& operator=(const CpuConvPlan&) = delete;
-
-  int threads() const { return threads_; }
-  int64_t chunk() const { return chunk_; }
-  /// (C*R*S, chunk*P*Q): the unfolded input of one chunk.
-  float* columns(int thread) const { return columns_ + thread * columns_stride_; }
-  /// (K, chunk*P*Q): the output (forward) or output gradient (backward) of one chunk.
-  float* outputs(int thread) const { return outputs_ + thread * outputs_stride_; }
-  /// (K*C*R*S + K): this thread's partial filter and bias gradient.
-  float* filter_partial(int thread) const { return partials_ + thread * partials_stride_; }
+  explicit SharedScratch(std::shared_ptr<MemoryTracker> memory) : memory_(std::move(memory)) {}
+  ~SharedScratch() { memory_->release(data_); }
+  SharedScratch(const SharedScratch&) = delete;
+  SharedScratch& operator=(const SharedScratch&) = delete;
+  /// At least `bytes`, 256-byte aligned; the contents are not kept when it grows.
+  void reserve(size_t bytes);
+  char* data() const { return static_cast<char*>(data_); }
 
  private:
   std::shared_ptr<MemoryTracker> memory_;
-  int threads_ = 1;
-  int64_t chunk_ = 1;
-  float* columns_ = nullptr;
-  float* outputs_ = nullptr;
-  float* partials_ = nullptr;
-  int64_t columns_stride_ = 0, outputs_stride_ = 0, partials_stride_ = 0;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
 };
 
 struct OnednnContext;  // onednn.hpp: kept out of this header, which every op file includes
@@ -162,11 +152,15 @@ class CpuBackend final : public Backend {
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
                          const Tensor& x, const Tensor& y) override;
 
+  /// The shared scratch of this backend's plans, made anew when no plan holds it.
+  std::shared_ptr<SharedScratch> shared_scratch();
+
   int threads_ = 1;
   CpuKernels kernels_;                     // resolved: onednn or blas
   std::string kernels_description_;        // "oneDNN avx512_core_bf16", "OpenBLAS SkylakeX"
-  std::unique_ptr<OnednnContext> onednn_;  // with the oneDNN kernels only
+  std::shared_ptr<OnednnContext> onednn_;  // with the oneDNN kernels only; plans share it
   std::shared_ptr<MemoryTracker> memory_;
+  std::weak_ptr<SharedScratch> shared_scratch_;
 };
 
 /// Threads for a loop of `work` cheap elementwise operations: 1 below a size where waking the

@@ -12,6 +12,8 @@
 // MemoryTracker at plan time (see SharedScratch).
 #include <omp.h>
 
+#include <atomic>
+#include <cstdint>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 
@@ -32,6 +34,9 @@ namespace dp::cpu {
 struct OnednnContext {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
+  /// Convolution passes created outside plan_conv (a batch size or direction the plan's ConvUse
+  /// did not declare): each is a primitive creation, and maybe a scratch allocation, mid-run.
+  std::atomic<int64_t> late_passes{0};
 };
 
 /// While alive, OpenMP regions this thread starts (oneDNN's included) use `threads` threads.

@@ -1,0 +1,405 @@
+// Convolutions through oneDNN primitives.
+//
+// A plan holds, for each batch size dp::ConvUse declares, the primitives of the passes that size
+// runs: forward for training and inference sizes, backward-weights for training sizes, and
+// backward-data for training sizes when the layer's input needs a gradient. All are created here
+// at plan time, on the setup thread. A pass first met later (a batch size or direction that was
+// not declared) is created then and counted; DPRUN_ONEDNN_LOG=1 prints every pass created, with
+// the kernel oneDNN chose.
+//
+// Formats. Activations stay in the tensors' layout (NCHW or NHWC) and filters (K, C, R, S)
+// (PyTorch's parameter layout). A primitive may want other formats; its inputs are then reordered
+// into the backend's shared scratch before it runs and its outputs reordered back after:
+//   blocked  every format oneDNN's choice ("any": channels in blocks of the vector width,
+//            nChw16c and OIhw16i16o on AVX-512), the fastest kernels when C and K are multiples
+//            of the block (ResNet's 64..512 channels), at the price of reordering activations
+//            and filters in every pass.
+//   native   activations in the tensors' own layout, filters oneDNN's choice: no activation
+//            reorders; for NHWC (brgconv kernels) when the channels are not multiples of the
+//            block.
+// For NCHW with channels that are not multiples of the block (LeNet's 1->20 and 20->50)
+// blocked formats pad the channels (20 -> 32 and 50 -> 64 on AVX-512: up to twice the work) and
+// oneDNN's NCHW kernel ("gemm:jit") is slower than our im2col with oneDNN's SGEMM, so
+// make_onednn_plan declines and the backend runs im2col. DPRUN_ONEDNN_CONV=im2col|native|blocked
+// forces one formulation on every plan (to measure them against each other).
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu/conv_plans.hpp"
+#include "cpu/onednn.hpp"
+#include "dp/error.hpp"
+
+namespace dp::cpu {
+
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+enum class Formulation { im2col, native, blocked };
+
+const char* formulation_name(Formulation f) {
+  switch (f) {
+    case Formulation::im2col:
+      return "im2col";
+    case Formulation::native:
+      return "native";
+    case Formulation::blocked:
+      return "blocked";
+  }
+  return "?";
+}
+
+Formulation choose_formulation(const ConvGeometry& g) {
+  if (const char* forced = std::getenv("DPRUN_ONEDNN_CONV"); forced && *forced) {
+    const std::string f = forced;
+    if (f == "im2col") return Formulation::im2col;
+    if (f == "native") return Formulation::native;
+    if (f == "blocked") return Formulation::blocked;
+    if (f != "auto") {
+      DP_THROW("DPRUN_ONEDNN_CONV=" + f +
+               " is not a convolution formulation; use auto (the default), im2col, native or "
+               "blocked");
+    }
+  }
+  const int block = onednn_simd_floats();
+  if (g.in_channels % block == 0 && g.out_channels % block == 0) return Formulation::blocked;
+  if (g.layout == Layout::nhwc) return Formulation::native;
+  return Formulation::im2col;
+}
+
+bool log_passes() {
+  const char* v = std::getenv("DPRUN_ONEDNN_LOG");
+  return v != nullptr && std::string(v) == "1";
+}
+
+enum Direction { kForward = 0, kBackwardData = 1, kBackwardWeights = 2 };
+constexpr std::array<const char*, 3> kDirectionNames = {"forward", "backward-data",
+                                                        "backward-weights"};
+
+constexpr size_t kScratchAlignment = 256;
+size_t aligned(size_t bytes) {
+  return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
+}
+
+// One argument of a pass: the tensor's memory in its own format and, when the primitive wants
+// another, its copy in the shared scratch with the reorder between the two.
+struct Arg {
+  int id = 0;           // DNNL_ARG_SRC, ...
+  bool output = false;  // written by the pass (reordered back after it)
+  memory user;          // the tensor; its data pointer is set at every call
+  memory internal;      // in the primitive's format at `offset` in the shared scratch, if needed
+  dnnl::primitive reorder;
+  memory reorder_scratchpad;  // at the pass's scratchpad offset, if the reorder wants one
+  size_t offset = 0;
+  std::vector<dnnl_exec_arg_t> reorder_args;
+};
+
+// One direction at one batch size. The execute arguments are built once, here: a call only sets
+// data pointers, so the step loop allocates nothing (not even the argument map of oneDNN's C++
+// API: passes run through the C API).
+struct Pass {
+  dnnl::primitive primitive;
+  std::vector<Arg> args;
+  memory scratchpad;  // at scratchpad_offset in the shared scratch, if the primitive wants one
+  size_t scratchpad_offset = 0;
+  size_t scratch_bytes = 0;  // of shared scratch this pass uses
+  std::vector<dnnl_exec_arg_t> exec_args;
+  std::string kernel;  // oneDNN's implementation, for the log
+};
+
+struct ArgSpec {
+  int id;
+  memory::desc user;
+  bool output;
+};
+
+Pass build_pass(const dnnl::engine& engine, const dnnl::primitive_desc& pd,
+                const std::vector<ArgSpec>& specs) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  Pass pass;
+  pass.primitive = dnnl::primitive(pd);
+  pass.kernel = pd.impl_info_str();
+  size_t offset = 0, scratchpad_bytes = pd.scratchpad_desc().get_size();
+  for (const ArgSpec& spec : specs) {
+    Arg a;
+    a.id = spec.id;
+    a.output = spec.output;
+    a.user = memory(spec.user, engine, DNNL_MEMORY_NONE);
+    const memory::desc wanted = pd.query_md(dnnl::query::exec_arg_md, spec.id);
+    if (wanted != spec.user) {
+      a.internal = memory(wanted, engine, DNNL_MEMORY_NONE);
+      a.offset = offset;
+      offset += aligned(wanted.get_size());
+      const memory& from = spec.output ? a.internal : a.user;
+      const memory& to = spec.output ? a.user : a.internal;
+      const dnnl::reorder::primitive_desc rpd(engine, from.get_desc(), engine, to.get_desc(), attr);
+      a.reorder = dnnl::reorder(rpd);
+      a.reorder_args = {{DNNL_ARG_FROM, from.get()}, {DNNL_ARG_TO, to.get()}};
+      if (rpd.scratchpad_desc().get_size() > 0) {
+        a.reorder_scratchpad = memory(rpd.scratchpad_desc(), engine, DNNL_MEMORY_NONE);
+        a.reorder_args.push_back({DNNL_ARG_SCRATCHPAD, a.reorder_scratchpad.get()});
+        scratchpad_bytes = std::max(scratchpad_bytes, rpd.scratchpad_desc().get_size());
+      }
+    }
+    pass.exec_args.push_back({a.id, (a.internal ? a.internal : a.user).get()});
+    pass.args.push_back(std::move(a));
+  }
+  pass.scratchpad_offset = offset;
+  if (pd.scratchpad_desc().get_size() > 0) {
+    pass.scratchpad = memory(pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE);
+    pass.exec_args.push_back({DNNL_ARG_SCRATCHPAD, pass.scratchpad.get()});
+  }
+  pass.scratch_bytes = offset + aligned(scratchpad_bytes);
+  return pass;
+}
+
+void set_handle(const memory& m, void* data) {
+  DNNL_CHECK(dnnl_memory_set_data_handle_v2(m.get(), data, nullptr));
+}
+
+// Runs `pass` on tensors `data` (in the order of its arguments) with the shared scratch at
+// `scratch`, on the calling thread.
+void run(Pass& pass, std::initializer_list<void*> data, char* scratch, const dnnl::stream& stream) {
+  DP_ASSERT(data.size() == pass.args.size());
+  for (size_t i = 0; i < pass.args.size(); ++i) {
+    Arg& a = pass.args[i];
+    set_handle(a.user, data.begin()[i]);
+    if (!a.internal) continue;
+    set_handle(a.internal, scratch + a.offset);
+    if (a.reorder_scratchpad) set_handle(a.reorder_scratchpad, scratch + pass.scratchpad_offset);
+  }
+  if (pass.scratchpad) set_handle(pass.scratchpad, scratch + pass.scratchpad_offset);
+  auto reorder = [&](const Arg& a) {
+    DNNL_CHECK(dnnl_primitive_execute(a.reorder.get(), stream.get(),
+                                      static_cast<int>(a.reorder_args.size()),
+                                      a.reorder_args.data()));
+  };
+  for (const Arg& a : pass.args)
+    if (a.internal && !a.output) reorder(a);
+  DNNL_CHECK(dnnl_primitive_execute(pass.primitive.get(), stream.get(),
+                                    static_cast<int>(pass.exec_args.size()),
+                                    pass.exec_args.data()));
+  for (const Arg& a : pass.args)
+    if (a.internal && a.output) reorder(a);
+  DNNL_CHECK(dnnl_stream_wait(stream.get()));
+}
+
+class OnednnConvPlan final : public CpuConvPlan {
+ public:
+  OnednnConvPlan(const ConvGeometry& g, const ConvUse& use, Formulation formulation,
+                 std::shared_ptr<OnednnContext> context, int threads,
+                 std::shared_ptr<SharedScratch> scratch, std::shared_ptr<MemoryTracker> memory);
+  ~OnednnConvPlan() override;
+  OnednnConvPlan(const OnednnConvPlan&) = delete;
+  OnednnConvPlan& operator=(const OnednnConvPlan&) = delete;
+
+  void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) override;
+  void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) override;
+  void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
+                       const Tensor* db) override;
+
+ private:
+  struct BatchPasses {
+    int64_t n = 0;
+    std::array<std::unique_ptr<Pass>, 3> passes;  // by Direction; null until created
+  };
+
+  /// The pass of `direction` at batch `n`, created now if it was not (then counted as late
+  /// unless at plan time), with the shared scratch grown to fit.
+  Pass& pass(int64_t n, Direction direction, bool at_plan_time);
+  Pass make_pass(int64_t n, Direction direction) const;
+  dnnl::convolution_forward::primitive_desc forward_pd(int64_t n) const;
+  memory::desc x_md(int64_t n, bool user) const;
+  memory::desc y_md(int64_t n, bool user) const;
+  memory::desc w_md(bool user) const;
+  memory::desc b_md() const;
+
+  Formulation formulation_;
+  std::shared_ptr<OnednnContext> context_;
+  int threads_;
+  std::shared_ptr<SharedScratch> scratch_;
+  std::shared_ptr<MemoryTracker> memory_;
+  std::vector<BatchPasses> batches_;
+  float* zero_bias_ = nullptr;         // (K) zeros: the bias of a forward without one
+  float* unused_bias_grad_ = nullptr;  // (K): where a bias gradient nobody asked for goes
+};
+
+OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use, Formulation formulation,
+                               std::shared_ptr<OnednnContext> context, int threads,
+                               std::shared_ptr<SharedScratch> scratch,
+                               std::shared_ptr<MemoryTracker> memory)
+    : CpuConvPlan(g),
+      formulation_(formulation),
+      context_(std::move(context)),
+      threads_(threads),
+      scratch_(std::move(scratch)),
+      memory_(std::move(memory)) {
+  const size_t bias_bytes = static_cast<size_t>(g.out_channels) * sizeof(float);
+  zero_bias_ = static_cast<float*>(memory_->allocate(bias_bytes));  // zeroed by the tracker
+  unused_bias_grad_ = static_cast<float*>(memory_->allocate(bias_bytes));
+  std::vector<int64_t> train = use.train_batches, infer = use.infer_batches;
+  if (train.empty() && infer.empty()) train.push_back(g.max_batch);
+  for (int64_t n : train) {
+    pass(n, kForward, true);
+    pass(n, kBackwardWeights, true);
+    if (use.input_grad) pass(n, kBackwardData, true);
+  }
+  for (int64_t n : infer) pass(n, kForward, true);
+}
+
+OnednnConvPlan::~OnednnConvPlan() {
+  memory_->release(zero_bias_);
+  memory_->release(unused_bias_grad_);
+}
+
+memory::desc OnednnConvPlan::x_md(int64_t n, bool user) const {
+  const ConvGeometry& g = geometry();
+  const bool blocked = !user && formulation_ == Formulation::blocked;
+  return memory::desc({n, g.in_channels, g.in_h, g.in_w}, memory::data_type::f32,
+                      blocked                    ? Tag::any
+                      : g.layout == Layout::nhwc ? Tag::nhwc
+                                                 : Tag::nchw);
+}
+
+memory::desc OnednnConvPlan::y_md(int64_t n, bool user) const {
+  const ConvGeometry& g = geometry();
+  const bool blocked = !user && formulation_ == Formulation::blocked;
+  return memory::desc({n, g.out_channels, g.out_h(), g.out_w()}, memory::data_type::f32,
+                      blocked                    ? Tag::any
+                      : g.layout == Layout::nhwc ? Tag::nhwc
+                                                 : Tag::nchw);
+}
+
+memory::desc OnednnConvPlan::w_md(bool user) const {
+  const ConvGeometry& g = geometry();
+  return memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w},
+                      memory::data_type::f32, user ? Tag::oihw : Tag::any);
+}
+
+memory::desc OnednnConvPlan::b_md() const {
+  return memory::desc({geometry().out_channels}, memory::data_type::f32, Tag::x);
+}
+
+dnnl::convolution_forward::primitive_desc OnednnConvPlan::forward_pd(int64_t n) const {
+  const ConvGeometry& g = geometry();
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  // Right padding = left padding gives PyTorch's output size: oneDNN's is
+  // (H + pad_l + pad_r - R) / stride + 1, rounded down.
+  const dnnl::convolution_forward::desc d(
+      dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_md(n, false),
+      w_md(false), b_md(), y_md(n, false), {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w},
+      {g.pad_h, g.pad_w});
+  return dnnl::convolution_forward::primitive_desc(d, attr, context_->engine);
+}
+
+Pass OnednnConvPlan::make_pass(int64_t n, Direction direction) const {
+  const ConvGeometry& g = geometry();
+  const dnnl::engine& engine = context_->engine;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const auto fwd = forward_pd(n);
+  if (direction == kForward) {
+    return build_pass(engine, fwd,
+                      {{DNNL_ARG_SRC, x_md(n, true), false},
+                       {DNNL_ARG_WEIGHTS, w_md(true), false},
+                       {DNNL_ARG_BIAS, b_md(), false},
+                       {DNNL_ARG_DST, y_md(n, true), true}});
+  }
+  if (direction == kBackwardData) {
+    const dnnl::convolution_backward_data::desc d(
+        dnnl::algorithm::convolution_direct, x_md(n, false), w_md(false), y_md(n, false),
+        {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w}, {g.pad_h, g.pad_w});
+    const dnnl::convolution_backward_data::primitive_desc pd(d, attr, engine, fwd);
+    return build_pass(engine, pd,
+                      {{DNNL_ARG_DIFF_DST, y_md(n, true), false},
+                       {DNNL_ARG_WEIGHTS, w_md(true), false},
+                       {DNNL_ARG_DIFF_SRC, x_md(n, true), true}});
+  }
+  const dnnl::convolution_backward_weights::desc d(
+      dnnl::algorithm::convolution_direct, x_md(n, false), w_md(false), b_md(), y_md(n, false),
+      {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w}, {g.pad_h, g.pad_w});
+  const dnnl::convolution_backward_weights::primitive_desc pd(d, attr, engine, fwd);
+  return build_pass(engine, pd,
+                    {{DNNL_ARG_SRC, x_md(n, true), false},
+                     {DNNL_ARG_DIFF_DST, y_md(n, true), false},
+                     {DNNL_ARG_DIFF_WEIGHTS, w_md(true), true},
+                     {DNNL_ARG_DIFF_BIAS, b_md(), true}});
+}
+
+Pass& OnednnConvPlan::pass(int64_t n, Direction direction, bool at_plan_time) {
+  auto it = std::find_if(batches_.begin(), batches_.end(),
+                         [n](const BatchPasses& b) { return b.n == n; });
+  if (it == batches_.end()) {
+    batches_.push_back(BatchPasses{n, {}});
+    it = batches_.end() - 1;
+  }
+  std::unique_ptr<Pass>& slot = it->passes[direction];
+  if (slot) return *slot;
+  // oneDNN sizes the primitive's work split for the threads it will run with (onednn.hpp).
+  const OmpThreads scope(threads_);
+  try {
+    slot = std::make_unique<Pass>(make_pass(n, direction));
+  } catch (const dnnl::error& e) {
+    DP_THROW(std::string("cpu backend: ") + (at_plan_time ? "plan_conv" : "conv") +
+             ": oneDNN cannot create the " + kDirectionNames[direction] + " pass of " +
+             geometry().str() + " at batch " + std::to_string(n) + ": " + e.what() +
+             "; DPRUN_CPU_KERNELS=blas runs the OpenBLAS kernels instead");
+  }
+  scratch_->reserve(slot->scratch_bytes);
+  if (!at_plan_time) ++context_->late_passes;
+  if (log_passes()) {
+    std::fprintf(stderr, "dprun: oneDNN %s at batch %lld, %s: %s (%s)%s\n",
+                 geometry().str().c_str(), static_cast<long long>(n), kDirectionNames[direction],
+                 slot->kernel.c_str(), formulation_name(formulation_),
+                 at_plan_time ? "" : ", created in the step loop: batch size not declared");
+  }
+  return *slot;
+}
+
+void OnednnConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
+  const OmpThreads scope(threads_);
+  Pass& p = pass(x.shape[0], kForward, false);
+  run(p, {x.data, w.data, b ? b->data : zero_bias_, y.data}, scratch_->data(), context_->stream);
+}
+
+void OnednnConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) {
+  const OmpThreads scope(threads_);
+  Pass& p = pass(dy.shape[0], kBackwardData, false);
+  run(p, {dy.data, w.data, dx.data}, scratch_->data(), context_->stream);
+}
+
+void OnednnConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
+                                     const Tensor* db) {
+  const OmpThreads scope(threads_);
+  Pass& p = pass(x.shape[0], kBackwardWeights, false);
+  run(p, {x.data, dy.data, dw.data, db ? db->data : unused_bias_grad_}, scratch_->data(),
+      context_->stream);
+}
+
+}  // namespace
+
+std::unique_ptr<CpuConvPlan> make_onednn_plan(const ConvGeometry& g, const ConvUse& use,
+                                              std::shared_ptr<OnednnContext> context, int threads,
+                                              std::shared_ptr<SharedScratch> scratch,
+                                              std::shared_ptr<MemoryTracker> memory) {
+  DP_CHECK(g.dtype == DType::f32, "cpu backend: plan_conv: dtype " +
+                                      std::string(dtype_name(g.dtype)) +
+                                      " is not supported; use f32 (" + g.str() + ")");
+  const Formulation f = choose_formulation(g);
+  if (f == Formulation::im2col) return nullptr;
+  return std::make_unique<OnednnConvPlan>(g, use, f, std::move(context), threads,
+                                          std::move(scratch), std::move(memory));
+}
+
+}  // namespace dp::cpu
