@@ -42,7 +42,9 @@ dvec linear_ref(const LinearCase& lc, const fvec& x, const fvec& w, const fvec* 
 }  // namespace
 
 TEST_CASE("cpu linear forward and backward", "[cpu][ops]") {
-  auto backend = make_cpu();
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();  // the SGEMM is the kernels'
+  INFO("kernels " << dp::cpu_kernels_name(kernels));
+  auto backend = make_cpu(2, kernels);
   for (const LinearCase& lc : kLinearCases) {
     SECTION(lc.name) {
       fvec x = random_vector(lc.n * lc.in, 31), w = random_vector(lc.out * lc.in, 32),
@@ -100,9 +102,11 @@ TEST_CASE("cpu linear at LeNet's size agrees on 1 and 2 threads", "[cpu][ops]") 
   const LinearCase lc{"lenet fc1", 256, 800, 128};
   fvec x = random_vector(lc.n * lc.in, 41), w = random_vector(lc.out * lc.in, 42, -0.05f, 0.05f),
        b = random_vector(lc.out, 43), dy = random_vector(lc.n * lc.out, 44);
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
+  INFO("kernels " << dp::cpu_kernels_name(kernels));
   std::vector<fvec> ys, dxs, dws, dbs;
   for (int threads : {1, 2}) {
-    auto backend = make_cpu(threads);
+    auto backend = make_cpu(threads, kernels);
     fvec y(static_cast<size_t>(lc.n * lc.out)), dx(x.size()), dw(w.size()), db(b.size());
     auto bt = host_tensor(b, {lc.out});
     auto dxt = host_tensor(dx, {lc.n, lc.in});
@@ -173,12 +177,36 @@ size_t xi(const PoolCase& pc, int64_t n, int64_t c, int64_t h, int64_t w) {
 size_t yi(const PoolCase& pc, int64_t n, int64_t c, int64_t p, int64_t q) {
   return static_cast<size_t>(((n * pc.c + c) * pc.p() + p) * pc.q() + q);
 }
+
+// Conversions between the test's NCHW-ordered arrays and tensors in `layout`.
+struct PoolRunner {
+  dp::Backend& backend;
+  const PoolCase& pc;
+  dp::Layout layout;
+  fvec x_in(const fvec& v) const { return to_layout(v, layout, pc.n, pc.c, pc.h, pc.w); }
+  fvec x_out(const fvec& v) const { return from_layout(v, layout, pc.n, pc.c, pc.h, pc.w); }
+  fvec y_in(const fvec& v) const { return to_layout(v, layout, pc.n, pc.c, pc.p(), pc.q()); }
+  fvec y_out(const fvec& v) const { return from_layout(v, layout, pc.n, pc.c, pc.p(), pc.q()); }
+  // Runs op(x, y) on x (NCHW order) and returns y in the tensor's layout.
+  template <typename Op>
+  fvec call_xy(const fvec& x, Op op) const {
+    fvec xl = x_in(x), y(static_cast<size_t>(pc.n * pc.c * pc.p() * pc.q()));
+    op(host_tensor(xl, {pc.n, pc.c, pc.h, pc.w}, layout),
+       host_tensor(y, {pc.n, pc.c, pc.p(), pc.q()}, layout));
+    return y;
+  }
+};
 }  // namespace
 
+// Pooling is the backend's own loops in either kernel selection; both layouts are tested, the
+// arrays kept in NCHW order by the test (PoolRunner) so the references stay NCHW loops.
 TEST_CASE("cpu avgpool forward and backward (padding counted in the divisor)", "[cpu][ops]") {
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("layout " << dp::layout_name(layout));
   auto backend = make_cpu();
   for (const PoolCase& pc : kPoolCases) {
     SECTION(pc.name) {
+      const PoolRunner run{*backend, pc, layout};
       fvec x = random_vector(pc.n * pc.c * pc.h * pc.w, 51);
       const int64_t ny = pc.n * pc.c * pc.p() * pc.q();
       fvec r = random_vector(ny, 52);
@@ -191,13 +219,14 @@ TEST_CASE("cpu avgpool forward and backward (padding counted in the divisor)", "
                              dx_ref[xi(pc, n, c, h, w)] += r[yi(pc, n, c, p, q)] / area;
                            });
       auto forward = [&](const fvec& xin) {
-        fvec xa = xin, y(static_cast<size_t>(ny));
-        backend->avgpool_forward(pc.g, host_tensor(xa, xs), host_tensor(y, ys));
-        return y;
+        return run.y_out(run.call_xy(xin, [&](const dp::Tensor& xt, const dp::Tensor& yt) {
+          backend->avgpool_forward(pc.g, xt, yt);
+        }));
       };
       check_close(forward(x), y_ref, 1e-5);
-      fvec dx(x.size(), 4.0f);
-      backend->avgpool_backward(pc.g, host_tensor(r, ys), host_tensor(dx, xs));
+      fvec dyl = run.y_in(r), dx(x.size(), 4.0f);
+      backend->avgpool_backward(pc.g, host_tensor(dyl, ys, layout), host_tensor(dx, xs, layout));
+      dx = run.x_out(dx);
       check_close(dx, dx_ref, 1e-4);
       check_finite_differences(forward, x, r, dx);
     }
@@ -205,9 +234,12 @@ TEST_CASE("cpu avgpool forward and backward (padding counted in the divisor)", "
 }
 
 TEST_CASE("cpu maxpool forward and backward (padding never wins)", "[cpu][ops]") {
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("layout " << dp::layout_name(layout));
   auto backend = make_cpu();
   for (const PoolCase& pc : kPoolCases) {
     SECTION(pc.name) {
+      const PoolRunner run{*backend, pc, layout};
       // Values below zero everywhere, so a padded zero would win if padding were counted.
       fvec x = random_vector(pc.n * pc.c * pc.h * pc.w, 61, -2.0f, -0.1f);
       const int64_t ny = pc.n * pc.c * pc.p() * pc.q();
@@ -226,15 +258,16 @@ TEST_CASE("cpu maxpool forward and backward (padding never wins)", "[cpu][ops]")
       dvec dx_ref(x.size(), 0.0);
       for (size_t o = 0; o < arg.size(); ++o) dx_ref[arg[o]] += r[o];
       auto forward = [&](const fvec& xin) {
-        fvec xa = xin, y(static_cast<size_t>(ny));
-        backend->maxpool_forward(pc.g, host_tensor(xa, xs), host_tensor(y, ys));
-        return y;
+        return run.y_out(run.call_xy(xin, [&](const dp::Tensor& xt, const dp::Tensor& yt) {
+          backend->maxpool_forward(pc.g, xt, yt);
+        }));
       };
       fvec y = forward(x);
       check_close(y, y_ref, 0.0);  // a maximum is exact
-      fvec dx(x.size(), 4.0f);
-      backend->maxpool_backward(pc.g, host_tensor(x, xs), host_tensor(y, ys), host_tensor(r, ys),
-                                host_tensor(dx, xs));
+      fvec xl = run.x_in(x), yl = run.y_in(y), dyl = run.y_in(r), dx(x.size(), 4.0f);
+      backend->maxpool_backward(pc.g, host_tensor(xl, xs, layout), host_tensor(yl, ys, layout),
+                                host_tensor(dyl, ys, layout), host_tensor(dx, xs, layout));
+      dx = run.x_out(dx);
       check_close(dx, dx_ref, 1e-6);
       // Kinks: a coordinate within 2 steps of another value in a window it shares.
       dptest::GradCheckOptions options = fd_options();
@@ -295,6 +328,8 @@ TEST_CASE("cpu relu and maxpool propagate NaN, as PyTorch does", "[cpu][ops]") {
 }
 
 TEST_CASE("cpu global average pooling", "[cpu][ops]") {
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("layout " << dp::layout_name(layout));
   auto backend = make_cpu();
   for (auto [n, c, h, w] :
        std::vector<std::array<int64_t, 4>>{{3, 5, 7, 9}, {1, 2, 1, 1}, {2, 64, 4, 4}}) {
@@ -306,41 +341,32 @@ TEST_CASE("cpu global average pooling", "[cpu][ops]") {
       y_ref[i / static_cast<size_t>(h * w)] += x[i] / static_cast<double>(h * w);
       dx_ref[i] = r[i / static_cast<size_t>(h * w)] / static_cast<double>(h * w);
     }
+    // (N, C, 1, 1) is the same memory in both layouts.
     auto forward = [&](const fvec& xin) {
-      fvec xa = xin, y(static_cast<size_t>(n * c));
-      backend->global_avgpool_forward(host_tensor(xa, xs), host_tensor(y, ys));
+      fvec xa = to_layout(xin, layout, n, c, h, w), y(static_cast<size_t>(n * c));
+      backend->global_avgpool_forward(host_tensor(xa, xs, layout), host_tensor(y, ys, layout));
       return y;
     };
+    // fp32 sums of up to 63 values: 1e-5.
     check_close(forward(x), y_ref, 1e-5);
     fvec dx(x.size());
-    backend->global_avgpool_backward(host_tensor(r, ys), host_tensor(dx, xs));
+    backend->global_avgpool_backward(host_tensor(r, ys, layout), host_tensor(dx, xs, layout));
+    dx = from_layout(dx, layout, n, c, h, w);
     check_close(dx, dx_ref, 1e-6);
     check_finite_differences(forward, x, r, dx);
   }
 }
 
-TEST_CASE("cpu pooling rejects NHWC and bad windows by name", "[cpu][ops]") {
+TEST_CASE("cpu pooling rejects mixed layouts and bad windows by name", "[cpu][ops]") {
   auto backend = make_cpu();
-  fvec x(2 * 3 * 4 * 4), y(2 * 3 * 2 * 2), g_out(2 * 3);
+  fvec x(2 * 3 * 4 * 4), y(2 * 3 * 2 * 2);
   const auto g = pool(2, 2, 2, 2, 0, 0);
   check_error_mentions(
       [&] {
         backend->avgpool_forward(g, host_tensor(x, {2, 3, 4, 4}, dp::Layout::nhwc),
-                                 host_tensor(y, {2, 3, 2, 2}, dp::Layout::nhwc));
+                                 host_tensor(y, {2, 3, 2, 2}));
       },
-      {"avgpool_forward", "nhwc"});
-  check_error_mentions(
-      [&] {
-        backend->maxpool_forward(g, host_tensor(x, {2, 3, 4, 4}, dp::Layout::nhwc),
-                                 host_tensor(y, {2, 3, 2, 2}, dp::Layout::nhwc));
-      },
-      {"maxpool_forward", "nhwc"});
-  check_error_mentions(
-      [&] {
-        backend->global_avgpool_forward(host_tensor(x, {2, 3, 4, 4}, dp::Layout::nhwc),
-                                        host_tensor(g_out, {2, 3, 1, 1}));
-      },
-      {"global_avgpool_forward", "nhwc"});
+      {"avgpool_forward", "nhwc", "nchw"});
   check_error_mentions(
       [&] {
         backend->maxpool_forward(pool(2, 2, 2, 2, 2, 0), host_tensor(x, {2, 3, 4, 4}),

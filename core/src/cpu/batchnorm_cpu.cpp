@@ -1,6 +1,7 @@
 // Batch normalisation on the CPU, per channel of (N,C,H,W) or per feature of (N,C), with
 // PyTorch's semantics. Channels are independent, so they are spread over the threads; each
 // channel's sums are accumulated in double so the reference stays accurate for large N*H*W.
+// NHWC tensors go to batchnorm_nhwc_cpu.cpp.
 #include <cmath>
 #include <string>
 
@@ -16,7 +17,11 @@ void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gam
                                               const Tensor& running_var, float momentum, float eps,
                                               const Tensor& save_mean, const Tensor& save_invstd,
                                               const Tensor& y) {
-  expect_nchw(x, "batchnorm_forward_train", "x");
+  if (is_nhwc(x)) {
+    batchnorm_forward_train_nhwc(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
+                                 save_mean, save_invstd, y);
+    return;
+  }
   const Dims d = dims_of(x);
   const int64_t count = d.n * d.hw();
   const float* xp = x.f32();
@@ -71,7 +76,10 @@ void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gam
                                               const Tensor& beta, const Tensor& running_mean,
                                               const Tensor& running_var, float eps,
                                               const Tensor& y) {
-  expect_nchw(x, "batchnorm_forward_infer", "x");
+  if (is_nhwc(x)) {
+    batchnorm_forward_infer_nhwc(threads_, x, gamma, beta, running_mean, running_var, eps, y);
+    return;
+  }
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -104,7 +112,10 @@ void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, cons
                                          const Tensor& save_mean, const Tensor& save_invstd,
                                          float /*eps*/, const Tensor& dx, const Tensor& dgamma,
                                          const Tensor& dbeta) {
-  expect_nchw(x, "batchnorm_backward", "x");
+  if (is_nhwc(x)) {
+    batchnorm_backward_nhwc(threads_, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+    return;
+  }
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   const float* dyp = dy.f32();

@@ -19,8 +19,6 @@ namespace dp::cpu {
 
 namespace {
 constexpr size_t kAlignment = 256;
-
-std::string prefix(const char* op) { return std::string("cpu backend: ") + op + ": "; }
 }  // namespace
 
 // ---- memory ------------------------------------------------------------------------------------
@@ -76,16 +74,6 @@ void SharedScratch::reserve(size_t bytes) {
   memory_->release(data_);
   data_ = grown;
   bytes_ = bytes;
-}
-
-// ---- what the cpu backend does not implement ----------------------------------------------------
-
-void expect_nchw(const Tensor& t, const char* op, const char* what) {
-  if (t.layout != Layout::nchw) {
-    DP_THROW(prefix(op) + what + " has layout " + layout_name(t.layout) +
-             ", which the cpu backend does not support for " + op +
-             "; use nchw, or the cuda backend");
-  }
 }
 
 // ---- the backend -------------------------------------------------------------------------------

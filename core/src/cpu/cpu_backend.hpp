@@ -51,9 +51,29 @@ inline Dims dims_of(const Tensor& t) {
   if (t.shape.rank == 2) return Dims{t.shape[0], t.shape[1], 1, 1};
   return Dims{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
 }
-/// What the cpu backend does not implement: ops written for NCHW refuse NHWC with an error that
-/// names the op and the layout ("use nchw, or the cuda backend").
-void expect_nchw(const Tensor& t, const char* op, const char* what);
+/// True for a rank-4 activation in NHWC (a rank-2 (N, C) tensor has one layout only).
+inline bool is_nhwc(const Tensor& t) { return t.shape.rank == 4 && t.layout == Layout::nhwc; }
+
+// The NHWC versions of the pooling and batch-norm ops (pool_nhwc_cpu.cpp, batchnorm_nhwc_cpu.cpp),
+// called by the ops for NHWC tensors; arguments as the Backend ops', already checked.
+void avgpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y);
+void avgpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& dy, const Tensor& dx);
+void maxpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y);
+void maxpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                           const Tensor& dy, const Tensor& dx);
+void global_avgpool_forward_nhwc(int threads, const Tensor& x, const Tensor& y);
+void global_avgpool_backward_nhwc(int threads, const Tensor& dy, const Tensor& dx);
+void batchnorm_forward_train_nhwc(int threads, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& running_mean,
+                                  const Tensor& running_var, float momentum, float eps,
+                                  const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& y);
+void batchnorm_forward_infer_nhwc(int threads, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& running_mean,
+                                  const Tensor& running_var, float eps, const Tensor& y);
+void batchnorm_backward_nhwc(int threads, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                             const Tensor& dgamma, const Tensor& dbeta);
 
 /// Scratch shared by all convolution plans of one backend (oneDNN's reordered arguments and
 /// scratchpads): a replica runs one op at a time, so one buffer sized for the largest pass

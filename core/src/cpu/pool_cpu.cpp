@@ -1,5 +1,6 @@
 // Pooling on the CPU (NCHW): average, max and global average. Every (n, c) plane is independent,
 // so planes are spread over the threads; the backward passes scatter into their own plane only.
+// NHWC tensors go to pool_nhwc_cpu.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,9 +18,8 @@ struct PoolDims {
   int64_t p, q;
 };
 
-// The input's dims and the output size; the cpu backend's pooling is NCHW only.
-PoolDims pool_dims(const PoolGeometry& g, const Tensor& in, const char* op, const char* in_name) {
-  expect_nchw(in, op, in_name);
+// The input's dims and the output size.
+PoolDims pool_dims(const PoolGeometry& g, const Tensor& in) {
   const Dims d = dims_of(in);
   return PoolDims{d, g.out_h(d.h), g.out_w(d.w)};
 }
@@ -46,7 +46,8 @@ bool tiles(const PoolGeometry& g) {
 
 // x (N,C,H,W) -> y (N,C,P,Q) = window sums / (kernel_h * kernel_w), padding counted.
 void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
-  const PoolDims pd = pool_dims(g, x, "avgpool_forward", "x");
+  if (is_nhwc(x)) return avgpool_forward_nhwc(threads_, g, x, y);
+  const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -83,7 +84,8 @@ void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, co
 
 // dy (N,C,P,Q) -> dx (N,C,H,W): each dy spread evenly over its window.
 void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
-  const PoolDims pd = pool_dims(g, dx, "avgpool_backward", "dx");
+  if (is_nhwc(dx)) return avgpool_backward_nhwc(threads_, g, dy, dx);
+  const PoolDims pd = pool_dims(g, dx);
   const Dims& d = pd.in;
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
@@ -125,7 +127,8 @@ void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, 
 
 // x (N,C,H,W) -> y (N,C,P,Q) = window maxima (padding never wins).
 void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
-  const PoolDims pd = pool_dims(g, x, "maxpool_forward", "x");
+  if (is_nhwc(x)) return maxpool_forward_nhwc(threads_, g, x, y);
+  const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -154,7 +157,8 @@ void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, co
 // (row-major) that holds the maximum y.
 void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
                                        const Tensor& dy, const Tensor& dx) {
-  const PoolDims pd = pool_dims(g, x, "maxpool_backward", "x");
+  if (is_nhwc(x)) return maxpool_backward_nhwc(threads_, g, x, y, dy, dx);
+  const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
   const float* yp = y.f32();
@@ -187,7 +191,7 @@ void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, c
 
 // x (N,C,H,W) -> y (N,C,1,1) = mean over H*W.
 void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
-  expect_nchw(x, "global_avgpool_forward", "x");
+  if (is_nhwc(x)) return global_avgpool_forward_nhwc(threads_, x, y);
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -205,7 +209,7 @@ void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
 
 // dy (N,C,1,1) -> dx (N,C,H,W) = dy / (H*W).
 void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
-  expect_nchw(dx, "global_avgpool_backward", "dx");
+  if (is_nhwc(dx)) return global_avgpool_backward_nhwc(threads_, dy, dx);
   const Dims d = dims_of(dx);
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
