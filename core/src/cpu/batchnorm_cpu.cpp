@@ -12,16 +12,13 @@ namespace dp::cpu {
 
 // x (N,C,H,W); gamma, beta, running_mean, running_var (C) -> save_mean, save_invstd (C),
 // y (N,C,H,W); running stats updated in place.
-void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
-                                              const Tensor& beta, const Tensor& running_mean,
-                                              const Tensor& running_var, float momentum, float eps,
-                                              const Tensor& save_mean, const Tensor& save_invstd,
-                                              const Tensor& y) {
-  if (is_nhwc(x)) {
-    batchnorm_forward_train_nhwc(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
-                                 save_mean, save_invstd, y);
-    return;
-  }
+namespace {
+
+DP_CPU_LOOPS void batchnorm_forward_train_nchw(int threads, const Tensor& x, const Tensor& gamma,
+                                               const Tensor& beta, const Tensor& running_mean,
+                                               const Tensor& running_var, float momentum, float eps,
+                                               const Tensor& save_mean, const Tensor& save_invstd,
+                                               const Tensor& y) {
   const Dims d = dims_of(x);
   const int64_t count = d.n * d.hw();
   const float* xp = x.f32();
@@ -34,7 +31,7 @@ void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gam
   float* si = save_invstd.f32();
   const int64_t hw = d.hw();
   const int64_t chw = d.chw();
-  const int team = threads_for(count * d.c, threads_);
+  const int team = threads_for(count * d.c, threads);
 #pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t c = 0; c < d.c; ++c) {
     double sum = 0;
@@ -72,14 +69,10 @@ void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gam
 }
 
 // x (N,C,H,W); gamma, beta, running_mean, running_var (C) -> y (N,C,H,W)
-void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
-                                              const Tensor& beta, const Tensor& running_mean,
-                                              const Tensor& running_var, float eps,
-                                              const Tensor& y) {
-  if (is_nhwc(x)) {
-    batchnorm_forward_infer_nhwc(threads_, x, gamma, beta, running_mean, running_var, eps, y);
-    return;
-  }
+DP_CPU_LOOPS void batchnorm_forward_infer_nchw(int threads, const Tensor& x, const Tensor& gamma,
+                                               const Tensor& beta, const Tensor& running_mean,
+                                               const Tensor& running_var, float eps,
+                                               const Tensor& y) {
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -89,7 +82,7 @@ void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gam
   const float* rv = running_var.f32();
   const int64_t hw = d.hw();
   const int64_t chw = d.chw();
-  const int team = threads_for(d.n * chw, threads_);
+  const int team = threads_for(d.n * chw, threads);
 #pragma omp parallel for num_threads(team) schedule(static) collapse(2)
   for (int64_t n = 0; n < d.n; ++n) {
     for (int64_t c = 0; c < d.c; ++c) {
@@ -108,14 +101,10 @@ void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gam
 //   dbeta = sum dy, dgamma = sum dy * xhat,
 //   dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma).
 // (eps is not needed: save_invstd already holds 1/sqrt(var + eps).)
-void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                         const Tensor& save_mean, const Tensor& save_invstd,
-                                         float /*eps*/, const Tensor& dx, const Tensor& dgamma,
-                                         const Tensor& dbeta) {
-  if (is_nhwc(x)) {
-    batchnorm_backward_nhwc(threads_, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
-    return;
-  }
+DP_CPU_LOOPS void batchnorm_backward_nchw(int threads, const Tensor& x, const Tensor& dy,
+                                          const Tensor& gamma, const Tensor& save_mean,
+                                          const Tensor& save_invstd, const Tensor& dx,
+                                          const Tensor& dgamma, const Tensor& dbeta) {
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   const float* dyp = dy.f32();
@@ -128,7 +117,7 @@ void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, cons
   const int64_t hw = d.hw();
   const int64_t chw = d.chw();
   const int64_t count = d.n * hw;
-  const int team = threads_for(count * d.c, threads_);
+  const int team = threads_for(count * d.c, threads);
 #pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t c = 0; c < d.c; ++c) {
     const double mean = sm[c];
@@ -159,6 +148,44 @@ void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, cons
         dxc[i] = dy_scale * dyc[i] + offset + xhat_scale * ((xc[i] - mean_f) * invstd_f);
     }
   }
+}
+
+}  // namespace
+
+void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, const Tensor& running_mean,
+                                              const Tensor& running_var, float momentum, float eps,
+                                              const Tensor& save_mean, const Tensor& save_invstd,
+                                              const Tensor& y) {
+  if (is_nhwc(x)) {
+    batchnorm_forward_train_nhwc(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
+                                 save_mean, save_invstd, y);
+    return;
+  }
+  batchnorm_forward_train_nchw(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
+                               save_mean, save_invstd, y);
+}
+
+void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, const Tensor& running_mean,
+                                              const Tensor& running_var, float eps,
+                                              const Tensor& y) {
+  if (is_nhwc(x)) {
+    batchnorm_forward_infer_nhwc(threads_, x, gamma, beta, running_mean, running_var, eps, y);
+    return;
+  }
+  batchnorm_forward_infer_nchw(threads_, x, gamma, beta, running_mean, running_var, eps, y);
+}
+
+void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                         const Tensor& save_mean, const Tensor& save_invstd,
+                                         float /*eps*/, const Tensor& dx, const Tensor& dgamma,
+                                         const Tensor& dbeta) {
+  if (is_nhwc(x)) {
+    batchnorm_backward_nhwc(threads_, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+    return;
+  }
+  batchnorm_backward_nchw(threads_, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
 }
 
 }  // namespace dp::cpu

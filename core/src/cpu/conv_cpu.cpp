@@ -65,8 +65,8 @@ void valid_range(int64_t q_count, int64_t stride, int64_t pad, int64_t s, int64_
 
 // One image x (C, H, W) in either layout -> columns (C*R*S rows, leading dimension ld), its P*Q
 // columns starting at column `offset`. Padding reads as zero.
-void im2col(const ConvShape& cs, const float* __restrict x, float* __restrict columns, int64_t ld,
-            int64_t offset) {
+DP_CPU_LOOPS void im2col(const ConvShape& cs, const float* __restrict x, float* __restrict columns,
+                         int64_t ld, int64_t offset) {
   for (int64_t c = 0; c < cs.c; ++c) {
     for (int64_t r = 0; r < cs.r; ++r) {
       for (int64_t s = 0; s < cs.s; ++s) {
@@ -99,8 +99,8 @@ void im2col(const ConvShape& cs, const float* __restrict x, float* __restrict co
 }
 
 // The adjoint of im2col: dx (C, H, W) += the columns of one image, summed where windows overlap.
-void col2im(const ConvShape& cs, const float* __restrict columns, int64_t ld, int64_t offset,
-            float* __restrict dx) {
+DP_CPU_LOOPS void col2im(const ConvShape& cs, const float* __restrict columns, int64_t ld,
+                         int64_t offset, float* __restrict dx) {
   for (int64_t c = 0; c < cs.c; ++c) {
     for (int64_t r = 0; r < cs.r; ++r) {
       for (int64_t s = 0; s < cs.s; ++s) {
@@ -125,10 +125,22 @@ void col2im(const ConvShape& cs, const float* __restrict columns, int64_t ld, in
   }
 }
 
+// Columns [i*P*Q, (i+1)*P*Q) of out (K rows, leading dimension ld) plus the bias (or none) ->
+// one image's output y (K, P, Q) in either layout.
+DP_CPU_LOOPS void scatter_output(const ConvShape& cs, const float* __restrict out, int64_t ld,
+                                 int64_t i, const float* __restrict bias, float* __restrict y) {
+  for (int64_t k = 0; k < cs.k; ++k) {
+    const float* src = out + k * ld + i * cs.pq();
+    float* dst = y + k * cs.out_k;
+    const float b = bias ? bias[k] : 0.0f;
+    for (int64_t j = 0; j < cs.pq(); ++j) dst[j * cs.out_pq] = src[j] + b;
+  }
+}
+
 // One image's output gradient dy (K, P, Q) in either layout -> columns [i*P*Q, (i+1)*P*Q) of
 // grad_out (K rows, leading dimension ld).
-void gather_output(const ConvShape& cs, const float* __restrict dy, float* __restrict grad_out,
-                   int64_t ld, int64_t i) {
+DP_CPU_LOOPS void gather_output(const ConvShape& cs, const float* __restrict dy,
+                                float* __restrict grad_out, int64_t ld, int64_t i) {
   for (int64_t k = 0; k < cs.k; ++k) {
     const float* src = dy + k * cs.out_k;
     float* dst = grad_out + k * ld + i * cs.pq();
@@ -246,15 +258,8 @@ void Im2colConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, 
         im2col(cs, xp + (n0 + i) * cs.chw(), columns, ld, i * cs.pq());
       sgemm(kernels_, false, false, cs.k, ld, cs.crs(), 1.0f, wp, cs.crs(), columns, ld, 0.0f, out,
             ld);
-      // (K, B*P*Q) -> y's images, adding the bias on the way.
-      for (int64_t i = 0; i < images; ++i) {
-        for (int64_t k = 0; k < cs.k; ++k) {
-          const float* src = out + k * ld + i * cs.pq();
-          float* dst = yp + (n0 + i) * cs.kpq() + k * cs.out_k;
-          const float bias = bp ? bp[k] : 0.0f;
-          for (int64_t j = 0; j < cs.pq(); ++j) dst[j * cs.out_pq] = src[j] + bias;
-        }
-      }
+      for (int64_t i = 0; i < images; ++i)
+        scatter_output(cs, out, ld, i, bp, yp + (n0 + i) * cs.kpq());
     }
   }
 }

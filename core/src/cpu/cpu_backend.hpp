@@ -183,6 +183,18 @@ class CpuBackend final : public Backend {
   std::weak_ptr<SharedScratch> shared_scratch_;
 };
 
+/// The backend's own loops are compiled for three instruction sets, x86-64 (SSE2), x86-64-v3
+/// (AVX2) and x86-64-v4 (AVX-512), and the dynamic loader runs the best one this CPU has (GCC's
+/// target_clones, resolved by cpuid through an ifunc): like oneDNN's kernels, they are chosen by
+/// what the CPU can do, not by the machine that built dprun. Floating-point contraction is off
+/// for libdpcore (CMake), so the versions compute the same values; only `omp simd` reductions
+/// sum in another order. Virtual functions cannot be cloned: the ops call free functions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DP_CPU_LOOPS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DP_CPU_LOOPS
+#endif
+
 /// Threads for a loop of `work` cheap elementwise operations: 1 below a size where waking the
 /// team costs more than it saves.
 inline int threads_for(int64_t work, int threads) { return work < (1 << 16) ? 1 : threads; }

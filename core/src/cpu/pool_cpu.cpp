@@ -42,21 +42,30 @@ bool tiles(const PoolGeometry& g) {
   return g.stride_h == g.kernel_h && g.stride_w == g.kernel_w && g.pad_h == 0 && g.pad_w == 0;
 }
 
-}  // namespace
-
 // x (N,C,H,W) -> y (N,C,P,Q) = window sums / (kernel_h * kernel_w), padding counted.
-void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
-  if (is_nhwc(x)) return avgpool_forward_nhwc(threads_, g, x, y);
+DP_CPU_LOOPS void avgpool_forward_nchw(int threads, const PoolGeometry& g, const Tensor& x,
+                                       const Tensor& y) {
   const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
   float* yp = y.f32();
   const float inv_area = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
   const int64_t planes = d.n * d.c;
-#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xc = xp + plane * d.hw();
     float* yc = yp + plane * pd.p * pd.q;
+    if (tiles(g) && g.kernel_h == 2 && g.kernel_w == 2) {
+      // The common 2x2 window written out, so it vectorises; same summation order as below.
+      for (int64_t p = 0; p < pd.p; ++p) {
+        float* yrow = yc + p * pd.q;
+        const float* r0 = xc + 2 * p * d.w;
+        const float* r1 = r0 + d.w;
+        for (int64_t q = 0; q < pd.q; ++q)
+          yrow[q] = (((r0[2 * q] + r0[2 * q + 1]) + r1[2 * q]) + r1[2 * q + 1]) * inv_area;
+      }
+      continue;
+    }
     if (tiles(g)) {
       for (int64_t p = 0; p < pd.p; ++p) {
         float* yrow = yc + p * pd.q;
@@ -83,15 +92,15 @@ void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, co
 }
 
 // dy (N,C,P,Q) -> dx (N,C,H,W): each dy spread evenly over its window.
-void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
-  if (is_nhwc(dx)) return avgpool_backward_nhwc(threads_, g, dy, dx);
+DP_CPU_LOOPS void avgpool_backward_nchw(int threads, const PoolGeometry& g, const Tensor& dy,
+                                        const Tensor& dx) {
   const PoolDims pd = pool_dims(g, dx);
   const Dims& d = pd.in;
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const float inv_area = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
   const int64_t planes = d.n * d.c;
-#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     float* dxc = dxp + plane * d.hw();
     const float* dyc = dyp + plane * pd.p * pd.q;
@@ -103,9 +112,17 @@ void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, 
         int64_t covered = 0;
         if (p < pd.p) {
           const float* dyrow = dyc + p * pd.q;
-          for (int64_t q = 0; q < pd.q; ++q) {
-            const float grad = dyrow[q] * inv_area;
-            for (int64_t j = 0; j < g.kernel_w; ++j) dxrow[q * g.kernel_w + j] = grad;
+          if (g.kernel_w == 2) {  // written out, so it vectorises
+            for (int64_t q = 0; q < pd.q; ++q) {
+              const float grad = dyrow[q] * inv_area;
+              dxrow[2 * q] = grad;
+              dxrow[2 * q + 1] = grad;
+            }
+          } else {
+            for (int64_t q = 0; q < pd.q; ++q) {
+              const float grad = dyrow[q] * inv_area;
+              for (int64_t j = 0; j < g.kernel_w; ++j) dxrow[q * g.kernel_w + j] = grad;
+            }
           }
           covered = pd.q * g.kernel_w;
         }
@@ -126,14 +143,14 @@ void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, 
 }
 
 // x (N,C,H,W) -> y (N,C,P,Q) = window maxima (padding never wins).
-void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
-  if (is_nhwc(x)) return maxpool_forward_nhwc(threads_, g, x, y);
+DP_CPU_LOOPS void maxpool_forward_nchw(int threads, const PoolGeometry& g, const Tensor& x,
+                                       const Tensor& y) {
   const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
   float* yp = y.f32();
   const int64_t planes = d.n * d.c;
-#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xc = xp + plane * d.hw();
     float* yc = yp + plane * pd.p * pd.q;
@@ -155,9 +172,8 @@ void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, co
 
 // x (N,C,H,W), y, dy (N,C,P,Q) -> dx (N,C,H,W): each dy goes to the first position of its window
 // (row-major) that holds the maximum y.
-void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
-                                       const Tensor& dy, const Tensor& dx) {
-  if (is_nhwc(x)) return maxpool_backward_nhwc(threads_, g, x, y, dy, dx);
+DP_CPU_LOOPS void maxpool_backward_nchw(int threads, const PoolGeometry& g, const Tensor& x,
+                                        const Tensor& y, const Tensor& dy, const Tensor& dx) {
   const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
@@ -165,7 +181,7 @@ void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, c
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const int64_t planes = d.n * d.c;
-#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xc = xp + plane * d.hw();
     const float* yc = yp + plane * pd.p * pd.q;
@@ -190,14 +206,13 @@ void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, c
 }
 
 // x (N,C,H,W) -> y (N,C,1,1) = mean over H*W.
-void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
-  if (is_nhwc(x)) return global_avgpool_forward_nhwc(threads_, x, y);
+DP_CPU_LOOPS void global_avgpool_forward_nchw(int threads, const Tensor& x, const Tensor& y) {
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   float* yp = y.f32();
   const int64_t planes = d.n * d.c;
   const int64_t hw = d.hw();
-#pragma omp parallel for num_threads(threads_for(planes* hw, threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* hw, threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xc = xp + plane * hw;
     float sum = 0.0f;
@@ -208,19 +223,52 @@ void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
 }
 
 // dy (N,C,1,1) -> dx (N,C,H,W) = dy / (H*W).
-void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
-  if (is_nhwc(dx)) return global_avgpool_backward_nhwc(threads_, dy, dx);
+DP_CPU_LOOPS void global_avgpool_backward_nchw(int threads, const Tensor& dy, const Tensor& dx) {
   const Dims d = dims_of(dx);
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const int64_t planes = d.n * d.c;
   const int64_t hw = d.hw();
-#pragma omp parallel for num_threads(threads_for(planes* hw, threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* hw, threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float grad = dyp[plane] / static_cast<float>(hw);
     float* dxc = dxp + plane * hw;
     for (int64_t i = 0; i < hw; ++i) dxc[i] = grad;
   }
+}
+
+}  // namespace
+
+// The ops: NHWC tensors go to pool_nhwc_cpu.cpp, NCHW ones to the loops above.
+void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  if (is_nhwc(x)) return avgpool_forward_nhwc(threads_, g, x, y);
+  avgpool_forward_nchw(threads_, g, x, y);
+}
+
+void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
+  if (is_nhwc(dx)) return avgpool_backward_nhwc(threads_, g, dy, dx);
+  avgpool_backward_nchw(threads_, g, dy, dx);
+}
+
+void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  if (is_nhwc(x)) return maxpool_forward_nhwc(threads_, g, x, y);
+  maxpool_forward_nchw(threads_, g, x, y);
+}
+
+void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                                       const Tensor& dy, const Tensor& dx) {
+  if (is_nhwc(x)) return maxpool_backward_nhwc(threads_, g, x, y, dy, dx);
+  maxpool_backward_nchw(threads_, g, x, y, dy, dx);
+}
+
+void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
+  if (is_nhwc(x)) return global_avgpool_forward_nhwc(threads_, x, y);
+  global_avgpool_forward_nchw(threads_, x, y);
+}
+
+void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
+  if (is_nhwc(dx)) return global_avgpool_backward_nhwc(threads_, dy, dx);
+  global_avgpool_backward_nchw(threads_, dy, dx);
 }
 
 }  // namespace dp::cpu

@@ -1,6 +1,6 @@
 // Pooling on the CPU in NHWC: the same ops as pool_cpu.cpp with channels innermost, so every
-// inner loop runs over C contiguous floats (and vectorises). Images are spread over the threads;
-// the backward passes scatter into their own image only.
+// inner loop runs over C contiguous floats (and vectorises, per instruction set: DP_CPU_LOOPS).
+// Images are spread over the threads; the backward passes scatter into their own image only.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -35,6 +35,13 @@ Window window(const PoolGeometry& g, const Dims& d, int64_t op, int64_t oq) {
                 std::min(w0 + g.kernel_w, d.w)};
 }
 
+// 2x2 windows with stride 2 and no padding (LeNet's): every input in at most one window, so the
+// passes are written out (same summation order as the general walk: row-major in the window).
+bool tiles_2x2(const PoolGeometry& g) {
+  return g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 && g.pad_h == 0 &&
+         g.pad_w == 0;
+}
+
 // Channels handled together by max-pool backward, which keeps a "found" flag per channel on the
 // stack.
 constexpr int64_t kChannelBlock = 64;
@@ -42,7 +49,8 @@ constexpr int64_t kChannelBlock = 64;
 }  // namespace
 
 // x (N,H,W,C) -> y (N,P,Q,C) = window sums / (kernel_h * kernel_w), padding counted.
-void avgpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+DP_CPU_LOOPS void avgpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x,
+                                       const Tensor& y) {
   const NhwcPool pd = nhwc_pool(g, x);
   const Dims& d = pd.in;
   const float inv_area = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
@@ -50,6 +58,20 @@ void avgpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, c
   for (int64_t n = 0; n < d.n; ++n) {
     const float* xi = pd.image(x.f32(), n);
     float* yi = y.f32() + n * pd.out_image();
+    if (tiles_2x2(g)) {
+      for (int64_t p = 0; p < pd.p; ++p) {
+        for (int64_t q = 0; q < pd.q; ++q) {
+          float* out = yi + (p * pd.q + q) * d.c;
+          const float* a = xi + (2 * p * d.w + 2 * q) * d.c;
+          const float* b = a + d.c;
+          const float* c = a + d.w * d.c;
+          const float* e = c + d.c;
+#pragma omp simd
+          for (int64_t k = 0; k < d.c; ++k) out[k] = (((a[k] + b[k]) + c[k]) + e[k]) * inv_area;
+        }
+      }
+      continue;
+    }
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
         float* out = yi + (p * pd.q + q) * d.c;
@@ -69,7 +91,8 @@ void avgpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, c
 }
 
 // dy (N,P,Q,C) -> dx (N,H,W,C): each dy spread evenly over its window.
-void avgpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
+DP_CPU_LOOPS void avgpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& dy,
+                                        const Tensor& dx) {
   const NhwcPool pd = nhwc_pool(g, dx);
   const Dims& d = pd.in;
   const float inv_area = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
@@ -77,7 +100,21 @@ void avgpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& dy,
   for (int64_t n = 0; n < d.n; ++n) {
     float* dxi = pd.image(dx.f32(), n);
     const float* dyi = dy.f32() + n * pd.out_image();
-    std::fill(dxi, dxi + d.chw(), 0.0f);
+    std::fill(dxi, dxi + d.chw(), 0.0f);  // rows and columns past the last window stay 0
+    if (tiles_2x2(g)) {
+      for (int64_t p = 0; p < pd.p; ++p) {
+        for (int64_t q = 0; q < pd.q; ++q) {
+          const float* grad = dyi + (p * pd.q + q) * d.c;
+          float* a = dxi + (2 * p * d.w + 2 * q) * d.c;
+          float* b = a + d.c;
+          float* c = a + d.w * d.c;
+          float* e = c + d.c;
+#pragma omp simd
+          for (int64_t k = 0; k < d.c; ++k) a[k] = b[k] = c[k] = e[k] = grad[k] * inv_area;
+        }
+      }
+      continue;
+    }
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
         const float* grad = dyi + (p * pd.q + q) * d.c;
@@ -94,7 +131,8 @@ void avgpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& dy,
 }
 
 // x (N,H,W,C) -> y (N,P,Q,C) = window maxima (padding never wins; the first NaN wins).
-void maxpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+DP_CPU_LOOPS void maxpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x,
+                                       const Tensor& y) {
   const NhwcPool pd = nhwc_pool(g, x);
   const Dims& d = pd.in;
 #pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads)) schedule(static)
@@ -121,8 +159,8 @@ void maxpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, c
 
 // x (N,H,W,C), y, dy (N,P,Q,C) -> dx (N,H,W,C): each dy goes to the first position of its window
 // (row-major) that holds the maximum y.
-void maxpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y,
-                           const Tensor& dy, const Tensor& dx) {
+DP_CPU_LOOPS void maxpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& x,
+                                        const Tensor& y, const Tensor& dy, const Tensor& dx) {
   const NhwcPool pd = nhwc_pool(g, x);
   const Dims& d = pd.in;
 #pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads)) schedule(static)
@@ -157,7 +195,7 @@ void maxpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, 
 }
 
 // x (N,H,W,C) -> y (N,1,1,C) = mean over H*W.
-void global_avgpool_forward_nhwc(int threads, const Tensor& x, const Tensor& y) {
+DP_CPU_LOOPS void global_avgpool_forward_nhwc(int threads, const Tensor& x, const Tensor& y) {
   const Dims d = dims_of(x);
   const auto count = static_cast<float>(d.hw());
 #pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads)) schedule(static)
@@ -175,7 +213,7 @@ void global_avgpool_forward_nhwc(int threads, const Tensor& x, const Tensor& y) 
 }
 
 // dy (N,1,1,C) -> dx (N,H,W,C) = dy / (H*W).
-void global_avgpool_backward_nhwc(int threads, const Tensor& dy, const Tensor& dx) {
+DP_CPU_LOOPS void global_avgpool_backward_nhwc(int threads, const Tensor& dy, const Tensor& dx) {
   const Dims d = dims_of(dx);
   const auto count = static_cast<float>(d.hw());
 #pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads)) schedule(static)
