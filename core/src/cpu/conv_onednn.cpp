@@ -7,27 +7,18 @@
 // not declared) is created then and counted; DPRUN_ONEDNN_LOG=1 prints every pass created, with
 // the kernel oneDNN chose.
 //
-// Formats. Activations stay in the tensors' layout (NCHW or NHWC) and filters (K, C, R, S)
-// (PyTorch's parameter layout). A primitive may want other formats; its inputs are then reordered
-// into the backend's shared scratch before it runs and its outputs reordered back after:
-//   blocked  every format oneDNN's choice ("any": channels in blocks of the vector width,
-//            nChw16c and OIhw16i16o on AVX-512), the fastest kernels when C and K are multiples
-//            of the block (ResNet's 64..512 channels), at the price of reordering activations
-//            and filters in every pass.
-//   native   activations in the tensors' own layout, filters oneDNN's choice: no activation
-//            reorders; for NHWC (brgconv kernels) when the channels are not multiples of the
-//            block.
-// For NCHW with channels that are not multiples of the block (LeNet's 1->20 and 20->50)
-// blocked formats pad the channels (20 -> 32 and 50 -> 64 on AVX-512: up to twice the work) and
-// oneDNN's NCHW kernel ("gemm:jit") is slower than our im2col with oneDNN's SGEMM, so
-// make_onednn_plan declines and the backend runs im2col. DPRUN_ONEDNN_CONV=im2col|native|blocked
-// forces one formulation on every plan (to measure them against each other).
-#include <algorithm>
-#include <array>
-#include <cstdio>
-#include <cstdlib>
-#include <initializer_list>
-#include <memory>
+// Formulations. Activations stay in the tensors' layout (NCHW or NHWC) and filters (K, C, R, S)
+// (PyTorch's parameter layout). Each pass (direction) runs one of three formulations:
+//   blocked  oneDNN with every format its choice ("any": channels in blocks of the vector
+//            width, nChw16c and OIhw16i16o on AVX-512), its inputs reordered into the backend's
+//            shared scratch before the pass and its outputs reordered back after.
+//   native   oneDNN on the tensors' own layout, only the filters reordered (brgconv on NHWC).
+//   im2col   our im2col + oneDNN's SGEMM (conv_cpu.cpp).
+// Which is fastest depends on the layout, the channels (blocked formats pad them to whole
+// blocks: LeNet's 20 and 50 channels to 32 and 64 on AVX-512, up to twice the work), the kernel
+// and the direction; choose_formulation() holds the rules and the measurements behind them.
+// DPRUN_ONEDNN_CONV=im2col|native|blocked forces one formulation on every pass (to measure them
+// against each other).
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <utility>
@@ -58,12 +49,31 @@ const char* formulation_name(Formulation f) {
   return "?";
 }
 
-Formulation choose_formulation(const ConvGeometry& g) {
+enum Direction { kForward = 0, kBackwardData = 1, kBackwardWeights = 2 };
+constexpr std::array<const char*, 3> kDirectionNames = {"forward", "backward-data",
+                                                        "backward-weights"};
+using Formulations = std::array<Formulation, 3>;  // by Direction
+
+// The formulation of each pass. Measured per pass with bench_cpu_ops --threads 1 --cpu-time
+// (ResNet-18 layers at batch 64, LeNet at 256) on AMD Zen 5, with oneDNN at avx512_core_bf16
+// (block 16) and capped to AVX2 (block 8); milliseconds as im2col / native / blocked:
+//  - NCHW, channels not in whole blocks (LeNet, the stem): im2col wins every pass
+//    (LeNet conv2 forward 9.1 / 10.1 / 13.2; AVX2 13.0 / 14.6 / 13.6).
+//  - NCHW, whole blocks: blocked (64->64 3x3 backward-data 22.7 / 33.5 / 19.1), except 1x1
+//    kernels (the shortcut's forward 1.9 / 2.0 / 2.7; AVX2 3.1 / 2.9 / 4.0) and strided
+//    forwards (64->128 3x3 stride 2: 12.0 / 16.2 / 18.7; AVX2 20.1 / 23.5 / 18.8), im2col.
+//  - NHWC, channels not in whole blocks or 1x1 kernels: native (LeNet conv2 forward 11.1 /
+//    6.2 / 11.8, backward-weights 12.2 / 7.4 / 12.1).
+//  - NHWC, whole blocks: forward native (64->64: 36.3 / 15.8 / 19.1) unless the output is
+//    smaller than 7x7 (512->512 on 4x4: 36.5 / 42.3 / 21.8), blocked; backward-data blocked
+//    (128->128: 32.9 / 23.1 / 18.9) unless strided (64->128 stride 2: 16.9 / 9.1 / 11.4),
+//    native; backward-weights blocked (512->512: 41.0 / 46.3 / 30.5; AVX2 61 / 100 / 73).
+Formulations choose_formulations(const ConvGeometry& g) {
   if (const char* forced = std::getenv("DPRUN_ONEDNN_CONV"); forced && *forced) {
     const std::string f = forced;
-    if (f == "im2col") return Formulation::im2col;
-    if (f == "native") return Formulation::native;
-    if (f == "blocked") return Formulation::blocked;
+    if (f == "im2col") return {Formulation::im2col, Formulation::im2col, Formulation::im2col};
+    if (f == "native") return {Formulation::native, Formulation::native, Formulation::native};
+    if (f == "blocked") return {Formulation::blocked, Formulation::blocked, Formulation::blocked};
     if (f != "auto") {
       DP_THROW("DPRUN_ONEDNN_CONV=" + f +
                " is not a convolution formulation; use auto (the default), im2col, native or "
@@ -71,19 +81,23 @@ Formulation choose_formulation(const ConvGeometry& g) {
     }
   }
   const int block = onednn_simd_floats();
-  if (g.in_channels % block == 0 && g.out_channels % block == 0) return Formulation::blocked;
-  if (g.layout == Layout::nhwc) return Formulation::native;
-  return Formulation::im2col;
+  const bool whole = g.in_channels % block == 0 && g.out_channels % block == 0;
+  const bool pointwise = g.kernel_h == 1 && g.kernel_w == 1;
+  const bool strided = g.stride_h > 1 || g.stride_w > 1;
+  using F = Formulation;
+  if (g.layout == Layout::nchw) {
+    if (!whole || pointwise) return {F::im2col, F::im2col, F::im2col};
+    return {strided ? F::im2col : F::blocked, F::blocked, F::blocked};
+  }
+  if (!whole || pointwise) return {F::native, F::native, F::native};
+  return {g.out_h() * g.out_w() < 49 ? F::blocked : F::native, strided ? F::native : F::blocked,
+          F::blocked};
 }
 
 bool log_passes() {
   const char* v = std::getenv("DPRUN_ONEDNN_LOG");
   return v != nullptr && std::string(v) == "1";
 }
-
-enum Direction { kForward = 0, kBackwardData = 1, kBackwardWeights = 2 };
-constexpr std::array<const char*, 3> kDirectionNames = {"forward", "backward-data",
-                                                        "backward-weights"};
 
 constexpr size_t kScratchAlignment = 256;
 size_t aligned(size_t bytes) {
@@ -196,9 +210,11 @@ void run(Pass& pass, std::initializer_list<void*> data, char* scratch, const dnn
 
 class OnednnConvPlan final : public CpuConvPlan {
  public:
-  OnednnConvPlan(const ConvGeometry& g, const ConvUse& use, Formulation formulation,
-                 std::shared_ptr<OnednnContext> context, int threads,
-                 std::shared_ptr<SharedScratch> scratch, std::shared_ptr<MemoryTracker> memory);
+  /// `im2col` runs the passes whose formulation is im2col (null when there are none).
+  OnednnConvPlan(const ConvGeometry& g, const ConvUse& use, const Formulations& formulations,
+                 std::unique_ptr<CpuConvPlan> im2col, std::shared_ptr<OnednnContext> context,
+                 int threads, std::shared_ptr<SharedScratch> scratch,
+                 std::shared_ptr<MemoryTracker> memory);
   ~OnednnConvPlan() override;
   OnednnConvPlan(const OnednnConvPlan&) = delete;
   OnednnConvPlan& operator=(const OnednnConvPlan&) = delete;
@@ -218,13 +234,17 @@ class OnednnConvPlan final : public CpuConvPlan {
   /// unless at plan time), with the shared scratch grown to fit.
   Pass& pass(int64_t n, Direction direction, bool at_plan_time);
   Pass make_pass(int64_t n, Direction direction) const;
-  dnnl::convolution_forward::primitive_desc forward_pd(int64_t n) const;
-  memory::desc x_md(int64_t n, bool user) const;
-  memory::desc y_md(int64_t n, bool user) const;
-  memory::desc w_md(bool user) const;
+  /// The forward primitive descriptor in formulation `f` (also the hint of the backward ones).
+  dnnl::convolution_forward::primitive_desc forward_pd(int64_t n, Formulation f) const;
+  /// Activations x (N,C,H,W) and y (N,K,P,Q) and filters w (K,C,R,S): the tensors' own (`f`
+  /// empty) or what formulation `f` gives the primitive.
+  memory::desc x_md(int64_t n, const Formulation* f) const;
+  memory::desc y_md(int64_t n, const Formulation* f) const;
+  memory::desc w_md(const Formulation* f) const;
   memory::desc b_md() const;
 
-  Formulation formulation_;
+  Formulations formulation_;
+  std::unique_ptr<CpuConvPlan> im2col_;
   std::shared_ptr<OnednnContext> context_;
   int threads_;
   std::shared_ptr<SharedScratch> scratch_;
@@ -234,12 +254,15 @@ class OnednnConvPlan final : public CpuConvPlan {
   float* unused_bias_grad_ = nullptr;  // (K): where a bias gradient nobody asked for goes
 };
 
-OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use, Formulation formulation,
+OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use,
+                               const Formulations& formulations,
+                               std::unique_ptr<CpuConvPlan> im2col,
                                std::shared_ptr<OnednnContext> context, int threads,
                                std::shared_ptr<SharedScratch> scratch,
                                std::shared_ptr<MemoryTracker> memory)
     : CpuConvPlan(g),
-      formulation_(formulation),
+      formulation_(formulations),
+      im2col_(std::move(im2col)),
       context_(std::move(context)),
       threads_(threads),
       scratch_(std::move(scratch)),
@@ -249,12 +272,15 @@ OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use, Formul
   unused_bias_grad_ = static_cast<float*>(memory_->allocate(bias_bytes));
   std::vector<int64_t> train = use.train_batches, infer = use.infer_batches;
   if (train.empty() && infer.empty()) train.push_back(g.max_batch);
+  auto prepare = [&](int64_t n, Direction d) {
+    if (formulation_[d] != Formulation::im2col) pass(n, d, true);
+  };
   for (int64_t n : train) {
-    pass(n, kForward, true);
-    pass(n, kBackwardWeights, true);
-    if (use.input_grad) pass(n, kBackwardData, true);
+    prepare(n, kForward);
+    prepare(n, kBackwardWeights);
+    if (use.input_grad) prepare(n, kBackwardData);
   }
-  for (int64_t n : infer) pass(n, kForward, true);
+  for (int64_t n : infer) prepare(n, kForward);
 }
 
 OnednnConvPlan::~OnednnConvPlan() {
@@ -262,44 +288,44 @@ OnednnConvPlan::~OnednnConvPlan() {
   memory_->release(unused_bias_grad_);
 }
 
-memory::desc OnednnConvPlan::x_md(int64_t n, bool user) const {
+// The activation format a formulation gives the primitive: the tensors' own, or oneDNN's choice.
+Tag activation_tag(Layout layout, const Formulation* f) {
+  if (f && *f == Formulation::blocked) return Tag::any;
+  return layout == Layout::nhwc ? Tag::nhwc : Tag::nchw;
+}
+
+memory::desc OnednnConvPlan::x_md(int64_t n, const Formulation* f) const {
   const ConvGeometry& g = geometry();
-  const bool blocked = !user && formulation_ == Formulation::blocked;
   return memory::desc({n, g.in_channels, g.in_h, g.in_w}, memory::data_type::f32,
-                      blocked                    ? Tag::any
-                      : g.layout == Layout::nhwc ? Tag::nhwc
-                                                 : Tag::nchw);
+                      activation_tag(g.layout, f));
 }
 
-memory::desc OnednnConvPlan::y_md(int64_t n, bool user) const {
+memory::desc OnednnConvPlan::y_md(int64_t n, const Formulation* f) const {
   const ConvGeometry& g = geometry();
-  const bool blocked = !user && formulation_ == Formulation::blocked;
   return memory::desc({n, g.out_channels, g.out_h(), g.out_w()}, memory::data_type::f32,
-                      blocked                    ? Tag::any
-                      : g.layout == Layout::nhwc ? Tag::nhwc
-                                                 : Tag::nchw);
+                      activation_tag(g.layout, f));
 }
 
-memory::desc OnednnConvPlan::w_md(bool user) const {
+memory::desc OnednnConvPlan::w_md(const Formulation* f) const {
   const ConvGeometry& g = geometry();
   return memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w},
-                      memory::data_type::f32, user ? Tag::oihw : Tag::any);
+                      memory::data_type::f32, f ? Tag::any : Tag::oihw);
 }
 
 memory::desc OnednnConvPlan::b_md() const {
   return memory::desc({geometry().out_channels}, memory::data_type::f32, Tag::x);
 }
 
-dnnl::convolution_forward::primitive_desc OnednnConvPlan::forward_pd(int64_t n) const {
+dnnl::convolution_forward::primitive_desc OnednnConvPlan::forward_pd(int64_t n,
+                                                                     Formulation f) const {
   const ConvGeometry& g = geometry();
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   // Right padding = left padding gives PyTorch's output size: oneDNN's is
   // (H + pad_l + pad_r - R) / stride + 1, rounded down.
   const dnnl::convolution_forward::desc d(
-      dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_md(n, false),
-      w_md(false), b_md(), y_md(n, false), {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w},
-      {g.pad_h, g.pad_w});
+      dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, x_md(n, &f), w_md(&f),
+      b_md(), y_md(n, &f), {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w}, {g.pad_h, g.pad_w});
   return dnnl::convolution_forward::primitive_desc(d, attr, context_->engine);
 }
 
@@ -308,32 +334,33 @@ Pass OnednnConvPlan::make_pass(int64_t n, Direction direction) const {
   const dnnl::engine& engine = context_->engine;
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  const auto fwd = forward_pd(n);
+  const Formulation* f = &formulation_[direction];
+  const auto fwd = forward_pd(n, *f);
   if (direction == kForward) {
     return build_pass(engine, fwd,
-                      {{DNNL_ARG_SRC, x_md(n, true), false},
-                       {DNNL_ARG_WEIGHTS, w_md(true), false},
+                      {{DNNL_ARG_SRC, x_md(n, nullptr), false},
+                       {DNNL_ARG_WEIGHTS, w_md(nullptr), false},
                        {DNNL_ARG_BIAS, b_md(), false},
-                       {DNNL_ARG_DST, y_md(n, true), true}});
+                       {DNNL_ARG_DST, y_md(n, nullptr), true}});
   }
   if (direction == kBackwardData) {
-    const dnnl::convolution_backward_data::desc d(
-        dnnl::algorithm::convolution_direct, x_md(n, false), w_md(false), y_md(n, false),
-        {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w}, {g.pad_h, g.pad_w});
+    const dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, x_md(n, f),
+                                                  w_md(f), y_md(n, f), {g.stride_h, g.stride_w},
+                                                  {g.pad_h, g.pad_w}, {g.pad_h, g.pad_w});
     const dnnl::convolution_backward_data::primitive_desc pd(d, attr, engine, fwd);
     return build_pass(engine, pd,
-                      {{DNNL_ARG_DIFF_DST, y_md(n, true), false},
-                       {DNNL_ARG_WEIGHTS, w_md(true), false},
-                       {DNNL_ARG_DIFF_SRC, x_md(n, true), true}});
+                      {{DNNL_ARG_DIFF_DST, y_md(n, nullptr), false},
+                       {DNNL_ARG_WEIGHTS, w_md(nullptr), false},
+                       {DNNL_ARG_DIFF_SRC, x_md(n, nullptr), true}});
   }
   const dnnl::convolution_backward_weights::desc d(
-      dnnl::algorithm::convolution_direct, x_md(n, false), w_md(false), b_md(), y_md(n, false),
+      dnnl::algorithm::convolution_direct, x_md(n, f), w_md(f), b_md(), y_md(n, f),
       {g.stride_h, g.stride_w}, {g.pad_h, g.pad_w}, {g.pad_h, g.pad_w});
   const dnnl::convolution_backward_weights::primitive_desc pd(d, attr, engine, fwd);
   return build_pass(engine, pd,
-                    {{DNNL_ARG_SRC, x_md(n, true), false},
-                     {DNNL_ARG_DIFF_DST, y_md(n, true), false},
-                     {DNNL_ARG_DIFF_WEIGHTS, w_md(true), true},
+                    {{DNNL_ARG_SRC, x_md(n, nullptr), false},
+                     {DNNL_ARG_DIFF_DST, y_md(n, nullptr), false},
+                     {DNNL_ARG_DIFF_WEIGHTS, w_md(nullptr), true},
                      {DNNL_ARG_DIFF_BIAS, b_md(), true}});
 }
 
@@ -361,19 +388,21 @@ Pass& OnednnConvPlan::pass(int64_t n, Direction direction, bool at_plan_time) {
   if (log_passes()) {
     std::fprintf(stderr, "dprun: oneDNN %s at batch %lld, %s: %s (%s)%s\n",
                  geometry().str().c_str(), static_cast<long long>(n), kDirectionNames[direction],
-                 slot->kernel.c_str(), formulation_name(formulation_),
+                 slot->kernel.c_str(), formulation_name(formulation_[direction]),
                  at_plan_time ? "" : ", created in the step loop: batch size not declared");
   }
   return *slot;
 }
 
 void OnednnConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
+  if (formulation_[kForward] == Formulation::im2col) return im2col_->forward(x, w, b, y);
   const OmpThreads scope(threads_);
   Pass& p = pass(x.shape[0], kForward, false);
   run(p, {x.data, w.data, b ? b->data : zero_bias_, y.data}, scratch_->data(), context_->stream);
 }
 
 void OnednnConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) {
+  if (formulation_[kBackwardData] == Formulation::im2col) return im2col_->backward_data(dy, w, dx);
   const OmpThreads scope(threads_);
   Pass& p = pass(dy.shape[0], kBackwardData, false);
   run(p, {dy.data, w.data, dx.data}, scratch_->data(), context_->stream);
@@ -381,6 +410,9 @@ void OnednnConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tens
 
 void OnednnConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                      const Tensor* db) {
+  if (formulation_[kBackwardWeights] == Formulation::im2col) {
+    return im2col_->backward_filter(x, dy, dw, db);
+  }
   const OmpThreads scope(threads_);
   Pass& p = pass(x.shape[0], kBackwardWeights, false);
   run(p, {x.data, dy.data, dw.data, db ? db->data : unused_bias_grad_}, scratch_->data(),
@@ -396,10 +428,14 @@ std::unique_ptr<CpuConvPlan> make_onednn_plan(const ConvGeometry& g, const ConvU
   DP_CHECK(g.dtype == DType::f32, "cpu backend: plan_conv: dtype " +
                                       std::string(dtype_name(g.dtype)) +
                                       " is not supported; use f32 (" + g.str() + ")");
-  const Formulation f = choose_formulation(g);
-  if (f == Formulation::im2col) return nullptr;
-  return std::make_unique<OnednnConvPlan>(g, use, f, std::move(context), threads,
-                                          std::move(scratch), std::move(memory));
+  const Formulations f = choose_formulations(g);
+  const auto im2col = [&](Formulation x) { return x == Formulation::im2col; };
+  if (std::all_of(f.begin(), f.end(), im2col)) return nullptr;
+  std::unique_ptr<CpuConvPlan> im2col_plan;
+  if (std::any_of(f.begin(), f.end(), im2col))
+    im2col_plan = make_im2col_plan(g, CpuKernels::onednn, threads, memory);
+  return std::make_unique<OnednnConvPlan>(g, use, f, std::move(im2col_plan), std::move(context),
+                                          threads, std::move(scratch), std::move(memory));
 }
 
 }  // namespace dp::cpu
