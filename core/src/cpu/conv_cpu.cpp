@@ -179,6 +179,11 @@ class Im2colConvPlan final : public CpuConvPlan {
   float* thread_partial(int thread) const { return partials_ + thread * partials_stride_; }
 
   CpuKernels kernels_;
+  // The filter gradient as (C*R*S, K) = columns * dy^T rather than (K, C*R*S) = dy * columns^T
+  // when C*R*S < K (a first layer): oneDNN's SGEMM handles a short M far better than a short N
+  // (LeNet's conv1, 20 x 9 outputs over 676 columns: 0.04 against 0.15 ms per image; OpenBLAS
+  // 0.04 either way).
+  bool transposed_filter_ = false;
   std::shared_ptr<MemoryTracker> memory_;
   int threads_ = 1;
   int64_t chunk_ = 1;
@@ -193,6 +198,8 @@ class Im2colConvPlan final : public CpuConvPlan {
 Im2colConvPlan::Im2colConvPlan(const ConvGeometry& g, CpuKernels kernels, int threads,
                                std::shared_ptr<MemoryTracker> memory)
     : CpuConvPlan(g), kernels_(kernels), memory_(std::move(memory)) {
+  transposed_filter_ =
+      kernels == CpuKernels::onednn && g.in_channels * g.kernel_h * g.kernel_w < g.out_channels;
   DP_CHECK(g.dtype == DType::f32, "cpu backend: plan_conv: dtype " +
                                       std::string(dtype_name(g.dtype)) +
                                       " is not supported; use f32 (" + g.str() + ")");
@@ -314,7 +321,7 @@ void Im2colConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
     team_size = omp_get_num_threads();
     float* columns = thread_columns(t);
     float* grad_out = thread_outputs(t);
-    float* partial = thread_partial(t);  // dw (K*C*R*S) then db (K)
+    float* partial = thread_partial(t);  // dw (K*C*R*S, or C*R*S*K) then db (K)
     std::fill(partial, partial + kcrs + cs.k, 0.0f);
     for (int64_t chunk = t; chunk < chunks; chunk += omp_get_num_threads()) {
       const int64_t n0 = chunk * chunk_;
@@ -324,8 +331,13 @@ void Im2colConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
         im2col(cs, xp + (n0 + i) * cs.chw(), columns, ld, i * cs.pq());
         gather_output(cs, dyp + (n0 + i) * cs.kpq(), grad_out, ld, i);
       }
-      sgemm(kernels_, false, true, cs.k, cs.crs(), ld, 1.0f, grad_out, ld, columns, ld, 1.0f,
-            partial, cs.crs());
+      if (transposed_filter_) {
+        sgemm(kernels_, false, true, cs.crs(), cs.k, ld, 1.0f, columns, ld, grad_out, ld, 1.0f,
+              partial, cs.k);
+      } else {
+        sgemm(kernels_, false, true, cs.k, cs.crs(), ld, 1.0f, grad_out, ld, columns, ld, 1.0f,
+              partial, cs.crs());
+      }
       for (int64_t k = 0; k < cs.k; ++k) {
         const float* row = grad_out + k * ld;
         float sum = 0.0f;
@@ -341,11 +353,21 @@ void Im2colConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
   float* dwp = dw.f32();
   float* dbp = db ? db->f32() : nullptr;
   const float* first = thread_partial(0);
-  std::copy_n(first, kcrs, dwp);
+  if (transposed_filter_) {
+    for (int64_t k = 0; k < cs.k; ++k)
+      for (int64_t j = 0; j < cs.crs(); ++j) dwp[k * cs.crs() + j] = first[j * cs.k + k];
+  } else {
+    std::copy_n(first, kcrs, dwp);
+  }
   if (dbp) std::copy_n(first + kcrs, cs.k, dbp);
   for (int t = 1; t < team_size; ++t) {
     const float* partial = thread_partial(t);
-    for (int64_t i = 0; i < kcrs; ++i) dwp[i] += partial[i];
+    if (transposed_filter_) {
+      for (int64_t k = 0; k < cs.k; ++k)
+        for (int64_t j = 0; j < cs.crs(); ++j) dwp[k * cs.crs() + j] += partial[j * cs.k + k];
+    } else {
+      for (int64_t i = 0; i < kcrs; ++i) dwp[i] += partial[i];
+    }
     if (dbp)
       for (int64_t k = 0; k < cs.k; ++k) dbp[k] += partial[kcrs + k];
   }
