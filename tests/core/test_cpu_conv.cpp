@@ -58,6 +58,18 @@ const std::vector<ConvCase> kConvCases = {
     {"1->16 3x3 pad 1 (a stem)", 3, 1, 8, 8, 16, 3, 3, 1, 1, 1, 1},
 };
 
+// Random inputs of one case: x (N,C,H,W), w (K,C,R,S) in [-w_range, w_range), b (K) and
+// dy (N,K,P,Q), from seeds seed..seed+3.
+struct ConvData {
+  fvec x, w, b, dy;
+};
+ConvData conv_data(const ConvCase& cc, uint64_t seed, float w_range = 1.0f) {
+  return ConvData{random_vector(cc.n * cc.c * cc.h * cc.w, seed),
+                  random_vector(cc.k * cc.c * cc.r * cc.s, seed + 1, -w_range, w_range),
+                  random_vector(cc.k, seed + 2),
+                  random_vector(cc.n * cc.k * cc.p() * cc.q(), seed + 3)};
+}
+
 // y[n][k][p][q] = b[k] + sum_{c,r,s} x[n][c][p*sh-ph+r][q*sw-pw+s] * w[k][c][r][s]
 dvec conv_ref(const ConvCase& cc, const fvec& x, const fvec& w, const fvec* b) {
   const int64_t P = cc.p(), Q = cc.q();
@@ -166,9 +178,7 @@ TEST_CASE("cpu conv forward matches a naive reference", "[cpu][ops]") {
   auto backend = make_cpu(2, kernels);
   for (const ConvCase& cc : kConvCases) {
     SECTION(cc.name) {
-      const fvec x = random_vector(cc.n * cc.c * cc.h * cc.w, 1);
-      const fvec w = random_vector(cc.k * cc.c * cc.r * cc.s, 2);
-      const fvec b = random_vector(cc.k, 3);
+      const auto [x, w, b, dy] = conv_data(cc, 1);
       const ConvRunner run(*backend, cc, layout);
       // fp32 sums of up to C*R*S = 144 products of O(1) values vs double: 1e-5 relative
       // (float rounding of such sums stays below 1e-6 whatever order a kernel sums in).
@@ -185,10 +195,7 @@ TEST_CASE("cpu conv backward: data, filter and bias gradients", "[cpu][ops]") {
   auto backend = make_cpu(2, kernels);
   for (const ConvCase& cc : kConvCases) {
     SECTION(cc.name) {
-      const fvec x = random_vector(cc.n * cc.c * cc.h * cc.w, 21);
-      const fvec w = random_vector(cc.k * cc.c * cc.r * cc.s, 22);
-      const fvec b = random_vector(cc.k, 23);
-      const fvec r = random_vector(cc.n * cc.k * cc.p() * cc.q(), 24);  // the loss weights = dy
+      const auto [x, w, b, r] = conv_data(cc, 21);  // r: the loss weights = dy
       const ConvRunner run(*backend, cc, layout);
       const fvec dx = run.backward_data(r, w);
       fvec dw, db;
@@ -219,10 +226,7 @@ TEST_CASE("cpu conv LeNet conv2 shape, many chunks and threads", "[cpu][ops]") {
   const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
   INFO("kernels " << dp::cpu_kernels_name(kernels) << ", layout " << name_of(layout));
   const ConvCase cc{"lenet conv2", 37, 20, 13, 13, 50, 5, 5, 1, 1, 0, 0, 64};
-  const fvec x = random_vector(cc.n * cc.c * cc.h * cc.w, 11);
-  const fvec w = random_vector(cc.k * cc.c * cc.r * cc.s, 12, -0.1f, 0.1f);
-  const fvec b = random_vector(cc.k, 13);
-  const fvec dy = random_vector(cc.n * cc.k * cc.p() * cc.q(), 14);
+  const auto [x, w, b, dy] = conv_data(cc, 11, 0.1f);
   const dvec expected = conv_ref(cc, x, w, &b);
   dvec dx_ref, dw_ref, db_ref;
   conv_ref_grads(cc, x, w, dy, dx_ref, dw_ref, db_ref);
@@ -296,14 +300,13 @@ TEST_CASE("cpu conv plans made on one thread run on the replicas' threads", "[cp
   const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
   INFO("kernels " << dp::cpu_kernels_name(kernels));
   const ConvCase cc = kConvCases[6];
-  const fvec x = random_vector(cc.n * cc.c * cc.h * cc.w, 41);
-  const fvec w = random_vector(cc.k * cc.c * cc.r * cc.s, 42);
-  const fvec dy = random_vector(cc.n * cc.k * cc.p() * cc.q(), 43);
+  const ConvData data = conv_data(cc, 41);
+  const fvec &x = data.x, &w = data.w, &dy = data.dy;
   const dvec y_ref = conv_ref(cc, x, w, nullptr);
   dvec dx_ref, dw_ref, db_ref;
   conv_ref_grads(cc, x, w, dy, dx_ref, dw_ref, db_ref);
   auto first = make_cpu(2, kernels), second = make_cpu(1, kernels);
-  const ConvRunner a(*first, cc, dp::Layout::nchw), b(*second, cc, dp::Layout::nhwc);
+  const ConvRunner in_nchw(*first, cc, dp::Layout::nchw), in_nhwc(*second, cc, dp::Layout::nhwc);
   std::vector<fvec> results(6);
   auto replica = [&](const ConvRunner& run, size_t slot) {
     for (int step = 0; step < 3; ++step) {
@@ -314,7 +317,7 @@ TEST_CASE("cpu conv plans made on one thread run on the replicas' threads", "[cp
     }
   };
   for (int epoch = 0; epoch < 2; ++epoch) {  // fresh threads each time, as the trainer's
-    std::thread ta(replica, std::cref(a), 0), tb(replica, std::cref(b), 3);
+    std::thread ta(replica, std::cref(in_nchw), 0), tb(replica, std::cref(in_nhwc), 3);
     ta.join();
     tb.join();
     for (size_t slot : {size_t{0}, size_t{3}}) {
@@ -326,11 +329,11 @@ TEST_CASE("cpu conv plans made on one thread run on the replicas' threads", "[cp
 }
 
 TEST_CASE("cpu conv: every oneDNN formulation agrees with the reference", "[cpu][ops]") {
-  // DPRUN_ONEDNN_CONV forces one formulation (im2col, native: the tensors' layout, blocked:
-  // oneDNN's formats) instead of the one chosen from the channel counts; each must be right on
-  // cases that would choose another.
+  // DPRUN_ONEDNN_CONV forces one formulation (im2col; native: the tensors' layout; nhwc:
+  // activations reordered to NHWC; blocked: oneDNN's formats) on every pass instead of the one
+  // chosen per pass; each must be right on cases that would choose another.
   const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
-  const std::string formulation = GENERATE("im2col", "native", "blocked");
+  const std::string formulation = GENERATE("im2col", "native", "nhwc", "blocked");
   INFO("formulation " << formulation << ", layout " << name_of(layout));
   for (const ConvCase& cc : {kConvCases[1], kConvCases[6], kConvCases[9]}) {
     INFO(cc.name);
@@ -338,10 +341,7 @@ TEST_CASE("cpu conv: every oneDNN formulation agrees with the reference", "[cpu]
     auto backend = make_cpu(2, dp::CpuKernels::onednn);
     const ConvRunner run(*backend, cc, layout);
     unsetenv("DPRUN_ONEDNN_CONV");  // read when the plan is made
-    const fvec x = random_vector(cc.n * cc.c * cc.h * cc.w, 51);
-    const fvec w = random_vector(cc.k * cc.c * cc.r * cc.s, 52);
-    const fvec b = random_vector(cc.k, 53);
-    const fvec dy = random_vector(cc.n * cc.k * cc.p() * cc.q(), 54);
+    const auto [x, w, b, dy] = conv_data(cc, 51);
     dvec dx_ref, dw_ref, db_ref;
     conv_ref_grads(cc, x, w, dy, dx_ref, dw_ref, db_ref);
     check_close(run.forward(x, w, &b), conv_ref(cc, x, w, &b), 1e-5);
@@ -354,7 +354,7 @@ TEST_CASE("cpu conv: every oneDNN formulation agrees with the reference", "[cpu]
   setenv("DPRUN_ONEDNN_CONV", "winograd", 1);
   auto backend = make_cpu(1, dp::CpuKernels::onednn);
   check_error_mentions([&] { backend->plan_conv(kConvCases[0].geometry()); },
-                       {"DPRUN_ONEDNN_CONV=winograd", "im2col, native or blocked"});
+                       {"DPRUN_ONEDNN_CONV=winograd", "im2col, native, nhwc or blocked"});
   unsetenv("DPRUN_ONEDNN_CONV");
 }
 

@@ -13,12 +13,13 @@
 //            width, nChw16c and OIhw16i16o on AVX-512), its inputs reordered into the backend's
 //            shared scratch before the pass and its outputs reordered back after.
 //   native   oneDNN on the tensors' own layout, only the filters reordered (brgconv on NHWC).
+//   nhwc     for NCHW tensors: oneDNN's NHWC kernels, the activations reordered to NHWC and back.
 //   im2col   our im2col + oneDNN's SGEMM (conv_cpu.cpp).
 // Which is fastest depends on the layout, the channels (blocked formats pad them to whole
 // blocks: LeNet's 20 and 50 channels to 32 and 64 on AVX-512, up to twice the work), the kernel
 // and the direction; choose_formulation() holds the rules and the measurements behind them.
-// DPRUN_ONEDNN_CONV=im2col|native|blocked forces one formulation on every pass (to measure them
-// against each other).
+// DPRUN_ONEDNN_CONV=im2col|native|nhwc|blocked forces one formulation on every pass (to measure
+// them against each other).
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <utility>
@@ -35,7 +36,7 @@ namespace {
 using dnnl::memory;
 using Tag = memory::format_tag;
 
-enum class Formulation { im2col, native, blocked };
+enum class Formulation { im2col, native, nhwc, blocked };
 
 const char* formulation_name(Formulation f) {
   switch (f) {
@@ -43,6 +44,8 @@ const char* formulation_name(Formulation f) {
       return "im2col";
     case Formulation::native:
       return "native";
+    case Formulation::nhwc:
+      return "nhwc";
     case Formulation::blocked:
       return "blocked";
   }
@@ -57,11 +60,18 @@ using Formulations = std::array<Formulation, 3>;  // by Direction
 // The formulation of each pass. Measured per pass with bench_cpu_ops --threads 1 --cpu-time
 // (ResNet-18 layers at batch 64, LeNet at 256) on AMD Zen 5, with oneDNN at avx512_core_bf16
 // (block 16) and capped to AVX2 (block 8); milliseconds as im2col / native / blocked:
-//  - NCHW, channels not in whole blocks (LeNet, the stem): im2col wins every pass
-//    (LeNet conv2 forward 9.1 / 10.1 / 13.2; AVX2 13.0 / 14.6 / 13.6).
+//  - NCHW, channels not in whole blocks (LeNet, the stem): im2col (LeNet conv2 forward 9.1 /
+//    10.1 / 13.2; AVX2 13.0 / 14.6 / 13.6), except that with enough input per output (C*R*S of
+//    LeNet's conv2, not of a first layer) the forward and backward-weights run faster on
+//    oneDNN's NHWC kernels with the activations reordered there and back ("nhwc"). Measured
+//    side by side in one process, im2col / nhwc, forward, backward-data, backward-weights:
+//    12.8 / 8.5, 11.5 / 12.2, 13.7 / 9.9 ms; AVX2 17.4 / 13.4, 16.4 / 22.5, 18.6 / 18.7.
 //  - NCHW, whole blocks: blocked (64->64 3x3 backward-data 22.7 / 33.5 / 19.1), except 1x1
-//    kernels (the shortcut's forward 1.9 / 2.0 / 2.7; AVX2 3.1 / 2.9 / 4.0) and strided
-//    forwards (64->128 3x3 stride 2: 12.0 / 16.2 / 18.7; AVX2 20.1 / 23.5 / 18.8), im2col.
+//    kernels (the shortcut's forward 1.9 / 2.0 / 2.7; AVX2 3.1 / 2.9 / 4.0), im2col, and on
+//    AVX-512, where oneDNN has its brgemm NHWC kernels, forwards of outputs from 7x7 up, nhwc
+//    (side by side, im2col / nhwc / blocked: 64->64 26.3 / 21.4 / 23.9, 64->128 stride 2
+//    16.4 / 14.5 / 22.0, 256->256 on 7x7 24.6 / 16.2 / 17.3, but 512->512 on 4x4 35.4 / 43.9 /
+//    22.9; with AVX2 blocked wins them: 37.9 / 35.3 / 34.0, 20.4 / 20.6 / 19.3).
 //  - NHWC, channels not in whole blocks or 1x1 kernels: native (LeNet conv2 forward 11.1 /
 //    6.2 / 11.8, backward-weights 12.2 / 7.4 / 12.1).
 //  - NHWC, whole blocks: forward native (64->64: 36.3 / 15.8 / 19.1) unless the output is
@@ -73,11 +83,12 @@ Formulations choose_formulations(const ConvGeometry& g) {
     const std::string f = forced;
     if (f == "im2col") return {Formulation::im2col, Formulation::im2col, Formulation::im2col};
     if (f == "native") return {Formulation::native, Formulation::native, Formulation::native};
+    if (f == "nhwc") return {Formulation::nhwc, Formulation::nhwc, Formulation::nhwc};
     if (f == "blocked") return {Formulation::blocked, Formulation::blocked, Formulation::blocked};
     if (f != "auto") {
       DP_THROW("DPRUN_ONEDNN_CONV=" + f +
-               " is not a convolution formulation; use auto (the default), im2col, native or "
-               "blocked");
+               " is not a convolution formulation; use auto (the default), im2col, native, nhwc "
+               "or blocked");
     }
   }
   const int block = onednn_simd_floats();
@@ -86,8 +97,15 @@ Formulations choose_formulations(const ConvGeometry& g) {
   const bool strided = g.stride_h > 1 || g.stride_w > 1;
   using F = Formulation;
   if (g.layout == Layout::nchw) {
-    if (!whole || pointwise) return {F::im2col, F::im2col, F::im2col};
-    return {strided ? F::im2col : F::blocked, F::blocked, F::blocked};
+    if (pointwise) return {F::im2col, F::im2col, F::im2col};
+    // Enough input per output to pay for two activation reorders: LeNet's conv2 (C*R*S = 500),
+    // not a first layer (9).
+    if (!whole) {
+      const F reordered = g.in_channels * g.kernel_h * g.kernel_w >= 64 ? F::nhwc : F::im2col;
+      return {reordered, F::im2col, reordered};
+    }
+    const bool small = g.out_h() * g.out_w() < 49;
+    return {onednn_has_brgconv() && !small ? F::nhwc : F::blocked, F::blocked, F::blocked};
   }
   if (!whole || pointwise) return {F::native, F::native, F::native};
   return {g.out_h() * g.out_w() < 49 ? F::blocked : F::native, strided ? F::native : F::blocked,
@@ -291,6 +309,7 @@ OnednnConvPlan::~OnednnConvPlan() {
 // The activation format a formulation gives the primitive: the tensors' own, or oneDNN's choice.
 Tag activation_tag(Layout layout, const Formulation* f) {
   if (f && *f == Formulation::blocked) return Tag::any;
+  if (f && *f == Formulation::nhwc) return Tag::nhwc;
   return layout == Layout::nhwc ? Tag::nhwc : Tag::nchw;
 }
 

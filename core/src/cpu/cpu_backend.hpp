@@ -5,6 +5,7 @@
 // threads. The op bodies live in one file per
 // concern (conv_cpu.cpp, linear_cpu.cpp, batchnorm_cpu.cpp, pool_cpu.cpp, elementwise_cpu.cpp,
 // loss_cpu.cpp, data_cpu.cpp); this header holds the class and the checks they share.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,6 +52,17 @@ inline Dims dims_of(const Tensor& t) {
   if (t.shape.rank == 2) return Dims{t.shape[0], t.shape[1], 1, 1};
   return Dims{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
 }
+/// The window of pooling output (op, oq) clipped to the input: rows [h0, h1), columns [w0, w1).
+struct PoolWindow {
+  int64_t h0, h1, w0, w1;
+};
+inline PoolWindow pool_window(const PoolGeometry& g, const Dims& d, int64_t op, int64_t oq) {
+  const int64_t h0 = op * g.stride_h - g.pad_h;
+  const int64_t w0 = oq * g.stride_w - g.pad_w;
+  return PoolWindow{std::max<int64_t>(h0, 0), std::min(h0 + g.kernel_h, d.h),
+                    std::max<int64_t>(w0, 0), std::min(w0 + g.kernel_w, d.w)};
+}
+
 /// True for a rank-4 activation in NHWC (a rank-2 (N, C) tensor has one layout only).
 inline bool is_nhwc(const Tensor& t) { return t.shape.rank == 4 && t.layout == Layout::nhwc; }
 

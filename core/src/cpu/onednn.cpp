@@ -60,6 +60,19 @@ int onednn_simd_floats() {
   }
 }
 
+bool onednn_has_brgconv() {
+  using dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case cpu_isa::avx512_core:
+    case cpu_isa::avx512_core_vnni:
+    case cpu_isa::avx512_core_bf16:
+    case cpu_isa::avx512_core_amx:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::string onednn_description() {
   const dnnl_version_t* v = dnnl_version();
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +

@@ -63,6 +63,9 @@ std::string onednn_isa();
 /// Floats per vector register of that instruction set (16, 8 or 4): the channel block of
 /// oneDNN's blocked layouts.
 int onednn_simd_floats();
+/// True when oneDNN runs its brgemm-based NHWC convolutions ("brgconv"), which 2.6 has for
+/// AVX-512 (avx512_core and later) only; below that its NHWC kernels are the plain JIT ones.
+bool onednn_has_brgconv();
 /// "oneDNN 2.6.3 avx512_core_bf16"
 std::string onednn_description();
 

@@ -24,17 +24,6 @@ PoolDims pool_dims(const PoolGeometry& g, const Tensor& in) {
   return PoolDims{d, g.out_h(d.h), g.out_w(d.w)};
 }
 
-// The window of output (op, oq), clipped to the input.
-struct Window {
-  int64_t h0, h1, w0, w1;
-};
-Window window(const PoolGeometry& g, const Dims& d, int64_t op, int64_t oq) {
-  const int64_t h0 = op * g.stride_h - g.pad_h;
-  const int64_t w0 = oq * g.stride_w - g.pad_w;
-  return Window{std::max<int64_t>(h0, 0), std::min(h0 + g.kernel_h, d.h), std::max<int64_t>(w0, 0),
-                std::min(w0 + g.kernel_w, d.w)};
-}
-
 // Windows that tile the input without overlap or padding (LeNet's 2x2 stride 2): every input
 // belongs to at most one window, so both passes are straight row loops, several times faster
 // than the general window walk.
@@ -81,7 +70,7 @@ DP_CPU_LOOPS void avgpool_forward_nchw(int threads, const PoolGeometry& g, const
     }
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         float sum = 0.0f;
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) sum += xc[h * d.w + w];
@@ -133,7 +122,7 @@ DP_CPU_LOOPS void avgpool_backward_nchw(int threads, const PoolGeometry& g, cons
     std::fill(dxc, dxc + d.hw(), 0.0f);
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         const float grad = dyc[p * pd.q + q] * inv_area;
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) dxc[h * d.w + w] += grad;
@@ -156,7 +145,7 @@ DP_CPU_LOOPS void maxpool_forward_nchw(int threads, const PoolGeometry& g, const
     float* yc = yp + plane * pd.p * pd.q;
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         float best = -std::numeric_limits<float>::infinity();
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) {
@@ -190,7 +179,7 @@ DP_CPU_LOOPS void maxpool_backward_nchw(int threads, const PoolGeometry& g, cons
     std::fill(dxc, dxc + d.hw(), 0.0f);
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         const float best = yc[p * pd.q + q];
         int64_t at = -1;
         for (int64_t h = win.h0; h < win.h1 && at < 0; ++h)

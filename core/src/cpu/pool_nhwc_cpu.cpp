@@ -24,17 +24,6 @@ NhwcPool nhwc_pool(const PoolGeometry& g, const Tensor& in) {
   return NhwcPool{d, g.out_h(d.h), g.out_w(d.w)};
 }
 
-// The window of output (op, oq), clipped to the input.
-struct Window {
-  int64_t h0, h1, w0, w1;
-};
-Window window(const PoolGeometry& g, const Dims& d, int64_t op, int64_t oq) {
-  const int64_t h0 = op * g.stride_h - g.pad_h;
-  const int64_t w0 = oq * g.stride_w - g.pad_w;
-  return Window{std::max<int64_t>(h0, 0), std::min(h0 + g.kernel_h, d.h), std::max<int64_t>(w0, 0),
-                std::min(w0 + g.kernel_w, d.w)};
-}
-
 // 2x2 windows with stride 2 and no padding (LeNet's): every input in at most one window, so the
 // passes are written out (same summation order as the general walk: row-major in the window).
 bool tiles_2x2(const PoolGeometry& g) {
@@ -76,7 +65,7 @@ DP_CPU_LOOPS void avgpool_forward_nhwc(int threads, const PoolGeometry& g, const
       for (int64_t q = 0; q < pd.q; ++q) {
         float* out = yi + (p * pd.q + q) * d.c;
         std::fill(out, out + d.c, 0.0f);
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) {
             const float* in = xi + (h * d.w + w) * d.c;
@@ -118,7 +107,7 @@ DP_CPU_LOOPS void avgpool_backward_nhwc(int threads, const PoolGeometry& g, cons
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
         const float* grad = dyi + (p * pd.q + q) * d.c;
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) {
             float* out = dxi + (h * d.w + w) * d.c;
@@ -143,7 +132,7 @@ DP_CPU_LOOPS void maxpool_forward_nhwc(int threads, const PoolGeometry& g, const
       for (int64_t q = 0; q < pd.q; ++q) {
         float* out = yi + (p * pd.q + q) * d.c;
         std::fill(out, out + d.c, -std::numeric_limits<float>::infinity());
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) {
             const float* in = xi + (h * d.w + w) * d.c;
@@ -173,7 +162,7 @@ DP_CPU_LOOPS void maxpool_backward_nhwc(int threads, const PoolGeometry& g, cons
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
         const int64_t o = (p * pd.q + q) * d.c;
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         for (int64_t c0 = 0; c0 < d.c; c0 += kChannelBlock) {
           const int64_t c1 = std::min(d.c, c0 + kChannelBlock);
           bool found[kChannelBlock] = {};
