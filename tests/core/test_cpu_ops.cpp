@@ -150,6 +150,7 @@ dp::PoolGeometry pool(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph
 }
 const std::vector<PoolCase> kPoolCases = {
     {"2x2 stride 2 on odd sizes", 3, 5, 7, 9, pool(2, 2, 2, 2, 0, 0)},
+    {"2x2 stride 2 tiling the image exactly", 2, 17, 6, 8, pool(2, 2, 2, 2, 0, 0)},
     {"3x3 stride 2 pad 1", 2, 3, 7, 8, pool(3, 3, 2, 2, 1, 1)},
     {"3x2 stride 1 pad 1x0, batch 1", 1, 2, 5, 6, pool(3, 2, 1, 1, 1, 0)},
     {"overlapping 3x3 stride 1", 2, 2, 6, 5, pool(3, 3, 1, 1, 0, 0)},
