@@ -21,8 +21,12 @@ reads DNNL_MAX_CPU_ISA) and ATEN_CPU_CAPABILITY=avx2 for its own kernels.
 
 Every run is its own process (the caps are read when the libraries load). The runs are
 interleaved, dprun and PyTorch in turns with the order alternating per repetition, so a busy
-machine slows both alike; the table gives medians, the spread (min-max), and the ratios of the
-medians. On a shared machine the spread is the honest part: rerun on a quiet one.
+machine slows both alike; the table gives medians, the spread (min-max), and the ratios to
+PyTorch (of the medians, of the minima, and within each repetition). On a shared machine the
+spread is the honest part: rerun on a quiet one. With more runnable processes than cores,
+every OpenMP parallel region waits for its second thread to be scheduled (bench_cpu_ops
+--threads 2 shows ~12 ms for ops of 0.2 ms there), which swamps 2-thread timings;
+--threads 1 compares the per-core cost, which load distorts far less.
 
 Needs python3-torch (apt-get install python3-torch) and a built dprun (cmake --build --preset
 cpu, or the release preset). PyTorch runs under /usr/bin/python3, Debian's, wherever this
@@ -229,17 +233,23 @@ def main():
     print("\nwhat ran:")
     for (isa, name), info in sorted(infos.items()):
         print(f"  {isa:6} {name:10} {info}")
+    # Ratios three ways: of the medians; of the minima (noise only ever adds time, so the
+    # fastest run is the least disturbed); and the median of the ratios within each repetition
+    # (dprun against the PyTorch run next to it, robust to a load that drifts between
+    # repetitions), with their range.
     what = {"lenet": "LeNet epoch (s)", "resnet18": "ResNet-18 step of 256 (s)"}
     print(f"\n{'isa':6} {'measure':26} {'runner':10} {'median':>8} {'min':>8} {'max':>8} "
-          f"{'vs PyTorch':>10}")
+          f"{'ratio of medians':>16} {'of minima':>9} {'paired (range)':>20}")
     for isa in args.isa.split(","):
         for model in models:
-            torch_median = statistics.median(results[(isa, model, "pytorch")])
+            t = results[(isa, model, "pytorch")]
             for name in [f"dprun {l}" for l in layouts] + ["pytorch"]:
                 v = results[(isa, model, name)]
                 m = statistics.median(v)
+                paired = [a / b for a, b in zip(v, t)]
                 print(f"{isa:6} {what[model]:26} {name:10} {m:8.3f} {min(v):8.3f} {max(v):8.3f} "
-                      f"{m / torch_median:10.2f}")
+                      f"{m / statistics.median(t):16.2f} {min(v) / min(t):9.2f} "
+                      f"{statistics.median(paired):8.2f} ({min(paired):.2f}-{max(paired):.2f})")
 
 
 if __name__ == "__main__":
