@@ -49,7 +49,8 @@ std::vector<int64_t> shard_sizes(int64_t n, int k) {
 
 struct Trainer::Impl {
   struct Replica {
-    int rank = 0;
+    int rank = 0;         // in this process
+    int global_rank = 0;  // in the trial: process rank * local replicas + rank
     // Declaration order is destruction order reversed: the model (which holds backend plans)
     // and the memory go before the backend that owns them.
     std::unique_ptr<Backend> backend;
@@ -69,6 +70,8 @@ struct Trainer::Impl {
   };
 
   TrainerOptions options;
+  std::unique_ptr<ProcessGroup> own_group;  // when options.processes is null
+  ProcessGroup* group = nullptr;            // never null after construction
   Dataset train_meta, test_meta;  // shapes and counts only (the bytes live on the devices)
   int64_t eval_batch = 0;         // global
   int64_t max_shard = 0;          // largest per-replica batch (training or evaluation)
@@ -83,6 +86,8 @@ struct Trainer::Impl {
   bool buffers_differ = false;
 
   int k() const { return static_cast<int>(replicas.size()); }
+  /// Replicas in the whole trial; shards, the loss scale and averages are over these.
+  int world() const { return group->size() * k(); }
 
   // Runs fn(replica) on one thread per replica. When one throws, every communicator is aborted
   // so ranks blocked in a collective wake up; after joining, the first real error (not the
@@ -130,8 +135,8 @@ struct Trainer::Impl {
   // The per-replica batch sizes an epoch runs: training steps (full batches and the last partial
   // one; an empty shard runs no layer) and evaluation chunks. Layers prepare for exactly these
   // at setup (convolution algorithms), so nothing is planned mid-epoch.
-  std::vector<int64_t> train_batches(int rank) const;
-  std::vector<int64_t> eval_batches(int rank) const;
+  std::vector<int64_t> train_batches(int global_rank) const;
+  std::vector<int64_t> eval_batches(int global_rank) const;
   // One step on index-buffer entries [begin, begin + n) of the global batch; the per-replica
   // loss/correct land in slot `slot`.
   void train_step(Replica& r, int64_t begin, int64_t n, int64_t slot);
@@ -155,18 +160,18 @@ void add_unique(std::vector<int64_t>& sizes, int64_t n) {
 }
 }  // namespace
 
-std::vector<int64_t> Trainer::Impl::train_batches(int rank) const {
+std::vector<int64_t> Trainer::Impl::train_batches(int global_rank) const {
   const int64_t count = train_meta.count, batch = options.batch_size;
-  const auto r = static_cast<size_t>(rank);
+  const auto r = static_cast<size_t>(global_rank);
   std::vector<int64_t> sizes;
-  if (count >= batch) add_unique(sizes, split(batch, k())[r]);
-  if (count % batch != 0) add_unique(sizes, split(count % batch, k())[r]);
+  if (count >= batch) add_unique(sizes, split(batch, world())[r]);
+  if (count % batch != 0) add_unique(sizes, split(count % batch, world())[r]);
   return sizes;
 }
 
-std::vector<int64_t> Trainer::Impl::eval_batches(int rank) const {
-  const int64_t part = split(test_meta.count, k())[static_cast<size_t>(rank)];
-  const int64_t chunk = ceil_div(eval_batch, k());
+std::vector<int64_t> Trainer::Impl::eval_batches(int global_rank) const {
+  const int64_t part = split(test_meta.count, world())[static_cast<size_t>(global_rank)];
+  const int64_t chunk = ceil_div(eval_batch, world());
   std::vector<int64_t> sizes;
   add_unique(sizes, std::min(chunk, part));
   add_unique(sizes, part % chunk);
@@ -184,8 +189,9 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     bo.cpu_threads = std::max(1, total / k);
   } else {
+    // Processes sharing a host take consecutive GPUs: local process i owns [i*k, i*k + k).
     const int devices = cuda_device_count();
-    bo.device_index = r.rank % std::max(devices, 1);
+    bo.device_index = (group->local_rank() * k + r.rank) % std::max(devices, 1);
   }
   r.backend = create_backend(bo);
   Backend& b = *r.backend;
@@ -197,8 +203,8 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
 
   const Shape example{train.channels, train.height, train.width};
   // train_step never asks for the gradient of the images: input_grad false.
-  SetupContext sctx{b,       *r.arena, *r.params, options.layout, train_batches(r.rank),
-                    eval_batches(r.rank), false};
+  SetupContext sctx{b,       *r.arena, *r.params, options.layout, train_batches(r.global_rank),
+                    eval_batches(r.global_rank), false};
   const Shape out = r.model->setup(sctx, {max_shard, example[0], example[1], example[2]});
   DP_CHECK(out.rank == 2 && out[1] == train.classes,
            "the model's output is " + out.str() + " but the dataset has " +
@@ -232,9 +238,9 @@ void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slo
   Backend& b = *r.backend;
   // This replica's shard as split() cuts it, computed without a vector: nothing is allocated
   // in the step loop.
-  const int64_t k = this->k(), base = n / k, extra = n % k;
-  const int64_t m = base + (r.rank < extra ? 1 : 0);
-  const int64_t offset = begin + r.rank * base + std::min<int64_t>(r.rank, extra);
+  const int64_t k = world(), g = r.global_rank, base = n / k, extra = n % k;
+  const int64_t m = base + (g < extra ? 1 : 0);
+  const int64_t offset = begin + g * base + std::min<int64_t>(g, extra);
   const Tensor loss = r.loss_slots.slice_batch(slot, 1);
   const Tensor correct = r.correct_slots.slice_batch(slot, 1);
   if (m > 0) {
@@ -261,7 +267,7 @@ void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slo
 
 void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
   Backend& b = *r.backend;
-  const int k = this->k();
+  const int k = world();
   if (options.average_bn_buffers && buffers_differ && k > 1 && r.params->buffer_floats() > 0) {
     const Tensor bufs = r.params->buffers_flat();
     r.comm->allreduce_sum(bufs.f32(), static_cast<size_t>(bufs.numel()));
@@ -271,8 +277,8 @@ void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
   if (test_meta.count == 0) return;
   const std::vector<int64_t> parts = split(test_meta.count, k);
   int64_t begin = 0;
-  for (int q = 0; q < r.rank; ++q) begin += parts[static_cast<size_t>(q)];
-  const int64_t part = parts[static_cast<size_t>(r.rank)];
+  for (int q = 0; q < r.global_rank; ++q) begin += parts[static_cast<size_t>(q)];
+  const int64_t part = parts[static_cast<size_t>(r.global_rank)];
   const int64_t chunk = ceil_div(eval_batch, k);
   RunContext ctx{b, *r.params, false, r.comm};
   int64_t steps = 0;
@@ -295,13 +301,16 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.options = options;
+  if (options.processes == nullptr) s.own_group = make_single_process_group();
+  s.group = options.processes != nullptr ? options.processes : s.own_group.get();
   const int k = options.replicas;
   DP_CHECK(k >= 1, "the number of replicas must be at least 1, got " + std::to_string(k));
+  const int world = s.group->size() * k;
   DP_CHECK(options.batch_size >= 1,
            "batch size must be positive, got " + std::to_string(options.batch_size));
-  DP_CHECK(options.batch_size >= k,
+  DP_CHECK(options.batch_size >= world,
            "batch size " + std::to_string(options.batch_size) + " is smaller than the " +
-               std::to_string(k) +
+               std::to_string(world) +
                " replicas: every replica needs at least one example per step (batch size >= "
                "gpus); use a larger batch or fewer replicas");
   DP_CHECK(options.eval_batch_size >= 0, "eval batch size must be >= 0 (0: the batch size)");
@@ -324,8 +333,9 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     DP_CHECK(cuda_compiled(), "the CUDA backend was requested but dprun was built without CUDA");
     const int devices = cuda_device_count();
     DP_CHECK(devices > 0, "the CUDA backend was requested but no CUDA device is visible");
-    DP_CHECK(k <= devices || options.oversubscribe,
-             std::to_string(k) + " replicas requested but only " + std::to_string(devices) +
+    const int here = s.group->local_size() * k;  // replicas of this trial on this host
+    DP_CHECK(here <= devices || options.oversubscribe,
+             std::to_string(here) + " replicas on this host but only " + std::to_string(devices) +
                  " GPU" + (devices == 1 ? "" : "s") + " exist" + (devices == 1 ? "s" : "") +
                  "; use fewer replicas, or --oversubscribe to share GPUs (replica r runs on GPU "
                  "r % " +
@@ -339,9 +349,9 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   s.test_meta.images.clear();
   s.test_meta.labels.clear();
   s.eval_batch = options.eval_batch_size > 0 ? options.eval_batch_size : options.batch_size;
-  s.max_shard = std::max(ceil_div(options.batch_size, k), ceil_div(s.eval_batch, k));
+  s.max_shard = std::max(ceil_div(options.batch_size, world), ceil_div(s.eval_batch, world));
   s.steps_per_epoch = ceil_div(train.count, options.batch_size);
-  s.eval_steps = ceil_div(ceil_div(test.count, k), ceil_div(s.eval_batch, k));
+  s.eval_steps = ceil_div(ceil_div(test.count, world), ceil_div(s.eval_batch, world));
 
   s.replicas.resize(static_cast<size_t>(k));
   // The builder runs here, on the caller's thread, one replica after another: model code
@@ -349,6 +359,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   for (int r = 0; r < k; ++r) {
     Impl::Replica& rep = s.replicas[static_cast<size_t>(r)];
     rep.rank = r;
+    rep.global_rank = s.group->rank() * k + r;
     rep.model = builder();
     DP_CHECK(rep.model != nullptr, "the model builder returned no model");
   }
@@ -357,7 +368,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   s.run_all([&](Impl::Replica& r) { s.setup_replica(r, train, test); });
   std::vector<Backend*> backends;
   for (auto& r : s.replicas) backends.push_back(r.backend.get());
-  s.comms = make_communicators(backends);
+  s.comms = make_communicators(backends, s.group);
   for (int r = 0; r < k; ++r)
     s.replicas[static_cast<size_t>(r)].comm = s.comms[static_cast<size_t>(r)].get();
 }
@@ -408,8 +419,11 @@ EpochReport Trainer::run_epoch(int epoch) {
   report.seconds = seconds_since(t0);
   report.train_examples = count;
   report.test_examples = s.test_meta.count;
-  const double total_loss = std::accumulate(loss.begin(), loss.end(), 0.0);
-  const double total_correct = std::accumulate(correct.begin(), correct.end(), 0.0);
+  // This process's replicas, then every process's (in process order: the same bits everywhere).
+  double totals[2] = {std::accumulate(loss.begin(), loss.end(), 0.0),
+                      std::accumulate(correct.begin(), correct.end(), 0.0)};
+  s.group->allreduce_sum(totals, 2);
+  const double total_loss = totals[0], total_correct = totals[1];
   report.train_loss = total_loss / static_cast<double>(count);
   report.train_acc = total_correct / static_cast<double>(count);
   report.finite = std::isfinite(report.train_loss);
@@ -424,7 +438,7 @@ EpochReport Trainer::run_epoch(int epoch) {
 double Trainer::step(const std::vector<int32_t>& indices) {
   Impl& s = *impl_;
   const auto n = static_cast<int64_t>(indices.size());
-  const int k = s.k();
+  const int k = s.world();
   shard_sizes(n, k);  // checks n >= k
   DP_CHECK(n <= s.train_meta.count && ceil_div(n, k) <= s.max_shard,
            "step(): a batch of " + std::to_string(n) +
@@ -435,7 +449,7 @@ double Trainer::step(const std::vector<int32_t>& indices) {
     DP_CHECK(i >= 0 && i < s.train_meta.count, "step(): example index " + std::to_string(i) +
                                                    " is outside the training set of " +
                                                    std::to_string(s.train_meta.count));
-  std::vector<float> loss(static_cast<size_t>(k));
+  std::vector<float> loss(static_cast<size_t>(s.k()));
   s.run_all([&](Impl::Replica& r) {
     r.backend->upload(r.train_index.data, indices.data(), indices.size() * sizeof(int32_t));
     s.train_step(r, 0, n, 0);
@@ -444,6 +458,7 @@ double Trainer::step(const std::vector<int32_t>& indices) {
   s.buffers_differ = true;
   double total = 0;
   for (float l : loss) total += l;
+  s.group->allreduce_sum(&total, 1);
   return total / static_cast<double>(n);
 }
 
@@ -453,12 +468,14 @@ double Trainer::evaluate() {
   s.run_all([&](Impl::Replica& r) { s.evaluate_replica(r, correct[static_cast<size_t>(r.rank)]); });
   s.buffers_differ = false;
   if (s.test_meta.count == 0) return 0.0;
-  const double total =
-      static_cast<double>(std::accumulate(correct.begin(), correct.end(), int64_t{0}));
+  double total = static_cast<double>(std::accumulate(correct.begin(), correct.end(), int64_t{0}));
+  s.group->allreduce_sum(&total, 1);
   return total / static_cast<double>(s.test_meta.count);
 }
 
 int Trainer::replicas() const { return impl_->k(); }
+
+int Trainer::world_replicas() const { return impl_->world(); }
 
 const TrainerOptions& Trainer::options() const { return impl_->options; }
 

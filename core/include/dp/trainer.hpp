@@ -13,13 +13,19 @@
 #include "dp/backend.hpp"
 #include "dp/data.hpp"
 #include "dp/module.hpp"
+#include "dp/process_group.hpp"
 
 namespace dp {
 
 using ModelBuilder = std::function<std::unique_ptr<Module>()>;
 
 struct TrainerOptions {
+  /// Replicas in this process (threads). With `processes`, the trial has processes->size() times
+  /// as many: every process runs the same trainer with the same options and data, each its
+  /// share of every global batch.
   int replicas = 1;
+  /// The trial's processes (not owned; must outlive the trainer); null: this process alone.
+  ProcessGroup* processes = nullptr;
   BackendKind backend = BackendKind::cpu;
   /// CUDA: replicas may share GPUs (replica r on device r % device_count). Without it, more
   /// replicas than devices is an error.
@@ -72,7 +78,9 @@ class Trainer {
   /// Test accuracy over the whole test set.
   double evaluate();
 
+  /// Replicas in this process, and in the whole trial (all processes).
   int replicas() const;
+  int world_replicas() const;
   const TrainerOptions& options() const;
   /// Replica r's parameters / buffers, downloaded, in flat order.
   std::vector<float> parameters(int replica = 0) const;
