@@ -243,10 +243,12 @@ void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slo
   const int64_t offset = begin + g * base + std::min<int64_t>(g, extra);
   const Tensor loss = r.loss_slots.slice_batch(slot, 1);
   const Tensor correct = r.correct_slots.slice_batch(slot, 1);
-  if (m > 0) {
+  // With synchronised batch norm an empty shard still runs the model: every replica must take
+  // part in the statistics' collectives, in the same order.
+  if (m > 0 || options.sync_bn) {
     const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
     b.gather_batch(r.train_images, r.train_labels, r.train_index.slice_batch(offset, m), x, y);
-    RunContext ctx{b, *r.params, true, r.comm};
+    RunContext ctx{b, *r.params, true, options.sync_bn ? r.comm : nullptr, n};
     const Tensor logits = r.model->forward(ctx, x);
     const Tensor dlogits = r.dlogits.with_batch(m);
     // Scaled by the GLOBAL batch, so the summed gradients are those of the global mean loss.
@@ -280,7 +282,7 @@ void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
   for (int q = 0; q < r.global_rank; ++q) begin += parts[static_cast<size_t>(q)];
   const int64_t part = parts[static_cast<size_t>(r.global_rank)];
   const int64_t chunk = ceil_div(eval_batch, k);
-  RunContext ctx{b, *r.params, false, r.comm};
+  RunContext ctx{b, *r.params, false, nullptr, 0};
   int64_t steps = 0;
   for (int64_t i = 0; i < part; i += chunk, ++steps) {
     const int64_t m = std::min(chunk, part - i);

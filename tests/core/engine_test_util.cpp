@@ -47,7 +47,7 @@ std::vector<float> ModuleRunner::forward(const std::vector<float>& x, bool train
   batch_ = static_cast<int64_t>(x.size()) / per;
   const dp::Tensor xt = x_.with_batch(batch_);
   backend_->upload(xt.data, x.data(), x.size() * sizeof(float));
-  dp::RunContext ctx{*backend_, registry_, training, nullptr};
+  dp::RunContext ctx{*backend_, registry_, training, nullptr, 0};
   const dp::Tensor y = module_->forward(ctx, xt);
   std::vector<float> out(static_cast<size_t>(y.numel()));
   backend_->download(out.data(), y.data, y.bytes());
@@ -59,7 +59,7 @@ std::vector<float> ModuleRunner::backward(const std::vector<float>& dy) {
   DP_CHECK(static_cast<int64_t>(dy.size()) % per == 0, "ModuleRunner: bad gradient size");
   const dp::Tensor dyt = dy_.with_batch(static_cast<int64_t>(dy.size()) / per);
   backend_->upload(dyt.data, dy.data(), dy.size() * sizeof(float));
-  dp::RunContext ctx{*backend_, registry_, true, nullptr};
+  dp::RunContext ctx{*backend_, registry_, true, nullptr, 0};
   const dp::Tensor dx = module_->backward(ctx, dyt, true);
   std::vector<float> out(static_cast<size_t>(dx.numel()));
   backend_->download(out.data(), dx.data, dx.bytes());

@@ -311,6 +311,56 @@ TEST_CASE("A last batch, or a whole training set, smaller than the replica count
   }
 }
 
+TEST_CASE("Synchronised batch norm: k replicas compute the step of one replica", "[engine][trainer]") {
+  // With bn = "sync" the statistics are those of the whole global batch, so a net with batch
+  // norm trained on k replicas equals one replica (with ordinary batch norm) on the whole batch,
+  // up to summation order. 131 examples in batches of 64: the last step has 3 examples, so with
+  // k = 4 one replica's shard is empty and it must still take part in the statistics. With
+  // per-replica statistics the same runs differ visibly (checked last).
+  bool real = false;
+  const auto data = enginetest::training_data(131, 4, &real);
+  INFO((real ? "Fashion-MNIST" : "synthetic data"));
+  dp::SgdParams sgd;
+  sgd.lr = 0.1f;
+  sgd.momentum = 0.9f;
+  auto one = cpu_options(1, 64, sgd);
+  one.average_bn_buffers = false;
+  dp::Trainer reference(one, small_bn_net, data, data.head(0));
+  const auto p0 = reference.parameters(0);
+  const auto r1 = reference.run_epoch(1);
+  const auto p1 = reference.parameters(0), b1 = reference.buffers(0);
+  for (const int k : {2, 4}) {
+    INFO(k << " replicas");
+    auto o = cpu_options(k, 64, sgd);
+    o.sync_bn = true;
+    o.average_bn_buffers = false;  // synchronised: every replica's running stats already agree
+    dp::Trainer t(o, small_bn_net, data, data.head(0));
+    const auto r = t.run_epoch(1);
+    const auto p = t.parameters(0);
+    for (int q = 1; q < k; ++q) {
+      CHECK(t.parameters(q) == p);
+      CHECK(t.buffers(q) == t.buffers(0));
+    }
+    CHECK(r.train_loss == Approx(r1.train_loss).epsilon(1e-5));
+    CHECK(norm_relative_error(p, p1) <= 1e-5);
+    // Updates within 1e-3 of the largest: the conv bias before batch norm has a gradient that
+    // is zero in exact arithmetic (the mean subtraction cancels it), so its updates are rounding
+    // noise that no relative tolerance per element can hold.
+    const auto u1 = minus(p1, p0);
+    double largest = 0;
+    for (float v : u1) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+    const auto c = dptest::compare(minus(p, p0), u1, 0.0, 1e-3 * largest);
+    INFO("updates: " << c.message);
+    CHECK(c.ok);
+    CHECK(norm_relative_error(t.buffers(0), b1) <= 1e-5);
+  }
+  auto per_replica = cpu_options(4, 64, sgd);
+  per_replica.average_bn_buffers = false;
+  dp::Trainer t(per_replica, small_bn_net, data, data.head(0));
+  t.run_epoch(1);
+  CHECK(norm_relative_error(t.parameters(0), p1) > 1e-4);
+}
+
 TEST_CASE("Evaluation counts every test example once, whatever the replicas and eval batch",
           "[engine][trainer]") {
   // Zero weights and biases: every logit is 0, the prediction is class 0 (the first maximum),

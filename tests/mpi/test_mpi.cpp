@@ -169,3 +169,28 @@ TEST_CASE("An epoch across processes equals the same replicas in one process", "
   CHECK(norm_relative_error(across.parameters(0), here.parameters(0)) <= 1e-5);
   CHECK(same_everywhere(across.parameters(0)));
 }
+
+TEST_CASE("Synchronised batch norm across processes: P x k replicas equal one replica",
+          "[mpi][trainer]") {
+  auto& g = mpitest::group();
+  bool real = false;
+  const auto data = enginetest::training_data(131, 4, &real);
+  // Batch 64: the epoch's last step has 3 examples, so with 2 x 2 replicas one shard is empty.
+  auto one = cpu_options(1, 64, nullptr);
+  one.average_bn_buffers = false;
+  dp::Trainer reference(one, small_bn_net, data, data.head(0));
+  reference.run_epoch(1);
+  const auto p1 = reference.parameters(0), b1 = reference.buffers(0);
+  for (const int local : {1, 2}) {
+    INFO(g.size() << " processes x " << local << " local replicas");
+    auto o = cpu_options(local, 64, &g);
+    o.sync_bn = true;
+    o.average_bn_buffers = false;
+    dp::Trainer t(o, small_bn_net, data, data.head(0));
+    t.run_epoch(1);
+    CHECK(norm_relative_error(t.parameters(0), p1) <= 1e-5);
+    CHECK(norm_relative_error(t.buffers(0), b1) <= 1e-5);
+    CHECK(same_everywhere(t.parameters(0)));
+    CHECK(same_everywhere(t.buffers(0)));
+  }
+}

@@ -162,6 +162,32 @@ class Backend {
                           const Tensor& save_mean, const Tensor& save_invstd, float eps,
                           const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
 
+  // ---- batch norm with statistics over every replica (synchronised BN) ----------------------
+  // One layer's training forward is: batchnorm_sums of x -> allreduce -> mean = sums / count;
+  // batchnorm_sums of (x - mean)^2 -> allreduce -> var = sums / count; batchnorm_apply_stats.
+  // Backward: batchnorm_backward_sums -> allreduce -> batchnorm_backward_apply. count is the
+  // number of values per channel over every replica (> 1). On one replica this is what
+  // batchnorm_forward_train and batchnorm_backward compute. x may hold N = 0 examples (a replica
+  // with an empty shard still takes part in the sums).
+  /// sums (C) = sum over N, H, W of x, or of (x - mean)^2 when mean (C) is given.
+  void batchnorm_sums(const Tensor& x, const Tensor* mean, const Tensor& sums);
+  /// With the batch's (global) mean and biased var (C): y = gamma * (x - mean) * invstd + beta,
+  /// invstd = 1/sqrt(var + eps); save_mean = mean, save_invstd = invstd; running statistics
+  /// updated as by batchnorm_forward_train (the variance unbiased by count / (count - 1)).
+  void batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                             const Tensor& mean, const Tensor& var, const Tensor& running_mean,
+                             const Tensor& running_var, float momentum, float eps, int64_t count,
+                             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& y);
+  /// sums (2C) = [sum dy (C), sum dy * xhat (C)] over N, H, W, xhat = (x - save_mean) *
+  /// save_invstd: this replica's dbeta and dgamma.
+  void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
+                               const Tensor& save_invstd, const Tensor& sums);
+  /// With the sums of every replica: dx = gamma * invstd / count * (count * dy - sums[0:C] -
+  /// xhat * sums[C:2C]).
+  void batchnorm_backward_apply(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                const Tensor& save_mean, const Tensor& save_invstd,
+                                const Tensor& sums, int64_t count, const Tensor& dx);
+
   // ---- activation --------------------------------------------------------------------------
   /// y = max(x, 0); NaN stays NaN (as PyTorch). Any shape; y may alias x.
   void relu_forward(const Tensor& x, const Tensor& y);
@@ -249,6 +275,20 @@ class Backend {
                                        const Tensor& save_mean, const Tensor& save_invstd,
                                        float eps, const Tensor& dx, const Tensor& dgamma,
                                        const Tensor& dbeta) = 0;
+  virtual void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) = 0;
+  virtual void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma,
+                                          const Tensor& beta, const Tensor& mean,
+                                          const Tensor& var, const Tensor& running_mean,
+                                          const Tensor& running_var, float momentum, float eps,
+                                          int64_t count, const Tensor& save_mean,
+                                          const Tensor& save_invstd, const Tensor& y) = 0;
+  virtual void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
+                                            const Tensor& save_mean, const Tensor& save_invstd,
+                                            const Tensor& sums) = 0;
+  virtual void batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy,
+                                             const Tensor& gamma, const Tensor& save_mean,
+                                             const Tensor& save_invstd, const Tensor& sums,
+                                             int64_t count, const Tensor& dx) = 0;
   virtual void relu_forward_impl(const Tensor& x, const Tensor& y) = 0;
   virtual void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;

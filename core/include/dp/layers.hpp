@@ -56,10 +56,17 @@ class BatchNorm2d : public Module {
   Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
 
  private:
+  /// Training with statistics over every replica of ctx.comm (see Backend::batchnorm_sums).
+  Tensor forward_synchronised(RunContext& ctx, const Tensor& x, const Tensor& y);
+  void backward_synchronised(RunContext& ctx, const Tensor& dy, const Tensor& dx);
+  int64_t values_per_channel(int64_t batch) const;
+
   int64_t c_;
   float eps_, momentum_;
   ParamHandle gamma_, beta_, mean_, var_;
   Tensor x_, y_, dx_, save_mean_, save_invstd_;
+  Tensor stats_;            // (4C): mean, var, then the backward sums (2C), for the allreduces
+  int64_t sync_count_ = 0;  // values per channel over every replica in the last sync forward
 };
 
 class ReLU : public Module {

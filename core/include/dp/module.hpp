@@ -63,7 +63,11 @@ struct RunContext {
   Backend& backend;
   ParamRegistry& params;
   bool training = true;
-  Communicator* comm = nullptr;  // this replica's communicator (for synchronised BN); may be null
+  /// Synchronised batch norm (bn = "sync"): training statistics over every replica of this
+  /// communicator. Null: per-replica statistics.
+  Communicator* comm = nullptr;
+  /// Examples in this step over every replica (the counts of synchronised batch norm).
+  int64_t global_batch = 0;
 };
 
 class Module {
@@ -76,7 +80,9 @@ class Module {
 
   /// Shape inference and allocation. `input` includes the largest batch. Returns output shape.
   Shape setup(SetupContext& ctx, const Shape& input);
-  /// x's shape must equal the setup input shape except for a batch <= the setup batch.
+  /// x's shape must equal the setup input shape except for a batch <= the setup batch. A batch
+  /// of 0 is allowed: a replica with an empty shard still takes part in synchronised batch
+  /// norm's collectives.
   Tensor forward(RunContext& ctx, const Tensor& x);
   /// dy has the shape of the last forward's output. Computes parameter gradients (overwriting)
   /// and, when need_dx, returns dx (an empty Tensor otherwise).

@@ -40,6 +40,10 @@ struct TrainerOptions {
   Layout layout = Layout::nchw;
   /// Average BN running statistics across replicas before each evaluation (d2l keeps one model).
   bool average_bn_buffers = true;
+  /// Batch norm statistics over every replica of the trial in training (bn = "sync"), so k
+  /// replicas compute the step of one replica on the whole batch; false: per-replica
+  /// statistics, as in the d2l text.
+  bool sync_bn = false;
 };
 
 struct EpochReport {

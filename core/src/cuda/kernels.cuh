@@ -60,6 +60,25 @@ struct RankPointers {
 /// For i in [begin, end): s = p[0][i] + p[1][i] + ... (rank order); every p[r][i] = s.
 void sum_across_ranks(const RankPointers& ranks, int64_t begin, int64_t end, cudaStream_t stream);
 
+// ---- synchronised batch norm (bn_sync.cu); x (N,C,HW) in `nhwc` or NCHW order -----------------
+/// out (C) = sum x, or sum (x - mean)^2 when mean is given (deterministic).
+void bn_sums(const float* x, const float* mean, float* out, int64_t n, int64_t c, int64_t hw,
+             bool nhwc, cudaStream_t stream);
+/// save_mean, save_invstd, running statistics from the global mean and biased var over `count`
+/// values; y = gamma * (x - mean) * invstd + beta.
+void bn_apply_stats(const float* x, const float* gamma, const float* beta, const float* mean,
+                    const float* var, float* running_mean, float* running_var, float momentum,
+                    float eps, int64_t count, float* save_mean, float* save_invstd, float* y,
+                    int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream);
+/// sums (2C) = [sum dy, sum dy * xhat].
+void bn_backward_sums(const float* x, const float* dy, const float* save_mean,
+                      const float* save_invstd, float* sums, int64_t n, int64_t c, int64_t hw,
+                      bool nhwc, cudaStream_t stream);
+/// dx = gamma * invstd / count * (count * dy - sums[0:C] - xhat * sums[C:2C]).
+void bn_backward_apply(const float* x, const float* dy, const float* gamma, const float* save_mean,
+                       const float* save_invstd, const float* sums, int64_t count, float* dx,
+                       int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream);
+
 // ---- pooling (pool.cu) ----------------------------------------------------------------------
 struct PoolShape {
   int64_t n, c, h, w;  // input
