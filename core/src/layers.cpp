@@ -136,6 +136,8 @@ Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   } else {
     ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr);
   }
+  ctx.gradient_ready(w_);
+  ctx.gradient_ready(b_);
   if (!need_dx) return Tensor();
   const Tensor dx = view(dx_, dy.shape[0], x_.layout);
   ctx.backend.conv_backward_data(*plan_, dy, ctx.params.param(w_), dx);
@@ -241,10 +243,12 @@ Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx)
   const Tensor dx = view(dx_, dy.shape[0], x_.layout);
   if (sync_count_ > 0) {
     backward_synchronised(ctx, dy, dx);
-    return need_dx ? dx : Tensor();
+  } else {
+    ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_,
+                                   eps_, dx, ctx.params.grad(gamma_), ctx.params.grad(beta_));
   }
-  ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_, eps_,
-                                 dx, ctx.params.grad(gamma_), ctx.params.grad(beta_));
+  ctx.gradient_ready(gamma_);
+  ctx.gradient_ready(beta_);
   return need_dx ? dx : Tensor();
 }
 
@@ -463,6 +467,8 @@ Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   if (b_.valid()) db = ctx.params.grad(b_);
   ctx.backend.linear_backward(x_, ctx.params.param(w_), dy, need_dx ? &dx : nullptr, dw,
                               b_.valid() ? &db : nullptr);
+  ctx.gradient_ready(w_);
+  ctx.gradient_ready(b_);
   return need_dx ? dx : Tensor();
 }
 

@@ -32,6 +32,10 @@ class SingleProcessGroup final : public ProcessGroup {
              "broadcast: root " + std::to_string(root) + " is not a process of a group of 1");
   }
   void barrier() override {}
+  std::unique_ptr<ProcessGroup> duplicate() const override {
+    return std::make_unique<SingleProcessGroup>();
+  }
+  bool concurrent_collectives() const override { return true; }
   [[noreturn]] void abort(int exit_code, const std::string& why) override {
     std::fprintf(stderr, "dprun: %s\n", why.c_str());
     std::fflush(stderr);

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <thread>
 
+#include "buckets.hpp"
 #include "dp/comm.hpp"
 #include "dp/error.hpp"
 #include "dp/random.hpp"
@@ -57,7 +58,10 @@ struct Trainer::Impl {
     std::unique_ptr<Arena> arena;
     std::unique_ptr<ParamRegistry> params;
     std::unique_ptr<Module> model;
-    Communicator* comm = nullptr;
+    Communicator* comm = nullptr;       // batch norm statistics, BN buffer averages
+    Communicator* grad_comm = nullptr;  // gradient buckets (possibly from a second thread)
+    std::unique_ptr<GradientBuckets> buckets;
+    BucketLauncher* launcher = nullptr;
 
     Tensor train_images, train_labels;  // (M,C,H,W) u8, (M) u8
     Tensor test_images, test_labels;
@@ -78,7 +82,13 @@ struct Trainer::Impl {
   int64_t steps_per_epoch = 0;
   int64_t eval_steps = 0;  // per replica
   std::vector<Replica> replicas;
-  std::vector<std::unique_ptr<Communicator>> comms;  // destroyed before the replicas
+  // Two communicator groups: gradient buckets may be summed on a communication thread while the
+  // replica's thread runs synchronised batch norm's collectives, and one group's collectives
+  // must never interleave. Destroyed before the replicas; the launchers (which may hold a
+  // thread using grad_comms) before the communicators.
+  std::unique_ptr<ProcessGroup> grad_group;  // a second process group for the gradient sums
+  std::vector<std::unique_ptr<Communicator>> comms, grad_comms;
+  std::vector<std::unique_ptr<BucketLauncher>> launchers;
   std::string failure;                               // set once a replica failed
   // True when training ran since the BN buffers were last averaged. Averaging replicas that
   // already agree is not a no-op in floats ((a + a + a) * (1/3) != a), so evaluating twice
@@ -104,6 +114,7 @@ struct Trainer::Impl {
         if (!aborted && !first_real) first_real = e;
       }
       for (auto& c : comms) c->abort();
+      for (auto& c : grad_comms) c->abort();
     };
     std::vector<std::thread> threads;
     threads.reserve(replicas.size());
@@ -248,21 +259,23 @@ void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slo
   if (m > 0 || options.sync_bn) {
     const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
     b.gather_batch(r.train_images, r.train_labels, r.train_index.slice_batch(offset, m), x, y);
-    RunContext ctx{b, *r.params, true, options.sync_bn ? r.comm : nullptr, n};
+    RunContext ctx{b, *r.params, true, options.sync_bn ? r.comm : nullptr, n, r.buckets.get()};
     const Tensor logits = r.model->forward(ctx, x);
     const Tensor dlogits = r.dlogits.with_batch(m);
     // Scaled by the GLOBAL batch, so the summed gradients are those of the global mean loss.
     b.softmax_cross_entropy(logits, y, 1.0f / static_cast<float>(n), dlogits, loss, correct);
-    r.model->backward(ctx, dlogits, false);
+    r.buckets->start(r.params->grads_flat().f32(), *r.launcher);
+    r.model->backward(ctx, dlogits, false);  // buckets are summed as their gradients are done
   } else {
     // An empty shard (last batch smaller than the replica count) contributes nothing but must
-    // still take part in the allreduce.
+    // still take part in the allreduces.
     b.fill(r.params->grads_flat(), 0.0f);
     b.fill(loss, 0.0f);
     b.fill(correct, 0.0f);
+    r.buckets->start(r.params->grads_flat().f32(), *r.launcher);
   }
+  r.buckets->finish();  // what backward did not report, then wait for every sum
   const Tensor grads = r.params->grads_flat();
-  r.comm->allreduce_sum(grads.f32(), static_cast<size_t>(grads.numel()));
   const Tensor momentum = r.params->momentum_flat();
   b.sgd_update(r.params->params_flat(), grads, momentum.empty() ? nullptr : &momentum, options.sgd);
 }
@@ -371,8 +384,24 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   std::vector<Backend*> backends;
   for (auto& r : s.replicas) backends.push_back(r.backend.get());
   s.comms = make_communicators(backends, s.group);
-  for (int r = 0; r < k; ++r)
-    s.replicas[static_cast<size_t>(r)].comm = s.comms[static_cast<size_t>(r)].get();
+  s.grad_group = s.group->duplicate();
+  s.grad_comms = make_communicators(backends, s.grad_group.get());
+  // CPU communicators sum on the calling thread: a thread per replica lets that overlap
+  // backward. GPU communicators enqueue on the replica's stream and return at once. Across
+  // processes with synchronised BN both groups talk MPI at once, which needs an MPI library
+  // that allows concurrent calls.
+  const bool thread = options.backend == BackendKind::cpu && options.bucket_bytes > 0 &&
+                      (!options.sync_bn || s.group->concurrent_collectives());
+  for (int r = 0; r < k; ++r) {
+    Impl::Replica& rep = s.replicas[static_cast<size_t>(r)];
+    rep.comm = s.comms[static_cast<size_t>(r)].get();
+    rep.grad_comm = s.grad_comms[static_cast<size_t>(r)].get();
+    s.launchers.push_back(thread ? make_thread_launcher(*rep.grad_comm)
+                                 : make_inline_launcher(*rep.grad_comm));
+    rep.launcher = s.launchers.back().get();
+    rep.buckets = std::make_unique<GradientBuckets>(*rep.params, options.bucket_bytes,
+                                                    options.first_bucket_bytes);
+  }
 }
 
 Trainer::~Trainer() = default;

@@ -194,3 +194,31 @@ TEST_CASE("Synchronised batch norm across processes: P x k replicas equal one re
     CHECK(same_everywhere(t.buffers(0)));
   }
 }
+
+TEST_CASE("Bucketed sums across processes give exactly the unbucketed parameters",
+          "[mpi][trainer]") {
+  // Buckets summed by communication threads (each process's first replica talks MPI on its own
+  // duplicated communicator) while the replica threads run synchronised BN's collectives.
+  auto& g = mpitest::group();
+  if (!g.concurrent_collectives()) {
+    WARN("this MPI library does not allow concurrent collectives (MPI_THREAD_MULTIPLE): with "
+         "synchronised BN the buckets are summed inline, not by communication threads");
+  }
+  bool real = false;
+  const auto data = enginetest::training_data(131, 8, &real);
+  for (const bool sync : {false, true}) {
+    INFO((sync ? "synchronised BN" : "per-replica BN"));
+    auto run = [&](size_t bucket_bytes) {
+      auto o = cpu_options(2, 64, &g);
+      o.sync_bn = sync;
+      o.bucket_bytes = bucket_bytes;
+      o.first_bucket_bytes = bucket_bytes / 4;
+      dp::Trainer t(o, small_bn_net, data, data.head(0));
+      t.run_epoch(1);
+      return t.parameters(0);
+    };
+    const auto whole = run(0);
+    CHECK(run(1024) == whole);
+    CHECK(same_everywhere(whole));
+  }
+}

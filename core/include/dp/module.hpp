@@ -59,6 +59,15 @@ struct SetupContext {
   bool input_grad = true;
 };
 
+/// Told, during backward, that a parameter's gradient is final for this step: the trainer starts
+/// the allreduce of a bucket of gradients as soon as all of its parameters are final, while
+/// backward goes on with the layers before.
+class GradientHook {
+ public:
+  virtual ~GradientHook() = default;
+  virtual void ready(ParamHandle parameter) = 0;
+};
+
 struct RunContext {
   Backend& backend;
   ParamRegistry& params;
@@ -68,6 +77,12 @@ struct RunContext {
   Communicator* comm = nullptr;
   /// Examples in this step over every replica (the counts of synchronised batch norm).
   int64_t global_batch = 0;
+  /// Layers report each parameter whose gradient they have written (null: nobody listens).
+  GradientHook* gradients = nullptr;
+
+  void gradient_ready(ParamHandle parameter) const {
+    if (gradients != nullptr && parameter.valid()) gradients->ready(parameter);
+  }
 };
 
 class Module {

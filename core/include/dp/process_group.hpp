@@ -2,8 +2,9 @@
 // The processes of one trial. A trial's replicas are `processes` x local replicas: one process
 // per host (or per GPU) started by mpirun or srun, local replicas in threads. Inside a process
 // nothing changes; between processes, one process group carries what must cross: the request,
-// the NCCL unique id, CPU gradient sums, metrics. Collectives of a ProcessGroup are called by one
-// thread of each process at a time (MPI_THREAD_SERIALIZED), in the same order on every process.
+// the NCCL unique id, CPU gradient sums, metrics. The collectives of one group are called by one
+// thread of each process at a time, in the same order on every process; two groups (duplicate())
+// may be used by two threads at once where concurrent_collectives() says so.
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -32,6 +33,12 @@ class ProcessGroup {
   /// `bytes` of `root` to every process (any length).
   virtual void broadcast(std::string& bytes, int root) = 0;
   virtual void barrier() = 0;
+  /// The same processes with their own channel (MPI_Comm_dup): collectives of two groups never
+  /// match each other, so each may have its own thread.
+  virtual std::unique_ptr<ProcessGroup> duplicate() const = 0;
+  /// Whether two threads of a process may run collectives of two groups at the same time
+  /// (MPI_THREAD_MULTIPLE); otherwise one thread at a time per process.
+  virtual bool concurrent_collectives() const = 0;
   /// Ends every process of the group now (MPI_Abort): for a process that failed, so its peers
   /// do not wait for it until their timeout. Prints `why` first.
   [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;

@@ -40,6 +40,13 @@ struct TrainerOptions {
   Layout layout = Layout::nchw;
   /// Average BN running statistics across replicas before each evaluation (d2l keeps one model).
   bool average_bn_buffers = true;
+  /// Gradients are summed in buckets of at most this many bytes, each started as soon as
+  /// backward has produced it (on the CPU by a communication thread per replica, so the sum
+  /// overlaps the rest of backward), the first bucket at most first_bucket_bytes so
+  /// communication starts early. 0: one sum of all gradients after backward, no overlap.
+  /// Results are the same either way (the same sums, element by element).
+  size_t bucket_bytes = size_t{25} << 20;
+  size_t first_bucket_bytes = size_t{1} << 20;
   /// Batch norm statistics over every replica of the trial in training (bn = "sync"), so k
   /// replicas compute the step of one replica on the whole batch; false: per-replica
   /// statistics, as in the d2l text.

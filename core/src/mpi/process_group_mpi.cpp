@@ -47,22 +47,28 @@ void finalize_at_exit() {
   if (initialized && !finalized) MPI_Finalize();
 }
 
-/// Initialises MPI once per process (serialised threads: one thread of a process calls the
-/// group's collectives at a time, though not always the main thread).
-void ensure_initialized() {
+/// Initialises MPI once per process and returns the thread level it provides. dprun asks for
+/// MPI_THREAD_MULTIPLE (a replica's communication thread and its compute thread may each run
+/// a collective of their own group) and needs at least MPI_THREAD_SERIALIZED (collectives are
+/// called from replica threads, not only the main thread).
+int ensure_initialized() {
+  static int provided = -1;
   static std::once_flag once;
   std::call_once(once, [] {
     int initialized = 0;
     MPI_CHECK(MPI_Initialized(&initialized));
-    if (initialized) return;
-    int provided = 0;
-    MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
-    std::atexit(finalize_at_exit);
+    if (initialized) {
+      MPI_CHECK(MPI_Query_thread(&provided));
+    } else {
+      MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+      std::atexit(finalize_at_exit);
+    }
     if (provided < MPI_THREAD_SERIALIZED) {
       DP_THROW("the MPI library provides thread level " + std::to_string(provided) +
                ", below MPI_THREAD_SERIALIZED, which dprun needs (replica threads call MPI)");
     }
   });
+  return provided;
 }
 
 template <typename T>
@@ -78,9 +84,9 @@ MPI_Datatype mpi_type<double>() {
 
 class MpiProcessGroup final : public ProcessGroup {
  public:
-  MpiProcessGroup() {
-    ensure_initialized();
-    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  explicit MpiProcessGroup(MPI_Comm base = MPI_COMM_WORLD) {
+    thread_level_ = ensure_initialized();
+    MPI_CHECK(MPI_Comm_dup(base, &comm_));
     // Errors come back as codes (and become dp::Error) instead of aborting the job at once.
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -126,6 +132,11 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_CHECK(MPI_Ibcast(bytes.data(), static_cast<int>(length), MPI_CHAR, root, comm_, &request));
     wait(request, "broadcast");
   }
+
+  std::unique_ptr<ProcessGroup> duplicate() const override {
+    return std::make_unique<MpiProcessGroup>(comm_);
+  }
+  bool concurrent_collectives() const override { return thread_level_ >= MPI_THREAD_MULTIPLE; }
 
   void barrier() override {
     MPI_Request request = MPI_REQUEST_NULL;
@@ -207,6 +218,7 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  int thread_level_ = MPI_THREAD_SINGLE;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::string host_;
   std::vector<float> scratch_f_;
