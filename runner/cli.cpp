@@ -1,3 +1,6 @@
+// The dprun command line. Every command is one row of kCommands (name, summary, usage, options,
+// handler), as ninja's kTools[]: the main help, `dprun COMMAND --help`, option parsing and
+// dispatch all read that table, so they cannot drift apart.
 #include "cli.hpp"
 
 #include <algorithm>
@@ -16,27 +19,21 @@
 #include "experiment.hpp"
 #include "plugin_loader.hpp"
 #include "report.hpp"
+#include "suggest.hpp"
 #include "sweep_runner.hpp"
 #include "trial_main.hpp"
+#include "usage_error.hpp"
 
 namespace dprun {
 
 namespace {
 
-// ---- a small option parser ----------------------------------------------------------------------
+// ---- options and their parser -------------------------------------------------------------------
 
 struct Opt {
   const char* name;     // "--db"
   const char* metavar;  // "PATH"; nullptr for a flag
   const char* help;
-};
-
-struct Command {
-  const char* name;
-  const char* usage;
-  const char* summary;
-  std::vector<Opt> options;
-  const char* details;  // extra help text after the options, may be ""
 };
 
 struct Args {
@@ -53,6 +50,27 @@ struct Args {
     auto it = values.find(name);
     return it == values.end() ? std::vector<std::string>{} : it->second;
   }
+};
+
+struct Command;
+
+/// What a handler is given: its command's row, the parsed arguments and the raw command line.
+struct Invocation {
+  const Command& command;
+  Args args;
+  int argc;
+  char** argv;
+};
+
+struct Command {
+  const char* name;
+  const char* summary;  // one line in `dprun --help`
+  const char* usage;
+  const char* description;  // the paragraph under the usage in `dprun COMMAND --help`
+  std::vector<Opt> options;
+  const char* details;  // help text after the options; may be ""
+  bool runs_trials;     // its help ends with the DPRUN_FAULT section
+  int (*handler)(const Invocation&);
 };
 
 const Opt kHelp{"--help", nullptr, "show this help"};
@@ -107,7 +125,8 @@ Args parse_args(const Command& cmd, const std::vector<std::string>& argv) {
 }
 
 std::string help_text(const Command& cmd) {
-  std::string out = std::string("usage: ") + cmd.usage + "\n\n" + cmd.summary + "\n\noptions:\n";
+  std::string out =
+      std::string("usage: ") + cmd.usage + "\n\n" + cmd.description + "\n\noptions:\n";
   std::vector<std::pair<std::string, std::string>> lines;
   size_t w = 0;
   for (const Opt& o : cmd.options) {
@@ -119,6 +138,7 @@ std::string help_text(const Command& cmd) {
   for (const auto& [left, help] : lines)
     out += "  " + left + std::string(w + 2 - std::min(w, left.size()), ' ') + help + "\n";
   if (*cmd.details) out += std::string("\n") + cmd.details;
+  if (cmd.runs_trials) out += std::string("\n") + fault_help();
   return out;
 }
 
@@ -159,125 +179,17 @@ std::pair<std::string, std::string> key_value(const std::string& option, const s
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
-// ---- the commands -------------------------------------------------------------------------------
+// ---- the handlers -------------------------------------------------------------------------------
 
-const std::vector<Opt> kSweepOptions = {
-    {"--db", "PATH", "the database (default: [experiment].database, else results/NAME.db)"},
-    {"--backend", "auto|cpu|cuda", "run every trial on this backend (overrides the file)"},
-    {"--dry-run", nullptr, "print what would run and stop (the database is not changed)"},
-    {"--rerun", nullptr, "run trials that are already done again"},
-    {"--filter", "KEY=VALUE",
-     "only run trials whose setting KEY (model, gpus, batch_size, lr, seed, option.NAME, ...) "
-     "equals VALUE; repeatable (one key several times: any of the values)"},
-    {"--plugins", "DIR", "also look for model plugins here (folder or file); repeatable"},
-    {"--force", nullptr, "allow a sweep of more than 1000 trials"},
-    {"--oversubscribe", nullptr,
-     "let CUDA replicas share GPUs when a trial wants more than the machine has"},
-    {"--threads", "N", "CPU threads per trial (default: all)"},
-    {"--trial-timeout", "SECONDS", "kill a trial that runs longer and record it failed"},
-    {"--verbose", nullptr, "show the output of the trial processes"},
-};
-
-const Command kRun{
-    "run", "dprun [run] FILE.toml [options]",
-    "Runs an experiment: expands the sweep, skips trials the database already holds as done, and\n"
-    "trains the others one after another, each in its own process. Every epoch is written to\n"
-    "the database as it finishes; a failing trial never stops the sweep. Ctrl-C stops the\n"
-    "running trial (recorded interrupted); running the same command again resumes the sweep.",
-    kSweepOptions, ""};
-
-const Command kPlan{"plan",
-                    "dprun plan FILE.toml [options]",
-                    "Lists the trials of an experiment with a short config hash, their label and "
-                    "what a run would\ndo (run, skip: done, restart: interrupted, rerun: failed). "
-                    "Reads the database if it exists;\nnever creates or changes it.",
-                    {kSweepOptions[0], kSweepOptions[1], kSweepOptions[3], kSweepOptions[4],
-                     kSweepOptions[5], kSweepOptions[6]},
-                    ""};
-
-const Command kPlugins{"plugins",
-                       "dprun plugins [--plugins DIR]...",
-                       "Lists the model plugins found: model name, file, ABI version, description "
-                       "and options\n(name, type, default, help), and plugins that failed to "
-                       "load.",
-                       {kSweepOptions[5]},
-                       "Search path: --plugins, then $DPRUN_PLUGIN_PATH (':'-separated), then "
-                       "<dprun>/../lib/dprun/plugins,\nthen the build tree's plugin folder.\n"};
-
-const Command kQuery{
-    "query",
-    "dprun query [--db PATH] [--format table|csv|json] \"SQL\"",
-    "Runs one read-only SQL statement on a results database and prints the rows. Tables:\n"
-    "experiments, trials, epochs; views: trial_summary, scaling.",
-    {{"--db", "PATH", "the database (default: the only results/*.db in this folder)"},
-     {"--format", "table|csv|json", "output format (default: table)"}},
-    "Example:\n  dprun query --db results/scaling.db \"SELECT model, gpus, batch_size, lr, "
-    "final_test_acc,\n    mean_seconds_per_epoch FROM trial_summary\"\n"};
-
-const Command kReport{"report",
-                      "dprun report [--db PATH]",
-                      "Summarises every experiment in a database: settings, status, final and "
-                      "best test accuracy,\nseconds per epoch and speedup over the 1-GPU trial.",
-                      {{"--db", "PATH", "the database (default: the only results/*.db here)"}},
-                      ""};
-
-const Command kTrain{
-    "train",
-    "dprun train --model NAME [options]",
-    "Trains one model in this process, without a database, printing one line per epoch\n"
-    "(epoch, train loss, train accuracy, test accuracy, seconds, examples/s).",
-    {{"--model", "NAME", "the model (see dprun plugins)"},
-     {"--gpus", "K", "data-parallel replicas (default 1)"},
-     {"--batch-size", "B", "global batch size (default 256)"},
-     {"--lr", "X", "learning rate (default 0.1)"},
-     {"--epochs", "N", "epochs (default 10)"},
-     {"--seed", "S", "seed of initialisation and shuffling (default 0)"},
-     {"--momentum", "M", "SGD momentum (default 0)"},
-     {"--weight-decay", "W", "weight decay (default 0)"},
-     {"--eval-batch-size", "B", "evaluation batch (default: the batch size)"},
-     {"--layout", "nchw|nhwc", "activation layout (default nchw)"},
-     {"--backend", "auto|cpu|cuda", "default auto: CUDA when a GPU is visible, else CPU"},
-     {"--dataset", "D", "fashion-mnist (default) or mnist"},
-     {"--data", "PATH", "folder with the dataset's IDX files"},
-     {"--train-limit", "N", "train on the first N examples only"},
-     {"--test-limit", "N", "evaluate on the first N examples only"},
-     {"--threads", "N", "CPU threads (default: all)"},
-     {"--oversubscribe", nullptr, "let replicas share GPUs"},
-     {"--option", "KEY=VALUE", "a model option (see dprun plugins); repeatable"},
-     {"--plugins", "DIR", "also look for model plugins here; repeatable"}},
-    ""};
-
-const std::vector<const Command*> kCommands = {&kRun,   &kPlan,   &kPlugins,
-                                               &kQuery, &kReport, &kTrain};
-
-std::string main_help() {
-  std::string out =
-      "usage: dprun COMMAND [options]   (dprun FILE.toml is dprun run FILE.toml)\n\n"
-      "dprun runs data-parallel training experiments declared in TOML files and records every\n"
-      "epoch in SQLite.\n\ncommands:\n";
-  out +=
-      "  run       run an experiment file: train the trials not yet done, record every epoch\n"
-      "  plan      list the trials of an experiment and what a run would do with each\n"
-      "  plugins   list the models found, with their options\n"
-      "  query     run a read-only SQL statement on a results database\n"
-      "  report    summarise the experiments of a results database\n"
-      "  train     train one model in this process, without a database\n";
-  out +=
-      "\n  dprun COMMAND --help   options of a command\n"
-      "  dprun --version        the version\n\n"
-      "exit status: 0 every trial done or skipped, 1 a trial failed or diverged, 2 a bad command\n"
-      "line or experiment file, 130/143 stopped by SIGINT/SIGTERM.\n\n";
-  out += fault_help();
-  return out;
-}
-
-SweepOptions sweep_options(const Args& a, const Command& cmd, int argc, char** argv) {
+SweepOptions sweep_options(const Invocation& in) {
+  const Args& a = in.args;
+  const char* name = in.command.name;
   if (a.positional.size() != 1)
-    throw UsageError(std::string("dprun ") + cmd.name + " needs one experiment file" +
+    throw UsageError(std::string("dprun ") + name + " needs one experiment file" +
                      (a.positional.empty()
                           ? ""
                           : ", got " + std::to_string(a.positional.size()) + " arguments") +
-                     " (see dprun " + cmd.name + " --help)");
+                     " (see dprun " + name + " --help)");
   SweepOptions o;
   o.file = a.positional[0];
   o.db = a.last("--db").value_or("");
@@ -292,12 +204,17 @@ SweepOptions sweep_options(const Args& a, const Command& cmd, int argc, char** a
   o.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
   o.trial_timeout = double_option(a, "--trial-timeout", 0, 0);
   std::string line = "dprun";
-  for (int i = 1; i < argc; ++i) line += " " + shell_quote(argv[i]);
+  for (int i = 1; i < in.argc; ++i) line += " " + shell_quote(in.argv[i]);
   o.command_line = line;
   return o;
 }
 
-int cmd_plugins(const Args& a) {
+int run_command(const Invocation& in) { return run_sweep(sweep_options(in)); }
+
+int plan_command(const Invocation& in) { return plan_sweep(sweep_options(in)); }
+
+int plugins_command(const Invocation& in) {
+  const Args& a = in.args;
   if (!a.positional.empty()) throw UsageError("dprun plugins takes no arguments");
   PluginScan scan = scan_plugins(a.all("--plugins"));
   for (const auto& [name, m] : scan.models) {
@@ -327,7 +244,8 @@ int cmd_plugins(const Args& a) {
   return scan.errors.empty() && !scan.models.empty() ? 0 : 1;
 }
 
-int cmd_query(const Args& a) {
+int query_command(const Invocation& in) {
+  const Args& a = in.args;
   if (a.positional.size() != 1)
     throw UsageError(
         "dprun query needs one SQL statement in quotes, e.g. dprun query --db "
@@ -350,7 +268,8 @@ int cmd_query(const Args& a) {
   return 0;
 }
 
-int cmd_report(const Args& a) {
+int report_command(const Invocation& in) {
+  const Args& a = in.args;
   if (!a.positional.empty()) throw UsageError("dprun report takes no arguments (use --db PATH)");
   const std::string db = a.last("--db") ? *a.last("--db") : default_database("report");
   if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
@@ -389,7 +308,8 @@ dp::OptionValue option_value(const dp::ModelFactory& f, const std::string& key,
   return text;  // undeclared: resolve_model_options names it and lists the known options
 }
 
-int cmd_train(const Args& a) {
+int train_command(const Invocation& in) {
+  const Args& a = in.args;
   if (!a.positional.empty())
     throw UsageError("dprun train takes options only, got " + a.positional[0] +
                      " (to run an experiment file: dprun run FILE.toml)");
@@ -454,6 +374,139 @@ int cmd_train(const Args& a) {
   return run_train(r);
 }
 
+// ---- the table ----------------------------------------------------------------------------------
+
+const Opt kDbOpt{"--db", "PATH",
+                 "the database (default: [experiment].database, else results/NAME.db)"};
+const Opt kBackendOpt{"--backend", "auto|cpu|cuda",
+                      "run every trial on this backend (overrides the file)"};
+const Opt kRerunOpt{"--rerun", nullptr, "run trials that are already done again"};
+const Opt kFilterOpt{
+    "--filter", "KEY=VALUE",
+    "only run trials whose setting KEY (model, gpus, batch_size, lr, seed, option.NAME, ...) "
+    "equals VALUE; repeatable (one key several times: any of the values)"};
+const Opt kPluginsOpt{"--plugins", "DIR",
+                      "also look for model plugins here (folder or file); repeatable"};
+const Opt kForceOpt{"--force", nullptr, "allow a sweep of more than 1000 trials"};
+const Opt kResultsDbOpt{"--db", "PATH", "the database (default: the only results/*.db here)"};
+
+const Command kCommands[] = {
+    {"run",
+     "run an experiment file: train the trials not yet done, record every epoch",
+     "dprun [run] FILE.toml [options]",
+     "Runs an experiment: expands the sweep, skips trials the database already holds as done, and\n"
+     "trains the others one after another, each in its own process. Every epoch is written to\n"
+     "the database as it finishes; a failing trial never stops the sweep. Ctrl-C stops the\n"
+     "running trial (recorded interrupted); running the same command again resumes the sweep.",
+     {kDbOpt,
+      kBackendOpt,
+      {"--dry-run", nullptr, "print what would run and stop (the database is not changed)"},
+      kRerunOpt,
+      kFilterOpt,
+      kPluginsOpt,
+      kForceOpt,
+      {"--oversubscribe", nullptr,
+       "let CUDA replicas share GPUs when a trial wants more than the machine has"},
+      {"--threads", "N", "CPU threads per trial (default: all)"},
+      {"--trial-timeout", "SECONDS", "kill a trial that runs longer and record it failed"},
+      {"--verbose", nullptr, "show the output of the trial processes"}},
+     "",
+     true,
+     run_command},
+    {"plan",
+     "list the trials of an experiment and what a run would do with each",
+     "dprun plan FILE.toml [options]",
+     "Lists the trials of an experiment with a short config hash, their label and what a run "
+     "would\ndo (run, skip: done, restart: interrupted, rerun: failed). Reads the database if it "
+     "exists;\nnever creates or changes it.",
+     {kDbOpt, kBackendOpt, kRerunOpt, kFilterOpt, kPluginsOpt, kForceOpt},
+     "",
+     false,
+     plan_command},
+    {"plugins",
+     "list the models found, with their options",
+     "dprun plugins [--plugins DIR]...",
+     "Lists the model plugins found: model name, file, ABI version, description and options\n"
+     "(name, type, default, help), and plugins that failed to load.",
+     {kPluginsOpt},
+     "Search path: --plugins, then $DPRUN_PLUGIN_PATH (':'-separated), then "
+     "<dprun>/../lib/dprun/plugins,\nthen the build tree's plugin folder.\n",
+     false,
+     plugins_command},
+    {"query",
+     "run a read-only SQL statement on a results database",
+     "dprun query [--db PATH] [--format table|csv|json] \"SQL\"",
+     "Runs one read-only SQL statement on a results database and prints the rows. Tables:\n"
+     "experiments, trials, epochs; views: trial_summary, scaling.",
+     {{"--db", "PATH", "the database (default: the only results/*.db in this folder)"},
+      {"--format", "table|csv|json", "output format (default: table)"}},
+     "Example:\n  dprun query --db results/scaling.db \"SELECT model, gpus, batch_size, lr, "
+     "final_test_acc,\n    mean_seconds_per_epoch FROM trial_summary\"\n",
+     false,
+     query_command},
+    {"report",
+     "summarise the experiments of a results database",
+     "dprun report [--db PATH]",
+     "Summarises every experiment in a database: settings, status, final and best test "
+     "accuracy,\nseconds per epoch and speedup over the 1-GPU trial.",
+     {kResultsDbOpt},
+     "",
+     false,
+     report_command},
+    {"train",
+     "train one model in this process, without a database",
+     "dprun train --model NAME [options]",
+     "Trains one model in this process, without a database, printing one line per epoch\n"
+     "(epoch, train loss, train accuracy, test accuracy, seconds, examples/s).",
+     {{"--model", "NAME", "the model (see dprun plugins)"},
+      {"--gpus", "K", "data-parallel replicas (default 1)"},
+      {"--batch-size", "B", "global batch size (default 256)"},
+      {"--lr", "X", "learning rate (default 0.1)"},
+      {"--epochs", "N", "epochs (default 10)"},
+      {"--seed", "S", "seed of initialisation and shuffling (default 0)"},
+      {"--momentum", "M", "SGD momentum (default 0)"},
+      {"--weight-decay", "W", "weight decay (default 0)"},
+      {"--eval-batch-size", "B", "evaluation batch (default: the batch size)"},
+      {"--layout", "nchw|nhwc", "activation layout (default nchw)"},
+      {"--backend", "auto|cpu|cuda", "default auto: CUDA when a GPU is visible, else CPU"},
+      {"--dataset", "D", "fashion-mnist (default) or mnist"},
+      {"--data", "PATH", "folder with the dataset's IDX files"},
+      {"--train-limit", "N", "train on the first N examples only"},
+      {"--test-limit", "N", "evaluate on the first N examples only"},
+      {"--threads", "N", "CPU threads (default: all)"},
+      {"--oversubscribe", nullptr, "let replicas share GPUs"},
+      {"--option", "KEY=VALUE", "a model option (see dprun plugins); repeatable"},
+      {"--plugins", "DIR", "also look for model plugins here; repeatable"}},
+     "",
+     false,
+     train_command},
+};
+
+const Command* find_command(const std::string& name) {
+  for (const Command& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+std::string main_help() {
+  std::string out =
+      "usage: dprun COMMAND [options]   (dprun FILE.toml is dprun run FILE.toml)\n\n"
+      "dprun runs data-parallel training experiments declared in TOML files and records every\n"
+      "epoch in SQLite.\n\ncommands:\n";
+  size_t w = 0;
+  for (const Command& c : kCommands) w = std::max(w, std::string(c.name).size());
+  for (const Command& c : kCommands)
+    out += "  " + std::string(c.name) + std::string(w + 3 - std::string(c.name).size(), ' ') +
+           c.summary + "\n";
+  out +=
+      "\n  dprun COMMAND --help   options of a command\n"
+      "  dprun --version        the version\n\n"
+      "exit status: 0 every trial done or skipped, 1 a trial failed or diverged, 2 a bad command\n"
+      "line or experiment file, 130/143 stopped by SIGINT/SIGTERM.\n\n";
+  out += fault_help();
+  return out;
+}
+
 int dispatch(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
@@ -471,79 +524,38 @@ int dispatch(int argc, char** argv) {
     return 0;
   }
   if (first == "help") {
-    if (args.size() > 1)
-      for (const Command* c : kCommands)
-        if (args[1] == c->name) {
-          std::fputs(help_text(*c).c_str(), stdout);
-          return 0;
-        }
-    std::fputs(main_help().c_str(), stdout);
+    const Command* c = args.size() > 1 ? find_command(args[1]) : nullptr;
+    std::fputs(c ? help_text(*c).c_str() : main_help().c_str(), stdout);
     return 0;
   }
 
-  const Command* cmd = nullptr;
+  const Command* cmd = find_command(first);
   std::vector<std::string> rest(args.begin() + 1, args.end());
-  for (const Command* c : kCommands)
-    if (first == c->name) cmd = c;
   if (!cmd) {
     // `dprun FILE.toml [options]` and `dprun --db x FILE.toml` are `dprun run ...`.
     std::error_code ec;
     const bool is_file = first.size() > 5 && first.substr(first.size() - 5) == ".toml";
     if (is_file || first[0] == '-' || std::filesystem::is_regular_file(first, ec)) {
-      cmd = &kRun;
+      cmd = find_command("run");
       rest = args;
     } else {
       std::vector<std::string> names;
-      for (const Command* c : kCommands) names.push_back(c->name);
+      for (const Command& c : kCommands) names.push_back(c.name);
       std::string hint = did_you_mean(first, names);
       throw UsageError("unknown command '" + first + "'" +
                        (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
                        " (see dprun --help)");
     }
   }
-  const Args a = parse_args(*cmd, rest);
-  if (a.flag("--help")) {
-    std::string text = help_text(*cmd);
-    if (cmd == &kRun) text += std::string("\n") + fault_help();
-    std::fputs(text.c_str(), stdout);
+  const Invocation in{*cmd, parse_args(*cmd, rest), argc, argv};
+  if (in.args.flag("--help")) {
+    std::fputs(help_text(*cmd).c_str(), stdout);
     return 0;
   }
-  const std::string name = cmd->name;
-  if (name == "run") return run_sweep(sweep_options(a, *cmd, argc, argv));
-  if (name == "plan") return plan_sweep(sweep_options(a, *cmd, argc, argv));
-  if (name == "plugins") return cmd_plugins(a);
-  if (name == "query") return cmd_query(a);
-  if (name == "report") return cmd_report(a);
-  return cmd_train(a);
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
+  return cmd->handler(in);
 }
 
 }  // namespace
-
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (c.rfind(word, 0) == 0 && word.size() >= 2) d = std::min<size_t>(d, 1);  // a prefix
-    if (d < best_d) {
-      best_d = d;
-      best = c;
-    }
-  }
-  return best;
-}
 
 int main_cli(int argc, char** argv) {
   try {

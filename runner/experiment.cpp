@@ -53,7 +53,7 @@ namespace {
 using detail::Binding;
 using detail::describe;
 using detail::Diagnostics;
-using detail::did_you_mean;
+using detail::typo_hint;
 using detail::expected_text;
 using detail::find_train_key;
 using detail::in_file_order;
@@ -81,7 +81,7 @@ class FileReader {
       Pos pos = pos_of(k->source(), pos_of(n->source(), {}));
       if (std::find(sections.begin(), sections.end(), name) == sections.end()) {
         diag_.add(pos, name,
-                  "unknown section" + did_you_mean(name, sections) +
+                  "unknown section" + typo_hint(name, sections) +
                       " (known sections: " + join(sections, ", ", false) + ")");
       } else if (!n->is_table()) {
         diag_.add(pos_of(n->source(), pos), name,
@@ -112,7 +112,7 @@ class FileReader {
       if (std::find(known.begin(), known.end(), std::string(k->str())) != known.end()) continue;
       diag_.add(pos_of(k->source(), pos_of(n->source(), table_pos(&t))),
                 prefix + std::string(k->str()),
-                "unknown key" + did_you_mean(std::string(k->str()), known) +
+                "unknown key" + typo_hint(std::string(k->str()), known) +
                     " (known keys: " + join(known, ", ", false) + ")");
     }
   }
@@ -178,7 +178,7 @@ class FileReader {
       const auto& known = dp::known_datasets();
       if (std::find(known.begin(), known.end(), *d) == known.end()) {
         diag_.add(pos_of(t->get("dataset")->source(), table_pos(t)), "data.dataset",
-                  "unknown dataset " + detail::quoted(*d) + did_you_mean(*d, known) +
+                  "unknown dataset " + detail::quoted(*d) + typo_hint(*d, known) +
                       " (known datasets: " + join(known, ", ", false) + ")");
       }
       out_.dataset = *d;
@@ -196,7 +196,7 @@ class FileReader {
       const KeySpec* spec = find_train_key(std::string(k->str()));
       if (!spec) {
         diag_.add(kpos, path,
-                  "unknown key" + did_you_mean(std::string(k->str()), train_key_names()) +
+                  "unknown key" + typo_hint(std::string(k->str()), train_key_names()) +
                       " (known keys: " + join(train_key_names(), ", ", false) + ")");
         continue;
       }
@@ -269,7 +269,7 @@ class FileReader {
         auto known = train_key_names();
         if (!in_zip) known.push_back("zip");
         diag_.add(kpos, path,
-                  "unknown key" + did_you_mean(key, known) +
+                  "unknown key" + typo_hint(key, known) +
                       "; a sweep takes the keys of [train], \"model.<model>.<option>\"" +
                       (in_zip ? "" : " and [[sweep.zip]] groups"));
         return std::nullopt;

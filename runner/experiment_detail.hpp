@@ -82,8 +82,8 @@ std::string shortest(double d);                 // shortest text that reads back
 std::string display(const dp::OptionValue& v);  // 0.2, 128, lenet, true (labels)
 /// How a value is shown after "got": "two" (quoted), 3, 0.5, [1, 2], a table.
 std::string describe(const toml::node& n);
-/// "; did you mean \"lr\"?" when a candidate is close enough to be a likely typo, else "".
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+/// "; did you mean \"lr\"?" when did_you_mean finds a likely typo among the candidates, else "".
+std::string typo_hint(const std::string& word, const std::vector<std::string>& candidates);
 std::string join(const std::vector<std::string>& items, const std::string& sep, bool quote);
 
 /// The position of a source region, or `fallback` when TOML++ has none (implicit tables).

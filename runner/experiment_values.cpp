@@ -7,6 +7,7 @@
 
 #include "experiment_detail.hpp"
 #include "json.hpp"
+#include "suggest.hpp"
 
 namespace dprun::detail {
 
@@ -43,23 +44,6 @@ std::string display(const dp::OptionValue& v) {
 }
 
 namespace {
-
-/// Edit distance counting a swap of two neighbours as one edit (optimal string alignment), so
-/// "nwhc" is closest to "nhwc".
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min(
-          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[a.size()][b.size()];
-}
 
 const std::vector<KeySpec>& train_keys() {
   static const std::vector<KeySpec> keys = {
@@ -117,15 +101,9 @@ std::string describe(const toml::node& n) {
   return "a date/time";
 }
 
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  const std::string* best = nullptr;
-  size_t best_d = 0;
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (!best || d < best_d) best = &c, best_d = d;
-  }
-  if (!best || best_d > std::max<size_t>(1, (word.size() + 2) / 3)) return "";
-  return "; did you mean " + detail::quoted(*best) + "?";
+std::string typo_hint(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string best = did_you_mean(word, candidates);
+  return best.empty() ? "" : "; did you mean " + detail::quoted(best) + "?";
 }
 
 std::string join(const std::vector<std::string>& items, const std::string& sep, bool quote) {
@@ -240,7 +218,7 @@ std::optional<Val> Validator::read_train_value(const KeySpec& k, const toml::nod
       if (k.kind == Kind::model) {
         if (!catalog_.models.count(s)) {
           diag_.add(pos, path,
-                    "unknown model " + detail::quoted(s) + did_you_mean(s, model_names_) + " (" +
+                    "unknown model " + detail::quoted(s) + typo_hint(s, model_names_) + " (" +
                         known_models() + ")");
           return std::nullopt;
         }
@@ -250,11 +228,10 @@ std::optional<Val> Validator::read_train_value(const KeySpec& k, const toml::nod
         } else if (k.name == "bn" && s == "sync") {
           // Synchronised statistics need collectives inside batch norm; until the engine has
           // them, refuse the file before anything runs rather than fail every such trial.
-          diag_.add(pos, path,
-                    "synchronised batch norm is not supported yet; use \"per-replica\"");
+          diag_.add(pos, path, "synchronised batch norm is not supported yet; use \"per-replica\"");
         } else {
           diag_.add(pos, path,
-                    "unknown value " + detail::quoted(s) + did_you_mean(s, k.choices) +
+                    "unknown value " + detail::quoted(s) + typo_hint(s, k.choices) +
                         " (expected one of " + join(k.choices, ", ", true) + ")");
         }
         return std::nullopt;
@@ -271,7 +248,7 @@ const dp::OptionSpec* Validator::find_option(const std::string& model, const std
   auto it = catalog_.models.find(model);
   if (it == catalog_.models.end()) {
     diag_.add(pos, path,
-              "unknown model " + detail::quoted(model) + did_you_mean(model, model_names_) + " (" +
+              "unknown model " + detail::quoted(model) + typo_hint(model, model_names_) + " (" +
                   known_models() + ")");
     return nullptr;
   }
@@ -285,7 +262,7 @@ const dp::OptionSpec* Validator::find_option(const std::string& model, const std
   }
   diag_.add(pos, path,
             "unknown option " + detail::quoted(option) + " of model " + model +
-                did_you_mean(option, names) +
+                typo_hint(option, names) +
                 (listing.empty() ? " (the model takes no options)"
                                  : " (known options: " + join(listing, ", ", false) + ")"));
   return nullptr;

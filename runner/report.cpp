@@ -9,7 +9,7 @@
 #include <set>
 
 #include "json.hpp"
-#include "sweep_runner.hpp"
+#include "usage_error.hpp"
 
 namespace dprun {
 

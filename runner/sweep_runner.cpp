@@ -13,11 +13,11 @@
 #include <filesystem>
 #include <set>
 
-#include "cli.hpp"
 #include "dp/version.hpp"
 #include "plugin_loader.hpp"
 #include "progress.hpp"
 #include "report.hpp"
+#include "suggest.hpp"
 #include "trial_process.hpp"
 
 namespace dprun {

@@ -4,21 +4,15 @@
 // epoch as it arrives. Also the read-only plan (`dprun plan`, `dprun run --dry-run`).
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "dpstore/store.hpp"
 #include "experiment.hpp"
+#include "usage_error.hpp"
 
 namespace dprun {
-
-/// A bad command line (exit status 2). what() is the message without the "dprun: " prefix.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct SweepOptions {
   std::string file;

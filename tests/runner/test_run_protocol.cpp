@@ -3,9 +3,9 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "cli.hpp"
 #include "json.hpp"
 #include "report.hpp"
+#include "suggest.hpp"
 #include "sweep_runner.hpp"
 #include "trial_process.hpp"
 
@@ -182,4 +182,9 @@ TEST_CASE("did you mean", "[cli][protocol]") {
   CHECK(dprun::did_you_mean("trian", commands) == "train");
   CHECK(dprun::did_you_mean("plug", commands) == "plugins");
   CHECK(dprun::did_you_mean("xyzzy", commands).empty());
+  // The same matcher serves experiment files: a swap of neighbours is one edit.
+  CHECK(dprun::did_you_mean("nwhc", {"nchw", "nhwc"}) == "nhwc");
+  CHECK(dprun::did_you_mean("gpu", {"epochs", "gpus", "seed"}) == "gpus");
+  CHECK(dprun::did_you_mean("lr_scale", {"lr", "lr_scaling", "base_batch"}) == "lr_scaling");
+  CHECK(dprun::did_you_mean("vgg", {"lenet", "resnet18"}).empty());
 }

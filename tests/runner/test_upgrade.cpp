@@ -52,7 +52,8 @@ TEST_CASE("upgrade: this dprun computes the config hashes dprun 0.1.0 stored", "
 TEST_CASE("upgrade: a database of dprun 0.1.0 plans nothing and runs nothing", "[upgrade][cli]") {
   Upgrade u;
   std::vector<std::string> stored;
-  for (const auto& row : sql(u.db, "SELECT config_hash, status, attempts FROM trials ORDER BY id")) {
+  for (const auto& row :
+       sql(u.db, "SELECT config_hash, status, attempts FROM trials ORDER BY id")) {
     stored.push_back(row[0]);
     CHECK(row[1] == "done");
     CHECK(row[2] == "1");
