@@ -207,23 +207,15 @@ Experiment load_sweep(const SweepOptions& options) {
     std::vector<std::string> names(option_names.begin(), option_names.end());
     std::string known, hint = did_you_mean(name, names);
     for (const auto& n : names) known += (known.empty() ? "" : ", ") + ("option." + n);
-    throw UsageError("--filter " + key + "=" + wanted + ": no model of this sweep has an option \"" +
-                     name + "\"" + (hint.empty() ? "" : "; did you mean option." + hint + "?") +
+    throw UsageError("--filter " + key + "=" + wanted +
+                     ": no model of this sweep has an option \"" + name + "\"" +
+                     (hint.empty() ? "" : "; did you mean option." + hint + "?") +
                      " (options: " + (known.empty() ? "none" : known) + ")");
   }
   return experiment;
 }
 
 namespace {
-
-std::string sql_text(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += '\'';
-    out += c;
-  }
-  return out + "'";
-}
 
 // The stored trials of an experiment by config hash; empty when the database or the experiment
 // does not exist. Read-only.
@@ -232,9 +224,9 @@ std::map<std::string, dps::TrialRow> stored_trials_read_only(const std::string& 
   std::map<std::string, dps::TrialRow> rows;
   if (!fs::exists(db)) return rows;
   dps::Store store(db, dps::Store::Mode::read_only);
-  auto r = store.query("SELECT id FROM experiments WHERE name = " + sql_text(experiment));
-  if (r.rows.empty() || !r.rows[0][0]) return rows;
-  for (auto& row : store.trials(std::stoll(*r.rows[0][0]))) rows[row.config_hash] = row;
+  const auto found = store.find_experiment(experiment);
+  if (!found) return rows;
+  for (auto& row : store.trials(found->id)) rows[row.config_hash] = row;
   return rows;
 }
 
@@ -540,36 +532,28 @@ class SweepRun {
 
 void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& experiment,
                    const std::string& db) {
-  auto r = store.query(
-      "SELECT trial_id, status, final_test_acc, mean_seconds_per_epoch, epochs_done, error "
-      "FROM trial_summary WHERE experiment_id = " +
-      std::to_string(experiment_id));
-  std::map<std::string, std::vector<std::optional<std::string>>> by_id;
-  for (auto& row : r.rows) by_id[row[0].value_or("")] = row;
-  auto trials = store.trials(experiment_id);
-  std::map<std::string, int64_t> id_by_hash;
-  for (const auto& t : trials) id_by_hash[t.config_hash] = t.id;
+  std::map<std::string, dps::TrialSummary> by_hash;
+  for (auto& t : store.trial_summaries(experiment_id)) by_hash[t.trial.config_hash] = t;
 
-  auto fixed = [](const std::optional<std::string>& v, const char* fmt) -> std::string {
+  auto fixed = [](const std::optional<double>& v, const char* fmt) -> std::string {
     if (!v) return "-";
     char buf[32];
-    std::snprintf(buf, sizeof buf, fmt, std::strtod(v->c_str(), nullptr));
+    std::snprintf(buf, sizeof buf, fmt, *v);
     return buf;
   };
   std::vector<std::vector<std::string>> table;
   table.push_back({"trial", "status", "epochs", "test_acc", "s/epoch", "note"});
   for (const TrialSpec& spec : experiment.trials) {
-    auto id = id_by_hash.find(spec.config_hash);
-    if (id == id_by_hash.end()) continue;
-    auto row = by_id.find(std::to_string(id->second));
-    if (row == by_id.end()) continue;
-    const auto& v = row->second;
-    std::string note = v[5].value_or("");
+    auto found = by_hash.find(spec.config_hash);
+    if (found == by_hash.end()) continue;
+    const dps::TrialSummary& t = found->second;
+    std::string note = t.trial.error;
     if (auto nl = note.find('\n'); nl != std::string::npos) note = note.substr(0, nl);
     if (note.size() > 80) note = note.substr(0, 77) + "...";
-    table.push_back({trial_display_name(spec), v[1].value_or(""),
-                     v[4].value_or("0") + "/" + std::to_string(spec.settings.epochs),
-                     fixed(v[2], "%.4f"), fixed(v[3], "%.2f"), note});
+    table.push_back(
+        {trial_display_name(spec), dps::status_name(t.trial.status),
+         std::to_string(t.trial.epochs_done) + "/" + std::to_string(spec.settings.epochs),
+         fixed(t.final_test_acc, "%.4f"), fixed(t.mean_seconds_per_epoch, "%.2f"), note});
   }
   std::printf("\nexperiment %s:\n", experiment.name.c_str());
   std::fputs(format_aligned(table, "  ").c_str(), stdout);

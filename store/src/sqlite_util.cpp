@@ -121,6 +121,24 @@ std::string Stmt::text(int col) const {
 
 bool Stmt::is_null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
 
+int Stmt::column(const std::string& name) const {
+  if (names_.empty()) {
+    for (int c = 0; c < sqlite3_column_count(stmt_); ++c) {
+      const char* n = sqlite3_column_name(stmt_, c);
+      names_.emplace_back(n ? n : "");
+    }
+  }
+  for (size_t c = 0; c < names_.size(); ++c)
+    if (names_[c] == name) return static_cast<int>(c);
+  throw StoreError(db_name(db_) + ": no result column \"" + name + "\" in: " + sqlite3_sql(stmt_));
+}
+
+std::optional<double> Stmt::real_or_null(const std::string& name) const {
+  const int c = column(name);
+  if (is_null(c)) return std::nullopt;
+  return real(c);
+}
+
 WriteTransaction::WriteTransaction(sqlite3* db) : db_(db) {
   SQLITE_CHECK(db_, sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr));
   open_ = true;

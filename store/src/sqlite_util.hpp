@@ -1,11 +1,12 @@
 #pragma once
 // Private helpers of the store: the SQLITE_CHECK macro and a prepared-statement wrapper that
-// binds parameters by position (values never reach SQL text).
+// binds parameters by position (values never reach SQL text) and reads result columns by name.
 #include <sqlite3.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dpstore/store.hpp"
 
@@ -54,11 +55,21 @@ class Stmt {
   std::string text(int col) const;  // NULL -> ""
   bool is_null(int col) const;
 
+  /// The same by result column name (as the SELECT names it, alias included), so a reader does
+  /// not depend on the order of a column list. StoreError naming the statement when absent.
+  int column(const std::string& name) const;
+  int64_t int64(const std::string& name) const { return int64(column(name)); }
+  double real(const std::string& name) const { return real(column(name)); }
+  std::string text(const std::string& name) const { return text(column(name)); }
+  bool is_null(const std::string& name) const { return is_null(column(name)); }
+  std::optional<double> real_or_null(const std::string& name) const;
+
   sqlite3_stmt* get() const { return stmt_; }
 
  private:
   sqlite3* db_;
   sqlite3_stmt* stmt_ = nullptr;
+  mutable std::vector<std::string> names_;  // result column names, read on first use
 };
 
 /// BEGIN IMMEDIATE ... COMMIT. Takes the write lock at once (waiting up to the busy timeout)

@@ -1,10 +1,12 @@
 #pragma once
-// The state behind dps::Store, shared by store.cpp (lifecycle) and query.cpp (read-only SQL).
+// The state behind dps::Store, shared by store.cpp (opening, the trial lifecycle), reads.cpp
+// (typed reads) and query.cpp (read-only SQL).
 #include <sqlite3.h>
 
 #include <string>
 
 #include "dpstore/store.hpp"
+#include "sqlite_util.hpp"
 
 namespace dps {
 
@@ -19,5 +21,14 @@ struct Store::Impl {
 
   ~Impl();
 };
+
+namespace detail {
+
+/// "SELECT <every column of a TrialRow>" + more_columns + " FROM trials " + where.
+std::string select_trials(const std::string& where, const std::string& more_columns = "");
+/// The TrialRow of the current row of a statement made from select_trials (read by name).
+TrialRow read_trial(const Stmt& s);
+
+}  // namespace detail
 
 }  // namespace dps

@@ -192,3 +192,63 @@ TEST_CASE("scaling: trials of another experiment or setting are not a baseline",
   rows = by_trial(store.query("SELECT trial_id, speedup FROM scaling"));
   CHECK(num(rows[std::to_string(b2)]["speedup"]) == 2.0);  // 6 s / 3 s
 }
+
+TEST_CASE("trial_summaries: each trial with its results, in sweep order", "[store]") {
+  ScratchDir dir;
+  Store store(dir.file("results.db"));
+  const int64_t other = store.upsert_experiment("other", "", "");
+  run_trial(store, other, "elsewhere", dpstest::settings("lenet", 1), {{0.5, 1.0}});
+  const int64_t exp = store.upsert_experiment("summaries", "", "");
+  const int64_t g2 = run_trial(store, exp, "g2", dpstest::settings("lenet", 2),
+                               {{0.7, 9.0}, {0.9, 3.0}, {0.8, 5.0}});
+  const int64_t g1 = run_trial(store, exp, "g1", dpstest::settings("lenet", 1),
+                               {{0.7, 9.0}, {0.8, 8.0}, {0.8, 8.0}});
+  const int64_t idle = store.ensure_trial(exp, "idle", 1000, dpstest::settings("lenet", 4)).id;
+
+  const auto rows = store.trial_summaries(exp);
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].trial.id == g2);  // by ordinal: run_trial numbers them in call order
+  CHECK(rows[1].trial.id == g1);
+  CHECK(rows[2].trial.id == idle);
+
+  const dps::TrialSummary& s2 = rows[0];
+  CHECK(s2.trial.settings.gpus == 2);
+  CHECK(s2.trial.status == TrialStatus::done);
+  CHECK(s2.trial.epochs_done == 3);
+  CHECK(s2.final_test_acc == 0.8);
+  CHECK(s2.best_test_acc == 0.9);
+  CHECK(s2.mean_seconds_per_epoch == 4.0);
+  CHECK(s2.total_seconds == 17.0);
+  CHECK(s2.final_train_loss == Approx(2.0 / 3.0));
+  CHECK(s2.speedup == 2.0);
+  CHECK(s2.efficiency == 1.0);
+
+  const dps::TrialSummary& pending = rows[2];
+  CHECK(pending.trial.status == TrialStatus::pending);
+  CHECK(pending.trial.epochs_done == 0);
+  CHECK_FALSE(pending.final_test_acc.has_value());
+  CHECK_FALSE(pending.mean_seconds_per_epoch.has_value());
+  CHECK_FALSE(pending.speedup.has_value());
+
+  CHECK(store.trial_summaries(exp + 100).empty());
+}
+
+TEST_CASE("experiments are found by name and listed oldest first", "[store]") {
+  ScratchDir dir;
+  Store store(dir.file("results.db"));
+  CHECK(store.experiments().empty());
+  CHECK_FALSE(store.find_experiment("a").has_value());
+  const int64_t b = store.upsert_experiment("b", "second letter", "x = 1");
+  const int64_t a = store.upsert_experiment("a", "", "y = 2");
+  const auto found = store.find_experiment("b");
+  REQUIRE(found.has_value());
+  CHECK(found->id == b);
+  CHECK(found->description == "second letter");
+  CHECK(found->toml_sha256 == dps::sha256_hex("x = 1"));
+  CHECK(found->created_at.size() == 24);
+  const auto all = store.experiments();
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].id == b);
+  CHECK(all[1].id == a);
+  CHECK(all[1].name == "a");
+}

@@ -24,10 +24,10 @@ struct TrialSettings {
   std::string model;
   std::string model_options_json = "{}";  // plugin options, canonical JSON object
   std::string dataset = "fashion-mnist";
-  std::string data_path;                 // resolved directory ("" until resolved)
-  int64_t gpus = 1;                      // data-parallel replicas
-  int64_t batch_size = 256;              // global batch
-  int64_t per_gpu_batch = 256;           // batch_size / gpus (rounded down)
+  std::string data_path;        // resolved directory ("" until resolved)
+  int64_t gpus = 1;             // data-parallel replicas
+  int64_t batch_size = 256;     // global batch
+  int64_t per_gpu_batch = 256;  // batch_size / gpus (rounded down)
   double lr = 0.1;
   int64_t epochs = 10;
   int64_t seed = 0;
@@ -36,9 +36,9 @@ struct TrialSettings {
   double weight_decay = 0.0;
   std::string precision = "fp32";
   std::string layout = "nchw";
-  std::string bn_mode = "per-replica";   // or "sync"
-  int64_t eval_batch_size = 0;           // 0: same as batch_size
-  int64_t train_limit = 0;               // 0: all training examples; else the first n
+  std::string bn_mode = "per-replica";  // or "sync"
+  int64_t eval_batch_size = 0;          // 0: same as batch_size
+  int64_t train_limit = 0;              // 0: all training examples; else the first n
   int64_t test_limit = 0;
   std::string backend_request = "auto";  // auto | cpu | cuda (what was asked)
 };
@@ -84,6 +84,24 @@ struct TrialStart {
   int64_t runner_pid = 0;
 };
 
+/// One experiment of the database.
+struct ExperimentRow {
+  int64_t id = 0;
+  std::string name, description;
+  std::string toml_sha256;             // of the experiment file last run
+  std::string created_at, updated_at;  // ISO 8601 UTC
+};
+
+/// A trial with what its epochs achieved, as the trial_summary and scaling views compute it
+/// (see the views for the definitions). Empty optionals: no epoch yet, or no 1-GPU baseline.
+struct TrialSummary {
+  TrialRow trial;
+  std::optional<double> final_test_acc, best_test_acc, final_train_loss;
+  std::optional<double> mean_seconds_per_epoch;  // epoch 1 (warm-up) excluded when there are more
+  std::optional<double> total_seconds;
+  std::optional<double> speedup, efficiency;  // over the matching 1-GPU trial
+};
+
 /// Result of a read-only query: column names and every value as text (NULL as nullopt).
 struct QueryResult {
   std::vector<std::string> columns;
@@ -109,6 +127,11 @@ class Store {
   /// (updated when the file changed). Returns its id.
   int64_t upsert_experiment(const std::string& name, const std::string& description,
                             const std::string& toml_source);
+
+  /// The experiment of that name, if the database has it.
+  std::optional<ExperimentRow> find_experiment(const std::string& name);
+  /// Every experiment, oldest first.
+  std::vector<ExperimentRow> experiments();
 
   /// Finds a trial of the experiment by config hash.
   std::optional<TrialRow> find_trial(int64_t experiment_id, const std::string& config_hash);
@@ -139,6 +162,8 @@ class Store {
   int recover_stale(int64_t experiment_id, double stale_seconds);
 
   std::vector<EpochRow> epochs(int64_t trial_id);
+  /// Every trial of the experiment in sweep order, with its results (for summaries and reports).
+  std::vector<TrialSummary> trial_summaries(int64_t experiment_id);
 
   /// Runs one SQL statement with no side effects (the connection is opened read-only for
   /// read_only stores; for read_write stores sqlite3_stmt_readonly is checked). A statement
