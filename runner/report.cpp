@@ -1,7 +1,6 @@
 #include "report.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -151,30 +150,15 @@ std::string default_database(const std::string& command) {
 
 namespace {
 
-std::string shortest(double d) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, d);
-  return std::string(buf, r.ptr);
-}
-
-// The settings a report can show, by name, as text.
-std::vector<std::pair<std::string, std::string>> setting_texts(const dps::TrialSettings& s) {
-  return {{"model", s.model},
-          {"model_options", s.model_options_json},
-          {"dataset", s.dataset},
-          {"gpus", std::to_string(s.gpus)},
-          {"batch_size", std::to_string(s.batch_size)},
-          {"per_gpu_batch", std::to_string(s.per_gpu_batch)},
-          {"lr", shortest(s.lr)},
-          {"epochs", std::to_string(s.epochs)},
-          {"seed", std::to_string(s.seed)},
-          {"momentum", shortest(s.momentum)},
-          {"weight_decay", shortest(s.weight_decay)},
-          {"precision", s.precision},
-          {"layout", s.layout},
-          {"bn_mode", s.bn_mode},
-          {"train_limit", std::to_string(s.train_limit)},
-          {"test_limit", std::to_string(s.test_limit)}};
+// Each recorded setting of a stored trial as (column, text), in table order; a setting the
+// database predates reads as its default.
+std::vector<std::pair<std::string, std::string>> setting_texts(const SettingTable& table,
+                                                               const dps::TrialRow& trial) {
+  const TrialSettings settings = settings_from_store(table, trial.settings);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = 0; i < table.recorded().size(); ++i)
+    out.emplace_back(table.recorded()[i]->column, setting_text(settings.at(i)));
+  return out;
 }
 
 std::string fixed(const std::optional<double>& v, const char* fmt) {
@@ -186,7 +170,7 @@ std::string fixed(const std::optional<double>& v, const char* fmt) {
 
 }  // namespace
 
-std::string format_report(dps::Store& store) {
+std::string format_report(dps::Store& store, const SettingTable& table) {
   const auto experiments = store.experiments();
   if (experiments.empty()) return "no experiments in " + store.path() + "\n";
   std::string out;
@@ -201,14 +185,16 @@ std::string format_report(dps::Store& store) {
       continue;
     }
     std::vector<std::vector<std::pair<std::string, std::string>>> settings;
-    for (const auto& t : trials) settings.push_back(setting_texts(t.trial.settings));
-    // Settings: the model and gpus always, every other one only when it varies.
+    for (const auto& t : trials) settings.push_back(setting_texts(table, t.trial));
+    // Settings: the model and gpus always, every other one only when it varies (where the data
+    // lives says nothing about a trial).
     std::vector<size_t> shown;
     for (size_t c = 0; c < settings[0].size(); ++c) {
       std::set<std::string> distinct;
       for (const auto& row : settings) distinct.insert(row[c].second);
       const std::string& name = settings[0][c].first;
-      if (name == "model" || name == "gpus" || distinct.size() > 1) shown.push_back(c);
+      if (name == "model" || name == "gpus" || (distinct.size() > 1 && name != "data_path"))
+        shown.push_back(c);
     }
     std::vector<std::vector<std::string>> table;
     std::vector<std::string> header;
@@ -223,8 +209,10 @@ std::string format_report(dps::Store& store) {
       std::vector<std::string> cells;
       for (size_t c : shown) cells.push_back(settings[i][c].second);
       cells.push_back(dps::status_name(t.trial.status));
-      cells.push_back(std::to_string(t.trial.epochs_done) + "/" +
-                      std::to_string(t.trial.settings.epochs));
+      std::string epochs = "?";
+      for (const auto& [name, text] : settings[i])
+        if (name == "epochs") epochs = text;
+      cells.push_back(std::to_string(t.trial.epochs_done) + "/" + epochs);
       cells.push_back(fixed(t.final_test_acc, "%.4f"));
       cells.push_back(fixed(t.best_test_acc, "%.4f"));
       cells.push_back(fixed(t.mean_seconds_per_epoch, "%.2f"));

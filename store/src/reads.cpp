@@ -9,81 +9,24 @@ using detail::Stmt;
 
 namespace detail {
 
-std::string select_trials(const std::string& where, const std::string& more_columns) {
-  static const char* const columns[] = {"id",
-                                        "experiment_id",
-                                        "config_hash",
-                                        "ordinal",
-                                        "model",
-                                        "model_options",
-                                        "dataset",
-                                        "data_path",
-                                        "gpus",
-                                        "batch_size",
-                                        "per_gpu_batch",
-                                        "lr",
-                                        "epochs",
-                                        "seed",
-                                        "optimizer",
-                                        "momentum",
-                                        "weight_decay",
-                                        "precision",
-                                        "layout",
-                                        "bn_mode",
-                                        "eval_batch_size",
-                                        "train_limit",
-                                        "test_limit",
-                                        "backend_request",
-                                        "status",
-                                        "error",
-                                        "attempts",
-                                        "backend",
-                                        "devices",
-                                        "oversubscribed",
-                                        "host",
-                                        "dprun_version",
-                                        "plugin_path",
-                                        "plugin_sha256",
-                                        "runner_pid",
-                                        "created_at",
-                                        "started_at",
-                                        "finished_at",
-                                        "heartbeat_at"};
+std::string select_trials(const std::vector<std::string>& setting_columns, const std::string& where,
+                          const std::string& more_columns) {
   // Qualified and named with AS: the statement may join other tables, and SQLite promises a
-  // result column's name only when AS gives it.
+  // result column's name only when AS gives it. Setting columns are quoted identifiers.
   std::string sql = "SELECT ";
-  for (const char* c : columns) sql += std::string("trials.") + c + " AS " + c + ", ";
+  for (const auto& c : own_trial_columns()) sql += "trials." + c + " AS " + c + ", ";
+  for (const auto& c : setting_columns) sql += "trials.\"" + c + "\" AS \"setting:" + c + "\", ";
   return sql + "(SELECT COUNT(*) FROM epochs WHERE epochs.trial_id = trials.id) AS epochs_done" +
          more_columns + " FROM trials " + where;
 }
 
-TrialRow read_trial(const Stmt& s) {
+TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt& s) {
   TrialRow r;
   r.id = s.int64("id");
   r.experiment_id = s.int64("experiment_id");
   r.config_hash = s.text("config_hash");
   r.ordinal = s.int64("ordinal");
-  TrialSettings& t = r.settings;
-  t.model = s.text("model");
-  t.model_options_json = s.text("model_options");
-  t.dataset = s.text("dataset");
-  t.data_path = s.text("data_path");
-  t.gpus = s.int64("gpus");
-  t.batch_size = s.int64("batch_size");
-  t.per_gpu_batch = s.int64("per_gpu_batch");
-  t.lr = s.real("lr");
-  t.epochs = s.int64("epochs");
-  t.seed = s.int64("seed");
-  t.optimizer = s.text("optimizer");
-  t.momentum = s.real("momentum");
-  t.weight_decay = s.real("weight_decay");
-  t.precision = s.text("precision");
-  t.layout = s.text("layout");
-  t.bn_mode = s.text("bn_mode");
-  t.eval_batch_size = s.int64("eval_batch_size");
-  t.train_limit = s.int64("train_limit");
-  t.test_limit = s.int64("test_limit");
-  t.backend_request = s.text("backend_request");
+  for (const auto& c : setting_columns) r.settings[c] = s.value(s.column("setting:" + c));
   r.status = parse_status(s.text("status"));
   r.error = s.text("error");
   r.attempts = s.int64("attempts");
@@ -138,28 +81,30 @@ std::vector<ExperimentRow> Store::experiments() {
 }
 
 std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::string& config_hash) {
-  Stmt s(
-      impl_->db,
-      detail::select_trials("WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2").c_str());
+  Stmt s(impl_->db,
+         detail::select_trials(impl_->setting_columns,
+                               "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
+             .c_str());
   s.bind(1, experiment_id).bind(2, config_hash);
   if (!s.step()) return std::nullopt;
-  return detail::read_trial(s);
+  return detail::read_trial(impl_->setting_columns, s);
 }
 
 std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
-  Stmt s(impl_->db, detail::select_trials("WHERE trials.id = ?1").c_str());
+  Stmt s(impl_->db, detail::select_trials(impl_->setting_columns, "WHERE trials.id = ?1").c_str());
   s.bind(1, trial_id);
   if (!s.step()) return std::nullopt;
-  return detail::read_trial(s);
+  return detail::read_trial(impl_->setting_columns, s);
 }
 
 std::vector<TrialRow> Store::trials(int64_t experiment_id) {
   Stmt s(impl_->db,
-         detail::select_trials("WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id")
+         detail::select_trials(impl_->setting_columns,
+                               "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id")
              .c_str());
   s.bind(1, experiment_id);
   std::vector<TrialRow> rows;
-  while (s.step()) rows.push_back(detail::read_trial(s));
+  while (s.step()) rows.push_back(detail::read_trial(impl_->setting_columns, s));
   return rows;
 }
 
@@ -189,6 +134,7 @@ std::vector<EpochRow> Store::epochs(int64_t trial_id) {
 std::vector<TrialSummary> Store::trial_summaries(int64_t experiment_id) {
   // The trial's own columns come from `trials`, its results from the views.
   const std::string sql = detail::select_trials(
+      impl_->setting_columns,
       "JOIN trial_summary s ON s.trial_id = trials.id "
       "LEFT JOIN scaling c ON c.trial_id = trials.id "
       "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id",
@@ -201,7 +147,7 @@ std::vector<TrialSummary> Store::trial_summaries(int64_t experiment_id) {
   std::vector<TrialSummary> rows;
   while (s.step()) {
     TrialSummary t;
-    t.trial = detail::read_trial(s);
+    t.trial = detail::read_trial(impl_->setting_columns, s);
     t.final_test_acc = s.real_or_null("final_test_acc");
     t.best_test_acc = s.real_or_null("best_test_acc");
     t.final_train_loss = s.real_or_null("final_train_loss");

@@ -44,6 +44,7 @@ class Stmt {
   Stmt& bind(int i, const std::string& v);
   Stmt& bind_text_or_null(int i, const std::string& v);  // "" -> NULL
   Stmt& bind_null(int i);
+  Stmt& bind(int i, const SqlValue& v);
 
   /// Steps once: true when a row is available, false when done.
   bool step();
@@ -54,6 +55,7 @@ class Stmt {
   double real(int col) const;       // NULL -> NaN
   std::string text(int col) const;  // NULL -> ""
   bool is_null(int col) const;
+  SqlValue value(int col) const;  // as stored: NULL, INTEGER, REAL or TEXT (a BLOB as TEXT)
 
   /// The same by result column name (as the SELECT names it, alias included), so a reader does
   /// not depend on the order of a column list. StoreError naming the statement when absent.
@@ -93,5 +95,15 @@ class WriteTransaction {
 int migrate(sqlite3* db, const std::string& path);
 /// Reads PRAGMA user_version.
 int read_user_version(sqlite3* db);
+
+/// The columns of `trials` the store defines itself; every other one records a setting.
+const std::vector<std::string>& own_trial_columns();
+/// The setting columns of `trials`, in table order.
+std::vector<std::string> setting_columns(sqlite3* db);
+/// Adds the described setting columns `trials` lacks (each filled with its default) and
+/// regenerates the views when they do not list the setting columns the table has, in one write
+/// transaction, only when something changes. Returns the setting columns, in table order.
+std::vector<std::string> add_setting_columns(sqlite3* db, const std::string& path,
+                                             const std::vector<SettingColumn>& described);
 
 }  // namespace dps::detail

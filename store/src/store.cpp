@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -101,7 +102,8 @@ Store::Impl::~Impl() {
   if (db) SQLITE_CHECK_NOTHROW(db, sqlite3_close_v2(db));
 }
 
-Store::Store(const std::string& path, Mode mode) : impl_(nullptr) {
+Store::Store(const std::string& path, Mode mode, const std::vector<SettingColumn>& settings)
+    : impl_(nullptr) {
   namespace fs = std::filesystem;
   if (path.empty()) throw StoreError("database path is empty: give a file name such as results.db");
   auto impl = std::make_unique<Impl>();
@@ -155,6 +157,7 @@ Store::Store(const std::string& path, Mode mode) : impl_(nullptr) {
       enable_wal(db);
       exec(db, "PRAGMA synchronous = NORMAL");
       impl->user_version = detail::migrate(db, path);
+      impl->setting_columns = detail::add_setting_columns(db, path, settings);
     } else {
       if (version == 0) {
         throw StoreError(path + ": not a dprun database (it has no dprun schema)");
@@ -165,6 +168,8 @@ Store::Store(const std::string& path, Mode mode) : impl_(nullptr) {
                          "); open it once read-write (run dprun on the experiment) to migrate it");
       }
       impl->user_version = version;
+      // As it is: a setting column it lacks reads as that setting's default in the caller.
+      impl->setting_columns = detail::setting_columns(db);
     }
   } catch (const StoreError&) {
     if (sqlite3_errcode(db) == SQLITE_NOTADB) {
@@ -190,6 +195,8 @@ Store& Store::operator=(Store&& other) noexcept {
 
 const std::string& Store::path() const { return impl_->path; }
 
+const std::vector<std::string>& Store::setting_columns() const { return impl_->setting_columns; }
+
 int Store::user_version() const { return impl_->user_version; }
 
 int64_t Store::upsert_experiment(const std::string& name, const std::string& description,
@@ -214,7 +221,7 @@ int64_t Store::upsert_experiment(const std::string& name, const std::string& des
 }
 
 TrialRow Store::ensure_trial(int64_t experiment_id, const std::string& config_hash, int64_t ordinal,
-                             const TrialSettings& t) {
+                             const SettingValues& settings) {
   sqlite3* db = impl_->db;
   WriteTransaction txn(db);
   {
@@ -225,26 +232,33 @@ TrialRow Store::ensure_trial(int64_t experiment_id, const std::string& config_ha
                        std::to_string(experiment_id));
     }
   }
+  // Setting columns are named by the caller: only those the table has reach the statement, as
+  // quoted identifiers; their values are bound.
+  std::string columns = "experiment_id, config_hash, ordinal", params = "?1, ?2, ?3";
+  int n = 3;
+  for (const auto& [name, value] : settings) {
+    const auto& have = impl_->setting_columns;
+    if (std::find(have.begin(), have.end(), name) == have.end()) {
+      throw StoreError(impl_->path + ": ensure_trial: trials has no setting column \"" + name +
+                       "\" (describe it when opening the store)");
+    }
+    columns += ", \"" + name + "\"";
+    params += ", ?" + std::to_string(++n);
+  }
   Stmt ins(db,
-           "INSERT INTO trials (experiment_id, config_hash, ordinal, model, model_options, "
-           "dataset, data_path, gpus, batch_size, per_gpu_batch, lr, epochs, seed, optimizer, "
-           "momentum, weight_decay, precision, layout, bn_mode, eval_batch_size, train_limit, "
-           "test_limit, backend_request) "
-           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, "
-           "?18, ?19, ?20, ?21, ?22, ?23) "
-           "ON CONFLICT (experiment_id, config_hash) DO UPDATE SET ordinal = excluded.ordinal");
+           ("INSERT INTO trials (" + columns + ") VALUES (" + params +
+            ") ON CONFLICT (experiment_id, config_hash) DO UPDATE SET ordinal = excluded.ordinal")
+               .c_str());
   ins.bind(1, experiment_id).bind(2, config_hash).bind(3, ordinal);
-  ins.bind(4, t.model).bind(5, t.model_options_json).bind(6, t.dataset).bind(7, t.data_path);
-  ins.bind(8, t.gpus).bind(9, t.batch_size).bind(10, t.per_gpu_batch).bind(11, t.lr);
-  ins.bind(12, t.epochs).bind(13, t.seed).bind(14, t.optimizer).bind(15, t.momentum);
-  ins.bind(16, t.weight_decay).bind(17, t.precision).bind(18, t.layout).bind(19, t.bn_mode);
-  ins.bind(20, t.eval_batch_size).bind(21, t.train_limit).bind(22, t.test_limit);
-  ins.bind(23, t.backend_request);
+  n = 3;
+  for (const auto& [name, value] : settings) ins.bind(++n, value);
   ins.run();
-  Stmt sel(db, detail::select_trials("WHERE experiment_id = ?1 AND config_hash = ?2").c_str());
+  Stmt sel(db, detail::select_trials(impl_->setting_columns,
+                                     "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
+                   .c_str());
   sel.bind(1, experiment_id).bind(2, config_hash);
   if (!sel.step()) throw StoreError(impl_->path + ": ensure_trial: the trial vanished");
-  TrialRow row = detail::read_trial(sel);
+  TrialRow row = detail::read_trial(impl_->setting_columns, sel);
   txn.commit();
   return row;
 }
