@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "dpstore/store.hpp"
+#include "settings.hpp"
 
 namespace dprun {
 
@@ -25,6 +26,6 @@ std::string default_database(const std::string& command);
 
 /// `dprun report`: per experiment, its trials (settings that vary, status, final and best test
 /// accuracy, s/epoch, speedup over 1 GPU). Returns the text.
-std::string format_report(dps::Store& store);
+std::string format_report(dps::Store& store, const SettingTable& table = builtin_settings());
 
 }  // namespace dprun

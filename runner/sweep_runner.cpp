@@ -1,3 +1,5 @@
+// Running a sweep: reconcile its trials with the store, then run those that need it, each in its
+// own process, recording every epoch as it arrives. Loading and planning: sweep_plan.cpp.
 #include "sweep_runner.hpp"
 
 #include <errno.h>
@@ -6,16 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <set>
 
-#include "cli.hpp"
 #include "dp/version.hpp"
-#include "plugin_loader.hpp"
 #include "progress.hpp"
 #include "report.hpp"
 #include "trial_process.hpp"
@@ -31,236 +29,6 @@ std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
-}
-
-// ---- settings as text, filters
-// -------------------------------------------------------------------
-
-namespace {
-
-std::string num(double d) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, d);
-  return std::string(buf, res.ptr);
-}
-
-std::optional<double> as_number(const std::string& s) {
-  double d = 0;
-  auto res = std::from_chars(s.data(), s.data() + s.size(), d);
-  if (res.ec != std::errc() || res.ptr != s.data() + s.size()) return std::nullopt;
-  return d;
-}
-
-bool same_value(const std::string& stored, const std::string& wanted) {
-  auto a = as_number(stored), b = as_number(wanted);
-  if (a && b) return std::fabs(*a - *b) <= 1e-12 * std::max({1.0, std::fabs(*a), std::fabs(*b)});
-  return stored == wanted;
-}
-
-}  // namespace
-
-std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec) {
-  const dps::TrialSettings& s = spec.settings;
-  std::map<std::string, std::string> v{
-      {"model", s.model},
-      {"dataset", s.dataset},
-      {"gpus", std::to_string(s.gpus)},
-      {"batch_size", std::to_string(s.batch_size)},
-      {"per_gpu_batch", std::to_string(s.per_gpu_batch)},
-      {"lr", num(s.lr)},
-      {"epochs", std::to_string(s.epochs)},
-      {"seed", std::to_string(s.seed)},
-      {"optimizer", s.optimizer},
-      {"momentum", num(s.momentum)},
-      {"weight_decay", num(s.weight_decay)},
-      {"precision", s.precision},
-      {"layout", s.layout},
-      {"bn_mode", s.bn_mode},
-      {"eval_batch_size", std::to_string(s.eval_batch_size)},
-      {"train_limit", std::to_string(s.train_limit)},
-      {"test_limit", std::to_string(s.test_limit)},
-      {"backend", s.backend_request},
-  };
-  for (const auto& [name, value] : spec.model_options)
-    v["option." + name] = std::holds_alternative<double>(value) ? num(std::get<double>(value))
-                                                                : dp::option_to_string(value);
-  return v;
-}
-
-bool trial_matches(const TrialSpec& spec,
-                   const std::vector<std::pair<std::string, std::string>>& filters) {
-  if (filters.empty()) return true;
-  const auto values = trial_setting_values(spec);
-  std::map<std::string, bool> matched;  // per key: any of its values matched
-  for (const auto& [key, wanted] : filters) {
-    auto it = values.find(key);
-    if (it == values.end() && key.rfind("option.", 0) != 0) {
-      std::string known;
-      for (const auto& [k, unused] : values)
-        if (k.rfind("option.", 0) != 0) known += (known.empty() ? "" : ", ") + k;
-      throw UsageError("--filter " + key + "=" + wanted + ": unknown setting \"" + key +
-                       "\"; known: " + known + ", option.NAME (a model option)");
-    }
-    bool ok = it != values.end() && same_value(it->second, wanted);
-    matched[key] = matched[key] || ok;
-  }
-  return std::all_of(matched.begin(), matched.end(), [](const auto& kv) { return kv.second; });
-}
-
-std::string trial_display_name(const TrialSpec& spec) {
-  if (spec.label.empty()) return spec.settings.model;
-  if (spec.label.find("model=") != std::string::npos) return spec.label;
-  return spec.settings.model + " " + spec.label;
-}
-
-std::string database_path(const Experiment& experiment, const SweepOptions& options) {
-  if (!options.db.empty()) return options.db;
-  if (!experiment.database.empty()) return experiment.database;
-  return "results/" + experiment.name + ".db";
-}
-
-// ---- plan
-// ----------------------------------------------------------------------------------------
-
-std::string PlannedTrial::describe() const {
-  if (action == TrialAction::run) return why == "new" ? "run" : why;
-  return "skip: " + why;
-}
-
-std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
-                                      const std::map<std::string, dps::TrialRow>& stored,
-                                      const SweepOptions& options) {
-  std::vector<PlannedTrial> plan;
-  for (const TrialSpec& spec : experiment.trials) {
-    PlannedTrial p;
-    p.spec = &spec;
-    if (auto it = stored.find(spec.config_hash); it != stored.end()) p.row = it->second;
-    if (!trial_matches(spec, options.filters)) {
-      p.action = TrialAction::skip;
-      p.why = "filtered out";
-    } else if (!p.row) {
-      p.why = "new";
-    } else {
-      using S = dps::TrialStatus;
-      switch (p.row->status) {
-        case S::pending:
-          p.why = "run";
-          break;
-        case S::done:
-          if (options.rerun) {
-            p.why = "rerun: done (--rerun)";
-          } else {
-            p.action = TrialAction::skip;
-            p.why = "done";
-          }
-          break;
-        case S::failed:
-          p.why = "rerun: failed";
-          break;
-        case S::diverged:
-          p.why = "rerun: diverged";
-          break;
-        case S::interrupted:
-          p.why = "restart: interrupted";
-          break;
-        case S::skipped:
-          p.why = "rerun: skipped before";
-          break;
-        case S::running:
-          // After recover_stale, a trial still running belongs to a live dprun elsewhere.
-          p.action = TrialAction::skip;
-          p.why = "running in another dprun (pid " + std::to_string(p.row->runner_pid) +
-                  (p.row->host.empty() ? "" : " on " + p.row->host) + ")";
-          break;
-      }
-    }
-    plan.push_back(std::move(p));
-  }
-  return plan;
-}
-
-// ---- loading
-// -------------------------------------------------------------------------------------
-
-Experiment load_sweep(const SweepOptions& options) {
-  if (!options.backend.empty() && options.backend != "auto" && options.backend != "cpu" &&
-      options.backend != "cuda")
-    throw UsageError("--backend " + options.backend + ": expected auto, cpu or cuda");
-  PluginScan scan = scan_plugins(options.plugin_dirs);
-  for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: warning: %s\n", e.c_str());
-  ModelCatalog catalog;
-  for (const auto& [name, m] : scan.models) catalog.models[name] = m.factory;
-  ParseOptions parse;
-  parse.force = options.force;
-  Experiment experiment = load_experiment(options.file, catalog, parse);
-  // Unknown filter keys are command-line errors, found before anything runs.
-  if (!experiment.trials.empty()) trial_matches(experiment.trials.front(), options.filters);
-  // option.NAME must be an option of a model of this sweep: a misspelt one would silently
-  // filter out every trial.
-  std::set<std::string> option_names;
-  for (const TrialSpec& spec : experiment.trials)
-    for (const auto& [name, value] : spec.model_options) option_names.insert(name);
-  for (const auto& [key, wanted] : options.filters) {
-    if (key.rfind("option.", 0) != 0) continue;
-    const std::string name = key.substr(7);
-    if (option_names.count(name)) continue;
-    std::vector<std::string> names(option_names.begin(), option_names.end());
-    std::string known, hint = did_you_mean(name, names);
-    for (const auto& n : names) known += (known.empty() ? "" : ", ") + ("option." + n);
-    throw UsageError("--filter " + key + "=" + wanted + ": no model of this sweep has an option \"" +
-                     name + "\"" + (hint.empty() ? "" : "; did you mean option." + hint + "?") +
-                     " (options: " + (known.empty() ? "none" : known) + ")");
-  }
-  return experiment;
-}
-
-namespace {
-
-std::string sql_text(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += '\'';
-    out += c;
-  }
-  return out + "'";
-}
-
-// The stored trials of an experiment by config hash; empty when the database or the experiment
-// does not exist. Read-only.
-std::map<std::string, dps::TrialRow> stored_trials_read_only(const std::string& db,
-                                                             const std::string& experiment) {
-  std::map<std::string, dps::TrialRow> rows;
-  if (!fs::exists(db)) return rows;
-  dps::Store store(db, dps::Store::Mode::read_only);
-  auto r = store.query("SELECT id FROM experiments WHERE name = " + sql_text(experiment));
-  if (r.rows.empty() || !r.rows[0][0]) return rows;
-  for (auto& row : store.trials(std::stoll(*r.rows[0][0]))) rows[row.config_hash] = row;
-  return rows;
-}
-
-void print_plan(const Experiment& experiment, const std::string& db,
-                const std::vector<PlannedTrial>& plan) {
-  std::printf("experiment %s: %zu trial%s, database %s%s\n", experiment.name.c_str(), plan.size(),
-              plan.size() == 1 ? "" : "s", db.c_str(), fs::exists(db) ? "" : " (not created yet)");
-  std::vector<std::vector<std::string>> table;
-  table.push_back({"#", "hash", "trial", "action"});
-  for (const auto& p : plan)
-    table.push_back({std::to_string(p.spec->ordinal + 1), p.spec->config_hash.substr(0, 10),
-                     trial_display_name(*p.spec), p.describe()});
-  std::fputs(format_aligned(table).c_str(), stdout);
-  size_t to_run = std::count_if(plan.begin(), plan.end(),
-                                [](const PlannedTrial& p) { return p.action == TrialAction::run; });
-  std::printf("%zu to run, %zu to skip\n", to_run, plan.size() - to_run);
-}
-
-}  // namespace
-
-int plan_sweep(const SweepOptions& options) {
-  Experiment experiment = load_sweep(options);
-  const std::string db = database_path(experiment, options);
-  auto plan = plan_trials(experiment, stored_trials_read_only(db, experiment.name), options);
-  print_plan(experiment, db, plan);
-  return 0;
 }
 
 // ---- running
@@ -318,7 +86,8 @@ class SweepRun {
     request.model_options = spec.model_options;
     request.data_path = experiment_.data_path;
     request.plugin_dirs = options_.plugin_dirs;
-    request.backend = options_.backend.empty() ? spec.settings.backend_request : options_.backend;
+    request.backend =
+        options_.backend.empty() ? spec.settings.text("backend_request") : options_.backend;
     request.oversubscribe = options_.oversubscribe;
     request.threads = options_.threads;
 
@@ -338,14 +107,14 @@ class SweepRun {
                      ": skipped: now " + dps::status_name(status) + who);
       return taken;
     }
-    progress_.trial_started(index, trial_display_name(spec), spec.settings.epochs);
+    progress_.trial_started(index, trial_display_name(spec), spec.settings.integer("epochs"));
     SpawnOptions spawn;
     if (options_.verbose)
       spawn.on_output_line = [this](const std::string& l) { progress_.note("  | " + l); };
     TrialProcess child(request, spawn);
 
     trial_id_ = row.id;
-    epochs_ = spec.settings.epochs;
+    epochs_ = spec.settings.integer("epochs");
     started_ = false;
     last_epoch_ = 0;
     final_.reset();
@@ -540,36 +309,29 @@ class SweepRun {
 
 void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& experiment,
                    const std::string& db) {
-  auto r = store.query(
-      "SELECT trial_id, status, final_test_acc, mean_seconds_per_epoch, epochs_done, error "
-      "FROM trial_summary WHERE experiment_id = " +
-      std::to_string(experiment_id));
-  std::map<std::string, std::vector<std::optional<std::string>>> by_id;
-  for (auto& row : r.rows) by_id[row[0].value_or("")] = row;
-  auto trials = store.trials(experiment_id);
-  std::map<std::string, int64_t> id_by_hash;
-  for (const auto& t : trials) id_by_hash[t.config_hash] = t.id;
+  std::map<std::string, dps::TrialSummary> by_hash;
+  for (auto& t : store.trial_summaries(experiment_id)) by_hash[t.trial.config_hash] = t;
 
-  auto fixed = [](const std::optional<std::string>& v, const char* fmt) -> std::string {
+  auto fixed = [](const std::optional<double>& v, const char* fmt) -> std::string {
     if (!v) return "-";
     char buf[32];
-    std::snprintf(buf, sizeof buf, fmt, std::strtod(v->c_str(), nullptr));
+    std::snprintf(buf, sizeof buf, fmt, *v);
     return buf;
   };
   std::vector<std::vector<std::string>> table;
   table.push_back({"trial", "status", "epochs", "test_acc", "s/epoch", "note"});
   for (const TrialSpec& spec : experiment.trials) {
-    auto id = id_by_hash.find(spec.config_hash);
-    if (id == id_by_hash.end()) continue;
-    auto row = by_id.find(std::to_string(id->second));
-    if (row == by_id.end()) continue;
-    const auto& v = row->second;
-    std::string note = v[5].value_or("");
+    auto found = by_hash.find(spec.config_hash);
+    if (found == by_hash.end()) continue;
+    const dps::TrialSummary& t = found->second;
+    std::string note = t.trial.error;
     if (auto nl = note.find('\n'); nl != std::string::npos) note = note.substr(0, nl);
     if (note.size() > 80) note = note.substr(0, 77) + "...";
-    table.push_back({trial_display_name(spec), v[1].value_or(""),
-                     v[4].value_or("0") + "/" + std::to_string(spec.settings.epochs),
-                     fixed(v[2], "%.4f"), fixed(v[3], "%.2f"), note});
+    table.push_back({trial_display_name(spec), dps::status_name(t.trial.status),
+                     std::to_string(t.trial.epochs_done) + "/" +
+                         std::to_string(spec.settings.integer("epochs")),
+                     fixed(t.final_test_acc, "%.4f"), fixed(t.mean_seconds_per_epoch, "%.2f"),
+                     note});
   }
   std::printf("\nexperiment %s:\n", experiment.name.c_str());
   std::fputs(format_aligned(table, "  ").c_str(), stdout);
@@ -584,15 +346,11 @@ void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& e
 }  // namespace
 
 int run_sweep(const SweepOptions& options) {
+  if (options.dry_run) return plan_sweep(options);
   Experiment experiment = load_sweep(options);
   const std::string db = database_path(experiment, options);
-  if (options.dry_run) {
-    auto plan = plan_trials(experiment, stored_trials_read_only(db, experiment.name), options);
-    print_plan(experiment, db, plan);
-    return 0;
-  }
 
-  dps::Store store(db, dps::Store::Mode::read_write);
+  dps::Store store(db, dps::Store::Mode::read_write, experiment.settings->store_columns());
   const int64_t experiment_id =
       store.upsert_experiment(experiment.name, experiment.description, experiment.source);
   if (int n = store.recover_stale(experiment_id, options.stale_seconds))
@@ -601,9 +359,8 @@ int run_sweep(const SweepOptions& options) {
                  n == 1 ? "" : "s");
   std::map<std::string, dps::TrialRow> stored;
   for (const TrialSpec& spec : experiment.trials) {
-    dps::TrialSettings settings = spec.settings;
     stored[spec.config_hash] =
-        store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, settings);
+        store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, to_store(spec.settings));
   }
   const auto plan = plan_trials(experiment, stored, options);
 
@@ -612,7 +369,7 @@ int run_sweep(const SweepOptions& options) {
   for (const auto& p : plan)
     if (p.action == TrialAction::run) {
       to_run.push_back(&p);
-      epochs_to_run += p.spec->settings.epochs;
+      epochs_to_run += p.spec->settings.integer("epochs");
     }
   std::fprintf(stderr, "dprun: experiment %s: %zu trial%s, %zu to run, database %s\n",
                experiment.name.c_str(), plan.size(), plan.size() == 1 ? "" : "s", to_run.size(),

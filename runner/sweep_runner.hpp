@@ -4,21 +4,15 @@
 // epoch as it arrives. Also the read-only plan (`dprun plan`, `dprun run --dry-run`).
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "dpstore/store.hpp"
 #include "experiment.hpp"
+#include "usage_error.hpp"
 
 namespace dprun {
-
-/// A bad command line (exit status 2). what() is the message without the "dprun: " prefix.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct SweepOptions {
   std::string file;
@@ -36,6 +30,8 @@ struct SweepOptions {
   double heartbeat_seconds = 10;
   double stale_seconds = 120;  // a `running` trial whose heartbeat is older is interrupted
   std::string command_line;    // how we were started, for the resume hint
+  /// The settings experiment files may set; null: this dprun's (tests give a later dprun's).
+  const SettingTable* settings = nullptr;
 };
 
 /// What a run would do with one trial.
@@ -54,8 +50,8 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
                                       const std::map<std::string, dps::TrialRow>& stored,
                                       const SweepOptions& options);
 
-/// Every setting of a trial by name as text ("gpus" -> "2", "lr" -> "0.4", "option.hidden" ->
-/// "128"), for --filter and display.
+/// Every setting of a trial by column and by key as text ("gpus" -> "2", "lr" -> "0.4",
+/// "bn" and "bn_mode" -> "per-replica", "option.hidden" -> "128"), for --filter.
 std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec);
 
 /// `s` as one word for a POSIX shell (unchanged when it needs no quoting), for the commands

@@ -124,11 +124,11 @@ BackendChoice choose_backend(const TrialRequest& r) {
     return c;  // auto without a GPU: the CPU backend
   }
   c.kind = dp::BackendKind::cuda;
-  if (r.settings.gpus > devices) {
+  const int64_t gpus = r.settings.integer("gpus");
+  if (gpus > devices) {
     if (!r.oversubscribe) {
-      c.skip_reason = "trial needs " + std::to_string(r.settings.gpus) +
-                      " GPUs, this machine has " + std::to_string(devices) +
-                      " (use --oversubscribe to share GPUs)";
+      c.skip_reason = "trial needs " + std::to_string(gpus) + " GPUs, this machine has " +
+                      std::to_string(devices) + " (use --oversubscribe to share GPUs)";
     } else {
       c.oversubscribed = true;
     }
@@ -139,31 +139,36 @@ BackendChoice choose_backend(const TrialRequest& r) {
 std::string loss_problem(double loss) { return std::isnan(loss) ? "NaN" : "infinite"; }
 
 TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
-  const dps::TrialSettings& s = r.settings;
+  const TrialSettings& s = r.settings;
   const Fault fault = parse_fault(std::getenv("DPRUN_FAULT"), r.ordinal);
+  const std::string& model_name = s.text("model");
+  const std::string& precision = s.text("precision");
+  const std::string& bn_mode = s.text("bn_mode");
+  const std::string& optimizer = s.text("optimizer");
+  const std::string& layout_name = s.text("layout");
 
   // Settings the engine does not implement are refused before anything is loaded.
-  if (s.precision != "fp32")
+  if (precision != "fp32")
     return {TrialRecord::Kind::error,
-            "precision " + s.precision + " is not supported yet (use precision = \"fp32\")"};
-  if (s.bn_mode != "per-replica")
+            "precision " + precision + " is not supported yet (use precision = \"fp32\")"};
+  if (bn_mode != "per-replica")
     return {TrialRecord::Kind::error,
-            s.bn_mode == "sync" ? "synchronised batch norm is not supported yet (use bn = "
-                                  "\"per-replica\")"
-                                : "bn_mode \"" + s.bn_mode + "\": expected per-replica or sync"};
-  if (s.optimizer != "sgd")
+            bn_mode == "sync" ? "synchronised batch norm is not supported yet (use bn = "
+                                "\"per-replica\")"
+                              : "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
+  if (optimizer != "sgd")
     return {TrialRecord::Kind::error,
-            "optimizer \"" + s.optimizer + "\" is not supported (only sgd)"};
+            "optimizer \"" + optimizer + "\" is not supported (only sgd)"};
   dp::Layout layout = dp::Layout::nchw;
-  if (s.layout == "nhwc")
+  if (layout_name == "nhwc")
     layout = dp::Layout::nhwc;
-  else if (s.layout != "nchw")
-    return {TrialRecord::Kind::error, "layout \"" + s.layout + "\": expected nchw or nhwc"};
+  else if (layout_name != "nchw")
+    return {TrialRecord::Kind::error, "layout \"" + layout_name + "\": expected nchw or nhwc"};
 
   PluginScan scan = scan_plugins(r.plugin_dirs);
-  auto found = scan.models.find(s.model);
+  auto found = scan.models.find(model_name);
   if (found == scan.models.end()) {
-    std::string msg = "unknown model \"" + s.model + "\"; models found:";
+    std::string msg = "unknown model \"" + model_name + "\"; models found:";
     for (const auto& [name, m] : scan.models) msg += " " + name;
     if (scan.models.empty()) msg += " none";
     msg += " (searched:";
@@ -178,23 +183,23 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
   const BackendChoice backend = choose_backend(r);
   if (!backend.skip_reason.empty()) return {TrialRecord::Kind::skipped, backend.skip_reason};
 
-  const std::string data_path = !r.data_path.empty() ? r.data_path : s.data_path;
-  dp::DatasetPair data = dp::load_dataset(s.dataset, data_path);
-  if (s.train_limit > 0 && s.train_limit < data.train.count)
-    data.train = data.train.head(s.train_limit);
-  if (s.test_limit > 0 && s.test_limit < data.test.count) data.test = data.test.head(s.test_limit);
+  const std::string data_path = !r.data_path.empty() ? r.data_path : s.text("data_path");
+  dp::DatasetPair data = dp::load_dataset(s.text("dataset"), data_path);
+  const int64_t train_limit = s.integer("train_limit"), test_limit = s.integer("test_limit");
+  if (train_limit > 0 && train_limit < data.train.count) data.train = data.train.head(train_limit);
+  if (test_limit > 0 && test_limit < data.test.count) data.test = data.test.head(test_limit);
 
   dp::TrainerOptions t;
-  t.replicas = static_cast<int>(s.gpus);
+  t.replicas = static_cast<int>(s.integer("gpus"));
   t.backend = backend.kind;
   t.oversubscribe = r.oversubscribe;
-  t.batch_size = s.batch_size;
-  t.eval_batch_size = s.eval_batch_size;
-  t.epochs = static_cast<int>(s.epochs);
-  t.sgd.lr = static_cast<float>(s.lr);
-  t.sgd.momentum = static_cast<float>(s.momentum);
-  t.sgd.weight_decay = static_cast<float>(s.weight_decay);
-  t.seed = static_cast<uint64_t>(s.seed);
+  t.batch_size = s.integer("batch_size");
+  t.eval_batch_size = s.integer("eval_batch_size");
+  t.epochs = static_cast<int>(s.integer("epochs"));
+  t.sgd.lr = static_cast<float>(s.number("lr"));
+  t.sgd.momentum = static_cast<float>(s.number("momentum"));
+  t.sgd.weight_decay = static_cast<float>(s.number("weight_decay"));
+  t.seed = static_cast<uint64_t>(s.integer("seed"));
   t.cpu_threads = r.threads;
   t.layout = layout;
 
@@ -233,7 +238,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
     row.test_acc = report.test_acc;
     row.seconds = report.seconds;
     row.examples_per_second = report.examples_per_second;
-    row.lr = s.lr;
+    row.lr = s.number("lr");
     row.eval_seconds = report.eval_seconds;
     row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
     if (fault.kind == Fault::Kind::garble && fault.epoch == report.epoch)
@@ -277,9 +282,9 @@ class PrintSink : public TrialSink {
  public:
   explicit PrintSink(const TrialRequest& r) : r_(r) {}
   void start(const dps::TrialStart& start) override {
-    std::printf("%s on %s: %s%s (plugin %s)\n", r_.settings.model.c_str(), start.backend.c_str(),
-                start.devices.c_str(), start.oversubscribed ? ", oversubscribed" : "",
-                start.plugin_path.c_str());
+    std::printf("%s on %s: %s%s (plugin %s)\n", r_.settings.text("model").c_str(),
+                start.backend.c_str(), start.devices.c_str(),
+                start.oversubscribed ? ", oversubscribed" : "", start.plugin_path.c_str());
     std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc", "test_acc",
                 "seconds", "examples/s");
     std::fflush(stdout);

@@ -62,31 +62,6 @@ dp::ModelOptions model_options_from_json(const Json& json) {
 
 namespace {
 
-Json settings_to_json(const dps::TrialSettings& s) {
-  Json o = Json::object();
-  o.set("model", Json::string(s.model));
-  o.set("model_options_json", Json::string(s.model_options_json));
-  o.set("dataset", Json::string(s.dataset));
-  o.set("data_path", Json::string(s.data_path));
-  o.set("gpus", Json::integer(s.gpus));
-  o.set("batch_size", Json::integer(s.batch_size));
-  o.set("per_gpu_batch", Json::integer(s.per_gpu_batch));
-  o.set("lr", Json::number(s.lr));
-  o.set("epochs", Json::integer(s.epochs));
-  o.set("seed", Json::integer(s.seed));
-  o.set("optimizer", Json::string(s.optimizer));
-  o.set("momentum", Json::number(s.momentum));
-  o.set("weight_decay", Json::number(s.weight_decay));
-  o.set("precision", Json::string(s.precision));
-  o.set("layout", Json::string(s.layout));
-  o.set("bn_mode", Json::string(s.bn_mode));
-  o.set("eval_batch_size", Json::integer(s.eval_batch_size));
-  o.set("train_limit", Json::integer(s.train_limit));
-  o.set("test_limit", Json::integer(s.test_limit));
-  o.set("backend_request", Json::string(s.backend_request));
-  return o;
-}
-
 // Each field read names itself when it is missing or of the wrong type.
 template <class F>
 auto field(const Json& o, const std::string& key, F read) {
@@ -95,38 +70,6 @@ auto field(const Json& o, const std::string& key, F read) {
   } catch (const JsonError& e) {
     throw JsonError("trial request: \"" + key + "\": " + e.what());
   }
-}
-
-dps::TrialSettings settings_from_json(const Json& o) {
-  auto str = [&](const char* k) {
-    return field(o, k, [](const Json& j) { return j.as_string(); });
-  };
-  auto i64 = [&](const char* k) { return field(o, k, [](const Json& j) { return j.as_int(); }); };
-  auto dbl = [&](const char* k) {
-    return field(o, k, [](const Json& j) { return j.as_double(); });
-  };
-  dps::TrialSettings s;
-  s.model = str("model");
-  s.model_options_json = str("model_options_json");
-  s.dataset = str("dataset");
-  s.data_path = str("data_path");
-  s.gpus = i64("gpus");
-  s.batch_size = i64("batch_size");
-  s.per_gpu_batch = i64("per_gpu_batch");
-  s.lr = dbl("lr");
-  s.epochs = i64("epochs");
-  s.seed = i64("seed");
-  s.optimizer = str("optimizer");
-  s.momentum = dbl("momentum");
-  s.weight_decay = dbl("weight_decay");
-  s.precision = str("precision");
-  s.layout = str("layout");
-  s.bn_mode = str("bn_mode");
-  s.eval_batch_size = i64("eval_batch_size");
-  s.train_limit = i64("train_limit");
-  s.test_limit = i64("test_limit");
-  s.backend_request = str("backend_request");
-  return s;
 }
 
 }  // namespace

@@ -24,13 +24,14 @@
 #include "dp/plugin.hpp"
 #include "dpstore/store.hpp"
 #include "json.hpp"
+#include "settings.hpp"
 
 namespace dprun {
 
 /// Everything a trial process needs to run one trial.
 struct TrialRequest {
   int64_t ordinal = 0;  // position in the sweep (selects DPRUN_FAULT targets)
-  dps::TrialSettings settings;
+  TrialSettings settings;
   dp::ModelOptions model_options;
   std::string data_path;                 // "" : the default dataset search
   std::vector<std::string> plugin_dirs;  // --plugins

@@ -295,7 +295,7 @@ void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
   for (int q = 0; q < r.global_rank; ++q) begin += parts[static_cast<size_t>(q)];
   const int64_t part = parts[static_cast<size_t>(r.global_rank)];
   const int64_t chunk = ceil_div(eval_batch, k);
-  RunContext ctx{b, *r.params, false, nullptr, 0};
+  RunContext ctx{b, *r.params, false, nullptr, 0, nullptr};
   int64_t steps = 0;
   for (int64_t i = 0; i < part; i += chunk, ++steps) {
     const int64_t m = std::min(chunk, part - i);

@@ -9,6 +9,7 @@
 #include "dp/trainer.hpp"
 #include "engine_test_util.hpp"
 #include "support/check.hpp"
+#include "support/module_check.hpp"
 
 namespace {
 
@@ -147,8 +148,8 @@ TEST_CASE("Data-parallel identity: LeNet on k = 2, 3 replicas equals one replica
 
 TEST_CASE("ResNet-18 on the CPU: output shape and a decreasing loss", "[engine][trainer]") {
   SECTION("the full-width model gives (N, 10)") {
-    enginetest::ModuleRunner run(enginetest::build_model("libdprun_resnet18.so", "resnet18"),
-                                 {2, 1, 28, 28});
+    dptest::ModuleRunner run(enginetest::build_model("libdprun_resnet18.so", "resnet18"),
+                             {2, 1, 28, 28});
     CHECK(run.output() == dp::Shape{2, 10});
     const auto y = run.forward(dptest::random_vector(2 * 784, 1, 0.0f, 1.0f), false);
     CHECK(y.size() == 20);

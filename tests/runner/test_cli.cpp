@@ -226,6 +226,24 @@ TEST_CASE("command line: help, version, unknown commands and options", "[cli]") 
   r = run({"train", "--model", "lenet", "--option", "hidden=wide"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
   CHECK(r.err.find("hidden=wide") != std::string::npos);
+
+  // Every experiment-file key is an option of train, checked as in a file.
+  r = run({"train", "--help"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  for (const char* option : {"--per-gpu-batch N", "--lr-scaling none|linear", "--base-batch N",
+                             "--bn per-replica", "--dataset fashion-mnist|mnist"})
+    CHECK(r.out.find(option) != std::string::npos);
+  r = run({"train", "--model", "lenet", "--gpus", "0"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("--gpus 0: must be at least 1, got 0") != std::string::npos);
+  r = run({"train", "--model", "lenet", "--layout", "nwhc"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("did you mean \"nhwc\"?") != std::string::npos);
+
+  // The settings an experiment file can give, as the README documents them.
+  r = run({"settings"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("| `per_gpu_batch` | int ≥ 1 | batch_size / gpus |") != std::string::npos);
 }
 
 TEST_CASE("plugins lists the models with their options", "[cli]") {

@@ -99,34 +99,34 @@ TEST_CASE("the design's example expands to 6 trials in file order", "[experiment
     const auto& t = ex.trials[i];
     INFO("trial " << i);
     CHECK(t.ordinal == static_cast<int64_t>(i));
-    CHECK(t.settings.model == models[i]);
-    CHECK(t.settings.gpus == gpus[i]);
-    CHECK(t.settings.batch_size == 256 * gpus[i]);
-    CHECK(t.settings.per_gpu_batch == 256);
-    CHECK(t.settings.lr == lrs[i]);
-    CHECK(t.settings.epochs == 10);
-    CHECK(t.settings.seed == 0);
-    CHECK(t.settings.dataset == "fashion-mnist");
-    CHECK(t.settings.data_path == "/usr/share/datasets/fashion-mnist");
-    CHECK(t.settings.optimizer == "sgd");
-    CHECK(t.settings.momentum == 0.0);
-    CHECK(t.settings.weight_decay == 0.0);
-    CHECK(t.settings.precision == "fp32");
-    CHECK(t.settings.layout == "nchw");
-    CHECK(t.settings.bn_mode == "per-replica");
-    CHECK(t.settings.eval_batch_size == 0);
-    CHECK(t.settings.train_limit == 0);
-    CHECK(t.settings.test_limit == 0);
-    CHECK(t.settings.backend_request == "auto");
+    CHECK(t.settings.text("model") == models[i]);
+    CHECK(t.settings.integer("gpus") == gpus[i]);
+    CHECK(t.settings.integer("batch_size") == 256 * gpus[i]);
+    CHECK(t.settings.integer("per_gpu_batch") == 256);
+    CHECK(t.settings.number("lr") == lrs[i]);
+    CHECK(t.settings.integer("epochs") == 10);
+    CHECK(t.settings.integer("seed") == 0);
+    CHECK(t.settings.text("dataset") == "fashion-mnist");
+    CHECK(t.settings.text("data_path") == "/usr/share/datasets/fashion-mnist");
+    CHECK(t.settings.text("optimizer") == "sgd");
+    CHECK(t.settings.number("momentum") == 0.0);
+    CHECK(t.settings.number("weight_decay") == 0.0);
+    CHECK(t.settings.text("precision") == "fp32");
+    CHECK(t.settings.text("layout") == "nchw");
+    CHECK(t.settings.text("bn_mode") == "per-replica");
+    CHECK(t.settings.integer("eval_batch_size") == 0);
+    CHECK(t.settings.integer("train_limit") == 0);
+    CHECK(t.settings.integer("test_limit") == 0);
+    CHECK(t.settings.text("backend_request") == "auto");
     CHECK(t.config_hash.size() == 64);
     CHECK(t.config_hash == dprun::config_hash(t.settings));
     CHECK(t.canonical == dprun::canonical_settings(t.settings));
   }
   CHECK(ex.trials[0].label == "model=lenet gpus=1 batch_size=256 lr=0.1");
   CHECK(ex.trials[4].label == "model=resnet18 gpus=2 batch_size=512 lr=0.2");
-  CHECK(ex.trials[0].settings.model_options_json ==
+  CHECK(ex.trials[0].settings.text("model_options") ==
         "{\"hidden\":128,\"init_std\":" + exact(0.01) + ",\"pool\":\"avg\"}");
-  CHECK(ex.trials[3].settings.model_options_json == "{\"width\":64}");
+  CHECK(ex.trials[3].settings.text("model_options") == "{\"width\":64}");
   CHECK(std::get<int64_t>(ex.trials[0].model_options.at("hidden")) == 128);
   CHECK(std::get<std::string>(ex.trials[0].model_options.at("pool")) == "avg");
   CHECK(ex.trials[3].model_options.size() == 1);
@@ -150,8 +150,8 @@ epochs = [1, 2]
   CHECK(ex.trials[1].label == "lr=0.1 gpus=1 seed=6 epochs=2");
   CHECK(ex.trials[2].label == "lr=0.1 gpus=2 seed=5 epochs=1");
   CHECK(ex.trials[7].label == "lr=0.2 gpus=2 seed=6 epochs=2");
-  CHECK(ex.trials[7].settings.seed == 6);
-  CHECK(ex.trials[7].settings.epochs == 2);
+  CHECK(ex.trials[7].settings.integer("seed") == 6);
+  CHECK(ex.trials[7].settings.integer("epochs") == 2);
 
   // An inline zip written first is the outermost axis.
   auto inline_zip = parse(kHead + R"([train]
@@ -183,17 +183,17 @@ epochs = 7
 )");
   REQUIRE(ex.trials.size() == 1);
   const auto& s = ex.trials[0].settings;
-  CHECK(s.epochs == 7);
-  CHECK(s.lr == 0.5);
-  CHECK(s.momentum == 0.9);
-  CHECK(s.weight_decay == 0.0005);
-  CHECK(s.layout == "nhwc");
-  CHECK(s.bn_mode == "per-replica");
-  CHECK(s.eval_batch_size == 1000);
-  CHECK(s.train_limit == 512);
-  CHECK(s.test_limit == 256);
-  CHECK(s.backend_request == "cpu");
-  CHECK(s.batch_size == 256);
+  CHECK(s.integer("epochs") == 7);
+  CHECK(s.number("lr") == 0.5);
+  CHECK(s.number("momentum") == 0.9);
+  CHECK(s.number("weight_decay") == 0.0005);
+  CHECK(s.text("layout") == "nhwc");
+  CHECK(s.text("bn_mode") == "per-replica");
+  CHECK(s.integer("eval_batch_size") == 1000);
+  CHECK(s.integer("train_limit") == 512);
+  CHECK(s.integer("test_limit") == 256);
+  CHECK(s.text("backend_request") == "cpu");
+  CHECK(s.integer("batch_size") == 256);
   CHECK(ex.trials[0].label.empty());
   CHECK(ex.database.empty());
   CHECK(ex.data_path.empty());
@@ -207,14 +207,14 @@ per_gpu_batch = 128
 gpus = [1, 2, 4]
 )");
   REQUIRE(ex.trials.size() == 3);
-  CHECK(ex.trials[0].settings.batch_size == 128);
-  CHECK(ex.trials[1].settings.batch_size == 256);
-  CHECK(ex.trials[2].settings.batch_size == 512);
-  CHECK(ex.trials[2].settings.per_gpu_batch == 128);
+  CHECK(ex.trials[0].settings.integer("batch_size") == 128);
+  CHECK(ex.trials[1].settings.integer("batch_size") == 256);
+  CHECK(ex.trials[2].settings.integer("batch_size") == 512);
+  CHECK(ex.trials[2].settings.integer("per_gpu_batch") == 128);
 
   // A batch that does not divide: per_gpu_batch is rounded down.
   auto odd = parse(kHead + "[train]\nmodel = \"lenet\"\ngpus = 4\nbatch_size = 10\n");
-  CHECK(odd.trials[0].settings.per_gpu_batch == 2);
+  CHECK(odd.trials[0].settings.integer("per_gpu_batch") == 2);
 
   auto e = error_of(kHead + R"([train]
 model = "lenet"
@@ -240,9 +240,9 @@ gpus = [1, 2, 4]
 batch_size = [256, 512, 1024]
 )");
   REQUIRE(ex.trials.size() == 3);
-  CHECK(ex.trials[0].settings.lr == Approx(0.1));
-  CHECK(ex.trials[1].settings.lr == Approx(0.2));
-  CHECK(ex.trials[2].settings.lr == Approx(0.4));
+  CHECK(ex.trials[0].settings.number("lr") == Approx(0.1));
+  CHECK(ex.trials[1].settings.number("lr") == Approx(0.2));
+  CHECK(ex.trials[2].settings.number("lr") == Approx(0.4));
   // The label shows the learning rate the trial runs with.
   CHECK(ex.trials[1].label == "gpus=2 batch_size=512 lr=0.2");
   auto odd = parse(kHead +
@@ -257,17 +257,17 @@ lr_scaling = "linear"
 base_batch = 128
 batch_size = 512
 )");
-  CHECK(base.trials[0].settings.lr == Approx(0.4));
+  CHECK(base.trials[0].settings.number("lr") == Approx(0.4));
 
   auto none = parse(kHead + "[train]\nmodel = \"lenet\"\nlr = 0.1\nbatch_size = 512\n");
-  CHECK(none.trials[0].settings.lr == 0.1);
+  CHECK(none.trials[0].settings.number("lr") == 0.1);
 }
 
 TEST_CASE("seeds can be an axis", "[experiment]") {
   auto ex = parse(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\nseed = [0, 1, 2]\n");
   REQUIRE(ex.trials.size() == 3);
   for (int i = 0; i < 3; ++i) {
-    CHECK(ex.trials[i].settings.seed == i);
+    CHECK(ex.trials[i].settings.integer("seed") == i);
     CHECK(ex.trials[i].label == "seed=" + std::to_string(i));
   }
   CHECK(ex.trials[0].config_hash != ex.trials[1].config_hash);
@@ -289,10 +289,10 @@ width = 32
   CHECK(ex.trials[1].label == "model=lenet model.lenet.hidden=256");
   CHECK(ex.trials[2].label == "model=resnet18");
   CHECK(ex.trials[2].ordinal == 2);
-  CHECK(ex.trials[0].settings.model_options_json ==
+  CHECK(ex.trials[0].settings.text("model_options") ==
         "{\"hidden\":64,\"init_std\":1,\"pool\":\"max\"}");
   CHECK(std::get<double>(ex.trials[0].model_options.at("init_std")) == 1.0);
-  CHECK(ex.trials[2].settings.model_options_json == "{\"width\":32}");
+  CHECK(ex.trials[2].settings.text("model_options") == "{\"width\":32}");
 }
 
 TEST_CASE("canonical settings: hash stable, sensitive to every setting that matters",
@@ -329,8 +329,8 @@ name = "a"
   CHECK(parse(a + "[model.lenet]\nhidden = 128\n").trials.at(0).config_hash == ha);
   // Every setting that changes the result changes the hash.
   for (const char* change : {"momentum = 0.5\n", "epochs = 11\n", "weight_decay = 0.1\n",
-                             "layout = \"nhwc\"\n", "eval_batch_size = 64\n",
-                             "train_limit = 100\n", "test_limit = 100\n", "batch_size = 128\n"}) {
+                             "layout = \"nhwc\"\n", "eval_batch_size = 64\n", "train_limit = 100\n",
+                             "test_limit = 100\n", "batch_size = 128\n"}) {
     INFO(change);
     CHECK(parse(a + change).trials.at(0).config_hash != ha);
   }
@@ -338,11 +338,11 @@ name = "a"
 }
 
 TEST_CASE("canonical settings name every setting and escape strings", "[experiment]") {
-  dps::TrialSettings s;
-  s.model = "lenet";
-  s.lr = 0.1;
-  s.data_path = "/somewhere";
-  s.backend_request = "cuda";
+  dprun::TrialSettings s;
+  s.set("model", std::string("lenet"));
+  s.set("lr", 0.1);
+  s.set("data_path", std::string("/somewhere"));
+  s.set("backend_request", std::string("cuda"));
   std::string c = dprun::canonical_settings(s);
   CHECK(c.rfind("dprun-trial-settings v1\n", 0) == 0);
   CHECK(c.find("lr=" + exact(0.1) + "\n") != std::string::npos);
@@ -355,7 +355,7 @@ TEST_CASE("canonical settings name every setting and escape strings", "[experime
     CHECK(c.find(std::string("\n") + key) != std::string::npos);
   }
   auto ex = parse(kHead + "[train]\nmodel = \"lenet\"\n[model.lenet]\npool = \"a\\\"b\\\\c\"\n");
-  CHECK(ex.trials[0].settings.model_options_json ==
+  CHECK(ex.trials[0].settings.text("model_options") ==
         "{\"hidden\":128,\"init_std\":" + exact(0.01) + ",\"pool\":\"a\\\"b\\\\c\"}");
 }
 
@@ -560,8 +560,8 @@ TEST_CASE("error: a name that cannot be the default database file", "[experiment
   // results/NAME.db: "../../x" would put the database outside results/, a newline garbles it.
   for (const char* bad : {"../../escape", "a/b", "a\\\\b", "..", "a\\nb", "tab\\there"}) {
     INFO(bad);
-    auto e = error_of(std::string("[experiment]\nname = \"") + bad +
-                      "\"\n[train]\nmodel = \"lenet\"\n");
+    auto e =
+        error_of(std::string("[experiment]\nname = \"") + bad + "\"\n[train]\nmodel = \"lenet\"\n");
     CHECK(e.line() == 2);
     CHECK(e.key() == "experiment.name");
     CHECK(std::string(e.what()).find("results/NAME.db") != std::string::npos);
@@ -569,8 +569,7 @@ TEST_CASE("error: a name that cannot be the default database file", "[experiment
   // Unicode, spaces and dots are fine.
   for (const char* good : {"ünï cødé 😀", "lenet v1.2", "a-b_c"}) {
     INFO(good);
-    CHECK(parse(std::string("[experiment]\nname = \"") + good +
-                "\"\n[train]\nmodel = \"lenet\"\n")
+    CHECK(parse(std::string("[experiment]\nname = \"") + good + "\"\n[train]\nmodel = \"lenet\"\n")
               .name == good);
   }
 }
@@ -623,8 +622,8 @@ TEST_CASE("more than 1000 trials needs force", "[experiment]") {
   auto ex = parse(text, force);
   REQUIRE(ex.trials.size() == 1200);
   CHECK(ex.trials[1199].ordinal == 1199);
-  CHECK(ex.trials[1199].settings.seed == 39);
-  CHECK(ex.trials[1199].settings.lr == 30.0);
+  CHECK(ex.trials[1199].settings.integer("seed") == 39);
+  CHECK(ex.trials[1199].settings.number("lr") == 30.0);
 }
 
 TEST_CASE("the experiment files of the repository parse", "[experiment]") {
@@ -633,11 +632,11 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   CHECK(quick.name == "quickstart");
   CHECK(quick.database == "results/quickstart.db");
   REQUIRE(quick.trials.size() == 2);
-  CHECK(quick.trials[0].settings.model == "lenet");
-  CHECK(quick.trials[1].settings.gpus == 2);
-  CHECK(quick.trials[1].settings.batch_size == 256);
-  CHECK(quick.trials[1].settings.lr == 0.2);
-  CHECK(quick.trials[1].settings.epochs == 2);
+  CHECK(quick.trials[0].settings.text("model") == "lenet");
+  CHECK(quick.trials[1].settings.integer("gpus") == 2);
+  CHECK(quick.trials[1].settings.integer("batch_size") == 256);
+  CHECK(quick.trials[1].settings.number("lr") == 0.2);
+  CHECK(quick.trials[1].settings.integer("epochs") == 2);
 
   auto scaling = dprun::load_experiment(dir + "scaling.toml", fake_catalog());
   CHECK(scaling.name == "scaling");
@@ -648,11 +647,11 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   const double lrs[] = {0.2, 0.4, 0.1, 0.2};
   for (int i = 0; i < 4; ++i) {
     INFO("trial " << i);
-    CHECK(scaling.trials[i].settings.model == models[i]);
-    CHECK(scaling.trials[i].settings.gpus == gpus[i]);
-    CHECK(scaling.trials[i].settings.batch_size == 256 * gpus[i]);
-    CHECK(scaling.trials[i].settings.lr == Approx(lrs[i]));
-    CHECK(scaling.trials[i].settings.epochs == 10);
+    CHECK(scaling.trials[i].settings.text("model") == models[i]);
+    CHECK(scaling.trials[i].settings.integer("gpus") == gpus[i]);
+    CHECK(scaling.trials[i].settings.integer("batch_size") == 256 * gpus[i]);
+    CHECK(scaling.trials[i].settings.number("lr") == Approx(lrs[i]));
+    CHECK(scaling.trials[i].settings.integer("epochs") == 10);
   }
   CHECK(scaling.trials[1].label == "model=lenet lr=0.4 gpus=2 batch_size=512");
 

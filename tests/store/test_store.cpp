@@ -213,29 +213,28 @@ TEST_CASE("upsert_experiment finds by name and updates the source", "[store]") {
 
 TEST_CASE("ensure_trial is idempotent by config hash and round-trips every setting", "[store]") {
   ScratchDir dir;
-  Store store(dir.file("results.db"));
+  Store store = dpstest::open_store(dir.file("results.db"));
   const int64_t exp = store.upsert_experiment("e", "", "");
-  dps::TrialSettings s;
-  s.model = "resnet18";
-  s.model_options_json = R"({"width":0.5})";
-  s.dataset = "fashion-mnist";
-  s.data_path = "/data/fmnist";
-  s.gpus = 4;
-  s.batch_size = 512;
-  s.per_gpu_batch = 128;
-  s.lr = 0.05;
-  s.epochs = 7;
-  s.seed = 42;
-  s.optimizer = "sgd";
-  s.momentum = 0.9;
-  s.weight_decay = 5e-4;
-  s.precision = "fp16";
-  s.layout = "nhwc";
-  s.bn_mode = "sync";
-  s.eval_batch_size = 1024;
-  s.train_limit = 6000;
-  s.test_limit = 1000;
-  s.backend_request = "cuda";
+  const dps::SettingValues s = {{"model", "resnet18"},
+                                {"model_options", R"({"width":0.5})"},
+                                {"dataset", "fashion-mnist"},
+                                {"data_path", "/data/fmnist"},
+                                {"gpus", int64_t{4}},
+                                {"batch_size", int64_t{512}},
+                                {"per_gpu_batch", int64_t{128}},
+                                {"lr", 0.05},
+                                {"epochs", int64_t{7}},
+                                {"seed", int64_t{42}},
+                                {"optimizer", "sgd"},
+                                {"momentum", 0.9},
+                                {"weight_decay", 5e-4},
+                                {"precision", "fp16"},
+                                {"layout", "nhwc"},
+                                {"bn_mode", "sync"},
+                                {"eval_batch_size", int64_t{1024}},
+                                {"train_limit", int64_t{6000}},
+                                {"test_limit", int64_t{1000}},
+                                {"backend_request", "cuda"}};
 
   dps::TrialRow first = store.ensure_trial(exp, "hash-a", 3, s);
   CHECK(first.id > 0);
@@ -249,27 +248,10 @@ TEST_CASE("ensure_trial is idempotent by config hash and round-trips every setti
   CHECK(first.started_at.empty());
   CHECK(first.created_at.size() == 24);  // 2024-01-02T03:04:05.678Z
   CHECK(first.created_at.back() == 'Z');
-  const dps::TrialSettings& r = first.settings;
-  CHECK(r.model == s.model);
-  CHECK(r.model_options_json == s.model_options_json);
-  CHECK(r.dataset == s.dataset);
-  CHECK(r.data_path == s.data_path);
-  CHECK(r.gpus == 4);
-  CHECK(r.batch_size == 512);
-  CHECK(r.per_gpu_batch == 128);
-  CHECK(r.lr == 0.05);
-  CHECK(r.epochs == 7);
-  CHECK(r.seed == 42);
-  CHECK(r.optimizer == "sgd");
-  CHECK(r.momentum == 0.9);
-  CHECK(r.weight_decay == 5e-4);
-  CHECK(r.precision == "fp16");
-  CHECK(r.layout == "nhwc");
-  CHECK(r.bn_mode == "sync");
-  CHECK(r.eval_batch_size == 1024);
-  CHECK(r.train_limit == 6000);
-  CHECK(r.test_limit == 1000);
-  CHECK(r.backend_request == "cuda");
+  // Every setting column comes back under its name with the value and type it was given.
+  CHECK(first.settings == s);
+  CHECK(dpstest::setting<double>(first, "lr") == 0.05);
+  CHECK(dpstest::setting<int64_t>(first, "seed") == 42);
 
   // Same hash: same row, ordinal moved (the sweep was reordered), nothing inserted.
   dps::TrialRow again = store.ensure_trial(exp, "hash-a", 1, s);
@@ -285,6 +267,10 @@ TEST_CASE("ensure_trial is idempotent by config hash and round-trips every setti
   CHECK_FALSE(store.find_trial(exp, "nope").has_value());
   CHECK_FALSE(store.get_trial(999999).has_value());
   REQUIRE_THROWS_WITH(store.ensure_trial(exp + 100, "h", 0, s), Contains("no experiment with id"));
+  dps::SettingValues unknown = s;
+  unknown["warp_factor"] = int64_t{9};
+  REQUIRE_THROWS_WITH(store.ensure_trial(exp, "h", 0, unknown),
+                      Contains("no setting column \"warp_factor\""));
 }
 
 TEST_CASE("trial lifecycle: pending, running, epochs, done", "[store]") {
