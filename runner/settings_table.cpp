@@ -129,12 +129,10 @@ const SettingTable& builtin_settings() {
        .column = "bn_mode",
        .type = T::choice,
        .default_value = "per-replica"s,
-       .choices = {"per-replica"},
-       // Synchronised statistics need collectives inside batch norm; until the engine has them,
-       // a file asking for them is refused before anything runs.
-       .refused = {{"sync", "synchronised batch norm is not supported yet; use \"per-replica\""}},
+       .choices = {"per-replica", "sync"},
        .identity = true,
-       .help = "batch-norm statistics per replica, as in d2l"},
+       .help = "batch-norm statistics per replica, as in d2l; \"sync\": over every replica of "
+               "the trial, so k replicas compute the step of one replica on the whole batch"},
       {.key = "eval_batch_size",
        .column = "eval_batch_size",
        .default_value = int64_t{0},

@@ -151,11 +151,9 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
   if (precision != "fp32")
     return {TrialRecord::Kind::error,
             "precision " + precision + " is not supported yet (use precision = \"fp32\")"};
-  if (bn_mode != "per-replica")
+  if (bn_mode != "per-replica" && bn_mode != "sync")
     return {TrialRecord::Kind::error,
-            bn_mode == "sync" ? "synchronised batch norm is not supported yet (use bn = "
-                                "\"per-replica\")"
-                              : "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
+            "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
   if (optimizer != "sgd")
     return {TrialRecord::Kind::error,
             "optimizer \"" + optimizer + "\" is not supported (only sgd)"};
@@ -202,6 +200,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
   t.seed = static_cast<uint64_t>(s.integer("seed"));
   t.cpu_threads = r.threads;
   t.layout = layout;
+  t.sync_bn = bn_mode == "sync";
 
   // The model is built for the data it will see, whatever input it was designed for.
   const dp::ModelInput input{data.train.channels, data.train.height, data.train.width,

@@ -316,3 +316,23 @@ TEST_CASE("default database path, query without --db, --backend override", "[cli
   CHECK(r.err.find("using results/cuda.db") != std::string::npos);
   CHECK(r.out.find("n\n-\n1\n(1 row)") != std::string::npos);
 }
+
+TEST_CASE("bn = \"sync\" trains with statistics over every replica and is recorded", "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/sync.toml";
+  const std::string db = dir.path() + "/sync.db";
+  // A narrow ResNet-18, so the run takes seconds; 2 replicas with per-replica and with
+  // synchronised batch norm.
+  clitest::write_file(file, "[experiment]\nname = \"sync\"\n[data]\npath = \"" + data +
+                                "\"\n[train]\nmodel = \"resnet18\"\nepochs = 1\nbatch_size = 32\n"
+                                "gpus = 2\ntrain_limit = 96\ntest_limit = 64\nbackend = \"cpu\"\n"
+                                "[model.resnet18]\nwidth = 4\n[sweep]\nbn = [\"per-replica\", "
+                                "\"sync\"]\n");
+  const auto r = run({"run", file, "--db", db, "--threads", "2"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db, "SELECT group_concat(bn_mode || ':' || status, ',') FROM (SELECT * FROM trials "
+                 "ORDER BY bn_mode)") == "per-replica:done,sync:done");
+  // Different statistics, different training: the two trials' losses differ.
+  CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "2");
+}

@@ -439,8 +439,9 @@ TEST_CASE("error: values out of range", "[experiment]") {
        "t.toml:5:13: train.optimizer: unknown value \"adam\" (expected one of \"sgd\")"},
       {"precision = \"bf16\"",
        "t.toml:5:13: train.precision: bf16 is not supported yet; use \"fp32\""},
-      {"bn = \"sync\"",
-       "t.toml:5:6: train.bn: synchronised batch norm is not supported yet; use \"per-replica\""},
+      {"bn = \"synch\"",
+       "t.toml:5:6: train.bn: unknown value \"synch\"; did you mean \"sync\"? (expected one of "
+       "\"per-replica\", \"sync\")"},
       {"layout = \"nwhc\"",
        "t.toml:5:10: train.layout: unknown value \"nwhc\"; did you mean \"nhwc\"? (expected one "
        "of \"nchw\", \"nhwc\")"},

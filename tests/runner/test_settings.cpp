@@ -107,8 +107,10 @@ TEST_CASE("settings: values are checked by their row", "[settings]") {
   CHECK(why("weight_decay", std::nan("")) == "must be a finite number, got nan");
   CHECK(why("layout", std::string("nwhc")) ==
         "unknown value \"nwhc\"; did you mean \"nhwc\"? (expected one of \"nchw\", \"nhwc\")");
-  CHECK(why("bn_mode", std::string("sync")) ==
-        "synchronised batch norm is not supported yet; use \"per-replica\"");
+  CHECK(why("bn_mode", std::string("sync")).empty());
+  CHECK(why("bn_mode", std::string("synch")) ==
+        "unknown value \"synch\"; did you mean \"sync\"? (expected one of \"per-replica\", "
+        "\"sync\")");
   CHECK(why("betas", std::vector<double>{0.9, 0.99}).empty());
   CHECK(why("betas", std::vector<double>{0.9}) == "expected 2 numbers, got 1");
   CHECK(why("betas", std::vector<double>{0.9, 1.5}) == "each value must be in [0, 1), got 1.5");
