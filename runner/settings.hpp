@@ -43,6 +43,7 @@ struct Range {
 inline Range at_least(double min) { return {min, false}; }
 inline Range greater_than(double min) { return {min, true}; }
 inline Range from_to_below(double min, double max) { return {min, false, max, true}; }
+inline Range above_up_to(double min, double max) { return {min, true, max, false}; }
 
 /// One row of the table.
 struct Setting {

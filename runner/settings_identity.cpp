@@ -2,6 +2,7 @@
 // the config hash under which the store keeps the trial. A trial whose hash is stored as done is
 // never run again, so this text must stay the same for the same trial across dprun versions.
 #include <cstdio>
+#include <map>
 #include <stdexcept>
 
 #include "settings.hpp"
@@ -17,7 +18,7 @@ constexpr const char* kHeader = "dprun-trial-settings v1\n";
 
 // The settings dprun 0.1.0 hashed, in its order: each is written whatever its value, because
 // the hashes stored by that version include them all. Never edit this list; settings added
-// later are written after these, and only when they differ from their default.
+// later are written after these, by column name, and only when they differ from their default.
 constexpr const char* kV1Settings[] = {
     "dataset",         "model",        "model_options", "gpus",   "batch_size",
     "per_gpu_batch",   "lr",           "epochs",        "seed",   "optimizer",
@@ -62,12 +63,16 @@ std::string canonical_settings(const TrialSettings& settings) {
                              " of dprun 0.1.0 is not an identity setting of the table");
     out.append(column).append("=").append(canonical_value(*row, settings.get(column))).append("\n");
   }
+  // Later settings by column name, not by their place in the table: moving a row (to keep
+  // related settings together) must not change any stored trial's identity.
+  std::map<std::string, std::string> later;
   const auto& recorded = table.recorded();
   for (size_t i = 0; i < recorded.size(); ++i) {
     const Setting& row = *recorded[i];
     if (!row.identity || is_v1(row.column) || settings.at(i) == row.default_value) continue;
-    out.append(row.column).append("=").append(canonical_value(row, settings.at(i))).append("\n");
+    later[row.column] = canonical_value(row, settings.at(i));
   }
+  for (const auto& [column, value] : later) out.append(column).append("=").append(value).append("\n");
   return out;
 }
 

@@ -101,6 +101,34 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     if (eval_batch_size != 0 && eval_batch_size < gpus)
       smaller_than_gpus("eval_batch_size", eval_batch_size);
 
+    // A key given for this trial that its other settings make meaningless is a mistake, not
+    // something to ignore: say so at the key.
+    auto does_not_apply = [&](const char* key, const std::string& why) {
+      if (const Val* where = t.get(key)) diag.add(where->pos, where->path, why);
+    };
+    const std::string& optimizer = s.text("optimizer");
+    if (optimizer != "sgd") {
+      for (const char* key : {"momentum", "nesterov"})
+        does_not_apply(key, std::string(key) + " applies to optimizer \"sgd\"; this trial's "
+                            "optimizer is \"" + optimizer + "\" (it has betas and eps)");
+    }
+    if (optimizer != "adamw") {
+      for (const char* key : {"betas", "eps"})
+        does_not_apply(key, std::string(key) + " applies to optimizer \"adamw\"; this trial's "
+                            "optimizer is \"" + optimizer + "\"");
+    }
+    if (optimizer == "sgd" && s.boolean("nesterov") && s.number("momentum") == 0.0)
+      does_not_apply("nesterov", "nesterov = true needs momentum > 0 (as PyTorch's SGD)");
+    if (s.text("lr_schedule") != "step") {
+      for (const char* key : {"lr_step_epochs", "lr_gamma"})
+        does_not_apply(key, std::string(key) + " applies to lr_schedule = \"step\"; this "
+                            "trial's schedule is \"" + s.text("lr_schedule") + "\"");
+    }
+    if (s.number("warmup_epochs") > static_cast<double>(s.integer("epochs")))
+      does_not_apply("warmup_epochs", "warmup_epochs " + shortest(s.number("warmup_epochs")) +
+                                          " is longer than the training (" +
+                                          std::to_string(s.integer("epochs")) + " epochs)");
+
     // Plugin options: declared defaults, then the [model.<name>] table, then swept options.
     const dp::ModelFactory& factory = catalog.models.at(model);
     dp::ModelOptions resolved;

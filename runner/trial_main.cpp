@@ -154,9 +154,21 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
   if (bn_mode != "per-replica" && bn_mode != "sync")
     return {TrialRecord::Kind::error,
             "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
-  if (optimizer != "sgd")
-    return {TrialRecord::Kind::error,
-            "optimizer \"" + optimizer + "\" is not supported (only sgd)"};
+  dp::OptimizerOptions optimizer_options;
+  optimizer_options.name = optimizer;
+  optimizer_options.weight_decay = static_cast<float>(s.number("weight_decay"));
+  optimizer_options.momentum = static_cast<float>(s.number("momentum"));
+  optimizer_options.nesterov = s.boolean("nesterov");
+  optimizer_options.beta1 = static_cast<float>(s.numbers("betas").at(0));
+  optimizer_options.beta2 = static_cast<float>(s.numbers("betas").at(1));
+  optimizer_options.eps = static_cast<float>(s.number("eps"));
+  (void)dp::make_optimizer(optimizer_options);  // an unknown name or bad options: an error now
+  dp::LrSchedule schedule;
+  schedule.kind = dp::parse_schedule_kind(s.text("lr_schedule"));
+  schedule.base = s.number("lr");
+  schedule.warmup_epochs = s.number("warmup_epochs");
+  schedule.step_epochs = s.integer("lr_step_epochs");
+  schedule.gamma = s.number("lr_gamma");
   dp::Layout layout = dp::Layout::nchw;
   if (layout_name == "nhwc")
     layout = dp::Layout::nhwc;
@@ -194,9 +206,8 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
   t.batch_size = s.integer("batch_size");
   t.eval_batch_size = s.integer("eval_batch_size");
   t.epochs = static_cast<int>(s.integer("epochs"));
-  t.sgd.lr = static_cast<float>(s.number("lr"));
-  t.sgd.momentum = static_cast<float>(s.number("momentum"));
-  t.sgd.weight_decay = static_cast<float>(s.number("weight_decay"));
+  t.lr = schedule;
+  t.optimizer = optimizer_options;
   t.seed = static_cast<uint64_t>(s.integer("seed"));
   t.cpu_threads = r.threads;
   t.layout = layout;
@@ -237,7 +248,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
     row.test_acc = report.test_acc;
     row.seconds = report.seconds;
     row.examples_per_second = report.examples_per_second;
-    row.lr = s.number("lr");
+    row.lr = report.lr;  // the epoch's last step's (schedules change it per step)
     row.eval_seconds = report.eval_seconds;
     row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
     if (fault.kind == Fault::Kind::garble && fault.epoch == report.epoch)

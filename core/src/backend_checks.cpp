@@ -580,6 +580,9 @@ void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor
       check.fail(std::string(what) + " must be finite and >= 0, got " + std::to_string(v));
     }
   }
+  if (p.nesterov && p.momentum == 0.0f) {
+    check.fail("Nesterov momentum needs a momentum above 0 (as PyTorch's SGD)");
+  }
   if (p.momentum != 0.0f) {
     if (momentum_buf == nullptr) {
       check.fail("momentum is " + std::to_string(p.momentum) +
@@ -588,6 +591,30 @@ void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor
     check.f32(*momentum_buf, params.shape, "momentum_buf");
   }
   if (params.numel() > 0) sgd_update_impl(params, grads, momentum_buf, p);
+}
+
+void Backend::adamw_update(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                           const Tensor& exp_avg_sq, const AdamWParams& p) {
+  const Checker check(*this, "adamw_update");
+  check.tensor(params, DType::f32, "params");
+  check.f32(grads, params.shape, "grads");
+  check.f32(exp_avg, params.shape, "exp_avg");
+  check.f32(exp_avg_sq, params.shape, "exp_avg_sq");
+  for (const auto& [v, what] : {std::pair{p.lr, "lr"}, {p.weight_decay, "weight_decay"}}) {
+    if (!(v >= 0.0f) || !std::isfinite(v)) {
+      check.fail(std::string(what) + " must be finite and >= 0, got " + std::to_string(v));
+    }
+  }
+  for (const auto& [v, what] : {std::pair{p.beta1, "beta1"}, {p.beta2, "beta2"}}) {
+    if (!(v >= 0.0f && v < 1.0f)) {
+      check.fail(std::string(what) + " must be in [0, 1), got " + std::to_string(v));
+    }
+  }
+  if (!(p.eps > 0.0f) || !std::isfinite(p.eps)) {
+    check.fail("eps must be positive, got " + std::to_string(p.eps));
+  }
+  if (p.step < 1) check.fail("step counts from 1, got " + std::to_string(p.step));
+  if (params.numel() > 0) adamw_update_impl(params, grads, exp_avg, exp_avg_sq, p);
 }
 
 // ---- data ---------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ struct Trainer::Impl {
     Communicator* comm = nullptr;       // batch norm statistics, BN buffer averages
     Communicator* grad_comm = nullptr;  // gradient buckets (possibly from a second thread)
     std::unique_ptr<GradientBuckets> buckets;
+    std::unique_ptr<Optimizer> optimizer;
     BucketLauncher* launcher = nullptr;
 
     Tensor train_images, train_labels;  // (M,C,H,W) u8, (M) u8
@@ -80,6 +81,7 @@ struct Trainer::Impl {
   int64_t eval_batch = 0;         // global
   int64_t max_shard = 0;          // largest per-replica batch (training or evaluation)
   int64_t steps_per_epoch = 0;
+  int64_t steps_done = 0;  // optimizer steps so far (run_epoch(e) starts at (e - 1) * per epoch)
   int64_t eval_steps = 0;  // per replica
   std::vector<Replica> replicas;
   // Two communicator groups: gradient buckets may be summed on a communication thread while the
@@ -150,7 +152,11 @@ struct Trainer::Impl {
   std::vector<int64_t> eval_batches(int global_rank) const;
   // One step on index-buffer entries [begin, begin + n) of the global batch; the per-replica
   // loss/correct land in slot `slot`.
-  void train_step(Replica& r, int64_t begin, int64_t n, int64_t slot);
+  void train_step(Replica& r, int64_t begin, int64_t n, int64_t slot, float lr, int64_t step);
+  /// The learning rate of 0-based step t.
+  float lr_at(int64_t t) const {
+    return static_cast<float>(options.lr.at(t, steps_per_epoch, std::max(options.epochs, 1)));
+  }
   void evaluate_replica(Replica& r, int64_t& correct);
 };
 
@@ -209,7 +215,8 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   r.arena = std::make_unique<Arena>(b);
   r.params = std::make_unique<ParamRegistry>();
   r.model->declare(*r.params, "");
-  r.params->allocate(b, options.sgd.momentum != 0.0f);
+  r.optimizer = make_optimizer(options.optimizer);
+  r.params->allocate(b, r.optimizer->state_buffers());
   r.params->initialize(options.seed);
 
   const Shape example{train.channels, train.height, train.width};
@@ -245,7 +252,8 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   b.synchronize();
 }
 
-void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slot) {
+void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slot, float lr,
+                               int64_t step) {
   Backend& b = *r.backend;
   // This replica's shard as split() cuts it, computed without a vector: nothing is allocated
   // in the step loop.
@@ -276,8 +284,7 @@ void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slo
   }
   r.buckets->finish();  // what backward did not report, then wait for every sum
   const Tensor grads = r.params->grads_flat();
-  const Tensor momentum = r.params->momentum_flat();
-  b.sgd_update(r.params->params_flat(), grads, momentum.empty() ? nullptr : &momentum, options.sgd);
+  r.optimizer->update(b, r.params->params_flat(), grads, r.params->state_flat(), lr, step);
 }
 
 void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
@@ -424,13 +431,17 @@ EpochReport Trainer::run_epoch(int epoch) {
   }();
 
   std::vector<double> loss(static_cast<size_t>(s.k())), correct(static_cast<size_t>(s.k()));
+  // The epoch's steps are numbered from its position, so an epoch computes the same whatever
+  // ran before it in this process (a resumed run included).
+  const int64_t first = static_cast<int64_t>(epoch - 1) * s.steps_per_epoch;
   const auto t0 = Clock::now();
   s.run_all([&](Impl::Replica& r) {
     Backend& b = *r.backend;
     b.upload(r.train_index.data, perm.data(), perm.size() * sizeof(int32_t));
     for (int64_t step = 0; step < s.steps_per_epoch; ++step) {
       const int64_t begin = step * batch;
-      s.train_step(r, begin, std::min(batch, count - begin), step);
+      s.train_step(r, begin, std::min(batch, count - begin), step, s.lr_at(first + step),
+                   first + step + 1);
     }
     std::vector<float> l(static_cast<size_t>(s.steps_per_epoch));
     std::vector<int32_t> c(l.size());
@@ -445,8 +456,10 @@ EpochReport Trainer::run_epoch(int epoch) {
     correct[static_cast<size_t>(r.rank)] = cs;
   });
   s.buffers_differ = true;
+  s.steps_done = first + s.steps_per_epoch;
   EpochReport report;
   report.epoch = epoch;
+  report.lr = s.lr_at(s.steps_done - 1);
   report.seconds = seconds_since(t0);
   report.train_examples = count;
   report.test_examples = s.test_meta.count;
@@ -483,10 +496,11 @@ double Trainer::step(const std::vector<int32_t>& indices) {
   std::vector<float> loss(static_cast<size_t>(s.k()));
   s.run_all([&](Impl::Replica& r) {
     r.backend->upload(r.train_index.data, indices.data(), indices.size() * sizeof(int32_t));
-    s.train_step(r, 0, n, 0);
+    s.train_step(r, 0, n, 0, s.lr_at(s.steps_done), s.steps_done + 1);
     r.backend->download(&loss[static_cast<size_t>(r.rank)], r.loss_slots.data, sizeof(float));
   });
   s.buffers_differ = true;
+  ++s.steps_done;
   double total = 0;
   for (float l : loss) total += l;
   s.group->allreduce_sum(&total, 1);

@@ -113,8 +113,8 @@ TEST_CASE("Bucketed gradient sums overlapping backward give exactly the unbucket
       auto o = dp::TrainerOptions{};
       o.replicas = 3;
       o.batch_size = 61;
-      o.sgd.lr = 0.1f;
-      o.sgd.momentum = 0.9f;
+      o.lr.base = 0.1f;
+      o.optimizer.momentum = 0.9f;
       o.seed = 5;
       o.cpu_threads = 3;
       o.sync_bn = sync;

@@ -21,7 +21,9 @@ dp::TrainerOptions cpu_options(int replicas, int64_t batch, dp::SgdParams sgd = 
   dp::TrainerOptions o;
   o.replicas = replicas;
   o.batch_size = batch;
-  o.sgd = sgd;
+  o.lr.base = sgd.lr;
+  o.optimizer.momentum = sgd.momentum;
+  o.optimizer.weight_decay = sgd.weight_decay;
   o.seed = 17;
   o.cpu_threads = 2;
   o.epochs = 1;
@@ -185,8 +187,8 @@ TEST_CASE("Epochs: shuffled, reproducible, BN buffers averaged, reports filled",
   const auto train = enginetest::synthetic_dataset(300, 7);
   const auto test = enginetest::synthetic_dataset(101, 8);
   auto o = cpu_options(2, 64);
-  o.sgd.lr = 0.1f;
-  o.sgd.momentum = 0.9f;
+  o.lr.base = 0.1f;
+  o.optimizer.momentum = 0.9f;
   o.epochs = 3;
   o.eval_batch_size = 50;
   dp::Trainer a(o, small_bn_net, train, test), b(o, small_bn_net, train, test);
@@ -249,7 +251,7 @@ TEST_CASE("fit stops when the callback says so, or after a non-finite loss", "[e
     t.fit([&](const dp::EpochReport&) { return ++calls < 2; });
   }
   CHECK(calls == 2);
-  o.sgd.lr = 1e38f;
+  o.lr.base = 1e38f;
   calls = 0;
   bool finite = true;
   dp::Trainer t(o, linear_net, data, data.head(20));

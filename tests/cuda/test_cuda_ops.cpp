@@ -463,12 +463,36 @@ TEST_CASE("cuda softmax cross-entropy and count_correct match the cpu backend", 
 
 // ---- optimizer ----------------------------------------------------------------------------------
 
+TEST_CASE("cuda adamw_update matches the cpu backend (PyTorch semantics)", "[cuda]") {
+  auto& B = backends();
+  const int64_t n = 10007;
+  for (const float wd : {0.0f, 0.05f}) {
+    INFO("weight_decay " << wd);
+    Flat p({n}), g({n}), m({n}), v({n});
+    p.set(dptest::random_vector(n, 91));
+    m.set(std::vector<float>(static_cast<size_t>(n), 0.0f));
+    v.set(std::vector<float>(static_cast<size_t>(n), 0.0f));
+    for (int64_t step = 1; step <= 4; ++step) {
+      g.set(dptest::random_vector(n, 92 + static_cast<uint64_t>(step), -2.0f, 2.0f));
+      const dp::AdamWParams a{3e-3f, 0.8f, 0.95f, 1e-6f, wd, step};
+      B.cpu->adamw_update(p.t.c(), g.t.c(), m.t.c(), v.t.c(), a);
+      B.gpu->adamw_update(p.t.g(), g.t.g(), m.t.g(), v.t.g(), a);
+    }
+    // The same float expressions on both sides; sqrtf vs std::sqrt and FMA contraction differ
+    // by an ulp or two per step.
+    CUDA_CHECK_CLOSE(p.gpu(), p.cpu(), 1e-6);
+    CUDA_CHECK_CLOSE(m.gpu(), m.cpu(), 1e-6);
+    CUDA_CHECK_CLOSE(v.gpu(), v.cpu(), 1e-6);
+  }
+}
+
 TEST_CASE("cuda sgd_update matches the cpu backend (PyTorch semantics)", "[cuda]") {
   auto& B = backends();
   const int64_t n = 10007;
   for (auto sgd : {dp::SgdParams{0.1f, 0.0f, 0.0f}, dp::SgdParams{0.05f, 0.9f, 5e-4f},
-                   dp::SgdParams{0.2f, 0.0f, 1e-2f}}) {
-    INFO("lr " << sgd.lr << " momentum " << sgd.momentum << " wd " << sgd.weight_decay);
+                   dp::SgdParams{0.2f, 0.0f, 1e-2f}, dp::SgdParams{0.05f, 0.9f, 1e-3f, true}}) {
+    INFO("lr " << sgd.lr << " momentum " << sgd.momentum << " wd " << sgd.weight_decay
+               << " nesterov " << sgd.nesterov);
     Flat p({n}), g({n}), buf({n});
     p.set(dptest::random_vector(n, 81));
     buf.set(std::vector<float>(static_cast<size_t>(n), 0.0f));

@@ -105,7 +105,7 @@ dp::TrainerOptions options_for(dp::BackendKind kind, int64_t batch, float lr) {
   o.batch_size = batch;
   o.eval_batch_size = batch;
   o.epochs = 1;
-  o.sgd.lr = lr;
+  o.lr.base = lr;
   o.seed = 7;
   o.allow_tf32 = false;
   return o;
@@ -133,8 +133,8 @@ TEST_CASE("cuda LeNet with max pooling and momentum equals the cpu backend", "[c
   }
   const auto build = builder("lenet", {{"pool", std::string("max")}, {"init_std", 0.1}});
   auto o = options_for(dp::BackendKind::cpu, 48, 0.1f);
-  o.sgd.momentum = 0.9f;
-  o.sgd.weight_decay = 5e-4f;
+  o.optimizer.momentum = 0.9f;
+  o.optimizer.weight_decay = 5e-4f;
   const auto batches = std::vector<std::vector<int32_t>>{batch_indices(48), batch_indices(48, 9)};
   const auto cpu = run_steps(o, build, batches);
   o.backend = dp::BackendKind::cuda;

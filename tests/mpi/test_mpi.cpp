@@ -47,9 +47,9 @@ dp::TrainerOptions cpu_options(int replicas, int64_t batch, dp::ProcessGroup* pr
   o.replicas = replicas;
   o.processes = processes;
   o.batch_size = batch;
-  o.sgd.lr = 0.2f;
-  o.sgd.momentum = 0.9f;
-  o.sgd.weight_decay = 5e-3f;
+  o.lr.base = 0.2f;
+  o.optimizer.momentum = 0.9f;
+  o.optimizer.weight_decay = 5e-3f;
   o.seed = 23;
   o.cpu_threads = replicas;  // one thread per replica: up to 3 processes share 2 cores in CI
   o.epochs = 1;
@@ -148,8 +148,8 @@ TEST_CASE("An epoch across processes equals the same replicas in one process", "
   const auto train = all.head(256), test = all.head(100);
   // Batch 50: the epoch ends with a partial batch of 6, and evaluation chunks are uneven.
   auto o = cpu_options(1, 50, &g);
-  o.sgd.momentum = 0.0f;
-  o.sgd.weight_decay = 0.0f;
+  o.optimizer.momentum = 0.0f;
+  o.optimizer.weight_decay = 0.0f;
   o.eval_batch_size = 32;
   dp::Trainer across(o, small_bn_net, train, test);
   CHECK(across.world_replicas() == g.size());

@@ -11,20 +11,26 @@ inline const dprun::SettingTable& later_settings() {
     using namespace std::string_literals;
     using T = dprun::SettingType;
     std::vector<dprun::Setting> rows = dprun::builtin_settings().rows();
-    rows.push_back({.key = "processes",
+    // Rows this dprun already has stay as they are (the later settings arrive one by one).
+    auto add = [&rows](dprun::Setting row) {
+      for (const auto& r : rows)
+        if (r.column == row.column) return;
+      rows.push_back(std::move(row));
+    };
+    add({.key = "processes",
                     .column = "processes",
                     .default_value = int64_t{1},
                     .range = dprun::at_least(1),
                     .identity = true,
                     .help = "processes of a trial"});
-    rows.push_back({.key = "checkpoint",
+    add({.key = "checkpoint",
                     .column = "checkpoint",
                     .type = T::choice,
                     .default_value = "last"s,
                     .choices = {"none", "last", "best", "every"},
                     .baseline_may_differ = true,
                     .help = "which checkpoints to keep"});
-    rows.push_back({.key = "betas",
+    add({.key = "betas",
                     .column = "betas",
                     .type = T::numbers,
                     .default_value = std::vector<double>{0.9, 0.999},
@@ -32,7 +38,7 @@ inline const dprun::SettingTable& later_settings() {
                     .count = 2,
                     .identity = true,
                     .help = "Adam's betas"});
-    rows.push_back({.key = "nesterov",
+    add({.key = "nesterov",
                     .column = "nesterov",
                     .type = T::boolean,
                     .default_value = false,

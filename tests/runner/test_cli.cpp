@@ -2,6 +2,7 @@
 // plan / plugins / report / train commands and command-line errors. Failure paths (killed
 // trials, signals) are in test_run_faults.cpp.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 
 #include "cli_helpers.hpp"
@@ -335,4 +336,29 @@ TEST_CASE("bn = \"sync\" trains with statistics over every replica and is record
                  "ORDER BY bn_mode)") == "per-replica:done,sync:done");
   // Different statistics, different training: the two trials' losses differ.
   CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "2");
+}
+
+TEST_CASE("AdamW with a warm-up and a cosine schedule: every epoch's learning rate is recorded",
+          "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/adamw.toml";
+  const std::string db = dir.path() + "/adamw.db";
+  // 256 examples in batches of 64: 4 steps per epoch, the first epoch warming up.
+  clitest::write_file(file, "[experiment]\nname = \"adamw\"\n[data]\npath = \"" + data +
+                                "\"\n[train]\nmodel = \"lenet\"\nepochs = 3\nbatch_size = 64\n"
+                                "train_limit = 256\ntest_limit = 128\nbackend = \"cpu\"\n"
+                                "optimizer = \"adamw\"\nlr = 0.002\nweight_decay = 0.01\n"
+                                "lr_schedule = \"cosine\"\nwarmup_epochs = 1\n");
+  const auto r = run({"run", file, "--db", db, "--threads", "2"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db, "SELECT optimizer || ' ' || lr_schedule || ' ' || warmup_epochs || ' ' || "
+                 "status FROM trials") == "adamw cosine 1.0 done");
+  const auto lrs = sql(db, "SELECT lr FROM epochs ORDER BY epoch");
+  REQUIRE(lrs.size() == 3);
+  // The last step of each epoch: 0.002 at the end of the warm-up, then the cosine over the 8
+  // steps after it, at steps 4 and 8 of 8 (steps 7 and 11 of the run).
+  CHECK(std::stod(lrs[0][0]) == Approx(0.002));
+  CHECK(std::stod(lrs[1][0]) == Approx(0.002 * 0.5 * (1 + std::cos(M_PI * 3.0 / 8.0))));
+  CHECK(std::stod(lrs[2][0]) == Approx(0.002 * 0.5 * (1 + std::cos(M_PI * 7.0 / 8.0))));
 }

@@ -436,7 +436,8 @@ TEST_CASE("error: values out of range", "[experiment]") {
       {"test_limit = -1", "t.toml:5:14: train.test_limit: must be at least 0, got -1"},
       {"seed = -1", "t.toml:5:8: train.seed: must be at least 0, got -1"},
       {"optimizer = \"adam\"",
-       "t.toml:5:13: train.optimizer: unknown value \"adam\" (expected one of \"sgd\")"},
+       "t.toml:5:13: train.optimizer: unknown value \"adam\"; did you mean \"adamw\"? (expected "
+       "one of \"sgd\", \"adamw\")"},
       {"precision = \"bf16\"",
        "t.toml:5:13: train.precision: bf16 is not supported yet; use \"fp32\""},
       {"bn = \"synch\"",
@@ -453,6 +454,42 @@ TEST_CASE("error: values out of range", "[experiment]") {
     auto e = error_of(kHead + "[train]\nmodel = \"lenet\"\n" + c.line + "\n");
     CHECK(std::string(e.what()) == c.message);
   }
+}
+
+TEST_CASE("error: an optimizer or schedule key the trial does not use", "[experiment]") {
+  // Given but meaningless for this trial's optimizer or schedule: a mistake, never ignored.
+  struct Case {
+    const char* lines;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"betas = [0.9, 0.99]",
+       "t.toml:5:9: train.betas: betas applies to optimizer \"adamw\"; this trial's optimizer is "
+       "\"sgd\""},
+      {"optimizer = \"adamw\"\nmomentum = 0.9",
+       "t.toml:6:12: train.momentum: momentum applies to optimizer \"sgd\"; this trial's optimizer "
+       "is \"adamw\" (it has betas and eps)"},
+      {"nesterov = true",
+       "t.toml:5:12: train.nesterov: nesterov = true needs momentum > 0 (as PyTorch's SGD)"},
+      {"lr_gamma = 0.5",
+       "t.toml:5:12: train.lr_gamma: lr_gamma applies to lr_schedule = \"step\"; this trial's "
+       "schedule is \"constant\""},
+      {"epochs = 2\nwarmup_epochs = 3",
+       "t.toml:6:17: train.warmup_epochs: warmup_epochs 3 is longer than the training (2 epochs)"},
+      {"lr_gamma = 1.5",
+       "t.toml:5:12: train.lr_gamma: must be in (0, 1], got 1.5"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.lines);
+    auto e = error_of(kHead + "[train]\nmodel = \"lenet\"\n" + c.lines + "\n");
+    CHECK(std::string(e.what()) == c.message);
+  }
+  // The same keys where they apply are fine.
+  const auto ok = parse(kHead + "[train]\nmodel = \"lenet\"\noptimizer = \"adamw\"\nbetas = "
+                                "[0.8, 0.99]\neps = 1e-6\nlr_schedule = \"step\"\nlr_gamma = "
+                                "0.5\nlr_step_epochs = 2\nwarmup_epochs = 0.5\n");
+  REQUIRE(ok.trials.size() == 1);
+  CHECK(ok.trials[0].settings.text("lr_schedule") == "step");
 }
 
 TEST_CASE("error: batch_size smaller than gpus is found per trial", "[experiment]") {

@@ -121,22 +121,25 @@ TEST_CASE("settings: values are checked by their row", "[settings]") {
 TEST_CASE("settings: an experiment file sets each type the table has", "[settings]") {
   const SettingTable& later = later_settings();
   auto ex = parse(kHead +
-                      "processes = 2\nbetas = [0.8, 0.9]\nnesterov = true\ncheckpoint = "
+                      "processes = 2\noptimizer = \"adamw\"\nbetas = [0.8, 0.9]\ncheckpoint = "
                       "\"best\"\n[sweep]\nseed = [1, 2]\n",
                   later);
   REQUIRE(ex.trials.size() == 2);
   const TrialSettings& s = ex.trials[0].settings;
   CHECK(s.integer("processes") == 2);
   CHECK(s.numbers("betas") == std::vector<double>{0.8, 0.9});
-  CHECK(s.boolean("nesterov"));
   CHECK(s.text("checkpoint") == "best");
+  auto sgd = parse(kHead + "momentum = 0.9\nnesterov = true\n", later);
+  REQUIRE(sgd.trials.size() == 1);
+  CHECK(sgd.trials[0].settings.boolean("nesterov"));
 
   // A list-valued setting: a list of numbers is one value, a list of such lists an axis.
-  auto axis = parse(kHead + "[sweep]\nbetas = [[0.9, 0.999], [0.5, 0.9]]\n", later);
+  auto axis =
+      parse(kHead + "optimizer = \"adamw\"\n[sweep]\nbetas = [[0.9, 0.999], [0.5, 0.9]]\n", later);
   REQUIRE(axis.trials.size() == 2);
   CHECK(axis.trials[1].settings.numbers("betas") == std::vector<double>{0.5, 0.9});
   CHECK(axis.trials[1].label == "betas=[0.5, 0.9]");
-  auto fixed = parse(kHead + "[sweep]\nbetas = [0.5, 0.9]\n", later);
+  auto fixed = parse(kHead + "optimizer = \"adamw\"\n[sweep]\nbetas = [0.5, 0.9]\n", later);
   REQUIRE(fixed.trials.size() == 1);
   CHECK(fixed.trials[0].settings.numbers("betas") == std::vector<double>{0.5, 0.9});
 

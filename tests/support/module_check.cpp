@@ -25,7 +25,7 @@ ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, 
   backend_ = dp::create_backend(bo);
   arena_ = std::make_unique<dp::Arena>(*backend_);
   module_->declare(registry_, "");
-  registry_.allocate(*backend_, false);
+  registry_.allocate(*backend_);
   registry_.initialize(seed);
   dp::SetupContext ctx{*backend_, *arena_, registry_, dp::Layout::nchw, {}, {}, true};
   const dp::Shape out = module_->setup(ctx, input);

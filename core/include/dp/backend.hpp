@@ -75,12 +75,25 @@ struct PoolGeometry {
   int64_t out_w(int64_t in_w) const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
 };
 
-/// PyTorch's SGD: g += weight_decay * p; buf = momentum * buf + g (buf starts at 0); p -= lr * buf.
-/// With momentum == 0 no buffer is used: p -= lr * g.
+/// PyTorch's SGD (dampening 0): g += weight_decay * p; buf = momentum * buf + g (buf starts at
+/// 0); then p -= lr * buf, or with Nesterov p -= lr * (g + momentum * buf). With momentum == 0
+/// no buffer is used: p -= lr * g.
 struct SgdParams {
   float lr = 0.1f;
   float momentum = 0.0f;
   float weight_decay = 0.0f;
+  bool nesterov = false;  // needs momentum > 0 (as PyTorch)
+};
+
+/// PyTorch's AdamW (amsgrad off): p *= 1 - lr * weight_decay; m = beta1 m + (1 - beta1) g;
+/// v = beta2 v + (1 - beta2) g^2; p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 -
+/// beta2^step) + eps). m and v start at 0; step counts from 1.
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+  int64_t step = 1;
 };
 
 /// The ops every backend provides. Each public op is non-virtual: it validates its arguments
@@ -234,6 +247,10 @@ class Backend {
   /// p.momentum == 0. lr, momentum and weight_decay finite and >= 0.
   void sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
                   const SgdParams& p);
+  /// One AdamW step over flat buffers of equal length; exp_avg (m) and exp_avg_sq (v) are its
+  /// state. lr, weight_decay >= 0, betas in [0, 1), eps > 0, step >= 1.
+  void adamw_update(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                    const Tensor& exp_avg_sq, const AdamWParams& p);
 
   // ---- data -------------------------------------------------------------------------------------
   /// Gathers examples by index from a dataset resident in this backend's memory.
@@ -307,6 +324,8 @@ class Backend {
                                   const Tensor& correct) = 0;
   virtual void sgd_update_impl(const Tensor& params, const Tensor& grads,
                                const Tensor* momentum_buf, const SgdParams& p) = 0;
+  virtual void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                                 const Tensor& exp_avg_sq, const AdamWParams& p) = 0;
   virtual void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
                                  const Tensor& x, const Tensor& y) = 0;
 

@@ -13,6 +13,7 @@
 #include "dp/backend.hpp"
 #include "dp/data.hpp"
 #include "dp/module.hpp"
+#include "dp/optimizer.hpp"
 #include "dp/process_group.hpp"
 
 namespace dp {
@@ -33,7 +34,10 @@ struct TrainerOptions {
   int64_t batch_size = 256;       // global batch
   int64_t eval_batch_size = 0;    // global; 0: same as batch_size
   int epochs = 10;
-  SgdParams sgd;
+  /// The learning rate of every step, and the optimizer that applies it (one fused update of
+  /// the flat parameter buffer per step, the same on every replica).
+  LrSchedule lr;
+  OptimizerOptions optimizer;
   uint64_t seed = 0;
   int cpu_threads = 0;            // CPU backend: total threads shared by replicas (0: hardware)
   bool allow_tf32 = true;
@@ -61,6 +65,7 @@ struct EpochReport {
   double seconds = 0;        // training time of the epoch (evaluation excluded)
   double eval_seconds = 0;
   double examples_per_second = 0;
+  double lr = 0;             // the learning rate of the epoch's last step
   int64_t train_examples = 0, test_examples = 0;
   bool finite = true;        // false when the loss was NaN or infinite
 };
@@ -83,8 +88,9 @@ class Trainer {
   /// One epoch: train then evaluate. `epoch` is 1-based (it selects the shuffle).
   EpochReport run_epoch(int epoch);
 
-  /// One SGD step on the given training examples (a global batch, in this order), for tests.
-  /// Returns the mean loss.
+  /// One optimizer step on the given training examples (a global batch, in this order), for
+  /// tests; it continues the step count (the schedule and AdamW's bias correction). Returns the
+  /// mean loss.
   double step(const std::vector<int32_t>& indices);
   /// Test accuracy over the whole test set.
   double evaluate();

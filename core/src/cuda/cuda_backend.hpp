@@ -127,6 +127,8 @@ class CudaBackend final : public Backend {
 
   void sgd_update_impl(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
                        const SgdParams& p) override;
+  void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                         const Tensor& exp_avg_sq, const AdamWParams& p) override;
 
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
                          const Tensor& x, const Tensor& y) override;

@@ -39,10 +39,15 @@ void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
 void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
                   cudaStream_t stream);
 
-/// PyTorch SGD over flat buffers: g' = g + wd * p; buf = momentum * buf + g' (when buf);
-/// p -= lr * (buf or g'). grads are not modified.
+/// PyTorch SGD over flat buffers (optimizer.cu): d = g + wd * p; buf = momentum * buf + d (when
+/// buf); p -= lr * (buf, or d + momentum * buf with Nesterov, or d). grads are not modified.
 void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, cudaStream_t stream);
+                float momentum, float weight_decay, bool nesterov, cudaStream_t stream);
+/// PyTorch AdamW over flat buffers, with the step's scalars computed on the host: step_size =
+/// lr / (1 - beta1^t), decay = 1 - lr * wd, bias2_sqrt = sqrt(1 - beta2^t).
+void adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                  float step_size, float decay, float beta1, float beta2, float eps,
+                  float bias2_sqrt, cudaStream_t stream);
 
 /// images (M,C,H,W) u8, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255 in the
 /// given layout, y (n) i32. An index outside [0, M) writes NaN images and label -1 (visible, as
