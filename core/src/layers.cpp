@@ -393,6 +393,10 @@ Tensor GlobalAvgPool::do_backward(RunContext& ctx, const Tensor& dy, bool need_d
 
 Shape Flatten::do_setup(SetupContext& ctx, const Shape& input) {
   in_ = input;
+  if (input.rank == 4) {
+    ctx.flat = {input[1], input[2], input[3],
+                ctx.layout == Layout::nhwc && input[2] * input[3] > 1};
+  }
   return {input[0], input.per_example()};
 }
 
@@ -441,10 +445,27 @@ Shape Linear::do_setup(SetupContext& ctx, const Shape& input) {
            "Linear(in_features=" + std::to_string(in_) + ") expects (N, " + std::to_string(in_) +
                ") input, got " + input.str() + (input.rank == 4 ? " (add a Flatten first)" : ""));
   DP_CHECK(w_.valid(), "Linear: setup() before declare()");
+  // Features straight from a Flatten keep its order; this layer's outputs have their own.
+  input_order_ = ctx.flat.c * ctx.flat.h * ctx.flat.w == in_ ? ctx.flat : FlatFeatures{};
+  ctx.flat = {};
   const Shape out{input[0], out_};
   y_ = ctx.arena.allocate(out);
   dx_ = ctx.arena.allocate(input);
   return out;
+}
+
+void Linear::parameter_orders(std::vector<ParamOrder>& out) {
+  if (!input_order_.hwc) return;
+  const int64_t C = input_order_.c, H = input_order_.h, W = input_order_.w;
+  ParamOrder order{w_, std::vector<int64_t>(static_cast<size_t>(out_ * in_))};
+  // Column (h * W + w) * C + c of ours is column c * H * W + h * W + w of PyTorch's.
+  for (int64_t o = 0; o < out_; ++o)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t w = 0; w < W; ++w)
+        for (int64_t c = 0; c < C; ++c)
+          order.pytorch_index[static_cast<size_t>(o * in_ + (h * W + w) * C + c)] =
+              o * in_ + c * H * W + h * W + w;
+  out.push_back(std::move(order));
 }
 
 Tensor Linear::do_forward(RunContext& ctx, const Tensor& x) {

@@ -23,6 +23,10 @@ class Sgd final : public Optimizer {
   }
   std::string name() const override { return "sgd"; }
   int state_buffers() const override { return o_.momentum != 0.0f ? 1 : 0; }
+  std::vector<std::string> state_names() const override {
+    if (o_.momentum == 0.0f) return {};
+    return {"momentum_buffer"};
+  }
   void update(Backend& backend, const Tensor& params, const Tensor& grads,
               const std::vector<Tensor>& state, float lr, int64_t) override {
     const SgdParams p{lr, o_.momentum, o_.weight_decay, o_.nesterov};
@@ -45,6 +49,7 @@ class AdamW final : public Optimizer {
   }
   std::string name() const override { return "adamw"; }
   int state_buffers() const override { return 2; }
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   void update(Backend& backend, const Tensor& params, const Tensor& grads,
               const std::vector<Tensor>& state, float lr, int64_t step) override {
     const AdamWParams p{lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, step};

@@ -16,7 +16,7 @@ std::vector<dp::BackendKind> available_backends() {
 }
 
 ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, uint64_t seed,
-                           dp::BackendKind kind)
+                           dp::BackendKind kind, dp::Layout layout)
     : kind_(kind), module_(std::move(module)), input_(input) {
   dp::BackendOptions bo;
   bo.kind = kind;
@@ -27,10 +27,11 @@ ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, 
   module_->declare(registry_, "");
   registry_.allocate(*backend_);
   registry_.initialize(seed);
-  dp::SetupContext ctx{*backend_, *arena_, registry_, dp::Layout::nchw, {}, {}, true};
+  dp::SetupContext ctx{*backend_, *arena_, registry_, layout, {}, {}, true};
   const dp::Shape out = module_->setup(ctx, input);
   // Twice the setup batch, so tests can hand the module a too-large batch and see its error.
-  x_ = arena_->allocate(input.with_batch(2 * input[0]));
+  x_ = arena_->allocate(input.with_batch(2 * input[0]), dp::DType::f32,
+                        input.rank == 4 ? layout : dp::Layout::nchw);
   dy_ = arena_->allocate(out.with_batch(2 * out[0]));
 }
 

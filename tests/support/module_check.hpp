@@ -31,7 +31,8 @@ std::vector<dp::BackendKind> available_backends();
 class ModuleRunner {
  public:
   ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, uint64_t seed = 1,
-               dp::BackendKind kind = dp::BackendKind::cpu);
+               dp::BackendKind kind = dp::BackendKind::cpu,
+               dp::Layout layout = dp::Layout::nchw);
   ~ModuleRunner();
   ModuleRunner(const ModuleRunner&) = delete;
   ModuleRunner& operator=(const ModuleRunner&) = delete;

@@ -151,6 +151,9 @@ class Linear : public Module {
   const char* type() const override { return "Linear"; }
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
+  /// Linear's weight columns follow its input features: after an NHWC Flatten they are in
+  /// (H, W, C) order and are reported for permutation to PyTorch's (C, H, W).
+  void parameter_orders(std::vector<ParamOrder>& out) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -158,6 +161,7 @@ class Linear : public Module {
   Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
 
  private:
+  FlatFeatures input_order_;
   int64_t in_, out_;
   bool has_bias_;
   Init w_init_, b_init_;

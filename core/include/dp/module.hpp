@@ -44,6 +44,21 @@ class Arena {
   size_t used_ = 0;
 };
 
+/// How the features of a flat (N, F) activation made by Flatten are ordered: NHWC memory
+/// flattens to (H, W, C), PyTorch's flatten to (C, H, W). Flatten says so at setup; the Linear
+/// reading it remembers, so a checkpoint can store that Linear's weight in PyTorch's order.
+struct FlatFeatures {
+  int64_t c = 0, h = 0, w = 0;
+  bool hwc = false;  // the features come in (H, W, C) order (and H * W > 1)
+};
+
+/// A parameter stored in another element order than PyTorch's: element i of ours is element
+/// pytorch_index[i] of PyTorch's tensor of the same shape.
+struct ParamOrder {
+  ParamHandle parameter;
+  std::vector<int64_t> pytorch_index;
+};
+
 struct SetupContext {
   Backend& backend;
   Arena& arena;
@@ -57,6 +72,8 @@ struct SetupContext {
   /// Whether backward will be asked for the gradient of this module's input (false for a
   /// model's input). Containers pass it to their first layer and true to the rest.
   bool input_grad = true;
+  /// The order of the features Flatten produced for the next Linear (see FlatFeatures).
+  FlatFeatures flat = {};
 };
 
 /// Told, during backward, that a parameter's gradient is final for this step: the trainer starts
@@ -109,6 +126,11 @@ class Module {
   virtual void describe(std::ostream& os, int indent = 0) const;
   /// Direct children, for traversal (empty for leaves).
   virtual std::vector<Module*> children() { return {}; }
+  /// The parameters of this module and its children stored in another order than PyTorch's
+  /// (after setup). Checkpoints write those in PyTorch's order.
+  virtual void parameter_orders(std::vector<ParamOrder>& out) {
+    for (Module* c : children()) c->parameter_orders(out);
+  }
 
  protected:
   virtual Shape do_setup(SetupContext& ctx, const Shape& input) = 0;

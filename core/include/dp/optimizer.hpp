@@ -31,6 +31,9 @@ class Optimizer {
   /// How many flat state buffers (each as long as the parameter buffer) the optimizer keeps:
   /// sgd 1 with momentum, else 0; adamw 2 (exp_avg, exp_avg_sq). Zeroed at the start.
   virtual int state_buffers() const = 0;
+  /// The state buffers' names, as PyTorch's optimizer state calls them ("momentum_buffer";
+  /// "exp_avg", "exp_avg_sq").
+  virtual std::vector<std::string> state_names() const = 0;
   /// One update of params (flat) from grads with this step's learning rate. `step` counts the
   /// updates from 1 (AdamW's bias correction); `state` holds state_buffers() tensors.
   virtual void update(Backend& backend, const Tensor& params, const Tensor& grads,

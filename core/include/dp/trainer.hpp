@@ -15,6 +15,7 @@
 #include "dp/module.hpp"
 #include "dp/optimizer.hpp"
 #include "dp/process_group.hpp"
+#include "dp/safetensors.hpp"
 
 namespace dp {
 
@@ -81,9 +82,10 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  /// Trains options.epochs epochs; after each calls on_epoch, which returns false to stop.
-  /// Training stops after an epoch whose loss was not finite.
-  void fit(const std::function<bool(const EpochReport&)>& on_epoch);
+  /// Trains epochs first_epoch .. options.epochs; after each calls on_epoch, which returns false
+  /// to stop. Training stops after an epoch whose loss was not finite. first_epoch > 1 continues
+  /// a run whose state load_state() restored.
+  void fit(const std::function<bool(const EpochReport&)>& on_epoch, int first_epoch = 1);
 
   /// One epoch: train then evaluate. `epoch` is 1-based (it selects the shuffle).
   EpochReport run_epoch(int epoch);
@@ -96,6 +98,20 @@ class Trainer {
   double evaluate();
 
   /// Replicas in this process, and in the whole trial (all processes).
+  // ---- checkpoints ---------------------------------------------------------------------------
+  /// The model as PyTorch's state_dict holds it: every parameter and buffer under its dotted
+  /// name, PyTorch's shape and element order (an NHWC model's Linear after Flatten is
+  /// permuted), plus num_batches_tracked (I64) beside every batch norm's running statistics, so
+  /// torch's load_state_dict(strict=True) takes it as it is. From replica 0 (all agree).
+  SafeTensorsFile model_state() const;
+  /// The optimizer's state per parameter ("exp_avg.<parameter name>", ...), in this trainer's
+  /// element order, and the steps done (metadata "steps").
+  SafeTensorsFile optimizer_state() const;
+  /// Restores parameters and buffers (and, when given, the optimizer's state) into every
+  /// replica, from files written by model_state() / optimizer_state() of a trainer of the same
+  /// model. Every name and shape must match; the error names what differs.
+  void load_state(const SafeTensorsFile& model, const SafeTensorsFile* optimizer);
+
   int replicas() const;
   int world_replicas() const;
   const TrainerOptions& options() const;
