@@ -121,6 +121,7 @@ int plugins_command(const Invocation& in) {
   for (const auto& d : scan.searched) std::printf(" %s", d.c_str());
   std::printf("%s\n", scan.searched.empty() ? " (no plugin folder exists)" : "");
   for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: plugin error: %s\n", e.c_str());
+  for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
   // Non-zero when something the user should fix was found (a plugin that did not load, a
   // --plugins path that does not exist) or no model at all.
   return scan.errors.empty() && !scan.models.empty() ? 0 : 1;
@@ -271,6 +272,7 @@ int train_command(const Invocation& in) {
     }
     std::string hint = did_you_mean(*model, names);
     for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: plugin error: %s\n", e.c_str());
+    for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
     throw UsageError("unknown model \"" + *model + "\"" +
                      (hint.empty() ? "" : "; did you mean " + hint + "?") +
                      " (models found: " + (known.empty() ? "none" : known) + ")");

@@ -163,6 +163,7 @@ Experiment load_sweep(const SweepOptions& options) {
     throw UsageError("--backend " + options.backend + ": expected auto, cpu or cuda");
   PluginScan scan = scan_plugins(options.plugin_dirs);
   for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: warning: %s\n", e.c_str());
+  for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
   ModelCatalog catalog;
   for (const auto& [name, m] : scan.models) catalog.models[name] = m.factory;
   ParseOptions parse;

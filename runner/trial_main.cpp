@@ -185,6 +185,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink) {
     for (const auto& d : scan.searched) msg += " " + d;
     msg += ")";
     for (const auto& e : scan.errors) msg += "; " + e;
+    for (const auto& s : scan.skipped) msg += "; " + s;
     return {TrialRecord::Kind::error, msg};
   }
   const LoadedModel& model = found->second;
