@@ -38,6 +38,11 @@ TEST_CASE("json: round trip of every type, escapes and exact 64-bit integers", "
   CHECK(Json::parse(R"("\u00e9\ud83d\ude00")").as_string() == "é\xF0\x9F\x98\x80");
 
   CHECK_THROWS_AS(Json::parse("{\"a\":1,}"), dprun::JsonError);
+  // A whole float stays a float (model options keep their type), integers stay exact.
+  CHECK_FALSE(Json::parse("2.0").is_integer_text());
+  CHECK(Json::parse("2.0").as_double() == 2.0);
+  CHECK(Json::parse("9007199254740993").as_int() == 9007199254740993LL);
+  CHECK_THROWS_AS(Json::parse("18446744073709551615"), dprun::JsonError);
   CHECK_THROWS_AS(Json::parse("[1 2]"), dprun::JsonError);
   CHECK_THROWS_AS(Json::parse("{\"a\":1} x"), dprun::JsonError);
   CHECK_THROWS_AS(Json::parse("\"open"), dprun::JsonError);
