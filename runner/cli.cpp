@@ -192,10 +192,12 @@ const std::vector<Command>& commands() {
        query_command},
       {"report",
        "summarise the experiments of a results database",
-       "dprun report [--db PATH]",
+       "dprun report [--db PATH] [--html FILE]",
        "Summarises every experiment in a database: settings, status, final and best test "
-       "accuracy,\nseconds per epoch and speedup over the 1-GPU trial.",
-       {kResultsDbOpt},
+       "accuracy,\nseconds per epoch and speedup over the 1-GPU trial. --html writes one "
+       "self-contained page\ninstead (learning curves, scaling charts, the trials; no network "
+       "needed, prints well).",
+       {kResultsDbOpt, {"--html", "FILE", "write an HTML report to FILE (- for stdout)"}},
        "",
        false,
        report_command},

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <variant>
 
@@ -157,6 +159,16 @@ int report_command(const Invocation& in) {
   const std::string db = a.last("--db") ? *a.last("--db") : default_database("report");
   if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
   dps::Store store(db, dps::Store::Mode::read_only);
+  if (auto html = a.last("--html")) {
+    const std::string page = format_html_report(store);
+    std::FILE* f = *html == "-" ? stdout : std::fopen(html->c_str(), "w");
+    if (f == nullptr) throw UsageError("--html " + *html + ": cannot write it: " + std::strerror(errno));
+    const bool ok = std::fputs(page.c_str(), f) >= 0;
+    if (f != stdout && std::fclose(f) != 0) throw UsageError("--html " + *html + ": write failed");
+    if (!ok) throw UsageError("--html " + *html + ": write failed");
+    if (f != stdout) std::fprintf(stderr, "dprun: wrote %s (open it in a browser; it needs no network)\n", html->c_str());
+    return 0;
+  }
   std::fputs(format_report(store).c_str(), stdout);
   return 0;
 }

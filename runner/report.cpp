@@ -170,12 +170,52 @@ std::string fixed(const std::optional<double>& v, const char* fmt) {
 
 }  // namespace
 
+std::string ExperimentTrials::label(size_t i) const {
+  std::string out;
+  for (size_t c : shown) {
+    const auto& [name, text] = settings[i][c];
+    out += out.empty() ? (name == "model" ? text : name + "=" + text) : " " + name + "=" + text;
+  }
+  return out;
+}
+
+std::string ExperimentTrials::setting(size_t i, const std::string& column) const {
+  for (const auto& [name, text] : settings[i])
+    if (name == column) return text;
+  return "";
+}
+
+std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const SettingTable& table) {
+  std::vector<ExperimentTrials> out;
+  for (const auto& e : store.experiments()) {
+    ExperimentTrials x;
+    x.experiment = e;
+    x.trials = store.trial_summaries(e.id);
+    for (const auto& t : x.trials) x.settings.push_back(setting_texts(table, t.trial));
+    for (const Setting* row : table.recorded()) x.baseline_may_differ.push_back(row->baseline_may_differ);
+    if (!x.settings.empty()) {
+      for (size_t c = 0; c < x.settings[0].size(); ++c) {
+        std::set<std::string> distinct;
+        for (const auto& row : x.settings) distinct.insert(row[c].second);
+        const std::string& name = x.settings[0][c].first;
+        if (name == "model" || name == "gpus" || (distinct.size() > 1 && name != "data_path"))
+          x.shown.push_back(c);
+      }
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
 std::string format_report(dps::Store& store, const SettingTable& table) {
-  const auto experiments = store.experiments();
+  const auto experiments = experiment_trials(store, table);
   if (experiments.empty()) return "no experiments in " + store.path() + "\n";
   std::string out;
-  for (const auto& e : experiments) {
-    const auto trials = store.trial_summaries(e.id);
+  for (const auto& x : experiments) {
+    const auto& e = x.experiment;
+    const auto& trials = x.trials;
+    const auto& settings = x.settings;
+    const auto& shown = x.shown;
     out += "experiment " + e.name;
     if (!e.description.empty()) out += ": " + e.description;
     out +=
@@ -183,18 +223,6 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
     if (trials.empty()) {
       out += "\n";
       continue;
-    }
-    std::vector<std::vector<std::pair<std::string, std::string>>> settings;
-    for (const auto& t : trials) settings.push_back(setting_texts(table, t.trial));
-    // Settings: the model and gpus always, every other one only when it varies (where the data
-    // lives says nothing about a trial).
-    std::vector<size_t> shown;
-    for (size_t c = 0; c < settings[0].size(); ++c) {
-      std::set<std::string> distinct;
-      for (const auto& row : settings) distinct.insert(row[c].second);
-      const std::string& name = settings[0][c].first;
-      if (name == "model" || name == "gpus" || (distinct.size() > 1 && name != "data_path"))
-        shown.push_back(c);
     }
     std::vector<std::vector<std::string>> table;
     std::vector<std::string> header;
