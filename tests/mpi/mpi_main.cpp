@@ -8,6 +8,7 @@
 #include "dp/error.hpp"
 #include "dp/process_group.hpp"
 #include "mpi_test_util.hpp"
+#include "support/check.hpp"
 
 namespace mpitest {
 namespace {
@@ -19,6 +20,7 @@ dp::ProcessGroup& group() { return *the_group; }
 int main(int argc, char** argv) {
   if (!dp::mpi_compiled()) {
     std::puts("test_mpi: dprun was built without MPI: skipping");
+    dptest::note_skipped("mpi tests: dprun was built without MPI (install libopenmpi-dev)");
     return 77;
   }
   if (!dp::under_mpi_launcher()) {

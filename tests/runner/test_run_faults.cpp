@@ -13,7 +13,7 @@ using clitest::sql1;
 #define DPRUN_NEED_DATA(var)                                                           \
   const std::string var = clitest::data_dir();                                         \
   if (var.empty()) {                                                                   \
-    WARN(                                                                              \
+    DPTEST_SKIPPED(                                                                    \
         "Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
         "skipping this end-to-end test");                                              \
     return;                                                                            \
