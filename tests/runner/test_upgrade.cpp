@@ -142,7 +142,7 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
   CHECK(sql1(u.db,
              "SELECT group_concat(DISTINCT processes || ' ' || checkpoint || ' ' || betas || "
              "' ' || nesterov) FROM trials") == "1 last [0.9,0.999] 0");
-  CHECK(sql1(u.db, "PRAGMA user_version") == "1");
+  CHECK(sql1(u.db, "PRAGMA user_version") == std::to_string(dps::schema_version()));
   CHECK(sql1(u.db, "SELECT COUNT(*) FROM trials WHERE status = 'done' AND attempts = 1") == "4");
   CHECK(sql1(u.db, "SELECT COUNT(*) FROM trials") == "4");
   CHECK(sql1(u.db, "SELECT COUNT(*) FROM epochs") == "4");
