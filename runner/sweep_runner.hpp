@@ -27,6 +27,11 @@ struct SweepOptions {
   std::vector<std::string> plugin_dirs;
   int threads = 0;           // CPU threads per trial (0: all)
   double trial_timeout = 0;  // seconds; 0: none
+  /// Trials at once, each on its own devices (scheduler.hpp); 0: as many as the devices allow
+  /// (--jobs auto); 1: one after another, each with the whole machine.
+  int jobs = 1;
+  /// --launcher and --hostfile replace [launch]'s when not empty; --launch-arg adds to its args.
+  LaunchConfig launch;
   double heartbeat_seconds = 10;
   double stale_seconds = 120;  // a `running` trial whose heartbeat is older is interrupted
   std::string command_line;    // how we were started, for the resume hint

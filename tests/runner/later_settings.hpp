@@ -11,12 +11,12 @@ inline const dprun::SettingTable& later_settings() {
     using namespace std::string_literals;
     using T = dprun::SettingType;
     std::vector<dprun::Setting> rows = dprun::builtin_settings().rows();
-    rows.push_back({.key = "processes",
-                    .column = "processes",
+    rows.push_back({.key = "grad_accum",
+                    .column = "grad_accum",
                     .default_value = int64_t{1},
                     .range = dprun::at_least(1),
                     .identity = true,
-                    .help = "processes of a trial"});
+                    .help = "micro-batches summed per step"});
     rows.push_back({.key = "checkpoint",
                     .column = "checkpoint",
                     .type = T::choice,

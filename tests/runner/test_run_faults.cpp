@@ -10,15 +10,6 @@ using clitest::run;
 using clitest::sql;
 using clitest::sql1;
 
-#define DPRUN_NEED_DATA(var)                                                           \
-  const std::string var = clitest::data_dir();                                         \
-  if (var.empty()) {                                                                   \
-    WARN(                                                                              \
-        "Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
-        "skipping this end-to-end test");                                              \
-    return;                                                                            \
-  }
-
 namespace {
 
 struct Sweep {
