@@ -142,9 +142,11 @@ const std::vector<Command>& commands() {
        "dprun [run] FILE.toml [options]",
        "Runs an experiment: expands the sweep, skips trials the database already holds as done, "
        "and\n"
-       "trains the others one after another, each in its own process. Every epoch is written to\n"
-       "the database as it finishes; a failing trial never stops the sweep. Ctrl-C stops the\n"
-       "running trial (recorded interrupted); running the same command again resumes the sweep.",
+       "trains the others one after another (several at once with --jobs), each in its own\n"
+       "process (a trial with processes > 1: its processes, started with mpirun or srun). Every\n"
+       "epoch is written to the database as it finishes; a failing trial never stops the sweep.\n"
+       "Ctrl-C stops the running trials (recorded interrupted); running the same command again\n"
+       "resumes the sweep.",
        {kDbOpt,
         kBackendOpt,
         {"--dry-run", "", "print what would run and stop (the database is not changed)"},

@@ -47,35 +47,29 @@ Fault parse_fault(const char* env, int64_t ordinal, int rank) {
   if (at == std::string::npos) return bad();
   const std::string kind = text.substr(0, at);
   std::string rest = text.substr(at + 1);
-  int64_t target_rank = -1;
-  if (auto colon = rest.find(':'); colon != std::string::npos) {
+  // A whole non-negative number, else the error.
+  auto number = [&](const std::string& digits) {
     try {
       size_t used = 0;
-      target_rank = std::stoll(rest.substr(colon + 1), &used);
-      if (used != rest.size() - colon - 1 || target_rank < 0) return bad();
+      const int64_t n = std::stoll(digits, &used);
+      if (used == digits.size() && n >= 0) return n;
     } catch (const std::exception&) {
-      return bad();
     }
-    rest = rest.substr(0, colon);
-  }
-  int64_t target = -1;
-  if (auto hash = rest.find('#'); hash != std::string::npos) {
-    try {
-      size_t used = 0;
-      target = std::stoll(rest.substr(hash + 1), &used);
-      if (used != rest.size() - hash - 1 || target < 0) return bad();
-    } catch (const std::exception&) {
-      return bad();
-    }
-    rest = rest.substr(0, hash);
-  }
-  try {
-    size_t used = 0;
-    f.epoch = std::stoll(rest, &used);
-    if (used != rest.size() || f.epoch < 1) return bad();
-  } catch (const std::exception&) {
-    return bad();
-  }
+    bad();
+    return int64_t{0};
+  };
+  // The optional parts, from the end: ":PROCESS", then "#TRIAL".
+  auto suffix = [&](char mark) -> int64_t {
+    const auto pos = rest.find(mark);
+    if (pos == std::string::npos) return -1;
+    const int64_t n = number(rest.substr(pos + 1));
+    rest = rest.substr(0, pos);
+    return n;
+  };
+  const int64_t target_rank = suffix(':');
+  const int64_t target = suffix('#');
+  f.epoch = number(rest);
+  if (f.epoch < 1) return bad();
   if (kind == "kill")
     f.kind = Fault::Kind::kill;
   else if (kind == "abort")

@@ -186,6 +186,18 @@ inline bool wait_until(const std::function<bool()>& done, double seconds = 120) 
   return done();
 }
 
+/// Waits until the database holds `count` epochs (false when the generous deadline passes): a
+/// deterministic point in a running sweep, such as a trial that hangs after its first epoch.
+inline bool wait_for_epochs(const std::string& db, int count) {
+  return wait_until([&] {
+    try {
+      return sql1(db, "SELECT COUNT(*) FROM epochs") == std::to_string(count);
+    } catch (const std::exception&) {
+      return false;  // the database is not created yet
+    }
+  });
+}
+
 /// Parent pid and state letter of a process from /proc, or nullopt when it does not exist.
 inline std::optional<std::pair<pid_t, char>> proc_stat(pid_t pid) {
   std::string s = slurp("/proc/" + std::to_string(pid) + "/stat");

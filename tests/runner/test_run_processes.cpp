@@ -25,6 +25,13 @@ const std::vector<std::string> kMpiEnv{"OMPI_ALLOW_RUN_AS_ROOT=1",
                                        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
                                        "OMPI_MCA_btl_vader_single_copy_mechanism=none"};
 
+// kMpiEnv and more.
+std::vector<std::string> mpi_env(std::initializer_list<std::string> more) {
+  std::vector<std::string> env = kMpiEnv;
+  env.insert(env.end(), more);
+  return env;
+}
+
 std::string this_host() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
@@ -102,8 +109,7 @@ TEST_CASE("a process killed mid-trial fails its trial, and the sweep goes on", "
   DPRUN_NEED_MPI();
   Sweep s("killed", data, "gpus = 2\nprocesses = 2\nseed = [0, 1]");
   // Process 1 of trial 0 is killed after epoch 1, while process 0 is in epoch 2.
-  auto env = kMpiEnv;
-  env.push_back("DPRUN_FAULT=kill@1#0:1");
+  const auto env = mpi_env({"DPRUN_FAULT=kill@1#0:1"});
   auto r = run(s.args(), s.dir.path(), env);
   DPRUN_CHECK_EXIT(r, 1);
   CHECK(s.column("status", "seed = 0") == "failed");
@@ -121,8 +127,7 @@ TEST_CASE("a process that fails says so, and ends the trial's other processes", 
   {
     // Process 1 fails: it reports itself (rank, host, why) and ends the trial at once.
     Sweep s("throw1", data, "gpus = 2\nprocesses = 2");
-    auto env = kMpiEnv;
-    env.push_back("DPRUN_FAULT=throw@1:1");
+    const auto env = mpi_env({"DPRUN_FAULT=throw@1:1"});
     auto r = run(s.args(), s.dir.path(), env);
     DPRUN_CHECK_EXIT(r, 1);
     CHECK(s.column("status", "1") == "failed");
@@ -132,8 +137,7 @@ TEST_CASE("a process that fails says so, and ends the trial's other processes", 
   {
     // Process 0 fails: its own error record is the trial's error.
     Sweep s("throw0", data, "gpus = 2\nprocesses = 2");
-    auto env = kMpiEnv;
-    env.push_back("DPRUN_FAULT=throw@2:0");
+    const auto env = mpi_env({"DPRUN_FAULT=throw@2:0"});
     auto r = run(s.args(), s.dir.path(), env);
     DPRUN_CHECK_EXIT(r, 1);
     CHECK(s.column("status", "1") == "failed");
@@ -149,19 +153,11 @@ TEST_CASE(
   DPRUN_NEED_DATA(data);
   DPRUN_NEED_MPI();
   Sweep s("hung", data, "gpus = 2\nprocesses = 2\nseed = [0, 1]");
-  auto env = kMpiEnv;
-  env.push_back("DPRUN_FAULT=hang@1#0:1");
-  env.push_back("DPRUN_COMM_TIMEOUT_S=10");
+  const auto env = mpi_env({"DPRUN_FAULT=hang@1#0:1", "DPRUN_COMM_TIMEOUT_S=10"});
   clitest::Dprun runner(s.args(), s.dir.path(), env);
   REQUIRE(runner.pid() > 0);
   // Epoch 1 is written, then process 1 hangs: every process of the trial is alive now.
-  REQUIRE(clitest::wait_until([&] {
-    try {
-      return sql1(s.db, "SELECT COUNT(*) FROM epochs") == "1";
-    } catch (const std::exception&) {
-      return false;  // the database is not created yet
-    }
-  }));
+  REQUIRE(clitest::wait_for_epochs(s.db, 1));
   const auto trial_processes = clitest::descendants_of(runner.pid());
   CHECK(trial_processes.size() >= 3);  // mpirun and two dprun processes (Open MPI may add more)
 
@@ -183,17 +179,10 @@ TEST_CASE("a runner killed with SIGKILL takes mpirun and the trial's processes w
   DPRUN_NEED_DATA(data);
   DPRUN_NEED_MPI();
   Sweep s("runner_killed", data, "gpus = 2\nprocesses = 2");
-  auto env = kMpiEnv;
-  env.push_back("DPRUN_FAULT=hang@1:1");  // the trial stays up, with the default timeout
-  clitest::Dprun runner(s.args(), s.dir.path(), env);
+  // The trial stays up: process 1 hangs, and the others wait the default timeout.
+  clitest::Dprun runner(s.args(), s.dir.path(), mpi_env({"DPRUN_FAULT=hang@1:1"}));
   REQUIRE(runner.pid() > 0);
-  REQUIRE(clitest::wait_until([&] {
-    try {
-      return sql1(s.db, "SELECT COUNT(*) FROM epochs") == "1";
-    } catch (const std::exception&) {
-      return false;
-    }
-  }));
+  REQUIRE(clitest::wait_for_epochs(s.db, 1));
   const auto trial_processes = clitest::descendants_of(runner.pid());
   CHECK(trial_processes.size() >= 3);
   ::kill(runner.pid(), SIGKILL);
