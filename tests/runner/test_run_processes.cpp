@@ -271,3 +271,28 @@ TEST_CASE("two trials at once (jobs 2) on their own cores, each recorded once", 
   DPRUN_CHECK_EXIT(bad, 2);
   CHECK_THAT(bad.err, Contains("--jobs 0: expected a positive integer or auto"));
 }
+
+TEST_CASE("Ctrl-C with trials at once records each of them interrupted", "[cli][jobs]") {
+  DPRUN_NEED_DATA(data);
+  if (dprun::affinity_cores().size() < 2) {
+    WARN("fewer than 2 CPU cores: --jobs 2 would run one trial at a time; skipping");
+    return;
+  }
+  Sweep s("jobs_interrupted", data, "gpus = 1\nseed = [0, 1, 2]");
+  auto args = s.args();
+  args.erase(args.end() - 2, args.end());
+  args.insert(args.end(), {"--jobs", "2"});
+  // Every trial hangs after its first epoch: two of them are under way at once.
+  clitest::Dprun runner(args, s.dir.path(), {"DPRUN_FAULT=hang@1"});
+  REQUIRE(runner.pid() > 0);
+  REQUIRE(clitest::wait_for_epochs(s.db, 2));
+  ::kill(runner.pid(), SIGINT);
+  auto r = runner.wait();
+  DPRUN_CHECK_EXIT(r, 130);
+  CHECK(sql1(s.db,
+             "SELECT group_concat(status || ':' || error, ', ') FROM trials WHERE seed < "
+             "2 ORDER BY seed") ==
+        "interrupted:interrupted by SIGINT, interrupted:interrupted by SIGINT");
+  CHECK(s.column("status", "seed = 2") == "pending");  // never started
+  CHECK(sql1(s.db, "SELECT COUNT(*) FROM epochs") == "2");
+}
