@@ -170,7 +170,7 @@ std::string launcher_failure(const std::vector<std::string>& lines, const std::s
 
 std::string explain_timeout(const std::string& message, int processes,
                             const std::vector<std::string>& lines,
-                            const std::vector<std::string>& rank_hosts) {
+                            const std::vector<std::string>& rank_hosts, int reporter) {
   if (processes < 2 || message.find("DPRUN_COMM_TIMEOUT_S) for the others") == std::string::npos)
     return message;
   // Every process still running reports the same timeout: the ones that did not stopped
@@ -178,7 +178,7 @@ std::string explain_timeout(const std::string& message, int processes,
   std::set<int> reported;
   for (const auto& line : lines)
     if (auto r = parse_rank_report(line)) reported.insert(r->rank);
-  reported.insert(0);  // the message itself is process 0's
+  reported.insert(reporter);  // the message itself is its
   std::string silent;
   int count = 0;
   for (int p = 0; p < processes; ++p) {

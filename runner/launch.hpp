@@ -76,11 +76,12 @@ bool is_failure_line(const std::string& line);
 std::string launcher_failure(const std::vector<std::string>& failure_lines,
                              const std::string& when);
 
-/// An error of process 0 that says it waited for the others past the communicator timeout gets
-/// the processes that did not report the same (they hang or died), with their hosts, in front:
-/// "process 1 of 2 (on nodeB) stopped responding: ...". Other messages come back unchanged.
+/// An error of process `reporter` that says it waited for the others past the communicator
+/// timeout gets the processes that did not report the same (they hang or died), with their
+/// hosts, in front: "process 1 on nodeB (of 2) stopped responding (hangs or died): ...". Other
+/// messages come back unchanged.
 std::string explain_timeout(const std::string& message, int processes,
                             const std::vector<std::string>& failure_lines,
-                            const std::vector<std::string>& rank_hosts);
+                            const std::vector<std::string>& rank_hosts, int reporter = 0);
 
 }  // namespace dprun

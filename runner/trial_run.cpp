@@ -309,7 +309,15 @@ void TrialRun::decide(bool timed_out, TrialOutcome& out) {
     out.message = protocol_error_;
   } else if (auto f = launcher_failure(child.failure_lines(), after_epoch(last_epoch_));
              !f.empty()) {
+    // Process 0 went without a word: when another process reports a timeout, process 0 may
+    // be the one that stopped responding.
     out.message = f;
+    for (const auto& line : child.failure_lines())
+      if (auto report = parse_rank_report(line)) {
+        out.message =
+            explain_timeout(f, processes, child.failure_lines(), rank_hosts_, report->rank);
+        break;
+      }
   } else if (int sig = child.term_signal()) {
     out.message = who + " killed by signal " + std::to_string(sig) + " (" + signal_name(sig) +
                   ") " + after_epoch(last_epoch_);

@@ -110,6 +110,12 @@ TEST_CASE("launch: a timeout names the processes that did not report it", "[laun
         "process 1 on b (of 3) stopped responding (hangs or died): " + timeout);
   CHECK(dprun::explain_timeout(timeout, 3, {reports[0]}, {}) ==
         "processes 1, 2 (of 3) stopped responding (hangs or died): " + timeout);
+  // Process 0 hangs: process 1 reports the timeout, and nobody else.
+  const std::string from_1 =
+      "process 1 of 2 on b: allreduce_sum across processes: process 1 of "
+      "2 on b waited 10 s (DPRUN_COMM_TIMEOUT_S) for the others";
+  CHECK(dprun::explain_timeout(from_1, 2, {"dprun: " + from_1}, {"a", "b"}, 1) ==
+        "process 0 on a (of 2) stopped responding (hangs or died): " + from_1);
   CHECK(dprun::explain_timeout("some other error", 3, {}, {}) == "some other error");
   CHECK(dprun::explain_timeout(timeout, 1, {}, {}) == timeout);
 }
