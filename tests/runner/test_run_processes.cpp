@@ -55,6 +55,8 @@ struct Sweep {
                   sweep + "\n");
   }
   std::vector<std::string> args() const { return {"run", file, "--db", db, "--threads", "2"}; }
+  /// Two trials at once; no --threads: --jobs gives each trial its cores.
+  std::vector<std::string> jobs_args() const { return {"run", file, "--db", db, "--jobs", "2"}; }
   std::string column(const std::string& name, const std::string& where) const {
     return sql1(db, "SELECT " + name + " FROM trials WHERE " + where);
   }
@@ -65,6 +67,13 @@ struct Sweep {
 };
 
 }  // namespace
+
+/// Skips the test case (with a message) where trials at once would run one at a time.
+#define DPRUN_NEED_TWO_CORES()                                                        \
+  if (dprun::affinity_cores().size() < 2) {                                           \
+    WARN("fewer than 2 CPU cores: --jobs 2 would run one trial at a time; skipping"); \
+    return;                                                                           \
+  }
 
 /// Skips the test case (with a message) where this dprun has no MPI or mpirun is missing.
 #define DPRUN_NEED_MPI()                                                                  \
@@ -238,15 +247,9 @@ TEST_CASE("dprun train under mpirun is one trial of that many processes", "[cli]
 
 TEST_CASE("two trials at once (jobs 2) on their own cores, each recorded once", "[cli][jobs]") {
   DPRUN_NEED_DATA(data);
-  if (dprun::affinity_cores().size() < 2) {
-    WARN("fewer than 2 CPU cores: --jobs 2 would run one trial at a time; skipping");
-    return;
-  }
+  DPRUN_NEED_TWO_CORES();
   Sweep s("jobs", data, "gpus = 1\nseed = [0, 1]", 3);
-  auto args = s.args();
-  args.erase(args.end() - 2, args.end());  // no --threads: --jobs gives each trial its cores
-  args.insert(args.end(), {"--jobs", "2"});
-  auto r = run(args, s.dir.path());
+  auto r = run(s.jobs_args(), s.dir.path());
   DPRUN_REQUIRE_EXIT(r, 0);
   const auto rows = sql(s.db,
                         "SELECT t.device_set, t.started_at, t.finished_at, t.attempts, "
@@ -274,16 +277,10 @@ TEST_CASE("two trials at once (jobs 2) on their own cores, each recorded once", 
 
 TEST_CASE("Ctrl-C with trials at once records each of them interrupted", "[cli][jobs]") {
   DPRUN_NEED_DATA(data);
-  if (dprun::affinity_cores().size() < 2) {
-    WARN("fewer than 2 CPU cores: --jobs 2 would run one trial at a time; skipping");
-    return;
-  }
+  DPRUN_NEED_TWO_CORES();
   Sweep s("jobs_interrupted", data, "gpus = 1\nseed = [0, 1, 2]");
-  auto args = s.args();
-  args.erase(args.end() - 2, args.end());
-  args.insert(args.end(), {"--jobs", "2"});
   // Every trial hangs after its first epoch: two of them are under way at once.
-  clitest::Dprun runner(args, s.dir.path(), {"DPRUN_FAULT=hang@1"});
+  clitest::Dprun runner(s.jobs_args(), s.dir.path(), {"DPRUN_FAULT=hang@1"});
   REQUIRE(runner.pid() > 0);
   REQUIRE(clitest::wait_for_epochs(s.db, 2));
   ::kill(runner.pid(), SIGINT);
