@@ -1,5 +1,6 @@
 // Running a sweep: reconcile its trials with the store, then run those that need it, each in its
-// own process, recording every epoch as it arrives. Loading and planning: sweep_plan.cpp.
+// own process (trial_run.cpp), as many at once as the scheduler lets, recording every epoch as
+// it arrives. Loading and planning: sweep_plan.cpp.
 #include "sweep_runner.hpp"
 
 #include <errno.h>

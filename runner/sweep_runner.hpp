@@ -1,7 +1,9 @@
 #pragma once
 // Running a sweep: load the plugins and the experiment, reconcile its trials with the store,
-// then run the trials that need it, one child process each (trial_process.hpp), writing every
-// epoch as it arrives. Also the read-only plan (`dprun plan`, `dprun run --dry-run`).
+// then run the trials that need it, one child process each (trial_process.hpp; a launcher for a
+// trial of several processes), one after another or several at once on their own devices
+// (scheduler.hpp), writing every epoch as it arrives. Also the read-only plan (`dprun plan`,
+// `dprun run --dry-run`).
 #include <map>
 #include <optional>
 #include <string>
