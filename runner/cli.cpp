@@ -20,6 +20,7 @@
 #include "experiment.hpp"
 #include "plugin_loader.hpp"
 #include "report.hpp"
+#include "scheduler.hpp"
 #include "settings.hpp"
 #include "suggest.hpp"
 #include "sweep_runner.hpp"
@@ -141,9 +142,11 @@ const std::vector<Command>& commands() {
        "dprun [run] FILE.toml [options]",
        "Runs an experiment: expands the sweep, skips trials the database already holds as done, "
        "and\n"
-       "trains the others one after another, each in its own process. Every epoch is written to\n"
-       "the database as it finishes; a failing trial never stops the sweep. Ctrl-C stops the\n"
-       "running trial (recorded interrupted); running the same command again resumes the sweep.",
+       "trains the others one after another (several at once with --jobs), each in its own\n"
+       "process (a trial with processes > 1: its processes, started with mpirun or srun). Every\n"
+       "epoch is written to the database as it finishes; a failing trial never stops the sweep.\n"
+       "Ctrl-C stops the running trials (recorded interrupted); running the same command again\n"
+       "resumes the sweep.",
        {kDbOpt,
         kBackendOpt,
         {"--dry-run", "", "print what would run and stop (the database is not changed)"},
@@ -153,7 +156,15 @@ const std::vector<Command>& commands() {
         kForceOpt,
         {"--oversubscribe", "",
          "let CUDA replicas share GPUs when a trial wants more than the machine has"},
-        {"--threads", "N", "CPU threads per trial (default: all)"},
+        {"--threads", "N", "CPU threads per trial (default: all; with --jobs, its cores)"},
+        {"--jobs", "N|auto",
+         "run up to N trials at once, each on its own GPUs or CPU cores (largest first, smaller "
+         "ones filling what is left); auto: as many as the devices allow (default: 1)"},
+        {"--launcher", "mpirun|srun",
+         "start trials of several processes with this (default: [launch].launcher, else srun "
+         "inside a Slurm allocation, else mpirun)"},
+        {"--hostfile", "PATH", "mpirun's hostfile for trials of several processes"},
+        {"--launch-arg", "ARG", "one more launcher argument (after [launch].args); repeatable"},
         {"--trial-timeout", "SECONDS", "kill a trial that runs longer and record it failed"},
         {"--verbose", "", "show the output of the trial processes"}},
        "",
@@ -253,6 +264,7 @@ int dispatch(int argc, char** argv) {
   }
   const std::string first = args[0];
   if (first == "__trial") return trial_child_main({args.begin() + 1, args.end()});
+  if (first == "__devices") return devices_child_main();
   if (first == "--help" || first == "-h") {
     std::fputs(main_help().c_str(), stdout);
     return 0;

@@ -6,11 +6,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <variant>
 
 #include "dp/error.hpp"
 #include "dp/plugin.hpp"
+#include "dp/process_group.hpp"
 #include "dpstore/store.hpp"
 #include "plugin_loader.hpp"
 #include "report.hpp"
@@ -61,6 +63,15 @@ std::pair<std::string, std::string> key_value(const std::string& option, const s
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
+// The number of processes the launcher started, from its environment; 0 when it does not say.
+int launcher_world_size() {
+  for (const char* v :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+    if (const char* s = std::getenv(v); s && *s) return std::atoi(s);
+  }
+  return 0;
+}
+
 SweepOptions sweep_options(const Invocation& in) {
   const Args& a = in.args;
   const std::string& name = in.command;
@@ -83,6 +94,31 @@ SweepOptions sweep_options(const Invocation& in) {
   o.plugin_dirs = a.all("--plugins");
   o.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
   o.trial_timeout = double_option(a, "--trial-timeout", 0, 0);
+  if (auto jobs = a.last("--jobs")) {
+    int64_t n = 0;
+    auto res = std::from_chars(jobs->data(), jobs->data() + jobs->size(), n);
+    if (*jobs == "auto")
+      o.jobs = 0;  // as many as the devices allow
+    else if (res.ec == std::errc() && res.ptr == jobs->data() + jobs->size() && n >= 1 && n <= 4096)
+      o.jobs = static_cast<int>(n);
+    else
+      throw UsageError("--jobs " + *jobs + ": expected a positive integer or auto");
+  }
+  if (auto launcher = a.last("--launcher")) {
+    const auto& known = known_launchers();
+    if (std::find(known.begin(), known.end(), *launcher) == known.end())
+      throw UsageError("--launcher " + *launcher + ": expected mpirun or srun");
+    o.launch.launcher = *launcher;
+  }
+  if (auto hostfile = a.last("--hostfile")) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(*hostfile, ec))
+      throw UsageError("--hostfile " + *hostfile + ": no such file");
+    if (o.launch.launcher == "srun")
+      throw UsageError("--hostfile is for mpirun; srun runs on the nodes of its Slurm allocation");
+    o.launch.hostfile = *hostfile;
+  }
+  o.launch.args = a.all("--launch-arg");
   std::string line = "dprun";
   for (int i = 1; i < in.argc; ++i) line.append(" ").append(shell_quote(in.argv[i]));
   o.command_line = line;
@@ -93,7 +129,17 @@ SweepOptions sweep_options(const Invocation& in) {
 
 // ---- the handlers -------------------------------------------------------------------------------
 
-int run_command(const Invocation& in) { return run_sweep(sweep_options(in)); }
+int run_command(const Invocation& in) {
+  // The runner starts each trial's processes itself; started as several processes, each would
+  // run the whole sweep.
+  if (dp::under_mpi_launcher() && launcher_world_size() > 1)
+    throw UsageError(
+        "dprun run was started as " + std::to_string(launcher_world_size()) +
+        " processes by mpirun or srun: start it once, as one process (it launches the processes "
+        "of trials with processes > 1 itself, inside a Slurm allocation with srun); to run one "
+        "trial as the processes of your own launcher, use mpirun -np N dprun train ...");
+  return run_sweep(sweep_options(in));
+}
 
 int plan_command(const Invocation& in) { return plan_sweep(sweep_options(in)); }
 
@@ -315,6 +361,23 @@ int train_command(const Invocation& in) {
                      std::to_string(gpus) + ": every replica needs at least one example");
   r.backend = s.text("backend_request");
   r.data_path = a.last("--data").value_or("");
+  // Under mpirun or srun, this process is one of the trial's processes; without a launcher,
+  // the trial is this process.
+  const int64_t processes = s.integer("processes");
+  const bool under_launcher = dp::under_mpi_launcher() && dp::mpi_compiled();
+  if (processes > 1 && !under_launcher)
+    throw UsageError("--processes " + std::to_string(processes) + ": start " +
+                     std::to_string(processes) +
+                     " processes of dprun train with a launcher, e.g. "
+                     "mpirun -np " +
+                     std::to_string(processes) +
+                     " dprun train ... (or srun "
+                     "--ntasks=" +
+                     std::to_string(processes) + " inside a Slurm allocation)" +
+                     (dp::mpi_compiled() ? ""
+                                         : "; this dprun was built without MPI: install "
+                                           "Open MPI (Debian: libopenmpi-dev openmpi-bin) "
+                                           "and rebuild"));
   r.oversubscribe = a.flag("--oversubscribe");
   r.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
   for (const auto& kv : a.all("--option")) {
@@ -326,6 +389,21 @@ int train_command(const Invocation& in) {
     r.model_options = dp::resolve_model_options(found->second.factory, r.model_options);
   } catch (const dp::Error& e) {
     throw UsageError(e.what());
+  }
+  if (under_launcher) {
+    if (a.last("--processes")) {
+      // The launcher's process count decides; a different --processes is a mistake.
+      const int world = launcher_world_size();
+      if (world > 0 && world != processes)
+        throw UsageError("--processes " + std::to_string(processes) + " but the launcher started " +
+                         std::to_string(world) + " processes");
+    }
+    if (s.integer("gpus") % std::max(1, launcher_world_size()) != 0)
+      throw UsageError("--gpus " + std::to_string(s.integer("gpus")) + " is not divisible by the " +
+                       std::to_string(launcher_world_size()) +
+                       " processes the launcher started: each process runs gpus / processes "
+                       "replicas");
+    return run_train_processes(r);
   }
   return run_train(r);
 }

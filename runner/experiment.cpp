@@ -68,8 +68,8 @@ class FileReader {
   FileReader(Validator& val, const toml::table& root) : val_(val), diag_(val.diag()), root_(root) {}
 
   detail::Validated read(Experiment& ex) {
-    static const std::vector<std::string> sections = {"experiment", "data", "train", "model",
-                                                      "sweep"};
+    static const std::vector<std::string> sections = {"experiment", "data",  "train",
+                                                      "model",      "sweep", "launch"};
     for (auto [k, n] : in_file_order(root_)) {
       const std::string name(k->str());
       Pos pos = pos_of(k->source(), pos_of(n->source(), {}));
@@ -87,6 +87,7 @@ class FileReader {
     read_train();
     read_models();
     read_sweep();
+    read_launch(ex);
     check_whole();
     return std::move(out_);
   }
@@ -229,6 +230,55 @@ class FileReader {
         if (!spec) continue;
         if (auto v = val_.read_option_value(*spec, model, *on, opath, opos, false))
           options[std::string(ok->str())] = *v;
+      }
+    }
+  }
+
+  // [launch]: how a trial of several processes is started. Where a trial runs does not change
+  // what it computes, so nothing here is part of a trial's identity.
+  void read_launch(Experiment& ex) {
+    auto* t = section("launch");
+    if (!t) return;
+    unknown_keys(*t, "launch.", {"launcher", "hostfile", "args"});
+    if (auto l = string_at(*t, "launcher", "launch.launcher")) {
+      const auto& known = known_launchers();
+      if (std::find(known.begin(), known.end(), *l) == known.end())
+        diag_.add(pos_of(t->get("launcher")->source(), table_pos(t)), "launch.launcher",
+                  "unknown launcher " + detail::quoted(*l) + typo_hint(*l, known) +
+                      " (known launchers: " + join(known, ", ", false) + ")");
+      else
+        ex.launch.launcher = *l;
+    }
+    if (auto h = string_at(*t, "hostfile", "launch.hostfile")) {
+      const Pos pos = pos_of(t->get("hostfile")->source(), table_pos(t));
+      std::error_code ec;
+      if (h->empty()) {
+        diag_.add(pos, "launch.hostfile",
+                  "must not be empty (leave it out for the launcher's default hosts)");
+      } else if (!std::filesystem::is_regular_file(*h, ec)) {
+        diag_.add(pos, "launch.hostfile",
+                  "no such file " + detail::quoted(*h) +
+                      " (a relative path is from the folder dprun runs in; the file lists one "
+                      "host per line, e.g. \"nodeA slots=8\")");
+      } else if (ex.launch.launcher == "srun") {
+        diag_.add(pos, "launch.hostfile",
+                  "a hostfile is for mpirun; srun runs on the nodes of its Slurm allocation (give "
+                  "srun options in launch.args, e.g. \"--nodelist=nodeA,nodeB\")");
+      } else {
+        ex.launch.hostfile = *h;
+      }
+    }
+    if (auto* n = t->get("args")) {
+      const auto* list = n->as_array();
+      const bool strings =
+          list && std::all_of(list->begin(), list->end(), [](auto& x) { return x.is_string(); });
+      if (!strings) {
+        diag_.add(pos_of(n->source(), table_pos(t)), "launch.args",
+                  "expected a list of strings (arguments for the launcher, e.g. [\"--mca\", "
+                  "\"btl\", \"tcp,self\"]), got " +
+                      describe(*n));
+      } else {
+        for (const auto& x : *list) ex.launch.args.push_back(x.as_string()->get());
       }
     }
   }

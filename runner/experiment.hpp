@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dp/plugin.hpp"
+#include "launch.hpp"
 #include "settings.hpp"
 
 namespace dprun {
@@ -63,6 +64,7 @@ struct Experiment {
   std::string description;
   std::string database;   // as written ("" when absent); relative paths are from the cwd
   std::string data_path;  // [data].path ("" when absent)
+  LaunchConfig launch;    // [launch]: how trials of several processes are started
   std::vector<TrialSpec> trials;
 };
 

@@ -55,6 +55,16 @@ const SettingTable& builtin_settings() {
        .range = at_least(1),
        .identity = true,
        .help = "data-parallel replicas (GPUs on CUDA, threads on the CPU backend)"},
+      {.key = "processes",
+       .column = "processes",
+       .default_value = int64_t{1},
+       .range = at_least(1),
+       .identity = true,
+       // A trial of more GPUs may need more processes (hosts); its 1-GPU baseline has one.
+       .baseline_may_differ = true,
+       .help = "processes the replicas are spread over, gpus / processes each (gpus must divide "
+               "evenly); more than 1: started with mpirun or srun, one per host or per GPU (see "
+               "[launch])"},
       {.key = "batch_size",
        .column = "batch_size",
        .default_value = int64_t{256},

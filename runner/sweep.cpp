@@ -98,6 +98,21 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
                    ": every GPU needs at least one example per batch");
     };
     if (batch_size < gpus) smaller_than_gpus("batch_size", batch_size);
+    // Every process runs the same number of replicas.
+    if (const int64_t processes = s.integer("processes"); gpus % processes != 0) {
+      const Val* where = t.get("processes");
+      const Val* gpus_at = t.get("gpus");
+      diag.add(where     ? where->pos
+               : gpus_at ? gpus_at->pos
+                         : v.train_pos,
+               where     ? where->path
+               : gpus_at ? gpus_at->path
+                         : std::string("train.processes"),
+               "gpus " + std::to_string(gpus) + (gpus_at ? " (" + gpus_at->path + ")" : "") +
+                   " is not divisible by processes " + std::to_string(processes) +
+                   ": each process runs gpus / processes replicas (e.g. gpus = 16, processes = "
+                   "2 is 2 hosts x 8 GPUs)");
+    }
     if (eval_batch_size != 0 && eval_batch_size < gpus)
       smaller_than_gpus("eval_batch_size", eval_batch_size);
 

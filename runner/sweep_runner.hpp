@@ -1,7 +1,9 @@
 #pragma once
 // Running a sweep: load the plugins and the experiment, reconcile its trials with the store,
-// then run the trials that need it, one child process each (trial_process.hpp), writing every
-// epoch as it arrives. Also the read-only plan (`dprun plan`, `dprun run --dry-run`).
+// then run the trials that need it, one child process each (trial_process.hpp; a launcher for a
+// trial of several processes), one after another or several at once on their own devices
+// (scheduler.hpp), writing every epoch as it arrives. Also the read-only plan (`dprun plan`,
+// `dprun run --dry-run`).
 #include <map>
 #include <optional>
 #include <string>
@@ -27,6 +29,11 @@ struct SweepOptions {
   std::vector<std::string> plugin_dirs;
   int threads = 0;           // CPU threads per trial (0: all)
   double trial_timeout = 0;  // seconds; 0: none
+  /// Trials at once, each on its own devices (scheduler.hpp); 0: as many as the devices allow
+  /// (--jobs auto); 1: one after another, each with the whole machine.
+  int jobs = 1;
+  /// --launcher and --hostfile replace [launch]'s when not empty; --launch-arg adds to its args.
+  LaunchConfig launch;
   double heartbeat_seconds = 10;
   double stale_seconds = 120;  // a `running` trial whose heartbeat is older is interrupted
   std::string command_line;    // how we were started, for the resume hint

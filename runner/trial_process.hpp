@@ -6,12 +6,19 @@
 // The trial request travels as one JSON object on the child's stdin. The child writes
 // newline-delimited JSON records to fd 3:
 //   {"type":"start","backend":"cpu","devices":"CPU (2 threads) x2","plugin_path":"...",
-//    "plugin_sha256":"...","oversubscribed":false}
+//    "plugin_sha256":"...","oversubscribed":false,"hosts":"vm","rank_hosts":["vm"]}
 //   {"type":"epoch","epoch":1,"train_loss":0.9,"train_acc":0.6,"test_acc":0.7,"seconds":1.2,
 //    "examples_per_second":500,"lr":0.1,"eval_seconds":0.1,"peak_memory_bytes":123}   (each)
 //   then exactly one final record: {"type":"done"} | {"type":"diverged","reason":"..."} |
 //   {"type":"skipped","reason":"..."} | {"type":"error","message":"..."}
 // Its stdout and stderr go to one pipe the runner reads (the last lines explain a crash).
+//
+// A trial of several processes is started through a launcher instead (launch.hpp):
+// `mpirun ... dprun __trial --records stdout`. A launcher gives stdin to process 0 only and no
+// other descriptor, and its processes may be on other hosts, so process 0 reads the request and
+// passes it on, and writes the same records on its stdout, each line prefixed with
+// kRecordPrefix; whatever else the processes print goes to stderr. The runner reads the
+// launcher's stdout and stderr.
 #include <sys/types.h>
 
 #include <cstdint>
@@ -48,14 +55,18 @@ TrialRequest request_from_json(const Json& json);
 Json model_options_to_json(const dp::ModelOptions& options);
 dp::ModelOptions model_options_from_json(const Json& json);
 
+/// The start of a record line on a launched trial's stdout (see the top of this file).
+inline constexpr const char* kRecordPrefix = "dprun-record ";
+
 /// One record of the protocol.
 struct TrialRecord {
   enum class Kind { start, epoch, done, diverged, skipped, error };
   Kind kind = Kind::done;
-  dps::TrialStart
-      start;            // kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed
-  dps::EpochRow epoch;  // kind epoch (trial_id left 0)
-  std::string message;  // diverged / skipped: the reason; error: the message
+  /// kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed, hosts.
+  dps::TrialStart start;
+  std::vector<std::string> rank_hosts;  // kind start: the host of each process, in rank order
+  dps::EpochRow epoch;                  // kind epoch (trial_id left 0)
+  std::string message;                  // diverged / skipped: the reason; error: the message
 
   bool is_final() const { return kind != Kind::start && kind != Kind::epoch; }
 };
@@ -69,13 +80,15 @@ TrialRecord decode_record(const std::string& line);
 /// few hundred bytes, below PIPE_BUF, so a record is never split by a crash).
 class RecordWriter {
  public:
-  explicit RecordWriter(int fd) : fd_(fd) {}
+  /// prefix: written before every line (kRecordPrefix on a launched trial's stdout).
+  explicit RecordWriter(int fd, std::string prefix = "") : fd_(fd), prefix_(std::move(prefix)) {}
   void write(const TrialRecord& record);
   /// Writes one line as it is (no record encoding); for fault injection in tests.
   void write_line(const std::string& line);
 
  private:
   int fd_;
+  std::string prefix_;
 };
 
 /// Runner side: turns SIGINT/SIGTERM into a readable file descriptor (a self-pipe) while alive,
@@ -97,6 +110,13 @@ class SignalPipe {
 
 struct SpawnOptions {
   std::string exe = "/proc/self/exe";
+  /// Empty: `exe __trial --record-fd 3`. Otherwise the command that launches the trial's
+  /// processes (its first word a path), whose records come on its stdout with kRecordPrefix.
+  std::vector<std::string> launch;
+  /// NAME=VALUE entries set in the child's environment (CUDA_VISIBLE_DEVICES of --jobs).
+  std::vector<std::string> env;
+  /// The CPU cores the child may run on (--jobs); empty: those of the runner.
+  std::vector<int> cores;
   /// Called with every line the child writes to stdout/stderr as it arrives (--verbose); the
   /// last stderr_tail_lines are kept either way.
   std::function<void(const std::string&)> on_output_line;
@@ -132,9 +152,18 @@ class TrialProcess {
   int term_signal() const;
   /// Sends a signal (ignored once reaped).
   void send(int sig);
+  /// Ends it and reaps it: SIGTERM, then SIGKILL after grace_seconds (0: SIGKILL at once).
+  void terminate(double grace_seconds);
 
   const std::deque<std::string>& stderr_tail() const { return stderr_tail_; }
+  /// The lines of its output that say a process failed (launch.hpp's is_failure_line), kept
+  /// apart from the tail: a launcher's long messages would push them out of it.
+  const std::vector<std::string>& failure_lines() const { return failure_lines_; }
   const std::string& protocol_error() const { return protocol_error_; }
+  /// Started through a launcher (several processes).
+  bool launched() const { return !options_.launch.empty(); }
+  /// The program started: the launcher, or dprun itself.
+  const std::string& program() const { return launched() ? options_.launch[0] : options_.exe; }
 
  private:
   void read_fd(int& fd, std::string& buffer, bool records,
@@ -147,6 +176,7 @@ class TrialProcess {
   int record_fd_ = -1, stderr_fd_ = -1;
   std::string record_buffer_, stderr_buffer_;
   std::deque<std::string> stderr_tail_;
+  std::vector<std::string> failure_lines_;
   std::string protocol_error_;
   bool reaped_ = false;
   int wait_status_ = 0;

@@ -1,5 +1,7 @@
 // Typed reads: experiments, trials, epochs and the per-trial summaries of the views. Columns
 // are read by name, so a reader never depends on the order of a column list.
+#include <algorithm>
+
 #include "sqlite_util.hpp"
 #include "store_impl.hpp"
 
@@ -9,12 +11,16 @@ using detail::Stmt;
 
 namespace detail {
 
-std::string select_trials(const std::vector<std::string>& setting_columns, const std::string& where,
+std::string select_trials(const std::vector<std::string>& setting_columns,
+                          const std::vector<std::string>& absent, const std::string& where,
                           const std::string& more_columns) {
   // Qualified and named with AS: the statement may join other tables, and SQLite promises a
   // result column's name only when AS gives it. Setting columns are quoted identifiers.
   std::string sql = "SELECT ";
-  for (const auto& c : own_trial_columns()) sql += "trials." + c + " AS " + c + ", ";
+  for (const auto& c : own_trial_columns()) {
+    const bool missing = std::find(absent.begin(), absent.end(), c) != absent.end();
+    sql += (missing ? "NULL" : "trials." + c) + " AS " + c + ", ";
+  }
   for (const auto& c : setting_columns) sql += "trials.\"" + c + "\" AS \"setting:" + c + "\", ";
   return sql + "(SELECT COUNT(*) FROM epochs WHERE epochs.trial_id = trials.id) AS epochs_done" +
          more_columns + " FROM trials " + where;
@@ -42,6 +48,9 @@ TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt&
   r.started_at = s.text("started_at");
   r.finished_at = s.text("finished_at");
   r.heartbeat_at = s.text("heartbeat_at");
+  r.hosts = s.text("hosts");
+  r.launch = s.text("launch");
+  r.device_set = s.text("device_set");
   r.epochs_done = s.int64("epochs_done");
   return r;
 }
@@ -82,7 +91,7 @@ std::vector<ExperimentRow> Store::experiments() {
 
 std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::string& config_hash) {
   Stmt s(impl_->db,
-         detail::select_trials(impl_->setting_columns,
+         detail::select_trials(impl_->setting_columns, impl_->absent_columns,
                                "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
              .c_str());
   s.bind(1, experiment_id).bind(2, config_hash);
@@ -91,7 +100,9 @@ std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::stri
 }
 
 std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
-  Stmt s(impl_->db, detail::select_trials(impl_->setting_columns, "WHERE trials.id = ?1").c_str());
+  Stmt s(impl_->db, detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+                                          "WHERE trials.id = ?1")
+                        .c_str());
   s.bind(1, trial_id);
   if (!s.step()) return std::nullopt;
   return detail::read_trial(impl_->setting_columns, s);
@@ -99,7 +110,7 @@ std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
 
 std::vector<TrialRow> Store::trials(int64_t experiment_id) {
   Stmt s(impl_->db,
-         detail::select_trials(impl_->setting_columns,
+         detail::select_trials(impl_->setting_columns, impl_->absent_columns,
                                "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id")
              .c_str());
   s.bind(1, experiment_id);
@@ -134,7 +145,7 @@ std::vector<EpochRow> Store::epochs(int64_t trial_id) {
 std::vector<TrialSummary> Store::trial_summaries(int64_t experiment_id) {
   // The trial's own columns come from `trials`, its results from the views.
   const std::string sql = detail::select_trials(
-      impl_->setting_columns,
+      impl_->setting_columns, impl_->absent_columns,
       "JOIN trial_summary s ON s.trial_id = trials.id "
       "LEFT JOIN scaling c ON c.trial_id = trials.id "
       "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id",

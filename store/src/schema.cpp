@@ -164,9 +164,21 @@ LEFT JOIN (
 WHERE s.status = 'done';
 )SQL";
 
-// Append new versions here ({2, kSchemaV2}, ...); applied ones are never edited.
+// Version 2 (trials across processes, several trials at once): how a trial ran. NULL for trials
+// that have not started since. hosts: the host of every process of the trial, grouped in rank
+// order ("nodeA x8, nodeB x8"); launch: the command that started the trial process (mpirun or
+// srun for a trial of several processes); device_set: the GPUs or CPU cores `--jobs` gave the
+// trial ("gpus 2,3", "cores 0,1"; NULL: the whole machine).
+constexpr const char* kSchemaV2 = R"SQL(
+ALTER TABLE trials ADD COLUMN hosts TEXT;
+ALTER TABLE trials ADD COLUMN launch TEXT;
+ALTER TABLE trials ADD COLUMN device_set TEXT;
+)SQL";
+
+// Append new versions here ({3, kSchemaV3}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
     {1, kSchemaV1},
+    {2, kSchemaV2},
 };
 
 }  // namespace
@@ -218,13 +230,14 @@ int migrate(sqlite3* db, const std::string& path) {
 }
 
 const std::vector<std::string>& own_trial_columns() {
-  // The columns of `trials` the store defines itself (schema version 1); every other column
-  // records a setting. A migration that adds a column of the store's own must add it here.
+  // The columns of `trials` the store defines itself (schema versions 1 and 2); every other
+  // column records a setting. A migration that adds a column of the store's own must add it here.
   static const std::vector<std::string> columns = {
       "id",         "experiment_id", "config_hash", "ordinal",       "status",
       "error",      "attempts",      "backend",     "devices",       "oversubscribed",
       "host",       "dprun_version", "plugin_path", "plugin_sha256", "runner_pid",
-      "created_at", "started_at",    "finished_at", "heartbeat_at"};
+      "created_at", "started_at",    "finished_at", "heartbeat_at",  "hosts",
+      "launch",     "device_set"};
   return columns;
 }
 
@@ -237,6 +250,16 @@ std::vector<std::string> setting_columns(sqlite3* db) {
     if (std::find(own.begin(), own.end(), name) == own.end()) out.push_back(std::move(name));
   }
   return out;
+}
+
+std::vector<std::string> absent_own_columns(sqlite3* db) {
+  std::set<std::string> have;
+  Stmt s(db, "SELECT name FROM pragma_table_info('trials')");
+  while (s.step()) have.insert(s.text(0));
+  std::vector<std::string> absent;
+  for (const auto& c : own_trial_columns())
+    if (!have.count(c)) absent.push_back(c);
+  return absent;
 }
 
 namespace {

@@ -100,6 +100,8 @@ int read_user_version(sqlite3* db);
 const std::vector<std::string>& own_trial_columns();
 /// The setting columns of `trials`, in table order.
 std::vector<std::string> setting_columns(sqlite3* db);
+/// The store's own columns `trials` lacks (a database of an older schema, read as it is).
+std::vector<std::string> absent_own_columns(sqlite3* db);
 /// Adds the described setting columns `trials` lacks (each filled with its default) and
 /// regenerates the views when they do not list the setting columns the table has, in one write
 /// transaction, only when something changes. Returns the setting columns, in table order.

@@ -162,14 +162,11 @@ Store::Store(const std::string& path, Mode mode, const std::vector<SettingColumn
       if (version == 0) {
         throw StoreError(path + ": not a dprun database (it has no dprun schema)");
       }
-      if (version < schema_version()) {
-        throw StoreError(path + ": database schema version " + std::to_string(version) +
-                         " is older than this dprun (" + std::to_string(schema_version()) +
-                         "); open it once read-write (run dprun on the experiment) to migrate it");
-      }
       impl->user_version = version;
-      // As it is: a setting column it lacks reads as that setting's default in the caller.
+      // As it is, never migrated (reading must not change a file): a setting column it lacks
+      // reads as that setting's default in the caller, a column of a later schema as NULL.
       impl->setting_columns = detail::setting_columns(db);
+      impl->absent_columns = detail::absent_own_columns(db);
     }
   } catch (const StoreError&) {
     if (sqlite3_errcode(db) == SQLITE_NOTADB) {
@@ -253,7 +250,7 @@ TrialRow Store::ensure_trial(int64_t experiment_id, const std::string& config_ha
   n = 3;
   for (const auto& [name, value] : settings) ins.bind(++n, value);
   ins.run();
-  Stmt sel(db, detail::select_trials(impl_->setting_columns,
+  Stmt sel(db, detail::select_trials(impl_->setting_columns, impl_->absent_columns,
                                      "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
                    .c_str());
   sel.bind(1, experiment_id).bind(2, config_hash);
@@ -298,13 +295,16 @@ void Store::start_trial(int64_t trial_id, const TrialStart& start) {
           "  started_at = " DPS_NOW_SQL ", heartbeat_at = " DPS_NOW_SQL
           ", finished_at = NULL, "
           "  backend = ?2, devices = ?3, host = ?4, dprun_version = ?5, plugin_path = ?6, "
-          "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9 "
+          "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9, hosts = ?10, launch = ?11, "
+          "  device_set = ?12 "
           "WHERE id = ?1");
   up.bind(1, trial_id);
   up.bind_text_or_null(2, start.backend).bind_text_or_null(3, start.devices);
   up.bind_text_or_null(4, start.host).bind_text_or_null(5, start.dprun_version);
   up.bind_text_or_null(6, start.plugin_path).bind_text_or_null(7, start.plugin_sha256);
   up.bind(8, int64_t{start.oversubscribed ? 1 : 0}).bind(9, start.runner_pid);
+  up.bind_text_or_null(10, start.hosts).bind_text_or_null(11, start.launch);
+  up.bind_text_or_null(12, start.device_set);
   up.run();
   if (sqlite3_changes(db) == 0) {
     throw StoreError(impl_->path + ": start_trial: no trial with id " + std::to_string(trial_id));

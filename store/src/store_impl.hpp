@@ -17,6 +17,8 @@ struct Store::Impl {
   Mode mode = Mode::read_write;
   int user_version = 0;
   std::vector<std::string> setting_columns;  // of `trials`, in table order
+  /// The store's own trial columns an older schema lacks (read-only: they read as NULL).
+  std::vector<std::string> absent_columns;
   // Set by the query authorizer when it refuses an action, so query() can tell a refusal from
   // an ordinary SQL error.
   std::string refused_action;
@@ -27,7 +29,9 @@ struct Store::Impl {
 namespace detail {
 
 /// "SELECT <every column of a TrialRow>" + more_columns + " FROM trials " + where.
-std::string select_trials(const std::vector<std::string>& setting_columns, const std::string& where,
+/// absent: own columns the database lacks (an older schema opened read-only), read as NULL.
+std::string select_trials(const std::vector<std::string>& setting_columns,
+                          const std::vector<std::string>& absent, const std::string& where,
                           const std::string& more_columns = "");
 /// The TrialRow of the current row of a statement made from select_trials (read by name).
 TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt& s);

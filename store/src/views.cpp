@@ -46,7 +46,8 @@ SELECT
   CASE WHEN a.n > 1 THEN a.mean_after_first ELSE a.mean_all END AS mean_seconds_per_epoch,
   last.train_loss AS final_train_loss,
   a.total_seconds,
-  t.backend, t.devices, t.oversubscribed, t.host, t.started_at, t.finished_at
+  t.backend, t.devices, t.oversubscribed, t.host, t.started_at, t.finished_at,
+  t.hosts, t.launch, t.device_set
 FROM trials t
 JOIN experiments e ON e.id = t.experiment_id
 LEFT JOIN (

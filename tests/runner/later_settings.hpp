@@ -17,12 +17,12 @@ inline const dprun::SettingTable& later_settings() {
         if (r.column == row.column) return;
       rows.push_back(std::move(row));
     };
-    add({.key = "processes",
-                    .column = "processes",
-                    .default_value = int64_t{1},
-                    .range = dprun::at_least(1),
-                    .identity = true,
-                    .help = "processes of a trial"});
+    add({.key = "grad_accum",
+         .column = "grad_accum",
+         .default_value = int64_t{1},
+         .range = dprun::at_least(1),
+         .identity = true,
+         .help = "micro-batches summed per step"});
     add({.key = "checkpoint",
                     .column = "checkpoint",
                     .type = T::choice,

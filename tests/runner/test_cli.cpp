@@ -13,15 +13,6 @@ using clitest::run;
 using clitest::sql;
 using clitest::sql1;
 
-#define DPRUN_NEED_DATA(var)                                                           \
-  const std::string var = clitest::data_dir();                                         \
-  if (var.empty()) {                                                                   \
-    DPTEST_SKIPPED(                                                                    \
-        "Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
-        "skipping this end-to-end test");                                              \
-    return;                                                                            \
-  }
-
 TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[cli]") {
   DPRUN_NEED_DATA(data);
   dptest::TempDir dir;
@@ -332,8 +323,9 @@ TEST_CASE("bn = \"sync\" trains with statistics over every replica and is record
                                 "\"sync\"]\n");
   const auto r = run({"run", file, "--db", db, "--threads", "2"}, dir.path());
   DPRUN_REQUIRE_EXIT(r, 0);
-  CHECK(sql1(db, "SELECT group_concat(bn_mode || ':' || status, ',') FROM (SELECT * FROM trials "
-                 "ORDER BY bn_mode)") == "per-replica:done,sync:done");
+  CHECK(sql1(db,
+             "SELECT group_concat(bn_mode || ':' || status, ',') FROM (SELECT * FROM trials "
+             "ORDER BY bn_mode)") == "per-replica:done,sync:done");
   // Different statistics, different training: the two trials' losses differ.
   CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "2");
 }

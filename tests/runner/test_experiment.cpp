@@ -6,52 +6,17 @@
 #include <vector>
 
 #include "experiment.hpp"
+#include "experiment_helpers.hpp"
 
 namespace {
 
 using dprun::ConfigError;
 using dprun::ConfigErrors;
 using dprun::Experiment;
-
-dprun::ModelCatalog fake_catalog() {
-  dprun::ModelCatalog c;
-  dp::ModelFactory lenet;
-  lenet.name = "lenet";
-  lenet.options = {
-      {"hidden", int64_t{128}, ""}, {"pool", std::string("avg"), ""}, {"init_std", 0.01, ""}};
-  dp::ModelFactory resnet;
-  resnet.name = "resnet18";
-  resnet.options = {{"width", int64_t{64}, ""}};
-  c.models["lenet"] = lenet;
-  c.models["resnet18"] = resnet;
-  return c;
-}
-
-Experiment parse(const std::string& text, dprun::ParseOptions options = {}) {
-  return dprun::parse_experiment("t.toml", text, fake_catalog(), options);
-}
-
-/// The errors of a file that must not parse.
-std::vector<ConfigError> errors_of(const std::string& text) {
-  try {
-    parse(text);
-  } catch (const ConfigErrors& e) {
-    return e.errors();
-  }
-  FAIL("expected ConfigErrors for:\n" << text);
-  return {};
-}
-
-/// The single error of a file with one problem.
-ConfigError error_of(const std::string& text) {
-  auto errors = errors_of(text);
-  INFO(text);
-  for (const auto& e : errors) INFO(e.what());
-  REQUIRE(errors.size() == 1);
-  return errors[0];
-}
-
-const std::string kHead = "[experiment]\nname = \"t\"\n";  // lines 1-2
+using exptest::error_of;
+using exptest::errors_of;
+using exptest::kHead;
+using exptest::parse;
 
 std::string exact(double d) {
   char buf[40];
@@ -508,7 +473,7 @@ TEST_CASE("error: unknown sections, keys, models, options and datasets", "[exper
   auto section = error_of(kHead + "[train]\nmodel = \"lenet\"\n[trian]\nepochs = 1\n");
   CHECK(std::string(section.what()) ==
         "t.toml:5:2: trian: unknown section; did you mean \"train\"? (known sections: "
-        "experiment, data, train, model, sweep)");
+        "experiment, data, train, model, sweep, launch)");
 
   auto key = error_of(kHead + "[train]\nmodel = \"lenet\"\nlr_scale = \"linear\"\n");
   CHECK(key.line() == 5);
@@ -666,7 +631,7 @@ TEST_CASE("more than 1000 trials needs force", "[experiment]") {
 
 TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   const std::string dir = std::string(DPRUN_TEST_SOURCE_DIR) + "/experiments/";
-  auto quick = dprun::load_experiment(dir + "quickstart.toml", fake_catalog());
+  auto quick = dprun::load_experiment(dir + "quickstart.toml", exptest::fake_catalog());
   CHECK(quick.name == "quickstart");
   CHECK(quick.database == "results/quickstart.db");
   REQUIRE(quick.trials.size() == 2);
@@ -676,7 +641,7 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   CHECK(quick.trials[1].settings.number("lr") == 0.2);
   CHECK(quick.trials[1].settings.integer("epochs") == 2);
 
-  auto scaling = dprun::load_experiment(dir + "scaling.toml", fake_catalog());
+  auto scaling = dprun::load_experiment(dir + "scaling.toml", exptest::fake_catalog());
   CHECK(scaling.name == "scaling");
   CHECK(scaling.database == "results/scaling.db");
   REQUIRE(scaling.trials.size() == 4);
@@ -693,6 +658,6 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   }
   CHECK(scaling.trials[1].label == "model=lenet lr=0.4 gpus=2 batch_size=512");
 
-  CHECK_THROWS_WITH(dprun::load_experiment(dir + "no-such-file.toml", fake_catalog()),
+  CHECK_THROWS_WITH(dprun::load_experiment(dir + "no-such-file.toml", exptest::fake_catalog()),
                     Catch::Contains("cannot read experiment file"));
 }

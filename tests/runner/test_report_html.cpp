@@ -39,8 +39,11 @@ void fill(const std::string& path) {
     s.set("epochs", int64_t{3});
     const auto t =
         store.ensure_trial(scaling, "hash" + std::to_string(gpus), gpus, dprun::to_store(s));
-    store.start_trial(t.id, dps::TrialStart{"cpu", "CPU (2 threads) x" + std::to_string(gpus),
-                                            "host", "0.1.0", "p", "s", false, 1});
+    dps::TrialStart start;
+    start.backend = "cpu";
+    start.devices = "CPU (2 threads) x" + std::to_string(gpus);
+    start.host = "host";
+    store.start_trial(t.id, start);
     for (int64_t e = 1; e <= 3; ++e) {
       dps::EpochRow row;
       row.trial_id = t.id;
@@ -56,7 +59,10 @@ void fill(const std::string& path) {
   TrialSettings s(table);
   s.set("model", std::string("resnet18"));
   const auto t = store.ensure_trial(broken, "hashx", 0, dprun::to_store(s));
-  store.start_trial(t.id, dps::TrialStart{"cpu", "CPU", "host", "0.1.0", "p", "s", false, 1});
+  dps::TrialStart start;
+  start.backend = "cpu";
+  start.devices = "CPU";
+  store.start_trial(t.id, start);
   store.finish_trial(t.id, dps::TrialStatus::failed, "killed by SIGKILL & <lost>");
 }
 

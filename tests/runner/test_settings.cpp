@@ -121,12 +121,12 @@ TEST_CASE("settings: values are checked by their row", "[settings]") {
 TEST_CASE("settings: an experiment file sets each type the table has", "[settings]") {
   const SettingTable& later = later_settings();
   auto ex = parse(kHead +
-                      "processes = 2\noptimizer = \"adamw\"\nbetas = [0.8, 0.9]\ncheckpoint = "
+                      "grad_accum = 2\noptimizer = \"adamw\"\nbetas = [0.8, 0.9]\ncheckpoint = "
                       "\"best\"\n[sweep]\nseed = [1, 2]\n",
                   later);
   REQUIRE(ex.trials.size() == 2);
   const TrialSettings& s = ex.trials[0].settings;
-  CHECK(s.integer("processes") == 2);
+  CHECK(s.integer("grad_accum") == 2);
   CHECK(s.numbers("betas") == std::vector<double>{0.8, 0.9});
   CHECK(s.text("checkpoint") == "best");
   auto sgd = parse(kHead + "momentum = 0.9\nnesterov = true\n", later);
@@ -145,20 +145,20 @@ TEST_CASE("settings: an experiment file sets each type the table has", "[setting
 
   // Errors name the place, as for every key.
   try {
-    parse(kHead + "betas = [0.9, 2]\nnesterov = 1\nprocesses = 0\n", later);
+    parse(kHead + "betas = [0.9, 2]\nnesterov = 1\ngrad_accum = 0\n", later);
     FAIL("expected errors");
   } catch (const dprun::ConfigErrors& e) {
     const std::string all = e.what();
     CHECK_THAT(all, Contains("t.toml:5:9: train.betas: each value must be in [0, 1), got 2"));
     CHECK_THAT(all, Contains("t.toml:6:12: train.nesterov: expected a boolean, got 1"));
-    CHECK_THAT(all, Contains("t.toml:7:13: train.processes: must be at least 1, got 0"));
+    CHECK_THAT(all, Contains("t.toml:7:14: train.grad_accum: must be at least 1, got 0"));
   }
   // Today's dprun does not know the key: the usual error, with the known keys.
   try {
-    parse(kHead + "processes = 2\n", dprun::builtin_settings());
+    parse(kHead + "grad_accum = 2\n", dprun::builtin_settings());
     FAIL("expected an error");
   } catch (const dprun::ConfigErrors& e) {
-    CHECK_THAT(std::string(e.what()), Contains("train.processes: unknown key"));
+    CHECK_THAT(std::string(e.what()), Contains("train.grad_accum: unknown key"));
   }
 }
 
@@ -207,10 +207,10 @@ TEST_CASE("settings: every type survives the store and the trial record", "[sett
 
   // A database from before a setting existed reads as its default.
   dps::SettingValues old = stored;
-  old.erase("processes");
+  old.erase("grad_accum");
   old.erase("nesterov");
   const TrialSettings from_old = dprun::settings_from_store(later, old);
-  CHECK(from_old.integer("processes") == 1);
+  CHECK(from_old.integer("grad_accum") == 1);
   CHECK_FALSE(from_old.boolean("nesterov"));
 
   // The record is strict: an unknown or missing member is an error that names it.
@@ -249,9 +249,9 @@ TEST_CASE("identity: a setting added later enters the hash only when it is not i
 
   // An identity setting away from its default: another trial. Written after today's settings.
   TrialSettings two = later;
-  two.set("processes", int64_t{2});
+  two.set("grad_accum", int64_t{2});
   CHECK(dprun::config_hash(two) != dprun::config_hash(today));
-  CHECK_THAT(dprun::canonical_settings(two), Catch::EndsWith("test_limit=0\nprocesses=2\n"));
+  CHECK_THAT(dprun::canonical_settings(two), Catch::EndsWith("test_limit=0\ngrad_accum=2\n"));
   TrialSettings betas = later;
   betas.set("betas", std::vector<double>{0.5, 0.9});
   betas.set("nesterov", true);
@@ -265,10 +265,10 @@ TEST_CASE("identity: a setting added later enters the hash only when it is not i
 }
 
 TEST_CASE("filters: every recorded setting by column or key, with a hint", "[settings][cli]") {
-  auto ex = parse(kHead + "bn = \"per-replica\"\nprocesses = 3\n", later_settings());
+  auto ex = parse(kHead + "bn = \"per-replica\"\ngrad_accum = 3\n", later_settings());
   const dprun::TrialSpec& spec = ex.trials.at(0);
   using F = std::vector<std::pair<std::string, std::string>>;
-  CHECK(dprun::trial_matches(spec, F{{"processes", "3"}}));
+  CHECK(dprun::trial_matches(spec, F{{"grad_accum", "3"}}));
   CHECK(dprun::trial_matches(spec, F{{"bn", "per-replica"}}));
   CHECK(dprun::trial_matches(spec, F{{"bn_mode", "per-replica"}}));
   CHECK(dprun::trial_matches(spec, F{{"backend", "auto"}}));

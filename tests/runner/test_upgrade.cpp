@@ -125,7 +125,7 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
     INFO(p.spec->label);
     CHECK(p.describe() == "skip: done");
   }
-  CHECK_FALSE(contains(columns_of(u.db, "trials"), "processes"));
+  CHECK_FALSE(contains(columns_of(u.db, "trials"), "grad_accum"));
   const std::string speedups_before =
       sql1(u.db, "SELECT group_concat(trial_id || ':' || round(speedup, 6)) FROM scaling");
 
@@ -133,16 +133,16 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
   // their defaults for the trials of 0.1.0, in the table and in both views.
   REQUIRE(dprun::run_sweep(options) == 0);
   const auto trials = columns_of(u.db, "trials");
-  for (const char* c : {"processes", "checkpoint", "betas", "nesterov"}) {
+  for (const char* c : {"grad_accum", "checkpoint", "betas", "nesterov"}) {
     INFO(c);
     CHECK(contains(trials, c));
     CHECK(contains(columns_of(u.db, "trial_summary"), c));
     CHECK(contains(columns_of(u.db, "scaling"), c));
   }
   CHECK(sql1(u.db,
-             "SELECT group_concat(DISTINCT processes || ' ' || checkpoint || ' ' || betas || "
+             "SELECT group_concat(DISTINCT grad_accum || ' ' || checkpoint || ' ' || betas || "
              "' ' || nesterov) FROM trials") == "1 last [0.9,0.999] 0");
-  CHECK(sql1(u.db, "PRAGMA user_version") == "1");
+  CHECK(sql1(u.db, "PRAGMA user_version") == std::to_string(dps::schema_version()));
   CHECK(sql1(u.db, "SELECT COUNT(*) FROM trials WHERE status = 'done' AND attempts = 1") == "4");
   CHECK(sql1(u.db, "SELECT COUNT(*) FROM trials") == "4");
   CHECK(sql1(u.db, "SELECT COUNT(*) FROM epochs") == "4");
@@ -165,7 +165,7 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
     clitest::write_file(u.file, text);
     return dprun::load_sweep(options);
   };
-  const dprun::Experiment four = with("processes = 4");
+  const dprun::Experiment four = with("grad_accum = 4");
   for (const auto& p : plan(four, u.db, options)) CHECK(p.describe() == "run");
   const dprun::Experiment best = with("checkpoint = \"best\"");
   for (size_t i = 0; i < kV1Hashes.size(); ++i) CHECK(best.trials[i].config_hash == kV1Hashes[i]);
@@ -185,6 +185,6 @@ TEST_CASE("upgrade: this dprun still runs nothing on a database a later dprun mi
   DPRUN_REQUIRE_EXIT(r, 0);
   CHECK(r.err.find("4 trials, 0 to run") != std::string::npos);
   // The later dprun's columns and views are left as they were.
-  CHECK(contains(columns_of(u.db, "trials"), "processes"));
+  CHECK(contains(columns_of(u.db, "trials"), "grad_accum"));
   CHECK(sql1(u.db, "SELECT group_concat(sql) FROM sqlite_schema WHERE type = 'view'") == views);
 }

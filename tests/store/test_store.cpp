@@ -53,8 +53,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
   Store store(path);
   CHECK(store.path() == path);
   CHECK(store.user_version() == dps::schema_version());
-  CHECK(dps::schema_version() == 1);
-  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "1");
+  CHECK(dps::schema_version() == 2);
+  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "2");
   CHECK(dpstest::raw_scalar(path, "PRAGMA journal_mode") == "wal");  // persistent in the file
   CHECK(dpstest::scalar(store, "PRAGMA foreign_keys") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA synchronous") == "1");  // NORMAL
@@ -126,7 +126,7 @@ TEST_CASE("reopening keeps the data and migrates nothing", "[store]") {
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store again(path);
-  CHECK(again.user_version() == 1);
+  CHECK(again.user_version() == 2);
   CHECK(again.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n") == exp);
   REQUIRE(again.trials(exp).size() == 1);
   // A second migration would have failed on "table experiments already exists"; also check the
@@ -141,7 +141,7 @@ TEST_CASE("a database from a newer dprun is refused", "[store]") {
   dpstest::raw_exec(path, "PRAGMA user_version = 5");
   const std::string expected = path +
                                ": database schema version 5 is newer than this dprun supports "
-                               "(1): upgrade dprun";
+                               "(2): upgrade dprun";
   REQUIRE_THROWS_AS(Store(path), StoreError);
   REQUIRE_THROWS_WITH(Store(path), expected);
   REQUIRE_THROWS_WITH(Store(path, Store::Mode::read_only), expected);
@@ -181,7 +181,7 @@ TEST_CASE("read-only stores cannot write, through query or the connection", "[st
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store ro(path, Store::Mode::read_only);
-  CHECK(ro.user_version() == 1);
+  CHECK(ro.user_version() == 2);
   REQUIRE(ro.trials(exp).size() == 1);
   CHECK(dpstest::scalar(ro, "SELECT name FROM experiments") == "e");
   REQUIRE_THROWS_WITH(ro.query("INSERT INTO experiments (name, toml_source, toml_sha256) "

@@ -62,6 +62,9 @@ struct TrialRow {
   std::string created_at, started_at, finished_at, heartbeat_at;  // ISO 8601 UTC
   int64_t runner_pid = 0;
   int64_t epochs_done = 0;  // rows in `epochs`
+  std::string hosts;        // the host of each process, grouped: "nodeA x8, nodeB x8"
+  std::string launch;       // the command that started the trial process
+  std::string device_set;   // the GPUs or cores --jobs gave it ("gpus 2,3"); "": the machine
 };
 
 struct EpochRow {
@@ -79,6 +82,7 @@ struct TrialStart {
   std::string backend, devices, host, dprun_version, plugin_path, plugin_sha256;
   bool oversubscribed = false;
   int64_t runner_pid = 0;
+  std::string hosts, launch, device_set;  // as in TrialRow ("" is stored as NULL)
 };
 
 /// One experiment of the database.
@@ -110,7 +114,8 @@ class Store {
   enum class Mode { read_write, read_only };
   /// Opens (read_write: creating the file and parent folders, migrating, and adding the
   /// described setting columns it lacks) the database. read_only: the file must exist and is
-  /// read as it is; every statement that would write fails.
+  /// read as it is, never migrated (the store's columns of a later schema read as empty);
+  /// every statement that would write fails.
   Store(const std::string& path, Mode mode = Mode::read_write,
         const std::vector<SettingColumn>& settings = {});
   ~Store();
