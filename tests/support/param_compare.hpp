@@ -65,8 +65,8 @@ struct TensorReport {
   std::vector<TensorError> tensors;
   size_t failures = 0;
   bool ok() const { return failures == 0 && !tensors.empty(); }
-  /// The `worst` first tensors as a table (name, shape, norms, error, tolerance, error/tol) and
-  /// a header line with how many of how many failed.
+  /// How many of how many failed, then the `worst` first tensors: name, shape, error,
+  /// tolerance, error/tolerance and the norms of both.
   std::string table(size_t worst = 8) const;
 };
 
