@@ -163,21 +163,21 @@ StepComparison compare_steps(const StepRun& actual, const StepRun& expected,
                                 std::to_string(noise.steps.size()) + " steps, the runs " +
                                 std::to_string(expected.steps()));
   const double inf = std::numeric_limits<double>::infinity();
-  char rule_text[128];
-  const char* rule_format = " (tolerance: max(%g x sensitivity to %d nudges, %g))";
-  std::snprintf(rule_text, sizeof rule_text, rule_format, rule.factor, noise.samples,
-                rule.update_floor);
+  const auto rule_text = [&](double floor) {
+    char text[128];
+    std::snprintf(text, sizeof text, " (tolerance: max(%g x sensitivity to %d nudges, %g))",
+                  rule.factor, noise.samples, floor);
+    return std::string(text);
+  };
   StepComparison c;
   for (size_t s = 0; s < expected.steps(); ++s) {
     const StepDifference& n = noise.steps[s];
     StepComparison::Step st;
     st.same_start = actual.before[s] == expected.before[s];
-    st.updates = compare_tensors("updates" + std::string(rule_text), expected.spans,
+    st.updates = compare_tensors("updates" + rule_text(rule.update_floor), expected.spans,
                                  actual.update(s), expected.update(s),
                                  scaled_tolerances(n.updates, rule.factor, rule.update_floor, inf));
-    std::snprintf(rule_text, sizeof rule_text, rule_format, rule.factor, noise.samples,
-                  rule.param_floor);
-    st.params = compare_tensors("parameters after the step" + std::string(rule_text),
+    st.params = compare_tensors("parameters after the step" + rule_text(rule.param_floor),
                                 expected.spans, actual.after[s], expected.after[s],
                                 scaled_tolerances(n.params, rule.factor, rule.param_floor, inf));
     st.loss_error = relative(actual.losses[s], expected.losses[s]);
