@@ -19,9 +19,9 @@
 //     floors), runs that must pass (other correct implementations the CPU offers: another
 //     thread count, which sums conv and linear filter gradients over other per-thread
 //     partials; 2 or 3 replicas for LeNet; nudges of 8 to 1024 ulps with unseen signs) and
-//     deliberate bugs that must fail (learning rate 5 % high, one wrong example per batch, one
-//     tensor's gradient dropped or doubled, weight decay or momentum ignored), and for how many
-//     tensors a dropped gradient would be caught.
+//     deliberate bugs that must fail (learning rate 5 % or 1 % high, one wrong example per
+//     batch, one tensor's gradient dropped or doubled, weight decay or momentum ignored), and
+//     for how many tensors a dropped gradient would be caught.
 // Exit code 1 when a correct run fails or a bug passes. --factor overrides the tests' factor.
 #include <algorithm>
 #include <chrono>
@@ -209,6 +209,8 @@ int run_variants(const TrainCase& base, const StepRun& ref, const Sensitivity& n
   }
   vs.push_back(variant("BUG learning rate 5% high", false,
                        [](TrainCase& c) { c.options.sgd.lr *= 1.05f; }));
+  vs.push_back(variant("BUG learning rate 1% high", false,
+                       [](TrainCase& c) { c.options.sgd.lr *= 1.01f; }));
   vs.push_back(variant("BUG one wrong example per batch", false, [](TrainCase& c) {
     for (auto& b : c.batches) b[0] = (b[0] + 1) % 512;
   }));
@@ -297,6 +299,7 @@ int run_variants(const TrainCase& base, const StepRun& ref, const Sensitivity& n
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // line by line into a log: ResNet-18 takes minutes
   const Options opt = parse(argc, argv);
   if (!dptest::fashion_mnist_subset().ok) usage_error("Fashion-MNIST not found (set DPRUN_DATA)");
   dptest::ToleranceRule rule = dptest::train_tolerance_rule();

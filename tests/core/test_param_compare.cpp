@@ -133,13 +133,23 @@ TEST_CASE("param_compare: nudge_ulps moves each nonzero value by exactly n ulps,
   }
   CHECK(up > 10);
   CHECK(down > 10);
-  const auto four = dptest::nudge_ulps(flat, spans, 42, 4);
-  const float x = flat[1], x4 = four[1];
-  float walk = x;
-  const float dir = one[1] > x ? std::numeric_limits<float>::infinity()
-                               : -std::numeric_limits<float>::infinity();
-  for (int k = 0; k < 4; ++k) walk = std::nextafter(walk, dir);
-  CHECK(x4 == walk);
+  // Many ulps at once equal as many std::nextafter steps, also across a power of two and
+  // toward zero through the subnormals.
+  for (float x : {0.1f, -0.1f, 1.0f, -1.0f, 2.0f, 3e-38f, -3e-38f, 1e-44f}) {
+    std::vector<float> v(104, 0.0f);
+    for (size_t i = 0; i < 36; ++i) v[i] = x;
+    for (int ulps : {1, 4, 1024}) {
+      const auto moved = dptest::nudge_ulps(v, spans, 7, ulps);
+      const auto signs = dptest::nudge_ulps(v, spans, 7, 1);
+      for (size_t i = 0; i < 36; ++i) {
+        const float inf = std::numeric_limits<float>::infinity();
+        float walk = x;
+        for (int k = 0; k < ulps; ++k) walk = std::nextafter(walk, signs[i] > x ? inf : -inf);
+        INFO(x << " moved " << ulps << " ulps, element " << i);
+        CHECK(moved[i] == walk);
+      }
+    }
+  }
 }
 
 TEST_CASE("param_compare: spans follow a registry's names, shapes and offsets", "[cpu][compare]") {

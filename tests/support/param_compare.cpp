@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -176,20 +177,45 @@ std::vector<double> scaled_tolerances(const std::vector<TensorError>& noise, dou
   return out;
 }
 
+namespace {
+
+// x moved `ulps` representable floats toward +inf (up) or -inf. Floats of one sign are ordered
+// like their bit patterns, so that is an integer step on the magnitude; a step that would cross
+// zero or reach infinity takes the slow, exact road of std::nextafter.
+float step_ulps(float x, int ulps, bool up) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7fffffffu;
+  const auto n = static_cast<uint32_t>(ulps);
+  const bool away_from_zero = up == (sign == 0);
+  if (away_from_zero && magnitude + n <= 0x7f7fffffu) {
+    bits = sign | (magnitude + n);
+  } else if (!away_from_zero && magnitude > n) {
+    bits = sign | (magnitude - n);
+  } else {
+    const float inf = std::numeric_limits<float>::infinity();
+    for (int k = 0; k < ulps; ++k) x = std::nextafter(x, up ? inf : -inf);
+    return x;
+  }
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+}  // namespace
+
 std::vector<float> nudge_ulps(const std::vector<float>& flat, const std::vector<NamedSpan>& spans,
                               uint64_t seed, int ulps) {
   check_covers(spans, flat.size(), "nudge_ulps");
   std::vector<float> out = flat;
   // mt19937_64 and the bit test give the same signs on every platform (no distribution).
   std::mt19937_64 gen(seed);
-  const float inf = std::numeric_limits<float>::infinity();
   for (const auto& s : spans) {
     for (size_t i = s.offset; i < s.offset + s.count; ++i) {
-      const float toward = (gen() >> 63) != 0 ? inf : -inf;  // drawn for zeros too: stable signs
+      const bool up = (gen() >> 63) != 0;  // drawn for zeros too: stable signs
       // Exact zeros stay: no summation order rounds a zero bias, and a +-denormal bias would
       // flip every ReLU fed by a zero image patch (0 + b), a tie no implementation breaks.
-      if (out[i] == 0.0f) continue;
-      for (int k = 0; k < ulps; ++k) out[i] = std::nextafter(out[i], toward);
+      if (out[i] == 0.0f || ulps <= 0) continue;
+      out[i] = step_ulps(out[i], ulps, up);
     }
   }
   return out;
