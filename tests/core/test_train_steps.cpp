@@ -157,8 +157,9 @@ TEST_CASE("derived tolerances separate rounding from bugs: LeNet batch 61",
   if (have_data()) check_separation("lenet-b61-lr0.9-2steps");
 }
 
-// ResNet-18 on the CPU takes ~1 s a step here and this test ~27 runs, so it is hidden from the
-// default run. `test_core "[resnet-tolerance]"` runs it; the bench prints the numbers.
+// ResNet-18 on the CPU takes ~1 s a step here and this test ~27 runs (42 s on a busy 2-core
+// machine), so it is hidden from the default run. `test_core "[resnet-tolerance]"` runs it; the
+// bench prints the numbers.
 TEST_CASE("derived tolerances separate rounding from bugs: ResNet-18 batch 16",
           "[.][resnet-tolerance]") {
   if (have_data()) check_separation("resnet18-b16-1step");
