@@ -100,11 +100,12 @@ std::pair<double, double> worst_and_median(const std::vector<dptest::TensorError
 }
 
 void print_scan(const TrainCase& base, const StepRun& ref) {
-  std::printf("  update difference per step after +-n ulp nudges of its starting parameters "
-              "(worst / median over %zu tensors; loss):\n",
-              ref.spans.size());
+  std::printf(
+      "  update difference per step after +-n ulp nudges of its starting parameters "
+      "(worst / median over %zu tensors; loss):\n",
+      ref.spans.size());
   // Sign seeds 101..: none of the tests' own (1..20) nor the judged variants' (1000..).
-  const std::vector<dptest::Nudge> ladder = {{1, 101}, {1, 102}, {1, 103}, {4, 104},
+  const std::vector<dptest::Nudge> ladder = {{1, 101},  {1, 102},  {1, 103},   {4, 104},
                                              {16, 105}, {64, 106}, {256, 107}, {1024, 108}};
   for (const auto& n : ladder) {
     std::vector<std::vector<float>> starts;
@@ -124,9 +125,10 @@ void print_scan(const TrainCase& base, const StepRun& ref) {
       const auto start = dptest::nudge_ulps(ref.before[0], ref.spans, seed * 7919, 1);
       const Sensitivity d = dptest::difference_of(dptest::run_case(base, {start}), ref);
       const auto [w, m] = worst_and_median(d.steps.back().updates);
-      std::printf("    free running, 1 ulp at the start only (signs %llu): last step %9.2e / "
-                  "%9.2e; %8.1e\n",
-                  static_cast<unsigned long long>(seed), w, m, d.steps.back().loss);
+      std::printf(
+          "    free running, 1 ulp at the start only (signs %llu): last step %9.2e / "
+          "%9.2e; %8.1e\n",
+          static_cast<unsigned long long>(seed), w, m, d.steps.back().loss);
     }
   }
 }
@@ -154,12 +156,13 @@ void print_sensitivity(const StepRun& ref, const Sensitivity& s, size_t worst) {
                      [&](size_t a, size_t b) { return u[a].rel_error > u[b].rel_error; });
     std::vector<double> v;
     for (size_t i : order) v.push_back(u[i].rel_error);
-    std::printf("  step %zu: the tests' sensitivity (worst of %d nudges) of the %zu tensors with "
-                "a real update: worst %.2e, median %.2e; loss %.2e; the most sensitive:\n",
-                step + 1, s.samples, order.size(), v.empty() ? 0.0 : v.front(),
-                v.empty() ? 0.0 : v[v.size() / 2], s.steps[step].loss);
-    std::printf("    %-36s %9s %11s %11s %11s %11s\n", "tensor", "numel", "||update||",
-                "||param||", "d(update)", "d(param)");
+    std::printf(
+        "  step %zu: the tests' sensitivity (worst of %d nudges) of the %zu tensors with "
+        "a real update: worst %.2e, median %.2e; loss %.2e; the most sensitive:\n",
+        step + 1, s.samples, order.size(), v.empty() ? 0.0 : v.front(),
+        v.empty() ? 0.0 : v[v.size() / 2], s.steps[step].loss);
+    std::printf("    %-36s %9s %11s %11s %11s %11s\n", "tensor", "numel", "||update||", "||param||",
+                "d(update)", "d(param)");
     for (size_t k = 0; k < std::min(worst, order.size()); ++k) {
       const size_t i = order[k];
       std::printf("    %-36s %9zu %11.3e %11.3e %11.3e %11.3e\n", u[i].name.c_str(),
@@ -207,17 +210,17 @@ int run_variants(const TrainCase& base, const StepRun& ref, const Sensitivity& n
     vs.push_back(std::move(v));
     ++seed;
   }
-  vs.push_back(variant("BUG learning rate 5% high", false,
-                       [](TrainCase& c) { c.options.sgd.lr *= 1.05f; }));
-  vs.push_back(variant("BUG learning rate 1% high", false,
-                       [](TrainCase& c) { c.options.sgd.lr *= 1.01f; }));
+  vs.push_back(
+      variant("BUG learning rate 5% high", false, [](TrainCase& c) { c.options.sgd.lr *= 1.05f; }));
+  vs.push_back(
+      variant("BUG learning rate 1% high", false, [](TrainCase& c) { c.options.sgd.lr *= 1.01f; }));
   vs.push_back(variant("BUG one wrong example per batch", false, [](TrainCase& c) {
     for (auto& b : c.batches) b[0] = (b[0] + 1) % 512;
   }));
   const std::string first_bn = base.model == "resnet18" ? "1.weight" : "0.bias";
   const std::string last = base.model == "resnet18" ? "resnet_block4.1.bn2.bias" : "9.weight";
-  for (const auto& [name, scale] : std::vector<std::pair<std::string, float>>{
-           {first_bn, 0.0f}, {last, 0.0f}, {last, 2.0f}}) {
+  for (const auto& [name, scale] :
+       std::vector<std::pair<std::string, float>>{{first_bn, 0.0f}, {last, 0.0f}, {last, 2.0f}}) {
     vs.push_back(variant(
         "BUG gradient of " + name + (scale == 0 ? " dropped" : " doubled"), false, {},
         dptest::scale_tensor_update(dptest::span_named(ref.spans, name), scale, &ref.before)));
@@ -226,12 +229,13 @@ int run_variants(const TrainCase& base, const StepRun& ref, const Sensitivity& n
     vs.push_back(variant("BUG weight decay ignored", false,
                          [](TrainCase& c) { c.options.sgd.weight_decay = 0; }));
   if (base.options.sgd.momentum > 0)
-    vs.push_back(variant("BUG momentum ignored", false,
-                         [](TrainCase& c) { c.options.sgd.momentum = 0; }));
+    vs.push_back(
+        variant("BUG momentum ignored", false, [](TrainCase& c) { c.options.sgd.momentum = 0; }));
 
-  std::printf("  held to max(%g x sensitivity, floor) [floors: update %.0e, parameters %.0e, "
-              "loss %.0e], every step from the reference's start:\n",
-              rule.factor, rule.update_floor, rule.param_floor, rule.loss_floor);
+  std::printf(
+      "  held to max(%g x sensitivity, floor) [floors: update %.0e, parameters %.0e, "
+      "loss %.0e], every step from the reference's start:\n",
+      rule.factor, rule.update_floor, rule.param_floor, rule.loss_floor);
   std::printf("    %-50s %9s %10s %-30s %9s  %s\n", "run", "failed", "worst e/t", "worst tensor",
               "loss e/t", "verdict");
   int wrong = 0;
@@ -260,8 +264,8 @@ int run_variants(const TrainCase& base, const StepRun& ref, const Sensitivity& n
     }
     const bool pass = cmp.ok();
     if (pass != v.correct) ++wrong;
-    std::printf("    %-50s %4zu/%-4zu %10.3g %-30s %9.3g  %s (%.1f s)\n", v.label.c_str(),
-                failed, total, worst, worst_name.c_str(), loss,
+    std::printf("    %-50s %4zu/%-4zu %10.3g %-30s %9.3g  %s (%.1f s)\n", v.label.c_str(), failed,
+                total, worst, worst_name.c_str(), loss,
                 pass ? (v.correct ? "passes" : "PASSES: bug not caught")
                      : (v.correct ? "FAILS: correct run rejected" : "caught"),
                 seconds_since(t0));
@@ -288,10 +292,11 @@ int run_variants(const TrainCase& base, const StepRun& ref, const Sensitivity& n
     for (size_t i = 0; i < tol.size(); ++i)
       if (u[i].norm_expected >= 1e-6 * largest) sorted.push_back(tol[i]);
     std::sort(sorted.begin(), sorted.end());
-    std::printf("  step %zu: update tolerances of the %zu tensors with a real update: min %.2e, "
-                "median %.2e, max %.2e; a dropped gradient is caught for %zu of them%s%s\n",
-                s + 1, real, sorted.front(), sorted[sorted.size() / 2], sorted.back(), caught,
-                blind.empty() ? "" : "; not for:", blind.c_str());
+    std::printf(
+        "  step %zu: update tolerances of the %zu tensors with a real update: min %.2e, "
+        "median %.2e, max %.2e; a dropped gradient is caught for %zu of them%s%s\n",
+        s + 1, real, sorted.front(), sorted[sorted.size() / 2], sorted.back(), caught,
+        blind.empty() ? "" : "; not for:", blind.c_str());
   }
   return wrong;
 }
@@ -315,9 +320,8 @@ int main(int argc, char** argv) {
     const StepRun ref = dptest::run_case(base);
     std::printf("  reference run: %.1f s, last loss %.6f\n", seconds_since(t0), ref.losses.back());
     if (opt.scan) print_scan(base, ref);
-    dptest::RoundingNoise rounding(ref, [&](const std::vector<std::vector<float>>& s) {
-      return dptest::run_case(base, s);
-    });
+    dptest::RoundingNoise rounding(
+        ref, [&](const std::vector<std::vector<float>>& s) { return dptest::run_case(base, s); });
     // The tests widen only when a comparison fails; a verdict under the widened noise is the
     // same (each tolerance is a maximum over the nudges), so the bench widens at once.
     rounding.widen();

@@ -88,8 +88,7 @@ TEST_CASE("param_compare: padding is ignored, NaN fails, zero references are abs
   CHECK_THROWS(dptest::compare_tensors("short", spans, std::vector<float>(60), zeros, 1.0));
 }
 
-TEST_CASE("param_compare: derived tolerances and the worst of several samples",
-          "[cpu][compare]") {
+TEST_CASE("param_compare: derived tolerances and the worst of several samples", "[cpu][compare]") {
   const auto spans = three_tensors();
   std::vector<dptest::TensorError> a(3), b(3);
   for (size_t i = 0; i < 3; ++i) a[i].name = b[i].name = spans[i].name;

@@ -67,11 +67,12 @@ void check_same_steps(const std::string& what, const StepRun& actual, const Step
     const auto& st = cmp.steps[s];
     const auto& u = st.updates.tensors.front();
     const auto& p = st.params.tensors.front();
-    std::printf("  %s, step %zu: worst update %s at %.3g of its tolerance, worst parameters %s "
-                "at %.3g, loss at %.3g (%d nudges)\n",
-                what.c_str(), s + 1, u.name.c_str(), u.excess(), p.name.c_str(), p.excess(),
-                st.loss_tolerance > 0 ? st.loss_error / st.loss_tolerance : 0.0,
-                noise.sensitivity().samples);
+    std::printf(
+        "  %s, step %zu: worst update %s at %.3g of its tolerance, worst parameters %s "
+        "at %.3g, loss at %.3g (%d nudges)\n",
+        what.c_str(), s + 1, u.name.c_str(), u.excess(), p.name.c_str(), p.excess(),
+        st.loss_tolerance > 0 ? st.loss_error / st.loss_tolerance : 0.0,
+        noise.sensitivity().samples);
   }
   INFO(what << "\n" << cmp.message());
   CHECK(cmp.ok());
@@ -153,9 +154,8 @@ TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one rep
     c.options.replicas = k;
     c.options.oversubscribe = true;
     std::string comm;
-    const StepRun many = dptest::run_case(c, one.before, [&](dp::Trainer& t, size_t) {
-      comm = t.communicator_kind();
-    });
+    const StepRun many = dptest::run_case(
+        c, one.before, [&](dp::Trainer& t, size_t) { comm = t.communicator_kind(); });
     CHECK(comm == (gpus == 1 ? "cuda-same-device" : "nccl"));
     CHECK(many.initial == one.initial);
     check_same_steps(c.name + " " + std::to_string(k) + " replicas vs 1", many, one, noise);

@@ -33,9 +33,8 @@ void check_covers(const std::vector<NamedSpan>& spans, size_t size, const char* 
   for (const auto& s : spans) {
     if (s.offset + s.count > size)
       throw std::invalid_argument(std::string(who) + ": tensor " + s.name + " ends at " +
-                                  std::to_string(s.offset + s.count) +
-                                  " but the flat vector has " + std::to_string(size) +
-                                  " floats (vectors of another model?)");
+                                  std::to_string(s.offset + s.count) + " but the flat vector has " +
+                                  std::to_string(size) + " floats (vectors of another model?)");
   }
 }
 
@@ -154,8 +153,9 @@ TensorReport compare_tensors(const std::string& what, const std::vector<NamedSpa
     r.tensors[i].tolerance = tolerances[i];
     if (!r.tensors[i].ok()) ++r.failures;
   }
-  std::stable_sort(r.tensors.begin(), r.tensors.end(),
-                   [](const TensorError& a, const TensorError& b) { return a.excess() > b.excess(); });
+  std::stable_sort(
+      r.tensors.begin(), r.tensors.end(),
+      [](const TensorError& a, const TensorError& b) { return a.excess() > b.excess(); });
   return r;
 }
 

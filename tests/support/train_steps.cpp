@@ -247,8 +247,7 @@ TrainCase train_case(const std::string& name) {
   } else {
     std::string known;
     for (const auto& n : train_case_names()) known += " " + n;
-    throw std::invalid_argument("train_case: unknown configuration '" + name + "'; known:" +
-                                known);
+    throw std::invalid_argument("train_case: unknown configuration '" + name + "'; known:" + known);
   }
   return c;
 }
@@ -286,7 +285,6 @@ const TrainSubset& fashion_mnist_subset() {
   }();
   return subset;
 }
-
 
 StepRun run_case(const TrainCase& c, const std::vector<std::vector<float>>& starts,
                  const StepHook& after_step) {
