@@ -433,6 +433,11 @@ std::vector<float> Trainer::buffers(int replica) const {
   return replica_at(impl_->replicas, replica).params->download_buffers();
 }
 
+void Trainer::set_parameters(const std::vector<float>& flat) {
+  // upload_params() checks the size (the same for every replica: one model, built k times).
+  for (auto& r : impl_->replicas) r.params->upload_params(flat);
+}
+
 const ParamRegistry& Trainer::registry(int replica) const {
   return *replica_at(impl_->replicas, replica).params;
 }

@@ -118,6 +118,10 @@ class Trainer {
   /// Replica r's parameters / buffers, downloaded, in flat order.
   std::vector<float> parameters(int replica = 0) const;
   std::vector<float> buffers(int replica = 0) const;
+  /// Replaces every replica's parameters with `flat` (flat order, padding included, as
+  /// parameters() returns them); momentum and buffers are left as they are. For tests that run
+  /// the same steps from nudged copies of the same initial parameters.
+  void set_parameters(const std::vector<float>& flat);
   const ParamRegistry& registry(int replica = 0) const;
   Module& model(int replica = 0);
   /// "cpu" or "cuda"; devices as "NVIDIA H100 80GB HBM3 x2" or "CPU (2 threads) x2".
