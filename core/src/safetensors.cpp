@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "dp/error.hpp"
@@ -37,7 +38,7 @@ int64_t SafeTensor::numel() const {
   return n;
 }
 
-void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
+std::string encode_safetensors(const SafeTensorsFile& file) {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : file.tensors) {
@@ -56,7 +57,22 @@ void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t length = text.size();
+  std::string out;
+  out.reserve(8 + length + offset);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(length >> (8 * i)));
+  out += text;
+  // x86-64 and aarch64 are little-endian: the values' bytes are the format's.
+  for (const auto& [name, t] : file.tensors) {
+    if (t.type == SafeTensor::Type::f32) {
+      out.append(reinterpret_cast<const char*>(t.f32.data()), t.f32.size() * 4);
+    } else {
+      out.append(reinterpret_cast<const char*>(t.i64.data()), t.i64.size() * 8);
+    }
+  }
+  return out;
+}
 
+void write_bytes_atomically(const std::string& path, const std::string& bytes) {
   const std::filesystem::path target(path);
   // Built step by step: GCC 12 warns falsely on "." + std::string (-Wrestrict).
   std::string tmp_name = ".";
@@ -67,20 +83,7 @@ void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error("cannot write " + tmp.string() + ": " + std::strerror(errno));
-    unsigned char le[8];
-    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(length >> (8 * i));
-    out.write(reinterpret_cast<const char*>(le), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    // x86-64 and aarch64 are little-endian: the values' bytes are the format's.
-    for (const auto& [name, t] : file.tensors) {
-      if (t.type == SafeTensor::Type::f32) {
-        out.write(reinterpret_cast<const char*>(t.f32.data()),
-                  static_cast<std::streamsize>(t.f32.size() * 4));
-      } else {
-        out.write(reinterpret_cast<const char*>(t.i64.data()),
-                  static_cast<std::streamsize>(t.i64.size() * 8));
-      }
-    }
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     out.flush();
     if (!out) throw Error("cannot write " + tmp.string() + " (disk full?)");
   }
@@ -88,27 +91,34 @@ void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
   std::filesystem::rename(tmp, target, ec);
   if (ec) {
     std::filesystem::remove(tmp, ec);
-    throw Error("cannot move the checkpoint into place at " + path);
+    throw Error("cannot move " + tmp.string() + " into place at " + path + ": " + ec.message());
   }
+}
+
+void write_safetensors(const std::string& path, const SafeTensorsFile& file) {
+  write_bytes_atomically(path, encode_safetensors(file));
 }
 
 SafeTensorsFile read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) bad(path, std::string("cannot open it: ") + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) bad(path, std::string("cannot read it: ") + std::strerror(errno));
+  return decode_safetensors(bytes, path);
+}
+
+SafeTensorsFile decode_safetensors(const std::string& bytes, const std::string& path) {
+  const uint64_t size = bytes.size();
   if (size < 8) bad(path, "shorter than its 8-byte header length");
-  unsigned char le[8];
-  in.read(reinterpret_cast<char*>(le), 8);
   uint64_t length = 0;
-  for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(le[i]) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    length |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[static_cast<size_t>(i)]))
+              << (8 * i);
   if (length > size - 8) {
     bad(path, "its header says " + std::to_string(length) + " bytes, the file has " +
                   std::to_string(size - 8) + " after the length (truncated?)");
   }
-  std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
+  const std::string text = bytes.substr(8, static_cast<size_t>(length));
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
@@ -145,20 +155,20 @@ SafeTensorsFile read_safetensors(const std::string& path) {
       }
       for (int64_t d : t.shape)
         if (d < 0) bad(path, "tensor " + name + " has a negative dimension");
-      const uint64_t bytes = offsets[1] - offsets[0];
-      if (bytes != static_cast<uint64_t>(t.numel()) * element_bytes(t.type)) {
-        bad(path, "tensor " + name + ": " + std::to_string(bytes) + " bytes for its shape of " +
+      const uint64_t tensor_bytes = offsets[1] - offsets[0];
+      if (tensor_bytes != static_cast<uint64_t>(t.numel()) * element_bytes(t.type)) {
+        bad(path, "tensor " + name + ": " + std::to_string(tensor_bytes) +
+                      " bytes for its shape of " +
                       std::to_string(t.numel()) + " " + dtype + " values");
       }
-      in.seekg(static_cast<std::streamoff>(8 + length + offsets[0]));
+      const char* from = bytes.data() + 8 + length + offsets[0];
       if (t.type == SafeTensor::Type::f32) {
         t.f32.resize(static_cast<size_t>(t.numel()));
-        in.read(reinterpret_cast<char*>(t.f32.data()), static_cast<std::streamsize>(bytes));
+        std::memcpy(t.f32.data(), from, tensor_bytes);
       } else {
         t.i64.resize(static_cast<size_t>(t.numel()));
-        in.read(reinterpret_cast<char*>(t.i64.data()), static_cast<std::streamsize>(bytes));
+        std::memcpy(t.i64.data(), from, tensor_bytes);
       }
-      if (!in) bad(path, "cannot read tensor " + name);
       ranges.emplace_back(offsets[0], offsets[1]);
       out.tensors[name] = std::move(t);
     } catch (const nlohmann::json::exception& e) {

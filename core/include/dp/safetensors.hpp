@@ -34,4 +34,13 @@ void write_safetensors(const std::string& path, const SafeTensorsFile& file);
 /// byte ranges that do not tile the data).
 SafeTensorsFile read_safetensors(const std::string& path);
 
+/// The file's bytes, as write_safetensors writes them (for hashing, or sending to another
+/// process before anything touches the disk).
+std::string encode_safetensors(const SafeTensorsFile& file);
+/// Reads the bytes of a safetensors file; `name` (a path, or where the bytes came from) is what
+/// the error messages say. Throws dp::Error as read_safetensors does.
+SafeTensorsFile decode_safetensors(const std::string& bytes, const std::string& name);
+/// Writes bytes to path atomically (a temporary file in the same folder, then rename).
+void write_bytes_atomically(const std::string& path, const std::string& bytes);
+
 }  // namespace dp
