@@ -12,8 +12,8 @@ using detail::Stmt;
 namespace detail {
 
 std::string select_trials(const std::vector<std::string>& setting_columns,
-                          const std::vector<std::string>& absent, const std::string& where,
-                          const std::string& more_columns) {
+                          const std::vector<std::string>& absent, bool has_checkpoints,
+                          const std::string& where, const std::string& more_columns) {
   // Qualified and named with AS: the statement may join other tables, and SQLite promises a
   // result column's name only when AS gives it. Setting columns are quoted identifiers.
   std::string sql = "SELECT ";
@@ -22,7 +22,11 @@ std::string select_trials(const std::vector<std::string>& setting_columns,
     sql += (missing ? "NULL" : "trials." + c) + " AS " + c + ", ";
   }
   for (const auto& c : setting_columns) sql += "trials.\"" + c + "\" AS \"setting:" + c + "\", ";
-  return sql + "(SELECT COUNT(*) FROM epochs WHERE epochs.trial_id = trials.id) AS epochs_done" +
+  sql += has_checkpoints ? "(SELECT MAX(c.epoch) FROM checkpoints c WHERE c.trial_id = trials.id "
+                           "AND c.role = 'last')"
+                         : "NULL";
+  return sql + " AS last_checkpoint_epoch, " +
+         "(SELECT COUNT(*) FROM epochs WHERE epochs.trial_id = trials.id) AS epochs_done" +
          more_columns + " FROM trials " + where;
 }
 
@@ -51,6 +55,8 @@ TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt&
   r.hosts = s.text("hosts");
   r.launch = s.text("launch");
   r.device_set = s.text("device_set");
+  r.resumed_from_epoch = s.int64("resumed_from_epoch");
+  r.last_checkpoint_epoch = s.int64("last_checkpoint_epoch");
   r.epochs_done = s.int64("epochs_done");
   return r;
 }
@@ -91,7 +97,7 @@ std::vector<ExperimentRow> Store::experiments() {
 
 std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::string& config_hash) {
   Stmt s(impl_->db,
-         detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+         detail::select_trials(impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
                                "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
              .c_str());
   s.bind(1, experiment_id).bind(2, config_hash);
@@ -100,7 +106,7 @@ std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::stri
 }
 
 std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
-  Stmt s(impl_->db, detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+  Stmt s(impl_->db, detail::select_trials(impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
                                           "WHERE trials.id = ?1")
                         .c_str());
   s.bind(1, trial_id);
@@ -110,7 +116,7 @@ std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
 
 std::vector<TrialRow> Store::trials(int64_t experiment_id) {
   Stmt s(impl_->db,
-         detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+         detail::select_trials(impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
                                "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id")
              .c_str());
   s.bind(1, experiment_id);
@@ -142,10 +148,33 @@ std::vector<EpochRow> Store::epochs(int64_t trial_id) {
   return rows;
 }
 
+std::vector<CheckpointRow> Store::checkpoints(int64_t trial_id) {
+  if (impl_->user_version < 3) return {};  // an older database opened read-only
+  Stmt s(impl_->db,
+         "SELECT trial_id, role, epoch, path, sha256, bytes, optimizer_path, optimizer_sha256, "
+         "recorded_at FROM checkpoints WHERE trial_id = ?1 ORDER BY role, epoch");
+  s.bind(1, trial_id);
+  std::vector<CheckpointRow> rows;
+  while (s.step()) {
+    CheckpointRow r;
+    r.trial_id = s.int64("trial_id");
+    r.role = s.text("role");
+    r.epoch = s.int64("epoch");
+    r.path = s.text("path");
+    r.sha256 = s.text("sha256");
+    r.bytes = s.int64("bytes");
+    r.optimizer_path = s.text("optimizer_path");
+    r.optimizer_sha256 = s.text("optimizer_sha256");
+    r.recorded_at = s.text("recorded_at");
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
 std::vector<TrialSummary> Store::trial_summaries(int64_t experiment_id) {
   // The trial's own columns come from `trials`, its results from the views.
   const std::string sql = detail::select_trials(
-      impl_->setting_columns, impl_->absent_columns,
+      impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
       "JOIN trial_summary s ON s.trial_id = trials.id "
       "LEFT JOIN scaling c ON c.trial_id = trials.id "
       "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id",

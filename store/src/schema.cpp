@@ -175,10 +175,36 @@ ALTER TABLE trials ADD COLUMN launch TEXT;
 ALTER TABLE trials ADD COLUMN device_set TEXT;
 )SQL";
 
-// Append new versions here ({3, kSchemaV3}, ...); applied ones are never edited.
+// Version 3 (checkpoints and resuming): the model files a trial wrote, and where its last
+// attempt began.
+//   checkpoints: one row per file the trial keeps. role 'last' (one per trial: the last completed
+//     epoch, with the optimizer's state beside it, which resuming reads), 'best' (one per trial:
+//     the epoch of the highest test accuracy so far) or 'epoch' (one per epoch, checkpoint =
+//     "every"). path is the model (PyTorch's state_dict as safetensors), relative to the
+//     database's folder unless absolute; sha256 and bytes are the file's.
+//   trials.resumed_from_epoch: the checkpoint epoch the trial's last attempt continued from (its
+//     epochs up to it come from earlier attempts); NULL: the last attempt started at epoch 1.
+constexpr const char* kSchemaV3 = R"SQL(
+CREATE TABLE checkpoints (
+  trial_id         INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  role             TEXT NOT NULL CHECK (role IN ('last', 'best', 'epoch')),
+  epoch            INTEGER NOT NULL CHECK (epoch >= 1),
+  path             TEXT NOT NULL,
+  sha256           TEXT NOT NULL,
+  bytes            INTEGER NOT NULL,
+  optimizer_path   TEXT,
+  optimizer_sha256 TEXT,
+  recorded_at      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+  PRIMARY KEY (trial_id, role, epoch)
+);
+ALTER TABLE trials ADD COLUMN resumed_from_epoch INTEGER;
+)SQL";
+
+// Append new versions here ({4, kSchemaV4}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
     {1, kSchemaV1},
     {2, kSchemaV2},
+    {3, kSchemaV3},
 };
 
 }  // namespace
@@ -230,14 +256,14 @@ int migrate(sqlite3* db, const std::string& path) {
 }
 
 const std::vector<std::string>& own_trial_columns() {
-  // The columns of `trials` the store defines itself (schema versions 1 and 2); every other
+  // The columns of `trials` the store defines itself (schema versions 1 to 3); every other
   // column records a setting. A migration that adds a column of the store's own must add it here.
   static const std::vector<std::string> columns = {
       "id",         "experiment_id", "config_hash", "ordinal",       "status",
       "error",      "attempts",      "backend",     "devices",       "oversubscribed",
       "host",       "dprun_version", "plugin_path", "plugin_sha256", "runner_pid",
       "created_at", "started_at",    "finished_at", "heartbeat_at",  "hosts",
-      "launch",     "device_set"};
+      "launch",     "device_set",    "resumed_from_epoch"};
   return columns;
 }
 

@@ -251,6 +251,7 @@ TrialRow Store::ensure_trial(int64_t experiment_id, const std::string& config_ha
   for (const auto& [name, value] : settings) ins.bind(++n, value);
   ins.run();
   Stmt sel(db, detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+                                     impl_->has_checkpoints(),
                                      "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
                    .c_str());
   sel.bind(1, experiment_id).bind(2, config_hash);
@@ -282,21 +283,28 @@ bool Store::claim_trial(int64_t trial_id, TrialStatus expected, int64_t runner_p
   return claimed;
 }
 
-void Store::start_trial(int64_t trial_id, const TrialStart& start) {
+void Store::start_trial(int64_t trial_id, const TrialStart& start, int64_t resume_epoch) {
+  if (resume_epoch < 0) {
+    throw StoreError(impl_->path + ": start_trial: resume_epoch " + std::to_string(resume_epoch) +
+                     " is negative");
+  }
   sqlite3* db = impl_->db;
   WriteTransaction txn(db);
-  // Epochs of an earlier, unfinished attempt would mix with the new run's: a restart begins at
-  // epoch 1.
-  Stmt del(db, "DELETE FROM epochs WHERE trial_id = ?1");
-  del.bind(1, trial_id);
+  // Epochs of an earlier, unfinished attempt past where this one begins would mix with the new
+  // run's: a start from scratch keeps none, a resumed one those up to its checkpoint.
+  Stmt del(db, "DELETE FROM epochs WHERE trial_id = ?1 AND epoch > ?2");
+  del.bind(1, trial_id).bind(2, resume_epoch);
   del.run();
+  Stmt del_checkpoints(db, "DELETE FROM checkpoints WHERE trial_id = ?1 AND epoch > ?2");
+  del_checkpoints.bind(1, trial_id).bind(2, resume_epoch);
+  del_checkpoints.run();
   Stmt up(db,
           "UPDATE trials SET status = 'running', attempts = attempts + 1, error = NULL, "
           "  started_at = " DPS_NOW_SQL ", heartbeat_at = " DPS_NOW_SQL
           ", finished_at = NULL, "
           "  backend = ?2, devices = ?3, host = ?4, dprun_version = ?5, plugin_path = ?6, "
           "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9, hosts = ?10, launch = ?11, "
-          "  device_set = ?12 "
+          "  device_set = ?12, resumed_from_epoch = ?13 "
           "WHERE id = ?1");
   up.bind(1, trial_id);
   up.bind_text_or_null(2, start.backend).bind_text_or_null(3, start.devices);
@@ -305,10 +313,37 @@ void Store::start_trial(int64_t trial_id, const TrialStart& start) {
   up.bind(8, int64_t{start.oversubscribed ? 1 : 0}).bind(9, start.runner_pid);
   up.bind_text_or_null(10, start.hosts).bind_text_or_null(11, start.launch);
   up.bind_text_or_null(12, start.device_set);
+  if (resume_epoch > 0) {
+    up.bind(13, resume_epoch);
+  } else {
+    up.bind_null(13);
+  }
   up.run();
   if (sqlite3_changes(db) == 0) {
     throw StoreError(impl_->path + ": start_trial: no trial with id " + std::to_string(trial_id));
   }
+  txn.commit();
+}
+
+void Store::record_checkpoint(const CheckpointRow& row) {
+  if (row.role != "last" && row.role != "best" && row.role != "epoch") {
+    throw StoreError(impl_->path + ": record_checkpoint: role \"" + row.role +
+                     "\": expected last, best or epoch");
+  }
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  if (row.role != "epoch") {
+    Stmt del(db, "DELETE FROM checkpoints WHERE trial_id = ?1 AND role = ?2");
+    del.bind(1, row.trial_id).bind(2, row.role);
+    del.run();
+  }
+  Stmt ins(db,
+           "INSERT OR REPLACE INTO checkpoints (trial_id, role, epoch, path, sha256, bytes, "
+           "optimizer_path, optimizer_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  ins.bind(1, row.trial_id).bind(2, row.role).bind(3, row.epoch).bind(4, row.path);
+  ins.bind(5, row.sha256).bind(6, row.bytes);
+  ins.bind_text_or_null(7, row.optimizer_path).bind_text_or_null(8, row.optimizer_sha256);
+  ins.run();
   txn.commit();
 }
 

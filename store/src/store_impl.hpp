@@ -22,6 +22,8 @@ struct Store::Impl {
   // Set by the query authorizer when it refuses an action, so query() can tell a refusal from
   // an ordinary SQL error.
   std::string refused_action;
+  /// The checkpoints table exists (schema 3 or later).
+  bool has_checkpoints() const { return user_version >= 3; }
 
   ~Impl();
 };
@@ -30,9 +32,10 @@ namespace detail {
 
 /// "SELECT <every column of a TrialRow>" + more_columns + " FROM trials " + where.
 /// absent: own columns the database lacks (an older schema opened read-only), read as NULL.
+/// has_checkpoints: the database has the checkpoints table (else last_checkpoint_epoch is NULL).
 std::string select_trials(const std::vector<std::string>& setting_columns,
-                          const std::vector<std::string>& absent, const std::string& where,
-                          const std::string& more_columns = "");
+                          const std::vector<std::string>& absent, bool has_checkpoints,
+                          const std::string& where, const std::string& more_columns = "");
 /// The TrialRow of the current row of a statement made from select_trials (read by name).
 TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt& s);
 

@@ -65,6 +65,8 @@ struct TrialRow {
   std::string hosts;        // the host of each process, grouped: "nodeA x8, nodeB x8"
   std::string launch;       // the command that started the trial process
   std::string device_set;   // the GPUs or cores --jobs gave it ("gpus 2,3"); "": the machine
+  int64_t resumed_from_epoch = 0;  // the checkpoint its last attempt continued from; 0: epoch 1
+  int64_t last_checkpoint_epoch = 0;  // the epoch of its 'last' checkpoint; 0: none
 };
 
 struct EpochRow {
@@ -75,6 +77,18 @@ struct EpochRow {
   double lr = 0;
   double eval_seconds = 0;
   int64_t peak_memory_bytes = 0;
+};
+
+/// A model file a trial keeps (see the checkpoints table in schema.cpp).
+struct CheckpointRow {
+  int64_t trial_id = 0;
+  std::string role;  // "last" (with the optimizer's state, for resuming), "best" or "epoch"
+  int64_t epoch = 0;
+  std::string path;  // relative to the database's folder unless absolute
+  std::string sha256;
+  int64_t bytes = 0;
+  std::string optimizer_path, optimizer_sha256;  // role last; "" otherwise
+  std::string recorded_at;                       // ISO 8601 UTC (read only)
 };
 
 /// What the runner learns when it starts a trial.
@@ -155,9 +169,17 @@ class Store {
   /// is no longer `expected`. (Added in review: the check and the write are one transaction.)
   bool claim_trial(int64_t trial_id, TrialStatus expected, int64_t runner_pid,
                    const std::string& host);
-  /// pending/failed/interrupted/... -> running: deletes any partial epochs of an earlier
-  /// attempt, increments attempts, records start info and heartbeat, clears the error.
-  void start_trial(int64_t trial_id, const TrialStart& start);
+  /// pending/failed/interrupted/... -> running: increments attempts, records start info and
+  /// heartbeat, clears the error. resume_epoch 0: a start from scratch, which deletes the epochs
+  /// and checkpoints of earlier attempts; e > 0: the attempt continues from the checkpoint of
+  /// epoch e, keeping epochs 1..e and deleting later ones (and checkpoints after e), recorded
+  /// as resumed_from_epoch.
+  void start_trial(int64_t trial_id, const TrialStart& start, int64_t resume_epoch = 0);
+  /// Records a checkpoint file in one transaction: a 'last' or 'best' row replaces the trial's
+  /// earlier one of that role, an 'epoch' row is kept beside the others.
+  void record_checkpoint(const CheckpointRow& row);
+  /// The trial's checkpoints, by role then epoch (empty on a database older than schema 3).
+  std::vector<CheckpointRow> checkpoints(int64_t trial_id);
   /// Writes one epoch row idempotently (INSERT OR REPLACE on (trial_id, epoch)) and refreshes
   /// the heartbeat, in one transaction.
   void record_epoch(const EpochRow& row);
