@@ -125,6 +125,9 @@ const Opt kDbOpt{"--db", "PATH",
 const Opt kBackendOpt{"--backend", "auto|cpu|cuda",
                       "run every trial on this backend (overrides the file)"};
 const Opt kRerunOpt{"--rerun", "", "run trials that are already done again"};
+const Opt kRestartOpt{"--restart", "",
+                      "start failed and interrupted trials at epoch 1, not at their last "
+                      "checkpoint"};
 const Opt kFilterOpt{
     "--filter", "KEY=VALUE",
     "only run trials whose setting KEY (model, gpus, batch_size, lr, seed, option.NAME, ...) "
@@ -146,11 +149,13 @@ const std::vector<Command>& commands() {
        "process (a trial with processes > 1: its processes, started with mpirun or srun). Every\n"
        "epoch is written to the database as it finishes; a failing trial never stops the sweep.\n"
        "Ctrl-C stops the running trials (recorded interrupted); running the same command again\n"
-       "resumes the sweep.",
+       "resumes the sweep, and a failed or interrupted trial continues after the last epoch it\n"
+       "kept a checkpoint of (see the checkpoint setting; --restart starts it again).",
        {kDbOpt,
         kBackendOpt,
         {"--dry-run", "", "print what would run and stop (the database is not changed)"},
         kRerunOpt,
+        kRestartOpt,
         kFilterOpt,
         kPluginsOpt,
         kForceOpt,
@@ -174,9 +179,9 @@ const std::vector<Command>& commands() {
        "list the trials of an experiment and what a run would do with each",
        "dprun plan FILE.toml [options]",
        "Lists the trials of an experiment with a short config hash, their label and what a run "
-       "would\ndo (run, skip: done, restart: interrupted, rerun: failed). Reads the database if it "
-       "exists;\nnever creates or changes it.",
-       {kDbOpt, kBackendOpt, kRerunOpt, kFilterOpt, kPluginsOpt, kForceOpt},
+       "would\ndo (run, skip: done, restart: interrupted, rerun: failed, resume after epoch 3: "
+       "failed).\nReads the database if it exists; never creates or changes it.",
+       {kDbOpt, kBackendOpt, kRerunOpt, kRestartOpt, kFilterOpt, kPluginsOpt, kForceOpt},
        "",
        false,
        plan_command},
@@ -212,6 +217,22 @@ const std::vector<Command>& commands() {
        "",
        false,
        report_command},
+      {"export",
+       "copy a trial's model checkpoint out of the results",
+       "dprun export [--db PATH] TRIAL_ID [--best | --epoch N] [--output FILE]",
+       "Writes the model a trial kept (by default its last epoch's) to FILE, after checking the\n"
+       "file's sha256 against the database. The file is PyTorch's state_dict as safetensors:\n"
+       "  model.load_state_dict(safetensors.torch.load_file(FILE))\n"
+       "loads it into the PyTorch module of the same architecture (names, shapes and NCHW\n"
+       "order as torch.nn has them, batch norm's running statistics and counts included).",
+       {kResultsDbOpt,
+        {"--best", "", "the model of the epoch with the best test accuracy (checkpoint = \"best\")"},
+        {"--epoch", "N", "the model of epoch N (checkpoint = \"every\", or the last or best one)"},
+        {"--output", "FILE", "where to write it (default: trial-ID-epoch-N.safetensors here)"}},
+       "Trial ids: dprun query \"SELECT trial_id, model, gpus, status, final_test_acc FROM "
+       "trial_summary\"\n",
+       false,
+       export_command},
       {"train", "train one model in this process, without a database",
        "dprun train --model NAME [options]",
        "Trains one model in this process, without a database, printing one line per epoch\n"

@@ -87,6 +87,7 @@ SweepOptions sweep_options(const Invocation& in) {
   o.backend = backend_option(a);
   o.dry_run = a.flag("--dry-run");
   o.rerun = a.flag("--rerun");
+  o.restart = a.flag("--restart");
   o.force = a.flag("--force");
   o.oversubscribe = a.flag("--oversubscribe");
   o.verbose = a.flag("--verbose");
@@ -305,6 +306,8 @@ std::vector<Opt> train_options() {
                       {"--threads", "N", "CPU threads (default: all)"},
                       {"--oversubscribe", "", "let replicas share GPUs"},
                       {"--option", "KEY=VALUE", "a model option (see dprun plugins); repeatable"},
+                      {"--checkpoint-dir", "DIR",
+                       "write the checkpoints --checkpoint keeps here (default: none written)"},
                       {"--plugins", "DIR", "also look for model plugins here; repeatable"}};
   options.insert(options.end(), std::begin(rest), std::end(rest));
   return options;
@@ -380,6 +383,16 @@ int train_command(const Invocation& in) {
                                            "and rebuild"));
   r.oversubscribe = a.flag("--oversubscribe");
   r.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
+  // Without a database there is no folder of its own: checkpoints go where the user says.
+  if (auto dir = a.last("--checkpoint-dir")) {
+    if (s.text("checkpoint") == "none")
+      throw UsageError("--checkpoint-dir " + *dir + " with --checkpoint none: nothing would be "
+                       "written there");
+    r.checkpoint_dir = std::filesystem::absolute(*dir).lexically_normal().string();
+  } else if (a.last("--checkpoint") && s.text("checkpoint") != "none") {
+    throw UsageError("--checkpoint " + *a.last("--checkpoint") +
+                     ": dprun train writes checkpoints only with --checkpoint-dir DIR");
+  }
   for (const auto& kv : a.all("--option")) {
     auto [key, text] = key_value("--option", kv);
     r.model_options[key] = option_value(found->second.factory, key, text);

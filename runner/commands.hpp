@@ -47,6 +47,7 @@ int plugins_command(const Invocation& in);
 int query_command(const Invocation& in);
 int report_command(const Invocation& in);
 int train_command(const Invocation& in);
+int export_command(const Invocation& in);
 int settings_command(const Invocation& in);
 
 /// The options of `dprun train`: one per experiment-file key, from the table of settings.

@@ -212,6 +212,17 @@ const SettingTable& builtin_settings() {
        .range = at_least(0),
        .identity = true,
        .help = "evaluate on the first N examples only; 0: all"},
+      {.key = "checkpoint",
+       .column = "checkpoint",
+       .type = T::choice,
+       .default_value = "last"s,
+       .choices = {"none", "last", "best", "every"},
+       // What is kept of a run does not change what it computes.
+       .baseline_may_differ = true,
+       .help = "model files kept (PyTorch state_dict as safetensors, in <database>.checkpoints/"
+               "trial-ID/): last (the last epoch's model and optimizer state; a failed or "
+               "interrupted trial resumes from it), best (also the model of the best test "
+               "accuracy), every (also every epoch's model), none (nothing; no resuming)"},
       {.key = "backend",
        .column = "backend_request",
        .type = T::choice,

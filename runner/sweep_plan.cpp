@@ -102,6 +102,21 @@ std::string PlannedTrial::describe() const {
   return "skip: " + why;
 }
 
+namespace {
+
+// A failed or interrupted trial continues from its last checkpoint when it kept one (the runner
+// checks the files before it does; see TrialRun::prepare_checkpoints).
+bool resumes(const TrialSpec& spec, const dps::TrialRow& row, const SweepOptions& options) {
+  return !options.restart && row.last_checkpoint_epoch > 0 &&
+         spec.settings.text("checkpoint") != "none";
+}
+
+std::string resume_text(const dps::TrialRow& row) {
+  return "resume after epoch " + std::to_string(row.last_checkpoint_epoch) + ": ";
+}
+
+}  // namespace
+
 std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
                                       const std::map<std::string, dps::TrialRow>& stored,
                                       const SweepOptions& options) {
@@ -130,13 +145,14 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
           }
           break;
         case S::failed:
-          p.why = "rerun: failed";
+          p.why = resumes(spec, *p.row, options) ? resume_text(*p.row) + "failed" : "rerun: failed";
           break;
         case S::diverged:
           p.why = "rerun: diverged";
           break;
         case S::interrupted:
-          p.why = "restart: interrupted";
+          p.why = resumes(spec, *p.row, options) ? resume_text(*p.row) + "interrupted"
+                                                 : "restart: interrupted";
           break;
         case S::skipped:
           p.why = "rerun: skipped before";

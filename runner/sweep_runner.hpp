@@ -22,6 +22,7 @@ struct SweepOptions {
   std::string backend;  // "" : as the file says; else auto | cpu | cuda for every trial
   bool dry_run = false;
   bool rerun = false;  // run trials that are already done again
+  bool restart = false;  // failed and interrupted trials start at epoch 1, not at a checkpoint
   bool force = false;  // allow more than 1000 trials
   bool oversubscribe = false;
   bool verbose = false;  // forward the trial processes' output to stderr
@@ -48,7 +49,8 @@ struct PlannedTrial {
   std::optional<dps::TrialRow> row;  // the stored trial, when there is one
   TrialAction action = TrialAction::run;
   std::string why;  // "new", "done", "failed", "filtered out", ...
-  /// "run", "skip: done", "restart: interrupted", "rerun: failed", ...
+  /// "run", "skip: done", "restart: interrupted", "rerun: failed", "resume after epoch 3:
+  /// failed", ...
   std::string describe() const;
 };
 

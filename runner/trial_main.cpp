@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "checkpoint.hpp"
 #include "dp/data.hpp"
 #include "dp/error.hpp"
 #include "launch.hpp"
@@ -186,6 +187,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   const std::string& bn_mode = s.text("bn_mode");
   const std::string& optimizer = s.text("optimizer");
   const std::string& layout_name = s.text("layout");
+  const CheckpointMode checkpoint_mode = parse_checkpoint_mode(s.text("checkpoint"));
 
   // Settings the engine does not implement are refused before anything is loaded.
   if (precision != "fp32")
@@ -309,6 +311,16 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   start.oversubscribed = backend.oversubscribed;
   sink.start(start, rank_hosts);
 
+  // A trial that resumes continues after its checkpoint's epoch, in the state it left.
+  int first_epoch = 1;
+  if (r.resume.epoch > 0) {
+    load_resume_point(trainer, r.resume, group);
+    first_epoch = static_cast<int>(r.resume.epoch) + 1;
+  }
+  // Process 0 writes the checkpoints (every process holds the same model after a step).
+  CheckpointWriter checkpoints(checkpoint_mode, rank == 0 ? r.checkpoint_dir : std::string(),
+                               r.resume);
+
   TrialResult result;
   trainer.fit([&](const dp::EpochReport& report) {
     double loss = report.train_loss;
@@ -336,9 +348,13 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
       sink.corrupt_epoch();
     else
       sink.epoch(row, report);
+    // After the epoch's record: a crash in between leaves the epoch recorded and the
+    // checkpoint of the one before, from which the epoch is trained again.
+    for (const dps::CheckpointRow& c : checkpoints.after_epoch(trainer, report))
+      sink.checkpoint(c);
     act_on_fault(fault, report.epoch);
     return true;
-  });
+  }, first_epoch);
   return result;
 }
 
@@ -361,7 +377,19 @@ void RecordSink::epoch(const dps::EpochRow& row, const dp::EpochReport&) {
   w_.write(r);
 }
 
+void RecordSink::checkpoint(const dps::CheckpointRow& row) {
+  TrialRecord r;
+  r.kind = TrialRecord::Kind::checkpoint;
+  r.checkpoint = row;
+  w_.write(r);
+}
+
 void RecordSink::corrupt_epoch() { w_.write_line("{\"kind\": \"epoch\", \"epoch\": "); }
+
+void PrintSink::checkpoint(const dps::CheckpointRow& row) {
+  std::printf("       checkpoint (%s): %s\n", row.role.c_str(), row.path.c_str());
+  std::fflush(stdout);
+}
 
 void PrintSink::start(const dps::TrialStart& start, const std::vector<std::string>& rank_hosts) {
   std::printf("%s on %s: %s%s (plugin %s)\n", r_.settings.text("model").c_str(),

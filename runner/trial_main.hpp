@@ -17,6 +17,8 @@ class TrialSink {
   virtual void start(const dps::TrialStart& start, const std::vector<std::string>& rank_hosts) = 0;
   /// Called after each finite epoch, before any DPRUN_FAULT action for that epoch.
   virtual void epoch(const dps::EpochRow& row, const dp::EpochReport& report) = 0;
+  /// Called for each checkpoint file written after an epoch (process 0 only).
+  virtual void checkpoint(const dps::CheckpointRow& row) = 0;
   /// Testing (DPRUN_FAULT=garble): reports the epoch as a line that is not a valid record.
   virtual void corrupt_epoch() {}
 };
@@ -27,6 +29,7 @@ class RecordSink : public TrialSink {
   explicit RecordSink(RecordWriter& w) : w_(w) {}
   void start(const dps::TrialStart& start, const std::vector<std::string>& rank_hosts) override;
   void epoch(const dps::EpochRow& row, const dp::EpochReport& report) override;
+  void checkpoint(const dps::CheckpointRow& row) override;
   void corrupt_epoch() override;
 
  private:
@@ -39,6 +42,7 @@ class PrintSink : public TrialSink {
   explicit PrintSink(const TrialRequest& r) : r_(r) {}
   void start(const dps::TrialStart& start, const std::vector<std::string>& rank_hosts) override;
   void epoch(const dps::EpochRow& row, const dp::EpochReport& report) override;
+  void checkpoint(const dps::CheckpointRow& row) override;
 
  private:
   const TrialRequest& r_;
@@ -49,6 +53,7 @@ class SilentSink : public TrialSink {
  public:
   void start(const dps::TrialStart&, const std::vector<std::string>&) override {}
   void epoch(const dps::EpochRow&, const dp::EpochReport&) override {}
+  void checkpoint(const dps::CheckpointRow&) override {}
 };
 
 /// How a trial ended (kind is done, diverged, skipped or error; message says why).

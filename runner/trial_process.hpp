@@ -9,6 +9,8 @@
 //    "plugin_sha256":"...","oversubscribed":false,"hosts":"vm","rank_hosts":["vm"]}
 //   {"type":"epoch","epoch":1,"train_loss":0.9,"train_acc":0.6,"test_acc":0.7,"seconds":1.2,
 //    "examples_per_second":500,"lr":0.1,"eval_seconds":0.1,"peak_memory_bytes":123}   (each)
+//   {"type":"checkpoint","role":"last","epoch":1,"path":"/abs/last.safetensors","sha256":"...",
+//    "bytes":123,"optimizer_path":"...","optimizer_sha256":"..."}   (after an epoch's record)
 //   then exactly one final record: {"type":"done"} | {"type":"diverged","reason":"..."} |
 //   {"type":"skipped","reason":"..."} | {"type":"error","message":"..."}
 // Its stdout and stderr go to one pipe the runner reads (the last lines explain a crash).
@@ -35,6 +37,16 @@
 
 namespace dprun {
 
+/// The checkpoint a trial continues from (see checkpoint.hpp).
+struct ResumePoint {
+  int64_t epoch = 0;  // 0: start from scratch
+  std::string model_path, model_sha256, optimizer_path, optimizer_sha256;  // absolute paths
+  /// The best test accuracy of epochs 1..epoch and its epoch (checkpoint = "best": a later
+  /// epoch replaces the best checkpoint only when it does better). best_epoch 0: none.
+  int64_t best_epoch = 0;
+  double best_test_acc = 0;
+};
+
 /// Everything a trial process needs to run one trial.
 struct TrialRequest {
   int64_t ordinal = 0;  // position in the sweep (selects DPRUN_FAULT targets)
@@ -45,6 +57,10 @@ struct TrialRequest {
   std::string backend = "auto";          // auto | cpu | cuda (after any --backend override)
   bool oversubscribe = false;
   int threads = 0;  // CPU threads for the trial (0: all hardware threads)
+  /// Where the trial's checkpoint files go (absolute; process 0 writes them); "": none, whatever
+  /// the checkpoint setting says.
+  std::string checkpoint_dir;
+  ResumePoint resume;
 };
 
 Json request_to_json(const TrialRequest& request);
@@ -60,15 +76,18 @@ inline constexpr const char* kRecordPrefix = "dprun-record ";
 
 /// One record of the protocol.
 struct TrialRecord {
-  enum class Kind { start, epoch, done, diverged, skipped, error };
+  enum class Kind { start, epoch, checkpoint, done, diverged, skipped, error };
   Kind kind = Kind::done;
   /// kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed, hosts.
   dps::TrialStart start;
   std::vector<std::string> rank_hosts;  // kind start: the host of each process, in rank order
   dps::EpochRow epoch;                  // kind epoch (trial_id left 0)
+  dps::CheckpointRow checkpoint;        // kind checkpoint (trial_id left 0, paths absolute)
   std::string message;                  // diverged / skipped: the reason; error: the message
 
-  bool is_final() const { return kind != Kind::start && kind != Kind::epoch; }
+  bool is_final() const {
+    return kind != Kind::start && kind != Kind::epoch && kind != Kind::checkpoint;
+  }
 };
 
 /// One line of JSON without the newline.

@@ -83,6 +83,18 @@ Json request_to_json(const TrialRequest& r) {
   o.set("backend", Json::string(r.backend));
   o.set("oversubscribe", Json::boolean(r.oversubscribe));
   o.set("threads", Json::integer(r.threads));
+  o.set("checkpoint_dir", Json::string(r.checkpoint_dir));
+  if (r.resume.epoch > 0) {
+    Json resume = Json::object();
+    resume.set("epoch", Json::integer(r.resume.epoch));
+    resume.set("model_path", Json::string(r.resume.model_path));
+    resume.set("model_sha256", Json::string(r.resume.model_sha256));
+    resume.set("optimizer_path", Json::string(r.resume.optimizer_path));
+    resume.set("optimizer_sha256", Json::string(r.resume.optimizer_sha256));
+    resume.set("best_epoch", Json::integer(r.resume.best_epoch));
+    resume.set("best_test_acc", Json::number(r.resume.best_test_acc));
+    o.set("resume", resume);
+  }
   return o;
 }
 
@@ -101,6 +113,20 @@ TrialRequest request_from_json(const Json& o) {
   r.backend = field(o, "backend", [](const Json& j) { return j.as_string(); });
   r.oversubscribe = field(o, "oversubscribe", [](const Json& j) { return j.as_bool(); });
   r.threads = static_cast<int>(field(o, "threads", [](const Json& j) { return j.as_int(); }));
+  r.checkpoint_dir = field(o, "checkpoint_dir", [](const Json& j) { return j.as_string(); });
+  if (o.has("resume")) {
+    r.resume = field(o, "resume", [](const Json& j) {
+      ResumePoint p;
+      p.epoch = j.at("epoch").as_int();
+      p.model_path = j.at("model_path").as_string();
+      p.model_sha256 = j.at("model_sha256").as_string();
+      p.optimizer_path = j.at("optimizer_path").as_string();
+      p.optimizer_sha256 = j.at("optimizer_sha256").as_string();
+      p.best_epoch = j.at("best_epoch").as_int();
+      p.best_test_acc = j.at("best_test_acc").as_double();
+      return p;
+    });
+  }
   return r;
 }
 
@@ -134,6 +160,16 @@ std::string encode_record(const TrialRecord& r) {
       o.set("lr", Json::number(r.epoch.lr));
       o.set("eval_seconds", Json::number(r.epoch.eval_seconds));
       o.set("peak_memory_bytes", Json::integer(r.epoch.peak_memory_bytes));
+      break;
+    case TrialRecord::Kind::checkpoint:
+      o.set("type", Json::string("checkpoint"));
+      o.set("role", Json::string(r.checkpoint.role));
+      o.set("epoch", Json::integer(r.checkpoint.epoch));
+      o.set("path", Json::string(r.checkpoint.path));
+      o.set("sha256", Json::string(r.checkpoint.sha256));
+      o.set("bytes", Json::integer(r.checkpoint.bytes));
+      o.set("optimizer_path", Json::string(r.checkpoint.optimizer_path));
+      o.set("optimizer_sha256", Json::string(r.checkpoint.optimizer_sha256));
       break;
     case TrialRecord::Kind::done:
       o.set("type", Json::string("done"));
@@ -178,6 +214,15 @@ TrialRecord decode_record(const std::string& line) {
     r.epoch.lr = o.at("lr").as_double();
     r.epoch.eval_seconds = o.at("eval_seconds").as_double();
     r.epoch.peak_memory_bytes = o.at("peak_memory_bytes").as_int();
+  } else if (type == "checkpoint") {
+    r.kind = TrialRecord::Kind::checkpoint;
+    r.checkpoint.role = o.at("role").as_string();
+    r.checkpoint.epoch = o.at("epoch").as_int();
+    r.checkpoint.path = o.at("path").as_string();
+    r.checkpoint.sha256 = o.at("sha256").as_string();
+    r.checkpoint.bytes = o.at("bytes").as_int();
+    r.checkpoint.optimizer_path = o.at("optimizer_path").as_string();
+    r.checkpoint.optimizer_sha256 = o.at("optimizer_sha256").as_string();
   } else if (type == "done") {
     r.kind = TrialRecord::Kind::done;
   } else if (type == "diverged") {

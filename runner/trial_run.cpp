@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "checkpoint.hpp"
 #include "dp/process_group.hpp"
 #include "dp/version.hpp"
 #include "launch.hpp"
@@ -81,7 +82,80 @@ TrialRequest TrialRun::request() const {
   // Cores given by --jobs: one thread each.
   if (!devices_.exclusive && devices_.kind == DeviceKind::cpu && !devices_.cores.empty())
     request.threads = static_cast<int>(devices_.cores.size());
+  request.checkpoint_dir = checkpoint_dir_;
+  request.resume = resume_;
   return request;
+}
+
+std::optional<ResumePoint> TrialRun::find_resume_point(std::string& problem) {
+  const dps::CheckpointRow* last = nullptr;
+  const dps::CheckpointRow* best = nullptr;
+  const auto rows = store_.checkpoints(row_.id);
+  for (const auto& c : rows) {
+    if (c.role == "last") last = &c;
+    if (c.role == "best") best = &c;
+  }
+  if (!last) return std::nullopt;
+  ResumePoint p;
+  p.epoch = last->epoch;
+  p.model_path = resolve_checkpoint_path(store_.path(), last->path);
+  p.model_sha256 = last->sha256;
+  p.optimizer_path = resolve_checkpoint_path(store_.path(), last->optimizer_path);
+  p.optimizer_sha256 = last->optimizer_sha256;
+  // The files are checked here, before a process starts: a checkpoint that is gone or changed
+  // costs the epochs since epoch 1, never a failed trial.
+  for (const auto& [path, sha] : {std::pair{p.model_path, p.model_sha256},
+                                  std::pair{p.optimizer_path, p.optimizer_sha256}}) {
+    try {
+      const std::string found = checkpoint_file_sha256(path);
+      if (found != sha) {
+        problem = path + " has changed since it was written (sha256 " + found.substr(0, 12) +
+                  "..., recorded " + sha.substr(0, 12) + "...)";
+        return std::nullopt;
+      }
+    } catch (const std::exception& e) {
+      problem = e.what();
+      return std::nullopt;
+    }
+  }
+  if (best && best->epoch <= p.epoch) {
+    for (const auto& e : store_.epochs(row_.id))
+      if (e.epoch == best->epoch) {
+        p.best_epoch = e.epoch;
+        p.best_test_acc = e.test_acc;
+      }
+  }
+  return p;
+}
+
+void TrialRun::prepare_checkpoints() {
+  const CheckpointMode mode = parse_checkpoint_mode(spec_.settings.text("checkpoint"));
+  const std::string dir = trial_checkpoint_dir(store_.path(), row_.id);
+  if (mode != CheckpointMode::none) checkpoint_dir_ = dir;
+  const bool resumable =
+      row_.status == dps::TrialStatus::failed || row_.status == dps::TrialStatus::interrupted;
+  const std::string name = "[" + std::to_string(index_) + "] " + trial_display_name(spec_);
+  if (mode != CheckpointMode::none && resumable && !options_.restart) {
+    std::string problem;
+    if (auto p = find_resume_point(problem)) {
+      resume_ = *p;
+      progress_.note(name + ": resuming after epoch " + std::to_string(resume_.epoch) +
+                     " from its checkpoint");
+    } else if (!problem.empty()) {
+      progress_.note(name + ": cannot resume from its last checkpoint (" + problem +
+                     "): starting at epoch 1");
+    }
+  }
+  // A start from scratch leaves no file of an earlier attempt behind (its rows go with
+  // start_trial): a stale epoch-0007 must not pass for this attempt's.
+  if (resume_.epoch == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    if (ec)
+      progress_.note(name + ": cannot remove the earlier checkpoints in " + dir + ": " +
+                     ec.message());
+  }
+  last_epoch_ = resume_.epoch;
 }
 
 bool TrialRun::claim() {
@@ -109,6 +183,7 @@ void TrialRun::start() {
   progress_.trial_started(index_, trial_display_name(spec_), spec_.settings.integer("epochs"),
                           where);
   started_at_ = last_beat_ = clock::now();
+  prepare_checkpoints();
 
   SpawnOptions spawn;
   if (options_.verbose)
@@ -226,7 +301,7 @@ void TrialRun::record_start(const TrialRecord* from_child) {
   s.runner_pid = getpid();
   s.launch = launch_text_;
   if (!devices_.exclusive) s.device_set = devices_.text();
-  store_.start_trial(row_.id, s);
+  store_.start_trial(row_.id, s, resume_.epoch);
   started_ = true;
 }
 
@@ -251,6 +326,22 @@ void TrialRun::handle(const TrialRecord& r) {
       store_.record_epoch(row);
       last_epoch_ = row.epoch;
       progress_.epoch(index_, row);
+      break;
+    }
+    case TrialRecord::Kind::checkpoint: {
+      if (!started_) record_start(nullptr);
+      dps::CheckpointRow row = r.checkpoint;
+      if ((row.role != "last" && row.role != "best" && row.role != "epoch") || row.epoch < 1 ||
+          row.path.empty() || (row.role == "last") == row.optimizer_path.empty()) {
+        protocol_error_ = "trial process sent a malformed checkpoint record (role \"" + row.role +
+                          "\", epoch " + std::to_string(row.epoch) + ")";
+        return;
+      }
+      row.trial_id = row_.id;
+      row.path = stored_checkpoint_path(store_.path(), row.path);
+      if (!row.optimizer_path.empty())
+        row.optimizer_path = stored_checkpoint_path(store_.path(), row.optimizer_path);
+      store_.record_checkpoint(row);
       break;
     }
     default:

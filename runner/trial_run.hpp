@@ -55,6 +55,9 @@ class TrialRun {
  private:
   using clock = std::chrono::steady_clock;
   TrialRequest request() const;
+  /// Where its checkpoints go, and whether it resumes from one (see checkpoint.hpp).
+  void prepare_checkpoints();
+  std::optional<ResumePoint> find_resume_point(std::string& problem);
   void record_start(const TrialRecord* from_child);
   void handle(const TrialRecord& r);
   void decide(bool timed_out, TrialOutcome& out);
@@ -70,6 +73,8 @@ class TrialRun {
   int index_;
   DeviceSet devices_;
   std::string launch_text_;  // the command that started the trial process
+  std::string checkpoint_dir_;  // "": none kept
+  ResumePoint resume_;          // epoch 0: from scratch
   std::unique_ptr<TrialProcess> child_;
   clock::time_point started_at_, last_beat_;
   bool started_ = false;

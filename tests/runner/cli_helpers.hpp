@@ -136,15 +136,18 @@ inline std::string describe(const Result& r) {
 }
 
 /// Exit status checks that print the command's output on failure (and only for that check).
-#define DPRUN_REQUIRE_EXIT(result, code)   \
-  do {                                     \
-    INFO(::clitest::describe(result));     \
-    REQUIRE((result).exit_code == (code)); \
+/// `result` is evaluated once, so it may be the call that runs dprun.
+#define DPRUN_REQUIRE_EXIT(result, code)          \
+  do {                                            \
+    const ::clitest::Result& dprun_result_ = (result); \
+    INFO(::clitest::describe(dprun_result_));     \
+    REQUIRE(dprun_result_.exit_code == (code));   \
   } while (0)
-#define DPRUN_CHECK_EXIT(result, code)   \
-  do {                                   \
-    INFO(::clitest::describe(result));   \
-    CHECK((result).exit_code == (code)); \
+#define DPRUN_CHECK_EXIT(result, code)            \
+  do {                                            \
+    const ::clitest::Result& dprun_result_ = (result); \
+    INFO(::clitest::describe(dprun_result_));     \
+    CHECK(dprun_result_.exit_code == (code));     \
   } while (0)
 
 /// A small, fast experiment: LeNet on 512 training / 256 test examples, batch 64, CPU.

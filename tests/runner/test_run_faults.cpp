@@ -48,12 +48,13 @@ TEST_CASE("a killed trial process is recorded failed and the sweep goes on", "[c
   CHECK(s.status(2) == "done");
   CHECK(s.epochs(2) == "2");
 
-  // A re-run without the fault runs only the failed trial, from scratch.
+  // A re-run without the fault runs only the failed trial, from its checkpoint of epoch 1.
   r = run(s.args(), s.dir.path());
   DPRUN_CHECK_EXIT(r, 0);
   CHECK(s.status(1) == "done");
   CHECK(s.epochs(1) == "2");
   CHECK(sql1(s.db, "SELECT attempts FROM trials WHERE gpus = 1") == "2");
+  CHECK(sql1(s.db, "SELECT resumed_from_epoch FROM trials WHERE gpus = 1") == "1");
   CHECK(sql1(s.db, "SELECT attempts FROM trials WHERE gpus = 2") == "1");
   CHECK(sql1(s.db, "SELECT error FROM trials WHERE gpus = 1").empty());
 }
