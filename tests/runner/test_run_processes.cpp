@@ -129,6 +129,33 @@ TEST_CASE("a process killed mid-trial fails its trial, and the sweep goes on", "
   CHECK(s.epochs("seed = 1") == "2");
 }
 
+TEST_CASE("a trial of 2 processes resumes from its checkpoint as if never interrupted",
+          "[cli][mpi][checkpoint]") {
+  DPRUN_NEED_DATA(data);
+  DPRUN_NEED_MPI();
+  const auto epochs = [](const Sweep& s) {
+    std::string out;
+    for (const auto& row : sql(s.db, "SELECT printf('%.17g %.17g', train_loss, test_acc) FROM "
+                                     "epochs ORDER BY epoch"))
+      out += row[0] + "\n";
+    return out;
+  };
+  Sweep clean("clean", data, "gpus = 2\nprocesses = 2", 3);
+  DPRUN_REQUIRE_EXIT(run(clean.args(), clean.dir.path(), kMpiEnv), 0);
+  // Process 0 ends itself after writing the checkpoint of epoch 2 (and mpirun the other).
+  Sweep s("resume", data, "gpus = 2\nprocesses = 2", 3);
+  DPRUN_REQUIRE_EXIT(run(s.args(), s.dir.path(), mpi_env({"DPRUN_FAULT=kill@2:0"})), 1);
+  CHECK(sql1(s.db, "SELECT epoch FROM checkpoints WHERE role = 'last'") == "2");
+  // Process 0 reads the files and passes their bytes to process 1.
+  auto r = run(s.args(), s.dir.path(), kMpiEnv);
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK_THAT(r.err, Contains("resuming after epoch 2"));
+  CHECK(s.column("resumed_from_epoch", "1") == "2");
+  CHECK(epochs(s) == epochs(clean));
+  CHECK(sql1(s.db, "SELECT sha256 FROM checkpoints WHERE role = 'last'") ==
+        sql1(clean.db, "SELECT sha256 FROM checkpoints WHERE role = 'last'"));
+}
+
 TEST_CASE("a process that fails says so, and ends the trial's other processes", "[cli][mpi]") {
   DPRUN_NEED_DATA(data);
   DPRUN_NEED_MPI();
