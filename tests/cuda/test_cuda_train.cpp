@@ -107,6 +107,11 @@ TEST_CASE("cuda LeNet with max pooling and momentum equals the cpu backend", "[c
   check_cuda_equals_cpu("lenet-maxpool-momentum-b48-2steps");
 }
 
+TEST_CASE("cuda LeNet with AdamW equals the cpu backend", "[cuda][train]") {
+  if (!have_data()) return;
+  check_cuda_equals_cpu("lenet-adamw-b64-2steps");
+}
+
 TEST_CASE("cuda ResNet-18 training step equals the cpu backend's", "[cuda][train]") {
   if (!have_data()) return;
   // Full width, batch 16, one step: small enough for the CPU reference and its nudged reruns.
@@ -159,5 +164,27 @@ TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one rep
     CHECK(comm == (gpus == 1 ? "cuda-same-device" : "nccl"));
     CHECK(many.initial == one.initial);
     check_same_steps(c.name + " " + std::to_string(k) + " replicas vs 1", many, one, noise);
+  }
+}
+
+TEST_CASE("cuda synchronised batch norm: k replicas on the GPU equal one replica", "[cuda][train]") {
+  if (!have_data()) return;
+  // With synchronised statistics, ResNet-18's step on k replicas is one replica's step on the
+  // whole batch (its batch-norm sums over every replica); CPU vs CUDA first, then k vs 1 on
+  // CUDA, both under the CPU's sensitivity of the one-replica step.
+  const std::string name = "resnet18w16-syncbn-b30-2steps";
+  check_cuda_equals_cpu(name);
+  TrainCase c = train_case(name, dp::BackendKind::cuda);
+  const StepRun one = dptest::run_case(c);
+  dptest::RoundingNoise noise =
+      cpu_noise(name, dptest::run_case(train_case(name, dp::BackendKind::cpu), one.before));
+  const int gpus = dp::cuda_device_count();
+  const std::vector<int> ks = gpus == 1 ? std::vector<int>{2, 3} : std::vector<int>{gpus};
+  for (int k : ks) {
+    INFO(k << " replicas on " << gpus << " GPU(s)");
+    c.options.replicas = k;
+    c.options.oversubscribe = true;
+    const StepRun many = dptest::run_case(c, one.before);
+    check_same_steps(name + " " + std::to_string(k) + " replicas vs 1", many, one, noise);
   }
 }
