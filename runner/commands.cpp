@@ -130,6 +130,12 @@ SweepOptions sweep_options(const Invocation& in) {
 
 // ---- the handlers -------------------------------------------------------------------------------
 
+std::string results_database(const Args& a, const std::string& command) {
+  const std::string db = a.last("--db") ? *a.last("--db") : default_database(command);
+  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  return db;
+}
+
 int run_command(const Invocation& in) {
   // The runner starts each trial's processes itself; started as several processes, each would
   // run the whole sweep.
@@ -193,8 +199,7 @@ int query_command(const Invocation& in) {
     else
       throw UsageError("--format " + *f + ": expected table, csv or json");
   }
-  const std::string db = a.last("--db") ? *a.last("--db") : default_database("query");
-  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  const std::string db = results_database(a, "query");
   dps::Store store(db, dps::Store::Mode::read_only);
   std::fputs(format_query(store.query(a.positional[0]), format).c_str(), stdout);
   return 0;
@@ -203,8 +208,7 @@ int query_command(const Invocation& in) {
 int report_command(const Invocation& in) {
   const Args& a = in.args;
   if (!a.positional.empty()) throw UsageError("dprun report takes no arguments (use --db PATH)");
-  const std::string db = a.last("--db") ? *a.last("--db") : default_database("report");
-  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  const std::string db = results_database(a, "report");
   dps::Store store(db, dps::Store::Mode::read_only);
   if (auto html = a.last("--html")) {
     const std::string page = format_html_report(store);

@@ -50,6 +50,10 @@ int train_command(const Invocation& in);
 int export_command(const Invocation& in);
 int settings_command(const Invocation& in);
 
+/// The database a results command reads: --db, else the only results/*.db here; a UsageError
+/// when it does not exist.
+std::string results_database(const Args& a, const std::string& command);
+
 /// The options of `dprun train`: one per experiment-file key, from the table of settings.
 std::vector<Opt> train_options();
 
