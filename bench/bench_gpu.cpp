@@ -145,7 +145,7 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
     o.backend = dp::BackendKind::cuda;
     o.batch_size = args.batch;
     o.epochs = 1;
-    o.sgd.lr = c.lr;
+    o.lr.base = c.lr;
     o.seed = 1;
     o.allow_tf32 = c.tf32;
     o.layout = c.layout;

@@ -53,20 +53,14 @@ namespace {
 using detail::Binding;
 using detail::describe;
 using detail::Diagnostics;
-using detail::did_you_mean;
-using detail::expected_text;
-using detail::find_train_key;
 using detail::in_file_order;
 using detail::join;
-using detail::KeySpec;
 using detail::option_type;
 using detail::Pos;
 using detail::pos_of;
-using detail::train_key_names;
+using detail::typo_hint;
 using detail::Val;
 using detail::Validator;
-
-constexpr const char* kFormatVersion = "dprun-trial-settings v1";
 
 /// Reads the sections of one parsed file into the validated form.
 class FileReader {
@@ -74,14 +68,14 @@ class FileReader {
   FileReader(Validator& val, const toml::table& root) : val_(val), diag_(val.diag()), root_(root) {}
 
   detail::Validated read(Experiment& ex) {
-    static const std::vector<std::string> sections = {"experiment", "data", "train", "model",
-                                                      "sweep"};
+    static const std::vector<std::string> sections = {"experiment", "data",  "train",
+                                                      "model",      "sweep", "launch"};
     for (auto [k, n] : in_file_order(root_)) {
       const std::string name(k->str());
       Pos pos = pos_of(k->source(), pos_of(n->source(), {}));
       if (std::find(sections.begin(), sections.end(), name) == sections.end()) {
         diag_.add(pos, name,
-                  "unknown section" + did_you_mean(name, sections) +
+                  "unknown section" + typo_hint(name, sections) +
                       " (known sections: " + join(sections, ", ", false) + ")");
       } else if (!n->is_table()) {
         diag_.add(pos_of(n->source(), pos), name,
@@ -93,6 +87,7 @@ class FileReader {
     read_train();
     read_models();
     read_sweep();
+    read_launch(ex);
     check_whole();
     return std::move(out_);
   }
@@ -112,7 +107,7 @@ class FileReader {
       if (std::find(known.begin(), known.end(), std::string(k->str())) != known.end()) continue;
       diag_.add(pos_of(k->source(), pos_of(n->source(), table_pos(&t))),
                 prefix + std::string(k->str()),
-                "unknown key" + did_you_mean(std::string(k->str()), known) +
+                "unknown key" + typo_hint(std::string(k->str()), known) +
                     " (known keys: " + join(known, ", ", false) + ")");
     }
   }
@@ -178,7 +173,7 @@ class FileReader {
       const auto& known = dp::known_datasets();
       if (std::find(known.begin(), known.end(), *d) == known.end()) {
         diag_.add(pos_of(t->get("dataset")->source(), table_pos(t)), "data.dataset",
-                  "unknown dataset " + detail::quoted(*d) + did_you_mean(*d, known) +
+                  "unknown dataset " + detail::quoted(*d) + typo_hint(*d, known) +
                       " (known datasets: " + join(known, ", ", false) + ")");
       }
       out_.dataset = *d;
@@ -193,11 +188,12 @@ class FileReader {
     for (auto [k, n] : in_file_order(*t)) {
       std::string path = "train." + std::string(k->str());
       Pos kpos = pos_of(k->source(), out_.train_pos);
-      const KeySpec* spec = find_train_key(std::string(k->str()));
+      const Setting* spec = val_.settings().by_key(std::string(k->str()));
       if (!spec) {
+        const auto known = val_.settings().keys();
         diag_.add(kpos, path,
-                  "unknown key" + did_you_mean(std::string(k->str()), train_key_names()) +
-                      " (known keys: " + join(train_key_names(), ", ", false) + ")");
+                  "unknown key" + typo_hint(std::string(k->str()), known) +
+                      " (known keys: " + join(known, ", ", false) + ")");
         continue;
       }
       given_.push_back({std::string(k->str()), path, kpos});
@@ -238,6 +234,55 @@ class FileReader {
     }
   }
 
+  // [launch]: how a trial of several processes is started. Where a trial runs does not change
+  // what it computes, so nothing here is part of a trial's identity.
+  void read_launch(Experiment& ex) {
+    auto* t = section("launch");
+    if (!t) return;
+    unknown_keys(*t, "launch.", {"launcher", "hostfile", "args"});
+    if (auto l = string_at(*t, "launcher", "launch.launcher")) {
+      const auto& known = known_launchers();
+      if (std::find(known.begin(), known.end(), *l) == known.end())
+        diag_.add(pos_of(t->get("launcher")->source(), table_pos(t)), "launch.launcher",
+                  "unknown launcher " + detail::quoted(*l) + typo_hint(*l, known) +
+                      " (known launchers: " + join(known, ", ", false) + ")");
+      else
+        ex.launch.launcher = *l;
+    }
+    if (auto h = string_at(*t, "hostfile", "launch.hostfile")) {
+      const Pos pos = pos_of(t->get("hostfile")->source(), table_pos(t));
+      std::error_code ec;
+      if (h->empty()) {
+        diag_.add(pos, "launch.hostfile",
+                  "must not be empty (leave it out for the launcher's default hosts)");
+      } else if (!std::filesystem::is_regular_file(*h, ec)) {
+        diag_.add(pos, "launch.hostfile",
+                  "no such file " + detail::quoted(*h) +
+                      " (a relative path is from the folder dprun runs in; the file lists one "
+                      "host per line, e.g. \"nodeA slots=8\")");
+      } else if (ex.launch.launcher == "srun") {
+        diag_.add(pos, "launch.hostfile",
+                  "a hostfile is for mpirun; srun runs on the nodes of its Slurm allocation (give "
+                  "srun options in launch.args, e.g. \"--nodelist=nodeA,nodeB\")");
+      } else {
+        ex.launch.hostfile = *h;
+      }
+    }
+    if (auto* n = t->get("args")) {
+      const auto* list = n->as_array();
+      const bool strings =
+          list && std::all_of(list->begin(), list->end(), [](auto& x) { return x.is_string(); });
+      if (!strings) {
+        diag_.add(pos_of(n->source(), table_pos(t)), "launch.args",
+                  "expected a list of strings (arguments for the launcher, e.g. [\"--mca\", "
+                  "\"btl\", \"tcp,self\"]), got " +
+                      describe(*n));
+      } else {
+        for (const auto& x : *list) ex.launch.args.push_back(x.as_string()->get());
+      }
+    }
+  }
+
   /// One key of [sweep] or of a zip group. Returns the binding (fixed or with points) or
   /// nothing when the key or a value is bad (reported).
   std::optional<Binding> sweep_entry(const toml::key& k, const toml::node& n,
@@ -248,7 +293,7 @@ class FileReader {
     Pos vpos = pos_of(n.source(), kpos);
     // A plugin option axis: "model.lenet.hidden" = [64, 128] (quoted: a bare dotted key
     // would collide with the model list).
-    const KeySpec* spec = nullptr;
+    const Setting* spec = nullptr;
     const dp::OptionSpec* option = nullptr;
     std::string model;
     if (key.rfind("model.", 0) == 0) {
@@ -264,12 +309,12 @@ class FileReader {
       option = val_.find_option(model, key.substr(dot + 1), path, kpos);
       if (!option) return std::nullopt;
     } else {
-      spec = find_train_key(key);
+      spec = val_.settings().by_key(key);
       if (!spec) {
-        auto known = train_key_names();
+        auto known = val_.settings().keys();
         if (!in_zip) known.push_back("zip");
         diag_.add(kpos, path,
-                  "unknown key" + did_you_mean(key, known) +
+                  "unknown key" + typo_hint(key, known) +
                       "; a sweep takes the keys of [train], \"model.<model>.<option>\"" +
                       (in_zip ? "" : " and [[sweep.zip]] groups"));
         return std::nullopt;
@@ -289,6 +334,11 @@ class FileReader {
     if (option) given_.push_back({key, path, kpos});
     Binding b{key, path, vpos, kpos, -1, {}, {}};
     auto* arr = n.as_array();
+    // A list-valued setting is one value when written as a list of numbers; its axis is a list
+    // of such lists.
+    if (arr && spec && spec->type == SettingType::numbers &&
+        !std::all_of(arr->begin(), arr->end(), [](const toml::node& x) { return x.is_array(); }))
+      arr = nullptr;
     if (!arr) {
       if (in_zip) {
         std::string what =
@@ -467,8 +517,10 @@ Experiment parse_experiment(const std::string& file, const std::string& source,
     throw ConfigErrors({ConfigError(file, pos.line, pos.column, "",
                                     "TOML syntax error: " + std::string(e.description()))});
   }
-  Validator val(file, catalog);
+  ex.settings = options.settings;
+  Validator val(file, catalog, *options.settings);
   detail::Validated validated = FileReader(val, root).read(ex);
+  validated.settings = options.settings;
   val.diag().throw_if_any();
   ex.data_path = validated.data_path;
   ex.trials = detail::expand(validated, catalog, options, val.diag());
@@ -492,42 +544,6 @@ Experiment load_experiment(const std::string& file, const ModelCatalog& catalog,
   text << in.rdbuf();
   if (in.bad()) throw std::runtime_error("cannot read experiment file " + file);
   return parse_experiment(file, text.str(), catalog, options);
-}
-
-std::string canonical_settings(const dps::TrialSettings& s) {
-  // One "name=value" line per setting that changes what a trial computes, in a fixed order.
-  // Deliberately absent: data_path (the same data may live anywhere) and backend_request
-  // (cpu and cuda compute the same trial). Any change here must bump kFormatVersion.
-  auto num = [](double d) {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.17g", d);
-    return std::string(buf);
-  };
-  std::ostringstream o;
-  o << kFormatVersion << "\n";
-  o << "dataset=" << detail::quoted(s.dataset) << "\n";
-  o << "model=" << detail::quoted(s.model) << "\n";
-  o << "model_options=" << s.model_options_json << "\n";
-  o << "gpus=" << s.gpus << "\n";
-  o << "batch_size=" << s.batch_size << "\n";
-  o << "per_gpu_batch=" << s.per_gpu_batch << "\n";
-  o << "lr=" << num(s.lr) << "\n";
-  o << "epochs=" << s.epochs << "\n";
-  o << "seed=" << s.seed << "\n";
-  o << "optimizer=" << detail::quoted(s.optimizer) << "\n";
-  o << "momentum=" << num(s.momentum) << "\n";
-  o << "weight_decay=" << num(s.weight_decay) << "\n";
-  o << "precision=" << detail::quoted(s.precision) << "\n";
-  o << "layout=" << detail::quoted(s.layout) << "\n";
-  o << "bn_mode=" << detail::quoted(s.bn_mode) << "\n";
-  o << "eval_batch_size=" << s.eval_batch_size << "\n";
-  o << "train_limit=" << s.train_limit << "\n";
-  o << "test_limit=" << s.test_limit << "\n";
-  return o.str();
-}
-
-std::string config_hash(const dps::TrialSettings& s) {
-  return dps::sha256_hex(canonical_settings(s));
 }
 
 }  // namespace dprun

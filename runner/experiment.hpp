@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "dp/plugin.hpp"
-#include "dpstore/store.hpp"
+#include "launch.hpp"
+#include "settings.hpp"
 
 namespace dprun {
 
@@ -47,7 +48,7 @@ struct ModelCatalog {
 /// One trial after sweep expansion: every setting resolved.
 struct TrialSpec {
   int64_t ordinal = 0;             // 0-based position in the sweep
-  dps::TrialSettings settings;     // what the store records
+  TrialSettings settings;          // what the store records
   dp::ModelOptions model_options;  // resolved plugin options (defaults filled in)
   std::string config_hash;         // sha256 of the canonical serialisation, hex
   std::string canonical;           // the canonical serialisation (for debugging / plan)
@@ -56,17 +57,21 @@ struct TrialSpec {
 };
 
 struct Experiment {
-  std::string file;         // as given
-  std::string source;       // the TOML text
+  const SettingTable* settings = &builtin_settings();  // the settings its trials have
+  std::string file;                                    // as given
+  std::string source;                                  // the TOML text
   std::string name;
   std::string description;
-  std::string database;     // as written ("" when absent); relative paths are from the cwd
-  std::string data_path;    // [data].path ("" when absent)
+  std::string database;   // as written ("" when absent); relative paths are from the cwd
+  std::string data_path;  // [data].path ("" when absent)
+  LaunchConfig launch;    // [launch]: how trials of several processes are started
   std::vector<TrialSpec> trials;
 };
 
 struct ParseOptions {
   bool force = false;  // allow more than 1000 trials
+  /// The settings a file may set (tests give a table with settings of a later dprun).
+  const SettingTable* settings = &builtin_settings();
 };
 
 /// Reads and validates the file and expands the sweep. Throws ConfigErrors (every problem found,
@@ -76,10 +81,5 @@ Experiment load_experiment(const std::string& file, const ModelCatalog& catalog,
 /// The same from text already read (file is used in messages).
 Experiment parse_experiment(const std::string& file, const std::string& source,
                             const ModelCatalog& catalog, const ParseOptions& options = {});
-
-/// The canonical serialisation and hash of a trial's settings (every setting that affects the
-/// result; not the data path or the backend request).
-std::string canonical_settings(const dps::TrialSettings& s);
-std::string config_hash(const dps::TrialSettings& s);
 
 }  // namespace dprun

@@ -36,9 +36,10 @@ class Diagnostics {
   std::vector<std::tuple<int, int, std::string, std::string>> seen_;
 };
 
-/// One validated value and where it was written ("sweep.zip[0].gpus[1]").
+/// One validated value and where it was written ("sweep.zip[0].gpus[1]"): of a setting, or of a
+/// plugin option (then bool, int64_t, double or string, as dp::OptionValue).
 struct Val {
-  dp::OptionValue value;
+  SettingValue value;
   Pos pos;
   std::string path;
 };
@@ -63,6 +64,7 @@ struct Axis {
 
 /// Everything the expansion needs, validated.
 struct Validated {
+  const SettingTable* settings = nullptr;
   std::string dataset = "fashion-mnist";
   std::string data_path;
   std::map<std::string, Binding> bindings;  // by key; a [sweep] value replaces a [train] one
@@ -77,13 +79,13 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
                               const ParseOptions& options, Diagnostics& diag);
 
 /// Text helpers.
-std::string quoted(const std::string& s);       // JSON string literal
-std::string shortest(double d);                 // shortest text that reads back as d
-std::string display(const dp::OptionValue& v);  // 0.2, 128, lenet, true (labels)
+std::string quoted(const std::string& s);    // JSON string literal
+std::string shortest(double d);              // shortest text that reads back as d
+std::string display(const SettingValue& v);  // 0.2, 128, lenet, true (labels)
 /// How a value is shown after "got": "two" (quoted), 3, 0.5, [1, 2], a table.
 std::string describe(const toml::node& n);
-/// "; did you mean \"lr\"?" when a candidate is close enough to be a likely typo, else "".
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+/// "; did you mean \"lr\"?" when did_you_mean finds a likely typo among the candidates, else "".
+std::string typo_hint(const std::string& word, const std::vector<std::string>& candidates);
 std::string join(const std::vector<std::string>& items, const std::string& sep, bool quote);
 
 /// The position of a source region, or `fallback` when TOML++ has none (implicit tables).
@@ -91,37 +93,26 @@ Pos pos_of(const toml::source_region& r, Pos fallback);
 /// Entries of a table in the order they appear in the file (toml::table sorts by key).
 std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t);
 
-enum class Kind { integer, number, choice, model };
-enum class Range { none, positive, unit_interval, non_negative };
-
-/// A [train] key: its type and what values it accepts.
-struct KeySpec {
-  std::string name;
-  Kind kind;
-  int64_t min = 0;            // integer: smallest value allowed
-  Range range = Range::none;  // number
-  std::vector<std::string> choices = {};
-};
-const KeySpec* find_train_key(const std::string& name);  // null when unknown
-std::vector<std::string> train_key_names();              // in documentation order
-/// "a positive integer" / "a list of positive integers".
-std::string expected_text(const KeySpec& k, bool list);
 /// "an integer" / "a list of integers" for a plugin option of the type of `v`.
 std::string option_type(const dp::OptionValue& v, bool list);
 
-/// Reads and checks single values against the [train] keys and the model catalog, reporting
-/// every problem to its Diagnostics.
+/// A plugin option value as the plugin contract types it.
+dp::OptionValue option_value(const SettingValue& v);
+
+/// Reads and checks single values against the table of settings and the model catalog,
+/// reporting every problem to its Diagnostics.
 class Validator {
  public:
-  Validator(const std::string& file, const ModelCatalog& catalog);
+  Validator(const std::string& file, const ModelCatalog& catalog, const SettingTable& settings);
   Diagnostics& diag() { return diag_; }
   const ModelCatalog& catalog() const { return catalog_; }
+  const SettingTable& settings() const { return settings_; }
   /// "known models: lenet, resnet18".
   std::string known_models() const;
 
   /// One value of a [train] key; `list` says a list was expected there (a [sweep] key), for
   /// the message. Nothing (reported) when the type or the range is wrong.
-  std::optional<Val> read_train_value(const KeySpec& k, const toml::node& n,
+  std::optional<Val> read_train_value(const Setting& k, const toml::node& n,
                                       const std::string& path, Pos fallback, bool list);
   /// A plugin option's spec; null (reported at pos, for path) when the model or the option
   /// does not exist.
@@ -134,6 +125,7 @@ class Validator {
 
  private:
   const ModelCatalog& catalog_;
+  const SettingTable& settings_;
   std::vector<std::string> model_names_;
   Diagnostics diag_;
 };

@@ -7,6 +7,7 @@
 
 #include "experiment_detail.hpp"
 #include "json.hpp"
+#include "suggest.hpp"
 
 namespace dprun::detail {
 
@@ -35,56 +36,20 @@ std::string shortest(double d) {
   return std::string(buf, r.ptr);
 }
 
+std::string display(const SettingValue& v) { return setting_text(v); }
+
 std::string display(const dp::OptionValue& v) {
-  if (auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
-  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
-  if (auto* d = std::get_if<double>(&v)) return shortest(*d);
-  return std::get<std::string>(v);
+  return std::visit([](const auto& x) { return setting_text(SettingValue(x)); }, v);
+}
+
+dp::OptionValue option_value(const SettingValue& v) {
+  if (auto* b = std::get_if<bool>(&v)) return *b;
+  if (auto* i = std::get_if<int64_t>(&v)) return *i;
+  if (auto* d = std::get_if<double>(&v)) return *d;
+  return std::get<std::string>(v);  // a plugin option is never a list
 }
 
 namespace {
-
-/// Edit distance counting a swap of two neighbours as one edit (optimal string alignment), so
-/// "nwhc" is closest to "nhwc".
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min(
-          {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
-const std::vector<KeySpec>& train_keys() {
-  static const std::vector<KeySpec> keys = {
-      {"model", Kind::model},
-      {"epochs", Kind::integer, 1},
-      {"seed", Kind::integer, 0},
-      {"gpus", Kind::integer, 1},
-      {"batch_size", Kind::integer, 1},
-      {"per_gpu_batch", Kind::integer, 1},
-      {"lr", Kind::number, 0, Range::positive},
-      {"lr_scaling", Kind::choice, 0, Range::none, {"none", "linear"}},
-      {"base_batch", Kind::integer, 1},
-      {"optimizer", Kind::choice, 0, Range::none, {"sgd"}},
-      {"momentum", Kind::number, 0, Range::unit_interval},
-      {"weight_decay", Kind::number, 0, Range::non_negative},
-      {"precision", Kind::choice, 0, Range::none, {"fp32"}},
-      {"layout", Kind::choice, 0, Range::none, {"nchw", "nhwc"}},
-      {"bn", Kind::choice, 0, Range::none, {"per-replica"}},
-      {"eval_batch_size", Kind::integer, 0},
-      {"train_limit", Kind::integer, 0},
-      {"test_limit", Kind::integer, 0},
-      {"backend", Kind::choice, 0, Range::none, {"auto", "cpu", "cuda"}},
-  };
-  return keys;
-}
 
 /// The option type names of the plugin contract: "bool", "int", "float", "string".
 std::string type_name(const dp::OptionValue& v) {
@@ -117,15 +82,9 @@ std::string describe(const toml::node& n) {
   return "a date/time";
 }
 
-std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
-  const std::string* best = nullptr;
-  size_t best_d = 0;
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (!best || d < best_d) best = &c, best_d = d;
-  }
-  if (!best || best_d > std::max<size_t>(1, (word.size() + 2) / 3)) return "";
-  return "; did you mean " + detail::quoted(*best) + "?";
+std::string typo_hint(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string best = did_you_mean(word, candidates);
+  return best.empty() ? "" : "; did you mean " + detail::quoted(best) + "?";
 }
 
 std::string join(const std::vector<std::string>& items, const std::string& sep, bool quote) {
@@ -149,33 +108,6 @@ std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const 
   return out;
 }
 
-const KeySpec* find_train_key(const std::string& name) {
-  for (const auto& k : train_keys())
-    if (k.name == name) return &k;
-  return nullptr;
-}
-
-std::vector<std::string> train_key_names() {
-  std::vector<std::string> names;
-  for (const auto& k : train_keys()) names.push_back(k.name);
-  return names;
-}
-
-std::string expected_text(const KeySpec& k, bool list) {
-  switch (k.kind) {
-    case Kind::integer:
-      if (k.min == 1) return list ? "a list of positive integers" : "a positive integer";
-      return list ? "a list of non-negative integers" : "a non-negative integer";
-    case Kind::number:
-      return list ? "a list of numbers" : "a number";
-    case Kind::choice:
-      return list ? "a list of strings" : "a string";
-    case Kind::model:
-      return list ? "a list of model names" : "a model name";
-  }
-  return "";
-}
-
 std::string option_type(const dp::OptionValue& v, bool list) {
   static const char* one[] = {"a boolean", "an integer", "a number", "a string"};
   static const char* many[] = {"a list of booleans", "a list of integers", "a list of numbers",
@@ -183,8 +115,9 @@ std::string option_type(const dp::OptionValue& v, bool list) {
   return (list ? many : one)[v.index()];
 }
 
-Validator::Validator(const std::string& file, const ModelCatalog& catalog)
-    : catalog_(catalog), diag_(file) {
+Validator::Validator(const std::string& file, const ModelCatalog& catalog,
+                     const SettingTable& settings)
+    : catalog_(catalog), settings_(settings), diag_(file) {
   for (const auto& [name, f] : catalog_.models) model_names_.push_back(name);
 }
 
@@ -193,77 +126,64 @@ std::string Validator::known_models() const {
   return "known models: " + join(model_names_, ", ", false);
 }
 
-std::optional<Val> Validator::read_train_value(const KeySpec& k, const toml::node& n,
+std::optional<Val> Validator::read_train_value(const Setting& k, const toml::node& n,
                                                const std::string& path, Pos fallback, bool list) {
   Pos pos = pos_of(n.source(), fallback);
   auto type_error = [&] {
     diag_.add(pos, path, "expected " + expected_text(k, list) + ", got " + describe(n));
     return std::nullopt;
   };
+  auto number = [](const toml::node& x) {
+    return x.is_integer() ? static_cast<double>(x.as_integer()->get())
+                          : x.as_floating_point()->get();
+  };
   Val v{{}, pos, path};
-  switch (k.kind) {
-    case Kind::integer: {
+  switch (k.type) {
+    case SettingType::boolean:
+      if (!n.is_boolean()) return type_error();
+      v.value = n.as_boolean()->get();
+      break;
+    case SettingType::integer:
       if (!n.is_integer()) return type_error();
-      int64_t i = n.as_integer()->get();
-      if (i < k.min) {
-        diag_.add(pos, path,
-                  "must be at least " + std::to_string(k.min) + ", got " + std::to_string(i));
-        return std::nullopt;
-      }
-      v.value = i;
-      return v;
-    }
-    case Kind::number: {
+      v.value = n.as_integer()->get();
+      break;
+    case SettingType::number:
+      // An integer is accepted where a float is expected ("lr = 1").
       if (!n.is_number()) return type_error();
-      double d = n.is_integer() ? static_cast<double>(n.as_integer()->get())
-                                : n.as_floating_point()->get();
-      std::string bad;
-      if (!std::isfinite(d))
-        bad = "must be a finite number";
-      else if (k.range == Range::positive && !(d > 0))
-        bad = "must be greater than 0";
-      else if (k.range == Range::unit_interval && !(d >= 0 && d < 1))
-        bad = "must be in [0, 1)";
-      else if (k.range == Range::non_negative && !(d >= 0))
-        bad = "must be at least 0";
-      if (!bad.empty()) {
-        diag_.add(pos, path, bad + ", got " + describe(n));
-        return std::nullopt;
+      v.value = number(n);
+      break;
+    case SettingType::numbers: {
+      const auto* a = n.as_array();
+      if (!a) return type_error();
+      std::vector<double> list;
+      for (const auto& item : *a) {
+        if (!item.is_number()) return type_error();
+        list.push_back(number(item));
       }
-      v.value = d;
-      return v;
+      v.value = list;
+      break;
     }
-    case Kind::choice:
-    case Kind::model: {
+    case SettingType::model: {
       if (!n.is_string()) return type_error();
       const std::string& s = n.as_string()->get();
-      if (k.kind == Kind::model) {
-        if (!catalog_.models.count(s)) {
-          diag_.add(pos, path,
-                    "unknown model " + detail::quoted(s) + did_you_mean(s, model_names_) + " (" +
-                        known_models() + ")");
-          return std::nullopt;
-        }
-      } else if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end()) {
-        if (k.name == "precision" && s == "bf16") {
-          diag_.add(pos, path, "bf16 is not supported yet; use \"fp32\"");
-        } else if (k.name == "bn" && s == "sync") {
-          // Synchronised statistics need collectives inside batch norm; until the engine has
-          // them, refuse the file before anything runs rather than fail every such trial.
-          diag_.add(pos, path,
-                    "synchronised batch norm is not supported yet; use \"per-replica\"");
-        } else {
-          diag_.add(pos, path,
-                    "unknown value " + detail::quoted(s) + did_you_mean(s, k.choices) +
-                        " (expected one of " + join(k.choices, ", ", true) + ")");
-        }
+      if (!catalog_.models.count(s)) {
+        diag_.add(pos, path,
+                  "unknown model " + detail::quoted(s) + typo_hint(s, model_names_) + " (" +
+                      known_models() + ")");
         return std::nullopt;
       }
       v.value = s;
-      return v;
+      break;
     }
+    default:
+      if (!n.is_string()) return type_error();
+      v.value = n.as_string()->get();
   }
-  return std::nullopt;
+  if (auto why = check_setting_value(k, v.value); !why.empty()) {
+    diag_.add(pos, path, why);
+    return std::nullopt;
+  }
+  return v;
 }
 
 const dp::OptionSpec* Validator::find_option(const std::string& model, const std::string& option,
@@ -271,7 +191,7 @@ const dp::OptionSpec* Validator::find_option(const std::string& model, const std
   auto it = catalog_.models.find(model);
   if (it == catalog_.models.end()) {
     diag_.add(pos, path,
-              "unknown model " + detail::quoted(model) + did_you_mean(model, model_names_) + " (" +
+              "unknown model " + detail::quoted(model) + typo_hint(model, model_names_) + " (" +
                   known_models() + ")");
     return nullptr;
   }
@@ -285,7 +205,7 @@ const dp::OptionSpec* Validator::find_option(const std::string& model, const std
   }
   diag_.add(pos, path,
             "unknown option " + detail::quoted(option) + " of model " + model +
-                did_you_mean(option, names) +
+                typo_hint(option, names) +
                 (listing.empty() ? " (the model takes no options)"
                                  : " (known options: " + join(listing, ", ", false) + ")"));
   return nullptr;

@@ -1,6 +1,9 @@
 #include "json.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -222,222 +225,58 @@ std::string Json::dump() const {
   return "null";
 }
 
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& t) : t_(t) {}
+namespace {
 
-  Json parse_document() {
-    Json v = value(0);
-    skip_ws();
-    if (i_ != t_.size()) fail("unexpected text after the value");
-    return v;
-  }
-
- private:
-  const std::string& t_;
-  size_t i_ = 0;
-
-  [[noreturn]] void fail(const std::string& what) {
-    throw JsonError("JSON: " + what + " at offset " + std::to_string(i_));
-  }
-  void skip_ws() {
-    while (i_ < t_.size() && (t_[i_] == ' ' || t_[i_] == '\t' || t_[i_] == '\n' || t_[i_] == '\r'))
-      ++i_;
-  }
-  bool literal(const char* word) {
-    size_t n = std::char_traits<char>::length(word);
-    if (t_.compare(i_, n, word) == 0) {
-      i_ += n;
-      return true;
+// nlohmann's tree -> ours. Numbers keep a text that says what they were: integers as written,
+// floats with a '.' or exponent even when whole (2.0 stays a float), as Json::number writes them.
+Json from_library(const nlohmann::ordered_json& j) {
+  switch (j.type()) {
+    case nlohmann::ordered_json::value_t::null:
+      return Json();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Json::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Json::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned: {
+      const auto u = j.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) throw JsonError("integer " + std::to_string(u) + " is out of range");
+      return Json::integer(static_cast<int64_t>(u));
     }
-    return false;
-  }
-
-  Json value(int depth) {
-    if (depth > 64) fail("nesting too deep");
-    skip_ws();
-    if (i_ >= t_.size()) fail("unexpected end");
-    char c = t_[i_];
-    if (c == '{') return object(depth);
-    if (c == '[') return array(depth);
-    if (c == '"') return Json::string(string_body());
-    if (literal("true")) return Json::boolean(true);
-    if (literal("false")) return Json::boolean(false);
-    if (literal("null")) return Json();
-    if (c == '-' || (c >= '0' && c <= '9')) return number();
-    fail(std::string("unexpected character '") + c + "'");
-  }
-
-  Json object(int depth) {
-    Json o = Json::object();
-    ++i_;
-    skip_ws();
-    if (i_ < t_.size() && t_[i_] == '}') {
-      ++i_;
-      return o;
-    }
-    for (;;) {
-      skip_ws();
-      if (i_ >= t_.size() || t_[i_] != '"') fail("expected a key");
-      std::string key = string_body();
-      skip_ws();
-      if (i_ >= t_.size() || t_[i_] != ':') fail("expected ':'");
-      ++i_;
-      o.members_.emplace_back(std::move(key), value(depth + 1));
-      skip_ws();
-      if (i_ < t_.size() && t_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      if (i_ < t_.size() && t_[i_] == '}') {
-        ++i_;
-        return o;
-      }
-      fail("expected ',' or '}'");
-    }
-  }
-
-  Json array(int depth) {
-    Json a = Json::array();
-    ++i_;
-    skip_ws();
-    if (i_ < t_.size() && t_[i_] == ']') {
-      ++i_;
+    case nlohmann::ordered_json::value_t::number_float:
+      return Json::parse_float_text(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Json::string(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
+      Json a = Json::array();
+      for (const auto& item : j) a.push(from_library(item));
       return a;
     }
-    for (;;) {
-      a.items_.push_back(value(depth + 1));
-      skip_ws();
-      if (i_ < t_.size() && t_[i_] == ',') {
-        ++i_;
-        continue;
-      }
-      if (i_ < t_.size() && t_[i_] == ']') {
-        ++i_;
-        return a;
-      }
-      fail("expected ',' or ']'");
+    case nlohmann::ordered_json::value_t::object: {
+      Json o = Json::object();
+      for (const auto& [key, value] : j.items()) o.set(key, from_library(value));
+      return o;
     }
+    default:
+      throw JsonError("unsupported JSON value");
   }
+}
 
-  Json number() {
-    size_t start = i_;
-    if (t_[i_] == '-') ++i_;
-    auto digits = [&] {
-      size_t s = i_;
-      while (i_ < t_.size() && t_[i_] >= '0' && t_[i_] <= '9') ++i_;
-      return i_ > s;
-    };
-    if (!digits()) fail("bad number");
-    if (i_ < t_.size() && t_[i_] == '.') {
-      ++i_;
-      if (!digits()) fail("bad number");
-    }
-    if (i_ < t_.size() && (t_[i_] == 'e' || t_[i_] == 'E')) {
-      ++i_;
-      if (i_ < t_.size() && (t_[i_] == '+' || t_[i_] == '-')) ++i_;
-      if (!digits()) fail("bad number");
-    }
-    Json j;
-    j.type_ = Json::Type::number;
-    j.text_ = t_.substr(start, i_ - start);
-    return j;
+}  // namespace
+
+Json Json::parse_float_text(double d) {
+  Json j = number(d);
+  if (j.type_ == Type::number && j.text_.find_first_of(".eE") == std::string::npos) j.text_ += ".0";
+  return j;
+}
+
+// Parsing is nlohmann-json's (strict RFC 8259: no trailing commas, no comments, surrogate pairs,
+// control characters refused); its errors name the byte offset.
+Json Json::parse(const std::string& text) {
+  try {
+    return from_library(nlohmann::ordered_json::parse(text));
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw JsonError(std::string("JSON: ") + e.what());
   }
-
-  unsigned hex4() {
-    if (i_ + 4 > t_.size()) fail("bad \\u escape");
-    unsigned v = 0;
-    for (int k = 0; k < 4; ++k) {
-      char h = t_[i_++];
-      v <<= 4;
-      if (h >= '0' && h <= '9')
-        v |= unsigned(h - '0');
-      else if (h >= 'a' && h <= 'f')
-        v |= unsigned(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F')
-        v |= unsigned(h - 'A' + 10);
-      else
-        fail("bad \\u escape");
-    }
-    return v;
-  }
-
-  static void append_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
-  std::string string_body() {
-    ++i_;  // opening quote
-    std::string out;
-    for (;;) {
-      if (i_ >= t_.size()) fail("unterminated string");
-      char c = t_[i_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= t_.size()) fail("unterminated string");
-      char e = t_[i_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && i_ + 6 <= t_.size() && t_[i_] == '\\' &&
-              t_[i_ + 1] == 'u') {
-            i_ += 2;
-            unsigned lo = hex4();
-            if (lo < 0xDC00 || lo >= 0xE000) fail("bad surrogate pair");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          append_utf8(out, cp);
-          break;
-        }
-        default:
-          fail(std::string("bad escape '\\") + e + "'");
-      }
-    }
-  }
-};
-
-Json Json::parse(const std::string& text) { return JsonParser(text).parse_document(); }
+}
 
 }  // namespace dprun

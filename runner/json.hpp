@@ -1,7 +1,9 @@
 #pragma once
-// A small JSON value with an encoder and a strict decoder, for the runner <-> trial-process
-// protocol (one object per line) and `dprun query --format json`. Numbers keep their source
-// text so 64-bit integers (seeds, byte counts) survive a round trip exactly.
+// A small JSON value for the runner <-> trial-process protocol (one object per line), the
+// settings' canonical text and `dprun query --format json`. Parsing is nlohmann-json's; the
+// encoder is ours because config hashes depend on its exact bytes (member order as inserted,
+// numbers as their shortest text, json_quote's escapes), which no library promises to keep.
+// Numbers keep their text, so 64-bit integers (seeds, byte counts) survive a round trip.
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -24,6 +26,9 @@ class Json {
   static Json boolean(bool b);
   static Json number(double d);  // non-finite values encode as null
   static Json integer(int64_t i);
+  /// A float as read from a document: its shortest text, with ".0" when it is whole, so it
+  /// stays a float (is_integer_text() false).
+  static Json parse_float_text(double d);
   static Json string(std::string s);
   static Json array();
   static Json object();
@@ -53,7 +58,8 @@ class Json {
 
   /// Compact one-line encoding (no newline inside, so it can serve as a protocol record).
   std::string dump() const;
-  /// Parses exactly one value (surrounding whitespace allowed); JsonError with the offset.
+  /// Parses exactly one value (surrounding whitespace allowed), with nlohmann-json; JsonError
+  /// with the offset.
   static Json parse(const std::string& text);
 
  private:
@@ -62,7 +68,7 @@ class Json {
   std::string text_;  // string value, or number text
   std::vector<Json> items_;
   std::vector<std::pair<std::string, Json>> members_;
-  friend class JsonParser;
+
 };
 
 /// `"text"` with JSON escapes.

@@ -61,6 +61,12 @@ bool is_plugin_name(const fs::path& p) {
          name.find("dprun") != std::string::npos;
 }
 
+// A shared library by its name: NAME.so or NAME.so.VERSION.
+bool is_shared_library_name(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return p.extension() == ".so" || name.find(".so.") != std::string::npos;
+}
+
 }  // namespace
 
 std::vector<std::string> plugin_search_path(const std::vector<std::string>& extra) {
@@ -205,8 +211,19 @@ PluginScan scan_plugins(const std::vector<std::string>& extra) {
     std::vector<fs::path> files;
     for (const auto& de : fs::directory_iterator(entry, ec)) {
       std::error_code type_ec;
-      if (de.is_regular_file(type_ec) && is_plugin_name(de.path())) files.push_back(de.path());
+      if (!de.is_regular_file(type_ec)) continue;
+      if (is_plugin_name(de.path())) {
+        files.push_back(de.path());
+      } else if (is_shared_library_name(de.path())) {
+        // Not loaded (a folder may hold other libraries, whose initialisers should not run),
+        // but said: a user whose plugin is named differently must not be left guessing.
+        scan.skipped.push_back(
+            absolute_path(de.path()) +
+            ": not loaded: a plugin's file name is lib*dprun*.so (dprun_add_plugin names it "
+            "libdprun_NAME.so); rename it, or give the file itself with --plugins FILE");
+      }
     }
+    std::sort(scan.skipped.begin(), scan.skipped.end());
     if (ec) scan.errors.push_back(entry + ": cannot list the folder: " + ec.message());
     std::sort(files.begin(), files.end());  // a stable order: the same model wins every run
     for (const auto& f : files) load_into(f.string());

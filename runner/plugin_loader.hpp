@@ -37,11 +37,14 @@ std::vector<LoadedModel> load_plugin(const std::string& file);
 struct PluginScan {
   std::map<std::string, LoadedModel> models;  // by model name; the first found wins
   std::vector<std::string> errors;            // plugins that failed to load (one message each)
+  /// Shared libraries in a plugin folder that the scan did not load, each with the reason (a
+  /// name that is not lib*dprun*.so): never silently ignored.
+  std::vector<std::string> skipped;
   std::vector<std::string> searched;          // folders searched
 };
 
-/// Loads every lib*.so in the search path (files named lib*dprun*.so or any .so given
-/// explicitly).
+/// Loads every lib*dprun*.so in the search path's folders, and any file given explicitly.
+/// Other shared libraries in those folders are listed in `skipped` with the reason.
 PluginScan scan_plugins(const std::vector<std::string>& extra);
 
 /// sha256 (hex) of a file's bytes.

@@ -23,14 +23,15 @@ std::string Progress::duration(double s) {
   return buf;
 }
 
-std::string Progress::prefix() const {
+std::string Progress::prefix(int index) const {
   // Appends, not operator+ chains: GCC 12 warns falsely (-Wrestrict) on "lit" + string.
   std::string p = "[";
-  p += std::to_string(index_);
+  p += std::to_string(index);
   p += '/';
   p += std::to_string(trials_);
   p += "] ";
-  p += name_;
+  auto it = running_.find(index);
+  if (it != running_.end()) p += it->second.name;
   return p;
 }
 
@@ -41,28 +42,52 @@ void Progress::clear_line() {
   }
 }
 
-double Progress::mean_epoch_seconds() const {
-  if (epoch_ > 1) return (trial_seconds_ - first_epoch_seconds_) / double(epoch_ - 1);
-  return epoch_ > 0 ? trial_seconds_ / double(epoch_) : 0.0;
+double Progress::Trial::mean_epoch_seconds() const {
+  if (epochs_seen > 1) return (seconds - first_epoch_seconds) / double(epochs_seen - 1);
+  return epochs_seen > 0 ? seconds / double(epochs_seen) : 0.0;
 }
 
 void Progress::draw() {
-  if (!live_ || index_ == 0) return;
-  // The epoch in progress (the last one once all are done).
-  const int64_t shown = std::min(epoch_ + 1, trial_epochs_);
-  std::string line =
-      prefix() + "  epoch " + std::to_string(shown) + "/" + std::to_string(trial_epochs_);
+  if (!live_ || running_.empty()) return;
+  std::string line;
   char buf[128];
-  if (last_test_acc_ >= 0) {
-    std::snprintf(buf, sizeof buf, "  test_acc %.3f", last_test_acc_);
-    line += buf;
+  for (const auto& [index, t] : running_) {
+    // The epoch in progress (the last one once all are done).
+    const int64_t shown = std::min(t.epoch + 1, t.epochs);
+    if (!line.empty()) line += "  |  ";
+    // One trial: its name; several: their positions only, to fit one line.
+    if (running_.size() == 1) {
+      line += prefix(index);
+    } else {
+      line += '[';
+      line += std::to_string(index);
+      line += ']';
+    }
+    line += " epoch ";
+    line += std::to_string(shown);
+    line += '/';
+    line += std::to_string(t.epochs);
+    if (t.last_test_acc >= 0) {
+      std::snprintf(buf, sizeof buf, " test_acc %.3f", t.last_test_acc);
+      line += buf;
+    }
+    if (t.epochs_seen > 0) {
+      line += ' ';
+      line += duration(t.mean_epoch_seconds());
+      line += "/epoch";
+    }
+    if (running_.size() == 1) {
+      const double running = std::chrono::duration<double>(clock::now() - t.epoch_started).count();
+      line += "  (";
+      line += duration(running);
+      line += ')';
+    }
   }
-  if (epoch_ > 0) line += "  " + duration(mean_epoch_seconds()) + "/epoch";
-  const double running = std::chrono::duration<double>(clock::now() - epoch_started_).count();
-  line += "  (" + duration(running) + ")";
   if (epochs_finished_ > 0) {
+    // Trials at once share the remaining epochs.
     const double per_epoch = seconds_finished_ / double(epochs_finished_);
-    const double left = double(epochs_total_ - epochs_finished_) * per_epoch - running;
+    const double left = double(epochs_total_ - epochs_finished_) * per_epoch /
+                        double(std::max<size_t>(1, running_.size()));
     line += "  ETA " + duration(left > 0 ? left : 0);
   }
   std::fprintf(out_, "\r\033[K%s", line.c_str());
@@ -70,31 +95,43 @@ void Progress::draw() {
   line_shown_ = true;
 }
 
-void Progress::trial_started(int index, const std::string& name, int64_t epochs) {
-  index_ = index;
-  name_ = name;
-  trial_epochs_ = epochs;
-  epoch_ = 0;
-  last_test_acc_ = -1;
-  trial_seconds_ = 0;
-  first_epoch_seconds_ = 0;
-  epoch_started_ = clock::now();
+void Progress::trial_started(int index, const std::string& name, int64_t epochs,
+                             const std::string& where) {
+  Trial& t = running_[index];
+  t = Trial{};
+  t.name = name;
+  t.epochs = epochs;
+  t.epoch_started = clock::now();
   if (live_) {
     draw();
   } else {
-    std::fprintf(out_, "%s starting (%lld epochs)\n", prefix().c_str(),
-                 static_cast<long long>(epochs));
+    std::fprintf(out_, "%s starting (%lld epochs%s)\n", prefix(index).c_str(),
+                 static_cast<long long>(epochs), where.empty() ? "" : (", " + where).c_str());
     std::fflush(out_);
   }
 }
 
-void Progress::epoch(const dps::EpochRow& row) {
-  const double wall = std::chrono::duration<double>(clock::now() - epoch_started_).count();
-  epoch_started_ = clock::now();
-  epoch_ = row.epoch;
-  last_test_acc_ = row.test_acc;
-  trial_seconds_ += row.seconds;
-  if (row.epoch == 1) first_epoch_seconds_ = row.seconds;
+void Progress::trial_running(int index, const std::string& backend, const std::string& devices,
+                             bool oversubscribed) {
+  if (running_.find(index) == running_.end()) return;
+  std::string line = prefix(index) + " on " + backend + ": " + devices;
+  if (oversubscribed) line += " (oversubscribed: replicas share GPUs)";
+  // `gpus` counts replicas; without a GPU they are CPU threads, which a user should not have to
+  // guess from a setting named gpus.
+  if (backend == "cpu") line += " (CPU backend: each replica is a CPU thread)";
+  note(line);
+}
+
+void Progress::epoch(int index, const dps::EpochRow& row) {
+  auto it = running_.find(index);
+  if (it == running_.end()) return;
+  Trial& t = it->second;
+  const double wall = std::chrono::duration<double>(clock::now() - t.epoch_started).count();
+  t.epoch_started = clock::now();
+  t.epoch = row.epoch;
+  t.last_test_acc = row.test_acc;
+  t.seconds += row.seconds;
+  if (++t.epochs_seen == 1) t.first_epoch_seconds = row.seconds;
   ++epochs_finished_;
   seconds_finished_ += wall;
   if (live_) {
@@ -102,27 +139,31 @@ void Progress::epoch(const dps::EpochRow& row) {
     return;
   }
   std::fprintf(out_, "%s epoch %lld/%lld loss %.3f train_acc %.3f test_acc %.3f %s\n",
-               prefix().c_str(), static_cast<long long>(row.epoch),
-               static_cast<long long>(trial_epochs_), row.train_loss, row.train_acc, row.test_acc,
+               prefix(index).c_str(), static_cast<long long>(row.epoch),
+               static_cast<long long>(t.epochs), row.train_loss, row.train_acc, row.test_acc,
                duration(row.seconds).c_str());
   std::fflush(out_);
 }
 
-void Progress::trial_finished(dps::TrialStatus status, const std::string& message) {
+void Progress::trial_finished(int index, dps::TrialStatus status, const std::string& message) {
+  auto it = running_.find(index);
+  if (it == running_.end()) return;
+  const Trial& t = it->second;
   // Epochs this trial will not run no longer count towards the ETA.
-  if (epoch_ < trial_epochs_) epochs_total_ -= trial_epochs_ - epoch_;
+  if (t.epoch < t.epochs) epochs_total_ -= t.epochs - t.epoch;
   clear_line();
-  std::string line = prefix() + " " + dps::status_name(status);
-  if (status == dps::TrialStatus::done && epoch_ > 0) {
+  std::string line = prefix(index) + " " + dps::status_name(status);
+  if (status == dps::TrialStatus::done && t.epochs_seen > 0) {
     char buf[96];
-    std::snprintf(buf, sizeof buf, ": test_acc %.3f, %s/epoch", last_test_acc_,
-                  duration(mean_epoch_seconds()).c_str());
+    std::snprintf(buf, sizeof buf, ": test_acc %.3f, %s/epoch", t.last_test_acc,
+                  duration(t.mean_epoch_seconds()).c_str());
     line += buf;
   }
   if (!message.empty()) line += ": " + message;
   std::fprintf(out_, "%s\n", line.c_str());
   std::fflush(out_);
-  index_ = 0;
+  running_.erase(it);
+  draw();
 }
 
 void Progress::note(const std::string& text) {

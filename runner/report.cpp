@@ -9,7 +9,7 @@
 #include <set>
 
 #include "json.hpp"
-#include "sweep_runner.hpp"
+#include "usage_error.hpp"
 
 namespace dprun {
 
@@ -148,66 +148,110 @@ std::string default_database(const std::string& command) {
   throw UsageError(msg);
 }
 
-std::string format_report(dps::Store& store) {
-  auto experiments = store.query("SELECT id, name, description FROM experiments ORDER BY id");
-  if (experiments.rows.empty()) return "no experiments in " + store.path() + "\n";
+namespace {
+
+// Each recorded setting of a stored trial as (column, text), in table order; a setting the
+// database predates reads as its default.
+std::vector<std::pair<std::string, std::string>> setting_texts(const SettingTable& table,
+                                                               const dps::TrialRow& trial) {
+  const TrialSettings settings = settings_from_store(table, trial.settings);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = 0; i < table.recorded().size(); ++i)
+    out.emplace_back(table.recorded()[i]->column, setting_text(settings.at(i)));
+  return out;
+}
+
+std::string fixed(const std::optional<double>& v, const char* fmt) {
+  if (!v) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, fmt, *v);
+  return buf;
+}
+
+}  // namespace
+
+std::string ExperimentTrials::label(size_t i) const {
   std::string out;
-  for (const auto& e : experiments.rows) {
-    const std::string id = e[0].value_or("0");
-    auto r = store.query(
-        "SELECT s.model, s.model_options, s.dataset, s.gpus, s.batch_size, s.per_gpu_batch, s.lr, "
-        "s.epochs, s.seed, s.momentum, s.weight_decay, s.precision, s.layout, s.bn_mode, "
-        "s.train_limit, s.test_limit, s.status, s.epochs_done, s.final_test_acc, "
-        "s.best_test_acc, s.mean_seconds_per_epoch, c.speedup, s.backend, s.error "
-        "FROM trial_summary s LEFT JOIN scaling c ON c.trial_id = s.trial_id "
-        "WHERE s.experiment_id = " +
-        id + " ORDER BY s.ordinal, s.trial_id");
-    out += "experiment " + e[1].value_or("?");
-    if (e[2] && !e[2]->empty()) out += ": " + *e[2];
+  for (size_t c : shown) {
+    const auto& [name, text] = settings[i][c];
+    out += out.empty() ? (name == "model" ? text : name + "=" + text) : " " + name + "=" + text;
+  }
+  return out;
+}
+
+std::string ExperimentTrials::setting(size_t i, const std::string& column) const {
+  for (const auto& [name, text] : settings[i])
+    if (name == column) return text;
+  return "";
+}
+
+std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const SettingTable& table) {
+  std::vector<ExperimentTrials> out;
+  for (const auto& e : store.experiments()) {
+    ExperimentTrials x;
+    x.experiment = e;
+    x.trials = store.trial_summaries(e.id);
+    for (const auto& t : x.trials) x.settings.push_back(setting_texts(table, t.trial));
+    for (const Setting* row : table.recorded()) x.baseline_may_differ.push_back(row->baseline_may_differ);
+    if (!x.settings.empty()) {
+      for (size_t c = 0; c < x.settings[0].size(); ++c) {
+        std::set<std::string> distinct;
+        for (const auto& row : x.settings) distinct.insert(row[c].second);
+        const std::string& name = x.settings[0][c].first;
+        if (name == "model" || name == "gpus" || (distinct.size() > 1 && name != "data_path"))
+          x.shown.push_back(c);
+      }
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+std::string format_report(dps::Store& store, const SettingTable& table) {
+  const auto experiments = experiment_trials(store, table);
+  if (experiments.empty()) return "no experiments in " + store.path() + "\n";
+  std::string out;
+  for (const auto& x : experiments) {
+    const auto& e = x.experiment;
+    const auto& trials = x.trials;
+    const auto& settings = x.settings;
+    const auto& shown = x.shown;
+    out += "experiment " + e.name;
+    if (!e.description.empty()) out += ": " + e.description;
     out +=
-        " (" + std::to_string(r.rows.size()) + " trial" + (r.rows.size() == 1 ? "" : "s") + ")\n";
-    if (r.rows.empty()) {
+        " (" + std::to_string(trials.size()) + " trial" + (trials.size() == 1 ? "" : "s") + ")\n";
+    if (trials.empty()) {
       out += "\n";
       continue;
     }
-    // Settings: the model and gpus always, every other one only when it varies.
-    constexpr size_t kSettings = 16;
-    std::vector<size_t> shown;
-    for (size_t c = 0; c < kSettings; ++c) {
-      std::set<std::string> distinct;
-      for (const auto& row : r.rows) distinct.insert(row[c].value_or("NULL"));
-      if (c == 0 || c == 3 || distinct.size() > 1) shown.push_back(c);
-    }
-    auto fixed = [](const std::optional<std::string>& v, const char* fmt) -> std::string {
-      if (!v) return "-";
-      char buf[32];
-      std::snprintf(buf, sizeof buf, fmt, std::strtod(v->c_str(), nullptr));
-      return buf;
-    };
     std::vector<std::vector<std::string>> table;
     std::vector<std::string> header;
-    for (size_t c : shown) header.push_back(r.columns[c]);
+    for (size_t c : shown) header.push_back(settings[0][c].first);
     for (const char* h :
          {"status", "epochs", "final_acc", "best_acc", "s/epoch", "speedup", "backend"})
       header.push_back(h);
     table.push_back(header);
     std::vector<std::string> errors;
-    for (const auto& row : r.rows) {
+    for (size_t i = 0; i < trials.size(); ++i) {
+      const dps::TrialSummary& t = trials[i];
       std::vector<std::string> cells;
-      for (size_t c : shown) cells.push_back(row[c].value_or("NULL"));
-      cells.push_back(row[16].value_or(""));
-      cells.push_back(row[17].value_or("0") + "/" + row[7].value_or("?"));
-      cells.push_back(fixed(row[18], "%.4f"));
-      cells.push_back(fixed(row[19], "%.4f"));
-      cells.push_back(fixed(row[20], "%.2f"));
-      cells.push_back(row[21] ? fixed(row[21], "%.2fx") : "-");
-      cells.push_back(row[22].value_or("-"));
+      for (size_t c : shown) cells.push_back(settings[i][c].second);
+      cells.push_back(dps::status_name(t.trial.status));
+      std::string epochs = "?";
+      for (const auto& [name, text] : settings[i])
+        if (name == "epochs") epochs = text;
+      cells.push_back(std::to_string(t.trial.epochs_done) + "/" + epochs);
+      cells.push_back(fixed(t.final_test_acc, "%.4f"));
+      cells.push_back(fixed(t.best_test_acc, "%.4f"));
+      cells.push_back(fixed(t.mean_seconds_per_epoch, "%.2f"));
+      cells.push_back(fixed(t.speedup, "%.2fx"));
+      cells.push_back(t.trial.backend.empty() ? "-" : t.trial.backend);
       table.push_back(cells);
-      if (row[23] && !row[23]->empty()) {
+      if (!t.trial.error.empty()) {
         std::string label;
         for (size_t c : shown)
-          label += (label.empty() ? "" : " ") + r.columns[c] + "=" + row[c].value_or("NULL");
-        errors.push_back(label + ": " + *row[23]);
+          label += (label.empty() ? "" : " ") + settings[i][c].first + "=" + settings[i][c].second;
+        errors.push_back(label + ": " + t.trial.error);
       }
     }
     out += format_aligned(table, "  ");

@@ -1,6 +1,7 @@
 // Sweep expansion: the validated bindings of an experiment file become an ordered list of
 // fully resolved trials (first axis outermost), each with its canonical settings and hash.
 #include <cstdio>
+#include <map>
 #include <set>
 
 #include "experiment_detail.hpp"
@@ -43,18 +44,6 @@ class Trial {
     const Binding& b = it->second;
     return b.axis < 0 ? &b.fixed : &b.points[point_[b.axis]];
   }
-  int64_t integer(const std::string& key, int64_t fallback) const {
-    auto* v = get(key);
-    return v ? std::get<int64_t>(v->value) : fallback;
-  }
-  double number(const std::string& key, double fallback) const {
-    auto* v = get(key);
-    return v ? std::get<double>(v->value) : fallback;
-  }
-  std::string text(const std::string& key, const std::string& fallback) const {
-    auto* v = get(key);
-    return v ? std::get<std::string>(v->value) : fallback;
-  }
 
  private:
   const Validated& v_;
@@ -85,71 +74,99 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
   std::vector<size_t> point(v.axes.size(), 0);
   for (int64_t n = 0; n < count; ++n) {
     Trial t(v, point);
-    dps::TrialSettings s;
-    s.model = t.text("model", "");
-    s.dataset = v.dataset;
-    s.data_path = v.data_path;
-    s.gpus = t.integer("gpus", 1);
-    if (t.get("per_gpu_batch")) {
-      s.batch_size = t.integer("per_gpu_batch", 0) * s.gpus;
-    } else {
-      s.batch_size = t.integer("batch_size", 256);
-    }
-    s.per_gpu_batch = s.batch_size / s.gpus;
-    s.lr = t.number("lr", 0.1);
-    if (t.text("lr_scaling", "none") == "linear") {
-      s.lr = s.lr * static_cast<double>(s.batch_size) /
-             static_cast<double>(t.integer("base_batch", 256));
-    }
-    s.epochs = t.integer("epochs", 10);
-    s.seed = t.integer("seed", 0);
-    s.optimizer = t.text("optimizer", "sgd");
-    s.momentum = t.number("momentum", 0.0);
-    s.weight_decay = t.number("weight_decay", 0.0);
-    s.precision = t.text("precision", "fp32");
-    s.layout = t.text("layout", "nchw");
-    s.bn_mode = t.text("bn", "per-replica");
-    s.eval_batch_size = t.integer("eval_batch_size", 0);
-    s.train_limit = t.integer("train_limit", 0);
-    s.test_limit = t.integer("test_limit", 0);
-    s.backend_request = t.text("backend", "auto");
+    // The settings: every key given for this point (fixed or from an axis), with what the
+    // inputs imply; then those set outside [train] and [sweep].
+    std::map<std::string, SettingValue> given;
+    for (const auto& [key, b] : v.bindings)
+      if (key.rfind("model.", 0) != 0) given[key] = t.get(key)->value;
+    TrialSettings s = settings_from_keys(*v.settings, given);
+    s.set("dataset", v.dataset);
+    s.set("data_path", v.data_path);
+    const std::string model = s.text("model");
+    const int64_t gpus = s.integer("gpus");
+    const int64_t batch_size = s.integer("batch_size");
+    const int64_t eval_batch_size = s.integer("eval_batch_size");
 
     // Every replica needs at least one example of each batch.
     auto smaller_than_gpus = [&](const char* key, int64_t batch) {
       const Val* where = t.get(key);
       if (!where && std::string(key) == "batch_size") where = t.get("gpus");
-      const Val* gpus = t.get("gpus");
+      const Val* gpus_at = t.get("gpus");
       diag.add(where ? where->pos : v.train_pos, where ? where->path : std::string("train.") + key,
                std::string(key) + " " + std::to_string(batch) + " is smaller than gpus " +
-                   std::to_string(s.gpus) + (gpus ? " (" + gpus->path + ")" : "") +
+                   std::to_string(gpus) + (gpus_at ? " (" + gpus_at->path + ")" : "") +
                    ": every GPU needs at least one example per batch");
     };
-    if (s.batch_size < s.gpus) smaller_than_gpus("batch_size", s.batch_size);
-    if (s.eval_batch_size != 0 && s.eval_batch_size < s.gpus)
-      smaller_than_gpus("eval_batch_size", s.eval_batch_size);
+    if (batch_size < gpus) smaller_than_gpus("batch_size", batch_size);
+    // Every process runs the same number of replicas.
+    if (const int64_t processes = s.integer("processes"); gpus % processes != 0) {
+      const Val* where = t.get("processes");
+      const Val* gpus_at = t.get("gpus");
+      diag.add(where     ? where->pos
+               : gpus_at ? gpus_at->pos
+                         : v.train_pos,
+               where     ? where->path
+               : gpus_at ? gpus_at->path
+                         : std::string("train.processes"),
+               "gpus " + std::to_string(gpus) + (gpus_at ? " (" + gpus_at->path + ")" : "") +
+                   " is not divisible by processes " + std::to_string(processes) +
+                   ": each process runs gpus / processes replicas (e.g. gpus = 16, processes = "
+                   "2 is 2 hosts x 8 GPUs)");
+    }
+    if (eval_batch_size != 0 && eval_batch_size < gpus)
+      smaller_than_gpus("eval_batch_size", eval_batch_size);
+
+    // A key given for this trial that its other settings make meaningless is a mistake, not
+    // something to ignore: say so at the key.
+    auto does_not_apply = [&](const char* key, const std::string& why) {
+      if (const Val* where = t.get(key)) diag.add(where->pos, where->path, why);
+    };
+    const std::string& optimizer = s.text("optimizer");
+    if (optimizer != "sgd") {
+      for (const char* key : {"momentum", "nesterov"})
+        does_not_apply(key, std::string(key) + " applies to optimizer \"sgd\"; this trial's "
+                            "optimizer is \"" + optimizer + "\" (it has betas and eps)");
+    }
+    if (optimizer != "adamw") {
+      for (const char* key : {"betas", "eps"})
+        does_not_apply(key, std::string(key) + " applies to optimizer \"adamw\"; this trial's "
+                            "optimizer is \"" + optimizer + "\"");
+    }
+    if (optimizer == "sgd" && s.boolean("nesterov") && s.number("momentum") == 0.0)
+      does_not_apply("nesterov", "nesterov = true needs momentum > 0 (as PyTorch's SGD)");
+    if (s.text("lr_schedule") != "step") {
+      for (const char* key : {"lr_step_epochs", "lr_gamma"})
+        does_not_apply(key, std::string(key) + " applies to lr_schedule = \"step\"; this "
+                            "trial's schedule is \"" + s.text("lr_schedule") + "\"");
+    }
+    if (s.number("warmup_epochs") > static_cast<double>(s.integer("epochs")))
+      does_not_apply("warmup_epochs", "warmup_epochs " + shortest(s.number("warmup_epochs")) +
+                                          " is longer than the training (" +
+                                          std::to_string(s.integer("epochs")) + " epochs)");
 
     // Plugin options: declared defaults, then the [model.<name>] table, then swept options.
-    const dp::ModelFactory& factory = catalog.models.at(s.model);
+    const dp::ModelFactory& factory = catalog.models.at(model);
     dp::ModelOptions resolved;
     for (const auto& o : factory.options) resolved[o.name] = o.default_value;
-    if (auto it = v.model_tables.find(s.model); it != v.model_tables.end()) {
-      for (const auto& [name, val] : it->second) resolved[name] = val.value;
+    if (auto it = v.model_tables.find(model); it != v.model_tables.end()) {
+      for (const auto& [name, val] : it->second) resolved[name] = option_value(val.value);
     }
-    const std::string option_prefix = "model." + s.model + ".";
+    const std::string option_prefix = "model." + model + ".";
     for (const auto& [key, b] : v.bindings) {
       if (key.rfind(option_prefix, 0) != 0) continue;
-      resolved[key.substr(option_prefix.size())] = t.get(key)->value;
+      resolved[key.substr(option_prefix.size())] = option_value(t.get(key)->value);
       option_axes_used.insert(key);
     }
-    s.model_options_json = options_json(resolved);
+    s.set("model_options", options_json(resolved));
 
     // The label shows the learning rate a trial runs with: with linear scaling that is the
     // scaled one, which varies with the batch even when lr itself is not swept.
-    const bool scaled = t.text("lr_scaling", "none") == "linear";
+    const Val* scaling = t.get("lr_scaling");
+    const bool scaled = scaling && std::get<std::string>(scaling->value) == "linear";
     auto lr_text = [&] {
-      if (!scaled) return shortest(s.lr);
+      if (!scaled) return shortest(s.number("lr"));
       char buf[32];  // a product: 0.1 * 768 / 256 shows as 0.3, not 0.30000000000000004
-      std::snprintf(buf, sizeof buf, "%.6g", s.lr);
+      std::snprintf(buf, sizeof buf, "%.6g", s.number("lr"));
       return std::string(buf);
     };
     bool lr_shown = false;
@@ -169,9 +186,7 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     }
     if (scaled && !lr_shown && !v.axes.empty()) label += " lr=" + lr_text();
 
-    TrialSpec spec;
-    spec.settings = s;
-    spec.model_options = resolved;
+    TrialSpec spec{0, s, resolved, "", "", ""};
     spec.canonical = canonical_settings(s);
     spec.config_hash = config_hash(s);
     spec.label = label;

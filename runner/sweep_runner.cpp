@@ -1,3 +1,6 @@
+// Running a sweep: reconcile its trials with the store, then run those that need it, each in its
+// own process (trial_run.cpp), as many at once as the scheduler lets, recording every epoch as
+// it arrives. Loading and planning: sweep_plan.cpp.
 #include "sweep_runner.hpp"
 
 #include <errno.h>
@@ -6,19 +9,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <set>
 
-#include "cli.hpp"
-#include "dp/version.hpp"
-#include "plugin_loader.hpp"
 #include "progress.hpp"
 #include "report.hpp"
-#include "trial_process.hpp"
+#include "scheduler.hpp"
+#include "trial_run.hpp"
 
 namespace dprun {
 
@@ -33,543 +32,45 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-// ---- settings as text, filters
-// -------------------------------------------------------------------
-
-namespace {
-
-std::string num(double d) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, d);
-  return std::string(buf, res.ptr);
-}
-
-std::optional<double> as_number(const std::string& s) {
-  double d = 0;
-  auto res = std::from_chars(s.data(), s.data() + s.size(), d);
-  if (res.ec != std::errc() || res.ptr != s.data() + s.size()) return std::nullopt;
-  return d;
-}
-
-bool same_value(const std::string& stored, const std::string& wanted) {
-  auto a = as_number(stored), b = as_number(wanted);
-  if (a && b) return std::fabs(*a - *b) <= 1e-12 * std::max({1.0, std::fabs(*a), std::fabs(*b)});
-  return stored == wanted;
-}
-
-}  // namespace
-
-std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec) {
-  const dps::TrialSettings& s = spec.settings;
-  std::map<std::string, std::string> v{
-      {"model", s.model},
-      {"dataset", s.dataset},
-      {"gpus", std::to_string(s.gpus)},
-      {"batch_size", std::to_string(s.batch_size)},
-      {"per_gpu_batch", std::to_string(s.per_gpu_batch)},
-      {"lr", num(s.lr)},
-      {"epochs", std::to_string(s.epochs)},
-      {"seed", std::to_string(s.seed)},
-      {"optimizer", s.optimizer},
-      {"momentum", num(s.momentum)},
-      {"weight_decay", num(s.weight_decay)},
-      {"precision", s.precision},
-      {"layout", s.layout},
-      {"bn_mode", s.bn_mode},
-      {"eval_batch_size", std::to_string(s.eval_batch_size)},
-      {"train_limit", std::to_string(s.train_limit)},
-      {"test_limit", std::to_string(s.test_limit)},
-      {"backend", s.backend_request},
-  };
-  for (const auto& [name, value] : spec.model_options)
-    v["option." + name] = std::holds_alternative<double>(value) ? num(std::get<double>(value))
-                                                                : dp::option_to_string(value);
-  return v;
-}
-
-bool trial_matches(const TrialSpec& spec,
-                   const std::vector<std::pair<std::string, std::string>>& filters) {
-  if (filters.empty()) return true;
-  const auto values = trial_setting_values(spec);
-  std::map<std::string, bool> matched;  // per key: any of its values matched
-  for (const auto& [key, wanted] : filters) {
-    auto it = values.find(key);
-    if (it == values.end() && key.rfind("option.", 0) != 0) {
-      std::string known;
-      for (const auto& [k, unused] : values)
-        if (k.rfind("option.", 0) != 0) known += (known.empty() ? "" : ", ") + k;
-      throw UsageError("--filter " + key + "=" + wanted + ": unknown setting \"" + key +
-                       "\"; known: " + known + ", option.NAME (a model option)");
-    }
-    bool ok = it != values.end() && same_value(it->second, wanted);
-    matched[key] = matched[key] || ok;
-  }
-  return std::all_of(matched.begin(), matched.end(), [](const auto& kv) { return kv.second; });
-}
-
-std::string trial_display_name(const TrialSpec& spec) {
-  if (spec.label.empty()) return spec.settings.model;
-  if (spec.label.find("model=") != std::string::npos) return spec.label;
-  return spec.settings.model + " " + spec.label;
-}
-
-std::string database_path(const Experiment& experiment, const SweepOptions& options) {
-  if (!options.db.empty()) return options.db;
-  if (!experiment.database.empty()) return experiment.database;
-  return "results/" + experiment.name + ".db";
-}
-
-// ---- plan
-// ----------------------------------------------------------------------------------------
-
-std::string PlannedTrial::describe() const {
-  if (action == TrialAction::run) return why == "new" ? "run" : why;
-  return "skip: " + why;
-}
-
-std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
-                                      const std::map<std::string, dps::TrialRow>& stored,
-                                      const SweepOptions& options) {
-  std::vector<PlannedTrial> plan;
-  for (const TrialSpec& spec : experiment.trials) {
-    PlannedTrial p;
-    p.spec = &spec;
-    if (auto it = stored.find(spec.config_hash); it != stored.end()) p.row = it->second;
-    if (!trial_matches(spec, options.filters)) {
-      p.action = TrialAction::skip;
-      p.why = "filtered out";
-    } else if (!p.row) {
-      p.why = "new";
-    } else {
-      using S = dps::TrialStatus;
-      switch (p.row->status) {
-        case S::pending:
-          p.why = "run";
-          break;
-        case S::done:
-          if (options.rerun) {
-            p.why = "rerun: done (--rerun)";
-          } else {
-            p.action = TrialAction::skip;
-            p.why = "done";
-          }
-          break;
-        case S::failed:
-          p.why = "rerun: failed";
-          break;
-        case S::diverged:
-          p.why = "rerun: diverged";
-          break;
-        case S::interrupted:
-          p.why = "restart: interrupted";
-          break;
-        case S::skipped:
-          p.why = "rerun: skipped before";
-          break;
-        case S::running:
-          // After recover_stale, a trial still running belongs to a live dprun elsewhere.
-          p.action = TrialAction::skip;
-          p.why = "running in another dprun (pid " + std::to_string(p.row->runner_pid) +
-                  (p.row->host.empty() ? "" : " on " + p.row->host) + ")";
-          break;
-      }
-    }
-    plan.push_back(std::move(p));
-  }
-  return plan;
-}
-
-// ---- loading
-// -------------------------------------------------------------------------------------
-
-Experiment load_sweep(const SweepOptions& options) {
-  if (!options.backend.empty() && options.backend != "auto" && options.backend != "cpu" &&
-      options.backend != "cuda")
-    throw UsageError("--backend " + options.backend + ": expected auto, cpu or cuda");
-  PluginScan scan = scan_plugins(options.plugin_dirs);
-  for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: warning: %s\n", e.c_str());
-  ModelCatalog catalog;
-  for (const auto& [name, m] : scan.models) catalog.models[name] = m.factory;
-  ParseOptions parse;
-  parse.force = options.force;
-  Experiment experiment = load_experiment(options.file, catalog, parse);
-  // Unknown filter keys are command-line errors, found before anything runs.
-  if (!experiment.trials.empty()) trial_matches(experiment.trials.front(), options.filters);
-  // option.NAME must be an option of a model of this sweep: a misspelt one would silently
-  // filter out every trial.
-  std::set<std::string> option_names;
-  for (const TrialSpec& spec : experiment.trials)
-    for (const auto& [name, value] : spec.model_options) option_names.insert(name);
-  for (const auto& [key, wanted] : options.filters) {
-    if (key.rfind("option.", 0) != 0) continue;
-    const std::string name = key.substr(7);
-    if (option_names.count(name)) continue;
-    std::vector<std::string> names(option_names.begin(), option_names.end());
-    std::string known, hint = did_you_mean(name, names);
-    for (const auto& n : names) known += (known.empty() ? "" : ", ") + ("option." + n);
-    throw UsageError("--filter " + key + "=" + wanted + ": no model of this sweep has an option \"" +
-                     name + "\"" + (hint.empty() ? "" : "; did you mean option." + hint + "?") +
-                     " (options: " + (known.empty() ? "none" : known) + ")");
-  }
-  return experiment;
-}
-
-namespace {
-
-std::string sql_text(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += '\'';
-    out += c;
-  }
-  return out + "'";
-}
-
-// The stored trials of an experiment by config hash; empty when the database or the experiment
-// does not exist. Read-only.
-std::map<std::string, dps::TrialRow> stored_trials_read_only(const std::string& db,
-                                                             const std::string& experiment) {
-  std::map<std::string, dps::TrialRow> rows;
-  if (!fs::exists(db)) return rows;
-  dps::Store store(db, dps::Store::Mode::read_only);
-  auto r = store.query("SELECT id FROM experiments WHERE name = " + sql_text(experiment));
-  if (r.rows.empty() || !r.rows[0][0]) return rows;
-  for (auto& row : store.trials(std::stoll(*r.rows[0][0]))) rows[row.config_hash] = row;
-  return rows;
-}
-
-void print_plan(const Experiment& experiment, const std::string& db,
-                const std::vector<PlannedTrial>& plan) {
-  std::printf("experiment %s: %zu trial%s, database %s%s\n", experiment.name.c_str(), plan.size(),
-              plan.size() == 1 ? "" : "s", db.c_str(), fs::exists(db) ? "" : " (not created yet)");
-  std::vector<std::vector<std::string>> table;
-  table.push_back({"#", "hash", "trial", "action"});
-  for (const auto& p : plan)
-    table.push_back({std::to_string(p.spec->ordinal + 1), p.spec->config_hash.substr(0, 10),
-                     trial_display_name(*p.spec), p.describe()});
-  std::fputs(format_aligned(table).c_str(), stdout);
-  size_t to_run = std::count_if(plan.begin(), plan.end(),
-                                [](const PlannedTrial& p) { return p.action == TrialAction::run; });
-  std::printf("%zu to run, %zu to skip\n", to_run, plan.size() - to_run);
-}
-
-}  // namespace
-
-int plan_sweep(const SweepOptions& options) {
-  Experiment experiment = load_sweep(options);
-  const std::string db = database_path(experiment, options);
-  auto plan = plan_trials(experiment, stored_trials_read_only(db, experiment.name), options);
-  print_plan(experiment, db, plan);
-  return 0;
-}
-
 // ---- running
 // -------------------------------------------------------------------------------------
 
 namespace {
 
-using clock = std::chrono::steady_clock;
-
-double seconds_since(clock::time_point t) {
-  return std::chrono::duration<double>(clock::now() - t).count();
+// Where a trial ran, for the summary: the devices --jobs gave it (else what the trial process
+// found), and the hosts of its processes.
+std::string devices_text(const dps::TrialRow& t, int64_t processes) {
+  if (t.status == dps::TrialStatus::pending) return "-";
+  std::string text = !t.device_set.empty() ? t.device_set : t.devices;
+  if (processes > 1 && !t.hosts.empty()) text += (text.empty() ? "" : " on ") + t.hosts;
+  return text.empty() ? "-" : text;
 }
-
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "";
-  return buf;
-}
-
-struct TrialOutcome {
-  dps::TrialStatus status = dps::TrialStatus::failed;
-  std::string message;
-  int interrupted_by = 0;  // SIGINT / SIGTERM received by the runner
-  bool taken = false;      // another dprun claimed or finished it since the plan: not run here
-};
-
-std::string after_epoch(int64_t epoch) {
-  return epoch > 0 ? "after epoch " + std::to_string(epoch) : "before its first epoch";
-}
-
-// The last few non-empty lines the child wrote, for an error message.
-std::string tail_text(const std::deque<std::string>& tail, size_t lines) {
-  std::vector<std::string> keep;
-  for (auto it = tail.rbegin(); it != tail.rend() && keep.size() < lines; ++it)
-    if (!it->empty()) keep.push_back(*it);
-  std::string out;
-  for (auto it = keep.rbegin(); it != keep.rend(); ++it) out += (out.empty() ? "" : " | ") + *it;
-  return out;
-}
-
-class SweepRun {
- public:
-  SweepRun(dps::Store& store, const Experiment& experiment, const SweepOptions& options,
-           Progress& progress, SignalPipe& signals)
-      : store_(store),
-        experiment_(experiment),
-        options_(options),
-        progress_(progress),
-        signals_(signals) {}
-
-  TrialOutcome run(const TrialSpec& spec, const dps::TrialRow& row, int index) {
-    TrialRequest request;
-    request.ordinal = spec.ordinal;
-    request.settings = spec.settings;
-    request.model_options = spec.model_options;
-    request.data_path = experiment_.data_path;
-    request.plugin_dirs = options_.plugin_dirs;
-    request.backend = options_.backend.empty() ? spec.settings.backend_request : options_.backend;
-    request.oversubscribe = options_.oversubscribe;
-    request.threads = options_.threads;
-
-    // Another dprun on the same database planned from the same rows: whoever claims the trial
-    // first runs it; the other skips it rather than restart it (and drop its epochs).
-    if (!store_.claim_trial(row.id, row.status, getpid(), host_name())) {
-      TrialOutcome taken;
-      taken.taken = true;
-      taken.status = dps::TrialStatus::skipped;
-      auto now = store_.get_trial(row.id);
-      const dps::TrialStatus status = now ? now->status : dps::TrialStatus::running;
-      std::string who;
-      if (now && status == dps::TrialStatus::running)
-        who = " by another dprun (pid " + std::to_string(now->runner_pid) +
-              (now->host.empty() ? "" : " on " + now->host) + ")";
-      progress_.note("[" + std::to_string(index) + "] " + trial_display_name(spec) +
-                     ": skipped: now " + dps::status_name(status) + who);
-      return taken;
-    }
-    progress_.trial_started(index, trial_display_name(spec), spec.settings.epochs);
-    SpawnOptions spawn;
-    if (options_.verbose)
-      spawn.on_output_line = [this](const std::string& l) { progress_.note("  | " + l); };
-    TrialProcess child(request, spawn);
-
-    trial_id_ = row.id;
-    epochs_ = spec.settings.epochs;
-    started_ = false;
-    last_epoch_ = 0;
-    final_.reset();
-    protocol_error_.clear();
-    const auto on_record = [&](const TrialRecord& r) { handle(r, request); };
-
-    const auto t0 = clock::now();
-    auto last_beat = clock::now();
-    TrialOutcome out;
-    bool timed_out = false;
-    while (!child.streams_closed()) {
-      std::vector<pollfd> fds;
-      for (int fd : child.poll_fds()) fds.push_back({fd, POLLIN, 0});
-      fds.push_back({signals_.fd(), POLLIN, 0});
-      double wait = options_.heartbeat_seconds - seconds_since(last_beat);
-      if (options_.trial_timeout > 0)
-        wait = std::min(wait, options_.trial_timeout - seconds_since(t0));
-      wait = std::clamp(wait, 0.0, 1.0);  // at least once a second for the live line
-      int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait * 1000) + 1);
-      if (rc < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
-      if (int sig = signals_.received()) {
-        out.interrupted_by = sig;
-        break;
-      }
-      child.pump(on_record);
-      if (seconds_since(last_beat) >= options_.heartbeat_seconds) {
-        store_.heartbeat(trial_id_);  // claimed: running from here on, even before its start
-        last_beat = clock::now();
-      }
-      if (options_.trial_timeout > 0 && seconds_since(t0) >= options_.trial_timeout &&
-          !child.streams_closed()) {
-        timed_out = true;
-        child.send(SIGKILL);
-        child.reap();
-        child.pump(on_record);  // records written before the kill still count
-        break;
-      }
-      progress_.tick();
-    }
-
-    if (!out.interrupted_by && !timed_out) {
-      child.reap();
-      // Ctrl-C on a terminal signals the whole process group: the trial process can die of it
-      // and close its pipes before the loop above saw the runner's own SIGINT. Without a
-      // result from the child, that is an interrupted trial, not a failed one.
-      if (!final_) out.interrupted_by = signals_.received();
-    }
-    if (out.interrupted_by) {
-      stop(child);
-      out.status = dps::TrialStatus::interrupted;
-      out.message = "interrupted by " + signal_name(out.interrupted_by);
-    } else {
-      child.reap();
-      decide(child, timed_out, out);
-    }
-    if (!started_) start(nullptr, request);
-    store_.finish_trial(trial_id_, out.status, out.message);
-    progress_.trial_finished(out.status, out.message);
-    // A crash leaves no error record: show what the process said last (its own error record
-    // already carries the message).
-    if (out.status == dps::TrialStatus::failed && !final_ && !options_.verbose)
-      for (const auto& l : child.stderr_tail()) progress_.note("  | " + l);
-    return out;
-  }
-
- private:
-  // The start record, or a stand-in when the child ended without one (so finish_trial always
-  // follows start_trial and `attempts` counts every try).
-  void start(const dps::TrialStart* from_child, const TrialRequest& request) {
-    dps::TrialStart s;
-    if (from_child) {
-      s = *from_child;
-    } else {
-      s.backend = request.backend;
-    }
-    s.host = host_name();
-    s.dprun_version = dp::version();
-    s.runner_pid = getpid();
-    store_.start_trial(trial_id_, s);
-    started_ = true;
-  }
-
-  void handle(const TrialRecord& r, const TrialRequest& request) {
-    if (final_) {
-      if (protocol_error_.empty()) protocol_error_ = "trial process wrote records after its result";
-      return;
-    }
-    switch (r.kind) {
-      case TrialRecord::Kind::start:
-        if (started_) {
-          protocol_error_ = "trial process sent two start records";
-          return;
-        }
-        start(&r.start, request);
-        break;
-      case TrialRecord::Kind::epoch: {
-        if (!started_) start(nullptr, request);
-        dps::EpochRow row = r.epoch;
-        row.trial_id = trial_id_;
-        // Each epoch in its own transaction, as soon as it arrives: a crash later keeps it.
-        store_.record_epoch(row);
-        last_epoch_ = row.epoch;
-        progress_.epoch(row);
-        break;
-      }
-      default:
-        final_ = r;
-    }
-  }
-
-  // SIGTERM, then SIGKILL if the child has not gone within a few seconds.
-  void stop(TrialProcess& child) {
-    child.send(SIGTERM);
-    const auto t0 = clock::now();
-    while (!child.try_reap()) {
-      if (seconds_since(t0) > 5) {
-        child.send(SIGKILL);
-        child.reap();
-        break;
-      }
-      ::poll(nullptr, 0, 20);
-    }
-  }
-
-  void decide(const TrialProcess& child, bool timed_out, TrialOutcome& out) {
-    using S = dps::TrialStatus;
-    // A record line that could not be read may have been an epoch: the trial's rows cannot be
-    // trusted to be complete, whatever its final record says.
-    if (protocol_error_.empty() && !child.protocol_error().empty())
-      protocol_error_ = child.protocol_error();
-    if (!protocol_error_.empty() && !timed_out) {
-      out.status = S::failed;
-      out.message = protocol_error_;
-      return;
-    }
-    if (final_) {
-      switch (final_->kind) {
-        case TrialRecord::Kind::done:
-          out.status = S::done;
-          break;
-        case TrialRecord::Kind::diverged:
-          out.status = S::diverged;
-          break;
-        case TrialRecord::Kind::skipped:
-          out.status = S::skipped;
-          break;
-        default:
-          out.status = S::failed;
-          break;
-      }
-      out.message = final_->message;
-      if (out.status == S::done && last_epoch_ < experiment_epochs()) {
-        out.status = S::failed;
-        out.message = "trial process reported done after " + std::to_string(last_epoch_) + " of " +
-                      std::to_string(experiment_epochs()) + " epochs";
-      }
-      return;
-    }
-    out.status = S::failed;
-    if (timed_out) {
-      out.message = "timed out after " + Progress::duration(options_.trial_timeout) +
-                    " (--trial-timeout), " + after_epoch(last_epoch_);
-    } else if (!protocol_error_.empty()) {
-      out.message = protocol_error_;
-    } else if (int sig = child.term_signal()) {
-      out.message = "trial process killed by signal " + std::to_string(sig) + " (" +
-                    signal_name(sig) + ") " + after_epoch(last_epoch_);
-      if (auto t = tail_text(child.stderr_tail(), 3); !t.empty()) out.message += ": " + t;
-    } else if (child.exit_code() != 0) {
-      out.message = "trial process exited with status " + std::to_string(child.exit_code()) + " " +
-                    after_epoch(last_epoch_);
-      if (auto t = tail_text(child.stderr_tail(), 5); !t.empty()) out.message += ": " + t;
-    } else {
-      out.message = "trial process exited without reporting a result " + after_epoch(last_epoch_);
-    }
-  }
-
-  int64_t experiment_epochs() const { return epochs_; }
-
-  dps::Store& store_;
-  const Experiment& experiment_;
-  const SweepOptions& options_;
-  Progress& progress_;
-  SignalPipe& signals_;
-  int64_t trial_id_ = 0;
-  bool started_ = false;
-  int64_t last_epoch_ = 0;
-  std::optional<TrialRecord> final_;
-  std::string protocol_error_;
-  int64_t epochs_ = 0;  // of the trial being run
-};
 
 void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& experiment,
                    const std::string& db) {
-  auto r = store.query(
-      "SELECT trial_id, status, final_test_acc, mean_seconds_per_epoch, epochs_done, error "
-      "FROM trial_summary WHERE experiment_id = " +
-      std::to_string(experiment_id));
-  std::map<std::string, std::vector<std::optional<std::string>>> by_id;
-  for (auto& row : r.rows) by_id[row[0].value_or("")] = row;
-  auto trials = store.trials(experiment_id);
-  std::map<std::string, int64_t> id_by_hash;
-  for (const auto& t : trials) id_by_hash[t.config_hash] = t.id;
+  std::map<std::string, dps::TrialSummary> by_hash;
+  for (auto& t : store.trial_summaries(experiment_id)) by_hash[t.trial.config_hash] = t;
 
-  auto fixed = [](const std::optional<std::string>& v, const char* fmt) -> std::string {
+  auto fixed = [](const std::optional<double>& v, const char* fmt) -> std::string {
     if (!v) return "-";
     char buf[32];
-    std::snprintf(buf, sizeof buf, fmt, std::strtod(v->c_str(), nullptr));
+    std::snprintf(buf, sizeof buf, fmt, *v);
     return buf;
   };
   std::vector<std::vector<std::string>> table;
-  table.push_back({"trial", "status", "epochs", "test_acc", "s/epoch", "note"});
+  table.push_back({"trial", "status", "epochs", "test_acc", "s/epoch", "devices", "note"});
   for (const TrialSpec& spec : experiment.trials) {
-    auto id = id_by_hash.find(spec.config_hash);
-    if (id == id_by_hash.end()) continue;
-    auto row = by_id.find(std::to_string(id->second));
-    if (row == by_id.end()) continue;
-    const auto& v = row->second;
-    std::string note = v[5].value_or("");
+    auto found = by_hash.find(spec.config_hash);
+    if (found == by_hash.end()) continue;
+    const dps::TrialSummary& t = found->second;
+    std::string note = t.trial.error;
     if (auto nl = note.find('\n'); nl != std::string::npos) note = note.substr(0, nl);
     if (note.size() > 80) note = note.substr(0, 77) + "...";
-    table.push_back({trial_display_name(spec), v[1].value_or(""),
-                     v[4].value_or("0") + "/" + std::to_string(spec.settings.epochs),
-                     fixed(v[2], "%.4f"), fixed(v[3], "%.2f"), note});
+    table.push_back({trial_display_name(spec), dps::status_name(t.trial.status),
+                     std::to_string(t.trial.epochs_done) + "/" +
+                         std::to_string(spec.settings.integer("epochs")),
+                     fixed(t.final_test_acc, "%.4f"), fixed(t.mean_seconds_per_epoch, "%.2f"),
+                     devices_text(t.trial, spec.settings.integer("processes")), note});
   }
   std::printf("\nexperiment %s:\n", experiment.name.c_str());
   std::fputs(format_aligned(table, "  ").c_str(), stdout);
@@ -581,18 +82,51 @@ void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& e
   std::fflush(stdout);
 }
 
+// What the scheduler may hand out: nothing with --jobs 1 (each trial has the machine, as
+// always); else the runner's cores, and the GPUs when a trial may run on CUDA (counted in a
+// child process: the runner never initialises CUDA).
+DeviceInventory devices_for(const std::vector<const PlannedTrial*>& trials,
+                            const SweepOptions& options) {
+  DeviceInventory inventory;
+  if (options.jobs == 1) return inventory;
+  inventory.cores = affinity_cores();
+  const bool may_use_gpus = std::any_of(trials.begin(), trials.end(), [&](const auto* p) {
+    const std::string backend =
+        options.backend.empty() ? p->spec->settings.text("backend_request") : options.backend;
+    return backend != "cpu";
+  });
+  if (may_use_gpus) inventory.gpus = visible_gpus("/proc/self/exe");
+  return inventory;
+}
+
+// What a trial asks of the scheduler: its GPUs, or on the CPU backend --threads cores (one per
+// replica without it). A trial whose processes run on other hosts (a hostfile, srun) runs
+// alone; so does every trial with --jobs 1.
+DeviceNeed device_need(const TrialSpec& spec, const Experiment& experiment,
+                       const SweepOptions& options, const DeviceInventory& inventory) {
+  DeviceNeed need;
+  const std::string launcher =
+      !options.launch.launcher.empty() ? options.launch.launcher : experiment.launch.launcher;
+  const bool remote = !options.launch.hostfile.empty() || !experiment.launch.hostfile.empty() ||
+                      launcher == "srun" || (launcher.empty() && std::getenv("SLURM_JOB_ID"));
+  need.exclusive = options.jobs == 1 || (spec.settings.integer("processes") > 1 && remote);
+  const std::string backend =
+      options.backend.empty() ? spec.settings.text("backend_request") : options.backend;
+  const int gpus = static_cast<int>(spec.settings.integer("gpus"));
+  need.kind = backend == "cuda" || (backend == "auto" && !inventory.gpus.empty()) ? DeviceKind::gpu
+                                                                                  : DeviceKind::cpu;
+  need.count = need.kind == DeviceKind::gpu ? gpus : options.threads > 0 ? options.threads : gpus;
+  return need;
+}
+
 }  // namespace
 
 int run_sweep(const SweepOptions& options) {
+  if (options.dry_run) return plan_sweep(options);
   Experiment experiment = load_sweep(options);
   const std::string db = database_path(experiment, options);
-  if (options.dry_run) {
-    auto plan = plan_trials(experiment, stored_trials_read_only(db, experiment.name), options);
-    print_plan(experiment, db, plan);
-    return 0;
-  }
 
-  dps::Store store(db, dps::Store::Mode::read_write);
+  dps::Store store(db, dps::Store::Mode::read_write, experiment.settings->store_columns());
   const int64_t experiment_id =
       store.upsert_experiment(experiment.name, experiment.description, experiment.source);
   if (int n = store.recover_stale(experiment_id, options.stale_seconds))
@@ -601,9 +135,8 @@ int run_sweep(const SweepOptions& options) {
                  n == 1 ? "" : "s");
   std::map<std::string, dps::TrialRow> stored;
   for (const TrialSpec& spec : experiment.trials) {
-    dps::TrialSettings settings = spec.settings;
     stored[spec.config_hash] =
-        store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, settings);
+        store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, to_store(spec.settings));
   }
   const auto plan = plan_trials(experiment, stored, options);
 
@@ -612,7 +145,7 @@ int run_sweep(const SweepOptions& options) {
   for (const auto& p : plan)
     if (p.action == TrialAction::run) {
       to_run.push_back(&p);
-      epochs_to_run += p.spec->settings.epochs;
+      epochs_to_run += p.spec->settings.integer("epochs");
     }
   std::fprintf(stderr, "dprun: experiment %s: %zu trial%s, %zu to run, database %s\n",
                experiment.name.c_str(), plan.size(), plan.size() == 1 ? "" : "s", to_run.size(),
@@ -623,28 +156,76 @@ int run_sweep(const SweepOptions& options) {
   SignalPipe signals;
   const bool live = isatty(fileno(stderr));
   Progress progress(stderr, live, static_cast<int>(to_run.size()), epochs_to_run);
-  SweepRun runner(store, experiment, options, progress, signals);
+  Scheduler scheduler(devices_for(to_run, options), options.jobs);
+  for (size_t i = 0; i < to_run.size(); ++i)
+    scheduler.add(static_cast<int>(i),
+                  device_need(*to_run[i]->spec, experiment, options, scheduler.inventory()));
+  std::map<int, std::unique_ptr<TrialRun>> running;  // by position in to_run
   bool any_failed = false;
   int interrupted_by = 0;
-  int index = 0;
+  // A trial that ended: its devices go to the next ones.
+  auto ended = [&](int i, const TrialOutcome& out) {
+    if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
+      any_failed = true;
+    if (out.interrupted_by && !interrupted_by) interrupted_by = out.interrupted_by;
+    scheduler.release(i);
+  };
   try {
-    for (const PlannedTrial* p : to_run) {
-      if (int sig = signals.received()) {  // arrived between two trials
+    while (!interrupted_by) {
+      if (int sig = signals.received()) {
         interrupted_by = sig;
         break;
       }
-      ++index;
-      TrialOutcome out = runner.run(*p->spec, *p->row, index);
-      if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
-        any_failed = true;
-      if (out.interrupted_by) {
-        interrupted_by = out.interrupted_by;
+      for (const auto& [i, devices] : scheduler.start_now()) {
+        const PlannedTrial& p = *to_run[static_cast<size_t>(i)];
+        auto run = std::make_unique<TrialRun>(store, experiment, options, progress, signals,
+                                              *p.spec, *p.row, i + 1, devices);
+        if (run->claim()) run->start();
+        if (run->done())
+          ended(i, run->outcome());
+        else
+          running.emplace(i, std::move(run));
+      }
+      if (running.empty()) {
+        if (scheduler.waiting() && scheduler.running() == 0)
+          throw std::logic_error("the scheduler has trials waiting that fit nowhere");
+        if (!scheduler.waiting()) break;
+        continue;  // the trials just started were taken or failed at once: start the next ones
+      }
+      std::vector<pollfd> fds;
+      double wait = 1.0;  // at least once a second for the live line
+      for (const auto& [i, run] : running) {
+        for (int fd : run->poll_fds()) fds.push_back({fd, POLLIN, 0});
+        wait = std::min(wait, run->seconds_to_next_duty());
+      }
+      fds.push_back({signals.fd(), POLLIN, 0});
+      wait = std::max(wait, 0.0);
+      int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait * 1000) + 1);
+      if (rc < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
+      if (int sig = signals.received()) {
+        interrupted_by = sig;
         break;
       }
+      for (auto it = running.begin(); it != running.end();) {
+        it->second->pump();
+        if (it->second->done()) {
+          ended(it->first, it->second->outcome());
+          it = running.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      progress.tick();
     }
+    for (auto& [i, run] : running) {
+      run->interrupt(interrupted_by);
+      ended(i, run->outcome());
+    }
+    running.clear();
   } catch (const std::exception& e) {
-    // The store failed under us (disk full, file removed): the trial process is gone with its
-    // TrialProcess; what was written stays, and a re-run recovers the trial left running.
+    // The store failed under us (disk full, file removed): the trial processes go with their
+    // TrialRuns; what was written stays, and a re-run recovers the trials left running.
+    running.clear();
     progress.finish();
     std::fprintf(stderr, "dprun: the sweep stopped: %s\n", e.what());
     return 1;

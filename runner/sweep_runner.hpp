@@ -1,24 +1,20 @@
 #pragma once
 // Running a sweep: load the plugins and the experiment, reconcile its trials with the store,
-// then run the trials that need it, one child process each (trial_process.hpp), writing every
-// epoch as it arrives. Also the read-only plan (`dprun plan`, `dprun run --dry-run`).
+// then run the trials that need it, one child process each (trial_process.hpp; a launcher for a
+// trial of several processes), one after another or several at once on their own devices
+// (scheduler.hpp), writing every epoch as it arrives. Also the read-only plan (`dprun plan`,
+// `dprun run --dry-run`).
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "dpstore/store.hpp"
 #include "experiment.hpp"
+#include "usage_error.hpp"
 
 namespace dprun {
-
-/// A bad command line (exit status 2). what() is the message without the "dprun: " prefix.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct SweepOptions {
   std::string file;
@@ -26,6 +22,7 @@ struct SweepOptions {
   std::string backend;  // "" : as the file says; else auto | cpu | cuda for every trial
   bool dry_run = false;
   bool rerun = false;  // run trials that are already done again
+  bool restart = false;  // failed and interrupted trials start at epoch 1, not at a checkpoint
   bool force = false;  // allow more than 1000 trials
   bool oversubscribe = false;
   bool verbose = false;  // forward the trial processes' output to stderr
@@ -33,9 +30,16 @@ struct SweepOptions {
   std::vector<std::string> plugin_dirs;
   int threads = 0;           // CPU threads per trial (0: all)
   double trial_timeout = 0;  // seconds; 0: none
+  /// Trials at once, each on its own devices (scheduler.hpp); 0: as many as the devices allow
+  /// (--jobs auto); 1: one after another, each with the whole machine.
+  int jobs = 1;
+  /// --launcher and --hostfile replace [launch]'s when not empty; --launch-arg adds to its args.
+  LaunchConfig launch;
   double heartbeat_seconds = 10;
   double stale_seconds = 120;  // a `running` trial whose heartbeat is older is interrupted
   std::string command_line;    // how we were started, for the resume hint
+  /// The settings experiment files may set; null: this dprun's (tests give a later dprun's).
+  const SettingTable* settings = nullptr;
 };
 
 /// What a run would do with one trial.
@@ -45,7 +49,8 @@ struct PlannedTrial {
   std::optional<dps::TrialRow> row;  // the stored trial, when there is one
   TrialAction action = TrialAction::run;
   std::string why;  // "new", "done", "failed", "filtered out", ...
-  /// "run", "skip: done", "restart: interrupted", "rerun: failed", ...
+  /// "run", "skip: done", "restart: interrupted", "rerun: failed", "resume after epoch 3:
+  /// failed", ...
   std::string describe() const;
 };
 
@@ -54,8 +59,8 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
                                       const std::map<std::string, dps::TrialRow>& stored,
                                       const SweepOptions& options);
 
-/// Every setting of a trial by name as text ("gpus" -> "2", "lr" -> "0.4", "option.hidden" ->
-/// "128"), for --filter and display.
+/// Every setting of a trial by column and by key as text ("gpus" -> "2", "lr" -> "0.4",
+/// "bn" and "bn_mode" -> "per-replica", "option.hidden" -> "128"), for --filter.
 std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec);
 
 /// `s` as one word for a POSIX shell (unchanged when it needs no quoting), for the commands

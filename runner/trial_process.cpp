@@ -2,266 +2,25 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <stdexcept>
 #include <system_error>
 
+#include "launch.hpp"
+
+extern char** environ;
+
 namespace dprun {
-
-// ---- request ---------------------------------------------------------------------------------
-
-Json model_options_to_json(const dp::ModelOptions& options) {
-  Json o = Json::object();
-  for (const auto& [name, value] : options) {
-    if (const auto* b = std::get_if<bool>(&value)) {
-      o.set(name, Json::boolean(*b));
-    } else if (const auto* i = std::get_if<int64_t>(&value)) {
-      o.set(name, Json::integer(*i));
-    } else if (const auto* d = std::get_if<double>(&value)) {
-      // A float option must stay a float: "1" would come back as an int.
-      Json n = Json::number(*d);
-      std::string text = n.dump();
-      if (text.find_first_of(".eE") == std::string::npos && n.type() == Json::Type::number)
-        n = Json::parse(text + ".0");
-      o.set(name, n);
-    } else {
-      o.set(name, Json::string(std::get<std::string>(value)));
-    }
-  }
-  return o;
-}
-
-dp::ModelOptions model_options_from_json(const Json& json) {
-  dp::ModelOptions options;
-  for (const auto& [name, v] : json.members()) {
-    switch (v.type()) {
-      case Json::Type::boolean:
-        options[name] = v.as_bool();
-        break;
-      case Json::Type::number:
-        if (v.is_integer_text())
-          options[name] = v.as_int();
-        else
-          options[name] = v.as_double();
-        break;
-      case Json::Type::string:
-        options[name] = v.as_string();
-        break;
-      default:
-        throw JsonError("model option \"" + name + "\": unsupported JSON type");
-    }
-  }
-  return options;
-}
-
-namespace {
-
-Json settings_to_json(const dps::TrialSettings& s) {
-  Json o = Json::object();
-  o.set("model", Json::string(s.model));
-  o.set("model_options_json", Json::string(s.model_options_json));
-  o.set("dataset", Json::string(s.dataset));
-  o.set("data_path", Json::string(s.data_path));
-  o.set("gpus", Json::integer(s.gpus));
-  o.set("batch_size", Json::integer(s.batch_size));
-  o.set("per_gpu_batch", Json::integer(s.per_gpu_batch));
-  o.set("lr", Json::number(s.lr));
-  o.set("epochs", Json::integer(s.epochs));
-  o.set("seed", Json::integer(s.seed));
-  o.set("optimizer", Json::string(s.optimizer));
-  o.set("momentum", Json::number(s.momentum));
-  o.set("weight_decay", Json::number(s.weight_decay));
-  o.set("precision", Json::string(s.precision));
-  o.set("layout", Json::string(s.layout));
-  o.set("bn_mode", Json::string(s.bn_mode));
-  o.set("eval_batch_size", Json::integer(s.eval_batch_size));
-  o.set("train_limit", Json::integer(s.train_limit));
-  o.set("test_limit", Json::integer(s.test_limit));
-  o.set("backend_request", Json::string(s.backend_request));
-  return o;
-}
-
-// Each field read names itself when it is missing or of the wrong type.
-template <class F>
-auto field(const Json& o, const std::string& key, F read) {
-  try {
-    return read(o.at(key));
-  } catch (const JsonError& e) {
-    throw JsonError("trial request: \"" + key + "\": " + e.what());
-  }
-}
-
-dps::TrialSettings settings_from_json(const Json& o) {
-  auto str = [&](const char* k) {
-    return field(o, k, [](const Json& j) { return j.as_string(); });
-  };
-  auto i64 = [&](const char* k) { return field(o, k, [](const Json& j) { return j.as_int(); }); };
-  auto dbl = [&](const char* k) {
-    return field(o, k, [](const Json& j) { return j.as_double(); });
-  };
-  dps::TrialSettings s;
-  s.model = str("model");
-  s.model_options_json = str("model_options_json");
-  s.dataset = str("dataset");
-  s.data_path = str("data_path");
-  s.gpus = i64("gpus");
-  s.batch_size = i64("batch_size");
-  s.per_gpu_batch = i64("per_gpu_batch");
-  s.lr = dbl("lr");
-  s.epochs = i64("epochs");
-  s.seed = i64("seed");
-  s.optimizer = str("optimizer");
-  s.momentum = dbl("momentum");
-  s.weight_decay = dbl("weight_decay");
-  s.precision = str("precision");
-  s.layout = str("layout");
-  s.bn_mode = str("bn_mode");
-  s.eval_batch_size = i64("eval_batch_size");
-  s.train_limit = i64("train_limit");
-  s.test_limit = i64("test_limit");
-  s.backend_request = str("backend_request");
-  return s;
-}
-
-}  // namespace
-
-Json request_to_json(const TrialRequest& r) {
-  Json o = Json::object();
-  o.set("ordinal", Json::integer(r.ordinal));
-  o.set("settings", settings_to_json(r.settings));
-  o.set("model_options", model_options_to_json(r.model_options));
-  o.set("data_path", Json::string(r.data_path));
-  Json dirs = Json::array();
-  for (const auto& d : r.plugin_dirs) dirs.push(Json::string(d));
-  o.set("plugin_dirs", dirs);
-  o.set("backend", Json::string(r.backend));
-  o.set("oversubscribe", Json::boolean(r.oversubscribe));
-  o.set("threads", Json::integer(r.threads));
-  return o;
-}
-
-TrialRequest request_from_json(const Json& o) {
-  TrialRequest r;
-  r.ordinal = field(o, "ordinal", [](const Json& j) { return j.as_int(); });
-  r.settings = field(o, "settings", [](const Json& j) { return settings_from_json(j); });
-  r.model_options =
-      field(o, "model_options", [](const Json& j) { return model_options_from_json(j); });
-  r.data_path = field(o, "data_path", [](const Json& j) { return j.as_string(); });
-  r.plugin_dirs = field(o, "plugin_dirs", [](const Json& j) {
-    std::vector<std::string> dirs;
-    for (const auto& d : j.items()) dirs.push_back(d.as_string());
-    return dirs;
-  });
-  r.backend = field(o, "backend", [](const Json& j) { return j.as_string(); });
-  r.oversubscribe = field(o, "oversubscribe", [](const Json& j) { return j.as_bool(); });
-  r.threads = static_cast<int>(field(o, "threads", [](const Json& j) { return j.as_int(); }));
-  return r;
-}
-
-// ---- records ---------------------------------------------------------------------------------
-
-std::string encode_record(const TrialRecord& r) {
-  Json o = Json::object();
-  switch (r.kind) {
-    case TrialRecord::Kind::start:
-      o.set("type", Json::string("start"));
-      o.set("backend", Json::string(r.start.backend));
-      o.set("devices", Json::string(r.start.devices));
-      o.set("plugin_path", Json::string(r.start.plugin_path));
-      o.set("plugin_sha256", Json::string(r.start.plugin_sha256));
-      o.set("oversubscribed", Json::boolean(r.start.oversubscribed));
-      break;
-    case TrialRecord::Kind::epoch:
-      o.set("type", Json::string("epoch"));
-      o.set("epoch", Json::integer(r.epoch.epoch));
-      o.set("train_loss", Json::number(r.epoch.train_loss));
-      o.set("train_acc", Json::number(r.epoch.train_acc));
-      o.set("test_acc", Json::number(r.epoch.test_acc));
-      o.set("seconds", Json::number(r.epoch.seconds));
-      o.set("examples_per_second", Json::number(r.epoch.examples_per_second));
-      o.set("lr", Json::number(r.epoch.lr));
-      o.set("eval_seconds", Json::number(r.epoch.eval_seconds));
-      o.set("peak_memory_bytes", Json::integer(r.epoch.peak_memory_bytes));
-      break;
-    case TrialRecord::Kind::done:
-      o.set("type", Json::string("done"));
-      break;
-    case TrialRecord::Kind::diverged:
-      o.set("type", Json::string("diverged"));
-      o.set("reason", Json::string(r.message));
-      break;
-    case TrialRecord::Kind::skipped:
-      o.set("type", Json::string("skipped"));
-      o.set("reason", Json::string(r.message));
-      break;
-    case TrialRecord::Kind::error:
-      o.set("type", Json::string("error"));
-      o.set("message", Json::string(r.message));
-      break;
-  }
-  return o.dump();
-}
-
-TrialRecord decode_record(const std::string& line) {
-  Json o = Json::parse(line);
-  TrialRecord r;
-  const std::string& type = o.at("type").as_string();
-  if (type == "start") {
-    r.kind = TrialRecord::Kind::start;
-    r.start.backend = o.at("backend").as_string();
-    r.start.devices = o.at("devices").as_string();
-    r.start.plugin_path = o.at("plugin_path").as_string();
-    r.start.plugin_sha256 = o.at("plugin_sha256").as_string();
-    r.start.oversubscribed = o.at("oversubscribed").as_bool();
-  } else if (type == "epoch") {
-    r.kind = TrialRecord::Kind::epoch;
-    r.epoch.epoch = o.at("epoch").as_int();
-    r.epoch.train_loss = o.at("train_loss").as_double();
-    r.epoch.train_acc = o.at("train_acc").as_double();
-    r.epoch.test_acc = o.at("test_acc").as_double();
-    r.epoch.seconds = o.at("seconds").as_double();
-    r.epoch.examples_per_second = o.at("examples_per_second").as_double();
-    r.epoch.lr = o.at("lr").as_double();
-    r.epoch.eval_seconds = o.at("eval_seconds").as_double();
-    r.epoch.peak_memory_bytes = o.at("peak_memory_bytes").as_int();
-  } else if (type == "done") {
-    r.kind = TrialRecord::Kind::done;
-  } else if (type == "diverged") {
-    r.kind = TrialRecord::Kind::diverged;
-    r.message = o.at("reason").as_string();
-  } else if (type == "skipped") {
-    r.kind = TrialRecord::Kind::skipped;
-    r.message = o.at("reason").as_string();
-  } else if (type == "error") {
-    r.kind = TrialRecord::Kind::error;
-    r.message = o.at("message").as_string();
-  } else {
-    throw JsonError("unknown record type \"" + type + "\"");
-  }
-  return r;
-}
-
-void RecordWriter::write(const TrialRecord& record) { write_line(encode_record(record)); }
-
-void RecordWriter::write_line(const std::string& text) {
-  const std::string line = text + "\n";
-  size_t done = 0;
-  while (done < line.size()) {
-    ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(),
-                              "writing a trial record to fd " + std::to_string(fd_));
-    }
-    done += static_cast<size_t>(n);
-  }
-}
 
 // ---- signals -----------------------------------------------------------------------------------
 
@@ -361,6 +120,28 @@ int high_fd(int fd) {
   return h;
 }
 
+// The environment of the runner with `overrides` (NAME=VALUE) replacing or adding entries.
+std::vector<std::string> child_environment(const std::vector<std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(overrides.begin(), overrides.end(), [&](const auto& o) {
+      return o.compare(0, name.size() + 1, name + "=") == 0;
+    });
+    if (!replaced) env.push_back(entry);
+  }
+  env.insert(env.end(), overrides.begin(), overrides.end());
+  return env;
+}
+
+std::vector<char*> pointers(std::vector<std::string>& words) {
+  std::vector<char*> out;
+  for (auto& w : words) out.push_back(w.data());
+  out.push_back(nullptr);
+  return out;
+}
+
 }  // namespace
 
 TrialProcess::TrialProcess(const TrialRequest& request, const SpawnOptions& options)
@@ -375,15 +156,26 @@ TrialProcess::TrialProcess(const TrialRequest& request, const SpawnOptions& opti
     p[1] = high_fd(p[1]);
   }
   // Everything the child needs is prepared before fork: after fork, only async-signal-safe calls.
-  const std::string exe = options_.exe;
-  const char* argv[] = {"dprun", "__trial", "--record-fd", "3", nullptr};
+  std::vector<std::string> words = options_.launch;
+  if (words.empty()) words = {"dprun", "__trial", "--record-fd", "3"};
+  const std::string exe = launched() ? words[0] : options_.exe;
+  std::vector<char*> argv = pointers(words);
+  std::vector<std::string> env_words = child_environment(options_.env);
+  std::vector<char*> envp = pointers(env_words);
+  cpu_set_t cores;
+  CPU_ZERO(&cores);
+  for (int c : options_.cores) CPU_SET(c, &cores);
+  const bool pin = !options_.cores.empty();
+  // A launcher is asked to stop (it then ends its processes on every host) rather than killed.
+  const int death_signal = launched() ? SIGTERM : SIGKILL;
+  const bool launched_child = launched();
   const pid_t runner = getpid();
 
   pid_t pid = fork();
   check_sys(pid, "fork");
   if (pid == 0) {
     // Die with the runner, and close the race where it died before prctl took effect.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    prctl(PR_SET_PDEATHSIG, death_signal);
     if (getppid() != runner) _exit(127);
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
@@ -394,13 +186,22 @@ TrialProcess::TrialProcess(const TrialRequest& request, const SpawnOptions& opti
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (dup2(in_pipe[0], 0) < 0 || dup2(err_pipe[1], 1) < 0 || dup2(err_pipe[1], 2) < 0 ||
-        dup2(rec_pipe[1], 3) < 0)
+    // Direct: records on fd 3, all output on the other pipe. Launched: records among stdout.
+    const int out_fd = launched_child ? rec_pipe[1] : err_pipe[1];
+    if (dup2(in_pipe[0], 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_pipe[1], 2) < 0 ||
+        (!launched_child && dup2(rec_pipe[1], 3) < 0))
       _exit(127);
     // Descriptors the runner holds without O_CLOEXEC (a database, a terminal) stay with it.
-    if (close_range(4, ~0U, 0) != 0)
-      for (int fd = 4; fd < 1024; ++fd) ::close(fd);
-    execv(exe.c_str(), const_cast<char* const*>(argv));
+    const unsigned first_closed = launched_child ? 3 : 4;
+    if (close_range(first_closed, ~0U, 0) != 0)
+      for (int fd = static_cast<int>(first_closed); fd < 1024; ++fd) ::close(fd);
+    if (pin && sched_setaffinity(0, sizeof cores, &cores) != 0) {
+      static const char msg[] = "dprun: cannot set the trial process's CPU affinity\n";
+      ssize_t ignored = ::write(2, msg, sizeof msg - 1);
+      (void)ignored;
+      _exit(127);
+    }
+    execve(exe.c_str(), argv.data(), envp.data());
     static const char msg[] = "dprun: cannot exec the trial process\n";
     ssize_t ignored = ::write(2, msg, sizeof msg - 1);
     (void)ignored;
@@ -428,12 +229,23 @@ TrialProcess::TrialProcess(const TrialRequest& request, const SpawnOptions& opti
 }
 
 TrialProcess::~TrialProcess() {
-  if (!reaped_ && pid_ > 0) {
+  if (!reaped_ && pid_ > 0) terminate(launched() ? 5.0 : 0.0);
+  if (record_fd_ >= 0) ::close(record_fd_);
+  if (stderr_fd_ >= 0) ::close(stderr_fd_);
+}
+
+void TrialProcess::terminate(double grace_seconds) {
+  if (reaped_ || pid_ <= 0) return;
+  if (grace_seconds > 0) {
+    ::kill(pid_, SIGTERM);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_seconds);
+    while (!try_reap() && std::chrono::steady_clock::now() < deadline) ::poll(nullptr, 0, 20);
+  }
+  if (!reaped_) {
     ::kill(pid_, SIGKILL);
     reap();
   }
-  if (record_fd_ >= 0) ::close(record_fd_);
-  if (stderr_fd_ >= 0) ::close(stderr_fd_);
 }
 
 std::vector<int> TrialProcess::poll_fds() const {
@@ -476,20 +288,25 @@ void TrialProcess::read_fd(int& fd, std::string& buffer, bool records,
 
 void TrialProcess::line(const std::string& text, bool records,
                         const std::function<void(const TrialRecord&)>& on_record) {
+  // A launched trial's records share its stdout with whatever else the launcher prints there.
+  const std::string prefix = launched() ? kRecordPrefix : "";
+  if (records && text.compare(0, prefix.size(), prefix) != 0) records = false;
   if (!records) {
     if (options_.on_output_line) options_.on_output_line(text);
     stderr_tail_.push_back(text);
     while (stderr_tail_.size() > options_.stderr_tail_lines) stderr_tail_.pop_front();
+    if (failure_lines_.size() < 64 && is_failure_line(text)) failure_lines_.push_back(text);
     return;
   }
-  if (text.empty()) return;
+  const std::string body = text.substr(prefix.size());
+  if (body.empty()) return;
   TrialRecord record;
   try {
-    record = decode_record(text);
+    record = decode_record(body);
   } catch (const JsonError& e) {
     if (protocol_error_.empty())
       protocol_error_ = std::string("malformed record from the trial process (") + e.what() +
-                        "): " + text.substr(0, 200);
+                        "): " + body.substr(0, 200);
     return;
   }
   on_record(record);

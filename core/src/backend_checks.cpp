@@ -318,6 +318,27 @@ void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy
 
 // ---- batch norm ---------------------------------------------------------------------------------
 
+namespace {
+void check_count(const Checker& check, int64_t count) {
+  if (count < 2) {
+    check.fail("count is " + std::to_string(count) +
+               ": batch norm in training needs more than one value per channel over every "
+               "replica; use a larger batch");
+  }
+}
+void check_eps(const Checker& check, float eps) {
+  if (!(eps > 0.0f) || !std::isfinite(eps)) {
+    check.fail("eps must be positive, got " + std::to_string(eps));
+  }
+}
+void check_momentum_eps(const Checker& check, float momentum, float eps) {
+  if (!(momentum >= 0.0f && momentum <= 1.0f)) {
+    check.fail("momentum must be in [0, 1], got " + std::to_string(momentum));
+  }
+  check_eps(check, eps);
+}
+}  // namespace
+
 void Backend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       const Tensor& running_mean, const Tensor& running_var,
                                       float momentum, float eps, const Tensor& save_mean,
@@ -332,12 +353,7 @@ void Backend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, cons
                    {&running_var, "running_var"},
                    {&save_mean, "save_mean"},
                    {&save_invstd, "save_invstd"}});
-  if (!(momentum >= 0.0f && momentum <= 1.0f)) {
-    check.fail("momentum must be in [0, 1], got " + std::to_string(momentum));
-  }
-  if (!(eps > 0.0f) || !std::isfinite(eps)) {
-    check.fail("eps must be positive, got " + std::to_string(eps));
-  }
+  check_momentum_eps(check, momentum, eps);
   if (per_channel(s) < 2) {
     check.fail("x has shape " + s.str() +
                ": batch norm in training needs more than one value per channel (N*H*W > 1), as "
@@ -358,9 +374,7 @@ void Backend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, cons
                    {&beta, "beta"},
                    {&running_mean, "running_mean"},
                    {&running_var, "running_var"}});
-  if (!(eps > 0.0f) || !std::isfinite(eps)) {
-    check.fail("eps must be positive, got " + std::to_string(eps));
-  }
+  check_eps(check, eps);
   if (s[0] > 0) batchnorm_forward_infer_impl(x, gamma, beta, running_mean, running_var, eps, y);
 }
 
@@ -377,14 +391,76 @@ void Backend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor
                    {&save_invstd, "save_invstd"},
                    {&dgamma, "dgamma"},
                    {&dbeta, "dbeta"}});
-  if (!(eps > 0.0f) || !std::isfinite(eps)) {
-    check.fail("eps must be positive, got " + std::to_string(eps));
-  }
+  check_eps(check, eps);
   if (per_channel(s) < 2) {
     check.fail("x has shape " + s.str() +
                ": batch norm in training needs more than one value per channel (N*H*W > 1)");
   }
   batchnorm_backward_impl(x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma, dbeta);
+}
+
+// ---- batch norm with statistics over every replica ----------------------------------------------
+
+
+void Backend::batchnorm_sums(const Tensor& x, const Tensor* mean, const Tensor& sums) {
+  const Checker check(*this, "batchnorm_sums");
+  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  check.optional_f32(mean, {s[1]}, "mean");
+  check.f32(sums, {s[1]}, "sums");
+  batchnorm_sums_impl(x, mean, sums);  // also for N = 0: the sums are then zero
+}
+
+void Backend::batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                    const Tensor& mean, const Tensor& var,
+                                    const Tensor& running_mean, const Tensor& running_var,
+                                    float momentum, float eps, int64_t count,
+                                    const Tensor& save_mean, const Tensor& save_invstd,
+                                    const Tensor& y) {
+  const Checker check(*this, "batchnorm_apply_stats");
+  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  check.like(y, x, "y", "x");
+  channel_vectors(check, s[1],
+                  {{&gamma, "gamma"},
+                   {&beta, "beta"},
+                   {&mean, "mean"},
+                   {&var, "var"},
+                   {&running_mean, "running_mean"},
+                   {&running_var, "running_var"},
+                   {&save_mean, "save_mean"},
+                   {&save_invstd, "save_invstd"}});
+  check_momentum_eps(check, momentum, eps);
+  check_count(check, count);
+  if (per_channel(s) > count) {
+    check.fail("x holds " + std::to_string(per_channel(s)) + " values per channel, more than "
+               "the count of every replica's, " + std::to_string(count));
+  }
+  // Runs for N = 0 too: the running statistics and saved statistics are still written.
+  batchnorm_apply_stats_impl(x, gamma, beta, mean, var, running_mean, running_var, momentum, eps,
+                             count, save_mean, save_invstd, y);
+}
+
+void Backend::batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
+                                      const Tensor& save_invstd, const Tensor& sums) {
+  const Checker check(*this, "batchnorm_backward_sums");
+  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  check.like(dy, x, "dy", "x");
+  channel_vectors(check, s[1], {{&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
+  check.f32(sums, {2 * s[1]}, "sums");
+  batchnorm_backward_sums_impl(x, dy, save_mean, save_invstd, sums);
+}
+
+void Backend::batchnorm_backward_apply(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                       const Tensor& save_mean, const Tensor& save_invstd,
+                                       const Tensor& sums, int64_t count, const Tensor& dx) {
+  const Checker check(*this, "batchnorm_backward_apply");
+  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  check.like(dy, x, "dy", "x");
+  check.like(dx, x, "dx", "x");
+  channel_vectors(check, s[1],
+                  {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
+  check.f32(sums, {2 * s[1]}, "sums");
+  check_count(check, count);
+  if (s[0] > 0) batchnorm_backward_apply_impl(x, dy, gamma, save_mean, save_invstd, sums, count, dx);
 }
 
 // ---- activation and elementwise -----------------------------------------------------------------
@@ -504,6 +580,9 @@ void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor
       check.fail(std::string(what) + " must be finite and >= 0, got " + std::to_string(v));
     }
   }
+  if (p.nesterov && p.momentum == 0.0f) {
+    check.fail("Nesterov momentum needs a momentum above 0 (as PyTorch's SGD)");
+  }
   if (p.momentum != 0.0f) {
     if (momentum_buf == nullptr) {
       check.fail("momentum is " + std::to_string(p.momentum) +
@@ -512,6 +591,30 @@ void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor
     check.f32(*momentum_buf, params.shape, "momentum_buf");
   }
   if (params.numel() > 0) sgd_update_impl(params, grads, momentum_buf, p);
+}
+
+void Backend::adamw_update(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                           const Tensor& exp_avg_sq, const AdamWParams& p) {
+  const Checker check(*this, "adamw_update");
+  check.tensor(params, DType::f32, "params");
+  check.f32(grads, params.shape, "grads");
+  check.f32(exp_avg, params.shape, "exp_avg");
+  check.f32(exp_avg_sq, params.shape, "exp_avg_sq");
+  for (const auto& [v, what] : {std::pair{p.lr, "lr"}, {p.weight_decay, "weight_decay"}}) {
+    if (!(v >= 0.0f) || !std::isfinite(v)) {
+      check.fail(std::string(what) + " must be finite and >= 0, got " + std::to_string(v));
+    }
+  }
+  for (const auto& [v, what] : {std::pair{p.beta1, "beta1"}, {p.beta2, "beta2"}}) {
+    if (!(v >= 0.0f && v < 1.0f)) {
+      check.fail(std::string(what) + " must be in [0, 1), got " + std::to_string(v));
+    }
+  }
+  if (!(p.eps > 0.0f) || !std::isfinite(p.eps)) {
+    check.fail("eps must be positive, got " + std::to_string(p.eps));
+  }
+  if (p.step < 1) check.fail("step counts from 1, got " + std::to_string(p.step));
+  if (params.numel() > 0) adamw_update_impl(params, grads, exp_avg, exp_avg_sq, p);
 }
 
 // ---- data ---------------------------------------------------------------------------------------

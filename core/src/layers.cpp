@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ostream>
 
+#include "dp/comm.hpp"
 #include "dp/error.hpp"
 #include "module_util.hpp"
 
@@ -135,6 +136,8 @@ Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   } else {
     ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr);
   }
+  ctx.gradient_ready(w_);
+  ctx.gradient_ready(b_);
   if (!need_dx) return Tensor();
   const Tensor dx = view(dx_, dy.shape[0], x_.layout);
   ctx.backend.conv_backward_data(*plan_, dy, ctx.params.param(w_), dx);
@@ -173,7 +176,49 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
   dx_ = ctx.arena.allocate(input, DType::f32, l);
   save_mean_ = ctx.arena.allocate({c_});
   save_invstd_ = ctx.arena.allocate({c_});
+  stats_ = ctx.arena.allocate({4 * c_});
   return input;
+}
+
+int64_t BatchNorm2d::values_per_channel(int64_t batch) const {
+  const Shape& in = input_shape();
+  return in.rank == 4 ? batch * in[2] * in[3] : batch;
+}
+
+// Synchronised statistics: two allreduces of C floats (sums, then squared deviations from the
+// global mean: no cancellation), then normalisation with the global mean and variance.
+Tensor BatchNorm2d::forward_synchronised(RunContext& ctx, const Tensor& x, const Tensor& y) {
+  DP_CHECK(ctx.global_batch >= 1, "BatchNorm2d: synchronised statistics need the global batch");
+  const int64_t count = values_per_channel(ctx.global_batch);
+  DP_CHECK(count > 1, "BatchNorm2d(" + std::to_string(c_) +
+                          "): synchronised batch norm needs more than one value per channel over "
+                          "every replica, got " + std::to_string(count));
+  Backend& b = ctx.backend;
+  const Tensor mean = stats_.slice_batch(0, c_), var = stats_.slice_batch(c_, c_);
+  b.batchnorm_sums(x, nullptr, mean);
+  ctx.comm->allreduce_sum(mean.f32(), static_cast<size_t>(c_));
+  b.scale(mean, 1.0f / static_cast<float>(count));
+  b.batchnorm_sums(x, &mean, var);
+  ctx.comm->allreduce_sum(var.f32(), static_cast<size_t>(c_));
+  b.scale(var, 1.0f / static_cast<float>(count));
+  b.batchnorm_apply_stats(x, ctx.params.param(gamma_), ctx.params.param(beta_), mean, var,
+                          ctx.params.buffer(mean_), ctx.params.buffer(var_), momentum_, eps_, count,
+                          save_mean_, save_invstd_, y);
+  sync_count_ = count;
+  return y;
+}
+
+// This replica's dgamma and dbeta are its own sums (the gradient allreduce adds the replicas');
+// dx needs every replica's sums.
+void BatchNorm2d::backward_synchronised(RunContext& ctx, const Tensor& dy, const Tensor& dx) {
+  Backend& b = ctx.backend;
+  const Tensor sums = stats_.slice_batch(2 * c_, 2 * c_);
+  b.batchnorm_backward_sums(x_, dy, save_mean_, save_invstd_, sums);
+  b.copy(ctx.params.grad(beta_).data, sums.data, static_cast<size_t>(c_) * sizeof(float));
+  b.copy(ctx.params.grad(gamma_).data, sums.f32() + c_, static_cast<size_t>(c_) * sizeof(float));
+  ctx.comm->allreduce_sum(sums.f32(), static_cast<size_t>(2 * c_));
+  b.batchnorm_backward_apply(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_, sums,
+                             sync_count_, dx);
 }
 
 Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
@@ -181,7 +226,10 @@ Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
   const Tensor y = view(y_, x.shape[0], x.layout);
   const Tensor gamma = ctx.params.param(gamma_), beta = ctx.params.param(beta_);
   const Tensor mean = ctx.params.buffer(mean_), var = ctx.params.buffer(var_);
-  if (ctx.training) {
+  if (ctx.training && ctx.comm != nullptr && ctx.comm->size() > 1) {
+    forward_synchronised(ctx, x, y);
+  } else if (ctx.training) {
+    sync_count_ = 0;
     ctx.backend.batchnorm_forward_train(x, gamma, beta, mean, var, momentum_, eps_, save_mean_,
                                         save_invstd_, y);
   } else {
@@ -193,8 +241,14 @@ Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
 Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   // The backend computes dx together with dgamma/dbeta, so dx is always written.
   const Tensor dx = view(dx_, dy.shape[0], x_.layout);
-  ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_, eps_,
-                                 dx, ctx.params.grad(gamma_), ctx.params.grad(beta_));
+  if (sync_count_ > 0) {
+    backward_synchronised(ctx, dy, dx);
+  } else {
+    ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_,
+                                   eps_, dx, ctx.params.grad(gamma_), ctx.params.grad(beta_));
+  }
+  ctx.gradient_ready(gamma_);
+  ctx.gradient_ready(beta_);
   return need_dx ? dx : Tensor();
 }
 
@@ -339,6 +393,10 @@ Tensor GlobalAvgPool::do_backward(RunContext& ctx, const Tensor& dy, bool need_d
 
 Shape Flatten::do_setup(SetupContext& ctx, const Shape& input) {
   in_ = input;
+  if (input.rank == 4) {
+    ctx.flat = {input[1], input[2], input[3],
+                ctx.layout == Layout::nhwc && input[2] * input[3] > 1};
+  }
   return {input[0], input.per_example()};
 }
 
@@ -387,10 +445,27 @@ Shape Linear::do_setup(SetupContext& ctx, const Shape& input) {
            "Linear(in_features=" + std::to_string(in_) + ") expects (N, " + std::to_string(in_) +
                ") input, got " + input.str() + (input.rank == 4 ? " (add a Flatten first)" : ""));
   DP_CHECK(w_.valid(), "Linear: setup() before declare()");
+  // Features straight from a Flatten keep its order; this layer's outputs have their own.
+  input_order_ = ctx.flat.c * ctx.flat.h * ctx.flat.w == in_ ? ctx.flat : FlatFeatures{};
+  ctx.flat = {};
   const Shape out{input[0], out_};
   y_ = ctx.arena.allocate(out);
   dx_ = ctx.arena.allocate(input);
   return out;
+}
+
+void Linear::parameter_orders(std::vector<ParamOrder>& out) {
+  if (!input_order_.hwc) return;
+  const int64_t C = input_order_.c, H = input_order_.h, W = input_order_.w;
+  ParamOrder order{w_, std::vector<int64_t>(static_cast<size_t>(out_ * in_))};
+  // Column (h * W + w) * C + c of ours is column c * H * W + h * W + w of PyTorch's.
+  for (int64_t o = 0; o < out_; ++o)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t w = 0; w < W; ++w)
+        for (int64_t c = 0; c < C; ++c)
+          order.pytorch_index[static_cast<size_t>(o * in_ + (h * W + w) * C + c)] =
+              o * in_ + c * H * W + h * W + w;
+  out.push_back(std::move(order));
 }
 
 Tensor Linear::do_forward(RunContext& ctx, const Tensor& x) {
@@ -413,6 +488,8 @@ Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   if (b_.valid()) db = ctx.params.grad(b_);
   ctx.backend.linear_backward(x_, ctx.params.param(w_), dy, need_dx ? &dx : nullptr, dw,
                               b_.valid() ? &db : nullptr);
+  ctx.gradient_ready(w_);
+  ctx.gradient_ready(b_);
   return need_dx ? dx : Tensor();
 }
 

@@ -62,10 +62,10 @@ Shape Module::setup(SetupContext& ctx, const Shape& input) {
 }
 
 namespace {
-// True when `actual` has the rank and per-example dims of `expected` and a batch in [1, max].
+// True when `actual` has the rank and per-example dims of `expected` and a batch in [0, max].
 bool batch_compatible(const Shape& actual, const Shape& expected) {
   if (actual.rank != expected.rank || actual.rank < 1) return false;
-  if (actual[0] < 1 || actual[0] > expected[0]) return false;
+  if (actual[0] < 0 || actual[0] > expected[0]) return false;
   for (int i = 1; i < actual.rank; ++i)
     if (actual[i] != expected[i]) return false;
   return true;
@@ -84,7 +84,7 @@ Tensor Module::forward(RunContext& ctx, const Tensor& x) {
 }
 
 Tensor Module::backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
-  DP_CHECK(last_batch_ >= 1, std::string(type()) + ": backward() called before forward()");
+  DP_CHECK(last_batch_ >= 0, std::string(type()) + ": backward() called before forward()");
   const Shape expected = output_.with_batch(last_batch_);
   DP_CHECK(dy.shape == expected, std::string(type()) + ": backward got gradient " + dy.shape.str() +
                                      " but the last forward produced " + expected.str());

@@ -79,14 +79,18 @@ size_t ParamRegistry::parameter_count() const {
   return n;
 }
 
-void ParamRegistry::allocate(Backend& backend, bool with_momentum) {
+void ParamRegistry::allocate(Backend& backend, int state_buffers) {
   DP_CHECK(!allocated(), "the parameter registry is already allocated");
+  DP_CHECK(state_buffers >= 0, "allocate: state_buffers must be >= 0");
   backend_ = &backend;
   if (param_floats_ > 0) {
     params_ = static_cast<float*>(backend.allocate(param_floats_ * sizeof(float)));
     grads_ = static_cast<float*>(backend.allocate(param_floats_ * sizeof(float)));
-    if (with_momentum)
-      momentum_ = static_cast<float*>(backend.allocate(param_floats_ * sizeof(float)));
+  }
+  for (int i = 0; i < state_buffers; ++i) {
+    void* p = param_floats_ > 0 ? backend.allocate(param_floats_ * sizeof(float)) : nullptr;
+    state_.emplace_back(p, Shape{static_cast<int64_t>(param_floats_)}, DType::f32,
+                        backend.device());
   }
   if (buffer_floats_ > 0)
     buffers_ = static_cast<float*>(backend.allocate(buffer_floats_ * sizeof(float)));
@@ -94,8 +98,10 @@ void ParamRegistry::allocate(Backend& backend, bool with_momentum) {
 
 ParamRegistry::~ParamRegistry() {
   if (!backend_) return;
-  for (float* p : {params_, grads_, momentum_, buffers_})
+  for (float* p : {params_, grads_, buffers_})
     if (p) backend_->release(p);
+  for (const Tensor& t : state_)
+    if (t.data) backend_->release(t.data);
 }
 
 void ParamRegistry::initialize(uint64_t seed) {
@@ -112,7 +118,7 @@ void ParamRegistry::initialize(uint64_t seed) {
   upload_params(params);
   upload_buffers(buffers);
   if (param_floats_ > 0) backend_->fill(grads_flat(), 0.0f);
-  if (momentum_) backend_->fill(momentum_flat(), 0.0f);
+  for (const Tensor& t : state_) backend_->fill(t, 0.0f);
 }
 
 Tensor ParamRegistry::param(ParamHandle h) const {
@@ -143,11 +149,6 @@ Tensor ParamRegistry::grads_flat() const {
   return Tensor(grads_, {static_cast<int64_t>(param_floats_)}, DType::f32, backend_->device());
 }
 
-Tensor ParamRegistry::momentum_flat() const {
-  DP_ASSERT(allocated());
-  if (!momentum_) return Tensor();
-  return Tensor(momentum_, {static_cast<int64_t>(param_floats_)}, DType::f32, backend_->device());
-}
 
 Tensor ParamRegistry::buffers_flat() const {
   DP_ASSERT(allocated());

@@ -16,6 +16,7 @@
 #include "dp/comm.hpp"
 #include "dp/error.hpp"
 #include "dp/random.hpp"
+#include "trainer_impl.hpp"
 
 namespace dp {
 
@@ -47,96 +48,6 @@ std::vector<int64_t> shard_sizes(int64_t n, int k) {
   return split(n, k);
 }
 
-struct Trainer::Impl {
-  struct Replica {
-    int rank = 0;
-    // Declaration order is destruction order reversed: the model (which holds backend plans)
-    // and the memory go before the backend that owns them.
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<Arena> arena;
-    std::unique_ptr<ParamRegistry> params;
-    std::unique_ptr<Module> model;
-    Communicator* comm = nullptr;
-
-    Tensor train_images, train_labels;  // (M,C,H,W) u8, (M) u8
-    Tensor test_images, test_labels;
-    Tensor train_index;    // (M_train) i32: this epoch's permutation, or step()'s indices
-    Tensor test_index;     // (M_test) i32: 0, 1, ... (evaluation reads the test set in order)
-    Tensor x, y, dlogits;  // (per-replica max batch, ...)
-    Tensor loss_slots;     // (steps per epoch) f32: loss sum of each step
-    Tensor correct_slots;  // (steps per epoch) i32
-    Tensor eval_slots;     // (eval steps) i32
-  };
-
-  TrainerOptions options;
-  Dataset train_meta, test_meta;  // shapes and counts only (the bytes live on the devices)
-  int64_t eval_batch = 0;         // global
-  int64_t max_shard = 0;          // largest per-replica batch (training or evaluation)
-  int64_t steps_per_epoch = 0;
-  int64_t eval_steps = 0;  // per replica
-  std::vector<Replica> replicas;
-  std::vector<std::unique_ptr<Communicator>> comms;  // destroyed before the replicas
-  std::string failure;                               // set once a replica failed
-  // True when training ran since the BN buffers were last averaged. Averaging replicas that
-  // already agree is not a no-op in floats ((a + a + a) * (1/3) != a), so evaluating twice
-  // would drift the running statistics; it is skipped then.
-  bool buffers_differ = false;
-
-  int k() const { return static_cast<int>(replicas.size()); }
-
-  // Runs fn(replica) on one thread per replica. When one throws, every communicator is aborted
-  // so ranks blocked in a collective wake up; after joining, the first real error (not the
-  // AbortedError it caused elsewhere) is rethrown here.
-  void run_all(const std::function<void(Replica&)>& fn) {
-    if (!failure.empty())
-      throw Error("this trainer can no longer be used: an earlier step failed (" + failure + ")");
-    std::mutex m;
-    std::exception_ptr first_real, first_any;
-    auto fail = [&](std::exception_ptr e, bool aborted) {
-      {
-        std::lock_guard<std::mutex> lock(m);
-        if (!first_any) first_any = e;
-        if (!aborted && !first_real) first_real = e;
-      }
-      for (auto& c : comms) c->abort();
-    };
-    std::vector<std::thread> threads;
-    threads.reserve(replicas.size());
-    for (auto& r : replicas) {
-      threads.emplace_back([&fn, &fail, &r] {
-        try {
-          fn(r);
-        } catch (const AbortedError&) {
-          fail(std::current_exception(), true);
-        } catch (...) {
-          fail(std::current_exception(), false);
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    std::exception_ptr e = first_real ? first_real : first_any;
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      failure = ex.what();
-    } catch (...) {
-      failure = "unknown error";
-    }
-    std::rethrow_exception(e);
-  }
-
-  void setup_replica(Replica& r, const Dataset& train, const Dataset& test);
-  // The per-replica batch sizes an epoch runs: training steps (full batches and the last partial
-  // one; an empty shard runs no layer) and evaluation chunks. Layers prepare for exactly these
-  // at setup (convolution algorithms), so nothing is planned mid-epoch.
-  std::vector<int64_t> train_batches(int rank) const;
-  std::vector<int64_t> eval_batches(int rank) const;
-  // One step on index-buffer entries [begin, begin + n) of the global batch; the per-replica
-  // loss/correct land in slot `slot`.
-  void train_step(Replica& r, int64_t begin, int64_t n, int64_t slot);
-  void evaluate_replica(Replica& r, int64_t& correct);
-};
 
 namespace {
 
@@ -155,18 +66,18 @@ void add_unique(std::vector<int64_t>& sizes, int64_t n) {
 }
 }  // namespace
 
-std::vector<int64_t> Trainer::Impl::train_batches(int rank) const {
+std::vector<int64_t> Trainer::Impl::train_batches(int global_rank) const {
   const int64_t count = train_meta.count, batch = options.batch_size;
-  const auto r = static_cast<size_t>(rank);
+  const auto r = static_cast<size_t>(global_rank);
   std::vector<int64_t> sizes;
-  if (count >= batch) add_unique(sizes, split(batch, k())[r]);
-  if (count % batch != 0) add_unique(sizes, split(count % batch, k())[r]);
+  if (count >= batch) add_unique(sizes, split(batch, world())[r]);
+  if (count % batch != 0) add_unique(sizes, split(count % batch, world())[r]);
   return sizes;
 }
 
-std::vector<int64_t> Trainer::Impl::eval_batches(int rank) const {
-  const int64_t part = split(test_meta.count, k())[static_cast<size_t>(rank)];
-  const int64_t chunk = ceil_div(eval_batch, k());
+std::vector<int64_t> Trainer::Impl::eval_batches(int global_rank) const {
+  const int64_t part = split(test_meta.count, world())[static_cast<size_t>(global_rank)];
+  const int64_t chunk = ceil_div(eval_batch, world());
   std::vector<int64_t> sizes;
   add_unique(sizes, std::min(chunk, part));
   add_unique(sizes, part % chunk);
@@ -184,21 +95,23 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     bo.cpu_threads = std::max(1, total / k);
   } else {
+    // Processes sharing a host take consecutive GPUs: local process i owns [i*k, i*k + k).
     const int devices = cuda_device_count();
-    bo.device_index = r.rank % std::max(devices, 1);
+    bo.device_index = (group->local_rank() * k + r.rank) % std::max(devices, 1);
   }
   r.backend = create_backend(bo);
   Backend& b = *r.backend;
   r.arena = std::make_unique<Arena>(b);
   r.params = std::make_unique<ParamRegistry>();
   r.model->declare(*r.params, "");
-  r.params->allocate(b, options.sgd.momentum != 0.0f);
+  r.optimizer = make_optimizer(options.optimizer);
+  r.params->allocate(b, r.optimizer->state_buffers());
   r.params->initialize(options.seed);
 
   const Shape example{train.channels, train.height, train.width};
   // train_step never asks for the gradient of the images: input_grad false.
-  SetupContext sctx{b,       *r.arena, *r.params, options.layout, train_batches(r.rank),
-                    eval_batches(r.rank), false};
+  SetupContext sctx{b,       *r.arena, *r.params, options.layout, train_batches(r.global_rank),
+                    eval_batches(r.global_rank), false};
   const Shape out = r.model->setup(sctx, {max_shard, example[0], example[1], example[2]});
   DP_CHECK(out.rank == 2 && out[1] == train.classes,
            "the model's output is " + out.str() + " but the dataset has " +
@@ -228,40 +141,44 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   b.synchronize();
 }
 
-void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slot) {
+void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slot, float lr,
+                               int64_t step) {
   Backend& b = *r.backend;
   // This replica's shard as split() cuts it, computed without a vector: nothing is allocated
   // in the step loop.
-  const int64_t k = this->k(), base = n / k, extra = n % k;
-  const int64_t m = base + (r.rank < extra ? 1 : 0);
-  const int64_t offset = begin + r.rank * base + std::min<int64_t>(r.rank, extra);
+  const int64_t k = world(), g = r.global_rank, base = n / k, extra = n % k;
+  const int64_t m = base + (g < extra ? 1 : 0);
+  const int64_t offset = begin + g * base + std::min<int64_t>(g, extra);
   const Tensor loss = r.loss_slots.slice_batch(slot, 1);
   const Tensor correct = r.correct_slots.slice_batch(slot, 1);
-  if (m > 0) {
+  // With synchronised batch norm an empty shard still runs the model: every replica must take
+  // part in the statistics' collectives, in the same order.
+  if (m > 0 || options.sync_bn) {
     const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
     b.gather_batch(r.train_images, r.train_labels, r.train_index.slice_batch(offset, m), x, y);
-    RunContext ctx{b, *r.params, true, r.comm};
+    RunContext ctx{b, *r.params, true, options.sync_bn ? r.comm : nullptr, n, r.buckets.get()};
     const Tensor logits = r.model->forward(ctx, x);
     const Tensor dlogits = r.dlogits.with_batch(m);
     // Scaled by the GLOBAL batch, so the summed gradients are those of the global mean loss.
     b.softmax_cross_entropy(logits, y, 1.0f / static_cast<float>(n), dlogits, loss, correct);
-    r.model->backward(ctx, dlogits, false);
+    r.buckets->start(r.params->grads_flat().f32(), *r.launcher);
+    r.model->backward(ctx, dlogits, false);  // buckets are summed as their gradients are done
   } else {
     // An empty shard (last batch smaller than the replica count) contributes nothing but must
-    // still take part in the allreduce.
+    // still take part in the allreduces.
     b.fill(r.params->grads_flat(), 0.0f);
     b.fill(loss, 0.0f);
     b.fill(correct, 0.0f);
+    r.buckets->start(r.params->grads_flat().f32(), *r.launcher);
   }
+  r.buckets->finish();  // what backward did not report, then wait for every sum
   const Tensor grads = r.params->grads_flat();
-  r.comm->allreduce_sum(grads.f32(), static_cast<size_t>(grads.numel()));
-  const Tensor momentum = r.params->momentum_flat();
-  b.sgd_update(r.params->params_flat(), grads, momentum.empty() ? nullptr : &momentum, options.sgd);
+  r.optimizer->update(b, r.params->params_flat(), grads, r.params->state_flat(), lr, step);
 }
 
 void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
   Backend& b = *r.backend;
-  const int k = this->k();
+  const int k = world();
   if (options.average_bn_buffers && buffers_differ && k > 1 && r.params->buffer_floats() > 0) {
     const Tensor bufs = r.params->buffers_flat();
     r.comm->allreduce_sum(bufs.f32(), static_cast<size_t>(bufs.numel()));
@@ -271,10 +188,10 @@ void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
   if (test_meta.count == 0) return;
   const std::vector<int64_t> parts = split(test_meta.count, k);
   int64_t begin = 0;
-  for (int q = 0; q < r.rank; ++q) begin += parts[static_cast<size_t>(q)];
-  const int64_t part = parts[static_cast<size_t>(r.rank)];
+  for (int q = 0; q < r.global_rank; ++q) begin += parts[static_cast<size_t>(q)];
+  const int64_t part = parts[static_cast<size_t>(r.global_rank)];
   const int64_t chunk = ceil_div(eval_batch, k);
-  RunContext ctx{b, *r.params, false, r.comm};
+  RunContext ctx{b, *r.params, false, nullptr, 0, nullptr};
   int64_t steps = 0;
   for (int64_t i = 0; i < part; i += chunk, ++steps) {
     const int64_t m = std::min(chunk, part - i);
@@ -295,13 +212,16 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.options = options;
+  if (options.processes == nullptr) s.own_group = make_single_process_group();
+  s.group = options.processes != nullptr ? options.processes : s.own_group.get();
   const int k = options.replicas;
   DP_CHECK(k >= 1, "the number of replicas must be at least 1, got " + std::to_string(k));
+  const int world = s.group->size() * k;
   DP_CHECK(options.batch_size >= 1,
            "batch size must be positive, got " + std::to_string(options.batch_size));
-  DP_CHECK(options.batch_size >= k,
+  DP_CHECK(options.batch_size >= world,
            "batch size " + std::to_string(options.batch_size) + " is smaller than the " +
-               std::to_string(k) +
+               std::to_string(world) +
                " replicas: every replica needs at least one example per step (batch size >= "
                "gpus); use a larger batch or fewer replicas");
   DP_CHECK(options.eval_batch_size >= 0, "eval batch size must be >= 0 (0: the batch size)");
@@ -324,8 +244,9 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     DP_CHECK(cuda_compiled(), "the CUDA backend was requested but dprun was built without CUDA");
     const int devices = cuda_device_count();
     DP_CHECK(devices > 0, "the CUDA backend was requested but no CUDA device is visible");
-    DP_CHECK(k <= devices || options.oversubscribe,
-             std::to_string(k) + " replicas requested but only " + std::to_string(devices) +
+    const int here = s.group->local_size() * k;  // replicas of this trial on this host
+    DP_CHECK(here <= devices || options.oversubscribe,
+             std::to_string(here) + " replicas on this host but only " + std::to_string(devices) +
                  " GPU" + (devices == 1 ? "" : "s") + " exist" + (devices == 1 ? "s" : "") +
                  "; use fewer replicas, or --oversubscribe to share GPUs (replica r runs on GPU "
                  "r % " +
@@ -339,9 +260,9 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   s.test_meta.images.clear();
   s.test_meta.labels.clear();
   s.eval_batch = options.eval_batch_size > 0 ? options.eval_batch_size : options.batch_size;
-  s.max_shard = std::max(ceil_div(options.batch_size, k), ceil_div(s.eval_batch, k));
+  s.max_shard = std::max(ceil_div(options.batch_size, world), ceil_div(s.eval_batch, world));
   s.steps_per_epoch = ceil_div(train.count, options.batch_size);
-  s.eval_steps = ceil_div(ceil_div(test.count, k), ceil_div(s.eval_batch, k));
+  s.eval_steps = ceil_div(ceil_div(test.count, world), ceil_div(s.eval_batch, world));
 
   s.replicas.resize(static_cast<size_t>(k));
   // The builder runs here, on the caller's thread, one replica after another: model code
@@ -349,6 +270,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   for (int r = 0; r < k; ++r) {
     Impl::Replica& rep = s.replicas[static_cast<size_t>(r)];
     rep.rank = r;
+    rep.global_rank = s.group->rank() * k + r;
     rep.model = builder();
     DP_CHECK(rep.model != nullptr, "the model builder returned no model");
   }
@@ -357,15 +279,33 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   s.run_all([&](Impl::Replica& r) { s.setup_replica(r, train, test); });
   std::vector<Backend*> backends;
   for (auto& r : s.replicas) backends.push_back(r.backend.get());
-  s.comms = make_communicators(backends);
-  for (int r = 0; r < k; ++r)
-    s.replicas[static_cast<size_t>(r)].comm = s.comms[static_cast<size_t>(r)].get();
+  s.replicas[0].model->parameter_orders(s.orders);
+  s.comms = make_communicators(backends, s.group);
+  s.grad_group = s.group->duplicate();
+  s.grad_comms = make_communicators(backends, s.grad_group.get());
+  // CPU communicators sum on the calling thread: a thread per replica lets that overlap
+  // backward. GPU communicators enqueue on the replica's stream and return at once. Across
+  // processes with synchronised BN both groups talk MPI at once, which needs an MPI library
+  // that allows concurrent calls.
+  const bool thread = options.backend == BackendKind::cpu && options.bucket_bytes > 0 &&
+                      (!options.sync_bn || s.group->concurrent_collectives());
+  for (int r = 0; r < k; ++r) {
+    Impl::Replica& rep = s.replicas[static_cast<size_t>(r)];
+    rep.comm = s.comms[static_cast<size_t>(r)].get();
+    rep.grad_comm = s.grad_comms[static_cast<size_t>(r)].get();
+    s.launchers.push_back(thread ? make_thread_launcher(*rep.grad_comm)
+                                 : make_inline_launcher(*rep.grad_comm));
+    rep.launcher = s.launchers.back().get();
+    rep.buckets = std::make_unique<GradientBuckets>(*rep.params, options.bucket_bytes,
+                                                    options.first_bucket_bytes);
+  }
 }
 
 Trainer::~Trainer() = default;
 
-void Trainer::fit(const std::function<bool(const EpochReport&)>& on_epoch) {
-  for (int e = 1; e <= impl_->options.epochs; ++e) {
+void Trainer::fit(const std::function<bool(const EpochReport&)>& on_epoch, int first_epoch) {
+  DP_CHECK(first_epoch >= 1, "fit: epochs are numbered from 1, got " + std::to_string(first_epoch));
+  for (int e = first_epoch; e <= impl_->options.epochs; ++e) {
     const EpochReport report = run_epoch(e);
     const bool go_on = on_epoch ? on_epoch(report) : true;
     if (!report.finite || !go_on) break;
@@ -382,13 +322,17 @@ EpochReport Trainer::run_epoch(int epoch) {
   }();
 
   std::vector<double> loss(static_cast<size_t>(s.k())), correct(static_cast<size_t>(s.k()));
+  // The epoch's steps are numbered from its position, so an epoch computes the same whatever
+  // ran before it in this process (a resumed run included).
+  const int64_t first = static_cast<int64_t>(epoch - 1) * s.steps_per_epoch;
   const auto t0 = Clock::now();
   s.run_all([&](Impl::Replica& r) {
     Backend& b = *r.backend;
     b.upload(r.train_index.data, perm.data(), perm.size() * sizeof(int32_t));
     for (int64_t step = 0; step < s.steps_per_epoch; ++step) {
       const int64_t begin = step * batch;
-      s.train_step(r, begin, std::min(batch, count - begin), step);
+      s.train_step(r, begin, std::min(batch, count - begin), step, s.lr_at(first + step),
+                   first + step + 1);
     }
     std::vector<float> l(static_cast<size_t>(s.steps_per_epoch));
     std::vector<int32_t> c(l.size());
@@ -403,13 +347,18 @@ EpochReport Trainer::run_epoch(int epoch) {
     correct[static_cast<size_t>(r.rank)] = cs;
   });
   s.buffers_differ = true;
+  s.steps_done = first + s.steps_per_epoch;
   EpochReport report;
   report.epoch = epoch;
+  report.lr = s.lr_at(s.steps_done - 1);
   report.seconds = seconds_since(t0);
   report.train_examples = count;
   report.test_examples = s.test_meta.count;
-  const double total_loss = std::accumulate(loss.begin(), loss.end(), 0.0);
-  const double total_correct = std::accumulate(correct.begin(), correct.end(), 0.0);
+  // This process's replicas, then every process's (in process order: the same bits everywhere).
+  double totals[2] = {std::accumulate(loss.begin(), loss.end(), 0.0),
+                      std::accumulate(correct.begin(), correct.end(), 0.0)};
+  s.group->allreduce_sum(totals, 2);
+  const double total_loss = totals[0], total_correct = totals[1];
   report.train_loss = total_loss / static_cast<double>(count);
   report.train_acc = total_correct / static_cast<double>(count);
   report.finite = std::isfinite(report.train_loss);
@@ -424,7 +373,7 @@ EpochReport Trainer::run_epoch(int epoch) {
 double Trainer::step(const std::vector<int32_t>& indices) {
   Impl& s = *impl_;
   const auto n = static_cast<int64_t>(indices.size());
-  const int k = s.k();
+  const int k = s.world();
   shard_sizes(n, k);  // checks n >= k
   DP_CHECK(n <= s.train_meta.count && ceil_div(n, k) <= s.max_shard,
            "step(): a batch of " + std::to_string(n) +
@@ -435,15 +384,17 @@ double Trainer::step(const std::vector<int32_t>& indices) {
     DP_CHECK(i >= 0 && i < s.train_meta.count, "step(): example index " + std::to_string(i) +
                                                    " is outside the training set of " +
                                                    std::to_string(s.train_meta.count));
-  std::vector<float> loss(static_cast<size_t>(k));
+  std::vector<float> loss(static_cast<size_t>(s.k()));
   s.run_all([&](Impl::Replica& r) {
     r.backend->upload(r.train_index.data, indices.data(), indices.size() * sizeof(int32_t));
-    s.train_step(r, 0, n, 0);
+    s.train_step(r, 0, n, 0, s.lr_at(s.steps_done), s.steps_done + 1);
     r.backend->download(&loss[static_cast<size_t>(r.rank)], r.loss_slots.data, sizeof(float));
   });
   s.buffers_differ = true;
+  ++s.steps_done;
   double total = 0;
   for (float l : loss) total += l;
+  s.group->allreduce_sum(&total, 1);
   return total / static_cast<double>(n);
 }
 
@@ -453,12 +404,14 @@ double Trainer::evaluate() {
   s.run_all([&](Impl::Replica& r) { s.evaluate_replica(r, correct[static_cast<size_t>(r.rank)]); });
   s.buffers_differ = false;
   if (s.test_meta.count == 0) return 0.0;
-  const double total =
-      static_cast<double>(std::accumulate(correct.begin(), correct.end(), int64_t{0}));
+  double total = static_cast<double>(std::accumulate(correct.begin(), correct.end(), int64_t{0}));
+  s.group->allreduce_sum(&total, 1);
   return total / static_cast<double>(s.test_meta.count);
 }
 
 int Trainer::replicas() const { return impl_->k(); }
+
+int Trainer::world_replicas() const { return impl_->world(); }
 
 const TrainerOptions& Trainer::options() const { return impl_->options; }
 
@@ -478,6 +431,11 @@ std::vector<float> Trainer::parameters(int replica) const {
 
 std::vector<float> Trainer::buffers(int replica) const {
   return replica_at(impl_->replicas, replica).params->download_buffers();
+}
+
+void Trainer::set_parameters(const std::vector<float>& flat) {
+  // upload_params() checks the size (the same for every replica: one model, built k times).
+  for (auto& r : impl_->replicas) r.params->upload_params(flat);
 }
 
 const ParamRegistry& Trainer::registry(int replica) const {

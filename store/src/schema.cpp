@@ -1,9 +1,15 @@
-// The database schema and its forward migrations. Table and column names are a documented
-// interface: users query them with plain SQL (`dprun query`), so they change only through a
-// new migration, never by editing an applied one.
+// The database schema: its forward migrations, and the setting columns of `trials`, which come
+// from the caller's descriptions instead (with the views that list them). Table and column names
+// are a documented interface: users query them with plain SQL (`dprun query`), so they change
+// only through a new migration, never by editing an applied one.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
 #include <string>
 
 #include "sqlite_util.hpp"
+#include "views.hpp"
 
 namespace dps {
 
@@ -26,9 +32,9 @@ CREATE TABLE experiments (
   updated_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
 );
 
--- One row per trial of a sweep. Every resolved setting is its own column (same names as
--- dps::TrialSettings; model_options holds the plugin options as canonical JSON). Columns that
--- describe a run (backend ... heartbeat_at) are NULL until the trial first starts.
+-- One row per trial of a sweep. Every resolved setting is its own column (model_options holds
+-- the plugin options as canonical JSON). Columns that describe a run (backend ... heartbeat_at)
+-- are NULL until the trial first starts.
 CREATE TABLE trials (
   id              INTEGER PRIMARY KEY,
   experiment_id   INTEGER NOT NULL REFERENCES experiments(id) ON DELETE CASCADE,
@@ -158,9 +164,47 @@ LEFT JOIN (
 WHERE s.status = 'done';
 )SQL";
 
-// Append new versions here ({2, kSchemaV2}, ...); applied ones are never edited.
+// Version 2 (trials across processes, several trials at once): how a trial ran. NULL for trials
+// that have not started since. hosts: the host of every process of the trial, grouped in rank
+// order ("nodeA x8, nodeB x8"); launch: the command that started the trial process (mpirun or
+// srun for a trial of several processes); device_set: the GPUs or CPU cores `--jobs` gave the
+// trial ("gpus 2,3", "cores 0,1"; NULL: the whole machine).
+constexpr const char* kSchemaV2 = R"SQL(
+ALTER TABLE trials ADD COLUMN hosts TEXT;
+ALTER TABLE trials ADD COLUMN launch TEXT;
+ALTER TABLE trials ADD COLUMN device_set TEXT;
+)SQL";
+
+// Version 3 (checkpoints and resuming): the model files a trial wrote, and where its last
+// attempt began.
+//   checkpoints: one row per file the trial keeps. role 'last' (one per trial: the last completed
+//     epoch, with the optimizer's state beside it, which resuming reads), 'best' (one per trial:
+//     the epoch of the highest test accuracy so far) or 'epoch' (one per epoch, checkpoint =
+//     "every"). path is the model (PyTorch's state_dict as safetensors), relative to the
+//     database's folder unless absolute; sha256 and bytes are the file's.
+//   trials.resumed_from_epoch: the checkpoint epoch the trial's last attempt continued from (its
+//     epochs up to it come from earlier attempts); NULL: the last attempt started at epoch 1.
+constexpr const char* kSchemaV3 = R"SQL(
+CREATE TABLE checkpoints (
+  trial_id         INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  role             TEXT NOT NULL CHECK (role IN ('last', 'best', 'epoch')),
+  epoch            INTEGER NOT NULL CHECK (epoch >= 1),
+  path             TEXT NOT NULL,
+  sha256           TEXT NOT NULL,
+  bytes            INTEGER NOT NULL,
+  optimizer_path   TEXT,
+  optimizer_sha256 TEXT,
+  recorded_at      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+  PRIMARY KEY (trial_id, role, epoch)
+);
+ALTER TABLE trials ADD COLUMN resumed_from_epoch INTEGER;
+)SQL";
+
+// Append new versions here ({4, kSchemaV4}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
     {1, kSchemaV1},
+    {2, kSchemaV2},
+    {3, kSchemaV3},
 };
 
 }  // namespace
@@ -209,6 +253,149 @@ int migrate(sqlite3* db, const std::string& path) {
   }
   txn.commit();
   return schema_version();
+}
+
+const std::vector<std::string>& own_trial_columns() {
+  // The columns of `trials` the store defines itself (schema versions 1 to 3); every other
+  // column records a setting. A migration that adds a column of the store's own must add it here.
+  static const std::vector<std::string> columns = {
+      "id",         "experiment_id", "config_hash", "ordinal",       "status",
+      "error",      "attempts",      "backend",     "devices",       "oversubscribed",
+      "host",       "dprun_version", "plugin_path", "plugin_sha256", "runner_pid",
+      "created_at", "started_at",    "finished_at", "heartbeat_at",  "hosts",
+      "launch",     "device_set",    "resumed_from_epoch"};
+  return columns;
+}
+
+std::vector<std::string> setting_columns(sqlite3* db) {
+  const auto& own = own_trial_columns();
+  std::vector<std::string> out;
+  Stmt s(db, "SELECT name FROM pragma_table_info('trials') ORDER BY cid");
+  while (s.step()) {
+    std::string name = s.text(0);
+    if (std::find(own.begin(), own.end(), name) == own.end()) out.push_back(std::move(name));
+  }
+  return out;
+}
+
+std::vector<std::string> absent_own_columns(sqlite3* db) {
+  std::set<std::string> have;
+  Stmt s(db, "SELECT name FROM pragma_table_info('trials')");
+  while (s.step()) have.insert(s.text(0));
+  std::vector<std::string> absent;
+  for (const auto& c : own_trial_columns())
+    if (!have.count(c)) absent.push_back(c);
+  return absent;
+}
+
+namespace {
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(s[0] >= 'a' && s[0] <= 'z')) return false;
+  for (char c : s)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  return true;
+}
+
+// Column type and DEFAULT clause of a described column. Names and defaults come from the
+// caller's description, never from user input, and are checked before they reach DDL (which
+// takes no bound parameters).
+std::string column_definition(const SettingColumn& c) {
+  if (const auto* i = std::get_if<int64_t>(&c.default_value))
+    return "INTEGER NOT NULL DEFAULT " + std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&c.default_value)) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", *d);
+    std::string text = buf;
+    if (text.find_first_of(".e") == std::string::npos) text += ".0";
+    return "REAL NOT NULL DEFAULT " + text;
+  }
+  std::string quoted = "'";
+  for (char ch : std::get<std::string>(c.default_value))
+    quoted += ch == '\'' ? "''" : std::string(1, ch);
+  return "TEXT NOT NULL DEFAULT " + quoted + "'";
+}
+
+void check_descriptions(const std::string& path, const std::vector<SettingColumn>& described) {
+  const auto& own = own_trial_columns();
+  std::set<std::string> seen;
+  for (const SettingColumn& c : described) {
+    auto bad = [&](const std::string& why) {
+      return StoreError(path + ": setting column \"" + c.name + "\": " + why);
+    };
+    if (!is_identifier(c.name)) throw bad("a column name is [a-z][a-z0-9_]*");
+    if (std::find(own.begin(), own.end(), c.name) != own.end())
+      throw bad("is one of the store's own trial columns");
+    if (!seen.insert(c.name).second) throw bad("described twice");
+    if (std::holds_alternative<std::monostate>(c.default_value)) throw bad("needs a default");
+    if (const auto* d = std::get_if<double>(&c.default_value); d && !std::isfinite(*d))
+      throw bad("the default must be finite");
+  }
+}
+
+std::string view_sql(sqlite3* db, const char* name) {
+  Stmt s(db, "SELECT sql FROM sqlite_schema WHERE type = 'view' AND name = ?1");
+  s.bind(1, std::string(name));
+  return s.step() ? s.text(0) : "";
+}
+
+// What opening would change: the described columns the table lacks, and the views when they
+// differ from those of its setting columns. The views are left alone when the table has
+// setting columns the caller does not describe (a newer dprun added them): an older dprun does
+// not know whether their baselines may differ, and would otherwise undo the newer one's views.
+struct SettingsPlan {
+  std::vector<const SettingColumn*> missing;
+  bool views = false;
+  bool empty() const { return missing.empty() && !views; }
+};
+
+SettingsPlan plan_settings(sqlite3* db, const std::vector<SettingColumn>& described,
+                           std::vector<std::string> columns) {
+  SettingsPlan plan;
+  std::set<std::string> have(columns.begin(), columns.end()), known, may_differ;
+  for (const SettingColumn& c : described) {
+    known.insert(c.name);
+    if (c.baseline_may_differ) may_differ.insert(c.name);
+    if (!have.count(c.name)) {
+      plan.missing.push_back(&c);
+      columns.push_back(c.name);
+    }
+  }
+  for (const auto& c : columns)
+    if (!known.count(c)) return plan;  // columns of a newer dprun: its views stay
+  plan.views = view_sql(db, "trial_summary") != trial_summary_view(columns) ||
+               view_sql(db, "scaling") != scaling_view(columns, may_differ);
+  return plan;
+}
+
+void exec_sql(sqlite3* db, const std::string& sql) {
+  sqlite_check(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), db, "sqlite3_exec",
+               __FILE__, __LINE__, sql.c_str());
+}
+
+}  // namespace
+
+std::vector<std::string> add_setting_columns(sqlite3* db, const std::string& path,
+                                             const std::vector<SettingColumn>& described) {
+  check_descriptions(path, described);
+  if (plan_settings(db, described, setting_columns(db)).empty()) return setting_columns(db);
+  WriteTransaction txn(db);
+  // Another dprun may have done it between the look above and taking the write lock.
+  const SettingsPlan plan = plan_settings(db, described, setting_columns(db));
+  for (const SettingColumn* c : plan.missing)
+    exec_sql(db, "ALTER TABLE trials ADD COLUMN \"" + c->name + "\" " + column_definition(*c));
+  const std::vector<std::string> columns = setting_columns(db);
+  if (plan.views) {
+    std::set<std::string> may_differ;
+    for (const SettingColumn& c : described)
+      if (c.baseline_may_differ) may_differ.insert(c.name);
+    exec_sql(db, "DROP VIEW IF EXISTS scaling");
+    exec_sql(db, "DROP VIEW IF EXISTS trial_summary");
+    exec_sql(db, trial_summary_view(columns));
+    exec_sql(db, scaling_view(columns, may_differ));
+  }
+  txn.commit();
+  return columns;
 }
 
 }  // namespace detail

@@ -94,6 +94,13 @@ Stmt& Stmt::bind_null(int i) {
   return *this;
 }
 
+Stmt& Stmt::bind(int i, const SqlValue& v) {
+  if (const auto* n = std::get_if<int64_t>(&v)) return bind(i, *n);
+  if (const auto* d = std::get_if<double>(&v)) return bind(i, *d);
+  if (const auto* t = std::get_if<std::string>(&v)) return bind(i, *t);
+  return bind_null(i);
+}
+
 bool Stmt::step() {
   int rc = sqlite3_step(stmt_);
   sqlite_check(rc, db_, "sqlite3_step", __FILE__, __LINE__, sqlite3_sql(stmt_));
@@ -120,6 +127,37 @@ std::string Stmt::text(int col) const {
 }
 
 bool Stmt::is_null(int col) const { return sqlite3_column_type(stmt_, col) == SQLITE_NULL; }
+
+SqlValue Stmt::value(int col) const {
+  switch (sqlite3_column_type(stmt_, col)) {
+    case SQLITE_NULL:
+      return std::monostate{};
+    case SQLITE_INTEGER:
+      return int64(col);
+    case SQLITE_FLOAT:
+      return sqlite3_column_double(stmt_, col);
+    default:
+      return text(col);
+  }
+}
+
+int Stmt::column(const std::string& name) const {
+  if (names_.empty()) {
+    for (int c = 0; c < sqlite3_column_count(stmt_); ++c) {
+      const char* n = sqlite3_column_name(stmt_, c);
+      names_.emplace_back(n ? n : "");
+    }
+  }
+  for (size_t c = 0; c < names_.size(); ++c)
+    if (names_[c] == name) return static_cast<int>(c);
+  throw StoreError(db_name(db_) + ": no result column \"" + name + "\" in: " + sqlite3_sql(stmt_));
+}
+
+std::optional<double> Stmt::real_or_null(const std::string& name) const {
+  const int c = column(name);
+  if (is_null(c)) return std::nullopt;
+  return real(c);
+}
 
 WriteTransaction::WriteTransaction(sqlite3* db) : db_(db) {
   SQLITE_CHECK(db_, sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr));

@@ -1,11 +1,12 @@
 #pragma once
 // Private helpers of the store: the SQLITE_CHECK macro and a prepared-statement wrapper that
-// binds parameters by position (values never reach SQL text).
+// binds parameters by position (values never reach SQL text) and reads result columns by name.
 #include <sqlite3.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dpstore/store.hpp"
 
@@ -43,6 +44,7 @@ class Stmt {
   Stmt& bind(int i, const std::string& v);
   Stmt& bind_text_or_null(int i, const std::string& v);  // "" -> NULL
   Stmt& bind_null(int i);
+  Stmt& bind(int i, const SqlValue& v);
 
   /// Steps once: true when a row is available, false when done.
   bool step();
@@ -53,12 +55,23 @@ class Stmt {
   double real(int col) const;       // NULL -> NaN
   std::string text(int col) const;  // NULL -> ""
   bool is_null(int col) const;
+  SqlValue value(int col) const;  // as stored: NULL, INTEGER, REAL or TEXT (a BLOB as TEXT)
+
+  /// The same by result column name (as the SELECT names it, alias included), so a reader does
+  /// not depend on the order of a column list. StoreError naming the statement when absent.
+  int column(const std::string& name) const;
+  int64_t int64(const std::string& name) const { return int64(column(name)); }
+  double real(const std::string& name) const { return real(column(name)); }
+  std::string text(const std::string& name) const { return text(column(name)); }
+  bool is_null(const std::string& name) const { return is_null(column(name)); }
+  std::optional<double> real_or_null(const std::string& name) const;
 
   sqlite3_stmt* get() const { return stmt_; }
 
  private:
   sqlite3* db_;
   sqlite3_stmt* stmt_ = nullptr;
+  mutable std::vector<std::string> names_;  // result column names, read on first use
 };
 
 /// BEGIN IMMEDIATE ... COMMIT. Takes the write lock at once (waiting up to the busy timeout)
@@ -82,5 +95,17 @@ class WriteTransaction {
 int migrate(sqlite3* db, const std::string& path);
 /// Reads PRAGMA user_version.
 int read_user_version(sqlite3* db);
+
+/// The columns of `trials` the store defines itself; every other one records a setting.
+const std::vector<std::string>& own_trial_columns();
+/// The setting columns of `trials`, in table order.
+std::vector<std::string> setting_columns(sqlite3* db);
+/// The store's own columns `trials` lacks (a database of an older schema, read as it is).
+std::vector<std::string> absent_own_columns(sqlite3* db);
+/// Adds the described setting columns `trials` lacks (each filled with its default) and
+/// regenerates the views when they do not list the setting columns the table has, in one write
+/// transaction, only when something changes. Returns the setting columns, in table order.
+std::vector<std::string> add_setting_columns(sqlite3* db, const std::string& path,
+                                             const std::vector<SettingColumn>& described);
 
 }  // namespace dps::detail

@@ -4,12 +4,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <thread>
 #include <climits>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "sqlite_util.hpp"
@@ -27,61 +28,6 @@ constexpr int kBusyTimeoutMs = 10000;
 const TrialStatus kAllStatuses[] = {
     TrialStatus::pending,  TrialStatus::running,     TrialStatus::done,   TrialStatus::failed,
     TrialStatus::diverged, TrialStatus::interrupted, TrialStatus::skipped};
-
-// Columns of a TrialRow, in the order read_trial expects them.
-constexpr const char* kSelectTrial =
-    "SELECT id, experiment_id, config_hash, ordinal, model, model_options, dataset, data_path, "
-    "gpus, batch_size, per_gpu_batch, lr, epochs, seed, optimizer, momentum, weight_decay, "
-    "precision, layout, bn_mode, eval_batch_size, train_limit, test_limit, backend_request, "
-    "status, error, attempts, backend, devices, oversubscribed, host, dprun_version, "
-    "plugin_path, plugin_sha256, runner_pid, created_at, started_at, finished_at, heartbeat_at, "
-    "(SELECT COUNT(*) FROM epochs WHERE epochs.trial_id = trials.id) FROM trials ";
-
-TrialRow read_trial(const Stmt& s) {
-  TrialRow r;
-  r.id = s.int64(0);
-  r.experiment_id = s.int64(1);
-  r.config_hash = s.text(2);
-  r.ordinal = s.int64(3);
-  TrialSettings& t = r.settings;
-  t.model = s.text(4);
-  t.model_options_json = s.text(5);
-  t.dataset = s.text(6);
-  t.data_path = s.text(7);
-  t.gpus = s.int64(8);
-  t.batch_size = s.int64(9);
-  t.per_gpu_batch = s.int64(10);
-  t.lr = s.real(11);
-  t.epochs = s.int64(12);
-  t.seed = s.int64(13);
-  t.optimizer = s.text(14);
-  t.momentum = s.real(15);
-  t.weight_decay = s.real(16);
-  t.precision = s.text(17);
-  t.layout = s.text(18);
-  t.bn_mode = s.text(19);
-  t.eval_batch_size = s.int64(20);
-  t.train_limit = s.int64(21);
-  t.test_limit = s.int64(22);
-  t.backend_request = s.text(23);
-  r.status = parse_status(s.text(24));
-  r.error = s.text(25);
-  r.attempts = s.int64(26);
-  r.backend = s.text(27);
-  r.devices = s.text(28);
-  r.oversubscribed = s.int64(29) != 0;
-  r.host = s.text(30);
-  r.dprun_version = s.text(31);
-  r.plugin_path = s.text(32);
-  r.plugin_sha256 = s.text(33);
-  r.runner_pid = s.int64(34);
-  r.created_at = s.text(35);
-  r.started_at = s.text(36);
-  r.finished_at = s.text(37);
-  r.heartbeat_at = s.text(38);
-  r.epochs_done = s.int64(39);
-  return r;
-}
 
 std::string this_host() {
   char name[256] = {};
@@ -156,7 +102,8 @@ Store::Impl::~Impl() {
   if (db) SQLITE_CHECK_NOTHROW(db, sqlite3_close_v2(db));
 }
 
-Store::Store(const std::string& path, Mode mode) : impl_(nullptr) {
+Store::Store(const std::string& path, Mode mode, const std::vector<SettingColumn>& settings)
+    : impl_(nullptr) {
   namespace fs = std::filesystem;
   if (path.empty()) throw StoreError("database path is empty: give a file name such as results.db");
   auto impl = std::make_unique<Impl>();
@@ -210,16 +157,16 @@ Store::Store(const std::string& path, Mode mode) : impl_(nullptr) {
       enable_wal(db);
       exec(db, "PRAGMA synchronous = NORMAL");
       impl->user_version = detail::migrate(db, path);
+      impl->setting_columns = detail::add_setting_columns(db, path, settings);
     } else {
       if (version == 0) {
         throw StoreError(path + ": not a dprun database (it has no dprun schema)");
       }
-      if (version < schema_version()) {
-        throw StoreError(path + ": database schema version " + std::to_string(version) +
-                         " is older than this dprun (" + std::to_string(schema_version()) +
-                         "); open it once read-write (run dprun on the experiment) to migrate it");
-      }
       impl->user_version = version;
+      // As it is, never migrated (reading must not change a file): a setting column it lacks
+      // reads as that setting's default in the caller, a column of a later schema as NULL.
+      impl->setting_columns = detail::setting_columns(db);
+      impl->absent_columns = detail::absent_own_columns(db);
     }
   } catch (const StoreError&) {
     if (sqlite3_errcode(db) == SQLITE_NOTADB) {
@@ -245,6 +192,8 @@ Store& Store::operator=(Store&& other) noexcept {
 
 const std::string& Store::path() const { return impl_->path; }
 
+const std::vector<std::string>& Store::setting_columns() const { return impl_->setting_columns; }
+
 int Store::user_version() const { return impl_->user_version; }
 
 int64_t Store::upsert_experiment(const std::string& name, const std::string& description,
@@ -268,16 +217,8 @@ int64_t Store::upsert_experiment(const std::string& name, const std::string& des
   return id;
 }
 
-std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::string& config_hash) {
-  Stmt s(impl_->db,
-         (std::string(kSelectTrial) + "WHERE experiment_id = ?1 AND config_hash = ?2").c_str());
-  s.bind(1, experiment_id).bind(2, config_hash);
-  if (!s.step()) return std::nullopt;
-  return read_trial(s);
-}
-
 TrialRow Store::ensure_trial(int64_t experiment_id, const std::string& config_hash, int64_t ordinal,
-                             const TrialSettings& t) {
+                             const SettingValues& settings) {
   sqlite3* db = impl_->db;
   WriteTransaction txn(db);
   {
@@ -288,45 +229,36 @@ TrialRow Store::ensure_trial(int64_t experiment_id, const std::string& config_ha
                        std::to_string(experiment_id));
     }
   }
+  // Setting columns are named by the caller: only those the table has reach the statement, as
+  // quoted identifiers; their values are bound.
+  std::string columns = "experiment_id, config_hash, ordinal", params = "?1, ?2, ?3";
+  int n = 3;
+  for (const auto& [name, value] : settings) {
+    const auto& have = impl_->setting_columns;
+    if (std::find(have.begin(), have.end(), name) == have.end()) {
+      throw StoreError(impl_->path + ": ensure_trial: trials has no setting column \"" + name +
+                       "\" (describe it when opening the store)");
+    }
+    columns += ", \"" + name + "\"";
+    params += ", ?" + std::to_string(++n);
+  }
   Stmt ins(db,
-           "INSERT INTO trials (experiment_id, config_hash, ordinal, model, model_options, "
-           "dataset, data_path, gpus, batch_size, per_gpu_batch, lr, epochs, seed, optimizer, "
-           "momentum, weight_decay, precision, layout, bn_mode, eval_batch_size, train_limit, "
-           "test_limit, backend_request) "
-           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, "
-           "?18, ?19, ?20, ?21, ?22, ?23) "
-           "ON CONFLICT (experiment_id, config_hash) DO UPDATE SET ordinal = excluded.ordinal");
+           ("INSERT INTO trials (" + columns + ") VALUES (" + params +
+            ") ON CONFLICT (experiment_id, config_hash) DO UPDATE SET ordinal = excluded.ordinal")
+               .c_str());
   ins.bind(1, experiment_id).bind(2, config_hash).bind(3, ordinal);
-  ins.bind(4, t.model).bind(5, t.model_options_json).bind(6, t.dataset).bind(7, t.data_path);
-  ins.bind(8, t.gpus).bind(9, t.batch_size).bind(10, t.per_gpu_batch).bind(11, t.lr);
-  ins.bind(12, t.epochs).bind(13, t.seed).bind(14, t.optimizer).bind(15, t.momentum);
-  ins.bind(16, t.weight_decay).bind(17, t.precision).bind(18, t.layout).bind(19, t.bn_mode);
-  ins.bind(20, t.eval_batch_size).bind(21, t.train_limit).bind(22, t.test_limit);
-  ins.bind(23, t.backend_request);
+  n = 3;
+  for (const auto& [name, value] : settings) ins.bind(++n, value);
   ins.run();
-  Stmt sel(db,
-           (std::string(kSelectTrial) + "WHERE experiment_id = ?1 AND config_hash = ?2").c_str());
+  Stmt sel(db, detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+                                     impl_->has_checkpoints(),
+                                     "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
+                   .c_str());
   sel.bind(1, experiment_id).bind(2, config_hash);
   if (!sel.step()) throw StoreError(impl_->path + ": ensure_trial: the trial vanished");
-  TrialRow row = read_trial(sel);
+  TrialRow row = detail::read_trial(impl_->setting_columns, sel);
   txn.commit();
   return row;
-}
-
-std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
-  Stmt s(impl_->db, (std::string(kSelectTrial) + "WHERE id = ?1").c_str());
-  s.bind(1, trial_id);
-  if (!s.step()) return std::nullopt;
-  return read_trial(s);
-}
-
-std::vector<TrialRow> Store::trials(int64_t experiment_id) {
-  Stmt s(impl_->db,
-         (std::string(kSelectTrial) + "WHERE experiment_id = ?1 ORDER BY ordinal, id").c_str());
-  s.bind(1, experiment_id);
-  std::vector<TrialRow> rows;
-  while (s.step()) rows.push_back(read_trial(s));
-  return rows;
 }
 
 bool Store::claim_trial(int64_t trial_id, TrialStatus expected, int64_t runner_pid,
@@ -344,38 +276,74 @@ bool Store::claim_trial(int64_t trial_id, TrialStatus expected, int64_t runner_p
     Stmt exists(db, "SELECT 1 FROM trials WHERE id = ?1");
     exists.bind(1, trial_id);
     if (!exists.step()) {
-      throw StoreError(impl_->path + ": claim_trial: no trial with id " +
-                       std::to_string(trial_id));
+      throw StoreError(impl_->path + ": claim_trial: no trial with id " + std::to_string(trial_id));
     }
   }
   txn.commit();
   return claimed;
 }
 
-void Store::start_trial(int64_t trial_id, const TrialStart& start) {
+void Store::start_trial(int64_t trial_id, const TrialStart& start, int64_t resume_epoch) {
+  if (resume_epoch < 0) {
+    throw StoreError(impl_->path + ": start_trial: resume_epoch " + std::to_string(resume_epoch) +
+                     " is negative");
+  }
   sqlite3* db = impl_->db;
   WriteTransaction txn(db);
-  // Epochs of an earlier, unfinished attempt would mix with the new run's: a restart begins at
-  // epoch 1.
-  Stmt del(db, "DELETE FROM epochs WHERE trial_id = ?1");
-  del.bind(1, trial_id);
+  // Epochs of an earlier, unfinished attempt past where this one begins would mix with the new
+  // run's: a start from scratch keeps none, a resumed one those up to its checkpoint.
+  Stmt del(db, "DELETE FROM epochs WHERE trial_id = ?1 AND epoch > ?2");
+  del.bind(1, trial_id).bind(2, resume_epoch);
   del.run();
+  Stmt del_checkpoints(db, "DELETE FROM checkpoints WHERE trial_id = ?1 AND epoch > ?2");
+  del_checkpoints.bind(1, trial_id).bind(2, resume_epoch);
+  del_checkpoints.run();
   Stmt up(db,
           "UPDATE trials SET status = 'running', attempts = attempts + 1, error = NULL, "
           "  started_at = " DPS_NOW_SQL ", heartbeat_at = " DPS_NOW_SQL
           ", finished_at = NULL, "
           "  backend = ?2, devices = ?3, host = ?4, dprun_version = ?5, plugin_path = ?6, "
-          "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9 "
+          "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9, hosts = ?10, launch = ?11, "
+          "  device_set = ?12, resumed_from_epoch = ?13 "
           "WHERE id = ?1");
   up.bind(1, trial_id);
   up.bind_text_or_null(2, start.backend).bind_text_or_null(3, start.devices);
   up.bind_text_or_null(4, start.host).bind_text_or_null(5, start.dprun_version);
   up.bind_text_or_null(6, start.plugin_path).bind_text_or_null(7, start.plugin_sha256);
   up.bind(8, int64_t{start.oversubscribed ? 1 : 0}).bind(9, start.runner_pid);
+  up.bind_text_or_null(10, start.hosts).bind_text_or_null(11, start.launch);
+  up.bind_text_or_null(12, start.device_set);
+  if (resume_epoch > 0) {
+    up.bind(13, resume_epoch);
+  } else {
+    up.bind_null(13);
+  }
   up.run();
   if (sqlite3_changes(db) == 0) {
     throw StoreError(impl_->path + ": start_trial: no trial with id " + std::to_string(trial_id));
   }
+  txn.commit();
+}
+
+void Store::record_checkpoint(const CheckpointRow& row) {
+  if (row.role != "last" && row.role != "best" && row.role != "epoch") {
+    throw StoreError(impl_->path + ": record_checkpoint: role \"" + row.role +
+                     "\": expected last, best or epoch");
+  }
+  sqlite3* db = impl_->db;
+  WriteTransaction txn(db);
+  if (row.role != "epoch") {
+    Stmt del(db, "DELETE FROM checkpoints WHERE trial_id = ?1 AND role = ?2");
+    del.bind(1, row.trial_id).bind(2, row.role);
+    del.run();
+  }
+  Stmt ins(db,
+           "INSERT OR REPLACE INTO checkpoints (trial_id, role, epoch, path, sha256, bytes, "
+           "optimizer_path, optimizer_sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)");
+  ins.bind(1, row.trial_id).bind(2, row.role).bind(3, row.epoch).bind(4, row.path);
+  ins.bind(5, row.sha256).bind(6, row.bytes);
+  ins.bind_text_or_null(7, row.optimizer_path).bind_text_or_null(8, row.optimizer_sha256);
+  ins.run();
   txn.commit();
 }
 
@@ -471,29 +439,6 @@ int Store::recover_stale(int64_t experiment_id, double stale_seconds) {
   }
   txn.commit();
   return count;
-}
-
-std::vector<EpochRow> Store::epochs(int64_t trial_id) {
-  Stmt s(impl_->db,
-         "SELECT trial_id, epoch, train_loss, train_acc, test_acc, seconds, examples_per_second, "
-         "lr, eval_seconds, peak_memory_bytes FROM epochs WHERE trial_id = ?1 ORDER BY epoch");
-  s.bind(1, trial_id);
-  std::vector<EpochRow> rows;
-  while (s.step()) {
-    EpochRow r;
-    r.trial_id = s.int64(0);
-    r.epoch = s.int64(1);
-    r.train_loss = s.real(2);
-    r.train_acc = s.real(3);
-    r.test_acc = s.real(4);
-    r.seconds = s.real(5);
-    r.examples_per_second = s.real(6);
-    r.lr = s.real(7);
-    r.eval_seconds = s.real(8);
-    r.peak_memory_bytes = s.int64(9);
-    rows.push_back(r);
-  }
-  return rows;
 }
 
 }  // namespace dps

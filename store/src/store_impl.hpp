@@ -1,10 +1,13 @@
 #pragma once
-// The state behind dps::Store, shared by store.cpp (lifecycle) and query.cpp (read-only SQL).
+// The state behind dps::Store, shared by store.cpp (opening, the trial lifecycle), reads.cpp
+// (typed reads) and query.cpp (read-only SQL).
 #include <sqlite3.h>
 
 #include <string>
+#include <vector>
 
 #include "dpstore/store.hpp"
+#include "sqlite_util.hpp"
 
 namespace dps {
 
@@ -13,11 +16,29 @@ struct Store::Impl {
   std::string path;  // as given by the caller, for messages
   Mode mode = Mode::read_write;
   int user_version = 0;
+  std::vector<std::string> setting_columns;  // of `trials`, in table order
+  /// The store's own trial columns an older schema lacks (read-only: they read as NULL).
+  std::vector<std::string> absent_columns;
   // Set by the query authorizer when it refuses an action, so query() can tell a refusal from
   // an ordinary SQL error.
   std::string refused_action;
+  /// The checkpoints table exists (schema 3 or later).
+  bool has_checkpoints() const { return user_version >= 3; }
 
   ~Impl();
 };
+
+namespace detail {
+
+/// "SELECT <every column of a TrialRow>" + more_columns + " FROM trials " + where.
+/// absent: own columns the database lacks (an older schema opened read-only), read as NULL.
+/// has_checkpoints: the database has the checkpoints table (else last_checkpoint_epoch is NULL).
+std::string select_trials(const std::vector<std::string>& setting_columns,
+                          const std::vector<std::string>& absent, bool has_checkpoints,
+                          const std::string& where, const std::string& more_columns = "");
+/// The TrialRow of the current row of a statement made from select_trials (read by name).
+TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt& s);
+
+}  // namespace detail
 
 }  // namespace dps

@@ -12,60 +12,6 @@
 
 namespace enginetest {
 
-ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, uint64_t seed)
-    : module_(std::move(module)), input_(input) {
-  dp::BackendOptions bo;
-  bo.kind = dp::BackendKind::cpu;
-  bo.cpu_threads = 1;
-  backend_ = dp::create_backend(bo);
-  arena_ = std::make_unique<dp::Arena>(*backend_);
-  module_->declare(registry_, "");
-  registry_.allocate(*backend_, false);
-  registry_.initialize(seed);
-  dp::SetupContext ctx{*backend_, *arena_, registry_, dp::Layout::nchw, {}, {}, true};
-  const dp::Shape out = module_->setup(ctx, input);
-  // Twice the setup batch, so tests can hand the module a too-large batch and see its error.
-  x_ = arena_->allocate(input.with_batch(2 * input[0]));
-  dy_ = arena_->allocate(out.with_batch(2 * out[0]));
-}
-
-ModuleRunner::~ModuleRunner() {
-  // The module holds plans and views into the arena: it goes first, the backend last.
-  module_.reset();
-  arena_.reset();
-}
-
-std::vector<float> ModuleRunner::grads() const {
-  std::vector<float> g(registry_.parameter_floats());
-  if (!g.empty()) backend_->download(g.data(), registry_.grads_flat().data, g.size() * 4);
-  return g;
-}
-
-std::vector<float> ModuleRunner::forward(const std::vector<float>& x, bool training) {
-  const int64_t per = input_.per_example();
-  DP_CHECK(static_cast<int64_t>(x.size()) % per == 0, "ModuleRunner: bad input size");
-  batch_ = static_cast<int64_t>(x.size()) / per;
-  const dp::Tensor xt = x_.with_batch(batch_);
-  backend_->upload(xt.data, x.data(), x.size() * sizeof(float));
-  dp::RunContext ctx{*backend_, registry_, training, nullptr};
-  const dp::Tensor y = module_->forward(ctx, xt);
-  std::vector<float> out(static_cast<size_t>(y.numel()));
-  backend_->download(out.data(), y.data, y.bytes());
-  return out;
-}
-
-std::vector<float> ModuleRunner::backward(const std::vector<float>& dy) {
-  const int64_t per = dy_.shape.per_example();
-  DP_CHECK(static_cast<int64_t>(dy.size()) % per == 0, "ModuleRunner: bad gradient size");
-  const dp::Tensor dyt = dy_.with_batch(static_cast<int64_t>(dy.size()) / per);
-  backend_->upload(dyt.data, dy.data(), dy.size() * sizeof(float));
-  dp::RunContext ctx{*backend_, registry_, true, nullptr};
-  const dp::Tensor dx = module_->backward(ctx, dyt, true);
-  std::vector<float> out(static_cast<size_t>(dx.numel()));
-  backend_->download(out.data(), dx.data, dx.bytes());
-  return out;
-}
-
 dp::ModelFactory plugin_model(const std::string& file, const std::string& model) {
   static std::mutex mutex;
   static std::map<std::string, std::vector<dprun::LoadedModel>> loaded;

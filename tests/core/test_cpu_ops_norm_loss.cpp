@@ -171,6 +171,98 @@ TEST_CASE("cpu batchnorm training forward, running statistics and backward", "[c
   }
 }
 
+TEST_CASE("cpu synchronised batch norm: a batch cut into parts equals the whole batch",
+          "[cpu][ops]") {
+  // The pieces between synchronised BN's allreduces, with the allreduce done here by adding the
+  // parts' sums: forward, running statistics and backward must equal batchnorm_forward_train /
+  // batchnorm_backward on the whole batch. One part is empty (a replica with no examples). Parts
+  // are cut along N, the outermost dimension in both layouts.
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("layout " << dp::layout_name(layout));
+  auto backend = make_cpu();
+  const float momentum = 0.1f, eps = 1e-5f;
+  for (const BnCase& bc : kBnCases) {
+    if (bc.n() < 2) continue;
+    SECTION(bc.name) {
+      const int64_t C = bc.c(), N = bc.n(), per = bc.shape.numel() / N;
+      const dp::Shape cs{C}, cs2{2 * C};
+      const dp::Layout lx = bc.shape.rank == 4 ? layout : dp::Layout::nchw;
+      fvec x = random_vector(bc.shape.numel(), 91);
+      for (auto& v : x) v += bc.offset;
+      const fvec dy = random_vector(bc.shape.numel(), 92);
+      fvec gamma = random_vector(C, 93, 0.5f, 1.5f), beta = random_vector(C, 94);
+      const fvec rm0 = random_vector(C, 95), rv0 = random_vector(C, 96, 0.5f, 2.0f);
+      // The whole batch.
+      fvec xa = x, dya = dy, rm = rm0, rv = rv0, sm(C), si(C), y(x.size()), dx(x.size());
+      fvec dgamma(C), dbeta(C);
+      backend->batchnorm_forward_train(host_tensor(xa, bc.shape, lx), host_tensor(gamma, cs),
+                                       host_tensor(beta, cs), host_tensor(rm, cs),
+                                       host_tensor(rv, cs), momentum, eps, host_tensor(sm, cs),
+                                       host_tensor(si, cs), host_tensor(y, bc.shape, lx));
+      backend->batchnorm_backward(host_tensor(xa, bc.shape, lx), host_tensor(dya, bc.shape, lx),
+                                  host_tensor(gamma, cs), host_tensor(sm, cs), host_tensor(si, cs),
+                                  eps, host_tensor(dx, bc.shape, lx), host_tensor(dgamma, cs),
+                                  host_tensor(dbeta, cs));
+      // Three parts: the first example, none, the rest.
+      const std::vector<std::pair<int64_t, int64_t>> parts = {{0, 1}, {1, 0}, {1, N - 1}};
+      auto part_shape = [&](int64_t n) {
+        dp::Shape s = bc.shape;
+        s[0] = n;
+        return s;
+      };
+      auto slice = [&](const fvec& v, int64_t first, int64_t n) {
+        return fvec(v.begin() + first * per, v.begin() + (first + n) * per);
+      };
+      const int64_t count = N * bc.hw();
+      fvec total(C, 0.0f), mean(C), var(C, 0.0f);
+      for (const auto& [first, n] : parts) {
+        fvec xp = slice(x, first, n), sums(C);
+        backend->batchnorm_sums(host_tensor(xp, part_shape(n), lx), nullptr, host_tensor(sums, cs));
+        for (int64_t c = 0; c < C; ++c) total[c] += sums[c];
+      }
+      for (int64_t c = 0; c < C; ++c) mean[c] = total[c] / static_cast<float>(count);
+      for (const auto& [first, n] : parts) {
+        fvec xp = slice(x, first, n), sums(C);
+        auto mt = host_tensor(mean, cs);
+        backend->batchnorm_sums(host_tensor(xp, part_shape(n), lx), &mt, host_tensor(sums, cs));
+        for (int64_t c = 0; c < C; ++c) var[c] += sums[c] / static_cast<float>(count);
+      }
+      fvec y_parts, dx_parts, bsum(2 * C, 0.0f);
+      for (const auto& [first, n] : parts) {
+        fvec xp = slice(x, first, n), yp(xp.size()), prm = rm0, prv = rv0, psm(C), psi(C);
+        backend->batchnorm_apply_stats(
+            host_tensor(xp, part_shape(n), lx), host_tensor(gamma, cs), host_tensor(beta, cs),
+            host_tensor(mean, cs), host_tensor(var, cs), host_tensor(prm, cs), host_tensor(prv, cs),
+            momentum, eps, count, host_tensor(psm, cs), host_tensor(psi, cs),
+            host_tensor(yp, part_shape(n), lx));
+        y_parts.insert(y_parts.end(), yp.begin(), yp.end());
+        // Every replica keeps the same running statistics, those of the whole batch.
+        check_close(prm, to_double(rm), 1e-6);
+        check_close(prv, to_double(rv), 1e-5);
+        check_close(psi, to_double(si), 1e-5);
+        fvec dyp = slice(dy, first, n), sums(2 * C);
+        backend->batchnorm_backward_sums(host_tensor(xp, part_shape(n), lx),
+                                         host_tensor(dyp, part_shape(n), lx), host_tensor(sm, cs),
+                                         host_tensor(si, cs), host_tensor(sums, cs2));
+        for (int64_t c = 0; c < 2 * C; ++c) bsum[c] += sums[c];
+      }
+      check_close(y_parts, to_double(y), 1e-5);
+      check_close(fvec(bsum.begin(), bsum.begin() + C), to_double(dbeta), 1e-5);
+      check_close(fvec(bsum.begin() + C, bsum.end()), to_double(dgamma), 1e-5);
+      for (const auto& [first, n] : parts) {
+        fvec xp = slice(x, first, n), dyp = slice(dy, first, n), dxp(xp.size());
+        backend->batchnorm_backward_apply(
+            host_tensor(xp, part_shape(n), lx), host_tensor(dyp, part_shape(n), lx),
+            host_tensor(gamma, cs), host_tensor(sm, cs), host_tensor(si, cs),
+            host_tensor(bsum, cs2), count, host_tensor(dxp, part_shape(n), lx));
+        dx_parts.insert(dx_parts.end(), dxp.begin(), dxp.end());
+      }
+      // The same 1e-4 as the backward test above (the large-mean case's fp32 x - mean).
+      check_close(dx_parts, to_double(dx), 1e-4);
+    }
+  }
+}
+
 TEST_CASE("cpu batchnorm inference uses the running statistics", "[cpu][ops]") {
   const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
   INFO("layout " << dp::layout_name(layout));

@@ -35,7 +35,7 @@ dp::TrainerOptions options_for(dp::Layout layout) {
   o.cpu_threads = 2;
   o.epochs = 2;
   o.seed = 3;
-  o.sgd.lr = 0.05f;
+  o.lr.base = 0.05f;
   o.layout = layout;
   return o;
 }

@@ -1,6 +1,7 @@
-// Every layer through the Module API on the CPU backend: forward against a naive reference,
-// backward (dx and parameter gradients) against central differences, odd shapes; the shape
-// checks of Module; Sequential naming; describe().
+// Every layer through the Module API on every backend present (the CPU always, CUDA where a GPU
+// is): forward against a naive reference, backward (dx and each named parameter tensor) against
+// central differences, and a CUDA backend against the CPU backend tensor by named tensor; odd
+// shapes; the shape checks of Module; Sequential naming; describe().
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -12,34 +13,15 @@
 #include "dp/random.hpp"
 #include "engine_test_util.hpp"
 #include "support/check.hpp"
+#include "support/module_check.hpp"
 
-using enginetest::ModuleRunner;
+using dptest::check_against_cpu;
+using dptest::check_module_gradients;
+using dptest::entry_values;
+using dptest::ModuleRunner;
+using dptest::Tolerance;
 
 namespace {
-
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-std::vector<float> to_float(const std::vector<double>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>(v[i]);
-  return out;
-}
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-
-// The values of one registry entry inside a flat host copy.
-std::vector<float> entry_values(const dp::ParamRegistry& reg, const std::vector<float>& flat,
-                                const std::string& name) {
-  for (const auto& e : reg.entries())
-    if (e.name == name) {
-      const auto begin = flat.begin() + static_cast<std::ptrdiff_t>(e.offset);
-      return {begin, begin + e.shape.numel()};
-    }
-  FAIL("no entry " << name);
-  return {};
-}
 
 // Random parameter values (padding left at zero), so gradients w.r.t. gamma/beta/bias are
 // checked away from their initial 1/0.
@@ -54,74 +36,29 @@ void randomize_params(ModuleRunner& run, uint64_t seed, float scale = 0.5f) {
   run.set_params(p);
 }
 
-// How a gradient check treats non-smooth points.
-struct Tolerance {
-  double step = 1e-2, rel = 2e-2, abs = 2e-3;
-  // Networks with ReLU/max-pool after other layers have kinks we cannot place away from the
-  // finite-difference window by choosing inputs. A coordinate is skipped when the central
-  // differences with step h and h/2 disagree by more than `abs` (the function is not smooth
-  // there); that depends only on the function, never on the analytic gradient under test. At
-  // most 3% of the coordinates may be skipped.
-  bool detect_kinks = false;
+// The CUDA backend against the CPU oracle: float sums in another order.
+constexpr double kCrossBackend = 1e-4;
+
+// A Linear whose backward reports a bias gradient off by 0.5 in its first element: the checker
+// must notice.
+class LinearWithWrongBiasGradient : public dp::Linear {
+ public:
+  using dp::Linear::Linear;
+
+ protected:
+  dp::Tensor do_backward(dp::RunContext& ctx, const dp::Tensor& dy, bool need_dx) override {
+    const dp::Tensor dx = dp::Linear::do_backward(ctx, dy, need_dx);
+    for (const auto& e : ctx.params.entries()) {
+      if (e.name != "bias") continue;
+      float* grad = static_cast<float*>(ctx.params.grads_flat().data) + e.offset;
+      float first = 0;
+      ctx.backend.download(&first, grad, sizeof first);
+      first += 0.5f;
+      ctx.backend.upload(grad, &first, sizeof first);
+    }
+    return dx;
+  }
 };
-
-std::function<bool(const std::vector<double>&, int64_t)> kink_detector(
-    const std::function<double(const std::vector<double>&)>& f, const Tolerance& tol,
-    int64_t& skipped) {
-  return [&f, tol, &skipped](const std::vector<double>& x, int64_t i) {
-    std::vector<double> xp = x;
-    const auto k = static_cast<size_t>(i);
-    auto central = [&](double h) {
-      xp[k] = x[k] + h;
-      const double a = f(xp);
-      xp[k] = x[k] - h;
-      const double b = f(xp);
-      xp[k] = x[k];
-      return (a - b) / (2 * h);
-    };
-    const double d1 = central(tol.step), d2 = central(tol.step / 2);
-    const bool kink = std::fabs(d1 - d2) > tol.abs * std::max(1.0, std::fabs(d1));
-    if (kink) ++skipped;
-    return kink;
-  };
-}
-
-// L = sum(y * r) for a fixed random r: checks dx and the gradient of every parameter (the whole
-// flat buffer, padding included, whose gradient must be zero).
-void check_gradients(ModuleRunner& run, const std::vector<float>& x, const Tolerance& tol = {},
-                     bool training = true) {
-  const std::vector<float> params = run.params();
-  const std::vector<float> y = run.forward(x, training);
-  const std::vector<float> r = dptest::random_vector(static_cast<int64_t>(y.size()), 4242);
-  const std::vector<float> dx = run.backward(r);
-  const std::vector<float> grads = run.grads();
-  dptest::GradCheckOptions opt;
-  opt.step = tol.step;
-  opt.rel_tol = tol.rel;
-  opt.abs_tol = tol.abs;
-
-  const std::function<double(const std::vector<double>&)> f_x = [&](const std::vector<double>& xd) {
-    return dot(run.forward(to_float(xd), training), r);
-  };
-  int64_t skipped = 0;
-  if (tol.detect_kinks) opt.kink = kink_detector(f_x, tol, skipped);
-  const auto cx = dptest::check_gradient(f_x, to_double(x), to_double(dx), opt);
-  INFO("dx: " << cx.message);
-  CHECK(cx.ok);
-  CHECK(skipped <= std::max<int64_t>(2, static_cast<int64_t>(x.size()) * 3 / 100));
-
-  const std::function<double(const std::vector<double>&)> f_p = [&](const std::vector<double>& pd) {
-    run.set_params(to_float(pd));
-    return dot(run.forward(x, training), r);
-  };
-  skipped = 0;
-  if (tol.detect_kinks) opt.kink = kink_detector(f_p, tol, skipped);
-  const auto cp = dptest::check_gradient(f_p, to_double(params), to_double(grads), opt);
-  run.set_params(params);
-  INFO("parameter gradients: " << cp.message);
-  CHECK(cp.ok);
-  CHECK(skipped <= std::max<int64_t>(2, static_cast<int64_t>(params.size()) * 3 / 100));
-}
 
 // Deep compositions: a smaller step (float noise ~1e-3 at this step) and kink detection.
 const Tolerance kinky{1e-3, 2e-2, 3e-3, true};
@@ -197,9 +134,12 @@ TEST_CASE("Conv2d: forward matches a naive convolution, gradients match finite d
   for (const Case& cs : {Case{3, 2, 7, 6, 5, 3, 2, 1, true}, Case{2, 3, 5, 5, 4, 1, 2, 0, false},
                          Case{1, 1, 6, 4, 2, 3, 1, 0, true}}) {
     DYNAMIC_SECTION("N=" << cs.n << " C=" << cs.c << " " << cs.h << "x" << cs.w << " K=" << cs.k
-                         << " R=" << cs.r << " stride " << cs.stride << " pad " << cs.pad) {
-      ModuleRunner run(std::make_unique<dp::Conv2d>(cs.c, cs.k, cs.r, cs.stride, cs.pad, cs.bias),
-                       {cs.n, cs.c, cs.h, cs.w}, 3);
+                         << " R=" << cs.r << " stride " << cs.stride << " pad " << cs.pad)
+    DP_FOR_EACH_BACKEND(kind) {
+      auto make = [&] {
+        return std::make_unique<dp::Conv2d>(cs.c, cs.k, cs.r, cs.stride, cs.pad, cs.bias);
+      };
+      ModuleRunner run(make(), {cs.n, cs.c, cs.h, cs.w}, 3, kind);
       randomize_params(run, 11);
       const auto x = dptest::random_vector(cs.n * cs.c * cs.h * cs.w, 5);
       const auto p = run.params();
@@ -209,124 +149,158 @@ TEST_CASE("Conv2d: forward matches a naive convolution, gradients match finite d
       const auto expected = conv_ref(x, w, cs.bias ? &b : nullptr, cs.n, cs.c, cs.h, cs.w, cs.k,
                                      cs.r, cs.stride, cs.pad);
       DP_CHECK_CLOSE(run.forward(x), expected, 1e-5);
-      check_gradients(run, x);
+      check_module_gradients(run, x);
+      check_against_cpu(run, make, x, kCrossBackend);
     }
   }
 }
 
 TEST_CASE("Conv2d: a batch smaller than the setup batch", "[engine][layers]") {
-  ModuleRunner run(std::make_unique<dp::Conv2d>(2, 3, 3, 1, 1), {4, 2, 5, 5});
-  randomize_params(run, 2);
-  const auto x = dptest::random_vector(2 * 2 * 5 * 5, 8);
-  const auto p = run.params();
-  const auto w = entry_values(run.registry(), p, "weight");
-  const auto b = entry_values(run.registry(), p, "bias");
-  DP_CHECK_CLOSE(run.forward(x), conv_ref(x, w, &b, 2, 2, 5, 5, 3, 3, 1, 1), 1e-5);
-  check_gradients(run, x);
+  DP_FOR_EACH_BACKEND(kind) {
+    auto make = [] { return std::make_unique<dp::Conv2d>(2, 3, 3, 1, 1); };
+    ModuleRunner run(make(), {4, 2, 5, 5}, 1, kind);
+    randomize_params(run, 2);
+    const auto x = dptest::random_vector(2 * 2 * 5 * 5, 8);
+    const auto p = run.params();
+    const auto w = entry_values(run.registry(), p, "weight");
+    const auto b = entry_values(run.registry(), p, "bias");
+    DP_CHECK_CLOSE(run.forward(x), conv_ref(x, w, &b, 2, 2, 5, 5, 3, 3, 1, 1), 1e-5);
+    check_module_gradients(run, x);
+    check_against_cpu(run, make, x, kCrossBackend);
+  }
 }
 
 TEST_CASE("Linear: forward is x w^T + b, gradients match finite differences", "[engine][layers]") {
   const int64_t n = 3, in = 7, out = 5;
-  ModuleRunner run(std::make_unique<dp::Linear>(in, out), {n, in});
-  randomize_params(run, 4);
-  const auto x = dptest::random_vector(n * in, 6);
-  const auto p = run.params();
-  const auto w = entry_values(run.registry(), p, "weight");
-  const auto b = entry_values(run.registry(), p, "bias");
-  std::vector<float> expected(static_cast<size_t>(n * out));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t o = 0; o < out; ++o) {
-      double s = b[static_cast<size_t>(o)];
-      for (int64_t j = 0; j < in; ++j)
-        s += static_cast<double>(x[static_cast<size_t>(i * in + j)]) *
-             w[static_cast<size_t>(o * in + j)];
-      expected[static_cast<size_t>(i * out + o)] = static_cast<float>(s);
-    }
-  DP_CHECK_CLOSE(run.forward(x), expected, 1e-5);
-  check_gradients(run, x);
+  DP_FOR_EACH_BACKEND(kind) {
+    auto make = [&] { return std::make_unique<dp::Linear>(in, out); };
+    ModuleRunner run(make(), {n, in}, 1, kind);
+    randomize_params(run, 4);
+    const auto x = dptest::random_vector(n * in, 6);
+    const auto p = run.params();
+    const auto w = entry_values(run.registry(), p, "weight");
+    const auto b = entry_values(run.registry(), p, "bias");
+    std::vector<float> expected(static_cast<size_t>(n * out));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t o = 0; o < out; ++o) {
+        double s = b[static_cast<size_t>(o)];
+        for (int64_t j = 0; j < in; ++j)
+          s += static_cast<double>(x[static_cast<size_t>(i * in + j)]) *
+               w[static_cast<size_t>(o * in + j)];
+        expected[static_cast<size_t>(i * out + o)] = static_cast<float>(s);
+      }
+    DP_CHECK_CLOSE(run.forward(x), expected, 1e-5);
+    check_module_gradients(run, x);
+    check_against_cpu(run, make, x, kCrossBackend);
 
-  SECTION("without bias") {
-    ModuleRunner nb(std::make_unique<dp::Linear>(in, out, false), {n, in});
-    CHECK(nb.registry().entries().size() == 1);
-    check_gradients(nb, x);
+    SECTION("without bias") {
+      auto make_nb = [&] { return std::make_unique<dp::Linear>(in, out, false); };
+      ModuleRunner nb(make_nb(), {n, in}, 1, kind);
+      CHECK(nb.registry().entries().size() == 1);
+      check_module_gradients(nb, x);
+      check_against_cpu(nb, make_nb, x, kCrossBackend);
+    }
+  }
+}
+
+// Expected to fail: a checker that cannot fail would pass every layer test above.
+TEST_CASE("the layer checker catches a wrong gradient of one named tensor",
+          "[engine][layers][!shouldfail]") {
+  DP_FOR_EACH_BACKEND(kind) {
+    ModuleRunner run(std::make_unique<LinearWithWrongBiasGradient>(7, 5), {3, 7}, 1, kind);
+    randomize_params(run, 4);
+    check_module_gradients(run, dptest::random_vector(3 * 7, 6));
   }
 }
 
 TEST_CASE("BatchNorm2d: training forward, running statistics, inference, gradients",
           "[engine][layers]") {
   const int64_t N = 3, C = 2, H = 3, W = 5, M = N * H * W;
-  ModuleRunner run(std::make_unique<dp::BatchNorm2d>(C), {N, C, H, W});
-  randomize_params(run, 9);
-  const auto x = dptest::random_vector(N * C * H * W, 10, -2.0f, 3.0f);
-  const auto p = run.params();
-  const auto gamma = entry_values(run.registry(), p, "weight");
-  const auto beta = entry_values(run.registry(), p, "bias");
+  DP_FOR_EACH_BACKEND(kind) {
+    auto make = [&] { return std::make_unique<dp::BatchNorm2d>(C); };
+    ModuleRunner run(make(), {N, C, H, W}, 1, kind);
+    randomize_params(run, 9);
+    const auto x = dptest::random_vector(N * C * H * W, 10, -2.0f, 3.0f);
+    const auto p = run.params();
+    const auto gamma = entry_values(run.registry(), p, "weight");
+    const auto beta = entry_values(run.registry(), p, "bias");
 
-  std::vector<float> expected(x.size());
-  std::vector<double> mean(C), var(C);
-  for (int64_t c = 0; c < C; ++c) {
-    double s = 0, s2 = 0;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t i = 0; i < H * W; ++i) s += x[static_cast<size_t>((n * C + c) * H * W + i)];
-    mean[static_cast<size_t>(c)] = s / M;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t i = 0; i < H * W; ++i) {
-        const double d = x[static_cast<size_t>((n * C + c) * H * W + i)] - s / M;
-        s2 += d * d;
-      }
-    var[static_cast<size_t>(c)] = s2 / M;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t i = 0; i < H * W; ++i) {
-        const size_t k = static_cast<size_t>((n * C + c) * H * W + i);
-        expected[k] = static_cast<float>(gamma[static_cast<size_t>(c)] * (x[k] - s / M) /
-                                             std::sqrt(s2 / M + 1e-5) +
-                                         beta[static_cast<size_t>(c)]);
-      }
-  }
-  DP_CHECK_CLOSE(run.forward(x, true), expected, 1e-4);
-
-  // PyTorch's update: momentum 0.1, the variance unbiased by M / (M - 1).
-  const auto buffers = run.registry().download_buffers();
-  const auto rm = entry_values(run.registry(), buffers, "running_mean");
-  const auto rv = entry_values(run.registry(), buffers, "running_var");
-  std::vector<float> em(C), ev(C);
-  for (size_t c = 0; c < static_cast<size_t>(C); ++c) {
-    em[c] = static_cast<float>(0.1 * mean[c]);
-    ev[c] = static_cast<float>(0.9 + 0.1 * var[c] * M / (M - 1));
-  }
-  DP_CHECK_CLOSE(rm, em, 1e-5);
-  DP_CHECK_CLOSE(rv, ev, 1e-5);
-
-  SECTION("inference uses the running statistics") {
-    std::vector<float> inf(x.size());
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c)
+    std::vector<float> expected(x.size());
+    std::vector<double> mean(C), var(C);
+    for (int64_t c = 0; c < C; ++c) {
+      double s = 0, s2 = 0;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < H * W; ++i) s += x[static_cast<size_t>((n * C + c) * H * W + i)];
+      mean[static_cast<size_t>(c)] = s / M;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < H * W; ++i) {
+          const double d = x[static_cast<size_t>((n * C + c) * H * W + i)] - s / M;
+          s2 += d * d;
+        }
+      var[static_cast<size_t>(c)] = s2 / M;
+      for (int64_t n = 0; n < N; ++n)
         for (int64_t i = 0; i < H * W; ++i) {
           const size_t k = static_cast<size_t>((n * C + c) * H * W + i);
-          const size_t cc = static_cast<size_t>(c);
-          inf[k] =
-              static_cast<float>(gamma[cc] * (x[k] - rm[cc]) / std::sqrt(rv[cc] + 1e-5) + beta[cc]);
+          expected[k] = static_cast<float>(gamma[static_cast<size_t>(c)] * (x[k] - s / M) /
+                                               std::sqrt(s2 / M + 1e-5) +
+                                           beta[static_cast<size_t>(c)]);
         }
-    DP_CHECK_CLOSE(run.forward(x, false), inf, 1e-5);
-  }
-  SECTION("gradients in training mode") { check_gradients(run, x); }
-  SECTION("(N, C) input") {
-    ModuleRunner flat(std::make_unique<dp::BatchNorm2d>(3), {5, 3});
-    randomize_params(flat, 12);
-    check_gradients(flat, dptest::random_vector(15, 13, -2.0f, 2.0f));
+    }
+    DP_CHECK_CLOSE(run.forward(x, true), expected, 1e-4);
+
+    // PyTorch's update: momentum 0.1, the variance unbiased by M / (M - 1).
+    const auto buffers = run.registry().download_buffers();
+    const auto rm = entry_values(run.registry(), buffers, "running_mean");
+    const auto rv = entry_values(run.registry(), buffers, "running_var");
+    std::vector<float> em(C), ev(C);
+    for (size_t c = 0; c < static_cast<size_t>(C); ++c) {
+      em[c] = static_cast<float>(0.1 * mean[c]);
+      ev[c] = static_cast<float>(0.9 + 0.1 * var[c] * M / (M - 1));
+    }
+    DP_CHECK_CLOSE(rm, em, 1e-5);
+    DP_CHECK_CLOSE(rv, ev, 1e-5);
+
+    SECTION("inference uses the running statistics") {
+      std::vector<float> inf(x.size());
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t i = 0; i < H * W; ++i) {
+            const size_t k = static_cast<size_t>((n * C + c) * H * W + i);
+            const size_t cc = static_cast<size_t>(c);
+            inf[k] = static_cast<float>(gamma[cc] * (x[k] - rm[cc]) / std::sqrt(rv[cc] + 1e-5) +
+                                        beta[cc]);
+          }
+      DP_CHECK_CLOSE(run.forward(x, false), inf, 1e-5);
+    }
+    SECTION("gradients in training mode") {
+      check_module_gradients(run, x);
+      check_against_cpu(run, make, x, kCrossBackend);
+    }
+    SECTION("(N, C) input") {
+      auto make_flat = [] { return std::make_unique<dp::BatchNorm2d>(3); };
+      ModuleRunner flat(make_flat(), {5, 3}, 1, kind);
+      randomize_params(flat, 12);
+      const auto x2 = dptest::random_vector(15, 13, -2.0f, 2.0f);
+      check_module_gradients(flat, x2);
+      check_against_cpu(flat, make_flat, x2, kCrossBackend);
+    }
   }
 }
 
 TEST_CASE("ReLU: forward and gradient", "[engine][layers]") {
-  ModuleRunner run(std::make_unique<dp::ReLU>(), {3, 2, 3, 5});
-  const auto x = spaced_values(90, 1);
-  std::vector<float> expected(x.size());
-  for (size_t i = 0; i < x.size(); ++i) expected[i] = std::max(x[i], 0.0f);
-  CHECK(run.forward(x) == expected);
-  check_gradients(run, x);
-  SECTION("rank 2") {
-    ModuleRunner flat(std::make_unique<dp::ReLU>(), {4, 5});
-    check_gradients(flat, spaced_values(20, 2));
+  auto make = [] { return std::make_unique<dp::ReLU>(); };
+  DP_FOR_EACH_BACKEND(kind) {
+    ModuleRunner run(make(), {3, 2, 3, 5}, 1, kind);
+    const auto x = spaced_values(90, 1);
+    std::vector<float> expected(x.size());
+    for (size_t i = 0; i < x.size(); ++i) expected[i] = std::max(x[i], 0.0f);
+    CHECK(run.forward(x) == expected);
+    check_module_gradients(run, x);
+    check_against_cpu(run, make, x, kCrossBackend);
+    SECTION("rank 2") {
+      ModuleRunner flat(make(), {4, 5}, 1, kind);
+      check_module_gradients(flat, spaced_values(20, 2));
+    }
   }
 }
 
@@ -337,16 +311,21 @@ TEST_CASE("AvgPool2d and MaxPool2d: forward against a naive pool, gradients", "[
   for (const Case& cs :
        {Case{2, 3, 7, 5, 3, 2, 1}, Case{3, 2, 6, 6, 2, 2, 0}, Case{1, 2, 5, 7, 3, 1, 0}}) {
     DYNAMIC_SECTION(cs.h << "x" << cs.w << " kernel " << cs.k << " stride " << cs.stride << " pad "
-                         << cs.pad) {
+                         << cs.pad)
+    DP_FOR_EACH_BACKEND(kind) {
       const auto x = spaced_values(cs.n * cs.c * cs.h * cs.w, 17);
       const dp::Shape in{cs.n, cs.c, cs.h, cs.w};
-      ModuleRunner avg(std::make_unique<dp::AvgPool2d>(cs.k, cs.stride, cs.pad), in);
+      auto make_avg = [&] { return std::make_unique<dp::AvgPool2d>(cs.k, cs.stride, cs.pad); };
+      ModuleRunner avg(make_avg(), in, 1, kind);
       DP_CHECK_CLOSE(avg.forward(x),
                      pool_ref(x, cs.n, cs.c, cs.h, cs.w, cs.k, cs.stride, cs.pad, false), 1e-5);
-      check_gradients(avg, x);
-      ModuleRunner mx(std::make_unique<dp::MaxPool2d>(cs.k, cs.stride, cs.pad), in);
+      check_module_gradients(avg, x);
+      check_against_cpu(avg, make_avg, x, kCrossBackend);
+      auto make_max = [&] { return std::make_unique<dp::MaxPool2d>(cs.k, cs.stride, cs.pad); };
+      ModuleRunner mx(make_max(), in, 1, kind);
       CHECK(mx.forward(x) == pool_ref(x, cs.n, cs.c, cs.h, cs.w, cs.k, cs.stride, cs.pad, true));
-      check_gradients(mx, x);
+      check_module_gradients(mx, x);
+      check_against_cpu(mx, make_max, x, kCrossBackend);
     }
   }
 }
@@ -354,80 +333,100 @@ TEST_CASE("AvgPool2d and MaxPool2d: forward against a naive pool, gradients", "[
 TEST_CASE("GlobalAvgPool and Flatten", "[engine][layers]") {
   const int64_t N = 2, C = 3, H = 5, W = 3;
   const auto x = dptest::random_vector(N * C * H * W, 21);
-  ModuleRunner gap(std::make_unique<dp::GlobalAvgPool>(), {N, C, H, W});
-  CHECK(gap.output() == dp::Shape{N, C, 1, 1});
-  std::vector<float> expected(static_cast<size_t>(N * C));
-  for (size_t i = 0; i < expected.size(); ++i) {
-    double s = 0;
-    for (int64_t j = 0; j < H * W; ++j)
-      s += x[i * static_cast<size_t>(H * W) + static_cast<size_t>(j)];
-    expected[i] = static_cast<float>(s / (H * W));
-  }
-  DP_CHECK_CLOSE(gap.forward(x), expected, 1e-5);
-  check_gradients(gap, x);
+  DP_FOR_EACH_BACKEND(kind) {
+    auto make_gap = [] { return std::make_unique<dp::GlobalAvgPool>(); };
+    ModuleRunner gap(make_gap(), {N, C, H, W}, 1, kind);
+    CHECK(gap.output() == dp::Shape{N, C, 1, 1});
+    std::vector<float> expected(static_cast<size_t>(N * C));
+    for (size_t i = 0; i < expected.size(); ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < H * W; ++j)
+        s += x[i * static_cast<size_t>(H * W) + static_cast<size_t>(j)];
+      expected[i] = static_cast<float>(s / (H * W));
+    }
+    DP_CHECK_CLOSE(gap.forward(x), expected, 1e-5);
+    check_module_gradients(gap, x);
+    check_against_cpu(gap, make_gap, x, kCrossBackend);
 
-  ModuleRunner flat(std::make_unique<dp::Flatten>(), {N, C, H, W});
-  CHECK(flat.output() == dp::Shape{N, C * H * W});
-  CHECK(flat.forward(x) == x);
-  CHECK(flat.backward(x) == x);
+    ModuleRunner flat(std::make_unique<dp::Flatten>(), {N, C, H, W}, 1, kind);
+    CHECK(flat.output() == dp::Shape{N, C * H * W});
+    CHECK(flat.forward(x) == x);
+    CHECK(flat.backward(x) == x);
+  }
 }
 
 TEST_CASE("Residual with a 1x1 shortcut and stride 2: gradients (BN in training mode)",
           "[engine][layers]") {
-  ModuleRunner run(std::make_unique<dp::Residual>(3, 4, true, 2), {2, 3, 6, 6}, 5);
-  CHECK(run.output() == dp::Shape{2, 4, 3, 3});
-  std::vector<std::string> names;
-  for (const auto& e : run.registry().entries()) names.push_back(e.name);
-  CHECK(names == std::vector<std::string>{
-                     "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "conv3.weight",
-                     "conv3.bias", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var",
-                     "bn2.weight", "bn2.bias", "bn2.running_mean", "bn2.running_var"});
-  randomize_params(run, 31);
-  const auto x = dptest::random_vector(2 * 3 * 6 * 6, 32);
-  check_gradients(run, x, kinky);
+  auto make = [] { return std::make_unique<dp::Residual>(3, 4, true, 2); };
+  DP_FOR_EACH_BACKEND(kind) {
+    ModuleRunner run(make(), {2, 3, 6, 6}, 5, kind);
+    CHECK(run.output() == dp::Shape{2, 4, 3, 3});
+    std::vector<std::string> names;
+    for (const auto& e : run.registry().entries()) names.push_back(e.name);
+    CHECK(names == std::vector<std::string>{"conv1.weight", "conv1.bias", "conv2.weight",
+                                            "conv2.bias", "conv3.weight", "conv3.bias",
+                                            "bn1.weight", "bn1.bias", "bn1.running_mean",
+                                            "bn1.running_var", "bn2.weight", "bn2.bias",
+                                            "bn2.running_mean", "bn2.running_var"});
+    randomize_params(run, 31);
+    const auto x = dptest::random_vector(2 * 3 * 6 * 6, 32);
+    check_module_gradients(run, x, kinky);
+    check_against_cpu(run, make, x, kCrossBackend);
+  }
 }
 
 TEST_CASE("Residual with the identity shortcut equals its composition", "[engine][layers]") {
   const dp::Shape in{2, 3, 5, 5};
-  ModuleRunner run(std::make_unique<dp::Residual>(3, 3), in, 6);
-  randomize_params(run, 33);
-  const auto x = dptest::random_vector(in.numel(), 34);
-  // The same block written as a Sequential of its parts; the shortcut added by hand.
-  auto seq = std::make_unique<dp::Sequential>();
-  seq->add("conv1", std::make_unique<dp::Conv2d>(3, 3, 3, 1, 1));
-  seq->add("bn1", std::make_unique<dp::BatchNorm2d>(3));
-  seq->add("relu", std::make_unique<dp::ReLU>());
-  seq->add("conv2", std::make_unique<dp::Conv2d>(3, 3, 3, 1, 1));
-  seq->add("bn2", std::make_unique<dp::BatchNorm2d>(3));
-  ModuleRunner parts(std::move(seq), in, 6);
-  std::vector<float> pp = parts.params();
-  const auto rp = run.params();
-  for (const auto& e : parts.registry().entries()) {
-    if (!e.trainable) continue;
-    const auto v = entry_values(run.registry(), rp, e.name);
-    std::copy(v.begin(), v.end(), pp.begin() + static_cast<std::ptrdiff_t>(e.offset));
+  auto make = [] { return std::make_unique<dp::Residual>(3, 3); };
+  DP_FOR_EACH_BACKEND(kind) {
+    ModuleRunner run(make(), in, 6, kind);
+    randomize_params(run, 33);
+    const auto x = dptest::random_vector(in.numel(), 34);
+    // The same block written as a Sequential of its parts; the shortcut added by hand.
+    auto seq = std::make_unique<dp::Sequential>();
+    seq->add("conv1", std::make_unique<dp::Conv2d>(3, 3, 3, 1, 1));
+    seq->add("bn1", std::make_unique<dp::BatchNorm2d>(3));
+    seq->add("relu", std::make_unique<dp::ReLU>());
+    seq->add("conv2", std::make_unique<dp::Conv2d>(3, 3, 3, 1, 1));
+    seq->add("bn2", std::make_unique<dp::BatchNorm2d>(3));
+    ModuleRunner parts(std::move(seq), in, 6, kind);
+    std::vector<float> pp = parts.params();
+    const auto rp = run.params();
+    for (const auto& e : parts.registry().entries()) {
+      if (!e.trainable) continue;
+      const auto v = entry_values(run.registry(), rp, e.name);
+      std::copy(v.begin(), v.end(), pp.begin() + static_cast<std::ptrdiff_t>(e.offset));
+    }
+    parts.set_params(pp);
+    auto main = parts.forward(x);
+    for (size_t i = 0; i < main.size(); ++i) main[i] = std::max(main[i] + x[i], 0.0f);
+    DP_CHECK_CLOSE(run.forward(x), main, 1e-5);
+    check_module_gradients(run, x, kinky);
+    check_against_cpu(run, make, x, kCrossBackend);
   }
-  parts.set_params(pp);
-  auto main = parts.forward(x);
-  for (size_t i = 0; i < main.size(); ++i) main[i] = std::max(main[i] + x[i], 0.0f);
-  DP_CHECK_CLOSE(run.forward(x), main, 1e-5);
-  check_gradients(run, x, kinky);
 }
 
 TEST_CASE("Sequential: a small network end to end, gradients through every layer",
           "[engine][layers]") {
-  auto net = std::make_unique<dp::Sequential>();
-  net->add(std::make_unique<dp::Conv2d>(1, 3, 3));
-  net->add(std::make_unique<dp::BatchNorm2d>(3));
-  net->add(std::make_unique<dp::ReLU>());
-  net->add(std::make_unique<dp::MaxPool2d>(2, 2));
-  net->add(std::make_unique<dp::AvgPool2d>(2, 1));
-  net->add(std::make_unique<dp::Flatten>());
-  net->add(std::make_unique<dp::Linear>(3 * 2 * 2, 4));
-  ModuleRunner run(std::move(net), {3, 1, 8, 8}, 8);
-  CHECK(run.output() == dp::Shape{3, 4});
-  randomize_params(run, 41);
-  check_gradients(run, dptest::random_vector(3 * 64, 42), kinky);
+  auto make = [] {
+    auto net = std::make_unique<dp::Sequential>();
+    net->add(std::make_unique<dp::Conv2d>(1, 3, 3));
+    net->add(std::make_unique<dp::BatchNorm2d>(3));
+    net->add(std::make_unique<dp::ReLU>());
+    net->add(std::make_unique<dp::MaxPool2d>(2, 2));
+    net->add(std::make_unique<dp::AvgPool2d>(2, 1));
+    net->add(std::make_unique<dp::Flatten>());
+    net->add(std::make_unique<dp::Linear>(3 * 2 * 2, 4));
+    return net;
+  };
+  DP_FOR_EACH_BACKEND(kind) {
+    ModuleRunner run(make(), {3, 1, 8, 8}, 8, kind);
+    CHECK(run.output() == dp::Shape{3, 4});
+    randomize_params(run, 41);
+    const auto x = dptest::random_vector(3 * 64, 42);
+    check_module_gradients(run, x, kinky);
+    check_against_cpu(run, make, x, kCrossBackend);
+  }
 }
 
 TEST_CASE("Module checks shapes and names the module and both shapes", "[engine][layers]") {

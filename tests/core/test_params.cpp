@@ -47,7 +47,7 @@ TEST_CASE("ParamRegistry: unique names, aligned offsets, zero padding", "[engine
   for (const auto& e : r.entries()) CHECK(e.offset % 16 == 0);
   CHECK(r.parameter_floats() == 144 + 16 + 32);
   CHECK(r.buffer_floats() == 16);
-  r.allocate(*b, true);
+  r.allocate(*b, 1);
   CHECK_THROWS_AS(r.add_parameter("late", {1}, dp::Init::zeros()), dp::Error);
   r.initialize(3);
   const auto p = r.download_params();
@@ -58,7 +58,7 @@ TEST_CASE("ParamRegistry: unique names, aligned offsets, zero padding", "[engine
   // Gradients and momentum start at zero.
   std::vector<float> g(r.parameter_floats()), m(r.parameter_floats());
   b->download(g.data(), r.grads_flat().data, g.size() * 4);
-  b->download(m.data(), r.momentum_flat().data, m.size() * 4);
+  b->download(m.data(), r.state_flat()[0].data, m.size() * 4);
   CHECK(g == std::vector<float>(g.size(), 0.0f));
   CHECK(m == std::vector<float>(m.size(), 0.0f));
   // Views point into the flat buffers.
@@ -74,12 +74,12 @@ TEST_CASE("ParamRegistry: a seed means the same values, entries do not shift eac
   dp::ParamRegistry r1, r2, r3, r4;
   for (auto* r : {&r1, &r2, &r3}) declare_sample(*r, false);
   declare_sample(r4, true);
-  for (auto* r : {&r1, &r2, &r3, &r4}) r->allocate(*b, false);
+  for (auto* r : {&r1, &r2, &r3, &r4}) r->allocate(*b);
   r1.initialize(7);
   r2.initialize(7);
   r3.initialize(8);
   r4.initialize(7);
-  CHECK(r1.momentum_flat().empty());
+  CHECK(r1.state_flat().empty());
   CHECK(r1.download_params() == r2.download_params());
   CHECK(r1.download_params() != r3.download_params());
   // Streams are per entry index: entries declared before the extra one are unchanged.
@@ -96,7 +96,7 @@ TEST_CASE("ParamRegistry: initial distributions", "[engine][params]") {
   dp::ParamRegistry r;
   r.add_parameter("n", {200000}, dp::Init::normal(0.5f, 2.0f));
   r.add_parameter("u", {200000}, dp::Init::uniform(-1.0f, 3.0f));
-  r.allocate(*b, false);
+  r.allocate(*b);
   r.initialize(1);
   const auto p = r.download_params();
   auto stats = [](const std::vector<float>& v) {

@@ -9,6 +9,7 @@
 #include "dp/trainer.hpp"
 #include "engine_test_util.hpp"
 #include "support/check.hpp"
+#include "support/module_check.hpp"
 
 namespace {
 
@@ -20,7 +21,9 @@ dp::TrainerOptions cpu_options(int replicas, int64_t batch, dp::SgdParams sgd = 
   dp::TrainerOptions o;
   o.replicas = replicas;
   o.batch_size = batch;
-  o.sgd = sgd;
+  o.lr.base = sgd.lr;
+  o.optimizer.momentum = sgd.momentum;
+  o.optimizer.weight_decay = sgd.weight_decay;
   o.seed = 17;
   o.cpu_threads = 2;
   o.epochs = 1;
@@ -147,8 +150,8 @@ TEST_CASE("Data-parallel identity: LeNet on k = 2, 3 replicas equals one replica
 
 TEST_CASE("ResNet-18 on the CPU: output shape and a decreasing loss", "[engine][trainer]") {
   SECTION("the full-width model gives (N, 10)") {
-    enginetest::ModuleRunner run(enginetest::build_model("libdprun_resnet18.so", "resnet18"),
-                                 {2, 1, 28, 28});
+    dptest::ModuleRunner run(enginetest::build_model("libdprun_resnet18.so", "resnet18"),
+                             {2, 1, 28, 28});
     CHECK(run.output() == dp::Shape{2, 10});
     const auto y = run.forward(dptest::random_vector(2 * 784, 1, 0.0f, 1.0f), false);
     CHECK(y.size() == 20);
@@ -184,8 +187,8 @@ TEST_CASE("Epochs: shuffled, reproducible, BN buffers averaged, reports filled",
   const auto train = enginetest::synthetic_dataset(300, 7);
   const auto test = enginetest::synthetic_dataset(101, 8);
   auto o = cpu_options(2, 64);
-  o.sgd.lr = 0.1f;
-  o.sgd.momentum = 0.9f;
+  o.lr.base = 0.1f;
+  o.optimizer.momentum = 0.9f;
   o.epochs = 3;
   o.eval_batch_size = 50;
   dp::Trainer a(o, small_bn_net, train, test), b(o, small_bn_net, train, test);
@@ -248,7 +251,7 @@ TEST_CASE("fit stops when the callback says so, or after a non-finite loss", "[e
     t.fit([&](const dp::EpochReport&) { return ++calls < 2; });
   }
   CHECK(calls == 2);
-  o.sgd.lr = 1e38f;
+  o.lr.base = 1e38f;
   calls = 0;
   bool finite = true;
   dp::Trainer t(o, linear_net, data, data.head(20));
@@ -309,6 +312,62 @@ TEST_CASE("A last batch, or a whole training set, smaller than the replica count
       CHECK(c3.ok);
     }
   }
+}
+
+TEST_CASE("Synchronised batch norm: k replicas compute the step of one replica", "[engine][trainer]") {
+  // With bn = "sync" the statistics are those of the whole global batch, so a net with batch
+  // norm trained on k replicas equals one replica (with ordinary batch norm) on the whole batch,
+  // up to summation order. 131 examples in batches of 64: the last step has 3 examples, so with
+  // k = 4 one replica's shard is empty and it must still take part in the statistics. With
+  // per-replica statistics the same runs differ visibly (checked last). Both layouts: the CPU
+  // backend's NHWC batch norm has its own loops.
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("layout " << dp::layout_name(layout));
+  bool real = false;
+  const auto data = enginetest::training_data(131, 4, &real);
+  INFO((real ? "Fashion-MNIST" : "synthetic data"));
+  dp::SgdParams sgd;
+  sgd.lr = 0.1f;
+  sgd.momentum = 0.9f;
+  auto one = cpu_options(1, 64, sgd);
+  one.average_bn_buffers = false;
+  one.layout = layout;
+  dp::Trainer reference(one, small_bn_net, data, data.head(0));
+  const auto p0 = reference.parameters(0);
+  const auto r1 = reference.run_epoch(1);
+  const auto p1 = reference.parameters(0), b1 = reference.buffers(0);
+  for (const int k : {2, 4}) {
+    INFO(k << " replicas");
+    auto o = cpu_options(k, 64, sgd);
+    o.sync_bn = true;
+    o.layout = layout;
+    o.average_bn_buffers = false;  // synchronised: every replica's running stats already agree
+    dp::Trainer t(o, small_bn_net, data, data.head(0));
+    const auto r = t.run_epoch(1);
+    const auto p = t.parameters(0);
+    for (int q = 1; q < k; ++q) {
+      CHECK(t.parameters(q) == p);
+      CHECK(t.buffers(q) == t.buffers(0));
+    }
+    CHECK(r.train_loss == Approx(r1.train_loss).epsilon(1e-5));
+    CHECK(norm_relative_error(p, p1) <= 1e-5);
+    // Updates within 1e-3 of the largest: the conv bias before batch norm has a gradient that
+    // is zero in exact arithmetic (the mean subtraction cancels it), so its updates are rounding
+    // noise that no relative tolerance per element can hold.
+    const auto u1 = minus(p1, p0);
+    double largest = 0;
+    for (float v : u1) largest = std::max(largest, std::fabs(static_cast<double>(v)));
+    const auto c = dptest::compare(minus(p, p0), u1, 0.0, 1e-3 * largest);
+    INFO("updates: " << c.message);
+    CHECK(c.ok);
+    CHECK(norm_relative_error(t.buffers(0), b1) <= 1e-5);
+  }
+  auto per_replica = cpu_options(4, 64, sgd);
+  per_replica.average_bn_buffers = false;
+  per_replica.layout = layout;
+  dp::Trainer t(per_replica, small_bn_net, data, data.head(0));
+  t.run_epoch(1);
+  CHECK(norm_relative_error(t.parameters(0), p1) > 1e-4);
 }
 
 TEST_CASE("Evaluation counts every test example once, whatever the replicas and eval batch",

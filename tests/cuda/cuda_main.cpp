@@ -8,6 +8,7 @@
 #include "cuda_test_util.hpp"
 #include "dp/backend.hpp"
 #include "plugin_loader.hpp"
+#include "support/check.hpp"
 
 namespace cudatest {
 
@@ -26,8 +27,13 @@ int main(int argc, char** argv) {
   const bool compiled = dp::cuda_compiled();
   const int devices = compiled ? dp::cuda_device_count() : 0;
   if (!compiled || devices == 0) {
-    std::printf("test_cuda: no CUDA device (built with CUDA: %s): skipping the [cuda] tests\n",
-                compiled ? "yes" : "no");
+    const std::string reason =
+        compiled ? "cuda_tests: dprun was built with CUDA but no CUDA device is visible "
+                   "(nvidia-smi, CUDA_VISIBLE_DEVICES): the [cuda] tests did not run"
+                 : "cuda_tests: dprun was built without CUDA (see the configure output): the "
+                   "[cuda] tests did not run";
+    std::printf("test_cuda: %s\n", reason.c_str());
+    dptest::note_skipped(reason);
     return 77;
   }
   std::printf("test_cuda: %d CUDA device(s); device 0: %s\n", devices,

@@ -246,6 +246,42 @@ void check_batchnorm(int64_t n, int64_t c, int64_t h, int64_t w, bool rank2, Lay
   CUDA_CHECK_CLOSE(dgamma.gpu(), dgamma.cpu(), kRel);
   CUDA_CHECK_CLOSE(dbeta.gpu(), dbeta.cpu(), kRel);
 
+  // The pieces of synchronised batch norm (one replica: count = this batch's values).
+  const int64_t count = n * (rank2 ? 1 : h * w);
+  Flat sums({c}), mean({c}), var({c}), bsums({2 * c}), rm2({c}), rv2({c}), sm2({c}), si2({c});
+  B.cpu->batchnorm_sums(tc(x4, x2), nullptr, sums.t.c());
+  B.gpu->batchnorm_sums(tg(x4, x2), nullptr, sums.t.g());
+  CUDA_CHECK_CLOSE(sums.gpu(), sums.cpu(), kRel);
+  std::vector<float> m = sums.cpu();
+  for (auto& v : m) v /= static_cast<float>(count);
+  mean.set(m);
+  B.cpu->batchnorm_sums(tc(x4, x2), &mean.t.c(), sums.t.c());
+  B.gpu->batchnorm_sums(tg(x4, x2), &mean.t.g(), sums.t.g());
+  CUDA_CHECK_CLOSE(sums.gpu(), sums.cpu(), kRel);
+  std::vector<float> v2 = sums.cpu();
+  for (auto& v : v2) v /= static_cast<float>(count);
+  var.set(v2);
+  rm2.set(dptest::random_vector(c, 35));
+  rv2.set(dptest::random_vector(c, 36, 0.5f, 1.5f));
+  B.cpu->batchnorm_apply_stats(tc(x4, x2), gamma.t.c(), beta.t.c(), mean.t.c(), var.t.c(),
+                               rm2.t.c(), rv2.t.c(), momentum, eps, count, sm2.t.c(), si2.t.c(),
+                               tc(y4, y2));
+  B.gpu->batchnorm_apply_stats(tg(x4, x2), gamma.t.g(), beta.t.g(), mean.t.g(), var.t.g(),
+                               rm2.t.g(), rv2.t.g(), momentum, eps, count, sm2.t.g(), si2.t.g(),
+                               tg(y4, y2));
+  CUDA_CHECK_CLOSE(gpu(y4, y2), cpu(y4, y2), kRel);
+  CUDA_CHECK_CLOSE(rm2.gpu(), rm2.cpu(), kRel);
+  CUDA_CHECK_CLOSE(rv2.gpu(), rv2.cpu(), kRel);
+  CUDA_CHECK_CLOSE(si2.gpu(), si2.cpu(), kRel);
+  B.cpu->batchnorm_backward_sums(tc(x4, x2), tc(dy4, dy2), sm2.t.c(), si2.t.c(), bsums.t.c());
+  B.gpu->batchnorm_backward_sums(tg(x4, x2), tg(dy4, dy2), sm2.t.g(), si2.t.g(), bsums.t.g());
+  CUDA_CHECK_CLOSE(bsums.gpu(), bsums.cpu(), kRel);
+  B.cpu->batchnorm_backward_apply(tc(x4, x2), tc(dy4, dy2), gamma.t.c(), sm2.t.c(), si2.t.c(),
+                                  bsums.t.c(), count, tc(dx4, dx2));
+  B.gpu->batchnorm_backward_apply(tg(x4, x2), tg(dy4, dy2), gamma.t.g(), sm2.t.g(), si2.t.g(),
+                                  bsums.t.g(), count, tg(dx4, dx2));
+  CUDA_CHECK_CLOSE(gpu(dx4, dx2), cpu(dx4, dx2), kRel);
+
   B.cpu->batchnorm_forward_infer(tc(x4, x2), gamma.t.c(), beta.t.c(), rmean.t.c(), rvar.t.c(), eps,
                                  tc(y4, y2));
   B.gpu->batchnorm_forward_infer(tg(x4, x2), gamma.t.g(), beta.t.g(), rmean.t.g(), rvar.t.g(), eps,
@@ -427,12 +463,36 @@ TEST_CASE("cuda softmax cross-entropy and count_correct match the cpu backend", 
 
 // ---- optimizer ----------------------------------------------------------------------------------
 
+TEST_CASE("cuda adamw_update matches the cpu backend (PyTorch semantics)", "[cuda]") {
+  auto& B = backends();
+  const int64_t n = 10007;
+  for (const float wd : {0.0f, 0.05f}) {
+    INFO("weight_decay " << wd);
+    Flat p({n}), g({n}), m({n}), v({n});
+    p.set(dptest::random_vector(n, 91));
+    m.set(std::vector<float>(static_cast<size_t>(n), 0.0f));
+    v.set(std::vector<float>(static_cast<size_t>(n), 0.0f));
+    for (int64_t step = 1; step <= 4; ++step) {
+      g.set(dptest::random_vector(n, 92 + static_cast<uint64_t>(step), -2.0f, 2.0f));
+      const dp::AdamWParams a{3e-3f, 0.8f, 0.95f, 1e-6f, wd, step};
+      B.cpu->adamw_update(p.t.c(), g.t.c(), m.t.c(), v.t.c(), a);
+      B.gpu->adamw_update(p.t.g(), g.t.g(), m.t.g(), v.t.g(), a);
+    }
+    // The same float expressions on both sides; sqrtf vs std::sqrt and FMA contraction differ
+    // by an ulp or two per step.
+    CUDA_CHECK_CLOSE(p.gpu(), p.cpu(), 1e-6);
+    CUDA_CHECK_CLOSE(m.gpu(), m.cpu(), 1e-6);
+    CUDA_CHECK_CLOSE(v.gpu(), v.cpu(), 1e-6);
+  }
+}
+
 TEST_CASE("cuda sgd_update matches the cpu backend (PyTorch semantics)", "[cuda]") {
   auto& B = backends();
   const int64_t n = 10007;
   for (auto sgd : {dp::SgdParams{0.1f, 0.0f, 0.0f}, dp::SgdParams{0.05f, 0.9f, 5e-4f},
-                   dp::SgdParams{0.2f, 0.0f, 1e-2f}}) {
-    INFO("lr " << sgd.lr << " momentum " << sgd.momentum << " wd " << sgd.weight_decay);
+                   dp::SgdParams{0.2f, 0.0f, 1e-2f}, dp::SgdParams{0.05f, 0.9f, 1e-3f, true}}) {
+    INFO("lr " << sgd.lr << " momentum " << sgd.momentum << " wd " << sgd.weight_decay
+               << " nesterov " << sgd.nesterov);
     Flat p({n}), g({n}), buf({n});
     p.set(dptest::random_vector(n, 81));
     buf.set(std::vector<float>(static_cast<size_t>(n), 0.0f));

@@ -1,209 +1,182 @@
 // Whole training steps through dp::Trainer: CUDA vs CPU for LeNet and ResNet-18, NHWC vs NCHW,
 // and the data-parallel identity on CUDA (k replicas sharing one GPU = one replica).
 //
-// Tolerances. After one step p' = p - lr * g, so comparing parameters alone mostly compares the
-// (identical) initial values. Each test therefore also compares the updates (p' - p) of the two
-// runs, relative to the largest update: |du_a - du_b| <= tol * max|du|. With exact fp32 on both
-// sides the gradients differ only by summation order (~1e-6 relative); 1e-3 of the largest
-// update leaves room for the longer reductions of a whole network (ResNet-18: batch norm over
-// 32*28*28 values feeding 20 layers of backward) while any wrong op gives O(1) differences.
-#include <algorithm>
+// Tolerances (tests/support/train_steps.{hpp,cpp}; numbers from bench/bench_rounding_sensitivity,
+// run on the CPU alone). Two correct implementations of a step do not agree to "float
+// tolerance": ReLU and max-pool decisions within rounding of a tie flip, batch norm carries the
+// change to the whole channel, and +-1 ulp nudges of ResNet-18's parameters move the median
+// tensor's update by ~2e-3 to 1e-2 in one step and by ~30 % after two free-running steps (the
+// conv biases that batch norm cancels, whose exact gradient is zero, by O(1)). So each test
+//   - starts every step of the run under test from the reference's parameters before that step,
+//     so that the differences of step 1 are not amplified by step 2 (free running, the two
+//     ResNet-18 steps of the NHWC test could not be compared at all);
+//   - measures on the CPU (the oracle, never the code under test) the configuration's rounding
+//     sensitivity at those parameters: each step rerun from its start nudged by +-1, 16, 256 and
+//     1024 ulps with several sign patterns, the worst norm-relative difference per named tensor
+//     of the update, the end point and the loss, widened with more sign patterns before a
+//     failure is final;
+//   - holds each of them to max(4 x that sensitivity, floor).
+// A correct backend differs from the CPU by per-op rounding (~1e-6 relative, ~1e-5 for a
+// Winograd or FFT convolution, 16 to 170 ulps), within the nudges' range; the factor 4 leaves
+// room for errors made in every op rather than in the parameters alone. On the CPU, other
+// correct implementations (another summation order, k replicas, unseen nudges) stay below ~1/3
+// of their tolerance while a 1 % learning-rate error, one wrong example per batch, a dropped
+// gradient (any tensor whose update is not pure rounding) or ignored weight decay fail.
 #include <catch2/catch.hpp>
-#include <cmath>
-#include <memory>
-#include <numeric>
+#include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"
-#include "dp/data.hpp"
 #include "dp/trainer.hpp"
-#include "support/check.hpp"
+#include "support/train_steps.hpp"
 
 namespace {
 
-struct Data {
-  dp::Dataset train, test;
-  bool ok = false;
-};
+using dptest::StepRun;
+using dptest::TrainCase;
 
-/// The first 512 training and 256 test images of Fashion-MNIST ($DPRUN_DATA honoured), loaded
-/// once.
-const Data& data() {
-  static Data d = [] {
-    Data out;
-    const std::string dir = dptest::fashion_mnist_dir();
-    if (dir.empty()) return out;
-    auto pair = dp::load_dataset("fashion-mnist", dir);
-    out.train = pair.train.head(512);
-    out.test = pair.test.head(256);
-    out.ok = true;
-    return out;
-  }();
-  return d;
+/// The configuration of a test on the given backend; CPU runs use every core (the GPU machine
+/// has 16) so the reference and its nudged reruns stay quick.
+TrainCase train_case(const std::string& name, dp::BackendKind backend) {
+  TrainCase c = dptest::train_case(name);
+  c.options.backend = backend;
+  c.options.cpu_threads = 0;
+  return c;
 }
 
-dp::ModelBuilder builder(const std::string& model, const dp::ModelOptions& given = {}) {
-  const dp::ModelFactory factory = cudatest::model_factory(model);
-  const dp::ModelOptions options = dp::resolve_model_options(factory, given);
-  return [factory, options]() { return factory.build(options, factory.input); };
+/// The CPU's rounding noise of configuration `name` (one replica, NCHW) at the parameters
+/// `base` started its steps from; `base` is the CPU run of `name` from those starts, which the
+/// nudged reruns are compared with.
+dptest::RoundingNoise cpu_noise(const std::string& name, StepRun base) {
+  const TrainCase cpu = train_case(name, dp::BackendKind::cpu);
+  return dptest::RoundingNoise(std::move(base), [cpu](const std::vector<std::vector<float>>& s) {
+    return dptest::run_case(cpu, s);
+  });
 }
 
-std::vector<int32_t> batch_indices(int64_t n, int64_t offset = 0) {
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  // A fixed, scrambled selection (not 0..n-1) so shards see mixed classes.
-  for (int64_t i = 0; i < n; ++i)
-    idx[static_cast<size_t>(i)] = static_cast<int32_t>((offset + i * 37) % 512);
-  return idx;
-}
-
-struct StepResult {
-  std::vector<float> before, after;
-  double loss = 0;
-  std::vector<float> update() const {
-    std::vector<float> u(after.size());
-    for (size_t i = 0; i < u.size(); ++i) u[i] = after[i] - before[i];
-    return u;
+/// Every step of `actual` (forced to `expected`'s starts) against `expected`, each tensor held
+/// to the tolerance derived from `noise`; a failure prints the worst tensors by name. One line
+/// per step goes to stdout either way, so a GPU log shows how close each test came.
+void check_same_steps(const std::string& what, const StepRun& actual, const StepRun& expected,
+                      dptest::RoundingNoise& noise) {
+  CHECK(actual.replicas_agree);  // every replica holds the same parameters after an update
+  const auto cmp = noise.judge(actual, expected);
+  for (size_t s = 0; s < cmp.steps.size(); ++s) {
+    const auto& st = cmp.steps[s];
+    const auto& u = st.updates.tensors.front();
+    const auto& p = st.params.tensors.front();
+    std::printf(
+        "  %s, step %zu: worst update %s at %.3g of its tolerance, worst parameters %s "
+        "at %.3g, loss at %.3g (%d nudges)\n",
+        what.c_str(), s + 1, u.name.c_str(), u.excess(), p.name.c_str(), p.excess(),
+        st.loss_tolerance > 0 ? st.loss_error / st.loss_tolerance : 0.0,
+        noise.sensitivity().samples);
   }
-};
-
-StepResult run_steps(dp::TrainerOptions options, const dp::ModelBuilder& build,
-                     const std::vector<std::vector<int32_t>>& batches) {
-  dp::Trainer trainer(options, build, data().train, data().test);
-  StepResult r;
-  r.before = trainer.parameters(0);
-  for (const auto& b : batches) r.loss = trainer.step(b);
-  r.after = trainer.parameters(0);
-  // Every replica holds the same parameters after an update.
-  for (int k = 1; k < trainer.replicas(); ++k) CHECK(trainer.parameters(k) == r.after);
-  return r;
+  INFO(what << "\n" << cmp.message());
+  CHECK(cmp.ok());
 }
 
-/// Parameters within `param_rel` (floor 1) and updates within `update_rel` of the largest update.
-void check_same_step(const StepResult& actual, const StepResult& expected, double param_rel,
-                     double update_rel) {
-  REQUIRE(actual.after.size() == expected.after.size());
-  CHECK(actual.before == expected.before);  // same initialisation from the same seed
-  {
-    auto cmp = dptest::compare(actual.after, expected.after, param_rel, 0.0, 1.0);
-    INFO("parameters: " << cmp.message);
-    CHECK(cmp.ok);
-  }
-  const auto ua = actual.update(), ue = expected.update();
-  double largest = 0;
-  for (float v : ue) largest = std::max(largest, static_cast<double>(std::fabs(v)));
-  REQUIRE(largest > 0);
-  auto cmp = dptest::compare(ua, ue, 0.0, update_rel * largest);
-  INFO("updates (largest " << largest << "): " << cmp.message);
-  CHECK(cmp.ok);
-  CHECK(std::fabs(actual.loss - expected.loss) <= 1e-4 * std::max(1.0, std::fabs(expected.loss)));
+/// CUDA vs CPU for one configuration: the CPU run is the reference and the base of its noise.
+void check_cuda_equals_cpu(const std::string& name) {
+  const StepRun cpu = dptest::run_case(train_case(name, dp::BackendKind::cpu));
+  dptest::RoundingNoise noise = cpu_noise(name, cpu);
+  const StepRun gpu = dptest::run_case(train_case(name, dp::BackendKind::cuda), cpu.before);
+  CHECK(gpu.initial == cpu.initial);  // same initialisation from the same seed
+  check_same_steps(name + " cuda vs cpu", gpu, cpu, noise);
 }
 
-dp::TrainerOptions options_for(dp::BackendKind kind, int64_t batch, float lr) {
-  dp::TrainerOptions o;
-  o.backend = kind;
-  o.batch_size = batch;
-  o.eval_batch_size = batch;
-  o.epochs = 1;
-  o.sgd.lr = lr;
-  o.seed = 7;
-  o.allow_tf32 = false;
-  return o;
+bool have_data() {
+  if (dptest::fashion_mnist_subset().ok) return true;
+  WARN("Fashion-MNIST not found (set DPRUN_DATA): skipping");
+  return false;
 }
 
 }  // namespace
 
 TEST_CASE("cuda LeNet training step equals the cpu backend's", "[cuda][train]") {
-  if (!data().ok) {
-    WARN("Fashion-MNIST not found (set DPRUN_DATA): skipping");
-    return;
-  }
-  const auto build = builder("lenet");
-  const auto batches = std::vector<std::vector<int32_t>>{batch_indices(64), batch_indices(64, 5)};
+  if (!have_data()) return;
   // lr 0.9 (the d2l LeNet uses large rates): visible updates after two steps.
-  const auto cpu = run_steps(options_for(dp::BackendKind::cpu, 64, 0.9f), build, batches);
-  const auto gpu = run_steps(options_for(dp::BackendKind::cuda, 64, 0.9f), build, batches);
-  check_same_step(gpu, cpu, 1e-5, 1e-3);
+  check_cuda_equals_cpu("lenet-b64-lr0.9-2steps");
 }
 
 TEST_CASE("cuda LeNet with max pooling and momentum equals the cpu backend", "[cuda][train]") {
-  if (!data().ok) {
-    WARN("Fashion-MNIST not found (set DPRUN_DATA): skipping");
-    return;
-  }
-  const auto build = builder("lenet", {{"pool", std::string("max")}, {"init_std", 0.1}});
-  auto o = options_for(dp::BackendKind::cpu, 48, 0.1f);
-  o.sgd.momentum = 0.9f;
-  o.sgd.weight_decay = 5e-4f;
-  const auto batches = std::vector<std::vector<int32_t>>{batch_indices(48), batch_indices(48, 9)};
-  const auto cpu = run_steps(o, build, batches);
-  o.backend = dp::BackendKind::cuda;
-  const auto gpu = run_steps(o, build, batches);
-  check_same_step(gpu, cpu, 1e-5, 1e-3);
+  if (!have_data()) return;
+  // Momentum 0.9 and weight decay: step 2 also checks the momentum buffer carried over.
+  check_cuda_equals_cpu("lenet-maxpool-momentum-b48-2steps");
+}
+
+TEST_CASE("cuda LeNet with AdamW equals the cpu backend", "[cuda][train]") {
+  if (!have_data()) return;
+  check_cuda_equals_cpu("lenet-adamw-b64-2steps");
 }
 
 TEST_CASE("cuda ResNet-18 training step equals the cpu backend's", "[cuda][train]") {
-  if (!data().ok) {
-    WARN("Fashion-MNIST not found (set DPRUN_DATA): skipping");
-    return;
-  }
-  // Full width, batch 16: small enough for the CPU reference to take a few seconds.
-  const auto build = builder("resnet18");
-  const auto batches = std::vector<std::vector<int32_t>>{batch_indices(16)};
-  const auto cpu = run_steps(options_for(dp::BackendKind::cpu, 16, 0.1f), build, batches);
-  const auto gpu = run_steps(options_for(dp::BackendKind::cuda, 16, 0.1f), build, batches);
-  check_same_step(gpu, cpu, 1e-5, 1e-3);
+  if (!have_data()) return;
+  // Full width, batch 16, one step: small enough for the CPU reference and its nudged reruns.
+  check_cuda_equals_cpu("resnet18-b16-1step");
 }
 
 TEST_CASE("cuda ResNet-18 step in NHWC equals NCHW", "[cuda][train]") {
-  if (!data().ok) {
-    WARN("Fashion-MNIST not found (set DPRUN_DATA): skipping");
-    return;
-  }
+  if (!have_data()) return;
   // ResNet-18 flattens (N, C, 1, 1), so both layouts compute the same function of the same
   // parameters. (LeNet flattens (N, 50, 4, 4): its NHWC variant orders the features differently,
   // so it is a different function of the same parameters and is not compared here.)
-  const auto build = builder("resnet18");
-  const auto batches = std::vector<std::vector<int32_t>>{batch_indices(32), batch_indices(32, 3)};
-  auto o = options_for(dp::BackendKind::cuda, 32, 0.1f);
-  const auto nchw = run_steps(o, build, batches);
-  o.layout = dp::Layout::nhwc;
-  const auto nhwc = run_steps(o, build, batches);
-  check_same_step(nhwc, nchw, 1e-5, 1e-3);
+  TrainCase c = train_case("resnet18-b32-2steps", dp::BackendKind::cuda);
+  const StepRun nchw = dptest::run_case(c);
+  c.options.layout = dp::Layout::nhwc;
+  const StepRun nhwc = dptest::run_case(c, nchw.before);
+  CHECK(nhwc.initial == nchw.initial);
+  // Both runs are CUDA's, but the tolerance comes from the CPU: the rounding sensitivity is a
+  // property of the function at these parameters (model, batch, lr), which every correct
+  // implementation shares, and measuring it on the oracle keeps a broken CUDA path from
+  // loosening its own tolerance. The CPU reruns every step from NCHW's starts (nudged), so it
+  // is evaluated where the compared steps ran; NHWC vs NCHW differ by cuDNN's per-layout
+  // algorithms, the same kind and size of difference as CUDA vs CPU.
+  dptest::RoundingNoise noise =
+      cpu_noise(c.name, dptest::run_case(train_case(c.name, dp::BackendKind::cpu), nchw.before));
+  check_same_steps(c.name + " nhwc vs nchw", nhwc, nchw, noise);
 }
 
-TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one replica",
-          "[cuda][train]") {
-  if (!data().ok) {
-    WARN("Fashion-MNIST not found (set DPRUN_DATA): skipping");
-    return;
-  }
-  // LeNet has no batch norm, so k replicas compute exactly the step of one replica on the whole
-  // batch, up to the summation order of the gradient (per shard, then across ranks).
-  const auto build = builder("lenet");
-  const int64_t batch = 61;  // divisible by neither 2 nor 3: shards differ by one example
-  const auto batches =
-      std::vector<std::vector<int32_t>>{batch_indices(batch), batch_indices(batch, 11)};
-  auto o = options_for(dp::BackendKind::cuda, batch, 0.9f);
-  const auto one = run_steps(o, build, batches);
+/// The data-parallel identity on CUDA: configuration `name` on k replicas (sharing one GPU, or
+/// one per GPU) against one replica on the whole batch, each tensor under the CPU's sensitivity
+/// of the one-replica step at its starts.
+void check_k_replicas_equal_one(const std::string& name) {
+  TrainCase c = train_case(name, dp::BackendKind::cuda);
+  const StepRun one = dptest::run_case(c);
+  dptest::RoundingNoise noise =
+      cpu_noise(name, dptest::run_case(train_case(name, dp::BackendKind::cpu), one.before));
   // One GPU: 2 and 3 replicas share it (the same-device path). Several GPUs: one replica per
   // GPU (NCCL); a mix of shared and distinct GPUs is refused by design.
   const int gpus = dp::cuda_device_count();
   const std::vector<int> ks = gpus == 1 ? std::vector<int>{2, 3} : std::vector<int>{gpus};
   for (int k : ks) {
     INFO(k << " replicas on " << gpus << " GPU(s)");
-    o.replicas = k;
-    o.oversubscribe = true;
-    dp::Trainer trainer(o, build, data().train, data().test);
-    CHECK(trainer.communicator_kind() == (gpus == 1 ? "cuda-same-device" : "nccl"));
-    const auto before = trainer.parameters(0);
-    double loss = 0;
-    for (const auto& b : batches) loss = trainer.step(b);
-    StepResult many{before, trainer.parameters(0), loss};
-    for (int r = 1; r < k; ++r) CHECK(trainer.parameters(r) == many.after);
-    // Parameters within 1e-5 (floor 1) and updates within 1e-4 of the largest update. (No
-    // parameter check with a smaller floor: a weight near zero would then be held to ~1e-8
-    // absolute, below the rounding noise of summing the gradient in another order at lr 0.9.)
-    check_same_step(many, one, 1e-5, 1e-4);
+    c.options.replicas = k;
+    c.options.oversubscribe = true;
+    std::string comm;
+    const StepRun many = dptest::run_case(
+        c, one.before, [&](dp::Trainer& t, size_t) { comm = t.communicator_kind(); });
+    CHECK(comm == (gpus == 1 ? "cuda-same-device" : "nccl"));
+    CHECK(many.initial == one.initial);
+    check_same_steps(name + " " + std::to_string(k) + " replicas vs 1", many, one, noise);
   }
+}
+
+TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one replica",
+          "[cuda][train]") {
+  if (!have_data()) return;
+  // LeNet has no batch norm, so k replicas compute exactly the step of one replica on the whole
+  // batch, up to the summation order of the gradient (per shard, then across ranks). Batch 61
+  // is divisible by neither 2 nor 3: the shards differ by one example.
+  check_k_replicas_equal_one("lenet-b61-lr0.9-2steps");
+}
+
+TEST_CASE("cuda synchronised batch norm: k replicas on the GPU equal one replica", "[cuda][train]") {
+  if (!have_data()) return;
+  // With synchronised statistics, ResNet-18's step on k replicas is one replica's step on the
+  // whole batch (its batch-norm sums over every replica): CPU vs CUDA first, then k vs 1.
+  check_cuda_equals_cpu("resnet18w16-syncbn-b30-2steps");
+  check_k_replicas_equal_one("resnet18w16-syncbn-b30-2steps");
 }

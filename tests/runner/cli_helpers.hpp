@@ -47,11 +47,12 @@ inline void write_file(const std::string& file, const std::string& text) {
 /// A dprun started in the background; stdout and stderr go to files in `dir`.
 class Dprun {
  public:
+  /// program: what to start instead of dprun (its path), e.g. mpirun with dprun among args.
   Dprun(const std::vector<std::string>& args, const std::string& dir,
         const std::vector<std::string>& env_extra = {}, const std::string& tag = "dprun",
-        bool own_process_group = false)
+        bool own_process_group = false, const std::string& program = DPRUN_TEST_EXE)
       : out_file_(dir + "/" + tag + ".out"), err_file_(dir + "/" + tag + ".err") {
-    std::vector<std::string> argv_s{DPRUN_TEST_EXE};
+    std::vector<std::string> argv_s{program};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -135,15 +136,18 @@ inline std::string describe(const Result& r) {
 }
 
 /// Exit status checks that print the command's output on failure (and only for that check).
-#define DPRUN_REQUIRE_EXIT(result, code)   \
-  do {                                     \
-    INFO(::clitest::describe(result));     \
-    REQUIRE((result).exit_code == (code)); \
+/// `result` is evaluated once, so it may be the call that runs dprun.
+#define DPRUN_REQUIRE_EXIT(result, code)          \
+  do {                                            \
+    const ::clitest::Result& dprun_result_ = (result); \
+    INFO(::clitest::describe(dprun_result_));     \
+    REQUIRE(dprun_result_.exit_code == (code));   \
   } while (0)
-#define DPRUN_CHECK_EXIT(result, code)   \
-  do {                                   \
-    INFO(::clitest::describe(result));   \
-    CHECK((result).exit_code == (code)); \
+#define DPRUN_CHECK_EXIT(result, code)            \
+  do {                                            \
+    const ::clitest::Result& dprun_result_ = (result); \
+    INFO(::clitest::describe(dprun_result_));     \
+    CHECK(dprun_result_.exit_code == (code));     \
   } while (0)
 
 /// A small, fast experiment: LeNet on 512 training / 256 test examples, batch 64, CPU.
@@ -185,6 +189,18 @@ inline bool wait_until(const std::function<bool()>& done, double seconds = 120) 
   return done();
 }
 
+/// Waits until the database holds `count` epochs (false when the generous deadline passes): a
+/// deterministic point in a running sweep, such as a trial that hangs after its first epoch.
+inline bool wait_for_epochs(const std::string& db, int count) {
+  return wait_until([&] {
+    try {
+      return sql1(db, "SELECT COUNT(*) FROM epochs") == std::to_string(count);
+    } catch (const std::exception&) {
+      return false;  // the database is not created yet
+    }
+  });
+}
+
 /// Parent pid and state letter of a process from /proc, or nullopt when it does not exist.
 inline std::optional<std::pair<pid_t, char>> proc_stat(pid_t pid) {
   std::string s = slurp("/proc/" + std::to_string(pid) + "/stat");
@@ -215,7 +231,31 @@ inline std::vector<pid_t> children_of(pid_t parent) {
   return out;
 }
 
+/// Every process below `root` (children, their children, ...).
+inline std::vector<pid_t> descendants_of(pid_t root) {
+  std::vector<pid_t> all, frontier{root};
+  while (!frontier.empty()) {
+    const pid_t p = frontier.back();
+    frontier.pop_back();
+    for (pid_t c : children_of(p)) {
+      all.push_back(c);
+      frontier.push_back(c);
+    }
+  }
+  return all;
+}
+
 /// The folder with Fashion-MNIST, or "" (the caller WARNs and returns).
 inline std::string data_dir() { return dptest::fashion_mnist_dir(); }
 
 }  // namespace clitest
+
+/// `var`: the folder with Fashion-MNIST; without it, the test case says so and returns.
+#define DPRUN_NEED_DATA(var)                                                           \
+  const std::string var = clitest::data_dir();                                         \
+  if (var.empty()) {                                                                   \
+    DPTEST_SKIPPED(                                                                    \
+        "Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
+        "skipping this end-to-end test");                                              \
+    return;                                                                            \
+  }

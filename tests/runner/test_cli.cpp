@@ -2,6 +2,7 @@
 // plan / plugins / report / train commands and command-line errors. Failure paths (killed
 // trials, signals) are in test_run_faults.cpp.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 
 #include "cli_helpers.hpp"
@@ -11,15 +12,6 @@ namespace fs = std::filesystem;
 using clitest::run;
 using clitest::sql;
 using clitest::sql1;
-
-#define DPRUN_NEED_DATA(var)                                                           \
-  const std::string var = clitest::data_dir();                                         \
-  if (var.empty()) {                                                                   \
-    WARN(                                                                              \
-        "Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
-        "skipping this end-to-end test");                                              \
-    return;                                                                            \
-  }
 
 TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[cli]") {
   DPRUN_NEED_DATA(data);
@@ -53,6 +45,9 @@ TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[
   // Progress lines (not a terminal): one per epoch.
   CHECK(r.err.find("[1/2] lenet gpus=1 epoch 1/2 loss") != std::string::npos);
   CHECK(r.err.find("[2/2] lenet gpus=2 epoch 2/2 loss") != std::string::npos);
+  // Where each trial runs, said once it is known: gpus=2 on the CPU is two CPU threads.
+  CHECK_THAT(r.err, Catch::Matchers::Contains("[2/2] lenet gpus=2 on cpu: CPU (") &&
+                        Catch::Matchers::Contains("(CPU backend: each replica is a CPU thread)"));
 
   // A re-run skips both: no new attempts, no new epochs.
   r = run(base, dir.path());
@@ -206,6 +201,10 @@ TEST_CASE("command line: help, version, unknown commands and options", "[cli]") 
   r = run({"--version"}, dir.path());
   DPRUN_CHECK_EXIT(r, 0);
   CHECK(r.out.rfind("dprun ", 0) == 0);
+  // Which CPU kernels run here: oneDNN with its instruction set, or OpenBLAS with its core.
+  CHECK_THAT(r.out, Catch::Matches("(.|\n)*CPU kernels: (oneDNN [0-9.]+ [a-z0-9_]+|OpenBLAS "
+                                   "(.|\n)*)\n(.|\n)*"));
+  CHECK_THAT(r.out, Catch::Contains("CUDA backend: "));
 
   r = run({"plna", "x.toml"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
@@ -226,6 +225,24 @@ TEST_CASE("command line: help, version, unknown commands and options", "[cli]") 
   r = run({"train", "--model", "lenet", "--option", "hidden=wide"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
   CHECK(r.err.find("hidden=wide") != std::string::npos);
+
+  // Every experiment-file key is an option of train, checked as in a file.
+  r = run({"train", "--help"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  for (const char* option : {"--per-gpu-batch N", "--lr-scaling none|linear", "--base-batch N",
+                             "--bn per-replica", "--dataset fashion-mnist|mnist"})
+    CHECK(r.out.find(option) != std::string::npos);
+  r = run({"train", "--model", "lenet", "--gpus", "0"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("--gpus 0: must be at least 1, got 0") != std::string::npos);
+  r = run({"train", "--model", "lenet", "--layout", "nwhc"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("did you mean \"nhwc\"?") != std::string::npos);
+
+  // The settings an experiment file can give, as the README documents them.
+  r = run({"settings"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("| `per_gpu_batch` | int ≥ 1 | batch_size / gpus |") != std::string::npos);
 }
 
 TEST_CASE("plugins lists the models with their options", "[cli]") {
@@ -297,4 +314,51 @@ TEST_CASE("default database path, query without --db, --backend override", "[cli
   DPRUN_REQUIRE_EXIT(r, 0);
   CHECK(r.err.find("using results/cuda.db") != std::string::npos);
   CHECK(r.out.find("n\n-\n1\n(1 row)") != std::string::npos);
+}
+
+TEST_CASE("bn = \"sync\" trains with statistics over every replica and is recorded", "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/sync.toml";
+  const std::string db = dir.path() + "/sync.db";
+  // A narrow ResNet-18, so the run takes seconds; 2 replicas with per-replica and with
+  // synchronised batch norm.
+  clitest::write_file(file, "[experiment]\nname = \"sync\"\n[data]\npath = \"" + data +
+                                "\"\n[train]\nmodel = \"resnet18\"\nepochs = 1\nbatch_size = 32\n"
+                                "gpus = 2\ntrain_limit = 96\ntest_limit = 64\nbackend = \"cpu\"\n"
+                                "[model.resnet18]\nwidth = 4\n[sweep]\nbn = [\"per-replica\", "
+                                "\"sync\"]\n");
+  const auto r = run({"run", file, "--db", db, "--threads", "2"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db,
+             "SELECT group_concat(bn_mode || ':' || status, ',') FROM (SELECT * FROM trials "
+             "ORDER BY bn_mode)") == "per-replica:done,sync:done");
+  // Different statistics, different training: the two trials' losses differ.
+  CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "2");
+}
+
+TEST_CASE("AdamW with a warm-up and a cosine schedule: every epoch's learning rate is recorded",
+          "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/adamw.toml";
+  const std::string db = dir.path() + "/adamw.db";
+  // 256 examples in batches of 64: 4 steps per epoch, the first epoch warming up.
+  clitest::write_file(file, "[experiment]\nname = \"adamw\"\n[data]\npath = \"" + data +
+                                "\"\n[train]\nmodel = \"lenet\"\nepochs = 3\nbatch_size = 64\n"
+                                "train_limit = 256\ntest_limit = 128\nbackend = \"cpu\"\n"
+                                "optimizer = \"adamw\"\nlr = 0.002\nweight_decay = 0.01\n"
+                                "lr_schedule = \"cosine\"\nwarmup_epochs = 1\n");
+  const auto r = run({"run", file, "--db", db, "--threads", "2"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db,
+             "SELECT optimizer || ' ' || lr_schedule || ' ' || warmup_epochs || ' ' || "
+             "status FROM trials") == "adamw cosine 1.0 done");
+  const auto lrs = sql(db, "SELECT lr FROM epochs ORDER BY epoch");
+  REQUIRE(lrs.size() == 3);
+  // The last step of each epoch: 0.002 at the end of the warm-up, then the cosine over the 8
+  // steps after it, at steps 4 and 8 of 8 (steps 7 and 11 of the run).
+  CHECK(std::stod(lrs[0][0]) == Approx(0.002));
+  CHECK(std::stod(lrs[1][0]) == Approx(0.002 * 0.5 * (1 + std::cos(M_PI * 3.0 / 8.0))));
+  CHECK(std::stod(lrs[2][0]) == Approx(0.002 * 0.5 * (1 + std::cos(M_PI * 7.0 / 8.0))));
 }

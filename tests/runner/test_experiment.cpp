@@ -6,52 +6,17 @@
 #include <vector>
 
 #include "experiment.hpp"
+#include "experiment_helpers.hpp"
 
 namespace {
 
 using dprun::ConfigError;
 using dprun::ConfigErrors;
 using dprun::Experiment;
-
-dprun::ModelCatalog fake_catalog() {
-  dprun::ModelCatalog c;
-  dp::ModelFactory lenet;
-  lenet.name = "lenet";
-  lenet.options = {
-      {"hidden", int64_t{128}, ""}, {"pool", std::string("avg"), ""}, {"init_std", 0.01, ""}};
-  dp::ModelFactory resnet;
-  resnet.name = "resnet18";
-  resnet.options = {{"width", int64_t{64}, ""}};
-  c.models["lenet"] = lenet;
-  c.models["resnet18"] = resnet;
-  return c;
-}
-
-Experiment parse(const std::string& text, dprun::ParseOptions options = {}) {
-  return dprun::parse_experiment("t.toml", text, fake_catalog(), options);
-}
-
-/// The errors of a file that must not parse.
-std::vector<ConfigError> errors_of(const std::string& text) {
-  try {
-    parse(text);
-  } catch (const ConfigErrors& e) {
-    return e.errors();
-  }
-  FAIL("expected ConfigErrors for:\n" << text);
-  return {};
-}
-
-/// The single error of a file with one problem.
-ConfigError error_of(const std::string& text) {
-  auto errors = errors_of(text);
-  INFO(text);
-  for (const auto& e : errors) INFO(e.what());
-  REQUIRE(errors.size() == 1);
-  return errors[0];
-}
-
-const std::string kHead = "[experiment]\nname = \"t\"\n";  // lines 1-2
+using exptest::error_of;
+using exptest::errors_of;
+using exptest::kHead;
+using exptest::parse;
 
 std::string exact(double d) {
   char buf[40];
@@ -99,34 +64,34 @@ TEST_CASE("the design's example expands to 6 trials in file order", "[experiment
     const auto& t = ex.trials[i];
     INFO("trial " << i);
     CHECK(t.ordinal == static_cast<int64_t>(i));
-    CHECK(t.settings.model == models[i]);
-    CHECK(t.settings.gpus == gpus[i]);
-    CHECK(t.settings.batch_size == 256 * gpus[i]);
-    CHECK(t.settings.per_gpu_batch == 256);
-    CHECK(t.settings.lr == lrs[i]);
-    CHECK(t.settings.epochs == 10);
-    CHECK(t.settings.seed == 0);
-    CHECK(t.settings.dataset == "fashion-mnist");
-    CHECK(t.settings.data_path == "/usr/share/datasets/fashion-mnist");
-    CHECK(t.settings.optimizer == "sgd");
-    CHECK(t.settings.momentum == 0.0);
-    CHECK(t.settings.weight_decay == 0.0);
-    CHECK(t.settings.precision == "fp32");
-    CHECK(t.settings.layout == "nchw");
-    CHECK(t.settings.bn_mode == "per-replica");
-    CHECK(t.settings.eval_batch_size == 0);
-    CHECK(t.settings.train_limit == 0);
-    CHECK(t.settings.test_limit == 0);
-    CHECK(t.settings.backend_request == "auto");
+    CHECK(t.settings.text("model") == models[i]);
+    CHECK(t.settings.integer("gpus") == gpus[i]);
+    CHECK(t.settings.integer("batch_size") == 256 * gpus[i]);
+    CHECK(t.settings.integer("per_gpu_batch") == 256);
+    CHECK(t.settings.number("lr") == lrs[i]);
+    CHECK(t.settings.integer("epochs") == 10);
+    CHECK(t.settings.integer("seed") == 0);
+    CHECK(t.settings.text("dataset") == "fashion-mnist");
+    CHECK(t.settings.text("data_path") == "/usr/share/datasets/fashion-mnist");
+    CHECK(t.settings.text("optimizer") == "sgd");
+    CHECK(t.settings.number("momentum") == 0.0);
+    CHECK(t.settings.number("weight_decay") == 0.0);
+    CHECK(t.settings.text("precision") == "fp32");
+    CHECK(t.settings.text("layout") == "nchw");
+    CHECK(t.settings.text("bn_mode") == "per-replica");
+    CHECK(t.settings.integer("eval_batch_size") == 0);
+    CHECK(t.settings.integer("train_limit") == 0);
+    CHECK(t.settings.integer("test_limit") == 0);
+    CHECK(t.settings.text("backend_request") == "auto");
     CHECK(t.config_hash.size() == 64);
     CHECK(t.config_hash == dprun::config_hash(t.settings));
     CHECK(t.canonical == dprun::canonical_settings(t.settings));
   }
   CHECK(ex.trials[0].label == "model=lenet gpus=1 batch_size=256 lr=0.1");
   CHECK(ex.trials[4].label == "model=resnet18 gpus=2 batch_size=512 lr=0.2");
-  CHECK(ex.trials[0].settings.model_options_json ==
+  CHECK(ex.trials[0].settings.text("model_options") ==
         "{\"hidden\":128,\"init_std\":" + exact(0.01) + ",\"pool\":\"avg\"}");
-  CHECK(ex.trials[3].settings.model_options_json == "{\"width\":64}");
+  CHECK(ex.trials[3].settings.text("model_options") == "{\"width\":64}");
   CHECK(std::get<int64_t>(ex.trials[0].model_options.at("hidden")) == 128);
   CHECK(std::get<std::string>(ex.trials[0].model_options.at("pool")) == "avg");
   CHECK(ex.trials[3].model_options.size() == 1);
@@ -150,8 +115,8 @@ epochs = [1, 2]
   CHECK(ex.trials[1].label == "lr=0.1 gpus=1 seed=6 epochs=2");
   CHECK(ex.trials[2].label == "lr=0.1 gpus=2 seed=5 epochs=1");
   CHECK(ex.trials[7].label == "lr=0.2 gpus=2 seed=6 epochs=2");
-  CHECK(ex.trials[7].settings.seed == 6);
-  CHECK(ex.trials[7].settings.epochs == 2);
+  CHECK(ex.trials[7].settings.integer("seed") == 6);
+  CHECK(ex.trials[7].settings.integer("epochs") == 2);
 
   // An inline zip written first is the outermost axis.
   auto inline_zip = parse(kHead + R"([train]
@@ -183,17 +148,17 @@ epochs = 7
 )");
   REQUIRE(ex.trials.size() == 1);
   const auto& s = ex.trials[0].settings;
-  CHECK(s.epochs == 7);
-  CHECK(s.lr == 0.5);
-  CHECK(s.momentum == 0.9);
-  CHECK(s.weight_decay == 0.0005);
-  CHECK(s.layout == "nhwc");
-  CHECK(s.bn_mode == "per-replica");
-  CHECK(s.eval_batch_size == 1000);
-  CHECK(s.train_limit == 512);
-  CHECK(s.test_limit == 256);
-  CHECK(s.backend_request == "cpu");
-  CHECK(s.batch_size == 256);
+  CHECK(s.integer("epochs") == 7);
+  CHECK(s.number("lr") == 0.5);
+  CHECK(s.number("momentum") == 0.9);
+  CHECK(s.number("weight_decay") == 0.0005);
+  CHECK(s.text("layout") == "nhwc");
+  CHECK(s.text("bn_mode") == "per-replica");
+  CHECK(s.integer("eval_batch_size") == 1000);
+  CHECK(s.integer("train_limit") == 512);
+  CHECK(s.integer("test_limit") == 256);
+  CHECK(s.text("backend_request") == "cpu");
+  CHECK(s.integer("batch_size") == 256);
   CHECK(ex.trials[0].label.empty());
   CHECK(ex.database.empty());
   CHECK(ex.data_path.empty());
@@ -207,14 +172,14 @@ per_gpu_batch = 128
 gpus = [1, 2, 4]
 )");
   REQUIRE(ex.trials.size() == 3);
-  CHECK(ex.trials[0].settings.batch_size == 128);
-  CHECK(ex.trials[1].settings.batch_size == 256);
-  CHECK(ex.trials[2].settings.batch_size == 512);
-  CHECK(ex.trials[2].settings.per_gpu_batch == 128);
+  CHECK(ex.trials[0].settings.integer("batch_size") == 128);
+  CHECK(ex.trials[1].settings.integer("batch_size") == 256);
+  CHECK(ex.trials[2].settings.integer("batch_size") == 512);
+  CHECK(ex.trials[2].settings.integer("per_gpu_batch") == 128);
 
   // A batch that does not divide: per_gpu_batch is rounded down.
   auto odd = parse(kHead + "[train]\nmodel = \"lenet\"\ngpus = 4\nbatch_size = 10\n");
-  CHECK(odd.trials[0].settings.per_gpu_batch == 2);
+  CHECK(odd.trials[0].settings.integer("per_gpu_batch") == 2);
 
   auto e = error_of(kHead + R"([train]
 model = "lenet"
@@ -240,9 +205,9 @@ gpus = [1, 2, 4]
 batch_size = [256, 512, 1024]
 )");
   REQUIRE(ex.trials.size() == 3);
-  CHECK(ex.trials[0].settings.lr == Approx(0.1));
-  CHECK(ex.trials[1].settings.lr == Approx(0.2));
-  CHECK(ex.trials[2].settings.lr == Approx(0.4));
+  CHECK(ex.trials[0].settings.number("lr") == Approx(0.1));
+  CHECK(ex.trials[1].settings.number("lr") == Approx(0.2));
+  CHECK(ex.trials[2].settings.number("lr") == Approx(0.4));
   // The label shows the learning rate the trial runs with.
   CHECK(ex.trials[1].label == "gpus=2 batch_size=512 lr=0.2");
   auto odd = parse(kHead +
@@ -257,17 +222,17 @@ lr_scaling = "linear"
 base_batch = 128
 batch_size = 512
 )");
-  CHECK(base.trials[0].settings.lr == Approx(0.4));
+  CHECK(base.trials[0].settings.number("lr") == Approx(0.4));
 
   auto none = parse(kHead + "[train]\nmodel = \"lenet\"\nlr = 0.1\nbatch_size = 512\n");
-  CHECK(none.trials[0].settings.lr == 0.1);
+  CHECK(none.trials[0].settings.number("lr") == 0.1);
 }
 
 TEST_CASE("seeds can be an axis", "[experiment]") {
   auto ex = parse(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\nseed = [0, 1, 2]\n");
   REQUIRE(ex.trials.size() == 3);
   for (int i = 0; i < 3; ++i) {
-    CHECK(ex.trials[i].settings.seed == i);
+    CHECK(ex.trials[i].settings.integer("seed") == i);
     CHECK(ex.trials[i].label == "seed=" + std::to_string(i));
   }
   CHECK(ex.trials[0].config_hash != ex.trials[1].config_hash);
@@ -289,10 +254,10 @@ width = 32
   CHECK(ex.trials[1].label == "model=lenet model.lenet.hidden=256");
   CHECK(ex.trials[2].label == "model=resnet18");
   CHECK(ex.trials[2].ordinal == 2);
-  CHECK(ex.trials[0].settings.model_options_json ==
+  CHECK(ex.trials[0].settings.text("model_options") ==
         "{\"hidden\":64,\"init_std\":1,\"pool\":\"max\"}");
   CHECK(std::get<double>(ex.trials[0].model_options.at("init_std")) == 1.0);
-  CHECK(ex.trials[2].settings.model_options_json == "{\"width\":32}");
+  CHECK(ex.trials[2].settings.text("model_options") == "{\"width\":32}");
 }
 
 TEST_CASE("canonical settings: hash stable, sensitive to every setting that matters",
@@ -329,8 +294,8 @@ name = "a"
   CHECK(parse(a + "[model.lenet]\nhidden = 128\n").trials.at(0).config_hash == ha);
   // Every setting that changes the result changes the hash.
   for (const char* change : {"momentum = 0.5\n", "epochs = 11\n", "weight_decay = 0.1\n",
-                             "layout = \"nhwc\"\n", "eval_batch_size = 64\n",
-                             "train_limit = 100\n", "test_limit = 100\n", "batch_size = 128\n"}) {
+                             "layout = \"nhwc\"\n", "eval_batch_size = 64\n", "train_limit = 100\n",
+                             "test_limit = 100\n", "batch_size = 128\n"}) {
     INFO(change);
     CHECK(parse(a + change).trials.at(0).config_hash != ha);
   }
@@ -338,11 +303,11 @@ name = "a"
 }
 
 TEST_CASE("canonical settings name every setting and escape strings", "[experiment]") {
-  dps::TrialSettings s;
-  s.model = "lenet";
-  s.lr = 0.1;
-  s.data_path = "/somewhere";
-  s.backend_request = "cuda";
+  dprun::TrialSettings s;
+  s.set("model", std::string("lenet"));
+  s.set("lr", 0.1);
+  s.set("data_path", std::string("/somewhere"));
+  s.set("backend_request", std::string("cuda"));
   std::string c = dprun::canonical_settings(s);
   CHECK(c.rfind("dprun-trial-settings v1\n", 0) == 0);
   CHECK(c.find("lr=" + exact(0.1) + "\n") != std::string::npos);
@@ -355,7 +320,7 @@ TEST_CASE("canonical settings name every setting and escape strings", "[experime
     CHECK(c.find(std::string("\n") + key) != std::string::npos);
   }
   auto ex = parse(kHead + "[train]\nmodel = \"lenet\"\n[model.lenet]\npool = \"a\\\"b\\\\c\"\n");
-  CHECK(ex.trials[0].settings.model_options_json ==
+  CHECK(ex.trials[0].settings.text("model_options") ==
         "{\"hidden\":128,\"init_std\":" + exact(0.01) + ",\"pool\":\"a\\\"b\\\\c\"}");
 }
 
@@ -436,11 +401,13 @@ TEST_CASE("error: values out of range", "[experiment]") {
       {"test_limit = -1", "t.toml:5:14: train.test_limit: must be at least 0, got -1"},
       {"seed = -1", "t.toml:5:8: train.seed: must be at least 0, got -1"},
       {"optimizer = \"adam\"",
-       "t.toml:5:13: train.optimizer: unknown value \"adam\" (expected one of \"sgd\")"},
+       "t.toml:5:13: train.optimizer: unknown value \"adam\"; did you mean \"adamw\"? (expected "
+       "one of \"sgd\", \"adamw\")"},
       {"precision = \"bf16\"",
        "t.toml:5:13: train.precision: bf16 is not supported yet; use \"fp32\""},
-      {"bn = \"sync\"",
-       "t.toml:5:6: train.bn: synchronised batch norm is not supported yet; use \"per-replica\""},
+      {"bn = \"synch\"",
+       "t.toml:5:6: train.bn: unknown value \"synch\"; did you mean \"sync\"? (expected one of "
+       "\"per-replica\", \"sync\")"},
       {"layout = \"nwhc\"",
        "t.toml:5:10: train.layout: unknown value \"nwhc\"; did you mean \"nhwc\"? (expected one "
        "of \"nchw\", \"nhwc\")"},
@@ -452,6 +419,42 @@ TEST_CASE("error: values out of range", "[experiment]") {
     auto e = error_of(kHead + "[train]\nmodel = \"lenet\"\n" + c.line + "\n");
     CHECK(std::string(e.what()) == c.message);
   }
+}
+
+TEST_CASE("error: an optimizer or schedule key the trial does not use", "[experiment]") {
+  // Given but meaningless for this trial's optimizer or schedule: a mistake, never ignored.
+  struct Case {
+    const char* lines;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"betas = [0.9, 0.99]",
+       "t.toml:5:9: train.betas: betas applies to optimizer \"adamw\"; this trial's optimizer is "
+       "\"sgd\""},
+      {"optimizer = \"adamw\"\nmomentum = 0.9",
+       "t.toml:6:12: train.momentum: momentum applies to optimizer \"sgd\"; this trial's optimizer "
+       "is \"adamw\" (it has betas and eps)"},
+      {"nesterov = true",
+       "t.toml:5:12: train.nesterov: nesterov = true needs momentum > 0 (as PyTorch's SGD)"},
+      {"lr_gamma = 0.5",
+       "t.toml:5:12: train.lr_gamma: lr_gamma applies to lr_schedule = \"step\"; this trial's "
+       "schedule is \"constant\""},
+      {"epochs = 2\nwarmup_epochs = 3",
+       "t.toml:6:17: train.warmup_epochs: warmup_epochs 3 is longer than the training (2 epochs)"},
+      {"lr_gamma = 1.5",
+       "t.toml:5:12: train.lr_gamma: must be in (0, 1], got 1.5"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.lines);
+    auto e = error_of(kHead + "[train]\nmodel = \"lenet\"\n" + c.lines + "\n");
+    CHECK(std::string(e.what()) == c.message);
+  }
+  // The same keys where they apply are fine.
+  const auto ok = parse(kHead + "[train]\nmodel = \"lenet\"\noptimizer = \"adamw\"\nbetas = "
+                                "[0.8, 0.99]\neps = 1e-6\nlr_schedule = \"step\"\nlr_gamma = "
+                                "0.5\nlr_step_epochs = 2\nwarmup_epochs = 0.5\n");
+  REQUIRE(ok.trials.size() == 1);
+  CHECK(ok.trials[0].settings.text("lr_schedule") == "step");
 }
 
 TEST_CASE("error: batch_size smaller than gpus is found per trial", "[experiment]") {
@@ -470,7 +473,7 @@ TEST_CASE("error: unknown sections, keys, models, options and datasets", "[exper
   auto section = error_of(kHead + "[train]\nmodel = \"lenet\"\n[trian]\nepochs = 1\n");
   CHECK(std::string(section.what()) ==
         "t.toml:5:2: trian: unknown section; did you mean \"train\"? (known sections: "
-        "experiment, data, train, model, sweep)");
+        "experiment, data, train, model, sweep, launch)");
 
   auto key = error_of(kHead + "[train]\nmodel = \"lenet\"\nlr_scale = \"linear\"\n");
   CHECK(key.line() == 5);
@@ -560,8 +563,8 @@ TEST_CASE("error: a name that cannot be the default database file", "[experiment
   // results/NAME.db: "../../x" would put the database outside results/, a newline garbles it.
   for (const char* bad : {"../../escape", "a/b", "a\\\\b", "..", "a\\nb", "tab\\there"}) {
     INFO(bad);
-    auto e = error_of(std::string("[experiment]\nname = \"") + bad +
-                      "\"\n[train]\nmodel = \"lenet\"\n");
+    auto e =
+        error_of(std::string("[experiment]\nname = \"") + bad + "\"\n[train]\nmodel = \"lenet\"\n");
     CHECK(e.line() == 2);
     CHECK(e.key() == "experiment.name");
     CHECK(std::string(e.what()).find("results/NAME.db") != std::string::npos);
@@ -569,8 +572,7 @@ TEST_CASE("error: a name that cannot be the default database file", "[experiment
   // Unicode, spaces and dots are fine.
   for (const char* good : {"ünï cødé 😀", "lenet v1.2", "a-b_c"}) {
     INFO(good);
-    CHECK(parse(std::string("[experiment]\nname = \"") + good +
-                "\"\n[train]\nmodel = \"lenet\"\n")
+    CHECK(parse(std::string("[experiment]\nname = \"") + good + "\"\n[train]\nmodel = \"lenet\"\n")
               .name == good);
   }
 }
@@ -623,23 +625,23 @@ TEST_CASE("more than 1000 trials needs force", "[experiment]") {
   auto ex = parse(text, force);
   REQUIRE(ex.trials.size() == 1200);
   CHECK(ex.trials[1199].ordinal == 1199);
-  CHECK(ex.trials[1199].settings.seed == 39);
-  CHECK(ex.trials[1199].settings.lr == 30.0);
+  CHECK(ex.trials[1199].settings.integer("seed") == 39);
+  CHECK(ex.trials[1199].settings.number("lr") == 30.0);
 }
 
 TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   const std::string dir = std::string(DPRUN_TEST_SOURCE_DIR) + "/experiments/";
-  auto quick = dprun::load_experiment(dir + "quickstart.toml", fake_catalog());
+  auto quick = dprun::load_experiment(dir + "quickstart.toml", exptest::fake_catalog());
   CHECK(quick.name == "quickstart");
   CHECK(quick.database == "results/quickstart.db");
   REQUIRE(quick.trials.size() == 2);
-  CHECK(quick.trials[0].settings.model == "lenet");
-  CHECK(quick.trials[1].settings.gpus == 2);
-  CHECK(quick.trials[1].settings.batch_size == 256);
-  CHECK(quick.trials[1].settings.lr == 0.2);
-  CHECK(quick.trials[1].settings.epochs == 2);
+  CHECK(quick.trials[0].settings.text("model") == "lenet");
+  CHECK(quick.trials[1].settings.integer("gpus") == 2);
+  CHECK(quick.trials[1].settings.integer("batch_size") == 256);
+  CHECK(quick.trials[1].settings.number("lr") == 0.2);
+  CHECK(quick.trials[1].settings.integer("epochs") == 2);
 
-  auto scaling = dprun::load_experiment(dir + "scaling.toml", fake_catalog());
+  auto scaling = dprun::load_experiment(dir + "scaling.toml", exptest::fake_catalog());
   CHECK(scaling.name == "scaling");
   CHECK(scaling.database == "results/scaling.db");
   REQUIRE(scaling.trials.size() == 4);
@@ -648,14 +650,14 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   const double lrs[] = {0.2, 0.4, 0.1, 0.2};
   for (int i = 0; i < 4; ++i) {
     INFO("trial " << i);
-    CHECK(scaling.trials[i].settings.model == models[i]);
-    CHECK(scaling.trials[i].settings.gpus == gpus[i]);
-    CHECK(scaling.trials[i].settings.batch_size == 256 * gpus[i]);
-    CHECK(scaling.trials[i].settings.lr == Approx(lrs[i]));
-    CHECK(scaling.trials[i].settings.epochs == 10);
+    CHECK(scaling.trials[i].settings.text("model") == models[i]);
+    CHECK(scaling.trials[i].settings.integer("gpus") == gpus[i]);
+    CHECK(scaling.trials[i].settings.integer("batch_size") == 256 * gpus[i]);
+    CHECK(scaling.trials[i].settings.number("lr") == Approx(lrs[i]));
+    CHECK(scaling.trials[i].settings.integer("epochs") == 10);
   }
   CHECK(scaling.trials[1].label == "model=lenet lr=0.4 gpus=2 batch_size=512");
 
-  CHECK_THROWS_WITH(dprun::load_experiment(dir + "no-such-file.toml", fake_catalog()),
+  CHECK_THROWS_WITH(dprun::load_experiment(dir + "no-such-file.toml", exptest::fake_catalog()),
                     Catch::Contains("cannot read experiment file"));
 }

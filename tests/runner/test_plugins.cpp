@@ -197,6 +197,9 @@ TEST_CASE("scan_plugins finds good plugins and reports bad ones", "[plugins]") {
   fs::copy_file(kPluginDir + "/libdprun_lenet.so", lenet_copy);
   std::ofstream(tmp.path() + "/libdprun_junk.so") << "not a library";
   std::ofstream(tmp.path() + "/notes.txt") << "ignored: not named lib*dprun*.so";
+  // A plugin named otherwise (a user's first try): not loaded, but reported with the reason.
+  fs::copy_file(kPluginDir + "/libdprun_lenet.so", tmp.path() + "/libmynet.so");
+  std::ofstream(tmp.path() + "/libother.so.1") << "another library";
 
   const auto scan =
       dprun::scan_plugins({tmp.path(), kBadPluginDir, tmp.path() + "/missing-folder"});
@@ -230,6 +233,14 @@ TEST_CASE("scan_plugins finds good plugins and reports bad ones", "[plugins]") {
   CHECK(reported(tmp.path() + "/missing-folder: no such plugin file or folder"));
   CHECK_FALSE(reported("notes.txt"));
   CHECK(scan.errors.size() == 7);
+  REQUIRE(scan.skipped.size() == 2);
+  CHECK(scan.skipped[0].find(canonical(tmp.path() + "/libmynet.so") +
+                             ": not loaded: a plugin's file name is lib*dprun*.so") == 0);
+  CHECK(scan.skipped[0].find("--plugins FILE") != std::string::npos);
+  CHECK(scan.skipped[1].find("libother.so.1: not loaded") != std::string::npos);
+  // Given as a file, the same library loads whatever its name.
+  const auto direct = dprun::scan_plugins({tmp.path() + "/libmynet.so"});
+  CHECK(direct.models.at("lenet").plugin_path == canonical(tmp.path() + "/libmynet.so"));
 }
 
 TEST_CASE("file_sha256 hashes a file's bytes", "[plugins]") {

@@ -10,15 +10,6 @@ using clitest::run;
 using clitest::sql;
 using clitest::sql1;
 
-#define DPRUN_NEED_DATA(var)                                                           \
-  const std::string var = clitest::data_dir();                                         \
-  if (var.empty()) {                                                                   \
-    WARN(                                                                              \
-        "Fashion-MNIST not found ($DPRUN_DATA or /usr/share/datasets/fashion-mnist): " \
-        "skipping this end-to-end test");                                              \
-    return;                                                                            \
-  }
-
 namespace {
 
 struct Sweep {
@@ -57,12 +48,13 @@ TEST_CASE("a killed trial process is recorded failed and the sweep goes on", "[c
   CHECK(s.status(2) == "done");
   CHECK(s.epochs(2) == "2");
 
-  // A re-run without the fault runs only the failed trial, from scratch.
+  // A re-run without the fault runs only the failed trial, from its checkpoint of epoch 1.
   r = run(s.args(), s.dir.path());
   DPRUN_CHECK_EXIT(r, 0);
   CHECK(s.status(1) == "done");
   CHECK(s.epochs(1) == "2");
   CHECK(sql1(s.db, "SELECT attempts FROM trials WHERE gpus = 1") == "2");
+  CHECK(sql1(s.db, "SELECT resumed_from_epoch FROM trials WHERE gpus = 1") == "1");
   CHECK(sql1(s.db, "SELECT attempts FROM trials WHERE gpus = 2") == "1");
   CHECK(sql1(s.db, "SELECT error FROM trials WHERE gpus = 1").empty());
 }
@@ -134,13 +126,7 @@ TEST_CASE("SIGINT or SIGTERM stops the runner and its trial, a re-run completes 
   clitest::Dprun runner(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@1#0"});
   REQUIRE(runner.pid() > 0);
   // The trial has written epoch 1 and now hangs: a deterministic point to interrupt.
-  REQUIRE(clitest::wait_until([&] {
-    try {
-      return sql1(s.db, "SELECT COUNT(*) FROM epochs") == "1";
-    } catch (const std::exception&) {
-      return false;  // the database is not created yet
-    }
-  }));
+  REQUIRE(clitest::wait_for_epochs(s.db, 1));
   const auto children = clitest::children_of(runner.pid());
   REQUIRE(children.size() == 1);
   const pid_t child = children[0];
@@ -170,13 +156,7 @@ TEST_CASE("Ctrl-C (SIGINT to the whole process group) records the trial interrup
   Sweep s("ctrl_c", data, "[1, 2]");
   clitest::Dprun runner(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@1#0"}, "dprun", true);
   REQUIRE(runner.pid() > 0);
-  REQUIRE(clitest::wait_until([&] {
-    try {
-      return sql1(s.db, "SELECT COUNT(*) FROM epochs") == "1";
-    } catch (const std::exception&) {
-      return false;
-    }
-  }));
+  REQUIRE(clitest::wait_for_epochs(s.db, 1));
   const auto children = clitest::children_of(runner.pid());
   REQUIRE(children.size() == 1);
   ::kill(-runner.pid(), SIGINT);
@@ -194,13 +174,7 @@ TEST_CASE("a runner killed with SIGKILL takes its trial process with it", "[cli]
   Sweep s("sigkill", data, "[1]");
   clitest::Dprun runner(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@1"});
   REQUIRE(runner.pid() > 0);
-  REQUIRE(clitest::wait_until([&] {
-    try {
-      return sql1(s.db, "SELECT COUNT(*) FROM epochs") == "1";
-    } catch (const std::exception&) {
-      return false;
-    }
-  }));
+  REQUIRE(clitest::wait_for_epochs(s.db, 1));
   const auto children = clitest::children_of(runner.pid());
   REQUIRE(children.size() == 1);
   const pid_t child = children[0];
@@ -228,13 +202,7 @@ TEST_CASE("two runners on one database never run the same trial twice", "[cli]")
   // made its plan.
   clitest::Dprun a(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@1#0"}, "a");
   REQUIRE(a.pid() > 0);
-  REQUIRE(clitest::wait_until([&] {
-    try {
-      return sql1(s.db, "SELECT COUNT(*) FROM epochs") == "1";
-    } catch (const std::exception&) {
-      return false;
-    }
-  }));
+  REQUIRE(clitest::wait_for_epochs(s.db, 1));
   // Runner B leaves A's running trial alone and runs the other one.
   auto b = clitest::Dprun(s.args(), s.dir.path(), {}, "b").wait();
   DPRUN_CHECK_EXIT(b, 0);

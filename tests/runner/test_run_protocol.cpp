@@ -3,9 +3,9 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "cli.hpp"
 #include "json.hpp"
 #include "report.hpp"
+#include "suggest.hpp"
 #include "sweep_runner.hpp"
 #include "trial_process.hpp"
 
@@ -38,6 +38,11 @@ TEST_CASE("json: round trip of every type, escapes and exact 64-bit integers", "
   CHECK(Json::parse(R"("\u00e9\ud83d\ude00")").as_string() == "é\xF0\x9F\x98\x80");
 
   CHECK_THROWS_AS(Json::parse("{\"a\":1,}"), dprun::JsonError);
+  // A whole float stays a float (model options keep their type), integers stay exact.
+  CHECK_FALSE(Json::parse("2.0").is_integer_text());
+  CHECK(Json::parse("2.0").as_double() == 2.0);
+  CHECK(Json::parse("9007199254740993").as_int() == 9007199254740993LL);
+  CHECK_THROWS_AS(Json::parse("18446744073709551615"), dprun::JsonError);
   CHECK_THROWS_AS(Json::parse("[1 2]"), dprun::JsonError);
   CHECK_THROWS_AS(Json::parse("{\"a\":1} x"), dprun::JsonError);
   CHECK_THROWS_AS(Json::parse("\"open"), dprun::JsonError);
@@ -48,19 +53,19 @@ TEST_CASE("json: round trip of every type, escapes and exact 64-bit integers", "
 TEST_CASE("trial request: every field survives the trip to the trial process", "[cli][protocol]") {
   dprun::TrialRequest r;
   r.ordinal = 7;
-  r.settings.model = "lenet";
-  r.settings.model_options_json = R"({"hidden":64})";
-  r.settings.gpus = 4;
-  r.settings.batch_size = 1024;
-  r.settings.per_gpu_batch = 256;
-  r.settings.lr = 0.4;
-  r.settings.seed = 123456789012345LL;
-  r.settings.momentum = 0.9;
-  r.settings.weight_decay = 5e-4;
-  r.settings.layout = "nhwc";
-  r.settings.bn_mode = "sync";
-  r.settings.train_limit = 512;
-  r.settings.backend_request = "cuda";
+  r.settings.set("model", std::string("lenet"));
+  r.settings.set("model_options", std::string(R"({"hidden":64})"));
+  r.settings.set("gpus", int64_t{4});
+  r.settings.set("batch_size", int64_t{1024});
+  r.settings.set("per_gpu_batch", int64_t{256});
+  r.settings.set("lr", 0.4);
+  r.settings.set("seed", int64_t{123456789012345LL});
+  r.settings.set("momentum", 0.9);
+  r.settings.set("weight_decay", 5e-4);
+  r.settings.set("layout", std::string("nhwc"));
+  r.settings.set("bn_mode", std::string("sync"));
+  r.settings.set("train_limit", int64_t{512});
+  r.settings.set("backend_request", std::string("cuda"));
   r.model_options = {{"hidden", int64_t{64}},
                      {"init_std", 1.0},  // a float that prints like an integer
                      {"pool", std::string("max")},
@@ -72,19 +77,19 @@ TEST_CASE("trial request: every field survives the trip to the trial process", "
   r.threads = 3;
   const auto back = dprun::request_from_json(Json::parse(dprun::request_to_json(r).dump()));
   CHECK(back.ordinal == 7);
-  CHECK(back.settings.model == "lenet");
-  CHECK(back.settings.model_options_json == r.settings.model_options_json);
-  CHECK(back.settings.gpus == 4);
-  CHECK(back.settings.batch_size == 1024);
-  CHECK(back.settings.per_gpu_batch == 256);
-  CHECK(back.settings.lr == 0.4);
-  CHECK(back.settings.seed == 123456789012345LL);
-  CHECK(back.settings.momentum == 0.9);
-  CHECK(back.settings.weight_decay == 5e-4);
-  CHECK(back.settings.layout == "nhwc");
-  CHECK(back.settings.bn_mode == "sync");
-  CHECK(back.settings.train_limit == 512);
-  CHECK(back.settings.backend_request == "cuda");
+  CHECK(back.settings.text("model") == "lenet");
+  CHECK(back.settings.text("model_options") == r.settings.text("model_options"));
+  CHECK(back.settings.integer("gpus") == 4);
+  CHECK(back.settings.integer("batch_size") == 1024);
+  CHECK(back.settings.integer("per_gpu_batch") == 256);
+  CHECK(back.settings.number("lr") == 0.4);
+  CHECK(back.settings.integer("seed") == 123456789012345LL);
+  CHECK(back.settings.number("momentum") == 0.9);
+  CHECK(back.settings.number("weight_decay") == 5e-4);
+  CHECK(back.settings.text("layout") == "nhwc");
+  CHECK(back.settings.text("bn_mode") == "sync");
+  CHECK(back.settings.integer("train_limit") == 512);
+  CHECK(back.settings.text("backend_request") == "cuda");
   CHECK(back.model_options == r.model_options);
   CHECK(std::holds_alternative<double>(back.model_options.at("init_std")));
   CHECK(back.data_path == r.data_path);
@@ -140,9 +145,9 @@ TEST_CASE("records: encode and decode each kind", "[cli][protocol]") {
 
 TEST_CASE("filters match settings by value, unknown keys are errors", "[cli][protocol]") {
   dprun::TrialSpec spec;
-  spec.settings.model = "lenet";
-  spec.settings.gpus = 2;
-  spec.settings.lr = 0.4;
+  spec.settings.set("model", std::string("lenet"));
+  spec.settings.set("gpus", int64_t{2});
+  spec.settings.set("lr", 0.4);
   spec.model_options = {{"hidden", int64_t{128}}};
   using F = std::vector<std::pair<std::string, std::string>>;
   CHECK(dprun::trial_matches(spec, {}));
@@ -182,4 +187,9 @@ TEST_CASE("did you mean", "[cli][protocol]") {
   CHECK(dprun::did_you_mean("trian", commands) == "train");
   CHECK(dprun::did_you_mean("plug", commands) == "plugins");
   CHECK(dprun::did_you_mean("xyzzy", commands).empty());
+  // The same matcher serves experiment files: a swap of neighbours is one edit.
+  CHECK(dprun::did_you_mean("nwhc", {"nchw", "nhwc"}) == "nhwc");
+  CHECK(dprun::did_you_mean("gpu", {"epochs", "gpus", "seed"}) == "gpus");
+  CHECK(dprun::did_you_mean("lr_scale", {"lr", "lr_scaling", "base_batch"}) == "lr_scaling");
+  CHECK(dprun::did_you_mean("vgg", {"lenet", "resnet18"}).empty());
 }

@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "dpstore/store.hpp"
 
@@ -63,14 +65,59 @@ inline std::string raw_scalar(const std::string& path, const std::string& sql) {
   return value;
 }
 
-inline dps::TrialSettings settings(const std::string& model, int64_t gpus, int64_t per_gpu = 64) {
-  dps::TrialSettings s;
-  s.model = model;
-  s.gpus = gpus;
-  s.per_gpu_batch = per_gpu;
-  s.batch_size = per_gpu * gpus;
-  s.epochs = 3;
+/// The setting columns as dprun describes them today (written out here: the store's tests do not
+/// depend on the runner's table of settings), with their defaults and which may differ from the
+/// 1-GPU baseline of the scaling view.
+inline std::vector<dps::SettingColumn> setting_columns() {
+  using V = dps::SqlValue;
+  auto text = [](const char* s) { return V(std::string(s)); };
+  return {{"model", text(""), false},
+          {"model_options", text("{}"), false},
+          {"dataset", text("fashion-mnist"), false},
+          {"data_path", text(""), true},
+          {"epochs", V(int64_t{10}), true},
+          {"seed", V(int64_t{0}), true},
+          {"gpus", V(int64_t{1}), false},
+          {"batch_size", V(int64_t{256}), true},
+          {"per_gpu_batch", V(int64_t{256}), false},
+          {"lr", V(0.1), true},
+          {"optimizer", text("sgd"), false},
+          {"momentum", V(0.0), true},
+          {"weight_decay", V(0.0), true},
+          {"precision", text("fp32"), false},
+          {"layout", text("nchw"), false},
+          {"bn_mode", text("per-replica"), false},
+          {"eval_batch_size", V(int64_t{0}), false},
+          {"train_limit", V(int64_t{0}), false},
+          {"test_limit", V(int64_t{0}), false},
+          {"backend_request", text("auto"), true}};
+}
+
+/// A store opened read-write with those setting columns.
+inline dps::Store open_store(const std::string& path) {
+  return dps::Store(path, dps::Store::Mode::read_write, setting_columns());
+}
+
+/// Every setting of a typical trial (schema version 1 gives its setting columns no default).
+inline dps::SettingValues settings(const std::string& model, int64_t gpus, int64_t per_gpu = 64) {
+  dps::SettingValues s;
+  for (const auto& c : setting_columns()) s[c.name] = c.default_value;
+  s["model"] = model;
+  s["gpus"] = gpus;
+  s["per_gpu_batch"] = per_gpu;
+  s["batch_size"] = per_gpu * gpus;
+  s["epochs"] = int64_t{3};
   return s;
+}
+
+/// One setting of a stored trial, of the type expected.
+template <class T>
+T setting(const dps::TrialRow& row, const std::string& column) {
+  auto it = row.settings.find(column);
+  INFO(column);
+  REQUIRE(it != row.settings.end());
+  REQUIRE(std::holds_alternative<T>(it->second));
+  return std::get<T>(it->second);
 }
 
 inline dps::EpochRow epoch_row(int64_t trial, int64_t epoch, double test_acc, double seconds,

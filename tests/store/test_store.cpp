@@ -53,8 +53,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
   Store store(path);
   CHECK(store.path() == path);
   CHECK(store.user_version() == dps::schema_version());
-  CHECK(dps::schema_version() == 1);
-  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "1");
+  CHECK(dps::schema_version() == 3);
+  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "3");
   CHECK(dpstest::raw_scalar(path, "PRAGMA journal_mode") == "wal");  // persistent in the file
   CHECK(dpstest::scalar(store, "PRAGMA foreign_keys") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA synchronous") == "1");  // NORMAL
@@ -64,8 +64,9 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
       "AND type IN ('table', 'view') ORDER BY 1");
   std::vector<std::string> names;
   for (auto& row : objects.rows) names.push_back(*row[0]);
-  CHECK(names == std::vector<std::string>{"table:epochs", "table:experiments", "table:trials",
-                                          "view:scaling", "view:trial_summary"});
+  CHECK(names == std::vector<std::string>{"table:checkpoints", "table:epochs",
+                                          "table:experiments", "table:trials", "view:scaling",
+                                          "view:trial_summary"});
 
   // Every TrialSettings field is a column of trials under its documented name.
   std::set<std::string> columns;
@@ -110,7 +111,11 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
                         "created_at",
                         "started_at",
                         "finished_at",
-                        "heartbeat_at"}) {
+                        "heartbeat_at",
+                        "hosts",
+                        "launch",
+                        "device_set",
+                        "resumed_from_epoch"}) {
     INFO(c);
     CHECK(columns.count(c) == 1);
   }
@@ -126,7 +131,7 @@ TEST_CASE("reopening keeps the data and migrates nothing", "[store]") {
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store again(path);
-  CHECK(again.user_version() == 1);
+  CHECK(again.user_version() == 3);
   CHECK(again.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n") == exp);
   REQUIRE(again.trials(exp).size() == 1);
   // A second migration would have failed on "table experiments already exists"; also check the
@@ -141,7 +146,7 @@ TEST_CASE("a database from a newer dprun is refused", "[store]") {
   dpstest::raw_exec(path, "PRAGMA user_version = 5");
   const std::string expected = path +
                                ": database schema version 5 is newer than this dprun supports "
-                               "(1): upgrade dprun";
+                               "(3): upgrade dprun";
   REQUIRE_THROWS_AS(Store(path), StoreError);
   REQUIRE_THROWS_WITH(Store(path), expected);
   REQUIRE_THROWS_WITH(Store(path, Store::Mode::read_only), expected);
@@ -181,7 +186,7 @@ TEST_CASE("read-only stores cannot write, through query or the connection", "[st
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store ro(path, Store::Mode::read_only);
-  CHECK(ro.user_version() == 1);
+  CHECK(ro.user_version() == 3);
   REQUIRE(ro.trials(exp).size() == 1);
   CHECK(dpstest::scalar(ro, "SELECT name FROM experiments") == "e");
   REQUIRE_THROWS_WITH(ro.query("INSERT INTO experiments (name, toml_source, toml_sha256) "
@@ -213,29 +218,28 @@ TEST_CASE("upsert_experiment finds by name and updates the source", "[store]") {
 
 TEST_CASE("ensure_trial is idempotent by config hash and round-trips every setting", "[store]") {
   ScratchDir dir;
-  Store store(dir.file("results.db"));
+  Store store = dpstest::open_store(dir.file("results.db"));
   const int64_t exp = store.upsert_experiment("e", "", "");
-  dps::TrialSettings s;
-  s.model = "resnet18";
-  s.model_options_json = R"({"width":0.5})";
-  s.dataset = "fashion-mnist";
-  s.data_path = "/data/fmnist";
-  s.gpus = 4;
-  s.batch_size = 512;
-  s.per_gpu_batch = 128;
-  s.lr = 0.05;
-  s.epochs = 7;
-  s.seed = 42;
-  s.optimizer = "sgd";
-  s.momentum = 0.9;
-  s.weight_decay = 5e-4;
-  s.precision = "fp16";
-  s.layout = "nhwc";
-  s.bn_mode = "sync";
-  s.eval_batch_size = 1024;
-  s.train_limit = 6000;
-  s.test_limit = 1000;
-  s.backend_request = "cuda";
+  const dps::SettingValues s = {{"model", "resnet18"},
+                                {"model_options", R"({"width":0.5})"},
+                                {"dataset", "fashion-mnist"},
+                                {"data_path", "/data/fmnist"},
+                                {"gpus", int64_t{4}},
+                                {"batch_size", int64_t{512}},
+                                {"per_gpu_batch", int64_t{128}},
+                                {"lr", 0.05},
+                                {"epochs", int64_t{7}},
+                                {"seed", int64_t{42}},
+                                {"optimizer", "sgd"},
+                                {"momentum", 0.9},
+                                {"weight_decay", 5e-4},
+                                {"precision", "fp16"},
+                                {"layout", "nhwc"},
+                                {"bn_mode", "sync"},
+                                {"eval_batch_size", int64_t{1024}},
+                                {"train_limit", int64_t{6000}},
+                                {"test_limit", int64_t{1000}},
+                                {"backend_request", "cuda"}};
 
   dps::TrialRow first = store.ensure_trial(exp, "hash-a", 3, s);
   CHECK(first.id > 0);
@@ -249,27 +253,10 @@ TEST_CASE("ensure_trial is idempotent by config hash and round-trips every setti
   CHECK(first.started_at.empty());
   CHECK(first.created_at.size() == 24);  // 2024-01-02T03:04:05.678Z
   CHECK(first.created_at.back() == 'Z');
-  const dps::TrialSettings& r = first.settings;
-  CHECK(r.model == s.model);
-  CHECK(r.model_options_json == s.model_options_json);
-  CHECK(r.dataset == s.dataset);
-  CHECK(r.data_path == s.data_path);
-  CHECK(r.gpus == 4);
-  CHECK(r.batch_size == 512);
-  CHECK(r.per_gpu_batch == 128);
-  CHECK(r.lr == 0.05);
-  CHECK(r.epochs == 7);
-  CHECK(r.seed == 42);
-  CHECK(r.optimizer == "sgd");
-  CHECK(r.momentum == 0.9);
-  CHECK(r.weight_decay == 5e-4);
-  CHECK(r.precision == "fp16");
-  CHECK(r.layout == "nhwc");
-  CHECK(r.bn_mode == "sync");
-  CHECK(r.eval_batch_size == 1024);
-  CHECK(r.train_limit == 6000);
-  CHECK(r.test_limit == 1000);
-  CHECK(r.backend_request == "cuda");
+  // Every setting column comes back under its name with the value and type it was given.
+  CHECK(first.settings == s);
+  CHECK(dpstest::setting<double>(first, "lr") == 0.05);
+  CHECK(dpstest::setting<int64_t>(first, "seed") == 42);
 
   // Same hash: same row, ordinal moved (the sweep was reordered), nothing inserted.
   dps::TrialRow again = store.ensure_trial(exp, "hash-a", 1, s);
@@ -285,6 +272,10 @@ TEST_CASE("ensure_trial is idempotent by config hash and round-trips every setti
   CHECK_FALSE(store.find_trial(exp, "nope").has_value());
   CHECK_FALSE(store.get_trial(999999).has_value());
   REQUIRE_THROWS_WITH(store.ensure_trial(exp + 100, "h", 0, s), Contains("no experiment with id"));
+  dps::SettingValues unknown = s;
+  unknown["warp_factor"] = int64_t{9};
+  REQUIRE_THROWS_WITH(store.ensure_trial(exp, "h", 0, unknown),
+                      Contains("no setting column \"warp_factor\""));
 }
 
 TEST_CASE("trial lifecycle: pending, running, epochs, done", "[store]") {

@@ -13,7 +13,7 @@ using dpstest::ScratchDir;
 namespace {
 
 // Runs a trial through start, the given (test_acc, seconds) epochs and a final status.
-int64_t run_trial(Store& store, int64_t exp, const std::string& hash, dps::TrialSettings s,
+int64_t run_trial(Store& store, int64_t exp, const std::string& hash, dps::SettingValues s,
                   const std::vector<std::pair<double, double>>& epochs,
                   TrialStatus status = TrialStatus::done, const std::string& backend = "cpu") {
   static int64_t ordinal = 0;
@@ -51,7 +51,7 @@ std::map<std::string, std::map<std::string, std::optional<std::string>>> by_tria
 
 TEST_CASE("trial_summary: final and best accuracy, mean seconds without epoch 1", "[store]") {
   ScratchDir dir;
-  Store store(dir.file("results.db"));
+  Store store = dpstest::open_store(dir.file("results.db"));
   const int64_t exp = store.upsert_experiment("summary", "", "");
   // Epoch 1 is slow (warm-up); best accuracy is not the last one.
   const int64_t three = run_trial(store, exp, "three", dpstest::settings("lenet", 1),
@@ -119,7 +119,7 @@ TEST_CASE("trial_summary: final and best accuracy, mean seconds without epoch 1"
 
 TEST_CASE("scaling: speedup and efficiency over the 1-GPU trial of the same model", "[store]") {
   ScratchDir dir;
-  Store store(dir.file("results.db"));
+  Store store = dpstest::open_store(dir.file("results.db"));
   const int64_t exp = store.upsert_experiment("scaling", "", "");
   // Mean seconds (epoch 1 excluded): 1 GPU 8 s, 2 GPUs 5 s, 4 GPUs 2.5 s.
   const int64_t g1 = run_trial(store, exp, "g1", dpstest::settings("lenet", 1),
@@ -171,24 +171,84 @@ TEST_CASE("scaling: speedup and efficiency over the 1-GPU trial of the same mode
 
 TEST_CASE("scaling: trials of another experiment or setting are not a baseline", "[store]") {
   ScratchDir dir;
-  Store store(dir.file("results.db"));
+  Store store = dpstest::open_store(dir.file("results.db"));
   const int64_t a = store.upsert_experiment("a", "", "");
   const int64_t b = store.upsert_experiment("b", "", "");
   run_trial(store, a, "a1", dpstest::settings("lenet", 1), {{0.8, 9.0}, {0.8, 6.0}});
-  dps::TrialSettings fp16 = dpstest::settings("lenet", 1);
-  fp16.precision = "fp16";
+  dps::SettingValues fp16 = dpstest::settings("lenet", 1);
+  fp16["precision"] = "fp16";
   run_trial(store, b, "b1-fp16", fp16, {{0.8, 9.0}, {0.8, 1.0}});
   const int64_t b2 =
       run_trial(store, b, "b2", dpstest::settings("lenet", 2), {{0.8, 9.0}, {0.8, 3.0}});
   auto rows = by_trial(store.query("SELECT trial_id, speedup FROM scaling"));
   CHECK(rows[std::to_string(b2)]["speedup"] == std::nullopt);
   // Two matching 1-GPU trials (a seed sweep) are averaged into one baseline.
-  dps::TrialSettings seed1 = dpstest::settings("lenet", 1);
-  seed1.seed = 1;
+  dps::SettingValues seed1 = dpstest::settings("lenet", 1);
+  seed1["seed"] = int64_t{1};
   run_trial(store, b, "b1-seed1", seed1, {{0.8, 9.0}, {0.8, 5.0}});
-  dps::TrialSettings seed2 = dpstest::settings("lenet", 1);
-  seed2.seed = 2;
+  dps::SettingValues seed2 = dpstest::settings("lenet", 1);
+  seed2["seed"] = int64_t{2};
   run_trial(store, b, "b1-seed2", seed2, {{0.8, 9.0}, {0.8, 7.0}});
   rows = by_trial(store.query("SELECT trial_id, speedup FROM scaling"));
   CHECK(num(rows[std::to_string(b2)]["speedup"]) == 2.0);  // 6 s / 3 s
+}
+
+TEST_CASE("trial_summaries: each trial with its results, in sweep order", "[store]") {
+  ScratchDir dir;
+  Store store = dpstest::open_store(dir.file("results.db"));
+  const int64_t other = store.upsert_experiment("other", "", "");
+  run_trial(store, other, "elsewhere", dpstest::settings("lenet", 1), {{0.5, 1.0}});
+  const int64_t exp = store.upsert_experiment("summaries", "", "");
+  const int64_t g2 = run_trial(store, exp, "g2", dpstest::settings("lenet", 2),
+                               {{0.7, 9.0}, {0.9, 3.0}, {0.8, 5.0}});
+  const int64_t g1 = run_trial(store, exp, "g1", dpstest::settings("lenet", 1),
+                               {{0.7, 9.0}, {0.8, 8.0}, {0.8, 8.0}});
+  const int64_t idle = store.ensure_trial(exp, "idle", 1000, dpstest::settings("lenet", 4)).id;
+
+  const auto rows = store.trial_summaries(exp);
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].trial.id == g2);  // by ordinal: run_trial numbers them in call order
+  CHECK(rows[1].trial.id == g1);
+  CHECK(rows[2].trial.id == idle);
+
+  const dps::TrialSummary& s2 = rows[0];
+  CHECK(dpstest::setting<int64_t>(s2.trial, "gpus") == 2);
+  CHECK(s2.trial.status == TrialStatus::done);
+  CHECK(s2.trial.epochs_done == 3);
+  CHECK(s2.final_test_acc == 0.8);
+  CHECK(s2.best_test_acc == 0.9);
+  CHECK(s2.mean_seconds_per_epoch == 4.0);
+  CHECK(s2.total_seconds == 17.0);
+  CHECK(s2.final_train_loss == Approx(2.0 / 3.0));
+  CHECK(s2.speedup == 2.0);
+  CHECK(s2.efficiency == 1.0);
+
+  const dps::TrialSummary& pending = rows[2];
+  CHECK(pending.trial.status == TrialStatus::pending);
+  CHECK(pending.trial.epochs_done == 0);
+  CHECK_FALSE(pending.final_test_acc.has_value());
+  CHECK_FALSE(pending.mean_seconds_per_epoch.has_value());
+  CHECK_FALSE(pending.speedup.has_value());
+
+  CHECK(store.trial_summaries(exp + 100).empty());
+}
+
+TEST_CASE("experiments are found by name and listed oldest first", "[store]") {
+  ScratchDir dir;
+  Store store = dpstest::open_store(dir.file("results.db"));
+  CHECK(store.experiments().empty());
+  CHECK_FALSE(store.find_experiment("a").has_value());
+  const int64_t b = store.upsert_experiment("b", "second letter", "x = 1");
+  const int64_t a = store.upsert_experiment("a", "", "y = 2");
+  const auto found = store.find_experiment("b");
+  REQUIRE(found.has_value());
+  CHECK(found->id == b);
+  CHECK(found->description == "second letter");
+  CHECK(found->toml_sha256 == dps::sha256_hex("x = 1"));
+  CHECK(found->created_at.size() == 24);
+  const auto all = store.experiments();
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].id == b);
+  CHECK(all[1].id == a);
+  CHECK(all[1].name == "a");
 }

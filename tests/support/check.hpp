@@ -84,6 +84,17 @@ class DeviceBuffer {
   dp::Tensor t_;
 };
 
+/// A part of a test that cannot run on this machine, with the reason: appended to the file
+/// $DPRUN_SKIP_LOG (ctest sets it and prints the file after the run, so the reason reaches
+/// ctest's normal output instead of hiding behind -V). Use DPTEST_SKIPPED, which also WARNs.
+void note_skipped(const std::string& reason);
+#define DPTEST_SKIPPED(reason)                  \
+  do {                                          \
+    const std::string dptest_reason_ = (reason); \
+    WARN(dptest_reason_);                       \
+    ::dptest::note_skipped(dptest_reason_);     \
+  } while (0)
+
 /// The Fashion-MNIST folder for tests: $DPRUN_DATA, else /usr/share/datasets/fashion-mnist,
 /// else "" (tests that need it then skip with a message).
 std::string fashion_mnist_dir();

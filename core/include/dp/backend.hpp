@@ -75,12 +75,25 @@ struct PoolGeometry {
   int64_t out_w(int64_t in_w) const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
 };
 
-/// PyTorch's SGD: g += weight_decay * p; buf = momentum * buf + g (buf starts at 0); p -= lr * buf.
-/// With momentum == 0 no buffer is used: p -= lr * g.
+/// PyTorch's SGD (dampening 0): g += weight_decay * p; buf = momentum * buf + g (buf starts at
+/// 0); then p -= lr * buf, or with Nesterov p -= lr * (g + momentum * buf). With momentum == 0
+/// no buffer is used: p -= lr * g.
 struct SgdParams {
   float lr = 0.1f;
   float momentum = 0.0f;
   float weight_decay = 0.0f;
+  bool nesterov = false;  // needs momentum > 0 (as PyTorch)
+};
+
+/// PyTorch's AdamW (amsgrad off): p *= 1 - lr * weight_decay; m = beta1 m + (1 - beta1) g;
+/// v = beta2 v + (1 - beta2) g^2; p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 -
+/// beta2^step) + eps). m and v start at 0; step counts from 1.
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+  int64_t step = 1;
 };
 
 /// The ops every backend provides. Each public op is non-virtual: it validates its arguments
@@ -162,6 +175,32 @@ class Backend {
                           const Tensor& save_mean, const Tensor& save_invstd, float eps,
                           const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
 
+  // ---- batch norm with statistics over every replica (synchronised BN) ----------------------
+  // One layer's training forward is: batchnorm_sums of x -> allreduce -> mean = sums / count;
+  // batchnorm_sums of (x - mean)^2 -> allreduce -> var = sums / count; batchnorm_apply_stats.
+  // Backward: batchnorm_backward_sums -> allreduce -> batchnorm_backward_apply. count is the
+  // number of values per channel over every replica (> 1). On one replica this is what
+  // batchnorm_forward_train and batchnorm_backward compute. x may hold N = 0 examples (a replica
+  // with an empty shard still takes part in the sums).
+  /// sums (C) = sum over N, H, W of x, or of (x - mean)^2 when mean (C) is given.
+  void batchnorm_sums(const Tensor& x, const Tensor* mean, const Tensor& sums);
+  /// With the batch's (global) mean and biased var (C): y = gamma * (x - mean) * invstd + beta,
+  /// invstd = 1/sqrt(var + eps); save_mean = mean, save_invstd = invstd; running statistics
+  /// updated as by batchnorm_forward_train (the variance unbiased by count / (count - 1)).
+  void batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                             const Tensor& mean, const Tensor& var, const Tensor& running_mean,
+                             const Tensor& running_var, float momentum, float eps, int64_t count,
+                             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& y);
+  /// sums (2C) = [sum dy (C), sum dy * xhat (C)] over N, H, W, xhat = (x - save_mean) *
+  /// save_invstd: this replica's dbeta and dgamma.
+  void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
+                               const Tensor& save_invstd, const Tensor& sums);
+  /// With the sums of every replica: dx = gamma * invstd / count * (count * dy - sums[0:C] -
+  /// xhat * sums[C:2C]).
+  void batchnorm_backward_apply(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                const Tensor& save_mean, const Tensor& save_invstd,
+                                const Tensor& sums, int64_t count, const Tensor& dx);
+
   // ---- activation --------------------------------------------------------------------------
   /// y = max(x, 0); NaN stays NaN (as PyTorch). Any shape; y may alias x.
   void relu_forward(const Tensor& x, const Tensor& y);
@@ -208,6 +247,10 @@ class Backend {
   /// p.momentum == 0. lr, momentum and weight_decay finite and >= 0.
   void sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
                   const SgdParams& p);
+  /// One AdamW step over flat buffers of equal length; exp_avg (m) and exp_avg_sq (v) are its
+  /// state. lr, weight_decay >= 0, betas in [0, 1), eps > 0, step >= 1.
+  void adamw_update(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                    const Tensor& exp_avg_sq, const AdamWParams& p);
 
   // ---- data -------------------------------------------------------------------------------------
   /// Gathers examples by index from a dataset resident in this backend's memory.
@@ -249,6 +292,20 @@ class Backend {
                                        const Tensor& save_mean, const Tensor& save_invstd,
                                        float eps, const Tensor& dx, const Tensor& dgamma,
                                        const Tensor& dbeta) = 0;
+  virtual void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) = 0;
+  virtual void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma,
+                                          const Tensor& beta, const Tensor& mean,
+                                          const Tensor& var, const Tensor& running_mean,
+                                          const Tensor& running_var, float momentum, float eps,
+                                          int64_t count, const Tensor& save_mean,
+                                          const Tensor& save_invstd, const Tensor& y) = 0;
+  virtual void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
+                                            const Tensor& save_mean, const Tensor& save_invstd,
+                                            const Tensor& sums) = 0;
+  virtual void batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy,
+                                             const Tensor& gamma, const Tensor& save_mean,
+                                             const Tensor& save_invstd, const Tensor& sums,
+                                             int64_t count, const Tensor& dx) = 0;
   virtual void relu_forward_impl(const Tensor& x, const Tensor& y) = 0;
   virtual void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
@@ -267,6 +324,8 @@ class Backend {
                                   const Tensor& correct) = 0;
   virtual void sgd_update_impl(const Tensor& params, const Tensor& grads,
                                const Tensor* momentum_buf, const SgdParams& p) = 0;
+  virtual void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                                 const Tensor& exp_avg_sq, const AdamWParams& p) = 0;
   virtual void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
                                  const Tensor& x, const Tensor& y) = 0;
 

@@ -9,6 +9,7 @@
 namespace dp {
 
 class Backend;
+class ProcessGroup;
 
 class Communicator {
  public:
@@ -36,6 +37,16 @@ class Communicator {
 /// CUDA backends on distinct devices: NCCL. CUDA backends sharing a device: a same-device path
 /// (NCCL refuses two ranks on one GPU).
 std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks);
+
+/// Communicators for a trial whose replicas span the processes of `processes` (every process
+/// calls this with its own local backends, in the same order). Ranks are global: process p's
+/// local replica r is rank p * local count + r. CPU backends: the local replicas sum in-process,
+/// the first of them sums across processes, and the result is shared locally (a fixed order:
+/// the same bits on every rank and every run). CUDA backends: one NCCL communicator over every
+/// GPU of every process, its unique id broadcast from process 0. A group of one process is
+/// make_communicators(ranks).
+std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks,
+                                                              ProcessGroup* processes);
 
 /// The host-memory in-process communicator (used directly by tests).
 std::vector<std::unique_ptr<Communicator>> make_inprocess_communicators(int ranks);

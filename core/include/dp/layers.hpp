@@ -56,10 +56,17 @@ class BatchNorm2d : public Module {
   Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
 
  private:
+  /// Training with statistics over every replica of ctx.comm (see Backend::batchnorm_sums).
+  Tensor forward_synchronised(RunContext& ctx, const Tensor& x, const Tensor& y);
+  void backward_synchronised(RunContext& ctx, const Tensor& dy, const Tensor& dx);
+  int64_t values_per_channel(int64_t batch) const;
+
   int64_t c_;
   float eps_, momentum_;
   ParamHandle gamma_, beta_, mean_, var_;
   Tensor x_, y_, dx_, save_mean_, save_invstd_;
+  Tensor stats_;            // (4C): mean, var, then the backward sums (2C), for the allreduces
+  int64_t sync_count_ = 0;  // values per channel over every replica in the last sync forward
 };
 
 class ReLU : public Module {
@@ -144,6 +151,9 @@ class Linear : public Module {
   const char* type() const override { return "Linear"; }
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
+  /// Linear's weight columns follow its input features: after an NHWC Flatten they are in
+  /// (H, W, C) order and are reported for permutation to PyTorch's (C, H, W).
+  void parameter_orders(std::vector<ParamOrder>& out) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -151,6 +161,7 @@ class Linear : public Module {
   Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
 
  private:
+  FlatFeatures input_order_;
   int64_t in_, out_;
   bool has_bias_;
   Init w_init_, b_init_;

@@ -44,6 +44,21 @@ class Arena {
   size_t used_ = 0;
 };
 
+/// How the features of a flat (N, F) activation made by Flatten are ordered: NHWC memory
+/// flattens to (H, W, C), PyTorch's flatten to (C, H, W). Flatten says so at setup; the Linear
+/// reading it remembers, so a checkpoint can store that Linear's weight in PyTorch's order.
+struct FlatFeatures {
+  int64_t c = 0, h = 0, w = 0;
+  bool hwc = false;  // the features come in (H, W, C) order (and H * W > 1)
+};
+
+/// A parameter stored in another element order than PyTorch's: element i of ours is element
+/// pytorch_index[i] of PyTorch's tensor of the same shape.
+struct ParamOrder {
+  ParamHandle parameter;
+  std::vector<int64_t> pytorch_index;
+};
+
 struct SetupContext {
   Backend& backend;
   Arena& arena;
@@ -57,13 +72,34 @@ struct SetupContext {
   /// Whether backward will be asked for the gradient of this module's input (false for a
   /// model's input). Containers pass it to their first layer and true to the rest.
   bool input_grad = true;
+  /// The order of the features Flatten produced for the next Linear (see FlatFeatures).
+  FlatFeatures flat = {};
+};
+
+/// Told, during backward, that a parameter's gradient is final for this step: the trainer starts
+/// the allreduce of a bucket of gradients as soon as all of its parameters are final, while
+/// backward goes on with the layers before.
+class GradientHook {
+ public:
+  virtual ~GradientHook() = default;
+  virtual void ready(ParamHandle parameter) = 0;
 };
 
 struct RunContext {
   Backend& backend;
   ParamRegistry& params;
   bool training = true;
-  Communicator* comm = nullptr;  // this replica's communicator (for synchronised BN); may be null
+  /// Synchronised batch norm (bn = "sync"): training statistics over every replica of this
+  /// communicator. Null: per-replica statistics.
+  Communicator* comm = nullptr;
+  /// Examples in this step over every replica (the counts of synchronised batch norm).
+  int64_t global_batch = 0;
+  /// Layers report each parameter whose gradient they have written (null: nobody listens).
+  GradientHook* gradients = nullptr;
+
+  void gradient_ready(ParamHandle parameter) const {
+    if (gradients != nullptr && parameter.valid()) gradients->ready(parameter);
+  }
 };
 
 class Module {
@@ -76,7 +112,9 @@ class Module {
 
   /// Shape inference and allocation. `input` includes the largest batch. Returns output shape.
   Shape setup(SetupContext& ctx, const Shape& input);
-  /// x's shape must equal the setup input shape except for a batch <= the setup batch.
+  /// x's shape must equal the setup input shape except for a batch <= the setup batch. A batch
+  /// of 0 is allowed: a replica with an empty shard still takes part in synchronised batch
+  /// norm's collectives.
   Tensor forward(RunContext& ctx, const Tensor& x);
   /// dy has the shape of the last forward's output. Computes parameter gradients (overwriting)
   /// and, when need_dx, returns dx (an empty Tensor otherwise).
@@ -88,6 +126,11 @@ class Module {
   virtual void describe(std::ostream& os, int indent = 0) const;
   /// Direct children, for traversal (empty for leaves).
   virtual std::vector<Module*> children() { return {}; }
+  /// The parameters of this module and its children stored in another order than PyTorch's
+  /// (after setup). Checkpoints write those in PyTorch's order.
+  virtual void parameter_orders(std::vector<ParamOrder>& out) {
+    for (Module* c : children()) c->parameter_orders(out);
+  }
 
  protected:
   virtual Shape do_setup(SetupContext& ctx, const Shape& input) = 0;

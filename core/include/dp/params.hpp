@@ -54,12 +54,13 @@ class ParamRegistry {
   /// Number of trainable scalars (no padding).
   size_t parameter_count() const;
 
-  /// Allocates the flat buffers on the backend (params, grads, buffers; momentum when asked).
+  /// Allocates the flat buffers on the backend: params, grads, buffers, and `state_buffers`
+  /// more of the parameters' length for the optimizer's state (Optimizer::state_buffers()).
   /// Freed by the destructor.
-  void allocate(Backend& backend, bool with_momentum);
+  void allocate(Backend& backend, int state_buffers = 0);
   bool allocated() const { return backend_ != nullptr; }
   /// Fills parameters and buffers from `seed`, identically for every registry with the same
-  /// declarations; gradients and momentum are zeroed.
+  /// declarations; gradients and optimizer state are zeroed.
   void initialize(uint64_t seed);
 
   Tensor param(ParamHandle h) const;
@@ -67,7 +68,8 @@ class ParamRegistry {
   Tensor buffer(ParamHandle h) const;
   Tensor params_flat() const;    // (parameter_floats)
   Tensor grads_flat() const;     // (parameter_floats)
-  Tensor momentum_flat() const;  // (parameter_floats); empty when allocated without momentum
+  /// The optimizer's state buffers, (parameter_floats) each, in the optimizer's order.
+  const std::vector<Tensor>& state_flat() const { return state_; }
   Tensor buffers_flat() const;   // (buffer_floats); may be empty
 
   /// Host copies (downloaded; for checkpoints and tests), in flat order.
@@ -89,7 +91,7 @@ class ParamRegistry {
   Backend* backend_ = nullptr;
   float* params_ = nullptr;
   float* grads_ = nullptr;
-  float* momentum_ = nullptr;
+  std::vector<Tensor> state_;
   float* buffers_ = nullptr;
 };
 

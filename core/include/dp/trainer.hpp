@@ -13,13 +13,21 @@
 #include "dp/backend.hpp"
 #include "dp/data.hpp"
 #include "dp/module.hpp"
+#include "dp/optimizer.hpp"
+#include "dp/process_group.hpp"
+#include "dp/safetensors.hpp"
 
 namespace dp {
 
 using ModelBuilder = std::function<std::unique_ptr<Module>()>;
 
 struct TrainerOptions {
+  /// Replicas in this process (threads). With `processes`, the trial has processes->size() times
+  /// as many: every process runs the same trainer with the same options and data, each its
+  /// share of every global batch.
   int replicas = 1;
+  /// The trial's processes (not owned; must outlive the trainer); null: this process alone.
+  ProcessGroup* processes = nullptr;
   BackendKind backend = BackendKind::cpu;
   /// CUDA: replicas may share GPUs (replica r on device r % device_count). Without it, more
   /// replicas than devices is an error.
@@ -27,13 +35,27 @@ struct TrainerOptions {
   int64_t batch_size = 256;       // global batch
   int64_t eval_batch_size = 0;    // global; 0: same as batch_size
   int epochs = 10;
-  SgdParams sgd;
+  /// The learning rate of every step, and the optimizer that applies it (one fused update of
+  /// the flat parameter buffer per step, the same on every replica).
+  LrSchedule lr;
+  OptimizerOptions optimizer;
   uint64_t seed = 0;
   int cpu_threads = 0;            // CPU backend: total threads shared by replicas (0: hardware)
   bool allow_tf32 = true;
   Layout layout = Layout::nchw;
   /// Average BN running statistics across replicas before each evaluation (d2l keeps one model).
   bool average_bn_buffers = true;
+  /// Gradients are summed in buckets of at most this many bytes, each started as soon as
+  /// backward has produced it (on the CPU by a communication thread per replica, so the sum
+  /// overlaps the rest of backward), the first bucket at most first_bucket_bytes so
+  /// communication starts early. 0: one sum of all gradients after backward, no overlap.
+  /// Results are the same either way (the same sums, element by element).
+  size_t bucket_bytes = size_t{25} << 20;
+  size_t first_bucket_bytes = size_t{1} << 20;
+  /// Batch norm statistics over every replica of the trial in training (bn = "sync"), so k
+  /// replicas compute the step of one replica on the whole batch; false: per-replica
+  /// statistics, as in the d2l text.
+  bool sync_bn = false;
 };
 
 struct EpochReport {
@@ -44,6 +66,7 @@ struct EpochReport {
   double seconds = 0;        // training time of the epoch (evaluation excluded)
   double eval_seconds = 0;
   double examples_per_second = 0;
+  double lr = 0;             // the learning rate of the epoch's last step
   int64_t train_examples = 0, test_examples = 0;
   bool finite = true;        // false when the loss was NaN or infinite
 };
@@ -59,24 +82,46 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  /// Trains options.epochs epochs; after each calls on_epoch, which returns false to stop.
-  /// Training stops after an epoch whose loss was not finite.
-  void fit(const std::function<bool(const EpochReport&)>& on_epoch);
+  /// Trains epochs first_epoch .. options.epochs; after each calls on_epoch, which returns false
+  /// to stop. Training stops after an epoch whose loss was not finite. first_epoch > 1 continues
+  /// a run whose state load_state() restored.
+  void fit(const std::function<bool(const EpochReport&)>& on_epoch, int first_epoch = 1);
 
   /// One epoch: train then evaluate. `epoch` is 1-based (it selects the shuffle).
   EpochReport run_epoch(int epoch);
 
-  /// One SGD step on the given training examples (a global batch, in this order), for tests.
-  /// Returns the mean loss.
+  /// One optimizer step on the given training examples (a global batch, in this order), for
+  /// tests; it continues the step count (the schedule and AdamW's bias correction). Returns the
+  /// mean loss.
   double step(const std::vector<int32_t>& indices);
   /// Test accuracy over the whole test set.
   double evaluate();
 
+  /// Replicas in this process, and in the whole trial (all processes).
+  // ---- checkpoints ---------------------------------------------------------------------------
+  /// The model as PyTorch's state_dict holds it: every parameter and buffer under its dotted
+  /// name, PyTorch's shape and element order (an NHWC model's Linear after Flatten is
+  /// permuted), plus num_batches_tracked (I64) beside every batch norm's running statistics, so
+  /// torch's load_state_dict(strict=True) takes it as it is. From replica 0 (all agree).
+  SafeTensorsFile model_state() const;
+  /// The optimizer's state per parameter ("exp_avg.<parameter name>", ...), in this trainer's
+  /// element order, and the steps done (metadata "steps").
+  SafeTensorsFile optimizer_state() const;
+  /// Restores parameters and buffers (and, when given, the optimizer's state) into every
+  /// replica, from files written by model_state() / optimizer_state() of a trainer of the same
+  /// model. Every name and shape must match; the error names what differs.
+  void load_state(const SafeTensorsFile& model, const SafeTensorsFile* optimizer);
+
   int replicas() const;
+  int world_replicas() const;
   const TrainerOptions& options() const;
   /// Replica r's parameters / buffers, downloaded, in flat order.
   std::vector<float> parameters(int replica = 0) const;
   std::vector<float> buffers(int replica = 0) const;
+  /// Replaces every replica's parameters with `flat` (flat order, padding included, as
+  /// parameters() returns them); momentum and buffers are left as they are. For tests that run
+  /// the same steps from nudged copies of the same initial parameters.
+  void set_parameters(const std::vector<float>& flat);
   const ParamRegistry& registry(int replica = 0) const;
   Module& model(int replica = 0);
   /// "cpu" or "cuda"; devices as "NVIDIA H100 80GB HBM3 x2" or "CPU (2 threads) x2".

@@ -189,3 +189,153 @@ void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, cons
 }
 
 }  // namespace dp::cpu
+
+// ---- synchronised batch norm: the pieces between the allreduces --------------------------------
+
+namespace dp::cpu {
+
+namespace {
+
+// Where value i (0 <= i < H*W) of channel c of image n lies, in either layout: these ops are
+// memory-bound and run once per BN layer per step, so one strided loop serves NCHW and NHWC.
+struct ChannelAddressing {
+  int64_t image, channel, pixel;  // strides
+  explicit ChannelAddressing(const Tensor& x) {
+    const Dims d = dims_of(x);
+    image = d.chw();
+    channel = is_nhwc(x) ? 1 : d.hw();
+    pixel = is_nhwc(x) ? d.c : 1;
+  }
+  int64_t at(int64_t n, int64_t c) const { return n * image + c * channel; }
+};
+
+}  // namespace
+
+// x (N,C,H,W) or NHWC, mean (C) or null -> sums (C) = sum x, or sum (x - mean)^2 (double
+// accumulation).
+void CpuBackend::batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) {
+  const Dims d = dims_of(x);
+  const ChannelAddressing a(x);
+  const float* xp = x.f32();
+  const float* mp = mean != nullptr ? mean->f32() : nullptr;
+  float* sp = sums.f32();
+  const int64_t hw = d.hw(), step = a.pixel;
+#pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads_)) schedule(static)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double m = mp != nullptr ? mp[c] : 0.0;
+    double acc = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const float* xc = xp + a.at(n, c);
+      if (mp == nullptr) {
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < hw; ++i) acc += xc[i * step];
+      } else {
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < hw; ++i) acc += (xc[i * step] - m) * (xc[i * step] - m);
+      }
+    }
+    sp[c] = static_cast<float>(acc);
+  }
+}
+
+// x (N,C,H,W) or NHWC, the batch's mean and biased var (C) over `count` values -> y, save_mean,
+// save_invstd; running statistics updated (unbiased variance).
+void CpuBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma,
+                                            const Tensor& beta, const Tensor& mean,
+                                            const Tensor& var, const Tensor& running_mean,
+                                            const Tensor& running_var, float momentum, float eps,
+                                            int64_t count, const Tensor& save_mean,
+                                            const Tensor& save_invstd, const Tensor& y) {
+  const Dims d = dims_of(x);
+  const ChannelAddressing a(x);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  const int64_t hw = d.hw(), step = a.pixel;
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double m = mean.f32()[c], v = var.f32()[c];
+    const double invstd = 1.0 / std::sqrt(v + static_cast<double>(eps));
+    const double unbiased = v * static_cast<double>(count) / static_cast<double>(count - 1);
+    save_mean.f32()[c] = static_cast<float>(m);
+    save_invstd.f32()[c] = static_cast<float>(invstd);
+    float& rm = running_mean.f32()[c];
+    float& rv = running_var.f32()[c];
+    rm = static_cast<float>((1.0 - momentum) * rm + momentum * m);
+    rv = static_cast<float>((1.0 - momentum) * rv + momentum * unbiased);
+  }
+#pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads_)) schedule(static) \
+    collapse(2)
+  for (int64_t n = 0; n < d.n; ++n) {
+    for (int64_t c = 0; c < d.c; ++c) {
+      const double g = gamma.f32()[c], invstd = save_invstd.f32()[c];
+      const auto scale = static_cast<float>(g * invstd);
+      const auto shift = static_cast<float>(beta.f32()[c] - mean.f32()[c] * g * invstd);
+      const float* xc = xp + a.at(n, c);
+      float* yc = yp + a.at(n, c);
+      for (int64_t i = 0; i < hw; ++i) yc[i * step] = xc[i * step] * scale + shift;
+    }
+  }
+}
+
+// x, dy (N,C,H,W) or NHWC, save_mean, save_invstd (C) -> sums (2C) = [sum dy, sum dy * xhat].
+void CpuBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
+                                              const Tensor& save_mean, const Tensor& save_invstd,
+                                              const Tensor& sums) {
+  const Dims d = dims_of(x);
+  const ChannelAddressing a(x);
+  const float* xp = x.f32();
+  const float* dyp = dy.f32();
+  float* sp = sums.f32();
+  const int64_t hw = d.hw(), step = a.pixel;
+#pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads_)) schedule(static)
+  for (int64_t c = 0; c < d.c; ++c) {
+    const double mean = save_mean.f32()[c], invstd = save_invstd.f32()[c];
+    double sum_dy = 0, sum_dy_xhat = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const float* xc = xp + a.at(n, c);
+      const float* dyc = dyp + a.at(n, c);
+#pragma omp simd reduction(+ : sum_dy, sum_dy_xhat)
+      for (int64_t i = 0; i < hw; ++i) {
+        sum_dy += dyc[i * step];
+        sum_dy_xhat += dyc[i * step] * ((xc[i * step] - mean) * invstd);
+      }
+    }
+    sp[c] = static_cast<float>(sum_dy);
+    sp[d.c + c] = static_cast<float>(sum_dy_xhat);
+  }
+}
+
+// dx = gamma * invstd / count * (count * dy - sum_dy - xhat * sum_dy_xhat), the sums global.
+void CpuBackend::batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy,
+                                               const Tensor& gamma, const Tensor& save_mean,
+                                               const Tensor& save_invstd, const Tensor& sums,
+                                               int64_t count, const Tensor& dx) {
+  const Dims d = dims_of(x);
+  const ChannelAddressing a(x);
+  const float* xp = x.f32();
+  const float* dyp = dy.f32();
+  float* dxp = dx.f32();
+  const float* sp = sums.f32();
+  const int64_t hw = d.hw(), step = a.pixel;
+#pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads_)) schedule(static) \
+    collapse(2)
+  for (int64_t n = 0; n < d.n; ++n) {
+    for (int64_t c = 0; c < d.c; ++c) {
+      // As batchnorm_backward_impl: the same float expressions, so one replica matches it.
+      const double invstd = save_invstd.f32()[c];
+      const double k = gamma.f32()[c] * invstd / static_cast<double>(count);
+      const auto dy_scale = static_cast<float>(k * static_cast<double>(count));
+      const auto offset = static_cast<float>(-k * static_cast<double>(sp[c]));
+      const auto xhat_scale = static_cast<float>(-k * static_cast<double>(sp[d.c + c]));
+      const float mean_f = save_mean.f32()[c];
+      const auto invstd_f = static_cast<float>(invstd);
+      const float* xc = xp + a.at(n, c);
+      const float* dyc = dyp + a.at(n, c);
+      float* dxc = dxp + a.at(n, c);
+      for (int64_t i = 0; i < hw; ++i)
+        dxc[i * step] =
+            dy_scale * dyc[i * step] + offset + xhat_scale * ((xc[i * step] - mean_f) * invstd_f);
+    }
+  }
+}
+
+}  // namespace dp::cpu

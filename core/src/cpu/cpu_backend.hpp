@@ -158,6 +158,19 @@ class CpuBackend final : public Backend {
                                const Tensor& dx, const Tensor& dgamma,
                                const Tensor& dbeta) override;
 
+  void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) override;
+  void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                  const Tensor& mean, const Tensor& var,
+                                  const Tensor& running_mean, const Tensor& running_var,
+                                  float momentum, float eps, int64_t count,
+                                  const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& y) override;
+  void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
+                                    const Tensor& save_invstd, const Tensor& sums) override;
+  void batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                     const Tensor& save_mean, const Tensor& save_invstd,
+                                     const Tensor& sums, int64_t count, const Tensor& dx) override;
+
   void relu_forward_impl(const Tensor& x, const Tensor& y) override;
   void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
 
@@ -180,6 +193,8 @@ class CpuBackend final : public Backend {
 
   void sgd_update_impl(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
                        const SgdParams& p) override;
+  void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                         const Tensor& exp_avg_sq, const AdamWParams& p) override;
 
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
                          const Tensor& x, const Tensor& y) override;

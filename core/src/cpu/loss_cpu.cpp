@@ -1,4 +1,4 @@
-// Softmax cross-entropy, accuracy counting and the SGD update on the CPU.
+// Softmax cross-entropy and accuracy counting on the CPU.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -89,29 +89,6 @@ void CpuBackend::count_correct_impl(const Tensor& logits, const Tensor& labels,
   for (int64_t i = 0; i < c.n; ++i)
     if (first_argmax(lp + i * c.k, c.k) == yp[i]) ++right;
   *correct.i32() = static_cast<int32_t>(right);
-}
-
-// params, grads, momentum_buf (flat, equal length) -> params and momentum_buf updated:
-// g' = g + weight_decay * p; buf = momentum * buf + g'; p -= lr * buf (p -= lr * g' without
-// momentum). grads are not modified.
-void CpuBackend::sgd_update_impl(const Tensor& params, const Tensor& grads,
-                                 const Tensor* momentum_buf, const SgdParams& p) {
-  const int64_t n = params.numel();
-  float* w = params.f32();
-  const float* g = grads.f32();
-  const float lr = p.lr, wd = p.weight_decay, mu = p.momentum;
-  if (mu != 0.0f) {
-    float* buf = momentum_buf->f32();
-#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float d = g[i] + wd * w[i];
-      buf[i] = mu * buf[i] + d;
-      w[i] -= lr * buf[i];
-    }
-  } else {
-#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
-    for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
-  }
 }
 
 }  // namespace dp::cpu

@@ -2,6 +2,7 @@
 // entry points the backend factory calls (cuda_entry.hpp).
 #include "cuda/cuda_backend.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -265,7 +266,21 @@ void CudaBackend::sgd_update_impl(const Tensor& params, const Tensor& grads,
   float* buf = p.momentum != 0.0f ? momentum_buf->f32() : nullptr;
   activate();
   kernels::sgd_update(params.f32(), grads.f32(), buf, params.numel(), p.lr, p.momentum,
-                      p.weight_decay, stream_);
+                      p.weight_decay, p.nesterov, stream_);
+}
+
+void CudaBackend::adamw_update_impl(const Tensor& params, const Tensor& grads,
+                                    const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                                    const AdamWParams& p) {
+  // The step's scalars as the CPU twin computes them (double powers, then float).
+  const auto t = static_cast<double>(p.step);
+  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
+  const auto bias2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
+  activate();
+  kernels::adamw_update(params.f32(), grads.f32(), exp_avg.f32(), exp_avg_sq.f32(), params.numel(),
+                        p.lr / bias1, 1.0f - p.lr * p.weight_decay, p.beta1, p.beta2, p.eps,
+                        bias2_sqrt, stream_);
 }
 
 // ---- data ---------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,30 +17,16 @@
 #include "cuda/kernels.cuh"
 #include "cuda/lib_check.hpp"
 #include "dp/error.hpp"
+#include "dp/process_group.hpp"
 
 namespace dp::cuda {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// How long a rank waits for its peers (host barrier, enqueue, GPU completion) before the group
-/// is declared dead.
-std::chrono::milliseconds comm_timeout() {
-  static const std::chrono::milliseconds timeout = [] {
-    double seconds = 300.0;
-    if (const char* s = std::getenv("DPRUN_COMM_TIMEOUT_S")) {
-      char* end = nullptr;
-      const double v = std::strtod(s, &end);
-      if (end != s && v > 0) seconds = v;
-    }
-    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
-  }();
-  return timeout;
-}
-
-std::string timeout_text() {
-  return std::to_string(comm_timeout().count() / 1000.0) + " s (DPRUN_COMM_TIMEOUT_S)";
-}
+// How long a rank waits for its peers (host barrier, enqueue, GPU completion) before the group
+// is declared dead: dp::comm_timeout() ($DPRUN_COMM_TIMEOUT_S).
+std::string timeout_text() { return comm_timeout_text(); }
 
 /// Abort state shared by the ranks of one group.
 class AbortFlag {
@@ -288,10 +275,23 @@ class SameDeviceCommunicator final : public Communicator {
 // ==== NCCL
 // ========================================================================================
 
+/// Where this process's NCCL ranks sit in a communicator spanning several processes: the
+/// unique id (made by process 0), the global rank of the first local rank, and the global size.
+struct NcclBootstrap {
+  ncclUniqueId id{};
+  int first_rank = 0;
+  int world = 1;
+};
+
 class NcclGroup {
  public:
-  explicit NcclGroup(std::vector<CudaBackend*> b)
-      : backends(std::move(b)), size(static_cast<int>(backends.size())), barrier(size, aborted) {
+  explicit NcclGroup(std::vector<CudaBackend*> b, const NcclBootstrap* boot = nullptr)
+      : backends(std::move(b)),
+        size(static_cast<int>(backends.size())),
+        first_rank(boot != nullptr ? boot->first_rank : 0),
+        world(boot != nullptr ? boot->world : size),
+        barrier(size, aborted) {
+    if (boot != nullptr) bootstrap_ = *boot;
     comms.assign(backends.size(), nullptr);
     pending.assign(backends.size(), false);
     enqueued_at.assign(backends.size(), Clock::now());
@@ -382,9 +382,11 @@ class NcclGroup {
   }
 
   std::vector<CudaBackend*> backends;
-  int size;
+  int size;        // ranks in this process
+  int first_rank;  // global rank of local rank 0
+  int world;       // ranks in every process
   AbortFlag aborted;
-  HostBarrier barrier;
+  HostBarrier barrier;  // this process's ranks only
   std::vector<ncclComm_t> comms;
 
  private:
@@ -410,15 +412,16 @@ class NcclGroup {
   /// Creates every rank's communicator in one group and waits until all are ready. On failure
   /// the caller (the constructor) aborts whatever was created.
   void init() {
-    ncclUniqueId id;
-    NCCL_CHECK(ncclGetUniqueId(&id));
+    ncclUniqueId id = bootstrap_ ? bootstrap_->id : ncclUniqueId{};
+    if (!bootstrap_) NCCL_CHECK(ncclGetUniqueId(&id));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     {
       GroupGuard group;
       for (int r = 0; r < size; ++r) {
         CUDA_CHECK(cudaSetDevice(backends[static_cast<size_t>(r)]->device_index()));
-        NCCL_CHECK(ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], size, id, r, &config));
+        NCCL_CHECK(ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], world, id,
+                                          first_rank + r, &config));
         take_injected_init_failure(r);
       }
       group.end();
@@ -541,6 +544,7 @@ class NcclGroup {
     comms_aborted_ = true;
   }
 
+  std::optional<NcclBootstrap> bootstrap_;
   std::vector<std::unique_ptr<std::mutex>> comm_mutex;
   std::vector<cudaEvent_t> last_event;
   std::mutex state_mutex_;
@@ -558,8 +562,8 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(std::shared_ptr<NcclGroup> group, int rank)
       : group_(std::move(group)), rank_(rank), backend_(group_->backends[rank]) {}
 
-  int rank() const override { return rank_; }
-  int size() const override { return group_->size; }
+  int rank() const override { return group_->first_rank + rank_; }
+  int size() const override { return group_->world; }
   std::string kind() const override { return "nccl"; }
 
   void allreduce_sum(float* data, size_t count) override {
@@ -571,9 +575,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   void broadcast(float* data, size_t count, int root) override {
-    if (root < 0 || root >= group_->size) {
+    if (root < 0 || root >= group_->world) {
       throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " +
-                  std::to_string(group_->size));
+                  std::to_string(group_->world));
     }
     backend_->activate();
     cudaStream_t stream = backend_->stream();
@@ -648,6 +652,46 @@ std::vector<std::unique_ptr<Communicator>> make_same_device_communicators(
   for (int r = 0; r < group->size; ++r) {
     out.push_back(std::make_unique<SameDeviceCommunicator>(group, r));
   }
+  return out;
+}
+
+std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks,
+                                                              ProcessGroup& processes) {
+  auto backends = cuda_backends(ranks);
+  std::set<int> devices;
+  for (auto* b : backends) devices.insert(b->device_index());
+  if (devices.size() != backends.size()) {
+    throw Error("a trial across processes needs one replica per GPU in every process, got devices " +
+                device_list(backends) + " in process " + std::to_string(processes.rank()) +
+                " (NCCL refuses two ranks on one GPU)");
+  }
+  // Every process must bring as many ranks: the global rank of a local one depends on it.
+  const int local = static_cast<int>(backends.size());
+  double total = local;
+  processes.allreduce_sum(&total, 1);
+  if (total != static_cast<double>(local) * processes.size()) {
+    throw Error("the processes of this trial run different numbers of replicas (" +
+                std::to_string(local) + " here, " + std::to_string(static_cast<int64_t>(total)) +
+                " in all " + std::to_string(processes.size()) + " processes)");
+  }
+  std::string id_bytes;
+  if (processes.rank() == 0) {
+    ncclUniqueId id;
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    id_bytes.assign(reinterpret_cast<const char*>(&id), sizeof id);
+  }
+  processes.broadcast(id_bytes, 0);
+  if (id_bytes.size() != sizeof(ncclUniqueId)) {
+    throw Error("NCCL bootstrap: process 0 sent " + std::to_string(id_bytes.size()) +
+                " bytes for the unique id, expected " + std::to_string(sizeof(ncclUniqueId)));
+  }
+  NcclBootstrap boot;
+  std::copy(id_bytes.begin(), id_bytes.end(), reinterpret_cast<char*>(&boot.id));
+  boot.first_rank = processes.rank() * local;
+  boot.world = processes.size() * local;
+  auto group = std::make_shared<NcclGroup>(backends, &boot);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < group->size; ++r) out.push_back(std::make_unique<NcclCommunicator>(group, r));
   return out;
 }
 

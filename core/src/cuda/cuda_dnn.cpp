@@ -67,6 +67,48 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
       static_cast<double>(eps), save_mean.data, save_invstd.data));
 }
 
+// ---- synchronised batch norm (our kernels, bn_sync.cu) -----------------------------------------
+
+void CudaBackend::batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) {
+  const Dims d = dims_of(x);
+  activate();
+  kernels::bn_sums(x.f32(), mean != nullptr ? mean->f32() : nullptr, sums.f32(), d.n, d.c, d.hw(),
+                   is_nhwc(x), stream_);
+}
+
+void CudaBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma,
+                                             const Tensor& beta, const Tensor& mean,
+                                             const Tensor& var, const Tensor& running_mean,
+                                             const Tensor& running_var, float momentum, float eps,
+                                             int64_t count, const Tensor& save_mean,
+                                             const Tensor& save_invstd, const Tensor& y) {
+  const Dims d = dims_of(x);
+  activate();
+  kernels::bn_apply_stats(x.f32(), gamma.f32(), beta.f32(), mean.f32(), var.f32(),
+                          running_mean.f32(), running_var.f32(), momentum, eps, count,
+                          save_mean.f32(), save_invstd.f32(), y.f32(), d.n, d.c, d.hw(),
+                          is_nhwc(x), stream_);
+}
+
+void CudaBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
+                                               const Tensor& save_mean,
+                                               const Tensor& save_invstd, const Tensor& sums) {
+  const Dims d = dims_of(x);
+  activate();
+  kernels::bn_backward_sums(x.f32(), dy.f32(), save_mean.f32(), save_invstd.f32(), sums.f32(), d.n,
+                            d.c, d.hw(), is_nhwc(x), stream_);
+}
+
+void CudaBackend::batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy,
+                                                const Tensor& gamma, const Tensor& save_mean,
+                                                const Tensor& save_invstd, const Tensor& sums,
+                                                int64_t count, const Tensor& dx) {
+  const Dims d = dims_of(x);
+  activate();
+  kernels::bn_backward_apply(x.f32(), dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
+                             sums.f32(), count, dx.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+}
+
 // ---- linear ------------------------------------------------------------------------------------
 // Row-major (N, IN) x (OUT, IN)^T seen by column-major cuBLAS: a row-major (R, C) matrix is a
 // column-major (C, R) one, so y^T (OUT, N) = w (OUT, IN as column-major IN x OUT)^T x^T.

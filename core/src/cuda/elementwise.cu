@@ -1,4 +1,4 @@
-// Elementwise kernels, the deterministic per-channel reduction, filter-layout transposes, SGD, the
+// Elementwise kernels, the deterministic per-channel reduction, filter-layout transposes, the
 // batch gather and the same-device rank sum. Grid-stride loops; launchers check every launch.
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.cuh"
@@ -106,19 +106,6 @@ __global__ void krsc_to_kcrs_kernel(const float* in, float* out, int64_t k, int6
     const int64_t kk = i / (c * rs), rem = i % (c * rs);
     const int64_t cc = rem / rs, r = rem % rs;
     out[i] = in[(kk * rs + r) * c + cc];
-  }
-}
-
-__global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, float lr,
-                           float momentum, float wd) {
-  DP_GRID_STRIDE(i, n) {
-    float d = g[i];
-    if (wd != 0.0f) d += wd * p[i];
-    if (buf != nullptr) {
-      d = momentum * buf[i] + d;
-      buf[i] = d;
-    }
-    p[i] -= lr * d;
   }
 }
 
@@ -241,14 +228,6 @@ void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
   if (n <= 0) return;
   krsc_to_kcrs_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, out, k, c, rs);
   CUDA_CHECK_LAUNCH(krsc_to_kcrs_kernel);
-}
-
-void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, cudaStream_t stream) {
-  if (n <= 0) return;
-  sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(params, grads, momentum_buf, n, lr, momentum,
-                                                   weight_decay);
-  CUDA_CHECK_LAUNCH(sgd_kernel);
 }
 
 void gather_batch(const uint8_t* images, const uint8_t* labels, int64_t m, const int32_t* indices,

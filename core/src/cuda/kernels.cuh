@@ -39,10 +39,15 @@ void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
 void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
                   cudaStream_t stream);
 
-/// PyTorch SGD over flat buffers: g' = g + wd * p; buf = momentum * buf + g' (when buf);
-/// p -= lr * (buf or g'). grads are not modified.
+/// PyTorch SGD over flat buffers (optimizer.cu): d = g + wd * p; buf = momentum * buf + d (when
+/// buf); p -= lr * (buf, or d + momentum * buf with Nesterov, or d). grads are not modified.
 void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, cudaStream_t stream);
+                float momentum, float weight_decay, bool nesterov, cudaStream_t stream);
+/// PyTorch AdamW over flat buffers, with the step's scalars computed on the host: step_size =
+/// lr / (1 - beta1^t), decay = 1 - lr * wd, bias2_sqrt = sqrt(1 - beta2^t).
+void adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
+                  float step_size, float decay, float beta1, float beta2, float eps,
+                  float bias2_sqrt, cudaStream_t stream);
 
 /// images (M,C,H,W) u8, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255 in the
 /// given layout, y (n) i32. An index outside [0, M) writes NaN images and label -1 (visible, as
@@ -59,6 +64,25 @@ struct RankPointers {
 };
 /// For i in [begin, end): s = p[0][i] + p[1][i] + ... (rank order); every p[r][i] = s.
 void sum_across_ranks(const RankPointers& ranks, int64_t begin, int64_t end, cudaStream_t stream);
+
+// ---- synchronised batch norm (bn_sync.cu); x (N,C,HW) in `nhwc` or NCHW order -----------------
+/// out (C) = sum x, or sum (x - mean)^2 when mean is given (deterministic).
+void bn_sums(const float* x, const float* mean, float* out, int64_t n, int64_t c, int64_t hw,
+             bool nhwc, cudaStream_t stream);
+/// save_mean, save_invstd, running statistics from the global mean and biased var over `count`
+/// values; y = gamma * (x - mean) * invstd + beta.
+void bn_apply_stats(const float* x, const float* gamma, const float* beta, const float* mean,
+                    const float* var, float* running_mean, float* running_var, float momentum,
+                    float eps, int64_t count, float* save_mean, float* save_invstd, float* y,
+                    int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream);
+/// sums (2C) = [sum dy, sum dy * xhat].
+void bn_backward_sums(const float* x, const float* dy, const float* save_mean,
+                      const float* save_invstd, float* sums, int64_t n, int64_t c, int64_t hw,
+                      bool nhwc, cudaStream_t stream);
+/// dx = gamma * invstd / count * (count * dy - sums[0:C] - xhat * sums[C:2C]).
+void bn_backward_apply(const float* x, const float* dy, const float* gamma, const float* save_mean,
+                       const float* save_invstd, const float* sums, int64_t count, float* dx,
+                       int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream);
 
 // ---- pooling (pool.cu) ----------------------------------------------------------------------
 struct PoolShape {

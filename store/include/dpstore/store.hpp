@@ -3,9 +3,11 @@
 // One file per database: WAL, foreign keys on, busy timeout; schema versioned with
 // PRAGMA user_version and migrated forward; a database from a newer dprun is refused.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace dps {
@@ -19,28 +21,23 @@ class StoreError : public std::runtime_error {
 /// The schema version this build writes and reads.
 int schema_version();
 
-/// Every resolved setting of a trial; each becomes a column of `trials`.
-struct TrialSettings {
-  std::string model;
-  std::string model_options_json = "{}";  // plugin options, canonical JSON object
-  std::string dataset = "fashion-mnist";
-  std::string data_path;                 // resolved directory ("" until resolved)
-  int64_t gpus = 1;                      // data-parallel replicas
-  int64_t batch_size = 256;              // global batch
-  int64_t per_gpu_batch = 256;           // batch_size / gpus (rounded down)
-  double lr = 0.1;
-  int64_t epochs = 10;
-  int64_t seed = 0;
-  std::string optimizer = "sgd";
-  double momentum = 0.0;
-  double weight_decay = 0.0;
-  std::string precision = "fp32";
-  std::string layout = "nchw";
-  std::string bn_mode = "per-replica";   // or "sync"
-  int64_t eval_batch_size = 0;           // 0: same as batch_size
-  int64_t train_limit = 0;               // 0: all training examples; else the first n
-  int64_t test_limit = 0;
-  std::string backend_request = "auto";  // auto | cpu | cuda (what was asked)
+/// A value as SQLite holds it: NULL, INTEGER, REAL or TEXT.
+using SqlValue = std::variant<std::monostate, int64_t, double, std::string>;
+
+/// A trial's settings by column name. The store knows settings only as columns of `trials`
+/// that its callers describe (SettingColumn); what they mean is not its business.
+using SettingValues = std::map<std::string, SqlValue>;
+
+/// A column of `trials` that records one trial setting. Opening a database read-write adds a
+/// described column the database lacks, filled with the default for the trials already there
+/// (a setting added in a later dprun needs no migration of its own), and regenerates the views,
+/// which list every setting column.
+struct SettingColumn {
+  std::string name;        // [a-z][a-z0-9_]*, not one of the store's own trial columns
+  SqlValue default_value;  // its type is the column's: INTEGER, REAL or TEXT; never NULL
+  /// The scaling view's 1-GPU baseline may have another value (the setting varies with the GPU
+  /// count, like lr, or between repeats, like seed); every other setting column must match.
+  bool baseline_may_differ = false;
 };
 
 enum class TrialStatus { pending, running, done, failed, diverged, interrupted, skipped };
@@ -51,8 +48,8 @@ struct TrialRow {
   int64_t id = 0;
   int64_t experiment_id = 0;
   std::string config_hash;
-  int64_t ordinal = 0;  // position in the expanded sweep
-  TrialSettings settings;
+  int64_t ordinal = 0;     // position in the expanded sweep
+  SettingValues settings;  // every setting column of the database
   TrialStatus status = TrialStatus::pending;
   std::string error;
   int64_t attempts = 0;
@@ -65,6 +62,11 @@ struct TrialRow {
   std::string created_at, started_at, finished_at, heartbeat_at;  // ISO 8601 UTC
   int64_t runner_pid = 0;
   int64_t epochs_done = 0;  // rows in `epochs`
+  std::string hosts;        // the host of each process, grouped: "nodeA x8, nodeB x8"
+  std::string launch;       // the command that started the trial process
+  std::string device_set;   // the GPUs or cores --jobs gave it ("gpus 2,3"); "": the machine
+  int64_t resumed_from_epoch = 0;  // the checkpoint its last attempt continued from; 0: epoch 1
+  int64_t last_checkpoint_epoch = 0;  // the epoch of its 'last' checkpoint; 0: none
 };
 
 struct EpochRow {
@@ -77,11 +79,42 @@ struct EpochRow {
   int64_t peak_memory_bytes = 0;
 };
 
+/// A model file a trial keeps (see the checkpoints table in schema.cpp).
+struct CheckpointRow {
+  int64_t trial_id = 0;
+  std::string role;  // "last" (with the optimizer's state, for resuming), "best" or "epoch"
+  int64_t epoch = 0;
+  std::string path;  // relative to the database's folder unless absolute
+  std::string sha256;
+  int64_t bytes = 0;
+  std::string optimizer_path, optimizer_sha256;  // role last; "" otherwise
+  std::string recorded_at;                       // ISO 8601 UTC (read only)
+};
+
 /// What the runner learns when it starts a trial.
 struct TrialStart {
   std::string backend, devices, host, dprun_version, plugin_path, plugin_sha256;
   bool oversubscribed = false;
   int64_t runner_pid = 0;
+  std::string hosts, launch, device_set;  // as in TrialRow ("" is stored as NULL)
+};
+
+/// One experiment of the database.
+struct ExperimentRow {
+  int64_t id = 0;
+  std::string name, description;
+  std::string toml_sha256;             // of the experiment file last run
+  std::string created_at, updated_at;  // ISO 8601 UTC
+};
+
+/// A trial with what its epochs achieved, as the trial_summary and scaling views compute it
+/// (see the views for the definitions). Empty optionals: no epoch yet, or no 1-GPU baseline.
+struct TrialSummary {
+  TrialRow trial;
+  std::optional<double> final_test_acc, best_test_acc, final_train_loss;
+  std::optional<double> mean_seconds_per_epoch;  // epoch 1 (warm-up) excluded when there are more
+  std::optional<double> total_seconds;
+  std::optional<double> speedup, efficiency;  // over the matching 1-GPU trial
 };
 
 /// Result of a read-only query: column names and every value as text (NULL as nullopt).
@@ -93,9 +126,12 @@ struct QueryResult {
 class Store {
  public:
   enum class Mode { read_write, read_only };
-  /// Opens (read_write: creating the file and parent folders, and migrating) the database.
-  /// read_only: the file must exist; every statement that would write fails.
-  Store(const std::string& path, Mode mode = Mode::read_write);
+  /// Opens (read_write: creating the file and parent folders, migrating, and adding the
+  /// described setting columns it lacks) the database. read_only: the file must exist and is
+  /// read as it is, never migrated (the store's columns of a later schema read as empty);
+  /// every statement that would write fails.
+  Store(const std::string& path, Mode mode = Mode::read_write,
+        const std::vector<SettingColumn>& settings = {});
   ~Store();
   Store(Store&&) noexcept;
   Store& operator=(Store&&) noexcept;
@@ -104,17 +140,25 @@ class Store {
 
   const std::string& path() const;
   int user_version() const;
+  /// The setting columns of this database's `trials`, in table order.
+  const std::vector<std::string>& setting_columns() const;
 
   /// Finds the experiment by name, or creates it; stores the TOML source and its sha256
   /// (updated when the file changed). Returns its id.
   int64_t upsert_experiment(const std::string& name, const std::string& description,
                             const std::string& toml_source);
 
+  /// The experiment of that name, if the database has it.
+  std::optional<ExperimentRow> find_experiment(const std::string& name);
+  /// Every experiment, oldest first.
+  std::vector<ExperimentRow> experiments();
+
   /// Finds a trial of the experiment by config hash.
   std::optional<TrialRow> find_trial(int64_t experiment_id, const std::string& config_hash);
   /// Inserts a pending trial (or returns the existing one with that hash, its ordinal updated).
+  /// A setting column not given takes its default; one the database lacks is an error.
   TrialRow ensure_trial(int64_t experiment_id, const std::string& config_hash, int64_t ordinal,
-                        const TrialSettings& settings);
+                        const SettingValues& settings);
   std::optional<TrialRow> get_trial(int64_t trial_id);
   std::vector<TrialRow> trials(int64_t experiment_id);
 
@@ -125,9 +169,17 @@ class Store {
   /// is no longer `expected`. (Added in review: the check and the write are one transaction.)
   bool claim_trial(int64_t trial_id, TrialStatus expected, int64_t runner_pid,
                    const std::string& host);
-  /// pending/failed/interrupted/... -> running: deletes any partial epochs of an earlier
-  /// attempt, increments attempts, records start info and heartbeat, clears the error.
-  void start_trial(int64_t trial_id, const TrialStart& start);
+  /// pending/failed/interrupted/... -> running: increments attempts, records start info and
+  /// heartbeat, clears the error. resume_epoch 0: a start from scratch, which deletes the epochs
+  /// and checkpoints of earlier attempts; e > 0: the attempt continues from the checkpoint of
+  /// epoch e, keeping epochs 1..e and deleting later ones (and checkpoints after e), recorded
+  /// as resumed_from_epoch.
+  void start_trial(int64_t trial_id, const TrialStart& start, int64_t resume_epoch = 0);
+  /// Records a checkpoint file in one transaction: a 'last' or 'best' row replaces the trial's
+  /// earlier one of that role, an 'epoch' row is kept beside the others.
+  void record_checkpoint(const CheckpointRow& row);
+  /// The trial's checkpoints, by role then epoch (empty on a database older than schema 3).
+  std::vector<CheckpointRow> checkpoints(int64_t trial_id);
   /// Writes one epoch row idempotently (INSERT OR REPLACE on (trial_id, epoch)) and refreshes
   /// the heartbeat, in one transaction.
   void record_epoch(const EpochRow& row);
@@ -139,6 +191,8 @@ class Store {
   int recover_stale(int64_t experiment_id, double stale_seconds);
 
   std::vector<EpochRow> epochs(int64_t trial_id);
+  /// Every trial of the experiment in sweep order, with its results (for summaries and reports).
+  std::vector<TrialSummary> trial_summaries(int64_t experiment_id);
 
   /// Runs one SQL statement with no side effects (the connection is opened read-only for
   /// read_only stores; for read_write stores sqlite3_stmt_readonly is checked). A statement

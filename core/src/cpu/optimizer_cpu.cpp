@@ -1,0 +1,59 @@
+// The optimizers' updates on the CPU, over flat buffers: PyTorch's SGD (momentum, Nesterov,
+// weight decay) and AdamW, written as the documented formulas (torch.optim.SGD and AdamW, in
+// float as PyTorch computes them).
+#include <cmath>
+
+#include "cpu/cpu_backend.hpp"
+
+namespace dp::cpu {
+
+// params, grads, momentum_buf (flat, equal length) -> params and momentum_buf updated:
+// d = g + weight_decay * p; buf = momentum * buf + d; p -= lr * (nesterov ? d + momentum * buf
+// : buf); without momentum p -= lr * d. grads are not modified.
+void CpuBackend::sgd_update_impl(const Tensor& params, const Tensor& grads,
+                                 const Tensor* momentum_buf, const SgdParams& p) {
+  const int64_t n = params.numel();
+  float* w = params.f32();
+  const float* g = grads.f32();
+  const float lr = p.lr, wd = p.weight_decay, mu = p.momentum;
+  if (mu != 0.0f) {
+    float* buf = momentum_buf->f32();
+    const bool nesterov = p.nesterov;
+#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * w[i];
+      buf[i] = mu * buf[i] + d;
+      w[i] -= lr * (nesterov ? d + mu * buf[i] : buf[i]);
+    }
+  } else {
+#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+  }
+}
+
+// params, grads, exp_avg (m), exp_avg_sq (v) -> params, m, v updated by one AdamW step.
+void CpuBackend::adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
+                                   const Tensor& exp_avg_sq, const AdamWParams& p) {
+  const int64_t n = params.numel();
+  float* w = params.f32();
+  const float* g = grads.f32();
+  float* m = exp_avg.f32();
+  float* v = exp_avg_sq.f32();
+  const auto t = static_cast<double>(p.step);
+  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
+  const auto bias2_sqrt =
+      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
+  const float step_size = p.lr / bias1;
+  const float decay = 1.0f - p.lr * p.weight_decay;
+  const float b1 = p.beta1, b2 = p.beta2, eps = p.eps;
+#pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] *= decay;
+    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    const float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
+    w[i] -= step_size * m[i] / denom;
+  }
+}
+
+}  // namespace dp::cpu

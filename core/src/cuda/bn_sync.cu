@@ -1,0 +1,171 @@
+// The pieces of synchronised batch norm between its allreduces (Backend::batchnorm_sums,
+// _apply_stats, _backward_sums, _backward_apply). Reductions: one block per channel, each thread
+// accumulating in double over a fixed stride, then a fixed tree: deterministic, and accurate for
+// the 200k values per channel of a ResNet-18 stem at batch 256. The elementwise passes are
+// grid-stride loops.
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.cuh"
+#include "cuda/launch.cuh"
+
+namespace dp::cuda::kernels {
+namespace {
+
+/// Sums a block's doubles in a fixed order; valid in thread 0.
+__device__ double block_sum_f64(double v, double* shared /* kThreads */) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int width = kThreads / 2; width > 0; width /= 2) {
+    if (static_cast<int>(threadIdx.x) < width) shared[threadIdx.x] += shared[threadIdx.x + width];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+/// Memory offset of the e-th value (n-major, then h, w) of channel ch.
+template <bool kNhwc>
+__device__ __forceinline__ int64_t channel_offset(int64_t e, int64_t ch, int64_t c, int64_t hw) {
+  return kNhwc ? e * c + ch : ((e / hw) * c + ch) * hw + e % hw;
+}
+
+// Block `ch`: out[ch] = sum x, or sum (x - mean[ch])^2 when mean is given.
+template <bool kNhwc>
+__global__ void bn_sums_kernel(const float* x, const float* mean, float* out, int64_t c, int64_t hw,
+                               int64_t total) {
+  __shared__ double shared[kThreads];
+  const int64_t ch = blockIdx.x;
+  const double m = mean != nullptr ? mean[ch] : 0.0;
+  double acc = 0.0;
+  for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
+    const double v = x[channel_offset<kNhwc>(e, ch, c, hw)];
+    acc += mean != nullptr ? (v - m) * (v - m) : v;
+  }
+  const double s = block_sum_f64(acc, shared);
+  if (threadIdx.x == 0) out[ch] = static_cast<float>(s);
+}
+
+// Block `ch`: sums[ch] = sum dy, sums[C + ch] = sum dy * (x - mean) * invstd.
+template <bool kNhwc>
+__global__ void bn_backward_sums_kernel(const float* x, const float* dy, const float* mean,
+                                        const float* invstd, float* sums, int64_t c, int64_t hw,
+                                        int64_t total) {
+  __shared__ double shared[kThreads];
+  const int64_t ch = blockIdx.x;
+  const double m = mean[ch], is = invstd[ch];
+  double sum_dy = 0.0, sum_dy_xhat = 0.0;
+  for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
+    const int64_t i = channel_offset<kNhwc>(e, ch, c, hw);
+    sum_dy += dy[i];
+    sum_dy_xhat += static_cast<double>(dy[i]) * ((x[i] - m) * is);
+  }
+  const double a = block_sum_f64(sum_dy, shared);
+  if (threadIdx.x == 0) sums[ch] = static_cast<float>(a);
+  __syncthreads();  // shared is reused
+  const double b = block_sum_f64(sum_dy_xhat, shared);
+  if (threadIdx.x == 0) sums[c + ch] = static_cast<float>(b);
+}
+
+// Per channel: save_mean, save_invstd and the running statistics.
+__global__ void bn_finalize_stats_kernel(const float* mean, const float* var, float* running_mean,
+                                         float* running_var, float momentum, float eps,
+                                         int64_t count, float* save_mean, float* save_invstd,
+                                         int64_t c) {
+  DP_GRID_STRIDE(ch, c) {
+    const double m = mean[ch], v = var[ch];
+    const double unbiased = v * static_cast<double>(count) / static_cast<double>(count - 1);
+    save_mean[ch] = static_cast<float>(m);
+    save_invstd[ch] = static_cast<float>(1.0 / sqrt(v + static_cast<double>(eps)));
+    running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * m);
+    running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * unbiased);
+  }
+}
+
+template <bool kNhwc>
+__global__ void bn_normalize_kernel(const float* x, const float* gamma, const float* beta,
+                                    const float* mean, const float* invstd, float* y, int64_t n,
+                                    int64_t c, int64_t hw) {
+  DP_GRID_STRIDE(i, n) {
+    const int64_t ch = kNhwc ? i % c : (i / hw) % c;
+    const float scale = gamma[ch] * invstd[ch];
+    y[i] = x[i] * scale + (beta[ch] - mean[ch] * scale);
+  }
+}
+
+template <bool kNhwc>
+__global__ void bn_backward_apply_kernel(const float* x, const float* dy, const float* gamma,
+                                         const float* mean, const float* invstd, const float* sums,
+                                         int64_t count, float* dx, int64_t n, int64_t c,
+                                         int64_t hw) {
+  DP_GRID_STRIDE(i, n) {
+    const int64_t ch = kNhwc ? i % c : (i / hw) % c;
+    const double k = static_cast<double>(gamma[ch]) * invstd[ch] / static_cast<double>(count);
+    const auto dy_scale = static_cast<float>(k * static_cast<double>(count));
+    const auto offset = static_cast<float>(-k * static_cast<double>(sums[ch]));
+    const auto xhat_scale = static_cast<float>(-k * static_cast<double>(sums[c + ch]));
+    dx[i] = dy_scale * dy[i] + offset + xhat_scale * ((x[i] - mean[ch]) * invstd[ch]);
+  }
+}
+
+}  // namespace
+
+void bn_sums(const float* x, const float* mean, float* out, int64_t n, int64_t c, int64_t hw,
+             bool nhwc, cudaStream_t stream) {
+  if (c <= 0) return;
+  const auto grid = static_cast<unsigned>(c);
+  if (nhwc) {
+    bn_sums_kernel<true><<<grid, kThreads, 0, stream>>>(x, mean, out, c, hw, n * hw);
+  } else {
+    bn_sums_kernel<false><<<grid, kThreads, 0, stream>>>(x, mean, out, c, hw, n * hw);
+  }
+  CUDA_CHECK_LAUNCH(bn_sums_kernel);
+}
+
+void bn_apply_stats(const float* x, const float* gamma, const float* beta, const float* mean,
+                    const float* var, float* running_mean, float* running_var, float momentum,
+                    float eps, int64_t count, float* save_mean, float* save_invstd, float* y,
+                    int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream) {
+  bn_finalize_stats_kernel<<<grid_for(c), kThreads, 0, stream>>>(
+      mean, var, running_mean, running_var, momentum, eps, count, save_mean, save_invstd, c);
+  CUDA_CHECK_LAUNCH(bn_finalize_stats_kernel);
+  const int64_t total = n * c * hw;
+  if (total == 0) return;
+  if (nhwc) {
+    bn_normalize_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(
+        x, gamma, beta, save_mean, save_invstd, y, total, c, hw);
+  } else {
+    bn_normalize_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(
+        x, gamma, beta, save_mean, save_invstd, y, total, c, hw);
+  }
+  CUDA_CHECK_LAUNCH(bn_normalize_kernel);
+}
+
+void bn_backward_sums(const float* x, const float* dy, const float* save_mean,
+                      const float* save_invstd, float* sums, int64_t n, int64_t c, int64_t hw,
+                      bool nhwc, cudaStream_t stream) {
+  if (c <= 0) return;
+  const auto grid = static_cast<unsigned>(c);
+  if (nhwc) {
+    bn_backward_sums_kernel<true>
+        <<<grid, kThreads, 0, stream>>>(x, dy, save_mean, save_invstd, sums, c, hw, n * hw);
+  } else {
+    bn_backward_sums_kernel<false>
+        <<<grid, kThreads, 0, stream>>>(x, dy, save_mean, save_invstd, sums, c, hw, n * hw);
+  }
+  CUDA_CHECK_LAUNCH(bn_backward_sums_kernel);
+}
+
+void bn_backward_apply(const float* x, const float* dy, const float* gamma, const float* save_mean,
+                       const float* save_invstd, const float* sums, int64_t count, float* dx,
+                       int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream) {
+  const int64_t total = n * c * hw;
+  if (total == 0) return;
+  if (nhwc) {
+    bn_backward_apply_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(
+        x, dy, gamma, save_mean, save_invstd, sums, count, dx, total, c, hw);
+  } else {
+    bn_backward_apply_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(
+        x, dy, gamma, save_mean, save_invstd, sums, count, dx, total, c, hw);
+  }
+  CUDA_CHECK_LAUNCH(bn_backward_apply_kernel);
+}
+
+}  // namespace dp::cuda::kernels

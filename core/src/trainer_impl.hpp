@@ -1,0 +1,133 @@
+#pragma once
+// The trainer's state, shared by trainer.cpp (setup and the step loop) and trainer_state.cpp
+// (checkpoints). Internal to libdpcore.
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "buckets.hpp"
+#include "dp/comm.hpp"
+#include "dp/error.hpp"
+#include "dp/optimizer.hpp"
+#include "dp/trainer.hpp"
+
+namespace dp {
+
+struct Trainer::Impl {
+  struct Replica {
+    int rank = 0;         // in this process
+    int global_rank = 0;  // in the trial: process rank * local replicas + rank
+    // Declaration order is destruction order reversed: the model (which holds backend plans)
+    // and the memory go before the backend that owns them.
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Arena> arena;
+    std::unique_ptr<ParamRegistry> params;
+    std::unique_ptr<Module> model;
+    Communicator* comm = nullptr;       // batch norm statistics, BN buffer averages
+    Communicator* grad_comm = nullptr;  // gradient buckets (possibly from a second thread)
+    std::unique_ptr<GradientBuckets> buckets;
+    std::unique_ptr<Optimizer> optimizer;
+    BucketLauncher* launcher = nullptr;
+
+    Tensor train_images, train_labels;  // (M,C,H,W) u8, (M) u8
+    Tensor test_images, test_labels;
+    Tensor train_index;    // (M_train) i32: this epoch's permutation, or step()'s indices
+    Tensor test_index;     // (M_test) i32: 0, 1, ... (evaluation reads the test set in order)
+    Tensor x, y, dlogits;  // (per-replica max batch, ...)
+    Tensor loss_slots;     // (steps per epoch) f32: loss sum of each step
+    Tensor correct_slots;  // (steps per epoch) i32
+    Tensor eval_slots;     // (eval steps) i32
+  };
+
+  TrainerOptions options;
+  std::unique_ptr<ProcessGroup> own_group;  // when options.processes is null
+  ProcessGroup* group = nullptr;            // never null after construction
+  Dataset train_meta, test_meta;  // shapes and counts only (the bytes live on the devices)
+  int64_t eval_batch = 0;         // global
+  int64_t max_shard = 0;          // largest per-replica batch (training or evaluation)
+  int64_t steps_per_epoch = 0;
+  int64_t steps_done = 0;  // optimizer steps so far (run_epoch(e) starts at (e - 1) * per epoch)
+  int64_t eval_steps = 0;  // per replica
+  std::vector<Replica> replicas;
+  // Two communicator groups: gradient buckets may be summed on a communication thread while the
+  // replica's thread runs synchronised batch norm's collectives, and one group's collectives
+  // must never interleave. Destroyed before the replicas; the launchers (which may hold a
+  // thread using grad_comms) before the communicators.
+  std::unique_ptr<ProcessGroup> grad_group;  // a second process group for the gradient sums
+  std::vector<std::unique_ptr<Communicator>> comms, grad_comms;
+  std::vector<std::unique_ptr<BucketLauncher>> launchers;
+  std::string failure;             // set once a replica failed
+  std::vector<ParamOrder> orders;  // parameters stored in another order than PyTorch's
+  // True when training ran since the BN buffers were last averaged. Averaging replicas that
+  // already agree is not a no-op in floats ((a + a + a) * (1/3) != a), so evaluating twice
+  // would drift the running statistics; it is skipped then.
+  bool buffers_differ = false;
+
+  int k() const { return static_cast<int>(replicas.size()); }
+  /// Replicas in the whole trial; shards, the loss scale and averages are over these.
+  int world() const { return group->size() * k(); }
+
+  // Runs fn(replica) on one thread per replica. When one throws, every communicator is aborted
+  // so ranks blocked in a collective wake up; after joining, the first real error (not the
+  // AbortedError it caused elsewhere) is rethrown here.
+  void run_all(const std::function<void(Replica&)>& fn) {
+    if (!failure.empty())
+      throw Error("this trainer can no longer be used: an earlier step failed (" + failure + ")");
+    std::mutex m;
+    std::exception_ptr first_real, first_any;
+    auto fail = [&](std::exception_ptr e, bool aborted) {
+      {
+        std::lock_guard<std::mutex> lock(m);
+        if (!first_any) first_any = e;
+        if (!aborted && !first_real) first_real = e;
+      }
+      for (auto& c : comms) c->abort();
+      for (auto& c : grad_comms) c->abort();
+    };
+    std::vector<std::thread> threads;
+    threads.reserve(replicas.size());
+    for (auto& r : replicas) {
+      threads.emplace_back([&fn, &fail, &r] {
+        try {
+          fn(r);
+        } catch (const AbortedError&) {
+          fail(std::current_exception(), true);
+        } catch (...) {
+          fail(std::current_exception(), false);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::exception_ptr e = first_real ? first_real : first_any;
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      failure = ex.what();
+    } catch (...) {
+      failure = "unknown error";
+    }
+    std::rethrow_exception(e);
+  }
+
+  void setup_replica(Replica& r, const Dataset& train, const Dataset& test);
+  // The per-replica batch sizes an epoch runs: training steps (full batches and the last partial
+  // one; an empty shard runs no layer) and evaluation chunks. Layers prepare for exactly these
+  // at setup (convolution algorithms), so nothing is planned mid-epoch.
+  std::vector<int64_t> train_batches(int global_rank) const;
+  std::vector<int64_t> eval_batches(int global_rank) const;
+  // One step on index-buffer entries [begin, begin + n) of the global batch; the per-replica
+  // loss/correct land in slot `slot`.
+  void train_step(Replica& r, int64_t begin, int64_t n, int64_t slot, float lr, int64_t step);
+  /// The learning rate of 0-based step t.
+  float lr_at(int64_t t) const {
+    return static_cast<float>(options.lr.at(t, steps_per_epoch, std::max(options.epochs, 1)));
+  }
+  void evaluate_replica(Replica& r, int64_t& correct);
+};
+
+}  // namespace dp

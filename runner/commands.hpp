@@ -1,0 +1,60 @@
+#pragma once
+// What the command table of cli.cpp hands the commands: options, parsed arguments, and the
+// handlers themselves (commands.cpp).
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dprun::cli {
+
+struct Opt {
+  std::string name;     // "--db"
+  std::string metavar;  // "PATH"; "" for a flag
+  std::string help;
+};
+
+/// The arguments of one command line, after the command name.
+struct Args {
+  std::map<std::string, std::vector<std::string>> values;  // by option name
+  std::vector<std::string> positional;
+
+  bool flag(const std::string& name) const { return values.count(name) > 0; }
+  std::optional<std::string> last(const std::string& name) const {
+    auto it = values.find(name);
+    if (it == values.end() || it->second.empty()) return std::nullopt;
+    return it->second.back();
+  }
+  std::vector<std::string> all(const std::string& name) const {
+    auto it = values.find(name);
+    return it == values.end() ? std::vector<std::string>{} : it->second;
+  }
+};
+
+/// What a handler is given: its command's name, the parsed arguments and the raw command line.
+struct Invocation {
+  std::string command;
+  Args args;
+  int argc;
+  char** argv;
+};
+
+// The commands; each returns the exit status and throws UsageError for a bad command line.
+int run_command(const Invocation& in);
+int plan_command(const Invocation& in);
+int plugins_command(const Invocation& in);
+int query_command(const Invocation& in);
+int report_command(const Invocation& in);
+int train_command(const Invocation& in);
+int export_command(const Invocation& in);
+int settings_command(const Invocation& in);
+
+/// The database a results command reads: --db, else the only results/*.db here; a UsageError
+/// when it does not exist.
+std::string results_database(const Args& a, const std::string& command);
+
+/// The options of `dprun train`: one per experiment-file key, from the table of settings.
+std::vector<Opt> train_options();
+
+}  // namespace dprun::cli

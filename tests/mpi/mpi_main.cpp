@@ -1,0 +1,41 @@
+// The main of test_mpi, run by ctest under mpirun (-np 2 and -np 3): one MPI process group for
+// the whole run, Catch2 on every process, and one verdict for all (a failure on any process
+// fails every process, so mpirun's exit status tells).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <cstdio>
+
+#include "dp/error.hpp"
+#include "dp/process_group.hpp"
+#include "mpi_test_util.hpp"
+#include "support/check.hpp"
+
+namespace mpitest {
+namespace {
+dp::ProcessGroup* the_group = nullptr;
+}
+dp::ProcessGroup& group() { return *the_group; }
+}  // namespace mpitest
+
+int main(int argc, char** argv) {
+  if (!dp::mpi_compiled()) {
+    std::puts("test_mpi: dprun was built without MPI: skipping");
+    dptest::note_skipped("mpi tests: dprun was built without MPI (install libopenmpi-dev)");
+    return 77;
+  }
+  if (!dp::under_mpi_launcher()) {
+    std::puts("test_mpi: not started by mpirun (run it as `mpirun -np 2 test_mpi`): skipping");
+    return 77;
+  }
+  auto group = dp::make_mpi_process_group();
+  mpitest::the_group = group.get();
+  const int failed = Catch::Session().run(argc, argv);
+  double failures = failed != 0 ? 1 : 0;
+  try {
+    group->allreduce_sum(&failures, 1);
+  } catch (const dp::Error& e) {
+    std::fprintf(stderr, "test_mpi: the processes could not agree on the verdict: %s\n", e.what());
+    return 1;
+  }
+  return failures > 0 ? 1 : 0;
+}

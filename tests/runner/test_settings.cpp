@@ -1,0 +1,281 @@
+// The table of settings: its rows are checked, values are checked by their row, a trial's
+// settings survive the store and the trial record, the identity of today's trials is frozen and
+// settings added later leave it alone, and the README documents exactly the table.
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+
+#include "later_settings.hpp"
+#include "plugin_loader.hpp"
+#include "settings.hpp"
+#include "sweep_runner.hpp"
+
+using Catch::Matchers::Contains;
+using dprun::Setting;
+using dprun::SettingTable;
+using dprun::SettingType;
+using dprun::SettingValue;
+using dprun::TrialSettings;
+using settingstest::later_settings;
+
+namespace {
+
+std::string readme() {
+  std::ifstream in(std::string(DPRUN_TEST_SOURCE_DIR) + "/README.md");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string why(const std::string& column, const SettingValue& v,
+                const SettingTable& table = later_settings()) {
+  const Setting* row = table.by_column(column);
+  if (!row) row = table.by_key(column);
+  REQUIRE(row);
+  return dprun::check_setting_value(*row, v);
+}
+
+dprun::Experiment parse(const std::string& toml, const SettingTable& table) {
+  static dprun::ModelCatalog catalog = [] {
+    dprun::ModelCatalog c;
+    for (const auto& [name, m] : dprun::scan_plugins({}).models) c.models[name] = m.factory;
+    return c;
+  }();
+  dprun::ParseOptions options;
+  options.settings = &table;
+  return dprun::parse_experiment("t.toml", toml, catalog, options);
+}
+
+const std::string kHead = "[experiment]\nname = \"t\"\n[train]\nmodel = \"lenet\"\n";
+
+}  // namespace
+
+TEST_CASE("settings: the README's table is the table of settings", "[settings]") {
+  const std::string expected = dprun::settings_markdown(dprun::builtin_settings());
+  INFO("README.md should contain this table (dprun settings prints it):\n" << expected);
+  CHECK(readme().find(expected) != std::string::npos);
+  // One line per key of an experiment file.
+  for (const std::string& key : dprun::builtin_settings().keys())
+    CHECK(expected.find("| `" + key + "` |") != std::string::npos);
+}
+
+TEST_CASE("settings: a row that contradicts itself is refused", "[settings]") {
+  auto refused = [](Setting row, const std::string& message) {
+    std::vector<Setting> rows = dprun::builtin_settings().rows();
+    rows.push_back(row);
+    INFO(row.key << row.column);
+    REQUIRE_THROWS_WITH(SettingTable(rows), Contains(message));
+  };
+  refused({.key = "gpus", .column = "gpus2", .help = "h"}, "the key is used twice");
+  refused({.key = "x", .column = "bn_mode", .help = "h"}, "the column is used twice");
+  refused({.key = "x",
+           .column = "x",
+           .type = SettingType::number,
+           .default_value = int64_t{1},
+           .help = "h"},
+          "the default is not a value of a number setting");
+  refused({.key = "x",
+           .column = "x",
+           .default_value = int64_t{0},
+           .range = dprun::at_least(1),
+           .help = "h"},
+          "must be at least 1");
+  refused({.key = "x",
+           .column = "x",
+           .type = SettingType::choice,
+           .default_value = std::string("c"),
+           .choices = {"a", "b"},
+           .help = "h"},
+          "unknown value \"c\"");
+  refused({.key = "x", .default_value = int64_t{0}, .identity = true, .help = "h"},
+          "an identity setting must be recorded");
+  refused({.key = "X", .column = "x", .help = "h"}, "the key must be");
+  refused({.key = "x", .column = "x"}, "needs a help line");
+  refused({.key = "x",
+           .column = "x",
+           .type = SettingType::numbers,
+           .default_value = std::vector<double>{},
+           .help = "h"},
+          "needs a count");
+}
+
+TEST_CASE("settings: values are checked by their row", "[settings]") {
+  CHECK(why("gpus", int64_t{2}).empty());
+  CHECK(why("gpus", int64_t{0}) == "must be at least 1, got 0");
+  CHECK(why("lr", 0.0) == "must be greater than 0, got 0");
+  CHECK(why("momentum", 1.0) == "must be in [0, 1), got 1");
+  CHECK(why("weight_decay", std::nan("")) == "must be a finite number, got nan");
+  CHECK(why("layout", std::string("nwhc")) ==
+        "unknown value \"nwhc\"; did you mean \"nhwc\"? (expected one of \"nchw\", \"nhwc\")");
+  CHECK(why("bn_mode", std::string("sync")).empty());
+  CHECK(why("bn_mode", std::string("synch")) ==
+        "unknown value \"synch\"; did you mean \"sync\"? (expected one of \"per-replica\", "
+        "\"sync\")");
+  CHECK(why("betas", std::vector<double>{0.9, 0.99}).empty());
+  CHECK(why("betas", std::vector<double>{0.9}) == "expected 2 numbers, got 1");
+  CHECK(why("betas", std::vector<double>{0.9, 1.5}) == "each value must be in [0, 1), got 1.5");
+  CHECK(why("nesterov", true).empty());
+  CHECK(why("gpus", 2.0) == "expected a positive integer");
+}
+
+TEST_CASE("settings: an experiment file sets each type the table has", "[settings]") {
+  const SettingTable& later = later_settings();
+  auto ex = parse(kHead +
+                      "grad_accum = 2\noptimizer = \"adamw\"\nbetas = [0.8, 0.9]\ncheckpoint = "
+                      "\"best\"\n[sweep]\nseed = [1, 2]\n",
+                  later);
+  REQUIRE(ex.trials.size() == 2);
+  const TrialSettings& s = ex.trials[0].settings;
+  CHECK(s.integer("grad_accum") == 2);
+  CHECK(s.numbers("betas") == std::vector<double>{0.8, 0.9});
+  CHECK(s.text("checkpoint") == "best");
+  auto sgd = parse(kHead + "momentum = 0.9\nnesterov = true\n", later);
+  REQUIRE(sgd.trials.size() == 1);
+  CHECK(sgd.trials[0].settings.boolean("nesterov"));
+
+  // A list-valued setting: a list of numbers is one value, a list of such lists an axis.
+  auto axis =
+      parse(kHead + "optimizer = \"adamw\"\n[sweep]\nbetas = [[0.9, 0.999], [0.5, 0.9]]\n", later);
+  REQUIRE(axis.trials.size() == 2);
+  CHECK(axis.trials[1].settings.numbers("betas") == std::vector<double>{0.5, 0.9});
+  CHECK(axis.trials[1].label == "betas=[0.5, 0.9]");
+  auto fixed = parse(kHead + "optimizer = \"adamw\"\n[sweep]\nbetas = [0.5, 0.9]\n", later);
+  REQUIRE(fixed.trials.size() == 1);
+  CHECK(fixed.trials[0].settings.numbers("betas") == std::vector<double>{0.5, 0.9});
+
+  // Errors name the place, as for every key.
+  try {
+    parse(kHead + "betas = [0.9, 2]\nnesterov = 1\ngrad_accum = 0\n", later);
+    FAIL("expected errors");
+  } catch (const dprun::ConfigErrors& e) {
+    const std::string all = e.what();
+    CHECK_THAT(all, Contains("t.toml:5:9: train.betas: each value must be in [0, 1), got 2"));
+    CHECK_THAT(all, Contains("t.toml:6:12: train.nesterov: expected a boolean, got 1"));
+    CHECK_THAT(all, Contains("t.toml:7:14: train.grad_accum: must be at least 1, got 0"));
+  }
+  // Today's dprun does not know the key: the usual error, with the known keys.
+  try {
+    parse(kHead + "grad_accum = 2\n", dprun::builtin_settings());
+    FAIL("expected an error");
+  } catch (const dprun::ConfigErrors& e) {
+    CHECK_THAT(std::string(e.what()), Contains("train.grad_accum: unknown key"));
+  }
+}
+
+TEST_CASE("settings: the keys given imply batch_size, per_gpu_batch and the scaled lr",
+          "[settings]") {
+  const auto& table = dprun::builtin_settings();
+  TrialSettings s = dprun::settings_from_keys(table, {{"gpus", int64_t{4}},
+                                                      {"per_gpu_batch", int64_t{96}},
+                                                      {"lr", 0.1},
+                                                      {"lr_scaling", std::string("linear")},
+                                                      {"base_batch", int64_t{128}}});
+  CHECK(s.integer("batch_size") == 384);
+  CHECK(s.integer("per_gpu_batch") == 96);
+  CHECK(s.number("lr") == Approx(0.3));
+  TrialSettings odd = dprun::settings_from_keys(table, {{"gpus", int64_t{3}}});
+  CHECK(odd.integer("batch_size") == 256);
+  CHECK(odd.integer("per_gpu_batch") == 85);  // rounded down: a replica takes whole examples
+  CHECK(odd.number("lr") == 0.1);
+  CHECK_THROWS_AS(s.integer("lr"), std::logic_error);  // read as another type
+  CHECK_THROWS_AS(s.set("gpus", 2.0), std::logic_error);
+  CHECK_THROWS_AS(s.get("lr_scaling"), std::logic_error);  // an input, not recorded
+}
+
+TEST_CASE("settings: every type survives the store and the trial record", "[settings]") {
+  const SettingTable& later = later_settings();
+  TrialSettings s(later);
+  s.set("model", std::string("lenet"));
+  s.set("model_options", std::string(R"({"hidden":64})"));
+  s.set("gpus", int64_t{4});
+  s.set("lr", 0.30000000000000004);
+  s.set("betas", std::vector<double>{0.5, 0.123456789012345678});
+  s.set("nesterov", true);
+  s.set("checkpoint", std::string("every"));
+
+  const dps::SettingValues stored = dprun::to_store(s);
+  CHECK(std::get<int64_t>(stored.at("nesterov")) == 1);  // SQLite has no boolean
+  CHECK(std::holds_alternative<std::string>(stored.at("betas")));
+  const TrialSettings back = dprun::settings_from_store(later, stored);
+  const dprun::Json record = dprun::Json::parse(dprun::settings_to_json(s).dump());
+  const TrialSettings sent = dprun::settings_from_json(record, later);
+  for (size_t i = 0; i < later.recorded().size(); ++i) {
+    INFO(later.recorded()[i]->column);
+    CHECK(back.at(i) == s.at(i));
+    CHECK(sent.at(i) == s.at(i));
+  }
+
+  // A database from before a setting existed reads as its default.
+  dps::SettingValues old = stored;
+  old.erase("grad_accum");
+  old.erase("nesterov");
+  const TrialSettings from_old = dprun::settings_from_store(later, old);
+  CHECK(from_old.integer("grad_accum") == 1);
+  CHECK_FALSE(from_old.boolean("nesterov"));
+
+  // The record is strict: an unknown or missing member is an error that names it.
+  dprun::Json extra = record;
+  extra.set("warp", dprun::Json::integer(9));
+  CHECK_THROWS_WITH(dprun::settings_from_json(extra, later), Contains("\"warp\""));
+  CHECK_THROWS_WITH(dprun::settings_from_json(record, dprun::builtin_settings()),
+                    Contains("unknown setting"));
+}
+
+TEST_CASE("identity: the canonical text of today's settings is that of dprun 0.1.0",
+          "[settings][identity]") {
+  TrialSettings s;
+  s.set("model", std::string("lenet"));
+  s.set("data_path", std::string("/anywhere"));   // not identity
+  s.set("backend_request", std::string("cuda"));  // not identity
+  CHECK(dprun::canonical_settings(s) ==
+        "dprun-trial-settings v1\n"
+        "dataset=\"fashion-mnist\"\nmodel=\"lenet\"\nmodel_options={}\ngpus=1\nbatch_size=256\n"
+        "per_gpu_batch=256\nlr=0.10000000000000001\nepochs=10\nseed=0\noptimizer=\"sgd\"\n"
+        "momentum=0\nweight_decay=0\nprecision=\"fp32\"\nlayout=\"nchw\"\n"
+        "bn_mode=\"per-replica\"\neval_batch_size=0\ntrain_limit=0\ntest_limit=0\n");
+  CHECK(dprun::config_hash(s) == dps::sha256_hex(dprun::canonical_settings(s)));
+}
+
+TEST_CASE("identity: a setting added later enters the hash only when it is not its default",
+          "[settings][identity]") {
+  TrialSettings today;
+  today.set("model", std::string("lenet"));
+  today.set("gpus", int64_t{2});
+  TrialSettings later(later_settings());
+  later.set("model", std::string("lenet"));
+  later.set("gpus", int64_t{2});
+  CHECK(dprun::canonical_settings(later) == dprun::canonical_settings(today));
+  CHECK(dprun::config_hash(later) == dprun::config_hash(today));
+
+  // An identity setting away from its default: another trial. Written after today's settings.
+  TrialSettings two = later;
+  two.set("grad_accum", int64_t{2});
+  CHECK(dprun::config_hash(two) != dprun::config_hash(today));
+  CHECK_THAT(dprun::canonical_settings(two), Catch::EndsWith("test_limit=0\ngrad_accum=2\n"));
+  TrialSettings betas = later;
+  betas.set("betas", std::vector<double>{0.5, 0.9});
+  betas.set("nesterov", true);
+  CHECK_THAT(dprun::canonical_settings(betas),
+             Catch::EndsWith("betas=[0.5,0.90000000000000002]\nnesterov=true\n"));
+
+  // A setting outside the identity never changes it.
+  TrialSettings best = later;
+  best.set("checkpoint", std::string("best"));
+  CHECK(dprun::config_hash(best) == dprun::config_hash(today));
+}
+
+TEST_CASE("filters: every recorded setting by column or key, with a hint", "[settings][cli]") {
+  auto ex = parse(kHead + "bn = \"per-replica\"\ngrad_accum = 3\n", later_settings());
+  const dprun::TrialSpec& spec = ex.trials.at(0);
+  using F = std::vector<std::pair<std::string, std::string>>;
+  CHECK(dprun::trial_matches(spec, F{{"grad_accum", "3"}}));
+  CHECK(dprun::trial_matches(spec, F{{"bn", "per-replica"}}));
+  CHECK(dprun::trial_matches(spec, F{{"bn_mode", "per-replica"}}));
+  CHECK(dprun::trial_matches(spec, F{{"backend", "auto"}}));
+  CHECK(dprun::trial_matches(spec, F{{"nesterov", "false"}}));
+  CHECK_FALSE(dprun::trial_matches(spec, F{{"betas", "[0.5, 0.9]"}}));
+  CHECK(dprun::trial_matches(spec, F{{"betas", "[0.9, 0.999]"}}));
+  CHECK_THROWS_WITH(dprun::trial_matches(spec, F{{"proceses", "3"}}),
+                    Contains("unknown setting \"proceses\"; did you mean processes?") &&
+                        Contains("known: model, model_options, dataset, data_path, epochs"));
+}
