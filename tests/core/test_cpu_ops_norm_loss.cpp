@@ -645,7 +645,7 @@ TEST_CASE("backend factory: cpu, and cuda only where compiled", "[cpu][ops]") {
   auto backend = make_cpu(2);
   CHECK(backend->name() == "cpu");
   CHECK(backend->device() == dp::Device{dp::DeviceKind::cpu, 0});
-  // "CPU (2 threads, oneDNN avx512_core_bf16)": the thread count and the kernels in use.
+  // "CPU (2 threads, oneDNN 2.6.3 avx512_core_bf16)": the thread count and the kernels in use.
   CHECK(backend->device_description().rfind("CPU (2 threads, ", 0) == 0);
   dp::BackendOptions blas;
   blas.cpu_threads = 1;

@@ -289,7 +289,7 @@ TEST_CASE("two trials at once (jobs 2) on their own cores, each recorded once", 
     CHECK(row[3] == "1");  // run once
     CHECK(row[4] == "3");  // each epoch once
     CHECK(row[5] == "done");
-    // One core, one thread, and the kernels that run: "CPU (1 thread, oneDNN avx2) x1".
+    // One core, one thread, and the kernels that run: "CPU (1 thread, oneDNN 2.6.3 avx2) x1".
     CHECK_THAT(row[6], Catch::StartsWith("CPU (1 thread, ") && Catch::EndsWith(") x1"));
   }
   CHECK(rows[0][0] != rows[1][0]);  // disjoint single cores

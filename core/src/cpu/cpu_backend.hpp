@@ -160,10 +160,9 @@ class CpuBackend final : public Backend {
 
   void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) override;
   void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                  const Tensor& mean, const Tensor& var,
-                                  const Tensor& running_mean, const Tensor& running_var,
-                                  float momentum, float eps, int64_t count,
-                                  const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& mean, const Tensor& var, const Tensor& running_mean,
+                                  const Tensor& running_var, float momentum, float eps,
+                                  int64_t count, const Tensor& save_mean, const Tensor& save_invstd,
                                   const Tensor& y) override;
   void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
                                     const Tensor& save_invstd, const Tensor& sums) override;
@@ -203,8 +202,8 @@ class CpuBackend final : public Backend {
   std::shared_ptr<SharedScratch> shared_scratch();
 
   int threads_ = 1;
-  CpuKernels kernels_;                     // resolved: onednn or blas
-  std::string kernels_description_;        // "oneDNN avx512_core_bf16", "OpenBLAS SkylakeX"
+  CpuKernels kernels_;               // resolved: onednn or blas
+  std::string kernels_description_;  // "oneDNN 2.6.3 avx512_core_bf16", "OpenBLAS 0.3.21 SkylakeX"
   std::shared_ptr<OnednnContext> onednn_;  // with the oneDNN kernels only; plans share it
   std::shared_ptr<MemoryTracker> memory_;
   std::weak_ptr<SharedScratch> shared_scratch_;
