@@ -13,6 +13,7 @@
 #include <numeric>
 #include <thread>
 
+#include "dp/backend.hpp"
 #include "dp/comm.hpp"
 #include "dp/error.hpp"
 #include "dp/random.hpp"
@@ -47,7 +48,6 @@ std::vector<int64_t> shard_sizes(int64_t n, int k) {
                        "gpus); use a larger batch or fewer replicas");
   return split(n, k);
 }
-
 
 namespace {
 
@@ -110,8 +110,13 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
 
   const Shape example{train.channels, train.height, train.width};
   // train_step never asks for the gradient of the images: input_grad false.
-  SetupContext sctx{b,       *r.arena, *r.params, options.layout, train_batches(r.global_rank),
-                    eval_batches(r.global_rank), false};
+  SetupContext sctx{b,
+                    *r.arena,
+                    *r.params,
+                    options.layout,
+                    train_batches(r.global_rank),
+                    eval_batches(r.global_rank),
+                    false};
   const Shape out = r.model->setup(sctx, {max_shard, example[0], example[1], example[2]});
   DP_CHECK(out.rank == 2 && out[1] == train.classes,
            "the model's output is " + out.str() + " but the dataset has " +
@@ -274,6 +279,10 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     rep.model = builder();
     DP_CHECK(rep.model != nullptr, "the model builder returned no model");
   }
+  // The CPU kernels are resolved (and OpenBLAS loaded, which sets and unsets OPENBLAS_CORETYPE)
+  // here, before any replica thread exists: setenv while another thread reads the environment
+  // is a use-after-free in glibc.
+  if (options.backend == BackendKind::cpu) (void)cpu_kernels();
   // Replicas are set up on their own threads (device contexts, parallel uploads); there are no
   // communicators yet, so a failure cannot leave anyone blocked.
   s.run_all([&](Impl::Replica& r) { s.setup_replica(r, train, test); });

@@ -32,7 +32,9 @@ const std::vector<BnCase> kBnCases = {
     {"batch 1", dp::Shape{1, 4, 3, 3}, 0.0f},
     {"(N, C) features", dp::Shape{6, 7}, 0.0f},
     {"large mean", dp::Shape{2, 3, 4, 5}, 20.0f},
-    {"37 channels (NHWC: two blocks of 16 and a partial one)", dp::Shape{2, 37, 3, 2}, 0.0f},
+    {"37 channels", dp::Shape{2, 37, 3, 2}, 0.0f},
+    // NHWC takes channels 1024 at a time (batchnorm_nhwc_cpu.cpp): a second, partial slice.
+    {"1030 channels (NHWC: two slices)", dp::Shape{2, 1030, 2, 1}, 0.0f},
 };
 
 // Batch norm in `layout` with the test's arrays in NCHW order (rank 2 has one layout only).

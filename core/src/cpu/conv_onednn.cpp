@@ -302,6 +302,7 @@ class OnednnConvPlan final : public CpuConvPlan {
   std::vector<BatchPasses> batches_;
   float* zero_bias_ = nullptr;         // (K) zeros: the bias of a forward without one
   float* unused_bias_grad_ = nullptr;  // (K): where a bias gradient nobody asked for goes
+  bool warned_late_ = false;           // a pass created in the step loop was reported
 };
 
 OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use,
@@ -325,12 +326,18 @@ OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use,
   auto prepare = [&](int64_t n, Direction d) {
     if (formulation_[d] != Formulation::im2col) pass(n, d, true);
   };
-  for (int64_t n : train) {
-    prepare(n, kForward);
-    prepare(n, kBackwardWeights);
-    if (use.input_grad) prepare(n, kBackwardData);
+  try {
+    for (int64_t n : train) {
+      prepare(n, kForward);
+      prepare(n, kBackwardWeights);
+      if (use.input_grad) prepare(n, kBackwardData);
+    }
+    for (int64_t n : infer) prepare(n, kForward);
+  } catch (...) {  // the destructor does not run for a half-made plan
+    memory_->release(zero_bias_);
+    memory_->release(unused_bias_grad_);
+    throw;
   }
-  for (int64_t n : infer) prepare(n, kForward);
 }
 
 OnednnConvPlan::~OnednnConvPlan() {
@@ -432,15 +439,18 @@ Pass& OnednnConvPlan::pass(int64_t n, Direction direction, bool at_plan_time) {
   // oneDNN sizes the primitive's work split for the threads it will run with (onednn.hpp).
   const OmpThreads scope(threads_);
   Formulation used = formulation_[direction];
+  // Built aside and kept only once its scratch is reserved: a slot filled before a failed
+  // reserve would later run with too small a scratch.
+  std::unique_ptr<Pass> fresh;
   try {
     try {
-      slot = std::make_unique<Pass>(make_pass(n, direction, used));
+      fresh = std::make_unique<Pass>(make_pass(n, direction, used));
     } catch (const dnnl::error& e) {
       // oneDNN has Winograd kernels for some instruction sets and shapes only (AVX-512, 3x3,
       // stride 1); elsewhere the direct algorithm in the same formats.
       if (used != Formulation::winograd || e.status != dnnl_unimplemented) throw;
       used = Formulation::blocked;
-      slot = std::make_unique<Pass>(make_pass(n, direction, used));
+      fresh = std::make_unique<Pass>(make_pass(n, direction, used));
     }
   } catch (const dnnl::error& e) {
     DP_THROW(std::string("cpu backend: ") + (at_plan_time ? "plan_conv" : "conv") +
@@ -448,8 +458,21 @@ Pass& OnednnConvPlan::pass(int64_t n, Direction direction, bool at_plan_time) {
              geometry().str() + " at batch " + std::to_string(n) + ": " + e.what() +
              "; DPRUN_CPU_KERNELS=blas runs the OpenBLAS kernels instead");
   }
-  scratch_->reserve(slot->scratch_bytes);
-  if (!at_plan_time) ++context_->late_passes;
+  scratch_->reserve(fresh->scratch_bytes);
+  slot = std::move(fresh);
+  if (!at_plan_time) {
+    ++context_->late_passes;
+    // A batch size nobody declared at plan time: this step compiles a kernel and may grow the
+    // scratch. Said once per plan, so a caller that forgot a size learns which.
+    if (!warned_late_) {
+      warned_late_ = true;
+      std::fprintf(stderr,
+                   "dprun: warning: cpu backend: the %s pass of convolution %s at batch %lld "
+                   "was not declared when the convolution was planned; it is created in the "
+                   "step loop (a one-off cost)\n",
+                   kDirectionNames[direction], geometry().str().c_str(), static_cast<long long>(n));
+    }
+  }
   if (log_passes()) {
     std::fprintf(stderr, "dprun: oneDNN %s at batch %lld, %s: %s (%s, %zu KiB scratch)%s\n",
                  geometry().str().c_str(), static_cast<long long>(n), kDirectionNames[direction],

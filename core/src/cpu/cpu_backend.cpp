@@ -4,10 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <string>
 
 #include "cpu/conv_plans.hpp"
 #include "cpu/cpu_kernels.hpp"
@@ -78,6 +80,35 @@ void SharedScratch::reserve(size_t bytes) {
 
 // ---- the backend -------------------------------------------------------------------------------
 
+namespace {
+
+// oneDNN runs below what this CPU can do only when told to (ONEDNN_MAX_CPU_ISA, or its older
+// name DNNL_MAX_CPU_ISA): a leftover setting costs 1.5-2x (bench/compare_pytorch.py), so it is
+// said once per process, with what to do.
+void warn_if_onednn_capped() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const CpuFeatures f = cpu_features();
+    const std::string isa = onednn_isa();
+    const bool has512 = isa.rfind("avx512", 0) == 0;
+    const bool has2 = has512 || isa.rfind("avx2", 0) == 0;
+    const char* could = f.avx512 && !has512 ? "AVX-512" : f.avx2_fma && !has2 ? "AVX2" : nullptr;
+    if (could == nullptr) return;
+    std::string why = "; the convolutions are slower than they could be";
+    for (const char* var : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {
+      const char* cap = std::getenv(var);
+      if (cap == nullptr || *cap == '\0') continue;
+      why = " because " + std::string(var) + "=" + cap + why + ": unset it unless that is intended";
+      break;
+    }
+    std::fprintf(stderr,
+                 "dprun: warning: cpu backend: oneDNN runs its %s kernels on a CPU with %s%s\n",
+                 isa.c_str(), could, why.c_str());
+  });
+}
+
+}  // namespace
+
 CpuBackend::CpuBackend(const BackendOptions& options)
     : kernels_(resolve_cpu_kernels(options.cpu_kernels)),
       memory_(std::make_shared<MemoryTracker>()) {
@@ -86,12 +117,11 @@ CpuBackend::CpuBackend(const BackendOptions& options)
                std::to_string(options.cpu_threads));
   threads_ = options.cpu_threads > 0 ? options.cpu_threads : omp_get_max_threads();
   // The kernels' library is loaded now, so a missing one fails here, not in the first step.
-  if (kernels_ == CpuKernels::blas) {
-    kernels_description_ = "OpenBLAS " + openblas().core;
-  } else {
+  if (kernels_ != CpuKernels::blas) {
     onednn_ = std::make_shared<OnednnContext>();
-    kernels_description_ = "oneDNN " + onednn_isa();
+    warn_if_onednn_capped();
   }
+  kernels_description_ = cpu_kernels(kernels_);  // as `dprun --version` prints it
 }
 
 CpuBackend::~CpuBackend() = default;

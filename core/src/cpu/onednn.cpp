@@ -40,6 +40,8 @@ std::string onednn_isa() {
       return "avx512_core_amx";
     case cpu_isa::all:
       break;
+    default:  // an ISA newer than this code: named by number rather than failing to build
+      return "isa " + std::to_string(static_cast<unsigned>(dnnl::get_effective_cpu_isa()));
   }
   return "no vector extensions";
 }

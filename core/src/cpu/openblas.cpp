@@ -56,21 +56,28 @@ OpenBlas load() {
   const char* user_core = std::getenv("OPENBLAS_CORETYPE");
   const bool user_chose = user_core != nullptr && *user_core != '\0';
   std::string chosen;
+  std::string load_errors;  // the first dlopen's, when it failed
   if (!loaded_before) {
     if (!user_chose) chosen = core_for(features);
     // setenv/unsetenv are not safe against other threads reading the environment at the same
-    // moment; this runs once, when the first backend with the BLAS kernels is created.
+    // moment: this runs once, on the thread that first asks (the Trainer's caller, before its
+    // replica threads exist; see openblas.hpp).
     if (!chosen.empty()) setenv("OPENBLAS_CORETYPE", chosen.c_str(), 1);
     handle = dlopen(DPRUN_OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
     // The library CMake found, for installs outside the loader's search path.
-    if (handle == nullptr) handle = dlopen(DPRUN_OPENBLAS_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* why = dlerror();
+      load_errors = std::string(DPRUN_OPENBLAS_SONAME) + ": " + (why ? why : "not found");
+      handle = dlopen(DPRUN_OPENBLAS_PATH, RTLD_NOW | RTLD_LOCAL);
+    }
     // The process environment stays as the user gave it (child processes choose for
     // themselves).
     if (!chosen.empty()) unsetenv("OPENBLAS_CORETYPE");
   }
   if (handle == nullptr) {
     const char* why = dlerror();
-    DP_THROW(std::string("cpu backend: cannot load OpenBLAS (") + (why ? why : "not found") +
+    DP_THROW(std::string("cpu backend: cannot load OpenBLAS (") + load_errors + "; " +
+             DPRUN_OPENBLAS_PATH + ": " + (why ? why : "not found") +
              "); install Debian's libopenblas0 (scripts/install-deps), or use the oneDNN "
              "kernels (DPRUN_CPU_KERNELS=onednn)");
   }

@@ -22,8 +22,10 @@ struct OpenBlas {
   std::string core;     // the kernels it runs: "SkylakeX", "Haswell", "Prescott", ...
 };
 
-/// Loads OpenBLAS on the first call (thread-safe), single-threaded (the backend threads its own
-/// loops around it). Throws dp::Error when the library cannot be loaded.
+/// Loads OpenBLAS on the first call, single-threaded (the backend threads its own loops around
+/// it). Throws dp::Error when the library cannot be loaded. The first call sets and unsets
+/// OPENBLAS_CORETYPE, so it must come before other threads may read the environment: the
+/// Trainer makes it on its caller's thread before starting replica threads (dp::cpu_kernels).
 const OpenBlas& openblas();
 
 }  // namespace dp::cpu
