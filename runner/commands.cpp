@@ -2,11 +2,11 @@
 #include "commands.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <variant>
 
@@ -14,6 +14,7 @@
 #include "dp/plugin.hpp"
 #include "dp/process_group.hpp"
 #include "dpstore/store.hpp"
+#include "merge.hpp"
 #include "plugin_loader.hpp"
 #include "report.hpp"
 #include "settings.hpp"
@@ -72,6 +73,8 @@ int launcher_world_size() {
   return 0;
 }
 
+}  // namespace
+
 SweepOptions sweep_options(const Invocation& in) {
   const Args& a = in.args;
   const std::string& name = in.command;
@@ -125,8 +128,6 @@ SweepOptions sweep_options(const Invocation& in) {
   o.command_line = line;
   return o;
 }
-
-}  // namespace
 
 // ---- the handlers -------------------------------------------------------------------------------
 
@@ -205,15 +206,20 @@ int report_command(const Invocation& in) {
   if (!a.positional.empty()) throw UsageError("dprun report takes no arguments (use --db PATH)");
   const std::string db = a.last("--db") ? *a.last("--db") : default_database("report");
   if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  // Results of Slurm tasks that have ended are collected first.
+  merge_if_needed(db);
   dps::Store store(db, dps::Store::Mode::read_only);
   if (auto html = a.last("--html")) {
     const std::string page = format_html_report(store);
     std::FILE* f = *html == "-" ? stdout : std::fopen(html->c_str(), "w");
-    if (f == nullptr) throw UsageError("--html " + *html + ": cannot write it: " + std::strerror(errno));
+    if (f == nullptr)
+      throw UsageError("--html " + *html + ": cannot write it: " + std::strerror(errno));
     const bool ok = std::fputs(page.c_str(), f) >= 0;
     if (f != stdout && std::fclose(f) != 0) throw UsageError("--html " + *html + ": write failed");
     if (!ok) throw UsageError("--html " + *html + ": write failed");
-    if (f != stdout) std::fprintf(stderr, "dprun: wrote %s (open it in a browser; it needs no network)\n", html->c_str());
+    if (f != stdout)
+      std::fprintf(stderr, "dprun: wrote %s (open it in a browser; it needs no network)\n",
+                   html->c_str());
     return 0;
   }
   std::fputs(format_report(store).c_str(), stdout);
@@ -386,7 +392,8 @@ int train_command(const Invocation& in) {
   // Without a database there is no folder of its own: checkpoints go where the user says.
   if (auto dir = a.last("--checkpoint-dir")) {
     if (s.text("checkpoint") == "none")
-      throw UsageError("--checkpoint-dir " + *dir + " with --checkpoint none: nothing would be "
+      throw UsageError("--checkpoint-dir " + *dir +
+                       " with --checkpoint none: nothing would be "
                        "written there");
     r.checkpoint_dir = std::filesystem::absolute(*dir).lexically_normal().string();
   } else if (a.last("--checkpoint") && s.text("checkpoint") != "none") {
