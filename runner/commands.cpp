@@ -2,11 +2,11 @@
 #include "commands.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
+#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <variant>
 
@@ -131,6 +131,12 @@ SweepOptions sweep_options(const Invocation& in) {
 
 // ---- the handlers -------------------------------------------------------------------------------
 
+std::string results_database(const Args& a, const std::string& command) {
+  const std::string db = a.last("--db") ? *a.last("--db") : default_database(command);
+  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  return db;
+}
+
 int run_command(const Invocation& in) {
   // The runner starts each trial's processes itself; started as several processes, each would
   // run the whole sweep.
@@ -194,8 +200,7 @@ int query_command(const Invocation& in) {
     else
       throw UsageError("--format " + *f + ": expected table, csv or json");
   }
-  const std::string db = a.last("--db") ? *a.last("--db") : default_database("query");
-  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  const std::string db = results_database(a, "query");
   dps::Store store(db, dps::Store::Mode::read_only);
   std::fputs(format_query(store.query(a.positional[0]), format).c_str(), stdout);
   return 0;
@@ -204,22 +209,18 @@ int query_command(const Invocation& in) {
 int report_command(const Invocation& in) {
   const Args& a = in.args;
   if (!a.positional.empty()) throw UsageError("dprun report takes no arguments (use --db PATH)");
-  const std::string db = a.last("--db") ? *a.last("--db") : default_database("report");
-  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  const std::string db = results_database(a, "report");
   // Results of Slurm tasks that have ended are collected first.
   merge_if_needed(db);
   dps::Store store(db, dps::Store::Mode::read_only);
   if (auto html = a.last("--html")) {
     const std::string page = format_html_report(store);
     std::FILE* f = *html == "-" ? stdout : std::fopen(html->c_str(), "w");
-    if (f == nullptr)
-      throw UsageError("--html " + *html + ": cannot write it: " + std::strerror(errno));
+    if (f == nullptr) throw UsageError("--html " + *html + ": cannot write it: " + std::strerror(errno));
     const bool ok = std::fputs(page.c_str(), f) >= 0;
     if (f != stdout && std::fclose(f) != 0) throw UsageError("--html " + *html + ": write failed");
     if (!ok) throw UsageError("--html " + *html + ": write failed");
-    if (f != stdout)
-      std::fprintf(stderr, "dprun: wrote %s (open it in a browser; it needs no network)\n",
-                   html->c_str());
+    if (f != stdout) std::fprintf(stderr, "dprun: wrote %s (open it in a browser; it needs no network)\n", html->c_str());
     return 0;
   }
   std::fputs(format_report(store).c_str(), stdout);
@@ -392,8 +393,7 @@ int train_command(const Invocation& in) {
   // Without a database there is no folder of its own: checkpoints go where the user says.
   if (auto dir = a.last("--checkpoint-dir")) {
     if (s.text("checkpoint") == "none")
-      throw UsageError("--checkpoint-dir " + *dir +
-                       " with --checkpoint none: nothing would be "
+      throw UsageError("--checkpoint-dir " + *dir + " with --checkpoint none: nothing would be "
                        "written there");
     r.checkpoint_dir = std::filesystem::absolute(*dir).lexically_normal().string();
   } else if (a.last("--checkpoint") && s.text("checkpoint") != "none") {

@@ -68,6 +68,10 @@ int submit_command(const Invocation& in);
 int status_command(const Invocation& in);
 int merge_command(const Invocation& in);
 
+/// The database a results command reads: --db, else the only results/*.db here; a UsageError
+/// when it does not exist.
+std::string results_database(const Args& a, const std::string& command);
+
 /// The options of `dprun train`: one per experiment-file key, from the table of settings.
 std::vector<Opt> train_options();
 

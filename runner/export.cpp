@@ -88,8 +88,7 @@ int export_command(const Invocation& in) {
         "dprun export needs one trial id (the id column of trials or trial_summary, e.g. dprun "
         "query \"SELECT trial_id, model, gpus, status FROM trial_summary\")");
   const int64_t trial_id = positive_integer("trial id", a.positional[0]);
-  const std::string db = a.last("--db") ? *a.last("--db") : default_database("export");
-  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  const std::string db = results_database(a, "export");
   dps::Store store(db, dps::Store::Mode::read_only);
   const auto trial = store.get_trial(trial_id);
   if (!trial) throw UsageError(db + " has no trial " + std::to_string(trial_id));

@@ -43,8 +43,8 @@ void Progress::clear_line() {
 }
 
 double Progress::Trial::mean_epoch_seconds() const {
-  if (epoch > 1) return (seconds - first_epoch_seconds) / double(epoch - 1);
-  return epoch > 0 ? seconds / double(epoch) : 0.0;
+  if (epochs_seen > 1) return (seconds - first_epoch_seconds) / double(epochs_seen - 1);
+  return epochs_seen > 0 ? seconds / double(epochs_seen) : 0.0;
 }
 
 void Progress::draw() {
@@ -71,7 +71,7 @@ void Progress::draw() {
       std::snprintf(buf, sizeof buf, " test_acc %.3f", t.last_test_acc);
       line += buf;
     }
-    if (t.epoch > 0) {
+    if (t.epochs_seen > 0) {
       line += ' ';
       line += duration(t.mean_epoch_seconds());
       line += "/epoch";
@@ -111,6 +111,17 @@ void Progress::trial_started(int index, const std::string& name, int64_t epochs,
   }
 }
 
+void Progress::trial_running(int index, const std::string& backend, const std::string& devices,
+                             bool oversubscribed) {
+  if (running_.find(index) == running_.end()) return;
+  std::string line = prefix(index) + " on " + backend + ": " + devices;
+  if (oversubscribed) line += " (oversubscribed: replicas share GPUs)";
+  // `gpus` counts replicas; without a GPU they are CPU threads, which a user should not have to
+  // guess from a setting named gpus.
+  if (backend == "cpu") line += " (CPU backend: each replica is a CPU thread)";
+  note(line);
+}
+
 void Progress::epoch(int index, const dps::EpochRow& row) {
   auto it = running_.find(index);
   if (it == running_.end()) return;
@@ -120,7 +131,7 @@ void Progress::epoch(int index, const dps::EpochRow& row) {
   t.epoch = row.epoch;
   t.last_test_acc = row.test_acc;
   t.seconds += row.seconds;
-  if (row.epoch == 1) t.first_epoch_seconds = row.seconds;
+  if (++t.epochs_seen == 1) t.first_epoch_seconds = row.seconds;
   ++epochs_finished_;
   seconds_finished_ += wall;
   if (live_) {
@@ -142,7 +153,7 @@ void Progress::trial_finished(int index, dps::TrialStatus status, const std::str
   if (t.epoch < t.epochs) epochs_total_ -= t.epochs - t.epoch;
   clear_line();
   std::string line = prefix(index) + " " + dps::status_name(status);
-  if (status == dps::TrialStatus::done && t.epoch > 0) {
+  if (status == dps::TrialStatus::done && t.epochs_seen > 0) {
     char buf[96];
     std::snprintf(buf, sizeof buf, ": test_acc %.3f, %s/epoch", t.last_test_acc,
                   duration(t.mean_epoch_seconds()).c_str());

@@ -24,6 +24,10 @@ class Progress {
   /// `where`: the devices it was given ("" when it has the machine).
   void trial_started(int index, const std::string& name, int64_t epochs,
                      const std::string& where = "");
+  /// The trial's process says where it runs (its start record): one line naming the backend
+  /// and devices, so a `gpus=2` trial on the CPU backend is seen to be two CPU replicas.
+  void trial_running(int index, const std::string& backend, const std::string& devices,
+                     bool oversubscribed);
   void epoch(int index, const dps::EpochRow& row);
   void trial_finished(int index, dps::TrialStatus status, const std::string& message);
   /// Any other message (a skip, a warning), printed on its own line.
@@ -42,12 +46,14 @@ class Progress {
     std::string name;
     int64_t epochs = 0;
     int64_t epoch = 0;
+    int64_t epochs_seen = 0;  // in this run (a resumed trial starts after its checkpoint)
     double last_test_acc = -1;
     double seconds = 0;              // the epochs' own seconds, summed
-    double first_epoch_seconds = 0;  // epoch 1 includes warm-up; see mean_epoch_seconds()
+    double first_epoch_seconds = 0;  // the first includes warm-up; see mean_epoch_seconds()
     clock::time_point epoch_started;
-    /// Seconds per epoch as the database's trial_summary counts them: epoch 1 left out when
-    /// there are more, so the live line, the trial's last line and the summary agree.
+    /// Seconds per epoch as the database's trial_summary counts them: the first epoch (of this
+    /// run) left out when there are more, so the live line, the trial's last line and the
+    /// summary agree.
     double mean_epoch_seconds() const;
   };
   void draw();

@@ -164,3 +164,31 @@ TEST_CASE("derived tolerances separate rounding from bugs: ResNet-18 batch 16",
           "[.][resnet-tolerance]") {
   if (have_data()) check_separation("resnet18-b16-1step");
 }
+
+TEST_CASE("derived tolerances: k replicas with synchronised batch norm pass as one replica",
+          "[cpu][train][tolerance]") {
+  // The CPU twin of the [cuda] sync-BN test: 2 and 3 replicas against one replica on the whole
+  // batch, under the tolerance derived from the one replica's rounding sensitivity; and the
+  // same replicas with per-replica statistics (a different function) fail.
+  if (!have_data()) return;
+  const TrainCase base = cpu_case("resnet18w16-syncbn-b30-2steps");
+  const StepRun one = dptest::run_case(base);
+  dptest::RoundingNoise noise(one, [&](const std::vector<std::vector<float>>& starts) {
+    return dptest::run_case(base, starts);
+  });
+  for (int k : {2, 3}) {
+    INFO(k << " replicas");
+    TrainCase c = base;
+    c.options.replicas = k;
+    const auto cmp = noise.judge(dptest::run_case(c, one.before), one);
+    INFO(cmp.message());
+    CHECK(cmp.ok());
+    c.options.sync_bn = false;
+    CHECK_FALSE(noise.judge(dptest::run_case(c, one.before), one).ok());
+  }
+}
+
+TEST_CASE("derived tolerances separate rounding from bugs: LeNet AdamW",
+          "[cpu][train][tolerance]") {
+  if (have_data()) check_separation("lenet-adamw-b64-2steps");
+}

@@ -107,6 +107,11 @@ TEST_CASE("cuda LeNet with max pooling and momentum equals the cpu backend", "[c
   check_cuda_equals_cpu("lenet-maxpool-momentum-b48-2steps");
 }
 
+TEST_CASE("cuda LeNet with AdamW equals the cpu backend", "[cuda][train]") {
+  if (!have_data()) return;
+  check_cuda_equals_cpu("lenet-adamw-b64-2steps");
+}
+
 TEST_CASE("cuda ResNet-18 training step equals the cpu backend's", "[cuda][train]") {
   if (!have_data()) return;
   // Full width, batch 16, one step: small enough for the CPU reference and its nudged reruns.
@@ -134,17 +139,14 @@ TEST_CASE("cuda ResNet-18 step in NHWC equals NCHW", "[cuda][train]") {
   check_same_steps(c.name + " nhwc vs nchw", nhwc, nchw, noise);
 }
 
-TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one replica",
-          "[cuda][train]") {
-  if (!have_data()) return;
-  // LeNet has no batch norm, so k replicas compute exactly the step of one replica on the whole
-  // batch, up to the summation order of the gradient (per shard, then across ranks). Batch 61
-  // is divisible by neither 2 nor 3: the shards differ by one example.
-  TrainCase c = train_case("lenet-b61-lr0.9-2steps", dp::BackendKind::cuda);
+/// The data-parallel identity on CUDA: configuration `name` on k replicas (sharing one GPU, or
+/// one per GPU) against one replica on the whole batch, each tensor under the CPU's sensitivity
+/// of the one-replica step at its starts.
+void check_k_replicas_equal_one(const std::string& name) {
+  TrainCase c = train_case(name, dp::BackendKind::cuda);
   const StepRun one = dptest::run_case(c);
-  // The tolerance: the CPU's sensitivity of the same configuration at one replica's starts.
   dptest::RoundingNoise noise =
-      cpu_noise(c.name, dptest::run_case(train_case(c.name, dp::BackendKind::cpu), one.before));
+      cpu_noise(name, dptest::run_case(train_case(name, dp::BackendKind::cpu), one.before));
   // One GPU: 2 and 3 replicas share it (the same-device path). Several GPUs: one replica per
   // GPU (NCCL); a mix of shared and distinct GPUs is refused by design.
   const int gpus = dp::cuda_device_count();
@@ -158,6 +160,23 @@ TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one rep
         c, one.before, [&](dp::Trainer& t, size_t) { comm = t.communicator_kind(); });
     CHECK(comm == (gpus == 1 ? "cuda-same-device" : "nccl"));
     CHECK(many.initial == one.initial);
-    check_same_steps(c.name + " " + std::to_string(k) + " replicas vs 1", many, one, noise);
+    check_same_steps(name + " " + std::to_string(k) + " replicas vs 1", many, one, noise);
   }
+}
+
+TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one replica",
+          "[cuda][train]") {
+  if (!have_data()) return;
+  // LeNet has no batch norm, so k replicas compute exactly the step of one replica on the whole
+  // batch, up to the summation order of the gradient (per shard, then across ranks). Batch 61
+  // is divisible by neither 2 nor 3: the shards differ by one example.
+  check_k_replicas_equal_one("lenet-b61-lr0.9-2steps");
+}
+
+TEST_CASE("cuda synchronised batch norm: k replicas on the GPU equal one replica", "[cuda][train]") {
+  if (!have_data()) return;
+  // With synchronised statistics, ResNet-18's step on k replicas is one replica's step on the
+  // whole batch (its batch-norm sums over every replica): CPU vs CUDA first, then k vs 1.
+  check_cuda_equals_cpu("resnet18w16-syncbn-b30-2steps");
+  check_k_replicas_equal_one("resnet18w16-syncbn-b30-2steps");
 }

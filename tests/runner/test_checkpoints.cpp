@@ -102,7 +102,7 @@ TEST_CASE("a killed trial resumes from its checkpoint, bit-identical to an unint
         std::to_string(fs::file_size(resumed.folder() + "/last.safetensors")));
 }
 
-TEST_CASE("--restart, a changed checkpoint and checkpoint = none start at epoch 1",
+TEST_CASE("restart: --restart, a changed checkpoint or checkpoint = none start at epoch 1",
           "[cli][checkpoint]") {
   DPRUN_NEED_DATA(data);
   SECTION("--restart") {
@@ -149,7 +149,7 @@ TEST_CASE("--restart, a changed checkpoint and checkpoint = none start at epoch 
   }
 }
 
-TEST_CASE("best and every keep their files; dprun export copies one after checking it",
+TEST_CASE("best and every keep their files and dprun export copies one after checking it",
           "[cli][checkpoint]") {
   DPRUN_NEED_DATA(data);
   Run every("every", resnet_toml("every", data, "every"));

@@ -45,6 +45,9 @@ TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[
   // Progress lines (not a terminal): one per epoch.
   CHECK(r.err.find("[1/2] lenet gpus=1 epoch 1/2 loss") != std::string::npos);
   CHECK(r.err.find("[2/2] lenet gpus=2 epoch 2/2 loss") != std::string::npos);
+  // Where each trial runs, said once it is known: gpus=2 on the CPU is two CPU threads.
+  CHECK_THAT(r.err, Catch::Matchers::Contains("[2/2] lenet gpus=2 on cpu: CPU (") &&
+                        Catch::Matchers::Contains("(CPU backend: each replica is a CPU thread)"));
 
   // A re-run skips both: no new attempts, no new epochs.
   r = run(base, dir.path());

@@ -40,7 +40,7 @@ std::string checkpoints_of(Store& store, int64_t trial) {
 
 }  // namespace
 
-TEST_CASE("checkpoints: last and best are replaced, every epoch's are kept", "[store]") {
+TEST_CASE("checkpoints: last and best are replaced and every epoch's are kept", "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("x.db"));
   const int64_t exp = store.upsert_experiment("e", "", "x = 1");
@@ -70,7 +70,7 @@ TEST_CASE("checkpoints: last and best are replaced, every epoch's are kept", "[s
   CHECK(dpstest::raw_scalar(dir.file("x.db"), "SELECT COUNT(*) FROM checkpoints") == "0");
 }
 
-TEST_CASE("a resumed attempt keeps the epochs up to its checkpoint; a new start keeps none",
+TEST_CASE("a resumed attempt keeps the epochs up to its checkpoint and a new start keeps none",
           "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("x.db"));

@@ -212,7 +212,8 @@ dp::TrainerOptions base_options(int64_t batch, float lr) {
 
 std::vector<std::string> train_case_names() {
   return {"lenet-b64-lr0.9-2steps", "lenet-maxpool-momentum-b48-2steps", "resnet18-b16-1step",
-          "resnet18-b32-2steps", "lenet-b61-lr0.9-2steps"};
+          "resnet18-b32-2steps",    "lenet-b61-lr0.9-2steps",            "lenet-adamw-b64-2steps",
+          "resnet18w16-syncbn-b30-2steps"};
 }
 
 TrainCase train_case(const std::string& name) {
@@ -244,6 +245,22 @@ TrainCase train_case(const std::string& name) {
     c.model = "lenet";
     c.options = base_options(61, 0.9f);
     c.batches = {batch_indices(61), batch_indices(61, 11)};
+  } else if (name == "lenet-adamw-b64-2steps") {
+    // AdamW with decoupled weight decay; step 2 also checks both moments carried over.
+    c.model = "lenet";
+    c.model_options = {{"init_std", 0.1}};
+    c.options = base_options(64, 0.01f);
+    c.options.optimizer.name = "adamw";
+    c.options.optimizer.weight_decay = 0.05f;
+    c.batches = {batch_indices(64), batch_indices(64, 7)};
+  } else if (name == "resnet18w16-syncbn-b30-2steps") {
+    // Synchronised batch norm: k replicas must compute one replica's step on the whole batch
+    // (30: shards of 15 or 10). Width 16 keeps the CPU's nudged reruns quick.
+    c.model = "resnet18";
+    c.model_options = {{"width", int64_t{16}}};
+    c.options = base_options(30, 0.1f);
+    c.options.sync_bn = true;
+    c.batches = {batch_indices(30), batch_indices(30, 13)};
   } else {
     std::string known;
     for (const auto& n : train_case_names()) known += " " + n;

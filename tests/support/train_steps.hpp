@@ -159,7 +159,7 @@ struct TrainCase {
   dp::TrainerOptions options;
   std::vector<std::vector<int32_t>> batches;
 };
-/// The five configurations of tests/cuda/test_cuda_train.cpp, by name (train_case_names()).
+/// The configurations of tests/cuda/test_cuda_train.cpp, by name (train_case_names()).
 TrainCase train_case(const std::string& name);
 std::vector<std::string> train_case_names();
 /// A fixed, scrambled selection of n of the 512 examples (not 0..n-1, so shards see mixed
