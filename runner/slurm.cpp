@@ -73,6 +73,43 @@ std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskSha
   return cmd;
 }
 
+std::string sbatch_args_problem(const std::vector<std::string>& args) {
+  struct Reserved {
+    const char* long_name;
+    const char* short_name;
+    const char* instead;
+  };
+  static const Reserved reserved[] = {
+      {"--array", "-a", "dprun makes the array (one task per trial); cap it with --max-parallel"},
+      {"--output", "-o", "dprun names each task's output after its database (tNNNN.out)"},
+      {"--ntasks", "-n",
+       "dprun asks for one task per process of the trial (its processes setting)"},
+      {"--parsable", nullptr, "dprun reads sbatch's answer itself"},
+      {"--wrap", nullptr, "dprun writes the job script itself"}};
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    for (const auto& r : reserved) {
+      const std::string l = r.long_name;
+      const bool is_long = a == l || a.rfind(l + "=", 0) == 0;
+      const bool is_short = r.short_name && a.rfind(r.short_name, 0) == 0;
+      if (is_long || is_short)
+        return "sbatch option " + a + " cannot be given to dprun submit: " + r.instead;
+    }
+    if (a.empty() || a[0] != '-') {
+      // The value of the option before it ("-p debug", "--time 10")?
+      const std::string& before = i > 0 ? args[i - 1] : std::string();
+      const bool value_of_before = !before.empty() && before[0] == '-' &&
+                                   before.find('=') == std::string::npos &&
+                                   (before.size() == 2 || before[1] == '-');
+      if (!value_of_before)
+        return "sbatch argument '" + a +
+               "' is not an option (sbatch would take it as its script; dprun writes the job "
+               "script itself)";
+    }
+  }
+  return "";
+}
+
 std::string parse_sbatch_job_id(const std::string& out) {
   static const std::regex id(R"(^\s*(\d+)(;\S*)?\s*$)");
   std::smatch m;

@@ -47,6 +47,11 @@ std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskSha
                                         const std::vector<std::string>& extra,
                                         const std::string& script);
 
+/// Why sbatch arguments from the user cannot be used, "" when they can: dprun sets --array,
+/// --output, --ntasks and --parsable itself (its task databases and output files are named by
+/// array index), and an argument that is not an option would become sbatch's script.
+std::string sbatch_args_problem(const std::vector<std::string>& args);
+
 /// The job id in sbatch --parsable's answer ("12" or "12;cluster"); "" when there is none.
 std::string parse_sbatch_job_id(const std::string& out);
 

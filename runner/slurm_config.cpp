@@ -76,7 +76,13 @@ void read_slurm_table(const toml::node& node, Pos fallback, Diagnostics& diag, S
                      describe(*n));
         continue;
       }
-      for (const auto& x : *list) out.args.push_back(x.as_string()->get());
+      std::vector<std::string> args;
+      for (const auto& x : *list) args.push_back(x.as_string()->get());
+      if (const std::string problem = sbatch_args_problem(args); !problem.empty()) {
+        diag.add(at, path, problem);
+        continue;
+      }
+      out.args.insert(out.args.end(), args.begin(), args.end());
     } else {
       const auto* s = n->as_string();
       if (!s || s->get().empty()) {

@@ -9,6 +9,7 @@
 #include "dp/error.hpp"
 #include "dp/safetensors.hpp"
 #include "json.hpp"
+#include "sweep_runner.hpp"
 
 namespace dprun {
 
@@ -31,6 +32,20 @@ std::string manifest_path(const std::string& folder) {
 }
 
 }  // namespace
+
+std::string job_script(const std::string& dprun_exe, const std::string& folder,
+                       const std::string& experiment, size_t trials) {
+  // exec: Slurm's signals (SIGTERM at scancel, time limit, preemption) reach dprun itself, which
+  // records why its trial stopped.
+  return "#!/bin/sh\n"
+         "# dprun: experiment " +
+         experiment + ", " + std::to_string(trials) + " trial" + (trials == 1 ? "" : "s") +
+         ". Each task of the Slurm job array runs one trial\n"
+         "# (SLURM_ARRAY_TASK_ID picks it from submission.json) into its own database in this\n"
+         "# folder; dprun merge (or status, report) collects them into the experiment's database.\n"
+         "exec " +
+         shell_quote(dprun_exe) + " __slurm-task " + shell_quote(folder) + "\n";
+}
 
 std::string task_stem(int64_t index) {
   char buf[32];

@@ -49,6 +49,12 @@ void write_manifest(const std::string& folder, const SubmissionManifest& manifes
 /// this dprun does not read included).
 SubmissionManifest read_manifest(const std::string& folder);
 
+/// FOLDER/job.sh: the batch script every task of the array runs. It only starts `dprun
+/// __slurm-task FOLDER` (the array index comes from SLURM_ARRAY_TASK_ID): what a task runs is in
+/// the manifest, so the script stays readable and holds no trial settings.
+std::string job_script(const std::string& dprun_exe, const std::string& folder,
+                       const std::string& experiment, size_t trials);
+
 /// "t0007": the stem of task 7's files (t0007.db, t0007.out), as sbatch's --output=t%4a.out.
 std::string task_stem(int64_t index);
 

@@ -128,15 +128,7 @@ std::string submit_array(dps::Store& store, int64_t experiment_id, const Experim
     }
     write_manifest(folder.string(), m);
     const fs::path script = folder / "job.sh";
-    write_text(script,
-               "#!/bin/sh\n"
-               "# dprun: experiment " +
-                   e.name + ", " + std::to_string(tasks.size()) +
-                   " trial(s). Each task of the Slurm job array runs one trial into its own\n"
-                   "# database in this folder; dprun merge (or status, report) collects them.\n"
-                   "exec " +
-                   shell_quote(self_exe()) + " __slurm-task " + shell_quote(folder.string()) +
-                   "\n");
+    write_text(script, job_script(self_exe(), folder.string(), e.name, tasks.size()));
     fs::permissions(script, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                                 fs::perms::others_read | fs::perms::others_exec);
     const auto cmd =
@@ -186,15 +178,24 @@ void print_dry_run(const Experiment& e, const SweepOptions& o, const SlurmConfig
   }
   std::printf("experiment %s: %zu trials, database %s\n", e.name.c_str(), plan.size(), db.c_str());
   std::fputs(format_aligned(table).c_str(), stdout);
-  const std::string folder = fs::path(db).stem().string() + ".tasks/sNNNN";
-  for (const auto& g : arrays_of(to_run, o, config))
+  // The folder of each array is numbered when it is made; the dry run names it sNNNN.
+  const fs::path db_path = fs::absolute(db).lexically_normal();
+  const std::string folder =
+      (db_path.parent_path() / (db_path.stem().string() + ".tasks") / "sNNNN").string();
+  const auto groups = arrays_of(to_run, o, config);
+  for (const auto& g : groups)
     std::printf(
         "would submit %zu trial%s (%s each):\n  %s\n", g.trials.size(),
         g.trials.size() == 1 ? "" : "s", g.shape.text().c_str(),
         command_text(sbatch_command(config, g.shape, static_cast<int64_t>(g.trials.size()),
                                     "dprun-" + e.name, folder, sbatch_args, folder + "/job.sh"))
             .c_str());
-  if (to_run.empty()) std::printf("nothing to submit\n");
+  if (groups.empty()) {
+    std::printf("nothing to submit\n");
+    return;
+  }
+  std::printf("with %s/job.sh:\n%s", folder.c_str(),
+              job_script(self_exe(), folder, e.name, groups.front().trials.size()).c_str());
 }
 
 }  // namespace
@@ -202,7 +203,9 @@ void print_dry_run(const Experiment& e, const SweepOptions& o, const SlurmConfig
 int submit_command(const Invocation& in) {
   const Args& a = in.args;
   const bool slurm = a.flag("--slurm");
-  const std::vector<std::string> sbatch_args = a.all("--slurm");
+  std::vector<std::string> sbatch_args = a.all("--slurm");
+  // "--slurm -- --time=10": the "--" only separates; sbatch would end its options there.
+  if (!sbatch_args.empty() && sbatch_args.front() == "--") sbatch_args.erase(sbatch_args.begin());
   if (a.positional.empty())
     for (const auto& s : sbatch_args)
       if (s.size() > 5 && s.substr(s.size() - 5) == ".toml")
@@ -210,6 +213,8 @@ int submit_command(const Invocation& in) {
             "dprun submit: give the experiment file before --slurm (everything after "
             "--slurm goes to sbatch): dprun submit " +
             s + " --slurm ...");
+  if (const std::string problem = sbatch_args_problem(sbatch_args); !problem.empty())
+    throw UsageError("--slurm: " + problem);
   SweepOptions o = sweep_options(in);
   const Experiment e = load_sweep(o);
   if (!slurm && !e.slurm.given)
@@ -264,11 +269,19 @@ int submit_command(const Invocation& in) {
     std::printf("nothing to submit\n");
     return 0;
   }
+  size_t submitted = 0;
   try {
-    for (const auto& g : arrays_of(to_run, o, config))
+    for (const auto& g : arrays_of(to_run, o, config)) {
       submit_array(store, experiment_id, e, o, config, g, sbatch_args);
+      submitted += g.trials.size();
+    }
   } catch (const dp::Error& err) {
     std::fprintf(stderr, "dprun: %s\n", err.what());
+    // Nothing submitted: most often an sbatch option or a [launch.slurm] value Slurm refuses.
+    if (submitted == 0) return 2;
+    std::fprintf(stderr,
+                 "dprun: %zu of %zu trials were submitted; submit again to retry the rest\n",
+                 submitted, to_run.size());
     return 1;
   }
   std::printf("follow it with: dprun status %s\n", shell_quote(o.file).c_str());
