@@ -144,7 +144,7 @@ std::optional<std::map<std::string, std::map<int64_t, std::string>>> live_array_
   if (q.ok()) return parse_squeue(q.out);
   // squeue refuses a list in which it knows no job at all: every one of them has ended.
   if (q.started && !q.timed_out && q.err.find("Invalid job id") != std::string::npos) return none;
-  problem = "squeue " + q.failure();
+  problem = q.started ? "squeue " + q.failure() : q.failure();
   return std::nullopt;
 }
 
