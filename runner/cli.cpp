@@ -276,7 +276,9 @@ const std::vector<Command>& commands() {
        "Each task asks for --ntasks=processes, --gpus-per-task=gpus/processes (on the CPU backend\n"
        "--cpus-per-task=gpus/processes instead), and what [launch.slurm] gives: partition, time,\n"
        "account, qos, mem, cpus_per_task, max_parallel, args. A task stopped by Slurm (scancel,\n"
-       "time limit, preemption, node failure) is recorded interrupted with that cause.\n",
+       "time limit, preemption, node failure) is recorded interrupted with that cause.\n"
+       "Exit status 2: nothing was submitted (a bad option or file, or sbatch refused the "
+       "array).\n",
        false,
        submit_command},
       {"status",

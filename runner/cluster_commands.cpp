@@ -37,11 +37,12 @@ Target target_of(const Invocation& in) {
     o.plugin_dirs = a.all("--plugins");
     t.experiment = load_sweep(o);
     t.db = database_path(*t.experiment, o);
+    if (!fs::exists(t.db))
+      throw UsageError(t.db + ": no such database (nothing was submitted or run with " +
+                       t.experiment->file + " yet)");
   } else {
-    t.db = a.last("--db") ? *a.last("--db") : default_database(in.command);
+    t.db = results_database(a, in.command);
   }
-  if (!fs::exists(t.db))
-    throw UsageError(t.db + ": no such database (nothing was submitted or run with it yet)");
   return t;
 }
 
