@@ -57,8 +57,7 @@ class SlurmView {
     auto task = job->second.find(t.index);
     if (task == job->second.end()) return "";
     c = cause_from_state(task->second);
-    if (c.empty())
-      c = "Slurm state " + task->second.state + ", exit code " + task->second.exit_code;
+    if (c.empty()) c = ended_task_text(task->second);
     return c;
   }
 

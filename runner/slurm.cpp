@@ -2,11 +2,13 @@
 #include "slurm.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
 #include "command.hpp"
+#include "trial_process.hpp"
 
 namespace dprun {
 
@@ -216,6 +218,17 @@ std::string cause_from_state(const EndedTask& t) {
   else
     return "";
   return what + " (Slurm state " + t.state + (t.node.empty() ? "" : " on " + t.node) + ")";
+}
+
+std::string ended_task_text(const EndedTask& t) {
+  const std::string state = "Slurm state " + t.state + ", exit code " + t.exit_code;
+  // ExitCode=STATUS:SIGNAL, SIGNAL the one that ended the job script (dprun itself: it execs).
+  const auto colon = t.exit_code.find(':');
+  const int sig = colon == std::string::npos ? 0 : std::atoi(t.exit_code.c_str() + colon + 1);
+  if (sig > 0)
+    return "the task was killed by " + signal_name(sig) + " (" + state +
+           (t.node.empty() ? "" : " on " + t.node) + ")";
+  return state + (t.node.empty() ? "" : " on " + t.node);
 }
 
 std::string file_tail(const std::string& path, size_t bytes) {

@@ -85,6 +85,11 @@ std::string cause_from_output(const std::string& text);
 /// an outside cause (COMPLETED, FAILED, ...).
 std::string cause_from_state(const EndedTask& task);
 
+/// What an ended task's state says when cause_from_state has no outside cause: the signal that
+/// killed the job script ("the task was killed by SIGKILL (Slurm state FAILED, exit code 0:9)"),
+/// else Slurm's state and exit code.
+std::string ended_task_text(const EndedTask& task);
+
 /// The last `bytes` of a file ("" when it cannot be read).
 std::string file_tail(const std::string& path, size_t bytes = 65536);
 

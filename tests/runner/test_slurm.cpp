@@ -168,6 +168,13 @@ TEST_CASE("slurm: reading sbatch, squeue and scontrol", "[slurm]") {
   CHECK(dprun::cause_from_state(ended.at(1)) ==
         "Slurm time limit reached (Slurm state TIMEOUT on node3)");
   CHECK(dprun::cause_from_state(ended.at(2)).empty());
+  CHECK(dprun::ended_task_text(ended.at(2)) == "Slurm state COMPLETED, exit code 0:0");
+  dprun::EndedTask killed;
+  killed.state = "FAILED";
+  killed.exit_code = "0:9";
+  killed.node = "node2";
+  CHECK(dprun::ended_task_text(killed) ==
+        "the task was killed by SIGKILL (Slurm state FAILED, exit code 0:9 on node2)");
   dprun::EndedTask t;
   for (auto [state, words] : {std::pair{"CANCELLED", "cancelled by Slurm (scancel)"},
                               {"PREEMPTED", "preempted by Slurm"},

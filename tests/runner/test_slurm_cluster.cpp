@@ -1,8 +1,9 @@
 // dprun submit on a real Slurm: a single-node slurmctld + slurmd started here, in a temporary
 // folder, as the current user (no root, no munge, no systemd, no cgroups: auth/none, cred/none,
 // proctrack/linuxproc, task/none, accounting off). A LeNet sweep goes in as a job array, is
-// merged (twice: nothing changes), grows by a trial whose task is cancelled mid-run with
-// scancel, and a resubmission completes it from its checkpoint without rerunning what was done.
+// merged (twice: nothing changes), grows by two trials whose tasks are stopped mid-run (scancel,
+// and SIGKILL of the task's dprun), and a resubmission completes them from their checkpoints
+// without rerunning what was done.
 // Skips, saying why, where Slurm's daemons are not installed or cannot start; stops them at the
 // end whatever happens.
 #include <netinet/in.h>
@@ -281,43 +282,50 @@ TEST_CASE("slurm cluster: a sweep as a job array, merged, cancelled mid-run and 
   DPRUN_REQUIRE_EXIT(clitest::run({"merge", file}, dir.path()), 0);
   CHECK(dump(db) == after_first_merge);
 
-  // Phase 2: a third trial, whose task hangs after epoch 1 until it is cancelled.
-  clitest::write_file(file, sweep_toml(data, "[0.1, 0.05, 0.02]"));
-  const auto second =
-      clitest::run({"submit", file, "--slurm"}, dir.path(), {"DPRUN_FAULT=hang@1#2"});
+  // Phase 2: two more trials, whose tasks hang after epoch 1; one is cancelled with scancel
+  // (Slurm's SIGTERM reaches dprun), the other's dprun is killed with SIGKILL (no record of its
+  // end: only Slurm can say what happened).
+  clitest::write_file(file, sweep_toml(data, "[0.1, 0.05, 0.02, 0.01]"));
+  const auto second = clitest::run({"submit", file, "--slurm"}, dir.path(), {"DPRUN_FAULT=hang@1"});
   DPRUN_REQUIRE_EXIT(second, 0);
-  CHECK_THAT(second.out, Contains("1 to submit (2 done)"));
+  CHECK_THAT(second.out, Contains("2 to submit (2 done)"));
   const std::string job = submitted_job(second);
   REQUIRE(!job.empty());
-  const std::string task_db = dir.path() + "/results/sw.tasks/s0002/t0000.db";
-  REQUIRE(poll(
-      [&] {
-        try {
-          return fs::exists(task_db) && sql1(task_db, "SELECT COUNT(*) FROM epochs") == "1";
-        } catch (const std::exception&) {
-          return false;  // being written
-        }
-      },
-      kSweepSeconds));
-  // While it runs, status says so and a local run would not run it a second time.
+  const std::string tasks = dir.path() + "/results/sw.tasks/s0002/";
+  for (const char* task_db : {"t0000.db", "t0001.db"})
+    REQUIRE(poll(
+        [&] {
+          try {
+            return fs::exists(tasks + task_db) &&
+                   sql1(tasks + task_db, "SELECT COUNT(*) FROM epochs") == "1";
+          } catch (const std::exception&) {
+            return false;  // being written
+          }
+        },
+        kSweepSeconds));
+  // While they run, status says so (and a local run would not run them a second time).
   const auto running = clitest::run({"status", file}, dir.path());
   DPRUN_CHECK_EXIT(running, 0);
-  CHECK_THAT(running.out, Contains("2 done, 1 running"));
-  const auto cancel = slurm_command({"scancel", job});
+  CHECK_THAT(running.out, Contains("4 trials: 2 done, 2 running"));
+  const auto cancel = slurm_command({"scancel", job + "_0"});
   INFO(cancel.failure());
   REQUIRE(cancel.ok());
+  const pid_t task_dprun = std::stoi(sql1(tasks + "t0001.db", "SELECT runner_pid FROM trials"));
+  REQUIRE(task_dprun > 0);
+  ::kill(task_dprun, SIGKILL);
   REQUIRE(poll(all_ended, kSweepSeconds));
   const auto status = clitest::run({"status", file}, dir.path());
   DPRUN_REQUIRE_EXIT(status, 0);
-  CHECK_THAT(status.out, Contains("3 trials: 2 done, 1 interrupted") &&
-                             Contains("cancelled by Slurm") && Contains("after epoch 1"));
+  CHECK_THAT(status.out, Contains("4 trials: 2 done, 2 interrupted"));
   CHECK_THAT(sql1(db, "SELECT error FROM trials WHERE ordinal = 2"),
-             Contains("cancelled by Slurm"));
+             Contains("cancelled by Slurm (scancel)") && Contains("after epoch 1"));
+  CHECK_THAT(sql1(db, "SELECT error FROM trials WHERE ordinal = 3"),
+             Contains("killed by SIGKILL") && Contains("after epoch 1"));
 
-  // Resubmitting runs only the interrupted trial, from its checkpoint.
+  // Resubmitting runs only the interrupted trials, from their checkpoints.
   const auto third = clitest::run({"submit", file, "--slurm"}, dir.path());
   DPRUN_REQUIRE_EXIT(third, 0);
-  CHECK_THAT(third.out, Contains("1 to submit (2 done)"));
+  CHECK_THAT(third.out, Contains("2 to submit (2 done)"));
   REQUIRE(poll(all_ended, kSweepSeconds));
   DPRUN_REQUIRE_EXIT(clitest::run({"merge", file}, dir.path()), 0);
   CHECK(sql(db,
@@ -326,12 +334,12 @@ TEST_CASE("slurm cluster: a sweep as a job array, merged, cancelled mid-run and 
             "trial_id) ON trial_id = id ORDER BY ordinal") ==
         std::vector<std::vector<std::string>>{{"0", "done", "1", "0", "2"},
                                               {"1", "done", "1", "0", "2"},
-                                              {"2", "done", "2", "1", "2"}});
-  // Each trial was done by exactly one task; the cancelled task is on record with its cause.
+                                              {"2", "done", "2", "1", "2"},
+                                              {"3", "done", "2", "1", "2"}});
+  // Each trial was done by exactly one task; the stopped tasks are on record with their cause.
   CHECK(sql(db, "SELECT trial_id, COUNT(*) FROM tasks WHERE status = 'done' GROUP BY trial_id") ==
-        std::vector<std::vector<std::string>>{{"1", "1"}, {"2", "1"}, {"3", "1"}});
-  CHECK_THAT(sql1(db, "SELECT error FROM tasks WHERE status = 'interrupted'"),
-             Contains("cancelled by Slurm"));
-  const auto report = clitest::run({"status", file}, dir.path());
-  CHECK_THAT(report.out, Contains("3 trials: 3 done"));
+        std::vector<std::vector<std::string>>{{"1", "1"}, {"2", "1"}, {"3", "1"}, {"4", "1"}});
+  CHECK(sql1(db, "SELECT COUNT(*) FROM tasks WHERE status = 'interrupted'") == "2");
+  const auto final_status = clitest::run({"status", file}, dir.path());
+  CHECK_THAT(final_status.out, Contains("4 trials: 4 done"));
 }
