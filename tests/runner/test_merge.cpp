@@ -117,7 +117,8 @@ void task_database(const std::string& path, TrialStatus status, int epochs,
 
 }  // namespace
 
-TEST_CASE("merge: a task that ended is collected once; merging again changes nothing", "[merge]") {
+TEST_CASE("merge: a task that ended is collected once and merging again changes nothing",
+          "[merge]") {
   Cluster c;
   const auto [sub, task_db] = c.submit("42");
   task_database(task_db, TrialStatus::done, 2);
