@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "experiment_helpers.hpp"
+#include "launch.hpp"
 #include "slurm.hpp"
 #include "submission.hpp"
 
@@ -204,4 +205,14 @@ TEST_CASE("slurm: why slurmstepd stopped a task, from its output", "[slurm]") {
   CHECK_THAT(dprun::cause_from_output("slurmstepd: error: *** JOB 7 ON n2 CANCELLED AT "
                                       "2026-01-01T10:00:00 DUE TO TIME LIMIT, uid 1000 ***\n"),
              Contains("Slurm time limit reached (job 7 on n2"));
+}
+
+TEST_CASE("slurm: a trial of several processes starts them with srun, found on PATH", "[slurm]") {
+  // Inside a task's allocation the runner starts the launcher by the path it found: srun's
+  // options, not mpirun's (srun would read "-np 2" as "-n p").
+  dprun::LaunchConfig c;
+  c.args = {"--mpi=pmix"};
+  CHECK(dprun::launch_command(c, "/usr/bin/srun", 2, {"/opt/dprun", "__trial"}, {}) ==
+        Words{"/usr/bin/srun", "--ntasks=2", "--kill-on-bad-exit=1", "--input=0", "--mpi=pmix",
+              "/opt/dprun", "__trial"});
 }
