@@ -22,6 +22,7 @@
 
 #include "cli_helpers.hpp"
 #include "command.hpp"
+#include "dp/process_group.hpp"
 #include "launch.hpp"
 #include "slurm.hpp"
 #include "support/env_var.hpp"
@@ -342,4 +343,54 @@ TEST_CASE("slurm cluster: a sweep as a job array, merged, cancelled mid-run and 
   CHECK(sql1(db, "SELECT COUNT(*) FROM tasks WHERE status = 'interrupted'") == "2");
   const auto final_status = clitest::run({"status", file}, dir.path());
   CHECK_THAT(final_status.out, Contains("4 trials: 4 done"));
+}
+
+TEST_CASE("slurm cluster: a trial of 2 processes runs them with srun inside its task",
+          "[slurm][cluster]") {
+  DPRUN_NEED_DATA(data);
+  if (!dp::mpi_compiled()) {
+    DPTEST_SKIPPED("dprun was built without MPI: skipping the 2-process trial on Slurm");
+    return;
+  }
+  dptest::TempDir dir;
+  SlurmCluster cluster(dir.path() + "/slurm");
+  if (!cluster.problem.empty()) {
+    DPTEST_SKIPPED("skipping the Slurm cluster test: " + cluster.problem);
+    return;
+  }
+  const auto plugins = slurm_command({"srun", "--mpi=list"});
+  if (plugins.out.find("pmix") == std::string::npos &&
+      plugins.err.find("pmix") == std::string::npos) {
+    DPTEST_SKIPPED("Slurm has no pmix plugin (srun --mpi=list): skipping the 2-process trial");
+    return;
+  }
+  // Open MPI as root needs consent; containers often lack the ptrace rights of its single-copy
+  // shared memory (as for the mpi_np tests).
+  std::optional<dptest::EnvVar> root, root_confirm;
+  if (::getuid() == 0) {
+    root.emplace("OMPI_ALLOW_RUN_AS_ROOT", "1");
+    root_confirm.emplace("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+  }
+  const dptest::EnvVar single_copy("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+  const std::string file = dir.path() + "/mp.toml";
+  const std::string db = dir.path() + "/results/mp.db";
+  clitest::write_file(
+      file, "[experiment]\nname = \"mp\"\n[data]\ndataset = \"fashion-mnist\"\npath = \"" + data +
+                "\"\n[train]\nmodel = \"lenet\"\nepochs = 2\nbatch_size = 64\nlr = 0.1\n"
+                "train_limit = 512\ntest_limit = 256\nbackend = \"cpu\"\ngpus = 2\n"
+                "processes = 2\n[launch]\nargs = [\"--mpi=pmix\"]\n");
+  const auto submitted = clitest::run({"submit", file, "--slurm"}, dir.path());
+  DPRUN_REQUIRE_EXIT(submitted, 0);
+  CHECK_THAT(submitted.out, Contains("1 trial (2 processes x 1 CPU each)"));
+  REQUIRE(poll([] { return SlurmCluster::queue().empty(); }, kSweepSeconds));
+  const auto merged = clitest::run({"merge", file}, dir.path());
+  DPRUN_REQUIRE_EXIT(merged, 0);
+  INFO(clitest::slurp(dir.path() + "/results/mp.tasks/s0001/t0000.out"));
+  CHECK(sql(db, "SELECT status, error FROM trials") ==
+        std::vector<std::vector<std::string>>{{"done", ""}});
+  // Both processes ran, on this node: "node x2".
+  CHECK_THAT(sql1(db, "SELECT hosts FROM trials"), Catch::Matchers::EndsWith(" x2"));
+  CHECK_THAT(sql1(db, "SELECT launch FROM trials"),
+             Contains("srun --ntasks=2 --kill-on-bad-exit=1 --input=0 --mpi=pmix"));
+  CHECK(sql1(db, "SELECT COUNT(*) FROM epochs") == "2");
 }
