@@ -275,8 +275,10 @@ const std::vector<Command>& commands() {
          "submit to Slurm; every argument after it is passed to sbatch (after [launch.slurm])"}},
        "Each task asks for --ntasks=processes, --gpus-per-task=gpus/processes (on the CPU backend\n"
        "--cpus-per-task=gpus/processes instead), and what [launch.slurm] gives: partition, time,\n"
-       "account, qos, mem, cpus_per_task, max_parallel, args. A task stopped by Slurm (scancel,\n"
-       "time limit, preemption, node failure) is recorded interrupted with that cause.\n"
+       "account, qos, mem, cpus_per_task, max_parallel, gpus_as (\"gres\": --gres=gpu:N per "
+       "node),\n"
+       "args. A task stopped by Slurm (scancel, time limit, preemption, node failure) is recorded\n"
+       "interrupted with that cause.\n"
        "Exit status 2: nothing was submitted (a bad option or file, or sbatch refused the "
        "array).\n",
        false,

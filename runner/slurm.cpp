@@ -59,8 +59,14 @@ std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskSha
                                array,
                                "--output=" + folder + "/t%4a.out",
                                "--ntasks=" + std::to_string(shape.processes)};
-  if (shape.gpus_per_process > 0)
+  if (shape.gpus_per_process > 0 && !config.gres) {
     cmd.push_back("--gpus-per-task=" + std::to_string(shape.gpus_per_process));
+  } else if (shape.gpus_per_process > 0) {
+    // A generic resource counts per node: one process per node gets them all.
+    if (shape.processes > 1)
+      cmd.insert(cmd.end(), {"--nodes=" + std::to_string(shape.processes), "--ntasks-per-node=1"});
+    cmd.push_back("--gres=gpu:" + std::to_string(shape.gpus_per_process));
+  }
   if (shape.cpus_per_process > 0)
     cmd.push_back("--cpus-per-task=" + std::to_string(shape.cpus_per_process));
   for (const auto& [name, value] : {std::pair{"partition", &config.partition},

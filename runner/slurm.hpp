@@ -19,6 +19,10 @@ struct SlurmConfig {
   std::string partition, time, account, qos, mem;  // sbatch's options of those names; "": none
   int64_t cpus_per_task = 0;  // per process; 0: one per replica on the CPU backend, else Slurm's
   std::vector<std::string> args;  // more sbatch arguments, before those of the command line
+  /// How GPUs are asked for: false: --gpus-per-task=G (select/cons_tres); true: --gres=gpu:G,
+  /// which counts per node, so a trial of P > 1 processes also asks for --nodes=P
+  /// --ntasks-per-node=1 (clusters whose Slurm predates or does not use cons_tres).
+  bool gres = false;
 };
 
 /// What every task of one array asks for: one job array per distinct shape.
@@ -39,7 +43,8 @@ struct TaskShape {
 TaskShape task_shape(const SlurmConfig& config, int64_t gpus, int64_t processes, bool cpu);
 
 /// sbatch --parsable --job-name=NAME --array=0-(count-1)[%P] --output=FOLDER/t%4a.out
-///   --ntasks=P [--gpus-per-task=G] [--cpus-per-task=C] [the config's options and args]
+///   --ntasks=P [--gpus-per-task=G | --gres=gpu:G [--nodes=P --ntasks-per-node=1]]
+///   [--cpus-per-task=C] [the config's options and args]
 ///   [extra: the command line's sbatch arguments] SCRIPT
 std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskShape& shape,
                                         int64_t count, const std::string& job_name,

@@ -11,8 +11,9 @@ namespace dprun::detail {
 namespace {
 
 const std::vector<std::string>& slurm_keys() {
-  static const std::vector<std::string> keys = {
-      "max_parallel", "partition", "time", "account", "qos", "mem", "cpus_per_task", "args"};
+  static const std::vector<std::string> keys = {"max_parallel",  "partition", "time",
+                                                "account",       "qos",       "mem",
+                                                "cpus_per_task", "gpus_as",   "args"};
   return keys;
 }
 
@@ -65,6 +66,16 @@ void read_slurm_table(const toml::node& node, Pos fallback, Diagnostics& diag, S
         continue;
       }
       (key == "max_parallel" ? out.max_parallel : out.cpus_per_task) = i->get();
+    } else if (key == "gpus_as") {
+      const auto* v = n->as_string();
+      if (!v || (v->get() != "gpus-per-task" && v->get() != "gres")) {
+        diag.add(at, path,
+                 "expected \"gpus-per-task\" (sbatch --gpus-per-task=G, the default) or \"gres\" "
+                 "(--gres=gpu:G per node, one process per node), got " +
+                     describe(*n));
+        continue;
+      }
+      out.gres = v->get() == "gres";
     } else if (key == "args") {
       const auto* list = n->as_array();
       const bool strings =

@@ -119,6 +119,27 @@ TEST_CASE("slurm: one array task per trial, shaped by its gpus and processes", "
               "F/job.sh"});
 }
 
+TEST_CASE("slurm: GPUs as a generic resource, one process per node", "[slurm]") {
+  auto ex = parse(kHead + kTrain + "[launch.slurm]\ngpus_as = \"gres\"\n");
+  CHECK(ex.slurm.gres);
+  CHECK_FALSE(parse(kHead + kTrain + "[launch.slurm]\ngpus_as = \"gpus-per-task\"\n").slurm.gres);
+  CHECK_THAT(message_of(kHead + kTrain + "[launch.slurm]\ngpus_as = \"gpu\"\n"),
+             Contains("t.toml:6:11: launch.slurm.gpus_as: expected \"gpus-per-task\"") &&
+                 Contains("got \"gpu\""));
+  const SlurmConfig& config = ex.slurm;
+  CHECK(dprun::sbatch_command(config, dprun::task_shape(config, 4, 1, false), 2, "j", "F", {},
+                              "F/job.sh") == Words{"sbatch", "--parsable", "--job-name=j",
+                                                   "--array=0-1", "--output=F/t%4a.out",
+                                                   "--ntasks=1", "--gres=gpu:4", "F/job.sh"});
+  CHECK(dprun::sbatch_command(config, dprun::task_shape(config, 16, 2, false), 1, "j", "F", {},
+                              "F/job.sh") ==
+        Words{"sbatch", "--parsable", "--job-name=j", "--array=0-0", "--output=F/t%4a.out",
+              "--ntasks=2", "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:8", "F/job.sh"});
+  // The CPU backend asks for no GPUs either way.
+  CHECK(dprun::sbatch_command(config, dprun::task_shape(config, 2, 1, true), 1, "j", "F", {},
+                              "F/job.sh")[6] == "--cpus-per-task=2");
+}
+
 TEST_CASE("slurm: sbatch arguments dprun sets itself are refused", "[slurm]") {
   CHECK(dprun::sbatch_args_problem({}).empty());
   CHECK(dprun::sbatch_args_problem({"-p", "debug", "--time", "10", "--exclusive", "--qos=x"})
