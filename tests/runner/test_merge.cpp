@@ -253,3 +253,20 @@ TEST_CASE("merge: an older attempt ending after a newer one was merged changes n
   CHECK(trial->epochs_done == 2);
   CHECK(c.store.tasks(c.exp, true).empty());
 }
+
+TEST_CASE("merge: dprun report collects ended tasks before it reads", "[merge]") {
+  Cluster c;
+  const auto [sub, task_db] = c.submit("42");
+  task_database(task_db, TrialStatus::done, 2);
+  // dprun inherits the fake squeue on PATH.
+  const auto r = clitest::run({"report", "--db", c.db}, c.dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK_THAT(r.err, Contains("collected the results of 1 Slurm task"));
+  CHECK_THAT(r.out, Contains("done"));
+  CHECK(c.store.get_trial(c.trial)->status == TrialStatus::done);
+  CHECK(c.store.tasks(c.exp, true).empty());
+  // A database without open tasks is only read.
+  const std::string before = c.dump();
+  DPRUN_REQUIRE_EXIT(clitest::run({"report", "--db", c.db}, c.dir.path()), 0);
+  CHECK(c.dump() == before);
+}
