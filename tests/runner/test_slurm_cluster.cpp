@@ -343,6 +343,13 @@ TEST_CASE("slurm cluster: a sweep as a job array, merged, cancelled mid-run and 
   CHECK(sql1(db, "SELECT COUNT(*) FROM tasks WHERE status = 'interrupted'") == "2");
   const auto final_status = clitest::run({"status", file}, dir.path());
   CHECK_THAT(final_status.out, Contains("4 trials: 4 done"));
+  // The checkpoints the tasks wrote are found from the experiment's database (and their sha256
+  // checked): those of a resumed trial too.
+  const std::string resumed = sql1(db, "SELECT id FROM trials WHERE ordinal = 3");
+  const auto exported = clitest::run(
+      {"export", "--db", db, resumed, "--output", dir.path() + "/model.safetensors"}, dir.path());
+  DPRUN_CHECK_EXIT(exported, 0);
+  CHECK_THAT(exported.out, Contains("last checkpoint of epoch 2"));
 }
 
 TEST_CASE("slurm cluster: a trial of 2 processes runs them with srun inside its task",
