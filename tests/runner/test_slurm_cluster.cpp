@@ -132,6 +132,8 @@ class SlurmCluster {
             "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
             "ReturnToService=2\nMinJobAge=600\nKillWait=10\nInactiveLimit=0\n"
+            // The node is what this file says (2 CPUs), whatever the machine has.
+            "SlurmdParameters=config_overrides\n"
             "StateSaveLocation=" +
             dir_ + "/state\nSlurmdSpoolDir=" + dir_ +
             "/spool\n"
