@@ -111,46 +111,27 @@ class SlurmCluster {
     int slurmd_port = free_port();
     while (slurmd_port == ctld_port) slurmd_port = free_port();
     conf_ = dir_ + "/slurm.conf";
-    clitest::write_file(
-        conf_,
-        "ClusterName=dpruntest\n"
-        "SlurmctldHost=" +
-            host +
-            "(127.0.0.1)\n"
-            "SlurmctldPort=" +
-            std::to_string(ctld_port) +
-            "\n"
-            "SlurmdPort=" +
-            std::to_string(slurmd_port) +
-            "\n"
-            "SlurmUser=" +
-            user + "\nSlurmdUser=" + user +
-            "\n"
-            "AuthType=auth/none\nCredType=cred/none\n"
-            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nSwitchType=switch/none\n"
-            "MpiDefault=none\nJobAcctGatherType=jobacct_gather/none\n"
-            "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none\n"
-            "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
-            "ReturnToService=2\nMinJobAge=600\nKillWait=10\nInactiveLimit=0\n"
-            // The node is what this file says (2 CPUs), whatever the machine has.
-            "SlurmdParameters=config_overrides\n"
-            "StateSaveLocation=" +
-            dir_ + "/state\nSlurmdSpoolDir=" + dir_ +
-            "/spool\n"
-            "SlurmctldPidFile=" +
-            dir_ + "/slurmctld.pid\nSlurmdPidFile=" + dir_ +
-            "/slurmd.pid\n"
-            "SlurmctldLogFile=" +
-            dir_ +
-            "/log/slurmctld.log\n"
-            "SlurmdLogFile=" +
-            dir_ +
-            "/log/slurmd.log\n"
-            "SlurmctldDebug=info\nSlurmdDebug=info\n"
-            "NodeName=" +
-            host +
-            " NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN\n"
-            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n");
+    const std::vector<std::string> lines = {
+        "ClusterName=dpruntest", "SlurmctldHost=" + host + "(127.0.0.1)",
+        "SlurmctldPort=" + std::to_string(ctld_port), "SlurmdPort=" + std::to_string(slurmd_port),
+        // The current user runs everything: no root, no munge, no cgroups.
+        "SlurmUser=" + user, "SlurmdUser=" + user, "AuthType=auth/none", "CredType=cred/none",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SwitchType=switch/none",
+        "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "ReturnToService=2",
+        "MinJobAge=600",  // scontrol remembers ended tasks while the test asks
+        "KillWait=10", "InactiveLimit=0",
+        // The node is what this file says (2 CPUs), whatever the machine has.
+        "SlurmdParameters=config_overrides", "StateSaveLocation=" + dir_ + "/state",
+        "SlurmdSpoolDir=" + dir_ + "/spool", "SlurmctldPidFile=" + dir_ + "/slurmctld.pid",
+        "SlurmdPidFile=" + dir_ + "/slurmd.pid", "SlurmctldLogFile=" + dir_ + "/log/slurmctld.log",
+        "SlurmdLogFile=" + dir_ + "/log/slurmd.log", "SlurmctldDebug=info", "SlurmdDebug=info",
+        "NodeName=" + host + " NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN",
+        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"};
+    std::string text;
+    for (const auto& line : lines) text += line + "\n";
+    clitest::write_file(conf_, text);
     conf_env_.emplace("SLURM_CONF", conf_);
     // -D: in the foreground, so that they are this test's children; -i: no saved state.
     ctld_ = spawn({ctld, "-D", "-i", "-f", conf_}, "slurmctld");
