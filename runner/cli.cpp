@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "commands.hpp"
+#include "dp/backend.hpp"
 #include "dp/data.hpp"
 #include "dp/error.hpp"
 #include "dp/plugin.hpp"
@@ -364,6 +365,23 @@ int dispatch(int argc, char** argv) {
   }
   if (first == "--version" || first == "version") {
     std::printf("dprun %s\n", dp::version());
+    // What a trial on this machine computes with: the CPU kernels as this process resolves them
+    // (cpuid, DPRUN_CPU_KERNELS), and the backends this build has.
+    try {
+      std::printf("CPU kernels: %s\n", dp::cpu_kernels().c_str());
+    } catch (const std::exception& e) {
+      std::printf("CPU kernels: unavailable: %s\n", e.what());
+    }
+#ifdef DPRUN_WITH_CUDA
+    std::printf("CUDA backend: built (cuDNN, cuBLAS, NCCL)\n");
+#else
+    std::printf("CUDA backend: not built (no CUDA toolkit when configured; see the README)\n");
+#endif
+#ifdef DPRUN_WITH_MPI
+    std::printf("MPI: built (trials across processes under mpirun or srun)\n");
+#else
+    std::printf("MPI: not built (trials run as one process)\n");
+#endif
     return 0;
   }
   if (first == "help") {

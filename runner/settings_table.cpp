@@ -184,8 +184,8 @@ const SettingTable& builtin_settings() {
        .default_value = "nchw"s,
        .choices = {"nchw", "nhwc"},
        .identity = true,
-       .help = "activation layout; \"nhwc\" runs on the CUDA backend only (the CPU backend's "
-               "convolution is NCHW)"},
+       .help = "activation layout: \"nchw\" as PyTorch's default, \"nhwc\" channels last "
+               "(both backends; checkpoints are PyTorch's either way)"},
       {.key = "bn",
        .column = "bn_mode",
        .type = T::choice,

@@ -5,7 +5,7 @@
 // never runs runner code: CUDA, OpenMP and BLAS thread pools are only ever set up after exec).
 // The trial request travels as one JSON object on the child's stdin. The child writes
 // newline-delimited JSON records to fd 3:
-//   {"type":"start","backend":"cpu","devices":"CPU (2 threads) x2","plugin_path":"...",
+//   {"type":"start","backend":"cpu","devices":"CPU (2 threads, oneDNN 2.6.3 avx2) x2","plugin_path":"...",
 //    "plugin_sha256":"...","oversubscribed":false,"hosts":"vm","rank_hosts":["vm"]}
 //   {"type":"epoch","epoch":1,"train_loss":0.9,"train_acc":0.6,"test_acc":0.7,"seconds":1.2,
 //    "examples_per_second":500,"lr":0.1,"eval_seconds":0.1,"peak_memory_bytes":123}   (each)

@@ -172,6 +172,7 @@ TEST_CASE("the trainer applies AdamW and the schedule per step, on every replica
   o.lr.kind = dp::LrSchedule::Kind::cosine;
   o.lr.warmup_epochs = 1;
   dp::Trainer one(o, lenet, data, data.head(64));
+  const std::vector<float> initial = one.parameters(0);
   double first_loss = 0, last_loss = 0;
   for (int e = 1; e <= 3; ++e) {
     const auto r = one.run_epoch(e);
@@ -188,12 +189,18 @@ TEST_CASE("the trainer applies AdamW and the schedule per step, on every replica
   for (int e = 1; e <= 3; ++e) two.run_epoch(e);
   CHECK(two.parameters(0) == two.parameters(1));
   const auto p1 = one.parameters(0), p2 = two.parameters(0);
-  double diff = 0, norm = 0;
+  double diff = 0, moved = 0;
   for (size_t i = 0; i < p1.size(); ++i) {
     diff += (static_cast<double>(p2[i]) - p1[i]) * (static_cast<double>(p2[i]) - p1[i]);
-    norm += static_cast<double>(p1[i]) * p1[i];
+    moved += (static_cast<double>(p1[i]) - initial[i]) * (static_cast<double>(p1[i]) - initial[i]);
   }
-  // Measured 3e-8 of the parameters' norm here; 1e-6 leaves room for AdamW's division by
-  // sqrt(v), which amplifies summation-order differences where gradients are near zero.
-  CHECK(std::sqrt(diff / norm) <= 1e-6);
+  // Compared with how far the 18 steps moved the parameters: a replica with its own state or
+  // step count moves them by a different O(1) share. AdamW divides by sqrt(v), so an element
+  // whose gradient is small is updated by ~lr whatever its size, and the gradients' summation
+  // order (one batch of 50 or two of 25) decides its last bits. Measured here (norms of the
+  // differences over that of the movement): 3.5e-7 with the OpenBLAS kernels, 3.1e-3 with
+  // oneDNN's, whose weight gradients reduce over the batch in an order that depends on its
+  // size (with SGD both stay at 2e-8 of the parameters). 3e-2 is ten times the larger.
+  INFO("kernels: " << one.devices());
+  CHECK(std::sqrt(diff / moved) <= 3e-2);
 }

@@ -319,7 +319,10 @@ TEST_CASE("Synchronised batch norm: k replicas compute the step of one replica",
   // norm trained on k replicas equals one replica (with ordinary batch norm) on the whole batch,
   // up to summation order. 131 examples in batches of 64: the last step has 3 examples, so with
   // k = 4 one replica's shard is empty and it must still take part in the statistics. With
-  // per-replica statistics the same runs differ visibly (checked last).
+  // per-replica statistics the same runs differ visibly (checked last). Both layouts: the CPU
+  // backend's NHWC batch norm has its own loops.
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("layout " << dp::layout_name(layout));
   bool real = false;
   const auto data = enginetest::training_data(131, 4, &real);
   INFO((real ? "Fashion-MNIST" : "synthetic data"));
@@ -328,6 +331,7 @@ TEST_CASE("Synchronised batch norm: k replicas compute the step of one replica",
   sgd.momentum = 0.9f;
   auto one = cpu_options(1, 64, sgd);
   one.average_bn_buffers = false;
+  one.layout = layout;
   dp::Trainer reference(one, small_bn_net, data, data.head(0));
   const auto p0 = reference.parameters(0);
   const auto r1 = reference.run_epoch(1);
@@ -336,6 +340,7 @@ TEST_CASE("Synchronised batch norm: k replicas compute the step of one replica",
     INFO(k << " replicas");
     auto o = cpu_options(k, 64, sgd);
     o.sync_bn = true;
+    o.layout = layout;
     o.average_bn_buffers = false;  // synchronised: every replica's running stats already agree
     dp::Trainer t(o, small_bn_net, data, data.head(0));
     const auto r = t.run_epoch(1);
@@ -359,6 +364,7 @@ TEST_CASE("Synchronised batch norm: k replicas compute the step of one replica",
   }
   auto per_replica = cpu_options(4, 64, sgd);
   per_replica.average_bn_buffers = false;
+  per_replica.layout = layout;
   dp::Trainer t(per_replica, small_bn_net, data, data.head(0));
   t.run_epoch(1);
   CHECK(norm_relative_error(t.parameters(0), p1) > 1e-4);

@@ -272,11 +272,17 @@ TEST_CASE("PyTorch loads the checkpoints into the d2l models and gets dprun's te
   };
   // Trained far enough to be well above chance (a model that predicts one class would agree
   // whatever its weights): LeNet about 0.70 on the whole test set, ResNet-18 (width 16, so CI
-  // can afford it) about 0.48 on 500 examples.
+  // can afford it) about 0.48 on 500 examples. NHWC LeNet stores its first linear layer's
+  // columns in (H, W, C) order and its filters as PyTorch's (K, C, R, S): the checkpoint must be
+  // PyTorch's model all the same.
   const Case cases[] = {
       {"lenet",
        "model = \"lenet\"\nepochs = 2\nbatch_size = 64\nlr = 0.1\ntrain_limit = 4096\n"
        "[model.lenet]\ninit_std = 0.1\n",
+       {"--model", "lenet"}},
+      {"lenet-nhwc",
+       "model = \"lenet\"\nepochs = 2\nbatch_size = 64\nlr = 0.1\ntrain_limit = 4096\n"
+       "layout = \"nhwc\"\n[model.lenet]\ninit_std = 0.1\n",
        {"--model", "lenet"}},
       {"resnet18",
        "model = \"resnet18\"\nepochs = 2\nbatch_size = 32\nlr = 0.05\ntrain_limit = 1024\n"

@@ -201,6 +201,10 @@ TEST_CASE("command line: help, version, unknown commands and options", "[cli]") 
   r = run({"--version"}, dir.path());
   DPRUN_CHECK_EXIT(r, 0);
   CHECK(r.out.rfind("dprun ", 0) == 0);
+  // Which CPU kernels run here: oneDNN with its instruction set, or OpenBLAS with its core.
+  CHECK_THAT(r.out, Catch::Matches("(.|\n)*CPU kernels: (oneDNN [0-9.]+ [a-z0-9_]+|OpenBLAS "
+                                   "(.|\n)*)\n(.|\n)*"));
+  CHECK_THAT(r.out, Catch::Contains("CUDA backend: "));
 
   r = run({"plna", "x.toml"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
@@ -347,8 +351,9 @@ TEST_CASE("AdamW with a warm-up and a cosine schedule: every epoch's learning ra
                                 "lr_schedule = \"cosine\"\nwarmup_epochs = 1\n");
   const auto r = run({"run", file, "--db", db, "--threads", "2"}, dir.path());
   DPRUN_REQUIRE_EXIT(r, 0);
-  CHECK(sql1(db, "SELECT optimizer || ' ' || lr_schedule || ' ' || warmup_epochs || ' ' || "
-                 "status FROM trials") == "adamw cosine 1.0 done");
+  CHECK(sql1(db,
+             "SELECT optimizer || ' ' || lr_schedule || ' ' || warmup_epochs || ' ' || "
+             "status FROM trials") == "adamw cosine 1.0 done");
   const auto lrs = sql(db, "SELECT lr FROM epochs ORDER BY epoch");
   REQUIRE(lrs.size() == 3);
   // The last step of each epoch: 0.002 at the end of the warm-up, then the cosine over the 8

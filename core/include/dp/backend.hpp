@@ -338,12 +338,32 @@ class Backend {
 enum class BackendKind { cpu, cuda };
 const char* backend_kind_name(BackendKind k);
 
+/// The kernels the CPU backend computes with. onednn: oneDNN's convolutions and SGEMM, whose
+/// instruction set oneDNN picks from the CPU's cpuid features (capped by ONEDNN_MAX_CPU_ISA).
+/// blas: im2col + OpenBLAS SGEMM for the GEMM-shaped work (the earlier reference path).
+/// automatic: the DPRUN_CPU_KERNELS environment variable ("onednn" or "blas") when set, else
+/// onednn. Ops that are not GEMM-shaped are the backend's own loops in both.
+enum class CpuKernels { automatic, onednn, blas };
+const char* cpu_kernels_name(CpuKernels k);  // "automatic", "onednn", "blas"
+
 struct BackendOptions {
   BackendKind kind = BackendKind::cpu;
-  int device_index = 0;    // CUDA device ordinal (among visible devices)
-  int cpu_threads = 0;     // CPU backend: worker threads for this replica (0: all hardware threads)
+  int device_index = 0;  // CUDA device ordinal (among visible devices)
+  int cpu_threads = 0;   // CPU backend: worker threads for this replica (0: all hardware threads)
+  CpuKernels cpu_kernels = CpuKernels::automatic;  // CPU backend: see CpuKernels
   bool allow_tf32 = true;  // CUDA: tensor-core TF32 for fp32 convolutions and GEMMs
 };
+
+/// What `choice` resolves to in this process (automatic: DPRUN_CPU_KERNELS, else onednn).
+/// Throws dp::Error when DPRUN_CPU_KERNELS holds anything but "onednn" or "blas".
+CpuKernels resolve_cpu_kernels(CpuKernels choice = CpuKernels::automatic);
+
+/// The CPU kernels as they run in this process, for `dprun --version` and the record of a trial:
+/// "oneDNN 2.6.3 avx512_core_bf16" (the library's version and the instruction set its kernels
+/// use) or "OpenBLAS 0.3.21 SkylakeX" (the library's version and kernel core; loading OpenBLAS
+/// is part of the answer). Throws dp::Error like resolve_cpu_kernels, or when OpenBLAS cannot
+/// be loaded.
+std::string cpu_kernels(CpuKernels choice = CpuKernels::automatic);
 
 /// Creates a backend. Throws dp::Error when the kind is not available in this build
 /// ("dprun was built without CUDA") or the device does not exist.

@@ -1,6 +1,7 @@
 // Batch normalisation on the CPU, per channel of (N,C,H,W) or per feature of (N,C), with
 // PyTorch's semantics. Channels are independent, so they are spread over the threads; each
 // channel's sums are accumulated in double so the reference stays accurate for large N*H*W.
+// NHWC tensors go to batchnorm_nhwc_cpu.cpp.
 #include <cmath>
 #include <string>
 
@@ -11,12 +12,13 @@ namespace dp::cpu {
 
 // x (N,C,H,W); gamma, beta, running_mean, running_var (C) -> save_mean, save_invstd (C),
 // y (N,C,H,W); running stats updated in place.
-void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
-                                              const Tensor& beta, const Tensor& running_mean,
-                                              const Tensor& running_var, float momentum, float eps,
-                                              const Tensor& save_mean, const Tensor& save_invstd,
-                                              const Tensor& y) {
-  expect_nchw(x, "batchnorm_forward_train", "x");
+namespace {
+
+DP_CPU_LOOPS void batchnorm_forward_train_nchw(int threads, const Tensor& x, const Tensor& gamma,
+                                               const Tensor& beta, const Tensor& running_mean,
+                                               const Tensor& running_var, float momentum, float eps,
+                                               const Tensor& save_mean, const Tensor& save_invstd,
+                                               const Tensor& y) {
   const Dims d = dims_of(x);
   const int64_t count = d.n * d.hw();
   const float* xp = x.f32();
@@ -29,7 +31,7 @@ void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gam
   float* si = save_invstd.f32();
   const int64_t hw = d.hw();
   const int64_t chw = d.chw();
-  const int team = threads_for(count * d.c, threads_);
+  const int team = threads_for(count * d.c, threads);
 #pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t c = 0; c < d.c; ++c) {
     double sum = 0;
@@ -67,11 +69,10 @@ void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gam
 }
 
 // x (N,C,H,W); gamma, beta, running_mean, running_var (C) -> y (N,C,H,W)
-void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
-                                              const Tensor& beta, const Tensor& running_mean,
-                                              const Tensor& running_var, float eps,
-                                              const Tensor& y) {
-  expect_nchw(x, "batchnorm_forward_infer", "x");
+DP_CPU_LOOPS void batchnorm_forward_infer_nchw(int threads, const Tensor& x, const Tensor& gamma,
+                                               const Tensor& beta, const Tensor& running_mean,
+                                               const Tensor& running_var, float eps,
+                                               const Tensor& y) {
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -81,7 +82,7 @@ void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gam
   const float* rv = running_var.f32();
   const int64_t hw = d.hw();
   const int64_t chw = d.chw();
-  const int team = threads_for(d.n * chw, threads_);
+  const int team = threads_for(d.n * chw, threads);
 #pragma omp parallel for num_threads(team) schedule(static) collapse(2)
   for (int64_t n = 0; n < d.n; ++n) {
     for (int64_t c = 0; c < d.c; ++c) {
@@ -100,11 +101,10 @@ void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gam
 //   dbeta = sum dy, dgamma = sum dy * xhat,
 //   dx = gamma * invstd / m * (m * dy - dbeta - xhat * dgamma).
 // (eps is not needed: save_invstd already holds 1/sqrt(var + eps).)
-void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
-                                         const Tensor& save_mean, const Tensor& save_invstd,
-                                         float /*eps*/, const Tensor& dx, const Tensor& dgamma,
-                                         const Tensor& dbeta) {
-  expect_nchw(x, "batchnorm_backward", "x");
+DP_CPU_LOOPS void batchnorm_backward_nchw(int threads, const Tensor& x, const Tensor& dy,
+                                          const Tensor& gamma, const Tensor& save_mean,
+                                          const Tensor& save_invstd, const Tensor& dx,
+                                          const Tensor& dgamma, const Tensor& dbeta) {
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   const float* dyp = dy.f32();
@@ -117,7 +117,7 @@ void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, cons
   const int64_t hw = d.hw();
   const int64_t chw = d.chw();
   const int64_t count = d.n * hw;
-  const int team = threads_for(count * d.c, threads_);
+  const int team = threads_for(count * d.c, threads);
 #pragma omp parallel for num_threads(team) schedule(static)
   for (int64_t c = 0; c < d.c; ++c) {
     const double mean = sm[c];
@@ -150,39 +150,95 @@ void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, cons
   }
 }
 
+}  // namespace
+
+void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, const Tensor& running_mean,
+                                              const Tensor& running_var, float momentum, float eps,
+                                              const Tensor& save_mean, const Tensor& save_invstd,
+                                              const Tensor& y) {
+  if (is_nhwc(x)) {
+    batchnorm_forward_train_nhwc(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
+                                 save_mean, save_invstd, y);
+    return;
+  }
+  batchnorm_forward_train_nchw(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
+                               save_mean, save_invstd, y);
+}
+
+void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
+                                              const Tensor& beta, const Tensor& running_mean,
+                                              const Tensor& running_var, float eps,
+                                              const Tensor& y) {
+  if (is_nhwc(x)) {
+    batchnorm_forward_infer_nhwc(threads_, x, gamma, beta, running_mean, running_var, eps, y);
+    return;
+  }
+  batchnorm_forward_infer_nchw(threads_, x, gamma, beta, running_mean, running_var, eps, y);
+}
+
+void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                         const Tensor& save_mean, const Tensor& save_invstd,
+                                         float /*eps*/, const Tensor& dx, const Tensor& dgamma,
+                                         const Tensor& dbeta) {
+  if (is_nhwc(x)) {
+    batchnorm_backward_nhwc(threads_, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+    return;
+  }
+  batchnorm_backward_nchw(threads_, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+}
+
 }  // namespace dp::cpu
 
 // ---- synchronised batch norm: the pieces between the allreduces --------------------------------
 
 namespace dp::cpu {
 
-// x (N,C,H,W), mean (C) or null -> sums (C) = sum x, or sum (x - mean)^2 (double accumulation).
+namespace {
+
+// Where value i (0 <= i < H*W) of channel c of image n lies, in either layout: these ops are
+// memory-bound and run once per BN layer per step, so one strided loop serves NCHW and NHWC.
+struct ChannelAddressing {
+  int64_t image, channel, pixel;  // strides
+  explicit ChannelAddressing(const Tensor& x) {
+    const Dims d = dims_of(x);
+    image = d.chw();
+    channel = is_nhwc(x) ? 1 : d.hw();
+    pixel = is_nhwc(x) ? d.c : 1;
+  }
+  int64_t at(int64_t n, int64_t c) const { return n * image + c * channel; }
+};
+
+}  // namespace
+
+// x (N,C,H,W) or NHWC, mean (C) or null -> sums (C) = sum x, or sum (x - mean)^2 (double
+// accumulation).
 void CpuBackend::batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) {
-  expect_nchw(x, "batchnorm_sums", "x");
   const Dims d = dims_of(x);
+  const ChannelAddressing a(x);
   const float* xp = x.f32();
   const float* mp = mean != nullptr ? mean->f32() : nullptr;
   float* sp = sums.f32();
-  const int64_t hw = d.hw(), chw = d.chw();
-#pragma omp parallel for num_threads(threads_for(d.n * chw, threads_)) schedule(static)
+  const int64_t hw = d.hw(), step = a.pixel;
+#pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads_)) schedule(static)
   for (int64_t c = 0; c < d.c; ++c) {
     const double m = mp != nullptr ? mp[c] : 0.0;
     double acc = 0;
     for (int64_t n = 0; n < d.n; ++n) {
-      const float* xc = xp + n * chw + c * hw;
+      const float* xc = xp + a.at(n, c);
       if (mp == nullptr) {
 #pragma omp simd reduction(+ : acc)
-        for (int64_t i = 0; i < hw; ++i) acc += xc[i];
+        for (int64_t i = 0; i < hw; ++i) acc += xc[i * step];
       } else {
 #pragma omp simd reduction(+ : acc)
-        for (int64_t i = 0; i < hw; ++i) acc += (xc[i] - m) * (xc[i] - m);
+        for (int64_t i = 0; i < hw; ++i) acc += (xc[i * step] - m) * (xc[i * step] - m);
       }
     }
     sp[c] = static_cast<float>(acc);
   }
 }
 
-// x (N,C,H,W), the batch's mean and biased var (C) over `count` values -> y, save_mean,
+// x (N,C,H,W) or NHWC, the batch's mean and biased var (C) over `count` values -> y, save_mean,
 // save_invstd; running statistics updated (unbiased variance).
 void CpuBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma,
                                             const Tensor& beta, const Tensor& mean,
@@ -190,11 +246,11 @@ void CpuBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma
                                             const Tensor& running_var, float momentum, float eps,
                                             int64_t count, const Tensor& save_mean,
                                             const Tensor& save_invstd, const Tensor& y) {
-  expect_nchw(x, "batchnorm_apply_stats", "x");
   const Dims d = dims_of(x);
+  const ChannelAddressing a(x);
   const float* xp = x.f32();
   float* yp = y.f32();
-  const int64_t hw = d.hw(), chw = d.chw();
+  const int64_t hw = d.hw(), step = a.pixel;
   for (int64_t c = 0; c < d.c; ++c) {
     const double m = mean.f32()[c], v = var.f32()[c];
     const double invstd = 1.0 / std::sqrt(v + static_cast<double>(eps));
@@ -206,40 +262,41 @@ void CpuBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma
     rm = static_cast<float>((1.0 - momentum) * rm + momentum * m);
     rv = static_cast<float>((1.0 - momentum) * rv + momentum * unbiased);
   }
-#pragma omp parallel for num_threads(threads_for(d.n * chw, threads_)) schedule(static) collapse(2)
+#pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads_)) schedule(static) \
+    collapse(2)
   for (int64_t n = 0; n < d.n; ++n) {
     for (int64_t c = 0; c < d.c; ++c) {
       const double g = gamma.f32()[c], invstd = save_invstd.f32()[c];
       const auto scale = static_cast<float>(g * invstd);
       const auto shift = static_cast<float>(beta.f32()[c] - mean.f32()[c] * g * invstd);
-      const float* xc = xp + n * chw + c * hw;
-      float* yc = yp + n * chw + c * hw;
-      for (int64_t i = 0; i < hw; ++i) yc[i] = xc[i] * scale + shift;
+      const float* xc = xp + a.at(n, c);
+      float* yc = yp + a.at(n, c);
+      for (int64_t i = 0; i < hw; ++i) yc[i * step] = xc[i * step] * scale + shift;
     }
   }
 }
 
-// x, dy (N,C,H,W), save_mean, save_invstd (C) -> sums (2C) = [sum dy, sum dy * xhat].
+// x, dy (N,C,H,W) or NHWC, save_mean, save_invstd (C) -> sums (2C) = [sum dy, sum dy * xhat].
 void CpuBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
                                               const Tensor& save_mean, const Tensor& save_invstd,
                                               const Tensor& sums) {
-  expect_nchw(x, "batchnorm_backward_sums", "x");
   const Dims d = dims_of(x);
+  const ChannelAddressing a(x);
   const float* xp = x.f32();
   const float* dyp = dy.f32();
   float* sp = sums.f32();
-  const int64_t hw = d.hw(), chw = d.chw();
-#pragma omp parallel for num_threads(threads_for(d.n * chw, threads_)) schedule(static)
+  const int64_t hw = d.hw(), step = a.pixel;
+#pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads_)) schedule(static)
   for (int64_t c = 0; c < d.c; ++c) {
     const double mean = save_mean.f32()[c], invstd = save_invstd.f32()[c];
     double sum_dy = 0, sum_dy_xhat = 0;
     for (int64_t n = 0; n < d.n; ++n) {
-      const float* xc = xp + n * chw + c * hw;
-      const float* dyc = dyp + n * chw + c * hw;
+      const float* xc = xp + a.at(n, c);
+      const float* dyc = dyp + a.at(n, c);
 #pragma omp simd reduction(+ : sum_dy, sum_dy_xhat)
       for (int64_t i = 0; i < hw; ++i) {
-        sum_dy += dyc[i];
-        sum_dy_xhat += dyc[i] * ((xc[i] - mean) * invstd);
+        sum_dy += dyc[i * step];
+        sum_dy_xhat += dyc[i * step] * ((xc[i * step] - mean) * invstd);
       }
     }
     sp[c] = static_cast<float>(sum_dy);
@@ -252,14 +309,15 @@ void CpuBackend::batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy
                                                const Tensor& gamma, const Tensor& save_mean,
                                                const Tensor& save_invstd, const Tensor& sums,
                                                int64_t count, const Tensor& dx) {
-  expect_nchw(x, "batchnorm_backward_apply", "x");
   const Dims d = dims_of(x);
+  const ChannelAddressing a(x);
   const float* xp = x.f32();
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const float* sp = sums.f32();
-  const int64_t hw = d.hw(), chw = d.chw();
-#pragma omp parallel for num_threads(threads_for(d.n * chw, threads_)) schedule(static) collapse(2)
+  const int64_t hw = d.hw(), step = a.pixel;
+#pragma omp parallel for num_threads(threads_for(d.n* d.chw(), threads_)) schedule(static) \
+    collapse(2)
   for (int64_t n = 0; n < d.n; ++n) {
     for (int64_t c = 0; c < d.c; ++c) {
       // As batchnorm_backward_impl: the same float expressions, so one replica matches it.
@@ -270,11 +328,12 @@ void CpuBackend::batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy
       const auto xhat_scale = static_cast<float>(-k * static_cast<double>(sp[d.c + c]));
       const float mean_f = save_mean.f32()[c];
       const auto invstd_f = static_cast<float>(invstd);
-      const float* xc = xp + n * chw + c * hw;
-      const float* dyc = dyp + n * chw + c * hw;
-      float* dxc = dxp + n * chw + c * hw;
+      const float* xc = xp + a.at(n, c);
+      const float* dyc = dyp + a.at(n, c);
+      float* dxc = dxp + a.at(n, c);
       for (int64_t i = 0; i < hw; ++i)
-        dxc[i] = dy_scale * dyc[i] + offset + xhat_scale * ((xc[i] - mean_f) * invstd_f);
+        dxc[i * step] =
+            dy_scale * dyc[i * step] + offset + xhat_scale * ((xc[i * step] - mean_f) * invstd_f);
     }
   }
 }

@@ -1,7 +1,6 @@
 // CpuBackend: memory, copies, fill, the checks every op shares, and construction.
 #include "cpu/cpu_backend.hpp"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -10,14 +9,16 @@
 #include <mutex>
 #include <new>
 
+#include "cpu/conv_plans.hpp"
+#include "cpu/cpu_kernels.hpp"
+#include "cpu/onednn.hpp"
+#include "cpu/openblas.hpp"
 #include "dp/error.hpp"
 
 namespace dp::cpu {
 
 namespace {
 constexpr size_t kAlignment = 256;
-
-std::string prefix(const char* op) { return std::string("cpu backend: ") + op + ": "; }
 }  // namespace
 
 // ---- memory ------------------------------------------------------------------------------------
@@ -67,37 +68,46 @@ size_t MemoryTracker::peak() const {
   return peak_;
 }
 
-// ---- what the cpu backend does not implement ----------------------------------------------------
-
-void expect_nchw(const Tensor& t, const char* op, const char* what) {
-  if (t.layout != Layout::nchw) {
-    DP_THROW(prefix(op) + what + " has layout " + layout_name(t.layout) +
-             ", which the cpu backend does not support for " + op +
-             "; use nchw, or the cuda backend");
-  }
+void SharedScratch::reserve(size_t bytes) {
+  if (bytes <= bytes_) return;
+  void* grown = memory_->allocate(bytes);
+  memory_->release(data_);
+  data_ = grown;
+  bytes_ = bytes;
 }
 
 // ---- the backend -------------------------------------------------------------------------------
 
-CpuBackend::CpuBackend(const BackendOptions& options) : memory_(std::make_shared<MemoryTracker>()) {
+CpuBackend::CpuBackend(const BackendOptions& options)
+    : kernels_(resolve_cpu_kernels(options.cpu_kernels)),
+      memory_(std::make_shared<MemoryTracker>()) {
   DP_CHECK(options.cpu_threads >= 0,
            "cpu backend: cpu_threads must be >= 0 (0 = all hardware threads), got " +
                std::to_string(options.cpu_threads));
   threads_ = options.cpu_threads > 0 ? options.cpu_threads : omp_get_max_threads();
-  // The backend parallelises over images and rows itself (OpenMP, threads_ per replica), so
-  // every BLAS call must run on its calling thread: a multi-threaded BLAS inside those loops, or
-  // beside other replicas' threads, would oversubscribe the cores. It is also faster: a LeNet
-  // step at batch 256 on 2 cores takes 37 ms this way, 82 ms with one OpenMP thread and a
-  // 2-thread OpenBLAS (its threads do not pay off on GEMMs this small). The setting is
-  // process-wide, hence once.
-  static std::once_flag blas_single_threaded;
-  std::call_once(blas_single_threaded, [] { openblas_set_num_threads(1); });
+  // The kernels' library is loaded now, so a missing one fails here, not in the first step.
+  if (kernels_ == CpuKernels::blas) {
+    kernels_description_ = "OpenBLAS " + openblas().core;
+  } else {
+    onednn_ = std::make_shared<OnednnContext>();
+    kernels_description_ = "oneDNN " + onednn_isa();
+  }
 }
 
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::device_description() const {
-  return "CPU (" + std::to_string(threads_) + (threads_ == 1 ? " thread)" : " threads)");
+  return "CPU (" + std::to_string(threads_) + (threads_ == 1 ? " thread, " : " threads, ") +
+         kernels_description_ + ")";
+}
+
+std::shared_ptr<SharedScratch> CpuBackend::shared_scratch() {
+  std::shared_ptr<SharedScratch> scratch = shared_scratch_.lock();
+  if (!scratch) {
+    scratch = std::make_shared<SharedScratch>(memory_);
+    shared_scratch_ = scratch;
+  }
+  return scratch;
 }
 
 void* CpuBackend::allocate(size_t bytes) { return memory_->allocate(bytes); }
@@ -128,6 +138,31 @@ void CpuBackend::fill_impl(const Tensor& t, float value) {
 #pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
     for (int64_t i = 0; i < n; ++i) p[i] = v;
   }
+}
+
+// ---- convolution: the plan does the work (conv_plans.hpp) -----------------------------------
+
+std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
+  if (kernels_ == CpuKernels::onednn) {
+    std::unique_ptr<CpuConvPlan> plan =
+        make_onednn_plan(g, use, onednn_, threads_, shared_scratch(), memory_);
+    if (plan) return plan;
+  }
+  return make_im2col_plan(g, kernels_, threads_, memory_);
+}
+
+// The public ops checked that the plan is this backend's, so it is a CpuConvPlan.
+void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w,
+                                   const Tensor* b, const Tensor& y) {
+  static_cast<CpuConvPlan&>(plan).forward(x, w, b, y);
+}
+void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
+                                         const Tensor& dx) {
+  static_cast<CpuConvPlan&>(plan).backward_data(dy, w, dx);
+}
+void CpuBackend::conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
+                                           const Tensor& dw, const Tensor* db) {
+  static_cast<CpuConvPlan&>(plan).backward_filter(x, dy, dw, db);
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {

@@ -1,9 +1,11 @@
 #pragma once
 // The CPU backend: the readable reference every other backend is tested against.
-// GEMM-shaped work (convolution through im2col, linear) goes to CBLAS; the rest is plain loops
-// parallelised with OpenMP over this replica's threads. The op bodies live in one file per
+// GEMM-shaped work (convolution, linear) goes to the kernels selected by dp::CpuKernels (oneDNN,
+// or im2col + OpenBLAS); the rest is plain loops parallelised with OpenMP over this replica's
+// threads. The op bodies live in one file per
 // concern (conv_cpu.cpp, linear_cpu.cpp, batchnorm_cpu.cpp, pool_cpu.cpp, elementwise_cpu.cpp,
 // loss_cpu.cpp, data_cpu.cpp); this header holds the class and the checks they share.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -50,39 +52,62 @@ inline Dims dims_of(const Tensor& t) {
   if (t.shape.rank == 2) return Dims{t.shape[0], t.shape[1], 1, 1};
   return Dims{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
 }
-/// What the cpu backend does not implement: ops written for NCHW refuse NHWC with an error that
-/// names the op and the layout ("use nchw, or the cuda backend").
-void expect_nchw(const Tensor& t, const char* op, const char* what);
+/// The window of pooling output (op, oq) clipped to the input: rows [h0, h1), columns [w0, w1).
+struct PoolWindow {
+  int64_t h0, h1, w0, w1;
+};
+inline PoolWindow pool_window(const PoolGeometry& g, const Dims& d, int64_t op, int64_t oq) {
+  const int64_t h0 = op * g.stride_h - g.pad_h;
+  const int64_t w0 = oq * g.stride_w - g.pad_w;
+  return PoolWindow{std::max<int64_t>(h0, 0), std::min(h0 + g.kernel_h, d.h),
+                    std::max<int64_t>(w0, 0), std::min(w0 + g.kernel_w, d.w)};
+}
 
-/// Convolution scratch, allocated once by plan_conv for max_batch and the backend's thread
-/// count, so conv_forward/backward never allocate. Images are processed in chunks of
-/// `chunk` so the GEMM's N dimension (chunk * P * Q) is large enough to run near peak; each
-/// thread owns one set of buffers.
-class CpuConvPlan : public ConvPlan {
+/// True for a rank-4 activation in NHWC (a rank-2 (N, C) tensor has one layout only).
+inline bool is_nhwc(const Tensor& t) { return t.shape.rank == 4 && t.layout == Layout::nhwc; }
+
+// The NHWC versions of the pooling and batch-norm ops (pool_nhwc_cpu.cpp, batchnorm_nhwc_cpu.cpp),
+// called by the ops for NHWC tensors; arguments as the Backend ops', already checked.
+void avgpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y);
+void avgpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& dy, const Tensor& dx);
+void maxpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y);
+void maxpool_backward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                           const Tensor& dy, const Tensor& dx);
+void global_avgpool_forward_nhwc(int threads, const Tensor& x, const Tensor& y);
+void global_avgpool_backward_nhwc(int threads, const Tensor& dy, const Tensor& dx);
+void batchnorm_forward_train_nhwc(int threads, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& running_mean,
+                                  const Tensor& running_var, float momentum, float eps,
+                                  const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& y);
+void batchnorm_forward_infer_nhwc(int threads, const Tensor& x, const Tensor& gamma,
+                                  const Tensor& beta, const Tensor& running_mean,
+                                  const Tensor& running_var, float eps, const Tensor& y);
+void batchnorm_backward_nhwc(int threads, const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                             const Tensor& dgamma, const Tensor& dbeta);
+
+/// Scratch shared by all convolution plans of one backend (oneDNN's reordered arguments and
+/// scratchpads): a replica runs one op at a time, so one buffer sized for the largest pass
+/// serves them all. It grows only when a plan is made (or a pass not declared at plan time is
+/// first met); the plans keep it alive, and it is released with the last of them.
+class SharedScratch {
  public:
-  CpuConvPlan(const ConvGeometry& g, int threads, std::shared_ptr<MemoryTracker> memory);
-  ~CpuConvPlan() override;
-  CpuConvPlan(const CpuConvPlan&) = delete;
-  CpuConvPlan& operator=(const CpuConvPlan&) = delete;
-
-  int threads() const { return threads_; }
-  int64_t chunk() const { return chunk_; }
-  /// (C*R*S, chunk*P*Q): the unfolded input of one chunk.
-  float* columns(int thread) const { return columns_ + thread * columns_stride_; }
-  /// (K, chunk*P*Q): the output (forward) or output gradient (backward) of one chunk.
-  float* outputs(int thread) const { return outputs_ + thread * outputs_stride_; }
-  /// (K*C*R*S + K): this thread's partial filter and bias gradient.
-  float* filter_partial(int thread) const { return partials_ + thread * partials_stride_; }
+  explicit SharedScratch(std::shared_ptr<MemoryTracker> memory) : memory_(std::move(memory)) {}
+  ~SharedScratch() { memory_->release(data_); }
+  SharedScratch(const SharedScratch&) = delete;
+  SharedScratch& operator=(const SharedScratch&) = delete;
+  /// At least `bytes`, 256-byte aligned; the contents are not kept when it grows.
+  void reserve(size_t bytes);
+  char* data() const { return static_cast<char*>(data_); }
 
  private:
   std::shared_ptr<MemoryTracker> memory_;
-  int threads_ = 1;
-  int64_t chunk_ = 1;
-  float* columns_ = nullptr;
-  float* outputs_ = nullptr;
-  float* partials_ = nullptr;
-  int64_t columns_stride_ = 0, outputs_stride_ = 0, partials_stride_ = 0;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
 };
+
+struct OnednnContext;  // onednn.hpp: kept out of this header, which every op file includes
 
 class CpuBackend final : public Backend {
  public:
@@ -93,6 +118,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device{DeviceKind::cpu, 0}; }
   std::string device_description() const override;
   int threads() const { return threads_; }
+  CpuKernels kernels() const { return kernels_; }
 
   void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
@@ -134,10 +160,9 @@ class CpuBackend final : public Backend {
 
   void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) override;
   void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                  const Tensor& mean, const Tensor& var,
-                                  const Tensor& running_mean, const Tensor& running_var,
-                                  float momentum, float eps, int64_t count,
-                                  const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& mean, const Tensor& var, const Tensor& running_mean,
+                                  const Tensor& running_var, float momentum, float eps,
+                                  int64_t count, const Tensor& save_mean, const Tensor& save_invstd,
                                   const Tensor& y) override;
   void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
                                     const Tensor& save_invstd, const Tensor& sums) override;
@@ -173,9 +198,28 @@ class CpuBackend final : public Backend {
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
                          const Tensor& x, const Tensor& y) override;
 
+  /// The shared scratch of this backend's plans, made anew when no plan holds it.
+  std::shared_ptr<SharedScratch> shared_scratch();
+
   int threads_ = 1;
+  CpuKernels kernels_;               // resolved: onednn or blas
+  std::string kernels_description_;  // "oneDNN 2.6.3 avx512_core_bf16", "OpenBLAS 0.3.21 SkylakeX"
+  std::shared_ptr<OnednnContext> onednn_;  // with the oneDNN kernels only; plans share it
   std::shared_ptr<MemoryTracker> memory_;
+  std::weak_ptr<SharedScratch> shared_scratch_;
 };
+
+/// The backend's own loops are compiled for three instruction sets, x86-64 (SSE2), x86-64-v3
+/// (AVX2) and x86-64-v4 (AVX-512), and the dynamic loader runs the best one this CPU has (GCC's
+/// target_clones, resolved by cpuid through an ifunc): like oneDNN's kernels, they are chosen by
+/// what the CPU can do, not by the machine that built dprun. Floating-point contraction is off
+/// for libdpcore (CMake), so the versions compute the same values; only `omp simd` reductions
+/// sum in another order. Virtual functions cannot be cloned: the ops call free functions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DP_CPU_LOOPS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DP_CPU_LOOPS
+#endif
 
 /// Threads for a loop of `work` cheap elementwise operations: 1 below a size where waking the
 /// team costs more than it saves.

@@ -1,13 +1,13 @@
 // Linear layers on the CPU: SGEMMs with PyTorch's (OUT, IN) weight layout. Each GEMM is split
-// into row blocks, one per thread, with BLAS single-threaded inside each block (see
-// CpuBackend's constructor for why).
-#include <cblas.h>
+// into row blocks, one per thread, with the SGEMM single-threaded inside each block (the
+// backend threads its own loops; see sgemm in cpu_kernels.hpp).
 #include <omp.h>
 
 #include <algorithm>
 #include <string>
 
 #include "cpu/cpu_backend.hpp"
+#include "cpu/cpu_kernels.hpp"
 #include "dp/error.hpp"
 
 namespace dp::cpu {
@@ -38,10 +38,8 @@ void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Ten
     int64_t begin, end;
     split_range(d.n, omp_get_num_threads(), omp_get_thread_num(), begin, end);
     if (end > begin) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(end - begin),
-                  static_cast<int>(d.out), static_cast<int>(d.in), 1.0f, xp + begin * d.in,
-                  static_cast<int>(d.in), wp, static_cast<int>(d.in), 0.0f, yp + begin * d.out,
-                  static_cast<int>(d.out));
+      sgemm(kernels_, false, true, end - begin, d.out, d.in, 1.0f, xp + begin * d.in, d.in, wp,
+            d.in, 0.0f, yp + begin * d.out, d.out);
       if (bp) {
         for (int64_t i = begin; i < end; ++i)
           for (int64_t o = 0; o < d.out; ++o) yp[i * d.out + o] += bp[o];
@@ -69,10 +67,8 @@ void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Te
     // dw rows [begin, end) = dy[:, begin:end]^T x.
     split_range(d.out, parts, t, begin, end);
     if (end > begin) {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(end - begin),
-                  static_cast<int>(d.in), static_cast<int>(d.n), 1.0f, dyp + begin,
-                  static_cast<int>(d.out), xp, static_cast<int>(d.in), 0.0f, dwp + begin * d.in,
-                  static_cast<int>(d.in));
+      sgemm(kernels_, true, false, end - begin, d.in, d.n, 1.0f, dyp + begin, d.out, xp, d.in, 0.0f,
+            dwp + begin * d.in, d.in);
       if (dbp) {
         for (int64_t o = begin; o < end; ++o) dbp[o] = 0.0f;
         for (int64_t i = 0; i < d.n; ++i)
@@ -82,10 +78,8 @@ void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Te
     // dx rows [begin, end) = dy[begin:end] w.
     split_range(d.n, parts, t, begin, end);
     if (dxp && end > begin) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(end - begin),
-                  static_cast<int>(d.in), static_cast<int>(d.out), 1.0f, dyp + begin * d.out,
-                  static_cast<int>(d.out), wp, static_cast<int>(d.in), 0.0f, dxp + begin * d.in,
-                  static_cast<int>(d.in));
+      sgemm(kernels_, false, false, end - begin, d.in, d.out, 1.0f, dyp + begin * d.out, d.out, wp,
+            d.in, 0.0f, dxp + begin * d.in, d.in);
     }
   }
 }

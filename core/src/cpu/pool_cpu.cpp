@@ -1,5 +1,6 @@
 // Pooling on the CPU (NCHW): average, max and global average. Every (n, c) plane is independent,
 // so planes are spread over the threads; the backward passes scatter into their own plane only.
+// NHWC tensors go to pool_nhwc_cpu.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -17,22 +18,10 @@ struct PoolDims {
   int64_t p, q;
 };
 
-// The input's dims and the output size; the cpu backend's pooling is NCHW only.
-PoolDims pool_dims(const PoolGeometry& g, const Tensor& in, const char* op, const char* in_name) {
-  expect_nchw(in, op, in_name);
+// The input's dims and the output size.
+PoolDims pool_dims(const PoolGeometry& g, const Tensor& in) {
   const Dims d = dims_of(in);
   return PoolDims{d, g.out_h(d.h), g.out_w(d.w)};
-}
-
-// The window of output (op, oq), clipped to the input.
-struct Window {
-  int64_t h0, h1, w0, w1;
-};
-Window window(const PoolGeometry& g, const Dims& d, int64_t op, int64_t oq) {
-  const int64_t h0 = op * g.stride_h - g.pad_h;
-  const int64_t w0 = oq * g.stride_w - g.pad_w;
-  return Window{std::max<int64_t>(h0, 0), std::min(h0 + g.kernel_h, d.h), std::max<int64_t>(w0, 0),
-                std::min(w0 + g.kernel_w, d.w)};
 }
 
 // Windows that tile the input without overlap or padding (LeNet's 2x2 stride 2): every input
@@ -42,20 +31,30 @@ bool tiles(const PoolGeometry& g) {
   return g.stride_h == g.kernel_h && g.stride_w == g.kernel_w && g.pad_h == 0 && g.pad_w == 0;
 }
 
-}  // namespace
-
 // x (N,C,H,W) -> y (N,C,P,Q) = window sums / (kernel_h * kernel_w), padding counted.
-void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
-  const PoolDims pd = pool_dims(g, x, "avgpool_forward", "x");
+DP_CPU_LOOPS void avgpool_forward_nchw(int threads, const PoolGeometry& g, const Tensor& x,
+                                       const Tensor& y) {
+  const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
   float* yp = y.f32();
   const float inv_area = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
   const int64_t planes = d.n * d.c;
-#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xc = xp + plane * d.hw();
     float* yc = yp + plane * pd.p * pd.q;
+    if (tiles(g) && g.kernel_h == 2 && g.kernel_w == 2) {
+      // The common 2x2 window written out, so it vectorises; same summation order as below.
+      for (int64_t p = 0; p < pd.p; ++p) {
+        float* yrow = yc + p * pd.q;
+        const float* r0 = xc + 2 * p * d.w;
+        const float* r1 = r0 + d.w;
+        for (int64_t q = 0; q < pd.q; ++q)
+          yrow[q] = (((r0[2 * q] + r0[2 * q + 1]) + r1[2 * q]) + r1[2 * q + 1]) * inv_area;
+      }
+      continue;
+    }
     if (tiles(g)) {
       for (int64_t p = 0; p < pd.p; ++p) {
         float* yrow = yc + p * pd.q;
@@ -71,7 +70,7 @@ void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, co
     }
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         float sum = 0.0f;
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) sum += xc[h * d.w + w];
@@ -82,14 +81,15 @@ void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, co
 }
 
 // dy (N,C,P,Q) -> dx (N,C,H,W): each dy spread evenly over its window.
-void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
-  const PoolDims pd = pool_dims(g, dx, "avgpool_backward", "dx");
+DP_CPU_LOOPS void avgpool_backward_nchw(int threads, const PoolGeometry& g, const Tensor& dy,
+                                        const Tensor& dx) {
+  const PoolDims pd = pool_dims(g, dx);
   const Dims& d = pd.in;
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const float inv_area = 1.0f / static_cast<float>(g.kernel_h * g.kernel_w);
   const int64_t planes = d.n * d.c;
-#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     float* dxc = dxp + plane * d.hw();
     const float* dyc = dyp + plane * pd.p * pd.q;
@@ -101,9 +101,17 @@ void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, 
         int64_t covered = 0;
         if (p < pd.p) {
           const float* dyrow = dyc + p * pd.q;
-          for (int64_t q = 0; q < pd.q; ++q) {
-            const float grad = dyrow[q] * inv_area;
-            for (int64_t j = 0; j < g.kernel_w; ++j) dxrow[q * g.kernel_w + j] = grad;
+          if (g.kernel_w == 2) {  // written out, so it vectorises
+            for (int64_t q = 0; q < pd.q; ++q) {
+              const float grad = dyrow[q] * inv_area;
+              dxrow[2 * q] = grad;
+              dxrow[2 * q + 1] = grad;
+            }
+          } else {
+            for (int64_t q = 0; q < pd.q; ++q) {
+              const float grad = dyrow[q] * inv_area;
+              for (int64_t j = 0; j < g.kernel_w; ++j) dxrow[q * g.kernel_w + j] = grad;
+            }
           }
           covered = pd.q * g.kernel_w;
         }
@@ -114,7 +122,7 @@ void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, 
     std::fill(dxc, dxc + d.hw(), 0.0f);
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         const float grad = dyc[p * pd.q + q] * inv_area;
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) dxc[h * d.w + w] += grad;
@@ -124,19 +132,20 @@ void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, 
 }
 
 // x (N,C,H,W) -> y (N,C,P,Q) = window maxima (padding never wins).
-void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
-  const PoolDims pd = pool_dims(g, x, "maxpool_forward", "x");
+DP_CPU_LOOPS void maxpool_forward_nchw(int threads, const PoolGeometry& g, const Tensor& x,
+                                       const Tensor& y) {
+  const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
   float* yp = y.f32();
   const int64_t planes = d.n * d.c;
-#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xc = xp + plane * d.hw();
     float* yc = yp + plane * pd.p * pd.q;
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         float best = -std::numeric_limits<float>::infinity();
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) {
@@ -152,16 +161,16 @@ void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, co
 
 // x (N,C,H,W), y, dy (N,C,P,Q) -> dx (N,C,H,W): each dy goes to the first position of its window
 // (row-major) that holds the maximum y.
-void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
-                                       const Tensor& dy, const Tensor& dx) {
-  const PoolDims pd = pool_dims(g, x, "maxpool_backward", "x");
+DP_CPU_LOOPS void maxpool_backward_nchw(int threads, const PoolGeometry& g, const Tensor& x,
+                                        const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  const PoolDims pd = pool_dims(g, x);
   const Dims& d = pd.in;
   const float* xp = x.f32();
   const float* yp = y.f32();
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const int64_t planes = d.n * d.c;
-#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* d.hw(), threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xc = xp + plane * d.hw();
     const float* yc = yp + plane * pd.p * pd.q;
@@ -170,7 +179,7 @@ void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, c
     std::fill(dxc, dxc + d.hw(), 0.0f);
     for (int64_t p = 0; p < pd.p; ++p) {
       for (int64_t q = 0; q < pd.q; ++q) {
-        const Window win = window(g, d, p, q);
+        const PoolWindow win = pool_window(g, d, p, q);
         const float best = yc[p * pd.q + q];
         int64_t at = -1;
         for (int64_t h = win.h0; h < win.h1 && at < 0; ++h)
@@ -186,14 +195,13 @@ void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, c
 }
 
 // x (N,C,H,W) -> y (N,C,1,1) = mean over H*W.
-void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
-  expect_nchw(x, "global_avgpool_forward", "x");
+DP_CPU_LOOPS void global_avgpool_forward_nchw(int threads, const Tensor& x, const Tensor& y) {
   const Dims d = dims_of(x);
   const float* xp = x.f32();
   float* yp = y.f32();
   const int64_t planes = d.n * d.c;
   const int64_t hw = d.hw();
-#pragma omp parallel for num_threads(threads_for(planes* hw, threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* hw, threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* xc = xp + plane * hw;
     float sum = 0.0f;
@@ -204,19 +212,52 @@ void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
 }
 
 // dy (N,C,1,1) -> dx (N,C,H,W) = dy / (H*W).
-void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
-  expect_nchw(dx, "global_avgpool_backward", "dx");
+DP_CPU_LOOPS void global_avgpool_backward_nchw(int threads, const Tensor& dy, const Tensor& dx) {
   const Dims d = dims_of(dx);
   const float* dyp = dy.f32();
   float* dxp = dx.f32();
   const int64_t planes = d.n * d.c;
   const int64_t hw = d.hw();
-#pragma omp parallel for num_threads(threads_for(planes* hw, threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(planes* hw, threads)) schedule(static)
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float grad = dyp[plane] / static_cast<float>(hw);
     float* dxc = dxp + plane * hw;
     for (int64_t i = 0; i < hw; ++i) dxc[i] = grad;
   }
+}
+
+}  // namespace
+
+// The ops: NHWC tensors go to pool_nhwc_cpu.cpp, NCHW ones to the loops above.
+void CpuBackend::avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  if (is_nhwc(x)) return avgpool_forward_nhwc(threads_, g, x, y);
+  avgpool_forward_nchw(threads_, g, x, y);
+}
+
+void CpuBackend::avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
+  if (is_nhwc(dx)) return avgpool_backward_nhwc(threads_, g, dy, dx);
+  avgpool_backward_nchw(threads_, g, dy, dx);
+}
+
+void CpuBackend::maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  if (is_nhwc(x)) return maxpool_forward_nhwc(threads_, g, x, y);
+  maxpool_forward_nchw(threads_, g, x, y);
+}
+
+void CpuBackend::maxpool_backward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                                       const Tensor& dy, const Tensor& dx) {
+  if (is_nhwc(x)) return maxpool_backward_nhwc(threads_, g, x, y, dy, dx);
+  maxpool_backward_nchw(threads_, g, x, y, dy, dx);
+}
+
+void CpuBackend::global_avgpool_forward_impl(const Tensor& x, const Tensor& y) {
+  if (is_nhwc(x)) return global_avgpool_forward_nhwc(threads_, x, y);
+  global_avgpool_forward_nchw(threads_, x, y);
+}
+
+void CpuBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) {
+  if (is_nhwc(dx)) return global_avgpool_backward_nhwc(threads_, dy, dx);
+  global_avgpool_backward_nchw(threads_, dy, dx);
 }
 
 }  // namespace dp::cpu

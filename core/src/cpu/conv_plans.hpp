@@ -1,0 +1,42 @@
+#pragma once
+// The CPU backend's convolution plans: one interface, two implementations.
+//   im2col   (conv_cpu.cpp)     im2col + SGEMM, every layout and kernel selection: the readable
+//                               reference, and the fastest where oneDNN's primitives are not.
+//   oneDNN   (conv_onednn.cpp)  oneDNN convolution primitives, created at plan time.
+// CpuBackend::plan_conv_impl asks make_onednn_plan first (oneDNN kernels only) and falls back
+// to im2col when it declines.
+#include <memory>
+
+#include "cpu/cpu_backend.hpp"
+#include "dp/backend.hpp"
+
+namespace dp::cpu {
+
+struct OnednnContext;
+
+/// A convolution plan of the cpu backend. The passes are dp::Backend's convolution ops, called
+/// after their checks (shapes, layouts, 1 <= N <= max_batch).
+class CpuConvPlan : public ConvPlan {
+ public:
+  using ConvPlan::ConvPlan;
+  /// x (N,C,H,W), w (K,C,R,S), b (K) or null -> y (N,K,P,Q)
+  virtual void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) = 0;
+  /// dy (N,K,P,Q), w (K,C,R,S) -> dx (N,C,H,W)
+  virtual void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) = 0;
+  /// x (N,C,H,W), dy (N,K,P,Q) -> dw (K,C,R,S), db (K) or null
+  virtual void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
+                               const Tensor* db) = 0;
+};
+
+/// im2col + SGEMM (`kernels` picks the SGEMM); scratch for `threads` threads from `memory`.
+std::unique_ptr<CpuConvPlan> make_im2col_plan(const ConvGeometry& g, CpuKernels kernels,
+                                              int threads, std::shared_ptr<MemoryTracker> memory);
+
+/// oneDNN primitives for every pass and batch size `use` declares; nullptr when im2col is the
+/// faster formulation for this geometry (see conv_onednn.cpp).
+std::unique_ptr<CpuConvPlan> make_onednn_plan(const ConvGeometry& g, const ConvUse& use,
+                                              std::shared_ptr<OnednnContext> context, int threads,
+                                              std::shared_ptr<SharedScratch> scratch,
+                                              std::shared_ptr<MemoryTracker> memory);
+
+}  // namespace dp::cpu

@@ -1,0 +1,415 @@
+// CPU backend convolution: every pass against naive double-precision loops and central
+// differences, for both kernel selections (oneDNN, im2col + OpenBLAS) and both layouts (NCHW,
+// NHWC). With the oneDNN kernels the formulation follows the channels: multiples of 16 run
+// oneDNN's blocked formats, other NHWC cases its NHWC kernels, other NCHW cases im2col with
+// oneDNN's SGEMM, so the cases below reach each. Plus what the backend promises around the
+// passes: batch sizes prepared at plan time, plans made on one thread and run on others.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dp/backend.hpp"
+#include "support/check.hpp"
+#include "test_cpu_util.hpp"
+
+using namespace cputest;
+using dptest::host_tensor;
+using dptest::random_vector;
+
+namespace {
+
+struct ConvCase {
+  const char* name;
+  int64_t n, c, h, w, k, r, s, sh, sw, ph, pw;
+  int64_t max_batch = 0;  // 0: n
+  int64_t p() const { return (h + 2 * ph - r) / sh + 1; }
+  int64_t q() const { return (w + 2 * pw - s) / sw + 1; }
+  dp::ConvGeometry geometry(dp::Layout layout = dp::Layout::nchw) const {
+    dp::ConvGeometry g;
+    g.max_batch = max_batch ? max_batch : n;
+    g.in_channels = c;
+    g.in_h = h;
+    g.in_w = w;
+    g.out_channels = k;
+    g.kernel_h = r;
+    g.kernel_w = s;
+    g.stride_h = sh;
+    g.stride_w = sw;
+    g.pad_h = ph;
+    g.pad_w = pw;
+    g.layout = layout;
+    return g;
+  }
+};
+
+// Every case has odd or unequal sizes somewhere; one runs fewer images than planned.
+const std::vector<ConvCase> kConvCases = {
+    {"3x3 pad 1, odd sizes", 3, 5, 7, 9, 4, 3, 3, 1, 1, 1, 1},
+    {"3x3 stride 2 pad 1 (ResNet downsampling)", 2, 3, 9, 8, 4, 3, 3, 2, 2, 1, 1},
+    {"3x2 kernel, stride 2x1, pad 1x0", 2, 3, 8, 7, 6, 3, 2, 2, 1, 1, 0},
+    {"1x1 stride 2, batch 1", 1, 2, 5, 5, 3, 1, 1, 2, 2, 0, 0},
+    {"4x4 stride 3 pad 2", 2, 2, 10, 11, 2, 4, 4, 3, 3, 2, 2},
+    {"5x5 valid, planned for 7 run with 5", 5, 4, 9, 8, 3, 5, 5, 1, 1, 0, 0, 7},
+    {"16->16 3x3 pad 1 (whole channel blocks)", 2, 16, 5, 6, 16, 3, 3, 1, 1, 1, 1},
+    {"32->16 1x1 stride 2 (a ResNet shortcut)", 2, 32, 7, 7, 16, 1, 1, 2, 2, 0, 0},
+    {"16->16 3x3 stride 2 pad 1, batch 1 of 3", 1, 16, 9, 8, 16, 3, 3, 2, 2, 1, 1, 3},
+    {"1->16 3x3 pad 1 (a stem)", 3, 1, 8, 8, 16, 3, 3, 1, 1, 1, 1},
+};
+
+// Tolerance of a forward pass against the double loops (relative, scaled by max(|a|, |b|, 1)):
+// fp32 sums of up to C*R*S = 144 products of O(1) values stay within 1e-6 whatever order a
+// kernel sums in, but oneDNN's Winograd F(4x4, 3x3) (3x3 stride-1 convolutions with whole
+// channel blocks) also rounds in its input and output transforms: measured up to 1.0e-5 here.
+// A wrong pass is off by O(1).
+constexpr double kForwardTolerance = 3e-5;
+
+// Random inputs of one case: x (N,C,H,W), w (K,C,R,S) in [-w_range, w_range), b (K) and
+// dy (N,K,P,Q), from seeds seed..seed+3.
+struct ConvData {
+  fvec x, w, b, dy;
+};
+ConvData conv_data(const ConvCase& cc, uint64_t seed, float w_range = 1.0f) {
+  return ConvData{random_vector(cc.n * cc.c * cc.h * cc.w, seed),
+                  random_vector(cc.k * cc.c * cc.r * cc.s, seed + 1, -w_range, w_range),
+                  random_vector(cc.k, seed + 2),
+                  random_vector(cc.n * cc.k * cc.p() * cc.q(), seed + 3)};
+}
+
+// y[n][k][p][q] = b[k] + sum_{c,r,s} x[n][c][p*sh-ph+r][q*sw-pw+s] * w[k][c][r][s]
+dvec conv_ref(const ConvCase& cc, const fvec& x, const fvec& w, const fvec* b) {
+  const int64_t P = cc.p(), Q = cc.q();
+  dvec y(static_cast<size_t>(cc.n * cc.k * P * Q));
+  for (int64_t n = 0; n < cc.n; ++n)
+    for (int64_t k = 0; k < cc.k; ++k)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) {
+          double sum = b ? (*b)[static_cast<size_t>(k)] : 0.0;
+          for (int64_t c = 0; c < cc.c; ++c)
+            for (int64_t r = 0; r < cc.r; ++r)
+              for (int64_t s = 0; s < cc.s; ++s) {
+                const int64_t ih = p * cc.sh - cc.ph + r, iw = q * cc.sw - cc.pw + s;
+                if (ih < 0 || ih >= cc.h || iw < 0 || iw >= cc.w) continue;
+                sum += static_cast<double>(
+                           x[static_cast<size_t>(((n * cc.c + c) * cc.h + ih) * cc.w + iw)]) *
+                       w[static_cast<size_t>(((k * cc.c + c) * cc.r + r) * cc.s + s)];
+              }
+          y[static_cast<size_t>(((n * cc.k + k) * P + p) * Q + q)] = sum;
+        }
+  return y;
+}
+
+// The adjoints of conv_ref: dx = d(sum y*dy)/dx, dw likewise, db = sum dy.
+void conv_ref_grads(const ConvCase& cc, const fvec& x, const fvec& w, const fvec& dy, dvec& dx,
+                    dvec& dw, dvec& db) {
+  const int64_t P = cc.p(), Q = cc.q();
+  dx.assign(x.size(), 0.0);
+  dw.assign(w.size(), 0.0);
+  db.assign(static_cast<size_t>(cc.k), 0.0);
+  for (int64_t n = 0; n < cc.n; ++n)
+    for (int64_t k = 0; k < cc.k; ++k)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) {
+          const double g = dy[static_cast<size_t>(((n * cc.k + k) * P + p) * Q + q)];
+          db[static_cast<size_t>(k)] += g;
+          for (int64_t c = 0; c < cc.c; ++c)
+            for (int64_t r = 0; r < cc.r; ++r)
+              for (int64_t s = 0; s < cc.s; ++s) {
+                const int64_t ih = p * cc.sh - cc.ph + r, iw = q * cc.sw - cc.pw + s;
+                if (ih < 0 || ih >= cc.h || iw < 0 || iw >= cc.w) continue;
+                const auto xi = static_cast<size_t>(((n * cc.c + c) * cc.h + ih) * cc.w + iw);
+                const auto wi = static_cast<size_t>(((k * cc.c + c) * cc.r + r) * cc.s + s);
+                dx[xi] += g * w[wi];
+                dw[wi] += g * x[xi];
+              }
+        }
+}
+
+// The passes of one case on one backend with activations in `layout`; every array in and out is
+// in NCHW order (the conversions are the test's, so the references stay NCHW loops).
+struct ConvRunner {
+  dp::Backend& backend;
+  const ConvCase& cc;
+  dp::Layout layout;
+  std::unique_ptr<dp::ConvPlan> plan;
+
+  ConvRunner(dp::Backend& b, const ConvCase& c, dp::Layout l, const dp::ConvUse& use = {})
+      : backend(b), cc(c), layout(l), plan(b.plan_conv(c.geometry(l), use)) {}
+
+  dp::Shape xs(int64_t n) const { return {n, cc.c, cc.h, cc.w}; }
+  dp::Shape ys(int64_t n) const { return {n, cc.k, cc.p(), cc.q()}; }
+  dp::Shape ws() const { return {cc.k, cc.c, cc.r, cc.s}; }
+  fvec in_x(const fvec& v, int64_t n) const { return to_layout(v, layout, n, cc.c, cc.h, cc.w); }
+  fvec in_y(const fvec& v, int64_t n) const {
+    return to_layout(v, layout, n, cc.k, cc.p(), cc.q());
+  }
+
+  fvec forward(const fvec& x, const fvec& w, const fvec* b, int64_t n) const {
+    fvec xl = in_x(x, n), wa = w, y(static_cast<size_t>(n * cc.k * cc.p() * cc.q()), -7.0f);
+    fvec ba = b ? *b : fvec();
+    const dp::Tensor bt = b ? host_tensor(ba, {cc.k}) : dp::Tensor();
+    backend.conv_forward(*plan, host_tensor(xl, xs(n), layout), host_tensor(wa, ws()),
+                         b ? &bt : nullptr, host_tensor(y, ys(n), layout));
+    return from_layout(y, layout, n, cc.k, cc.p(), cc.q());
+  }
+  fvec forward(const fvec& x, const fvec& w, const fvec* b) const { return forward(x, w, b, cc.n); }
+
+  fvec backward_data(const fvec& dy, const fvec& w) const {
+    fvec dyl = in_y(dy, cc.n), wa = w, dx(static_cast<size_t>(cc.n * cc.c * cc.h * cc.w), 5.0f);
+    backend.conv_backward_data(*plan, host_tensor(dyl, ys(cc.n), layout), host_tensor(wa, ws()),
+                               host_tensor(dx, xs(cc.n), layout));
+    return from_layout(dx, layout, cc.n, cc.c, cc.h, cc.w);
+  }
+
+  // dw, and db unless null; both overwritten.
+  void backward_filter(const fvec& x, const fvec& dy, fvec& dw, fvec* db) const {
+    fvec xl = in_x(x, cc.n), dyl = in_y(dy, cc.n);
+    dw.assign(static_cast<size_t>(cc.k * cc.c * cc.r * cc.s), 5.0f);
+    if (db) db->assign(static_cast<size_t>(cc.k), 5.0f);
+    const auto dbt = db ? host_tensor(*db, {cc.k}) : dp::Tensor();
+    backend.conv_backward_filter(*plan, host_tensor(xl, xs(cc.n), layout),
+                                 host_tensor(dyl, ys(cc.n), layout), host_tensor(dw, ws()),
+                                 db ? &dbt : nullptr);
+  }
+};
+
+const char* name_of(dp::Layout l) { return dp::layout_name(l); }
+
+}  // namespace
+
+TEST_CASE("cpu conv forward matches a naive reference", "[cpu][ops]") {
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("kernels " << dp::cpu_kernels_name(kernels) << ", layout " << name_of(layout));
+  auto backend = make_cpu(2, kernels);
+  for (const ConvCase& cc : kConvCases) {
+    SECTION(cc.name) {
+      const auto [x, w, b, dy] = conv_data(cc, 1);
+      const ConvRunner run(*backend, cc, layout);
+      check_close(run.forward(x, w, &b), conv_ref(cc, x, w, &b), kForwardTolerance);
+      check_close(run.forward(x, w, nullptr), conv_ref(cc, x, w, nullptr), kForwardTolerance);
+    }
+  }
+}
+
+TEST_CASE("cpu conv backward: data, filter and bias gradients", "[cpu][ops]") {
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("kernels " << dp::cpu_kernels_name(kernels) << ", layout " << name_of(layout));
+  auto backend = make_cpu(2, kernels);
+  for (const ConvCase& cc : kConvCases) {
+    SECTION(cc.name) {
+      const auto [x, w, b, r] = conv_data(cc, 21);  // r: the loss weights = dy
+      const ConvRunner run(*backend, cc, layout);
+      const fvec dx = run.backward_data(r, w);
+      fvec dw, db;
+      run.backward_filter(x, r, dw, &db);
+      // Analytic vs a double reference of the gradient: 1e-4 (the filter gradient sums
+      // N*P*Q = up to 192 products per element, dx up to K*R*S = 288).
+      dvec dx_ref, dw_ref, db_ref;
+      conv_ref_grads(cc, x, w, r, dx_ref, dw_ref, db_ref);
+      check_close(dx, dx_ref, 1e-4);
+      check_close(dw, dw_ref, 1e-4);
+      check_close(db, db_ref, 1e-4);
+      // Analytic vs finite differences of the forward (step 1e-2, relative 1e-2).
+      check_finite_differences([&](const fvec& v) { return run.forward(v, w, &b); }, x, r, dx);
+      check_finite_differences([&](const fvec& v) { return run.forward(x, v, &b); }, w, r, dw);
+      check_finite_differences([&](const fvec& v) { return run.forward(x, w, &v); }, b, r, db);
+      // Without a bias gradient the filter gradient is the same.
+      fvec dw2;
+      run.backward_filter(x, r, dw2, nullptr);
+      CHECK(dw2 == dw);
+    }
+  }
+}
+
+TEST_CASE("cpu conv LeNet conv2 shape, many chunks and threads", "[cpu][ops]") {
+  // conv 20 -> 50, 5x5 on 13x13: the shape the speed work targets; 37 images are several
+  // chunks with a partial last one, on 1 and 2 threads.
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("kernels " << dp::cpu_kernels_name(kernels) << ", layout " << name_of(layout));
+  const ConvCase cc{"lenet conv2", 37, 20, 13, 13, 50, 5, 5, 1, 1, 0, 0, 64};
+  const auto [x, w, b, dy] = conv_data(cc, 11, 0.1f);
+  const dvec expected = conv_ref(cc, x, w, &b);
+  dvec dx_ref, dw_ref, db_ref;
+  conv_ref_grads(cc, x, w, dy, dx_ref, dw_ref, db_ref);
+  for (int threads : {1, 2}) {
+    INFO("threads " << threads);
+    auto backend = make_cpu(threads, kernels);
+    const ConvRunner run(*backend, cc, layout);
+    const size_t memory_before = backend->memory_in_use();
+    const fvec y = run.forward(x, w, &b);
+    const fvec dx = run.backward_data(dy, w);
+    fvec dw, db;
+    run.backward_filter(x, dy, dw, &db);
+    // Scratch comes from the plan (the test's own tensors are host vectors).
+    CHECK(backend->memory_in_use() == memory_before);
+    // Sums of 500 (forward) to 37*81 = 2997 (filter gradient) fp32 products: 1e-4 relative.
+    check_close(y, expected, 1e-4);
+    check_close(dx, dx_ref, 1e-4);
+    check_close(dw, dw_ref, 1e-4);
+    check_close(db, db_ref, 1e-4);
+  }
+}
+
+TEST_CASE("cpu conv prepares declared batch sizes at plan time, others on first use",
+          "[cpu][ops]") {
+  // The trainer declares every batch size an epoch runs; a pass of those must not allocate
+  // (nor create oneDNN primitives) in the step loop. A size nobody declared still works.
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("kernels " << dp::cpu_kernels_name(kernels) << ", layout " << name_of(layout));
+  auto backend = make_cpu(2, kernels);
+  for (const ConvCase& base : {kConvCases[6], kConvCases[0]}) {  // blocked, and odd channels
+    INFO(base.name);
+    ConvCase cc = base;
+    cc.max_batch = 7;
+    dp::ConvUse use;
+    use.train_batches = {5, 3};
+    use.infer_batches = {7};
+    const ConvRunner run(*backend, cc, layout, use);
+    const size_t in_use = backend->memory_in_use(), peak = backend->peak_memory();
+    const fvec w = random_vector(cc.k * cc.c * cc.r * cc.s, 32);
+    for (int64_t n : {5, 3, 7}) {
+      ConvCase at = cc;
+      at.n = n;
+      const fvec x = random_vector(n * cc.c * cc.h * cc.w, 31);
+      check_close(run.forward(x, w, nullptr, n), conv_ref(at, x, w, nullptr), kForwardTolerance);
+    }
+    for (int64_t n : {5, 3}) {
+      fvec x = random_vector(n * cc.c * cc.h * cc.w, 33);
+      fvec dy = random_vector(n * cc.k * cc.p() * cc.q(), 34);
+      fvec wa = w, dx(x.size()), dw(w.size());
+      backend->conv_backward_data(*run.plan, host_tensor(dy, run.ys(n), layout),
+                                  host_tensor(wa, run.ws()), host_tensor(dx, run.xs(n), layout));
+      backend->conv_backward_filter(*run.plan, host_tensor(x, run.xs(n), layout),
+                                    host_tensor(dy, run.ys(n), layout), host_tensor(dw, run.ws()),
+                                    nullptr);
+    }
+    CHECK(backend->memory_in_use() == in_use);
+    CHECK(backend->peak_memory() == peak);
+    // Batch 2 was not declared: prepared now, and right.
+    ConvCase two = cc;
+    two.n = 2;
+    const fvec x2 = random_vector(2 * cc.c * cc.h * cc.w, 35);
+    check_close(run.forward(x2, w, nullptr, 2), conv_ref(two, x2, w, nullptr), kForwardTolerance);
+  }
+}
+
+TEST_CASE("cpu conv plans made on one thread run on the replicas' threads", "[cpu][ops]") {
+  // The trainer makes plans on a setup thread and runs each replica on its own thread (a new
+  // one every epoch), several replicas at once; oneDNN primitives and scratch must not be tied
+  // to the thread that created them, nor shared between backends.
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
+  INFO("kernels " << dp::cpu_kernels_name(kernels));
+  const ConvCase cc = kConvCases[6];
+  const ConvData data = conv_data(cc, 41);
+  const fvec &x = data.x, &w = data.w, &dy = data.dy;
+  const dvec y_ref = conv_ref(cc, x, w, nullptr);
+  dvec dx_ref, dw_ref, db_ref;
+  conv_ref_grads(cc, x, w, dy, dx_ref, dw_ref, db_ref);
+  auto first = make_cpu(2, kernels), second = make_cpu(1, kernels);
+  const ConvRunner in_nchw(*first, cc, dp::Layout::nchw), in_nhwc(*second, cc, dp::Layout::nhwc);
+  std::vector<fvec> results(6);
+  auto replica = [&](const ConvRunner& run, size_t slot) {
+    for (int step = 0; step < 3; ++step) {
+      results[slot] = run.forward(x, w, nullptr);
+      results[slot + 1] = run.backward_data(dy, w);
+      fvec db;
+      run.backward_filter(x, dy, results[slot + 2], &db);
+    }
+  };
+  for (int epoch = 0; epoch < 2; ++epoch) {  // fresh threads each time, as the trainer's
+    std::thread ta(replica, std::cref(in_nchw), 0), tb(replica, std::cref(in_nhwc), 3);
+    ta.join();
+    tb.join();
+    for (size_t slot : {size_t{0}, size_t{3}}) {
+      check_close(results[slot], y_ref, kForwardTolerance);
+      check_close(results[slot + 1], dx_ref, 1e-4);
+      check_close(results[slot + 2], dw_ref, 1e-4);
+    }
+  }
+}
+
+TEST_CASE("cpu conv: every oneDNN formulation agrees with the reference", "[cpu][ops]") {
+  // DPRUN_ONEDNN_CONV forces one formulation (im2col; native: the tensors' layout; nhwc:
+  // activations reordered to NHWC; blocked: oneDNN's formats; winograd: those with Winograd's
+  // algorithm where oneDNN has it) on every pass instead of the one chosen per pass; each must
+  // be right on cases that would choose another.
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  const std::string formulation = GENERATE("im2col", "native", "nhwc", "blocked", "winograd");
+  INFO("formulation " << formulation << ", layout " << name_of(layout));
+  for (const ConvCase& cc : {kConvCases[1], kConvCases[6], kConvCases[9]}) {
+    INFO(cc.name);
+    setenv("DPRUN_ONEDNN_CONV", formulation.c_str(), 1);
+    auto backend = make_cpu(2, dp::CpuKernels::onednn);
+    const ConvRunner run(*backend, cc, layout);
+    unsetenv("DPRUN_ONEDNN_CONV");  // read when the plan is made
+    const auto [x, w, b, dy] = conv_data(cc, 51);
+    dvec dx_ref, dw_ref, db_ref;
+    conv_ref_grads(cc, x, w, dy, dx_ref, dw_ref, db_ref);
+    check_close(run.forward(x, w, &b), conv_ref(cc, x, w, &b), kForwardTolerance);
+    check_close(run.backward_data(dy, w), dx_ref, 1e-4);
+    fvec dw, db;
+    run.backward_filter(x, dy, dw, &db);
+    check_close(dw, dw_ref, 1e-4);
+    check_close(db, db_ref, 1e-4);
+  }
+  setenv("DPRUN_ONEDNN_CONV", "fft", 1);
+  auto backend = make_cpu(1, dp::CpuKernels::onednn);
+  check_error_mentions([&] { backend->plan_conv(kConvCases[0].geometry()); },
+                       {"DPRUN_ONEDNN_CONV=fft", "im2col, native, nhwc, blocked or winograd"});
+  unsetenv("DPRUN_ONEDNN_CONV");
+}
+
+TEST_CASE("cpu conv rejects bad shapes, layouts and dtypes with clear errors", "[cpu][ops]") {
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
+  INFO("kernels " << dp::cpu_kernels_name(kernels));
+  auto backend = make_cpu(2, kernels);
+  const ConvCase cc = kConvCases[0];
+  auto plan = backend->plan_conv(cc.geometry());
+  fvec x(static_cast<size_t>(cc.n * cc.c * cc.h * cc.w)), w(static_cast<size_t>(cc.k * 45)),
+      y(static_cast<size_t>(cc.n * cc.k * cc.p() * cc.q()));
+  auto wrong_w = host_tensor(w, {cc.k, cc.c, 3, 3});
+  wrong_w.shape = dp::Shape{cc.k, cc.c, 5, 1};
+  check_error_mentions(
+      [&] {
+        backend->conv_forward(*plan, host_tensor(x, {cc.n, cc.c, cc.h, cc.w}), wrong_w, nullptr,
+                              host_tensor(y, {cc.n, cc.k, cc.p(), cc.q()}));
+      },
+      {"conv_forward", "w", "(4, 5, 5, 1)"});
+  // x in NHWC for an NCHW plan.
+  check_error_mentions(
+      [&] {
+        backend->conv_forward(*plan, host_tensor(x, {cc.n, cc.c, cc.h, cc.w}, dp::Layout::nhwc),
+                              host_tensor(w, {cc.k, cc.c, 3, 3}), nullptr,
+                              host_tensor(y, {cc.n, cc.k, cc.p(), cc.q()}));
+      },
+      {"conv_forward", "nhwc"});
+  dp::ConvGeometry bf16 = cc.geometry();
+  bf16.dtype = dp::DType::bf16;
+  check_error_mentions([&] { backend->plan_conv(bf16); }, {"plan_conv", "bf16", "use f32"});
+  // Outputs without memory are errors that name the argument, not a crash.
+  const dp::Tensor no_memory(nullptr, {cc.n, cc.k, cc.p(), cc.q()});
+  check_error_mentions(
+      [&] {
+        backend->conv_forward(*plan, host_tensor(x, {cc.n, cc.c, cc.h, cc.w}),
+                              host_tensor(w, {cc.k, cc.c, 3, 3}), nullptr, no_memory);
+      },
+      {"conv_forward", "y", "null"});
+  check_error_mentions(
+      [&] {
+        backend->conv_backward_data(*plan, host_tensor(y, {cc.n, cc.k, cc.p(), cc.q()}),
+                                    host_tensor(w, {cc.k, cc.c, 3, 3}),
+                                    dp::Tensor(nullptr, {cc.n, cc.c, cc.h, cc.w}));
+      },
+      {"conv_backward_data", "dx", "null"});
+  check_error_mentions(
+      [&] {
+        backend->conv_backward_filter(*plan, host_tensor(x, {cc.n, cc.c, cc.h, cc.w}), no_memory,
+                                      host_tensor(w, {cc.k, cc.c, 3, 3}), nullptr);
+      },
+      {"conv_backward_filter", "dy", "null"});
+}
