@@ -78,6 +78,16 @@ std::string resolve_checkpoint_path(const std::string& db_path, const std::strin
   return (db_folder(db_path) / p).lexically_normal().string();
 }
 
+std::string rebase_checkpoint_path(const std::string& from_db, const std::string& stored,
+                                   const std::string& to_db) {
+  const fs::path file(resolve_checkpoint_path(from_db, stored));
+  const fs::path relative = file.lexically_relative(db_folder(to_db));
+  int up = 0;
+  for (const auto& part : relative) up += part == "..";
+  if (relative.empty() || up > 2) return file.string();
+  return relative.string();
+}
+
 std::string checkpoint_file_sha256(const std::string& path) {
   return dps::sha256_hex(read_bytes(path));
 }
@@ -161,8 +171,8 @@ void load_resume_point(dp::Trainer& trainer, const ResumePoint& resume, dp::Proc
       group->broadcast(optimizer_bytes, 0);
     }
   }
-  if (!problem.empty()) throw dp::Error("cannot resume from epoch " +
-                                        std::to_string(resume.epoch) + ": " + problem);
+  if (!problem.empty())
+    throw dp::Error("cannot resume from epoch " + std::to_string(resume.epoch) + ": " + problem);
   try {
     const dp::SafeTensorsFile model = dp::decode_safetensors(model_bytes, resume.model_path);
     const dp::SafeTensorsFile optimizer =

@@ -34,6 +34,12 @@ std::string trial_checkpoint_dir(const std::string& db_path, int64_t trial_id);
 std::string stored_checkpoint_path(const std::string& db_path, const std::string& absolute);
 /// The file a recorded path names (absolute).
 std::string resolve_checkpoint_path(const std::string& db_path, const std::string& stored);
+/// A path recorded in database `from_db`, as database `to_db` records the same file: relative
+/// to its folder when the file is at most two folders above it (a Slurm task's database, in
+/// results/NAME.tasks/s0001/, names the experiment's checkpoints as ../../NAME.checkpoints/...,
+/// which holds wherever the shared file system is mounted), else absolute.
+std::string rebase_checkpoint_path(const std::string& from_db, const std::string& stored,
+                                   const std::string& to_db);
 
 /// Hex sha256 of a file's bytes; throws dp::Error naming the file when it cannot be read.
 std::string checkpoint_file_sha256(const std::string& path);

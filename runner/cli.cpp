@@ -23,6 +23,7 @@
 #include "report.hpp"
 #include "scheduler.hpp"
 #include "settings.hpp"
+#include "slurm_task.hpp"
 #include "suggest.hpp"
 #include "sweep_runner.hpp"
 #include "trial_main.hpp"
@@ -85,6 +86,13 @@ Args parse_args(const Command& cmd, const std::vector<std::string>& argv) {
       throw UsageError("unknown option " + name + " for 'dprun " + cmd.name + "'" +
                        (hint.empty() ? "" : "; did you mean " + hint + "?") + " (see dprun " +
                        cmd.name + " --help)");
+    }
+    if (opt->metavar == kRestMetavar) {
+      // Everything after it belongs to another program (submit --slurm: sbatch's options).
+      auto& rest = args.values[opt->name];
+      if (has_value) rest.push_back(value);
+      rest.insert(rest.end(), argv.begin() + static_cast<std::ptrdiff_t>(i) + 1, argv.end());
+      break;
     }
     if (opt->metavar.empty()) {
       if (has_value) throw UsageError(opt->name + " takes no value");
@@ -235,6 +243,68 @@ const std::vector<Command>& commands() {
        "trial_summary\"\n",
        false,
        export_command},
+      {"submit",
+       "run an experiment file on a Slurm cluster: one job array, a task per trial",
+       "dprun submit FILE.toml [options] [--slurm [sbatch options]]",
+       "Submits the trials a run would run (new, failed, interrupted, ... see dprun plan) to\n"
+       "Slurm as one job array per resource shape, each task running one trial into its own\n"
+       "database in <database>.tasks/sNNNN/ (SQLite is never shared across hosts). dprun status\n"
+       "follows the array; dprun merge (and status, report, run) folds what the tasks wrote into\n"
+       "the experiment's database. Submitting the same file again submits only the trials not\n"
+       "done, and failed or interrupted ones resume from their last checkpoint.",
+       {kDbOpt,
+        kBackendOpt,
+        {"--dry-run", "", "print the plan and the sbatch commands, submit nothing"},
+        kRerunOpt,
+        kRestartOpt,
+        kFilterOpt,
+        kPluginsOpt,
+        kForceOpt,
+        {"--max-parallel", "N",
+         "at most N tasks of the array at once (sbatch --array=...%N; default: "
+         "[launch.slurm].max_parallel, else no cap)"},
+        {"--threads", "N", "CPU threads per trial (default: the CPUs Slurm gives the task)"},
+        {"--oversubscribe", "",
+         "let CUDA replicas share GPUs when a trial wants more than the task has"},
+        {"--launcher", "mpirun|srun",
+         "start trials of several processes with this (default: srun, inside the task's "
+         "allocation)"},
+        {"--launch-arg", "ARG", "one more launcher argument (after [launch].args); repeatable"},
+        {"--trial-timeout", "SECONDS", "kill a trial that runs longer and record it failed"},
+        {"--verbose", "", "show the output of the trial processes in the tasks' output"},
+        {"--slurm", kRestMetavar,
+         "submit to Slurm; every argument after it is passed to sbatch (after [launch.slurm])"}},
+       "Each task asks for --ntasks=processes, --gpus-per-task=gpus/processes (on the CPU backend\n"
+       "--cpus-per-task=gpus/processes instead), and what [launch.slurm] gives: partition, time,\n"
+       "account, qos, mem, cpus_per_task, max_parallel, gpus_as (\"gres\": --gres=gpu:N per "
+       "node),\n"
+       "args. A task stopped by Slurm (scancel, time limit, preemption, node failure) is recorded\n"
+       "interrupted with that cause.\n"
+       "Exit status 2: nothing was submitted (a bad option or file, or sbatch refused the "
+       "array).\n",
+       false,
+       submit_command},
+      {"status",
+       "where a sweep submitted to Slurm stands (collects what its tasks finished)",
+       "dprun status [FILE.toml] [--db PATH]",
+       "Collects the results of the Slurm tasks that have ended (dprun merge), then counts the\n"
+       "trials by state (done, running, queued, failed, interrupted, lost, not run, ...) from\n"
+       "Slurm and the task databases, and lists the trials not done with the reason.",
+       {kDbOpt, kPluginsOpt},
+       "",
+       false,
+       status_command},
+      {"merge",
+       "fold what Slurm tasks wrote into the experiment's database",
+       "dprun merge [FILE.toml] [--db PATH]",
+       "Folds the database of every Slurm task that has ended into the experiment's database:\n"
+       "its trial's epochs, checkpoints and status. A task still queued or running, or whose\n"
+       "database cannot be read yet, is left for a later merge; merging again changes nothing.\n"
+       "dprun status, report, run and submit merge on their own.",
+       {kDbOpt, kPluginsOpt},
+       "",
+       false,
+       merge_command},
       {"train", "train one model in this process, without a database",
        "dprun train --model NAME [options]",
        "Trains one model in this process, without a database, printing one line per epoch\n"
@@ -288,6 +358,7 @@ int dispatch(int argc, char** argv) {
   const std::string first = args[0];
   if (first == "__trial") return trial_child_main({args.begin() + 1, args.end()});
   if (first == "__devices") return devices_child_main();
+  if (first == "__slurm-task") return slurm_task_main({args.begin() + 1, args.end()});
   if (first == "--help" || first == "-h") {
     std::fputs(main_help().c_str(), stdout);
     return 0;

@@ -14,6 +14,7 @@
 #include "dp/plugin.hpp"
 #include "dp/process_group.hpp"
 #include "dpstore/store.hpp"
+#include "merge.hpp"
 #include "plugin_loader.hpp"
 #include "report.hpp"
 #include "settings.hpp"
@@ -72,6 +73,8 @@ int launcher_world_size() {
   return 0;
 }
 
+}  // namespace
+
 SweepOptions sweep_options(const Invocation& in) {
   const Args& a = in.args;
   const std::string& name = in.command;
@@ -125,8 +128,6 @@ SweepOptions sweep_options(const Invocation& in) {
   o.command_line = line;
   return o;
 }
-
-}  // namespace
 
 // ---- the handlers -------------------------------------------------------------------------------
 
@@ -209,6 +210,8 @@ int report_command(const Invocation& in) {
   const Args& a = in.args;
   if (!a.positional.empty()) throw UsageError("dprun report takes no arguments (use --db PATH)");
   const std::string db = results_database(a, "report");
+  // Results of Slurm tasks that have ended are collected first.
+  merge_if_needed(db);
   dps::Store store(db, dps::Store::Mode::read_only);
   if (auto html = a.last("--html")) {
     const std::string page = format_html_report(store);

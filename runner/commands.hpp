@@ -40,6 +40,21 @@ struct Invocation {
   char** argv;
 };
 
+}  // namespace dprun::cli
+
+namespace dprun {
+struct SweepOptions;
+}
+
+namespace dprun::cli {
+
+/// The options of a command that runs an experiment file (run, plan, submit): the file, --db,
+/// --backend, --filter, ... Throws UsageError.
+SweepOptions sweep_options(const Invocation& in);
+
+/// The metavar of an option that takes every argument after it (submit's --slurm: sbatch's).
+inline constexpr const char* kRestMetavar = "[SBATCH_OPTION]...";
+
 // The commands; each returns the exit status and throws UsageError for a bad command line.
 int run_command(const Invocation& in);
 int plan_command(const Invocation& in);
@@ -49,6 +64,9 @@ int report_command(const Invocation& in);
 int train_command(const Invocation& in);
 int export_command(const Invocation& in);
 int settings_command(const Invocation& in);
+int submit_command(const Invocation& in);
+int status_command(const Invocation& in);
+int merge_command(const Invocation& in);
 
 /// The database a results command reads: --db, else the only results/*.db here; a UsageError
 /// when it does not exist.

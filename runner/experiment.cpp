@@ -239,7 +239,8 @@ class FileReader {
   void read_launch(Experiment& ex) {
     auto* t = section("launch");
     if (!t) return;
-    unknown_keys(*t, "launch.", {"launcher", "hostfile", "args"});
+    unknown_keys(*t, "launch.", {"launcher", "hostfile", "args", "slurm"});
+    if (auto* n = t->get("slurm")) detail::read_slurm_table(*n, table_pos(t), diag_, ex.slurm);
     if (auto l = string_at(*t, "launcher", "launch.launcher")) {
       const auto& known = known_launchers();
       if (std::find(known.begin(), known.end(), *l) == known.end())

@@ -10,6 +10,7 @@
 #include "dp/plugin.hpp"
 #include "launch.hpp"
 #include "settings.hpp"
+#include "slurm.hpp"
 
 namespace dprun {
 
@@ -65,6 +66,7 @@ struct Experiment {
   std::string database;   // as written ("" when absent); relative paths are from the cwd
   std::string data_path;  // [data].path ("" when absent)
   LaunchConfig launch;    // [launch]: how trials of several processes are started
+  SlurmConfig slurm;      // [launch.slurm]: what `dprun submit` asks Slurm for
   std::vector<TrialSpec> trials;
 };
 

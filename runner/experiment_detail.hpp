@@ -93,6 +93,10 @@ Pos pos_of(const toml::source_region& r, Pos fallback);
 /// Entries of a table in the order they appear in the file (toml::table sorts by key).
 std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t);
 
+/// Reads [launch.slurm] (node: its value) into `out`, reporting every problem; fallback: where
+/// [launch] is, for a value TOML++ gives no position.
+void read_slurm_table(const toml::node& node, Pos fallback, Diagnostics& diag, SlurmConfig& out);
+
 /// "an integer" / "a list of integers" for a plugin option of the type of `v`.
 std::string option_type(const dp::OptionValue& v, bool list);
 

@@ -29,7 +29,9 @@ std::vector<std::string> launch_command(const LaunchConfig& config, const std::s
                                         const std::vector<std::string>& exported) {
   std::vector<std::string> cmd{launcher};
   const std::string n = std::to_string(processes);
-  if (launcher == "srun") {
+  // `launcher` may be the path found on PATH (/usr/bin/srun): srun's options are srun's by name.
+  const std::string name = launcher.substr(launcher.find_last_of('/') + 1);
+  if (name == "srun") {
     cmd.insert(cmd.end(), {"--ntasks=" + n, "--kill-on-bad-exit=1", "--input=0"});
   } else {
     cmd.insert(cmd.end(), {"-np", n, "--bind-to", "none"});

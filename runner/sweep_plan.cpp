@@ -119,7 +119,8 @@ std::string resume_text(const dps::TrialRow& row) {
 
 std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
                                       const std::map<std::string, dps::TrialRow>& stored,
-                                      const SweepOptions& options) {
+                                      const SweepOptions& options,
+                                      const std::map<std::string, std::string>& elsewhere) {
   std::vector<PlannedTrial> plan;
   for (const TrialSpec& spec : experiment.trials) {
     PlannedTrial p;
@@ -128,6 +129,9 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
     if (!trial_matches(spec, options.filters)) {
       p.action = TrialAction::skip;
       p.why = "filtered out";
+    } else if (auto task = elsewhere.find(spec.config_hash); task != elsewhere.end()) {
+      p.action = TrialAction::skip;
+      p.why = "submitted: " + task->second;
     } else if (!p.row) {
       p.why = "new";
     } else {
@@ -208,20 +212,22 @@ Experiment load_sweep(const SweepOptions& options) {
   return experiment;
 }
 
-namespace {
-
-// The stored trials of an experiment by config hash; empty when the database or the experiment
-// does not exist. Read-only.
-std::map<std::string, dps::TrialRow> stored_trials_read_only(const std::string& db,
-                                                             const std::string& experiment) {
+std::map<std::string, dps::TrialRow> stored_trials_read_only(
+    const std::string& db, const std::string& experiment,
+    std::map<std::string, std::string>& submitted) {
   std::map<std::string, dps::TrialRow> rows;
   if (!fs::exists(db)) return rows;
   dps::Store store(db, dps::Store::Mode::read_only);
   const auto found = store.find_experiment(experiment);
   if (!found) return rows;
   for (auto& row : store.trials(found->id)) rows[row.config_hash] = row;
+  for (const auto& t : store.tasks(found->id, true))
+    submitted[t.config_hash] = "Slurm job " + (t.job_id.empty() ? "?" : t.job_id) + "_" +
+                               std::to_string(t.index) + ", not collected yet (dprun status)";
   return rows;
 }
+
+namespace {
 
 void print_plan(const Experiment& experiment, const std::string& db,
                 const std::vector<PlannedTrial>& plan) {
@@ -243,7 +249,9 @@ void print_plan(const Experiment& experiment, const std::string& db,
 int plan_sweep(const SweepOptions& options) {
   Experiment experiment = load_sweep(options);
   const std::string db = database_path(experiment, options);
-  auto plan = plan_trials(experiment, stored_trials_read_only(db, experiment.name), options);
+  std::map<std::string, std::string> elsewhere;
+  auto plan = plan_trials(experiment, stored_trials_read_only(db, experiment.name, elsewhere),
+                          options, elsewhere);
   print_plan(experiment, db, plan);
   return 0;
 }

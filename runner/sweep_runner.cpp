@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "merge.hpp"
 #include "progress.hpp"
 #include "report.hpp"
 #include "scheduler.hpp"
@@ -123,22 +124,30 @@ DeviceNeed device_need(const TrialSpec& spec, const Experiment& experiment,
 
 int run_sweep(const SweepOptions& options) {
   if (options.dry_run) return plan_sweep(options);
-  Experiment experiment = load_sweep(options);
+  const Experiment experiment = load_sweep(options);
+  return run_experiment(experiment, options);
+}
+
+int run_experiment(const Experiment& experiment, const SweepOptions& options) {
   const std::string db = database_path(experiment, options);
 
-  dps::Store store(db, dps::Store::Mode::read_write, experiment.settings->store_columns());
+  dps::Store store(db, dps::Store::Mode::read_write, experiment.settings->store_columns(),
+                   options.journal);
   const int64_t experiment_id =
       store.upsert_experiment(experiment.name, experiment.description, experiment.source);
   if (int n = store.recover_stale(experiment_id, options.stale_seconds))
     std::fprintf(stderr,
                  "dprun: %d trial%s left running by a dprun that is gone: now interrupted\n", n,
                  n == 1 ? "" : "s");
+  // Trials submitted to Slurm: what their tasks finished is collected first; those still queued
+  // or running there are not run here as well.
+  const auto elsewhere = merge_before_running(store, experiment_id);
   std::map<std::string, dps::TrialRow> stored;
   for (const TrialSpec& spec : experiment.trials) {
     stored[spec.config_hash] =
         store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, to_store(spec.settings));
   }
-  const auto plan = plan_trials(experiment, stored, options);
+  const auto plan = plan_trials(experiment, stored, options, elsewhere);
 
   std::vector<const PlannedTrial*> to_run;
   int64_t epochs_to_run = 0;

@@ -4,6 +4,7 @@
 // trial of several processes), one after another or several at once on their own devices
 // (scheduler.hpp), writing every epoch as it arrives. Also the read-only plan (`dprun plan`,
 // `dprun run --dry-run`).
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,9 +22,9 @@ struct SweepOptions {
   std::string db;       // "" : [experiment].database, else results/<name>.db
   std::string backend;  // "" : as the file says; else auto | cpu | cuda for every trial
   bool dry_run = false;
-  bool rerun = false;  // run trials that are already done again
+  bool rerun = false;    // run trials that are already done again
   bool restart = false;  // failed and interrupted trials start at epoch 1, not at a checkpoint
-  bool force = false;  // allow more than 1000 trials
+  bool force = false;    // allow more than 1000 trials
   bool oversubscribe = false;
   bool verbose = false;  // forward the trial processes' output to stderr
   std::vector<std::pair<std::string, std::string>> filters;  // KEY=VALUE, see trial_matches
@@ -40,6 +41,12 @@ struct SweepOptions {
   std::string command_line;    // how we were started, for the resume hint
   /// The settings experiment files may set; null: this dprun's (tests give a later dprun's).
   const SettingTable* settings = nullptr;
+  /// How the database journals its writes: rollback for a Slurm task's own database, which is
+  /// on a cluster's shared file system (see dps::Store::Journal).
+  dps::Store::Journal journal = dps::Store::Journal::wal;
+  /// The error of a trial stopped because the runner got `sig`; unset: "interrupted by SIGTERM".
+  /// A Slurm task asks Slurm why it was stopped (cancelled, time limit, preemption).
+  std::function<std::string(int sig)> interruption_cause;
 };
 
 /// What a run would do with one trial.
@@ -55,9 +62,12 @@ struct PlannedTrial {
 };
 
 /// Decides for each trial of `experiment` given what the store holds (rows by config hash).
+/// elsewhere: trials a Slurm task has queued or running (by config hash: "Slurm job 12_3"),
+/// which are skipped.
 std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
                                       const std::map<std::string, dps::TrialRow>& stored,
-                                      const SweepOptions& options);
+                                      const SweepOptions& options,
+                                      const std::map<std::string, std::string>& elsewhere = {});
 
 /// Every setting of a trial by column and by key as text ("gpus" -> "2", "lr" -> "0.4",
 /// "bn" and "bn_mode" -> "per-replica", "option.hidden" -> "128"), for --filter.
@@ -84,6 +94,15 @@ Experiment load_sweep(const SweepOptions& options);
 /// `dprun run`: returns the exit status (0, 1, 130 / 143 when interrupted). Bad files throw
 /// ConfigErrors, bad options UsageError, before any database is created.
 int run_sweep(const SweepOptions& options);
+/// The same for an experiment already loaded (a Slurm task keeps only its own trial of it).
+int run_experiment(const Experiment& experiment, const SweepOptions& options);
+
+/// The stored trials of an experiment by config hash; empty when the database or the experiment
+/// does not exist. Read-only: the trials of tasks not collected yet are listed in `submitted`
+/// ("Slurm job 12_3, not collected yet"), as they stand in the database (Slurm is not asked).
+std::map<std::string, dps::TrialRow> stored_trials_read_only(
+    const std::string& db, const std::string& experiment,
+    std::map<std::string, std::string>& submitted);
 
 /// `dprun plan` / `--dry-run`: prints the trials and what a run would do; reads the database
 /// when it exists, never creates or changes it. Returns 0.

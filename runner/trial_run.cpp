@@ -104,8 +104,8 @@ std::optional<ResumePoint> TrialRun::find_resume_point(std::string& problem) {
   p.optimizer_sha256 = last->optimizer_sha256;
   // The files are checked here, before a process starts: a checkpoint that is gone or changed
   // costs the epochs since epoch 1, never a failed trial.
-  for (const auto& [path, sha] : {std::pair{p.model_path, p.model_sha256},
-                                  std::pair{p.optimizer_path, p.optimizer_sha256}}) {
+  for (const auto& [path, sha] :
+       {std::pair{p.model_path, p.model_sha256}, std::pair{p.optimizer_path, p.optimizer_sha256}}) {
     try {
       const std::string found = checkpoint_file_sha256(path);
       if (found != sha) {
@@ -256,7 +256,7 @@ void TrialRun::pump() {
   if (!timed_out && !final_) out.interrupted_by = signals_.received();
   if (out.interrupted_by) {
     out.status = dps::TrialStatus::interrupted;
-    out.message = "interrupted by " + signal_name(out.interrupted_by);
+    out.message = interruption_message(out.interrupted_by);
   } else {
     decide(timed_out, out);
   }
@@ -269,8 +269,13 @@ void TrialRun::interrupt(int sig) {
   TrialOutcome out;
   out.interrupted_by = sig;
   out.status = dps::TrialStatus::interrupted;
-  out.message = "interrupted by " + signal_name(sig);
+  out.message = interruption_message(sig);
   finish(out);
+}
+
+std::string TrialRun::interruption_message(int sig) const {
+  if (!options_.interruption_cause) return "interrupted by " + signal_name(sig);
+  return options_.interruption_cause(sig) + ", " + after_epoch(last_epoch_);
 }
 
 void TrialRun::finish(TrialOutcome out) {

@@ -61,6 +61,8 @@ class TrialRun {
   void record_start(const TrialRecord* from_child);
   void handle(const TrialRecord& r);
   void decide(bool timed_out, TrialOutcome& out);
+  /// The error of a trial stopped because the runner got `sig` (SweepOptions::interruption_cause).
+  std::string interruption_message(int sig) const;
   void finish(TrialOutcome out);
 
   dps::Store& store_;
@@ -72,7 +74,7 @@ class TrialRun {
   dps::TrialRow row_;
   int index_;
   DeviceSet devices_;
-  std::string launch_text_;  // the command that started the trial process
+  std::string launch_text_;     // the command that started the trial process
   std::string checkpoint_dir_;  // "": none kept
   ResumePoint resume_;          // epoch 0: from scratch
   std::unique_ptr<TrialProcess> child_;

@@ -128,7 +128,8 @@ std::vector<TrialRow> Store::trials(int64_t experiment_id) {
 std::vector<EpochRow> Store::epochs(int64_t trial_id) {
   Stmt s(impl_->db,
          "SELECT trial_id, epoch, train_loss, train_acc, test_acc, seconds, examples_per_second, "
-         "lr, eval_seconds, peak_memory_bytes FROM epochs WHERE trial_id = ?1 ORDER BY epoch");
+         "lr, eval_seconds, peak_memory_bytes, recorded_at FROM epochs WHERE trial_id = ?1 "
+         "ORDER BY epoch");
   s.bind(1, trial_id);
   std::vector<EpochRow> rows;
   while (s.step()) {
@@ -143,6 +144,7 @@ std::vector<EpochRow> Store::epochs(int64_t trial_id) {
     r.lr = s.real("lr");
     r.eval_seconds = s.real("eval_seconds");
     r.peak_memory_bytes = s.int64("peak_memory_bytes");
+    r.recorded_at = s.text("recorded_at");
     rows.push_back(r);
   }
   return rows;

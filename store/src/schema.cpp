@@ -200,11 +200,49 @@ CREATE TABLE checkpoints (
 ALTER TABLE trials ADD COLUMN resumed_from_epoch INTEGER;
 )SQL";
 
-// Append new versions here ({4, kSchemaV4}, ...); applied ones are never edited.
+// Version 4 (sweeps on a cluster): trials run elsewhere as the tasks of a batch scheduler's job
+// (a Slurm job array), each task writing its own small database, which a merge folds into this
+// one. SQLite is not shared across hosts: only the host that submits and merges opens this file.
+//   submissions: one per job handed to the scheduler. job_id is the scheduler's (NULL until it
+//     answered); folder holds the task databases, relative to this database's folder unless
+//     absolute; command is how it was submitted.
+//   tasks: one per task of a submission, each one attempt at one trial. database is the task's
+//     own database (relative like folder); base_attempts the trial's attempts when submitted (a
+//     task database holding more has started the trial). state: submitted (not collected yet),
+//     merged (its database was folded in; status and error are the trial's at the task's end),
+//     lost (it ended without a result; error says why). closed_at: when it was merged or lost.
+constexpr const char* kSchemaV4 = R"SQL(
+CREATE TABLE submissions (
+  id            INTEGER PRIMARY KEY,
+  experiment_id INTEGER NOT NULL REFERENCES experiments(id) ON DELETE CASCADE,
+  scheduler     TEXT NOT NULL,
+  job_id        TEXT,
+  folder        TEXT NOT NULL,
+  command       TEXT NOT NULL,
+  submitted_at  TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now'))
+);
+CREATE TABLE tasks (
+  submission_id INTEGER NOT NULL REFERENCES submissions(id) ON DELETE CASCADE,
+  task_index    INTEGER NOT NULL CHECK (task_index >= 0),
+  trial_id      INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  database      TEXT NOT NULL,
+  base_attempts INTEGER NOT NULL,
+  state         TEXT NOT NULL DEFAULT 'submitted' CHECK (state IN ('submitted', 'merged', 'lost')),
+  status        TEXT,
+  error         TEXT,
+  closed_at     TEXT,
+  PRIMARY KEY (submission_id, task_index)
+);
+CREATE INDEX tasks_by_trial ON tasks(trial_id);
+CREATE INDEX tasks_open ON tasks(state) WHERE state = 'submitted';
+)SQL";
+
+// Append new versions here ({5, kSchemaV5}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
     {1, kSchemaV1},
     {2, kSchemaV2},
     {3, kSchemaV3},
+    {4, kSchemaV4},
 };
 
 }  // namespace
@@ -256,7 +294,7 @@ int migrate(sqlite3* db, const std::string& path) {
 }
 
 const std::vector<std::string>& own_trial_columns() {
-  // The columns of `trials` the store defines itself (schema versions 1 to 3); every other
+  // The columns of `trials` the store defines itself (schema versions 1 to 4); every other
   // column records a setting. A migration that adds a column of the store's own must add it here.
   static const std::vector<std::string> columns = {
       "id",         "experiment_id", "config_hash", "ordinal",       "status",

@@ -102,7 +102,8 @@ Store::Impl::~Impl() {
   if (db) SQLITE_CHECK_NOTHROW(db, sqlite3_close_v2(db));
 }
 
-Store::Store(const std::string& path, Mode mode, const std::vector<SettingColumn>& settings)
+Store::Store(const std::string& path, Mode mode, const std::vector<SettingColumn>& settings,
+             Journal journal)
     : impl_(nullptr) {
   namespace fs = std::filesystem;
   if (path.empty()) throw StoreError("database path is empty: give a file name such as results.db");
@@ -152,10 +153,17 @@ Store::Store(const std::string& path, Mode mode, const std::vector<SettingColumn
     }
     exec(db, "PRAGMA foreign_keys = ON");
     if (mode == Mode::read_write) {
-      // WAL lets readers (dprun query) run while a runner writes; NORMAL sync is safe in WAL
-      // (a power loss may drop the last commits, never corrupt the file).
-      enable_wal(db);
-      exec(db, "PRAGMA synchronous = NORMAL");
+      if (journal == Journal::wal) {
+        // WAL lets readers (dprun query) run while a runner writes; NORMAL sync is safe in WAL
+        // (a power loss may drop the last commits, never corrupt the file).
+        enable_wal(db);
+        exec(db, "PRAGMA synchronous = NORMAL");
+      } else {
+        // One writer, on whatever host, and readers only after it: no shared memory needed.
+        // FULL: a commit is on the disk (or the file server) before the task goes on.
+        exec(db, "PRAGMA journal_mode = DELETE");
+        exec(db, "PRAGMA synchronous = FULL");
+      }
       impl->user_version = detail::migrate(db, path);
       impl->setting_columns = detail::add_setting_columns(db, path, settings);
     } else {

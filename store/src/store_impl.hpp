@@ -1,6 +1,7 @@
 #pragma once
 // The state behind dps::Store, shared by store.cpp (opening, the trial lifecycle), reads.cpp
-// (typed reads) and query.cpp (read-only SQL).
+// (typed reads), query.cpp (read-only SQL), trial_state.cpp (a trial's whole record, between
+// databases) and tasks.cpp (submissions to a batch scheduler and merging their results).
 #include <sqlite3.h>
 
 #include <string>
@@ -24,6 +25,8 @@ struct Store::Impl {
   std::string refused_action;
   /// The checkpoints table exists (schema 3 or later).
   bool has_checkpoints() const { return user_version >= 3; }
+  /// The submissions and tasks tables exist (schema 4 or later).
+  bool has_tasks() const { return user_version >= 4; }
 
   ~Impl();
 };
@@ -38,6 +41,10 @@ std::string select_trials(const std::vector<std::string>& setting_columns,
                           const std::string& where, const std::string& more_columns = "");
 /// The TrialRow of the current row of a statement made from select_trials (read by name).
 TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt& s);
+/// Store::put_trial_state inside the caller's write transaction (path for messages).
+int64_t put_trial_state(sqlite3* db, const std::string& path,
+                        const std::vector<std::string>& setting_columns, bool has_checkpoints,
+                        int64_t experiment_id, const TrialState& state);
 
 }  // namespace detail
 

@@ -121,7 +121,7 @@ TEST_CASE("records: encode and decode each kind", "[cli][protocol]") {
 
   dprun::TrialRecord epoch;
   epoch.kind = K::epoch;
-  epoch.epoch = {0, 3, 0.25, 0.9, 0.875, 1.5, 40000, 0.1, 0.2, int64_t{1} << 40};
+  epoch.epoch = {0, 3, 0.25, 0.9, 0.875, 1.5, 40000, 0.1, 0.2, int64_t{1} << 40, ""};
   auto e = dprun::decode_record(dprun::encode_record(epoch));
   CHECK(e.kind == K::epoch);
   CHECK(e.epoch.epoch == 3);

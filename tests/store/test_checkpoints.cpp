@@ -131,7 +131,7 @@ TEST_CASE("schema 3: a version 1 database gains checkpoints and resumed_from_epo
   }
   REQUIRE(dpstest::raw_scalar(path, "PRAGMA user_version") == "1");
   Store store = dpstest::open_store(path);
-  CHECK(store.user_version() == 3);
+  CHECK(store.user_version() == dps::schema_version());
   const auto exp = store.find_experiment("upgrade");
   const auto trials = store.trials(exp->id);
   for (const auto& t : trials) CHECK(t.status == dps::TrialStatus::done);

@@ -77,6 +77,7 @@ struct EpochRow {
   double lr = 0;
   double eval_seconds = 0;
   int64_t peak_memory_bytes = 0;
+  std::string recorded_at;  // ISO 8601 UTC; read from the store, kept by put_trial_state
 };
 
 /// A model file a trial keeps (see the checkpoints table in schema.cpp).
@@ -89,6 +90,58 @@ struct CheckpointRow {
   int64_t bytes = 0;
   std::string optimizer_path, optimizer_sha256;  // role last; "" otherwise
   std::string recorded_at;                       // ISO 8601 UTC (read only)
+};
+
+/// Everything the store records of one trial: its row, its epochs and its checkpoints (paths as
+/// stored). A trial travels between databases in this form: into a task's own database before
+/// the task runs it elsewhere, and back into the experiment's database when a merge collects it.
+struct TrialState {
+  TrialRow trial;
+  std::vector<EpochRow> epochs;
+  std::vector<CheckpointRow> checkpoints;
+};
+
+/// One job handed to a batch scheduler (a Slurm job array): its tasks run trials elsewhere, each
+/// into its own database, which a merge folds back (see the submissions and tasks tables).
+struct SubmissionRow {
+  int64_t id = 0;
+  int64_t experiment_id = 0;
+  std::string scheduler;  // "slurm"
+  std::string job_id;     // the scheduler's id of the job; "" until it answered
+  std::string folder;     // where the task databases are: relative to the database's folder
+  std::string command;    // how it was submitted (sbatch ...)
+  std::string submitted_at;
+};
+
+/// One task of a submission: one attempt at one trial, written to its own database.
+enum class TaskState {
+  submitted,  // its result has not been collected yet
+  merged,     // its database was folded into this one
+  lost,       // it ended without a result (cancelled before it started, its database unreadable)
+};
+const char* task_state_name(TaskState s);
+
+struct TaskRow {
+  int64_t submission_id = 0;
+  int64_t index = 0;  // the array index
+  int64_t trial_id = 0;
+  std::string config_hash;  // of the trial (read only)
+  std::string database;     // the task's database: relative to this database's folder
+  /// The trial's attempts when submitted: more in the task's database means the task started it.
+  int64_t base_attempts = 0;
+  TaskState state = TaskState::submitted;
+  std::string status;  // merged: the trial status the task ended with
+  std::string error;   // merged: its error; lost: why no result came
+  std::string closed_at;
+  // Of its submission (read only).
+  std::string scheduler, job_id, folder;
+};
+
+/// What merge_task did with a task's result.
+enum class MergeOutcome {
+  applied,     // the trial now holds the task's state
+  superseded,  // a task of a later submission of the same trial was merged first: kept as is
+  closed,      // the task was already merged or lost: nothing changed
 };
 
 /// What the runner learns when it starts a trial.
@@ -126,12 +179,17 @@ struct QueryResult {
 class Store {
  public:
   enum class Mode { read_write, read_only };
+  /// How writes reach the file. wal: readers (dprun query) run while a runner writes; every
+  /// process must be on one host. rollback: SQLite's rollback journal, for a database that one
+  /// process on some host writes and others read only after it finished, as a Slurm task's
+  /// database on a network file system (where WAL's shared memory does not work).
+  enum class Journal { wal, rollback };
   /// Opens (read_write: creating the file and parent folders, migrating, and adding the
   /// described setting columns it lacks) the database. read_only: the file must exist and is
   /// read as it is, never migrated (the store's columns of a later schema read as empty);
   /// every statement that would write fails.
   Store(const std::string& path, Mode mode = Mode::read_write,
-        const std::vector<SettingColumn>& settings = {});
+        const std::vector<SettingColumn>& settings = {}, Journal journal = Journal::wal);
   ~Store();
   Store(Store&&) noexcept;
   Store& operator=(Store&&) noexcept;
@@ -193,6 +251,35 @@ class Store {
   std::vector<EpochRow> epochs(int64_t trial_id);
   /// Every trial of the experiment in sweep order, with its results (for summaries and reports).
   std::vector<TrialSummary> trial_summaries(int64_t experiment_id);
+
+  /// The trial's row, epochs and checkpoints. Throws StoreError when there is no such trial.
+  TrialState trial_state(int64_t trial_id);
+  /// Makes the experiment's trial of state.trial.config_hash hold exactly `state`, in one
+  /// transaction: inserted with its settings when missing (ordinal and settings of an existing
+  /// one are kept); status, error, attempts and how it ran replaced; its epochs and checkpoints
+  /// replaced by the state's (recorded_at kept when given). Returns the trial's id here.
+  int64_t put_trial_state(int64_t experiment_id, const TrialState& state);
+
+  // Trials run elsewhere (schema 4): submissions of tasks to a batch scheduler.
+
+  /// Records a submission and its tasks (state submitted) in one transaction, before the
+  /// scheduler is asked: a task whose job was accepted is never unknown here. Returns its id.
+  int64_t add_submission(const SubmissionRow& submission, const std::vector<TaskRow>& tasks);
+  /// The scheduler's job id, once it answered.
+  void set_submission_job(int64_t submission_id, const std::string& job_id);
+  /// Forgets a submission the scheduler refused, with its tasks.
+  void delete_submission(int64_t submission_id);
+  std::vector<SubmissionRow> submissions(int64_t experiment_id);
+  /// The tasks of the experiment's submissions, oldest first; open_only: those still submitted.
+  /// Empty on a database older than schema 4.
+  std::vector<TaskRow> tasks(int64_t experiment_id, bool open_only);
+  /// Collects a task's result in one transaction: the trial takes `state` (put_trial_state)
+  /// unless a task of a later submission of the same trial was merged already, and the task is
+  /// closed as merged with the state's status and error. A task already closed changes nothing,
+  /// so merging the same task twice is harmless.
+  MergeOutcome merge_task(int64_t submission_id, int64_t index, const TrialState& state);
+  /// Closes a task that ended without a result (why: the cause). False when it was closed.
+  bool close_lost_task(int64_t submission_id, int64_t index, const std::string& why);
 
   /// Runs one SQL statement with no side effects (the connection is opened read-only for
   /// read_only stores; for read_write stores sqlite3_stmt_readonly is checked). A statement
