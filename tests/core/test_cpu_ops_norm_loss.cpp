@@ -34,7 +34,7 @@ const std::vector<BnCase> kBnCases = {
     {"large mean", dp::Shape{2, 3, 4, 5}, 20.0f},
     {"37 channels", dp::Shape{2, 37, 3, 2}, 0.0f},
     // NHWC takes channels 1024 at a time (batchnorm_nhwc_cpu.cpp): a second, partial slice.
-    {"1030 channels (NHWC: two slices)", dp::Shape{2, 1030, 2, 1}, 0.0f},
+    {"1030 channels (NHWC: two slices)", dp::Shape{2, 1030, 3, 2}, 0.0f},
 };
 
 // Batch norm in `layout` with the test's arrays in NCHW order (rank 2 has one layout only).
