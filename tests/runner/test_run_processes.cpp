@@ -286,16 +286,18 @@ TEST_CASE("two trials at once (jobs 2) on their own cores, each recorded once", 
   REQUIRE(rows.size() == 2);
   for (const auto& row : rows) {
     CHECK_THAT(row[0], StartsWith("cores "));
-    CHECK(row[3] == "1");  // run once
-    CHECK(row[4] == "3");  // each epoch once
+    CHECK(row[1] < row[2]);  // started, then finished (ISO 8601 UTC text orders as time)
+    CHECK(row[3] == "1");    // run once
+    CHECK(row[4] == "3");    // each epoch once
     CHECK(row[5] == "done");
     // One core, one thread, and the kernels that run: "CPU (1 thread, oneDNN 2.6.3 avx2) x1".
     CHECK_THAT(row[6], Catch::StartsWith("CPU (1 thread, ") && Catch::EndsWith(") x1"));
   }
   CHECK(rows[0][0] != rows[1][0]);  // disjoint single cores
-  // At once: each started before the other finished (ISO 8601 UTC text orders as time).
-  CHECK(rows[0][1] < rows[1][2]);
-  CHECK(rows[1][1] < rows[0][2]);
+  // That they ran at the same time is not read from their timestamps here: with the oneDNN
+  // kernels a trial this small can finish before the other's process is up on a busy machine
+  // (CI saw it). The Ctrl-C test below proves it without timing: every trial hangs after its
+  // first epoch, and two epochs get recorded.
   // The summary shows the cores.
   CHECK_THAT(r.out, Contains(rows[0][0]) && Contains(rows[1][0]));
 
