@@ -174,10 +174,11 @@ const SettingTable& builtin_settings() {
        .column = "precision",
        .type = T::choice,
        .default_value = "fp32"s,
-       .choices = {"fp32"},
-       .refused = {{"bf16", "bf16 is not supported yet; use \"fp32\""}},
+       .choices = {"fp32", "bf16"},
        .identity = true,
-       .help = "arithmetic of the training step"},
+       .help = "arithmetic of convolutions and linear layers: \"bf16\" rounds their inputs and "
+               "outputs to bfloat16 and accumulates in fp32; master weights, optimizer, batch "
+               "norm and loss stay fp32 (cpu backend only: emulated, not faster)"},
       {.key = "layout",
        .column = "layout",
        .type = T::choice,

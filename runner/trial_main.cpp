@@ -190,9 +190,14 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   const CheckpointMode checkpoint_mode = parse_checkpoint_mode(s.text("checkpoint"));
 
   // Settings the engine does not implement are refused before anything is loaded.
-  if (precision != "fp32")
+  if (precision != "fp32" && precision != "bf16")
+    return {TrialRecord::Kind::error, "precision \"" + precision + "\": expected fp32 or bf16"};
+  const dp::Precision arithmetic = precision == "bf16" ? dp::Precision::bf16 : dp::Precision::fp32;
+  // Before the device is looked for, so the reason is the same on a machine without a GPU. A
+  // trial on backend auto that lands on a GPU is refused by the backend itself.
+  if (arithmetic == dp::Precision::bf16 && r.backend == "cuda")
     return {TrialRecord::Kind::error,
-            "precision " + precision + " is not supported yet (use precision = \"fp32\")"};
+            dp::precision_unsupported(dp::BackendKind::cuda, dp::Precision::bf16)};
   if (bn_mode != "per-replica" && bn_mode != "sync")
     return {TrialRecord::Kind::error,
             "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
@@ -280,6 +285,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
     t.cpu_threads = std::max(1, budget / std::max(1, group->local_size()));
   }
   t.layout = layout;
+  t.precision = arithmetic;
   t.sync_bn = bn_mode == "sync";
 
   // The model is built for the data it will see, whatever input it was designed for.

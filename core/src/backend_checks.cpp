@@ -292,6 +292,15 @@ LinearDims check_linear(const Checker& check, const Tensor& x, const Tensor& w) 
 }
 }  // namespace
 
+void Backend::prepare_linear(int64_t max_batch, int64_t in, int64_t out) {
+  const Checker check(*this, "prepare_linear");
+  if (max_batch < 1 || in < 1 || out < 1) {
+    check.fail("max_batch, in and out must be >= 1, got " + std::to_string(max_batch) + ", " +
+               std::to_string(in) + ", " + std::to_string(out));
+  }
+  prepare_linear_impl(max_batch, in, out);
+}
+
 void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
   const Checker check(*this, "linear_forward");
   const LinearDims d = check_linear(check, x, w);

@@ -38,11 +38,33 @@ const char* backend_kind_name(BackendKind k) {
   return "?";
 }
 
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::fp32:
+      return "fp32";
+    case Precision::bf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+std::string precision_unsupported(BackendKind kind, Precision p) {
+  if (kind == BackendKind::cuda && p == Precision::bf16) {
+    return "cuda backend: precision bf16: the CUDA backend's bf16 path is not built yet; "
+           "precision = \"bf16\" runs on the CPU backend (backend = \"cpu\")";
+  }
+  return "";
+}
+
 std::unique_ptr<Backend> create_backend(const BackendOptions& options) {
   switch (options.kind) {
     case BackendKind::cpu:
       return cpu::make_backend(options);
     case BackendKind::cuda:
+      // Refused before anything touches CUDA, so the reason is the same with or without a GPU
+      // (and in a build without CUDA).
+      if (std::string why = precision_unsupported(options.kind, options.precision); !why.empty())
+        DP_THROW(why);
 #ifdef DPRUN_WITH_CUDA
       return cuda::make_backend(options);
 #else

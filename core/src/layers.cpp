@@ -449,6 +449,7 @@ Shape Linear::do_setup(SetupContext& ctx, const Shape& input) {
   input_order_ = ctx.flat.c * ctx.flat.h * ctx.flat.w == in_ ? ctx.flat : FlatFeatures{};
   ctx.flat = {};
   const Shape out{input[0], out_};
+  ctx.backend.prepare_linear(input[0], in_, out_);
   y_ = ctx.arena.allocate(out);
   dx_ = ctx.arena.allocate(input);
   return out;

@@ -337,6 +337,40 @@ TEST_CASE("bn = \"sync\" trains with statistics over every replica and is record
   CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "2");
 }
 
+TEST_CASE("precision = \"bf16\" trains on the cpu backend and is recorded, cuda refuses it",
+          "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/bf16.toml";
+  const std::string db = dir.path() + "/bf16.db";
+  auto toml = [&](const std::string& backend) {
+    return "[experiment]\nname = \"bf16\"\n[data]\npath = \"" + data +
+           "\"\n[train]\nmodel = \"lenet\"\nepochs = 1\nbatch_size = 32\ntrain_limit = 96\n"
+           "test_limit = 64\nbackend = \"" +
+           backend + "\"\n[sweep]\nprecision = [\"fp32\", \"bf16\"]\n";
+  };
+  clitest::write_file(file, toml("cpu"));
+  auto r = run({"run", file, "--db", db, "--threads", "2"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db,
+             "SELECT group_concat(precision || ':' || status, ',') FROM (SELECT * FROM trials "
+             "ORDER BY precision)") == "bf16:done,fp32:done");
+  // Other arithmetic, other training.
+  CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "2");
+
+  // On the cuda backend the bf16 trial fails with the reason (with or without a GPU, and in a
+  // build without CUDA: it is refused before a device is looked for); the sweep goes on.
+  const std::string cuda_file = dir.path() + "/bf16_cuda.toml";
+  const std::string cuda_db = dir.path() + "/bf16_cuda.db";
+  clitest::write_file(cuda_file, toml("cuda"));
+  r = run({"run", cuda_file, "--db", cuda_db, "--threads", "2"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 1);
+  CHECK(sql1(cuda_db, "SELECT status FROM trials WHERE precision = 'bf16'") == "failed");
+  CHECK(sql1(cuda_db, "SELECT error FROM trials WHERE precision = 'bf16'")
+            .find("the CUDA backend's bf16 path is not built yet") != std::string::npos);
+  CHECK(sql1(cuda_db, "SELECT COUNT(*) FROM trials") == "2");
+}
+
 TEST_CASE("AdamW with a warm-up and a cosine schedule: every epoch's learning rate is recorded",
           "[cli]") {
   DPRUN_NEED_DATA(data);

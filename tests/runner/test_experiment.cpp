@@ -403,8 +403,9 @@ TEST_CASE("error: values out of range", "[experiment]") {
       {"optimizer = \"adam\"",
        "t.toml:5:13: train.optimizer: unknown value \"adam\"; did you mean \"adamw\"? (expected "
        "one of \"sgd\", \"adamw\")"},
-      {"precision = \"bf16\"",
-       "t.toml:5:13: train.precision: bf16 is not supported yet; use \"fp32\""},
+      {"precision = \"fp16\"",
+       "t.toml:5:13: train.precision: unknown value \"fp16\"; did you mean \"fp32\"? (expected "
+       "one of \"fp32\", \"bf16\")"},
       {"bn = \"synch\"",
        "t.toml:5:6: train.bn: unknown value \"synch\"; did you mean \"sync\"? (expected one of "
        "\"per-replica\", \"sync\")"},

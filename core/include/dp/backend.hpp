@@ -148,6 +148,10 @@ class Backend {
                             const Tensor* db);
 
   // ---- linear: x (N,IN), w (OUT,IN) (PyTorch nn.Linear layout), b (OUT) -> y (N,OUT) -----------
+  /// Declares, at setup, a linear layer's largest shape, so a backend that needs scratch for it
+  /// (the cpu backend's bf16 copies) reserves it before the step loop. Optional: a call larger
+  /// than declared still works, preparing then. max_batch, in, out >= 1.
+  void prepare_linear(int64_t max_batch, int64_t in, int64_t out);
   /// y = x w^T + b; b may be null.
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y);
   /// dx (N,IN) = dy w (skipped when dx is null); dw (OUT,IN) = dy^T x; db (OUT) = sum_n dy
@@ -269,6 +273,8 @@ class Backend {
   virtual void copy_impl(void* dst, const void* src, size_t bytes) = 0;
   virtual void fill_impl(const Tensor& t, float value) = 0;
   virtual std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) = 0;
+  /// Nothing to prepare by default.
+  virtual void prepare_linear_impl(int64_t /*max_batch*/, int64_t /*in*/, int64_t /*out*/) {}
   virtual void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                                  const Tensor& y) = 0;
   virtual void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
@@ -346,8 +352,22 @@ const char* backend_kind_name(BackendKind k);
 enum class CpuKernels { automatic, onednn, blas };
 const char* cpu_kernels_name(CpuKernels k);  // "automatic", "onednn", "blas"
 
+/// The arithmetic of convolutions and linear layers. fp32: fp32 throughout. bf16: their
+/// multiplicands (activations, weights, output gradients) rounded to bfloat16 (round to nearest
+/// even), products accumulated in fp32, and the activations (forward) and input gradients
+/// (backward-data) they produce rounded to bf16, as a network storing those tensors in bf16
+/// computes them; weight gradients, master weights, optimizer state, batch norm, the loss and
+/// softmax stay fp32. The cpu backend emulates it on fp32 tensors (round_to_bf16, bf16_cpu.hpp)
+/// and is the reference; the cuda backend refuses it (its bf16 path is not built yet).
+enum class Precision { fp32, bf16 };
+const char* precision_name(Precision p);  // "fp32", "bf16"
+/// Why backend `kind` cannot compute in precision `p`, for users; empty when it can. Asked by
+/// create_backend, and by the runner before it looks for a device.
+std::string precision_unsupported(BackendKind kind, Precision p);
+
 struct BackendOptions {
   BackendKind kind = BackendKind::cpu;
+  Precision precision = Precision::fp32;
   int device_index = 0;  // CUDA device ordinal (among visible devices)
   int cpu_threads = 0;   // CPU backend: worker threads for this replica (0: all hardware threads)
   CpuKernels cpu_kernels = CpuKernels::automatic;  // CPU backend: see CpuKernels

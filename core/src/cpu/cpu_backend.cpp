@@ -11,6 +11,7 @@
 #include <new>
 #include <string>
 
+#include "cpu/bf16_cpu.hpp"
 #include "cpu/conv_plans.hpp"
 #include "cpu/cpu_kernels.hpp"
 #include "cpu/onednn.hpp"
@@ -116,6 +117,8 @@ CpuBackend::CpuBackend(const BackendOptions& options)
            "cpu backend: cpu_threads must be >= 0 (0 = all hardware threads), got " +
                std::to_string(options.cpu_threads));
   threads_ = options.cpu_threads > 0 ? options.cpu_threads : omp_get_max_threads();
+  precision_ = options.precision;
+  if (precision_ == Precision::bf16) bf16_scratch_ = std::make_unique<SharedScratch>(memory_);
   // The kernels' library is loaded now, so a missing one fails here, not in the first step.
   if (kernels_ != CpuKernels::blas) {
     onednn_ = std::make_shared<OnednnContext>();
@@ -173,6 +176,13 @@ void CpuBackend::fill_impl(const Tensor& t, float value) {
 // ---- convolution: the plan does the work (conv_plans.hpp) -----------------------------------
 
 std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
+  if (precision_ == Precision::bf16) {
+    // Every pass's two rounded multiplicands fit in x + w + dy at max_batch.
+    bf16_scratch_->reserve(
+        Bf16Copies::bytes_for(g.max_batch * g.in_channels * g.in_h * g.in_w,
+                              g.out_channels * g.in_channels * g.kernel_h * g.kernel_w,
+                              g.max_batch * g.out_channels * g.out_h() * g.out_w()));
+  }
   if (kernels_ == CpuKernels::onednn) {
     std::unique_ptr<CpuConvPlan> plan =
         make_onednn_plan(g, use, onednn_, threads_, shared_scratch(), memory_);
@@ -181,18 +191,68 @@ std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, cons
   return make_im2col_plan(g, kernels_, threads_, memory_);
 }
 
-// The public ops checked that the plan is this backend's, so it is a CpuConvPlan.
+// The public ops checked that the plan is this backend's, so it is a CpuConvPlan. In bf16 the
+// passes run on rounded copies (bf16_cpu.hpp); the scratch grows here only for a pass larger
+// than any planned (never in a planned step loop).
 void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w,
                                    const Tensor* b, const Tensor& y) {
-  static_cast<CpuConvPlan&>(plan).forward(x, w, b, y);
+  auto& p = static_cast<CpuConvPlan&>(plan);
+  if (precision_ == Precision::fp32) return p.forward(x, w, b, y);
+  bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel()));
+  Bf16Copies copies(*bf16_scratch_, threads_);
+  const Tensor xr = copies.rounded(x), wr = copies.rounded(w);
+  p.forward(xr, wr, b, y);
+  round_to_bf16_in_place(threads_, y.f32(), y.numel());
 }
 void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
                                          const Tensor& dx) {
-  static_cast<CpuConvPlan&>(plan).backward_data(dy, w, dx);
+  auto& p = static_cast<CpuConvPlan&>(plan);
+  if (precision_ == Precision::fp32) return p.backward_data(dy, w, dx);
+  bf16_scratch_->reserve(Bf16Copies::bytes_for(dy.numel(), w.numel()));
+  Bf16Copies copies(*bf16_scratch_, threads_);
+  const Tensor dyr = copies.rounded(dy), wr = copies.rounded(w);
+  p.backward_data(dyr, wr, dx);
+  round_to_bf16_in_place(threads_, dx.f32(), dx.numel());
 }
+// dw and db stay fp32 (they feed the fp32 master weights); db sums the rounded dy, the tensor a
+// bf16 network holds.
 void CpuBackend::conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
                                            const Tensor& dw, const Tensor* db) {
-  static_cast<CpuConvPlan&>(plan).backward_filter(x, dy, dw, db);
+  auto& p = static_cast<CpuConvPlan&>(plan);
+  if (precision_ == Precision::fp32) return p.backward_filter(x, dy, dw, db);
+  bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), dy.numel()));
+  Bf16Copies copies(*bf16_scratch_, threads_);
+  const Tensor xr = copies.rounded(x), dyr = copies.rounded(dy);
+  p.backward_filter(xr, dyr, dw, db);
+}
+
+// ---- linear: bf16 around the fp32 passes (linear_cpu.cpp) ------------------------------------
+
+void CpuBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) {
+  if (precision_ == Precision::bf16)
+    bf16_scratch_->reserve(Bf16Copies::bytes_for(max_batch * in, out * in, max_batch * out));
+}
+
+// x (N,IN), w (OUT,IN), b (OUT) or null -> y (N,OUT)
+void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
+                                     const Tensor& y) {
+  if (precision_ == Precision::fp32) return linear_forward_fp32(x, w, b, y);
+  bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel()));
+  Bf16Copies copies(*bf16_scratch_, threads_);
+  const Tensor xr = copies.rounded(x), wr = copies.rounded(w);
+  linear_forward_fp32(xr, wr, b, y);
+  round_to_bf16_in_place(threads_, y.f32(), y.numel());
+}
+
+// x (N,IN), w (OUT,IN), dy (N,OUT) -> dx (N,IN) or null, dw (OUT,IN), db (OUT) or null
+void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
+                                      const Tensor* dx, const Tensor& dw, const Tensor* db) {
+  if (precision_ == Precision::fp32) return linear_backward_fp32(x, w, dy, dx, dw, db);
+  bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel(), dy.numel()));
+  Bf16Copies copies(*bf16_scratch_, threads_);
+  const Tensor xr = copies.rounded(x), wr = copies.rounded(w), dyr = copies.rounded(dy);
+  linear_backward_fp32(xr, wr, dyr, dx, dw, db);
+  if (dx) round_to_bf16_in_place(threads_, dx->f32(), dx->numel());
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {

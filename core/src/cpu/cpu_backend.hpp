@@ -100,6 +100,7 @@ class SharedScratch {
   /// At least `bytes`, 256-byte aligned; the contents are not kept when it grows.
   void reserve(size_t bytes);
   char* data() const { return static_cast<char*>(data_); }
+  size_t size() const { return bytes_; }
 
  private:
   std::shared_ptr<MemoryTracker> memory_;
@@ -119,6 +120,7 @@ class CpuBackend final : public Backend {
   std::string device_description() const override;
   int threads() const { return threads_; }
   CpuKernels kernels() const { return kernels_; }
+  Precision precision() const { return precision_; }
 
   void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
@@ -134,6 +136,7 @@ class CpuBackend final : public Backend {
   void fill_impl(const Tensor& t, float value) override;
 
   std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
+  void prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) override;
   void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                          const Tensor& y) override;
   void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
@@ -200,6 +203,10 @@ class CpuBackend final : public Backend {
 
   /// The shared scratch of this backend's plans, made anew when no plan holds it.
   std::shared_ptr<SharedScratch> shared_scratch();
+  /// The fp32 linear passes (the bf16 ones round around them).
+  void linear_forward_fp32(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y);
+  void linear_backward_fp32(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
+                            const Tensor& dw, const Tensor* db);
 
   int threads_ = 1;
   CpuKernels kernels_;               // resolved: onednn or blas
@@ -207,6 +214,11 @@ class CpuBackend final : public Backend {
   std::shared_ptr<OnednnContext> onednn_;  // with the oneDNN kernels only; plans share it
   std::shared_ptr<MemoryTracker> memory_;
   std::weak_ptr<SharedScratch> shared_scratch_;
+  Precision precision_ = Precision::fp32;
+  // bf16: the rounded copies of a pass's multiplicands (bf16_cpu.hpp), reserved at plan_conv and
+  // prepare_linear for the largest pass. Separate from the plans' scratch, which oneDNN uses
+  // while the copies are read.
+  std::unique_ptr<SharedScratch> bf16_scratch_;
 };
 
 /// The backend's own loops are compiled for three instruction sets, x86-64 (SSE2), x86-64-v3

@@ -1,4 +1,5 @@
-// Linear layers on the CPU: SGEMMs with PyTorch's (OUT, IN) weight layout. Each GEMM is split
+// Linear layers on the CPU in fp32 (bf16 rounds around these, cpu_backend.cpp): SGEMMs with
+// PyTorch's (OUT, IN) weight layout. Each GEMM is split
 // into row blocks, one per thread, with the SGEMM single-threaded inside each block (the
 // backend threads its own loops; see sgemm in cpu_kernels.hpp).
 #include <omp.h>
@@ -25,7 +26,7 @@ int gemm_threads(const LinearDims& d, int threads) {
 }  // namespace
 
 // x (N,IN), w (OUT,IN), b (OUT) or null -> y (N,OUT)
-void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
+void CpuBackend::linear_forward_fp32(const Tensor& x, const Tensor& w, const Tensor* b,
                                      const Tensor& y) {
   const LinearDims d{x.shape[0], x.shape[1], w.shape[0]};
   const float* xp = x.f32();
@@ -49,7 +50,7 @@ void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Ten
 }
 
 // x (N,IN), w (OUT,IN), dy (N,OUT) -> dx (N,IN) or null, dw (OUT,IN), db (OUT) or null
-void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
+void CpuBackend::linear_backward_fp32(const Tensor& x, const Tensor& w, const Tensor& dy,
                                       const Tensor* dx, const Tensor& dw, const Tensor* db) {
   const LinearDims d{x.shape[0], x.shape[1], w.shape[0]};
   const float* xp = x.f32();

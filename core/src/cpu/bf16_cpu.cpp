@@ -1,0 +1,65 @@
+// Emulated bf16 on the cpu backend: the rounding loops and the scratch copies (bf16_cpu.hpp).
+#include "cpu/bf16_cpu.hpp"
+
+#include <omp.h>
+
+#include "dp/bf16.hpp"
+#include "dp/error.hpp"
+
+namespace dp::cpu {
+
+namespace {
+
+constexpr size_t kAlignment = 256;
+size_t aligned_floats(int64_t n) {
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
+
+DP_CPU_LOOPS void round_range(const float* __restrict src, float* __restrict dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = dp::round_to_bf16(src[i]);
+}
+
+DP_CPU_LOOPS void round_range_in_place(float* p, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) p[i] = dp::round_to_bf16(p[i]);
+}
+
+}  // namespace
+
+void round_to_bf16(int threads, const float* src, float* dst, int64_t n) {
+  const int team = threads_for(n, threads);
+#pragma omp parallel num_threads(team)
+  {
+    int64_t begin, end;
+    split_range(n, omp_get_num_threads(), omp_get_thread_num(), begin, end);
+    round_range(src + begin, dst + begin, end - begin);
+  }
+}
+
+void round_to_bf16_in_place(int threads, float* p, int64_t n) {
+  const int team = threads_for(n, threads);
+#pragma omp parallel num_threads(team)
+  {
+    int64_t begin, end;
+    split_range(n, omp_get_num_threads(), omp_get_thread_num(), begin, end);
+    round_range_in_place(p + begin, end - begin);
+  }
+}
+
+size_t Bf16Copies::bytes_for(int64_t a, int64_t b, int64_t c) {
+  return aligned_floats(a) + aligned_floats(b) + aligned_floats(c);
+}
+
+Tensor Bf16Copies::rounded(const Tensor& t) {
+  Tensor copy = t;
+  copy.data = scratch_.data() + used_;
+  used_ += aligned_floats(t.numel());
+  // The scratch was reserved for this pass (CpuBackend grows it before carving copies).
+  DP_ASSERT(used_ <= scratch_.size());
+  round_to_bf16(threads_, t.f32(), copy.f32(), t.numel());
+  return copy;
+}
+
+}  // namespace dp::cpu

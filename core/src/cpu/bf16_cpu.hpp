@@ -1,0 +1,39 @@
+#pragma once
+// The cpu backend's emulated bf16 arithmetic (dp::Precision::bf16): the multiplicands of a
+// convolution or linear pass are copied into scratch rounded to bf16 (the fp32 tensors, master
+// weights among them, are never modified), the pass runs in fp32 on the copies (products of
+// bf16 values are exact in fp32, the accumulation is fp32, as in cuDNN's and cuBLAS's bf16
+// paths), and its activation or input-gradient output is rounded to bf16 in place.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "cpu/cpu_backend.hpp"
+#include "dp/tensor.hpp"
+
+namespace dp::cpu {
+
+/// dst[i] = round_to_bf16(src[i]) for i in [0, n); over `threads` threads when n is large.
+void round_to_bf16(int threads, const float* src, float* dst, int64_t n);
+/// p[i] = round_to_bf16(p[i]).
+void round_to_bf16_in_place(int threads, float* p, int64_t n);
+
+/// Carves rounded copies of tensors out of one scratch buffer, which is reserved at setup for the
+/// largest pass (Bf16Copies::reserve) so the step loop allocates nothing.
+class Bf16Copies {
+ public:
+  /// Bytes of scratch for copies of tensors with these element counts (each aligned).
+  static size_t bytes_for(int64_t a, int64_t b, int64_t c = 0);
+
+  /// Copies start at the beginning of `scratch`, which holds at least bytes_for() of them.
+  Bf16Copies(SharedScratch& scratch, int threads) : scratch_(scratch), threads_(threads) {}
+  /// A view of the same shape and layout as t on a copy of t rounded to bf16.
+  Tensor rounded(const Tensor& t);
+
+ private:
+  SharedScratch& scratch_;
+  int threads_;
+  size_t used_ = 0;
+};
+
+}  // namespace dp::cpu
