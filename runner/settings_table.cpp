@@ -179,6 +179,14 @@ const SettingTable& builtin_settings() {
        .help = "arithmetic of convolutions and linear layers: \"bf16\" rounds their inputs and "
                "outputs to bfloat16 and accumulates in fp32; master weights, optimizer, batch "
                "norm and loss stay fp32 (cpu backend only: emulated, not faster)"},
+      {.key = "allow_tf32",
+       .column = "allow_tf32",
+       .type = T::boolean,
+       .default_value = true,
+       .identity = true,
+       .help = "precision = \"fp32\" on GPUs: let cuDNN and cuBLAS use TF32 tensor cores (10-bit "
+               "mantissa products, fp32 accumulation), as PyTorch's convolutions do by default; "
+               "false: exact fp32. The CPU backend always computes exact fp32"},
       {.key = "layout",
        .column = "layout",
        .type = T::choice,

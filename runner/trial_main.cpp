@@ -199,8 +199,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
     return {TrialRecord::Kind::error,
             dp::precision_unsupported(dp::BackendKind::cuda, dp::Precision::bf16)};
   if (bn_mode != "per-replica" && bn_mode != "sync")
-    return {TrialRecord::Kind::error,
-            "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
+    return {TrialRecord::Kind::error, "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
   dp::OptimizerOptions optimizer_options;
   optimizer_options.name = optimizer;
   optimizer_options.weight_decay = static_cast<float>(s.number("weight_decay"));
@@ -286,6 +285,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   }
   t.layout = layout;
   t.precision = arithmetic;
+  t.allow_tf32 = s.boolean("allow_tf32");
   t.sync_bn = bn_mode == "sync";
 
   // The model is built for the data it will see, whatever input it was designed for.
@@ -328,39 +328,41 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
                                r.resume);
 
   TrialResult result;
-  trainer.fit([&](const dp::EpochReport& report) {
-    double loss = report.train_loss;
-    bool finite = report.finite && std::isfinite(loss);
-    if (fault.kind == Fault::Kind::nan && fault.epoch == report.epoch) {
-      loss = std::nan("");
-      finite = false;
-    }
-    if (!finite) {
-      result = {TrialRecord::Kind::diverged,
-                "loss became " + loss_problem(loss) + " at epoch " + std::to_string(report.epoch)};
-      return false;
-    }
-    dps::EpochRow row;
-    row.epoch = report.epoch;
-    row.train_loss = loss;
-    row.train_acc = report.train_acc;
-    row.test_acc = report.test_acc;
-    row.seconds = report.seconds;
-    row.examples_per_second = report.examples_per_second;
-    row.lr = report.lr;  // the epoch's last step's (schedules change it per step)
-    row.eval_seconds = report.eval_seconds;
-    row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
-    if (fault.kind == Fault::Kind::garble && fault.epoch == report.epoch)
-      sink.corrupt_epoch();
-    else
-      sink.epoch(row, report);
-    // After the epoch's record: a crash in between leaves the epoch recorded and the
-    // checkpoint of the one before, from which the epoch is trained again.
-    for (const dps::CheckpointRow& c : checkpoints.after_epoch(trainer, report))
-      sink.checkpoint(c);
-    act_on_fault(fault, report.epoch);
-    return true;
-  }, first_epoch);
+  trainer.fit(
+      [&](const dp::EpochReport& report) {
+        double loss = report.train_loss;
+        bool finite = report.finite && std::isfinite(loss);
+        if (fault.kind == Fault::Kind::nan && fault.epoch == report.epoch) {
+          loss = std::nan("");
+          finite = false;
+        }
+        if (!finite) {
+          result = {TrialRecord::Kind::diverged, "loss became " + loss_problem(loss) +
+                                                     " at epoch " + std::to_string(report.epoch)};
+          return false;
+        }
+        dps::EpochRow row;
+        row.epoch = report.epoch;
+        row.train_loss = loss;
+        row.train_acc = report.train_acc;
+        row.test_acc = report.test_acc;
+        row.seconds = report.seconds;
+        row.examples_per_second = report.examples_per_second;
+        row.lr = report.lr;  // the epoch's last step's (schedules change it per step)
+        row.eval_seconds = report.eval_seconds;
+        row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
+        if (fault.kind == Fault::Kind::garble && fault.epoch == report.epoch)
+          sink.corrupt_epoch();
+        else
+          sink.epoch(row, report);
+        // After the epoch's record: a crash in between leaves the epoch recorded and the
+        // checkpoint of the one before, from which the epoch is trained again.
+        for (const dps::CheckpointRow& c : checkpoints.after_epoch(trainer, report))
+          sink.checkpoint(c);
+        act_on_fault(fault, report.epoch);
+        return true;
+      },
+      first_epoch);
   return result;
 }
 

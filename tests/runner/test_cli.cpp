@@ -371,6 +371,26 @@ TEST_CASE("precision = \"bf16\" trains on the cpu backend and is recorded, cuda 
   CHECK(sql1(cuda_db, "SELECT COUNT(*) FROM trials") == "2");
 }
 
+TEST_CASE("allow_tf32 is recorded with each trial and false is another trial", "[cli]") {
+  // TF32 is the fp32 default on GPUs, as in PyTorch; the database says which a trial asked for.
+  // The CPU backend computes exact fp32 either way, so both trials here train alike.
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/tf32.toml";
+  const std::string db = dir.path() + "/tf32.db";
+  clitest::write_file(file, "[experiment]\nname = \"tf32\"\n[data]\npath = \"" + data +
+                                "\"\n[train]\nmodel = \"lenet\"\nepochs = 1\nbatch_size = "
+                                "32\ntrain_limit = 64\ntest_limit = 32\nbackend = \"cpu\"\n"
+                                "[sweep]\nallow_tf32 = [true, false]\n");
+  auto r = run({"run", file, "--db", db, "--threads", "1"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db,
+             "SELECT group_concat(allow_tf32 || ':' || status, ',') FROM (SELECT * FROM "
+             "trials ORDER BY allow_tf32)") == "0:done,1:done");
+  CHECK(sql1(db, "SELECT COUNT(DISTINCT config_hash) FROM trials") == "2");
+  CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "1");
+}
+
 TEST_CASE("AdamW with a warm-up and a cosine schedule: every epoch's learning rate is recorded",
           "[cli]") {
   DPRUN_NEED_DATA(data);
