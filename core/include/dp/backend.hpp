@@ -299,19 +299,19 @@ class Backend {
                                        float eps, const Tensor& dx, const Tensor& dgamma,
                                        const Tensor& dbeta) = 0;
   virtual void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) = 0;
-  virtual void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma,
-                                          const Tensor& beta, const Tensor& mean,
-                                          const Tensor& var, const Tensor& running_mean,
-                                          const Tensor& running_var, float momentum, float eps,
-                                          int64_t count, const Tensor& save_mean,
-                                          const Tensor& save_invstd, const Tensor& y) = 0;
+  virtual void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                          const Tensor& mean, const Tensor& var,
+                                          const Tensor& running_mean, const Tensor& running_var,
+                                          float momentum, float eps, int64_t count,
+                                          const Tensor& save_mean, const Tensor& save_invstd,
+                                          const Tensor& y) = 0;
   virtual void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
                                             const Tensor& save_mean, const Tensor& save_invstd,
                                             const Tensor& sums) = 0;
-  virtual void batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy,
-                                             const Tensor& gamma, const Tensor& save_mean,
-                                             const Tensor& save_invstd, const Tensor& sums,
-                                             int64_t count, const Tensor& dx) = 0;
+  virtual void batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
+                                             const Tensor& save_mean, const Tensor& save_invstd,
+                                             const Tensor& sums, int64_t count,
+                                             const Tensor& dx) = 0;
   virtual void relu_forward_impl(const Tensor& x, const Tensor& y) = 0;
   virtual void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
   virtual void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
@@ -359,6 +359,14 @@ const char* cpu_kernels_name(CpuKernels k);  // "automatic", "onednn", "blas"
 /// computes them; weight gradients, master weights, optimizer state, batch norm, the loss and
 /// softmax stay fp32. The cpu backend emulates it on fp32 tensors (round_to_bf16, bf16_cpu.hpp)
 /// and is the reference; the cuda backend refuses it (its bf16 path is not built yet).
+///
+/// What the reference fixes, so the cuda path must match it (or both change together): the bias
+/// is added to the fp32 sum before the one rounding of the output (a separate bias kernel after
+/// a bf16 cuDNN/cuBLAS output would round twice: fuse it, or give the GEMM an fp32 output); weight
+/// gradients come out fp32 from bf16 x and dy (cuDNN's plain bf16 wgrad writes bf16: use an
+/// fp32-output wgrad); batch norm, residual adds and pooling read and write fp32 values (a path
+/// that stores those in bf16 too must round their outputs here as well). NaN keeps its payload
+/// here; compare NaN with isnan only.
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);  // "fp32", "bf16"
 /// Why backend `kind` cannot compute in precision `p`, for users; empty when it can. Asked by

@@ -6,7 +6,6 @@
 // paths), and its activation or input-gradient output is rounded to bf16 in place.
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 
 #include "cpu/cpu_backend.hpp"
 #include "dp/tensor.hpp"
@@ -19,7 +18,8 @@ void round_to_bf16(int threads, const float* src, float* dst, int64_t n);
 void round_to_bf16_in_place(int threads, float* p, int64_t n);
 
 /// Carves rounded copies of tensors out of one scratch buffer, which is reserved at setup for the
-/// largest pass (Bf16Copies::reserve) so the step loop allocates nothing.
+/// largest pass (CpuBackend::plan_conv_impl, prepare_linear_impl) so the step loop allocates
+/// nothing.
 class Bf16Copies {
  public:
   /// Bytes of scratch for copies of tensors with these element counts (each aligned).

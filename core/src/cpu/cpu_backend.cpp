@@ -250,7 +250,8 @@ void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Te
   if (precision_ == Precision::fp32) return linear_backward_fp32(x, w, dy, dx, dw, db);
   bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel(), dy.numel()));
   Bf16Copies copies(*bf16_scratch_, threads_);
-  const Tensor xr = copies.rounded(x), wr = copies.rounded(w), dyr = copies.rounded(dy);
+  // w is read only for dx: without it, the fp32 w goes along unread.
+  const Tensor xr = copies.rounded(x), wr = dx ? copies.rounded(w) : w, dyr = copies.rounded(dy);
   linear_backward_fp32(xr, wr, dyr, dx, dw, db);
   if (dx) round_to_bf16_in_place(threads_, dx->f32(), dx->numel());
 }
