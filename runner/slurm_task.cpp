@@ -92,6 +92,9 @@ int slurm_task_main(const std::vector<std::string>& args) {
     o.rerun = m.rerun;
     o.restart = m.restart;
     o.verbose = m.verbose;
+    // Submitted with --force or not, the task keeps one trial of the sweep (by hash): a sweep
+    // of any size must load here.
+    o.force = true;
     o.trial_timeout = m.trial_timeout;
     o.launch = m.launch;
     o.journal = dps::Store::Journal::rollback;
