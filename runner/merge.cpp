@@ -105,7 +105,28 @@ MergeSummary merge_tasks(dps::Store& store, int64_t experiment_id) {
     const std::string task_db = resolve_checkpoint_path(db, t.database);
     const std::string output = fs::path(task_db).replace_extension(".out").string();
     std::error_code ec;
-    if (!fs::exists(task_db, ec)) {
+    const bool exists = fs::exists(task_db, ec);
+    if (ec) {
+      // An I/O or permission error says nothing of whether the task wrote its database.
+      ++summary.waiting;
+      summary.notes.push_back(name + ": cannot tell whether its database " + task_db + " exists (" +
+                              ec.message() +
+                              "); left for a later merge: fix access to it and merge again");
+      continue;
+    }
+    if (!exists) {
+      const fs::path folder = fs::path(task_db).parent_path();
+      std::error_code folder_ec;
+      if (!fs::is_directory(folder, folder_ec)) {
+        // Without its submission folder (not mounted here, moved, deleted) the task's end
+        // cannot be read: closing it lost would be final.
+        ++summary.waiting;
+        summary.notes.push_back(name + ": its submission folder " + folder.string() +
+                                (folder_ec ? " cannot be read (" + folder_ec.message() + ")"
+                                           : " is missing or not a folder") +
+                                "; left for a later merge: mount or restore it and merge again");
+        continue;
+      }
       if (!slurm.ended(t)) {
         ++summary.waiting;
         continue;

@@ -270,3 +270,35 @@ TEST_CASE("merge: dprun report collects ended tasks before it reads", "[merge]")
   DPRUN_REQUIRE_EXIT(clitest::run({"report", "--db", c.db}, c.dir.path()), 0);
   CHECK(c.dump() == before);
 }
+
+TEST_CASE("merge: a task whose submission folder is gone or unreadable is left open, not lost",
+          "[merge]") {
+  Cluster c;
+  const auto [sub, task_db] = c.submit("42");
+  const fs::path folder = fs::path(task_db).parent_path();
+  // Slurm no longer lists the task; its folder is not there (unmounted, moved): no verdict.
+  fs::remove_all(folder);
+  auto m = c.merge();
+  CHECK(m.lost == 0);
+  CHECK(m.waiting == 1);
+  REQUIRE(!m.notes.empty());
+  CHECK_THAT(m.notes[0], Contains("Slurm job 42_0: its submission folder") &&
+                             Contains("left for a later merge"));
+  CHECK(c.store.tasks(c.exp, true).size() == 1);
+
+  // An error other than "no such file" (here a symbolic link loop; EIO, ESTALE and EACCES alike).
+  fs::create_directory_symlink(folder.filename(), folder);
+  m = c.merge();
+  CHECK(m.lost == 0);
+  CHECK(m.waiting == 1);
+  REQUIRE(!m.notes.empty());
+  CHECK_THAT(m.notes[0], Contains("Slurm job 42_0: cannot tell whether its database") &&
+                             Contains("left for a later merge"));
+  CHECK(c.store.tasks(c.exp, true).size() == 1);
+
+  // Back in place, the task's end is collected.
+  fs::remove(folder);
+  fs::create_directories(folder);
+  task_database(task_db, TrialStatus::done, 2);
+  CHECK(c.merge().merged == 1);
+}
