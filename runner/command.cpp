@@ -37,6 +37,7 @@ CommandOutput run_captured(const std::vector<std::string>& argv, double timeout_
   const std::string path = find_executable(argv[0]);
   if (path.empty()) {
     r.error = argv[0] + " is not on PATH";
+    r.not_found = true;
     return r;
   }
   int out_pipe[2], err_pipe[2];

@@ -30,9 +30,11 @@ class SlurmView {
     std::set<std::string> jobs;
     for (const auto& t : open)
       if (!t.job_id.empty()) jobs.insert(t.job_id);
-    live_ = live_array_tasks({jobs.begin(), jobs.end()}, problem_);
+    live_ = live_array_tasks({jobs.begin(), jobs.end()}, problem_, absent_);
   }
   bool known() const { return live_.has_value(); }
+  /// Slurm cannot be asked because there is no squeue here (not because squeue failed).
+  bool absent() const { return !live_ && absent_; }
   const std::string& problem() const { return problem_; }
   /// Slurm's state of a live task, "" when it has ended (or its job has no id, or Slurm cannot
   /// be asked: see known()).
@@ -64,6 +66,7 @@ class SlurmView {
  private:
   std::optional<std::map<std::string, std::map<int64_t, std::string>>> live_;
   std::string problem_;
+  bool absent_ = false;
   std::map<std::string, std::map<int64_t, EndedTask>> ended_;
 };
 
@@ -94,6 +97,15 @@ MergeSummary merge_tasks(dps::Store& store, int64_t experiment_id) {
   SlurmView slurm(open);
   summary.slurm_known = slurm.known();
   summary.slurm_problem = slurm.problem();
+  if (!slurm.known() && !slurm.absent()) {
+    // squeue is there but gave no answer to trust: any task may still run (or be requeued), so
+    // no task database is opened, not even one whose trial records its end.
+    summary.waiting = static_cast<int>(open.size());
+    summary.notes.push_back("Slurm cannot be asked (" + summary.slurm_problem +
+                            "): no task database read; " + std::to_string(summary.waiting) +
+                            " task(s) left for a later merge: merge again once squeue answers");
+    return summary;
+  }
   const std::string& db = store.path();
   for (const dps::TaskRow& t : open) {
     const std::string name = task_name(t);

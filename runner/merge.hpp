@@ -3,8 +3,9 @@
 // attempt); a merge folds those of tasks that have ended into the experiment's database.
 //
 // A task's database is opened only once Slurm no longer lists the task (no reading of a file
-// another host is writing), except where Slurm cannot be asked: then a database whose trial
-// reached a final status is merged, since that status is the task's last write. A database that
+// another host is writing), except where there is no squeue: then a database whose trial
+// reached a final status is merged, since that status is the task's last write. Where squeue
+// fails, no task database is opened: every task is left for later. A database that
 // cannot be opened, or whose trial is still `running` while its task lives, is left for later.
 // A task that ended without its trial's end (killed hard: SIGKILL, node failure) is recorded
 // interrupted with the cause Slurm gives; one that ended before its trial started is closed as

@@ -129,19 +129,27 @@ std::string parse_sbatch_job_id(const std::string& out) {
   return std::regex_match(last, m, id) ? m[1].str() : "";
 }
 
-std::map<std::string, std::map<int64_t, std::string>> parse_squeue(const std::string& out) {
+std::optional<std::map<std::string, std::map<int64_t, std::string>>> parse_squeue(
+    const std::string& out, std::string& problem) {
   std::map<std::string, std::map<int64_t, std::string>> live;
   static const std::regex row(R"(^\s*(\d+)\|(\d+)\|([A-Z_]+)\s*$)");
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     std::smatch m;
-    if (std::regex_match(line, m, row)) live[m[1].str()][std::stoll(m[2].str())] = m[3].str();
+    if (!std::regex_match(line, m, row)) {
+      // A task skipped here would read as ended: its database opened while it may still run.
+      problem = "squeue printed a line that is not JOB|INDEX|STATE: '" + line.substr(0, 200) + "'";
+      return std::nullopt;
+    }
+    live[m[1].str()][std::stoll(m[2].str())] = m[3].str();
   }
   return live;
 }
 
 std::optional<std::map<std::string, std::map<int64_t, std::string>>> live_array_tasks(
-    const std::vector<std::string>& job_ids, std::string& problem) {
+    const std::vector<std::string>& job_ids, std::string& problem, bool& absent) {
+  absent = false;
   std::map<std::string, std::map<int64_t, std::string>> none;
   if (job_ids.empty()) return none;
   std::string list;
@@ -149,9 +157,10 @@ std::optional<std::map<std::string, std::map<int64_t, std::string>>> live_array_
   // -r: one line per array task, pending ones too (squeue folds them into "12_[3-9]" otherwise).
   const CommandOutput q =
       run_captured({"squeue", "-h", "-r", "-j", list, "-o", "%F|%K|%T"}, kQueryTimeoutSeconds);
-  if (q.ok()) return parse_squeue(q.out);
+  if (q.ok()) return parse_squeue(q.out, problem);
   // squeue refuses a list in which it knows no job at all: every one of them has ended.
   if (q.started && !q.timed_out && q.err.find("Invalid job id") != std::string::npos) return none;
+  absent = q.not_found;
   problem = q.started ? "squeue " + q.failure() : q.failure();
   return std::nullopt;
 }

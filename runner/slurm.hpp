@@ -62,11 +62,15 @@ std::string parse_sbatch_job_id(const std::string& out);
 
 /// The array tasks Slurm still holds as live, by job id then index, with their state (PENDING,
 /// RUNNING, COMPLETING, ...), from `squeue -h -r -j IDS -o %F|%K|%T`. nullopt when Slurm cannot
-/// be asked (no squeue, no controller); `problem` says why.
+/// be asked; `problem` says why, and `absent` is true when that is because there is no squeue at
+/// all (not on PATH), false when squeue ran and failed (an exit status other than 0, no answer
+/// in time, a line it printed that is not a task).
 std::optional<std::map<std::string, std::map<int64_t, std::string>>> live_array_tasks(
-    const std::vector<std::string>& job_ids, std::string& problem);
-/// The parsing half of live_array_tasks.
-std::map<std::string, std::map<int64_t, std::string>> parse_squeue(const std::string& out);
+    const std::vector<std::string>& job_ids, std::string& problem, bool& absent);
+/// The parsing half of live_array_tasks: nullopt when a non-empty line is not `JOB|INDEX|STATE`
+/// (`problem` quotes it).
+std::optional<std::map<std::string, std::map<int64_t, std::string>>> parse_squeue(
+    const std::string& out, std::string& problem);
 
 /// How an ended array task finished, as scontrol remembers it (for MinJobAge after its end).
 struct EndedTask {

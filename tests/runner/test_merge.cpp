@@ -302,3 +302,29 @@ TEST_CASE("merge: a task whose submission folder is gone or unreadable is left o
   task_database(task_db, TrialStatus::done, 2);
   CHECK(c.merge().merged == 1);
 }
+
+TEST_CASE("merge: a squeue that fails or answers garbage leaves every task unread for later",
+          "[merge]") {
+  Cluster c;
+  const auto [sub, task_db] = c.submit("42");
+  // A recorded end, which a merge without any squeue would collect: not while squeue fails.
+  task_database(task_db, TrialStatus::done, 2);
+  const std::string before = c.dump();
+  for (const std::string& body :
+       {std::string(
+            "echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n"),
+        std::string("echo '42|0|RUNNING'\necho 'squeue: warning: something odd'\n")}) {
+    write_script(c.bin + "/squeue", body);
+    const auto m = c.merge();
+    CHECK_FALSE(m.slurm_known);
+    CHECK(m.merged + m.lost == 0);
+    CHECK(m.waiting == 1);
+    REQUIRE(m.notes.size() == 1);
+    CHECK_THAT(m.notes[0], Contains("Slurm cannot be asked (squeue ") &&
+                               Contains("no task database read") &&
+                               Contains("left for a later merge"));
+    CHECK(c.dump() == before);
+  }
+  write_script(c.bin + "/squeue", "true\n");
+  CHECK(c.merge().merged == 1);
+}

@@ -172,11 +172,16 @@ TEST_CASE("slurm: reading sbatch, squeue and scontrol", "[slurm]") {
   CHECK(dprun::parse_sbatch_job_id("Submitted batch job 12\n").empty());
   CHECK(dprun::parse_sbatch_job_id("").empty());
 
-  const auto live = dprun::parse_squeue("12|0|RUNNING\n12|3|PENDING\n13|1|COMPLETING\ngarbage\n");
-  REQUIRE(live.size() == 2);
-  CHECK(live.at("12").at(0) == "RUNNING");
-  CHECK(live.at("12").at(3) == "PENDING");
-  CHECK(live.at("13").at(1) == "COMPLETING");
+  std::string problem;
+  const auto live = dprun::parse_squeue("12|0|RUNNING\n12|3|PENDING\n\n13|1|COMPLETING\n", problem);
+  REQUIRE(live);
+  REQUIRE(live->size() == 2);
+  CHECK(live->at("12").at(0) == "RUNNING");
+  CHECK(live->at("12").at(3) == "PENDING");
+  CHECK(live->at("13").at(1) == "COMPLETING");
+  // A line it cannot read is no answer: a task skipped would look ended.
+  CHECK_FALSE(dprun::parse_squeue("12|0|RUNNING\ngarbage\n", problem));
+  CHECK_THAT(problem, Contains("squeue printed a line that is not JOB|INDEX|STATE: 'garbage'"));
 
   const auto ended = dprun::parse_scontrol_jobs(
       "JobId=14 ArrayJobId=12 ArrayTaskId=1 JobState=TIMEOUT Reason=TimeLimit ExitCode=0:15 "
