@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <string_view>
 
 #include "launch.hpp"
 
@@ -28,7 +29,8 @@ std::string CommandOutput::failure() const {
   return first.empty() ? what : what + ": " + first;
 }
 
-CommandOutput run_captured(const std::vector<std::string>& argv, double timeout_seconds) {
+CommandOutput run_captured(const std::vector<std::string>& argv, double timeout_seconds,
+                           const std::vector<std::string>& unset_env) {
   CommandOutput r;
   if (argv.empty()) {
     r.error = "no command";
@@ -59,8 +61,18 @@ CommandOutput run_captured(const std::vector<std::string>& argv, double timeout_
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    bool keep = true;
+    for (const auto& u : unset_env)
+      if (name == u) keep = false;
+    if (keep) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, path.c_str(), &fa, nullptr, args.data(), environ);
+  const int rc = posix_spawn(&pid, path.c_str(), &fa, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);

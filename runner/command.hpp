@@ -20,7 +20,9 @@ struct CommandOutput {
 };
 
 /// Runs argv (argv[0] a path or a name on PATH) with stdin from /dev/null, collecting stdout and
-/// stderr, for at most timeout_seconds (then SIGKILL). Never throws for the command's failures.
-CommandOutput run_captured(const std::vector<std::string>& argv, double timeout_seconds);
+/// stderr, for at most timeout_seconds (then SIGKILL), in this process's environment less the
+/// variables named in `unset_env`. Never throws for the command's failures.
+CommandOutput run_captured(const std::vector<std::string>& argv, double timeout_seconds,
+                           const std::vector<std::string>& unset_env = {});
 
 }  // namespace dprun

@@ -18,6 +18,14 @@ namespace {
 // seconds. Longer than this and the controller is treated as unreachable for now.
 constexpr double kQueryTimeoutSeconds = 60;
 
+// Variables through which a user's settings would change what squeue and scontrol answer (which
+// states, partitions, users, clusters, the output format): a live task hidden by them would be
+// taken for ended, collected and run a second time. They are removed from the queries' environment.
+const std::vector<std::string> kQueryEnvToUnset = {
+    "SQUEUE_STATES",   "SQUEUE_PARTITION", "SQUEUE_USERS",     "SQUEUE_ACCOUNT", "SQUEUE_QOS",
+    "SQUEUE_NAMES",    "SQUEUE_FORMAT",    "SQUEUE_FORMAT2",   "SQUEUE_SORT",    "SLURM_CLUSTERS",
+    "SQUEUE_CLUSTERS", "SQUEUE_SIBLING",   "SLURM_TIME_FORMAT"};
+
 std::string plural(int64_t n, const char* one, const char* many) {
   return std::to_string(n) + " " + (n == 1 ? one : many);
 }
@@ -155,8 +163,8 @@ std::optional<std::map<std::string, std::map<int64_t, std::string>>> live_array_
   std::string list;
   for (const auto& id : job_ids) list += (list.empty() ? "" : ",") + id;
   // -r: one line per array task, pending ones too (squeue folds them into "12_[3-9]" otherwise).
-  const CommandOutput q =
-      run_captured({"squeue", "-h", "-r", "-j", list, "-o", "%F|%K|%T"}, kQueryTimeoutSeconds);
+  const CommandOutput q = run_captured({"squeue", "-h", "-r", "-j", list, "-o", "%F|%K|%T"},
+                                       kQueryTimeoutSeconds, kQueryEnvToUnset);
   if (q.ok()) return parse_squeue(q.out, problem);
   // squeue refuses a list in which it knows no job at all: every one of them has ended.
   if (q.started && !q.timed_out && q.err.find("Invalid job id") != std::string::npos) return none;
@@ -189,8 +197,8 @@ std::map<int64_t, EndedTask> parse_scontrol_jobs(const std::string& out) {
 }
 
 std::map<int64_t, EndedTask> ended_array_tasks(const std::string& job_id) {
-  const CommandOutput q =
-      run_captured({"scontrol", "show", "job", "-o", job_id}, kQueryTimeoutSeconds);
+  const CommandOutput q = run_captured({"scontrol", "show", "job", "-o", job_id},
+                                       kQueryTimeoutSeconds, kQueryEnvToUnset);
   return q.ok() ? parse_scontrol_jobs(q.out) : std::map<int64_t, EndedTask>{};
 }
 

@@ -328,3 +328,31 @@ TEST_CASE("merge: a squeue that fails or answers garbage leaves every task unrea
   write_script(c.bin + "/squeue", "true\n");
   CHECK(c.merge().merged == 1);
 }
+
+TEST_CASE("merge: the user's SQUEUE_* and SLURM_CLUSTERS settings cannot hide a live task",
+          "[merge]") {
+  Cluster c;
+  const auto [sub, task_db] = c.submit("42");
+  task_database(task_db, TrialStatus::running, 1);
+  // As the real squeue would: a filter from the environment hides the running task.
+  write_script(c.bin + "/squeue",
+               "if [ -n \"$SQUEUE_STATES$SLURM_CLUSTERS$SQUEUE_PARTITION\" ]; then exit 0; fi\n"
+               "echo '42|0|RUNNING'\n");
+  write_script(c.bin + "/scontrol", "env > '" + c.dir.path() + "/scontrol-env.txt'\n");
+  const dptest::EnvVar states("SQUEUE_STATES", "COMPLETED");
+  const dptest::EnvVar clusters("SLURM_CLUSTERS", "other");
+  const dptest::EnvVar partition("SQUEUE_PARTITION", "debug");
+  const auto m = c.merge();
+  CHECK(m.merged == 0);
+  CHECK(m.waiting == 1);
+  CHECK(m.live.at({sub, 0}) == "RUNNING");
+  CHECK(c.store.get_trial(c.trial)->status == TrialStatus::pending);
+
+  // scontrol is asked without them too (once the task has ended).
+  write_script(c.bin + "/squeue", "true\n");
+  CHECK(c.merge().merged == 1);
+  const std::string env = clitest::slurp(c.dir.path() + "/scontrol-env.txt");
+  CHECK_THAT(env, Contains("PATH="));
+  CHECK_FALSE(env.find("SQUEUE_STATES") != std::string::npos);
+  CHECK_FALSE(env.find("SLURM_CLUSTERS") != std::string::npos);
+}
