@@ -54,7 +54,10 @@ std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskSha
 
 /// Why sbatch arguments from the user cannot be used, "" when they can: dprun sets --array,
 /// --output, --ntasks and --parsable itself (its task databases and output files are named by
-/// array index), and an argument that is not an option would become sbatch's script.
+/// array index), and refuses --wrap, --clusters, --error and --chdir (short forms and long
+/// abbreviations of 3 characters or more included). A bare word is accepted only as the value
+/// of a short option before it ("-p debug"): else it would become sbatch's script, so a long
+/// option's value is written --opt=value.
 std::string sbatch_args_problem(const std::vector<std::string>& args);
 
 /// The job id in sbatch --parsable's answer ("12" or "12;cluster"); "" when there is none.

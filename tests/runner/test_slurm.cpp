@@ -142,8 +142,27 @@ TEST_CASE("slurm: GPUs as a generic resource, one process per node", "[slurm]") 
 
 TEST_CASE("slurm: sbatch arguments dprun sets itself are refused", "[slurm]") {
   CHECK(dprun::sbatch_args_problem({}).empty());
-  CHECK(dprun::sbatch_args_problem({"-p", "debug", "--time", "10", "--exclusive", "--qos=x"})
+  CHECK(dprun::sbatch_args_problem({"-p", "debug", "--time=10", "--exclusive", "--qos=x",
+                                    "--part=gpu", "--ntasks-per-node=1", "-t", "5"})
             .empty());
+  // A long option's value after a space: sbatch may take the word as its script.
+  CHECK_THAT(dprun::sbatch_args_problem({"--time", "10"}),
+             Contains("'10' follows --time: write --time=10"));
+  CHECK_THAT(dprun::sbatch_args_problem({"--exclusive", "job.sh"}),
+             Contains("write --exclusive=job.sh"));
+  // Abbreviations sbatch accepts.
+  CHECK_THAT(dprun::sbatch_args_problem({"--arr=0-3"}), Contains("dprun makes the array"));
+  CHECK_THAT(dprun::sbatch_args_problem({"--out=x.out"}), Contains("tNNNN.out"));
+  CHECK_THAT(dprun::sbatch_args_problem({"--ntask=2"}), Contains("processes setting"));
+  CHECK_THAT(dprun::sbatch_args_problem({"--pars"}), Contains("reads sbatch's answer"));
+  // Options that would break what dprun reads back.
+  CHECK_THAT(dprun::sbatch_args_problem({"-M", "other"}), Contains("default cluster"));
+  CHECK_THAT(dprun::sbatch_args_problem({"--clusters=other"}), Contains("default cluster"));
+  CHECK_THAT(dprun::sbatch_args_problem({"--cluster=other"}), Contains("default cluster"));
+  CHECK_THAT(dprun::sbatch_args_problem({"-e", "x.err"}), Contains("CANCELLED lines"));
+  CHECK_THAT(dprun::sbatch_args_problem({"--error=x.err"}), Contains("tNNNN.out"));
+  CHECK_THAT(dprun::sbatch_args_problem({"-D", "/scratch"}), Contains("relative to the folder"));
+  CHECK_THAT(dprun::sbatch_args_problem({"--chdir=/scratch"}), Contains("relative to the folder"));
   CHECK_THAT(dprun::sbatch_args_problem({"--array=0-3"}), Contains("--max-parallel"));
   CHECK_THAT(dprun::sbatch_args_problem({"-a", "1-3"}), Contains("dprun makes the array"));
   CHECK_THAT(dprun::sbatch_args_problem({"--output", "x.out"}), Contains("tNNNN.out"));
