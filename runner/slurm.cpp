@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "command.hpp"
+#include "dp/error.hpp"
 #include "trial_process.hpp"
 
 namespace dprun {
@@ -58,6 +59,14 @@ std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskSha
                                         const std::string& folder,
                                         const std::vector<std::string>& extra,
                                         const std::string& script) {
+  if (folder.find('\\') != std::string::npos)
+    throw dp::Error("the submission folder " + folder +
+                    " has a backslash in its path, which turns off sbatch's expansion of %a in "
+                    "--output (every task would write one file named t%4a.out); keep the "
+                    "experiment's database in a folder whose path has none");
+  // sbatch expands %x in --output: a % of the folder's own is written %%.
+  std::string escaped;
+  for (char c : folder) escaped += c == '%' ? std::string("%%") : std::string(1, c);
   std::string array = "--array=0-" + std::to_string(count - 1);
   if (config.max_parallel > 0) array += "%" + std::to_string(config.max_parallel);
   // %4a: the array index padded to four digits, as the task databases are named.
@@ -65,7 +74,7 @@ std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskSha
                                "--parsable",
                                "--job-name=" + job_name,
                                array,
-                               "--output=" + folder + "/t%4a.out",
+                               "--output=" + escaped + "/t%4a.out",
                                "--ntasks=" + std::to_string(shape.processes)};
   if (shape.gpus_per_process > 0 && !config.gres) {
     cmd.push_back("--gpus-per-task=" + std::to_string(shape.gpus_per_process));

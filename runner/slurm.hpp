@@ -46,6 +46,8 @@ TaskShape task_shape(const SlurmConfig& config, int64_t gpus, int64_t processes,
 ///   --ntasks=P [--gpus-per-task=G | --gres=gpu:G [--nodes=P --ntasks-per-node=1]]
 ///   [--cpus-per-task=C] [the config's options and args]
 ///   [extra: the command line's sbatch arguments] SCRIPT
+/// A % in FOLDER is written %%; a backslash in it is refused (dp::Error): it would turn off
+/// sbatch's expansion of %a.
 std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskShape& shape,
                                         int64_t count, const std::string& job_name,
                                         const std::string& folder,

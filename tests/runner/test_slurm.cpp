@@ -1,6 +1,7 @@
 // Slurm without a cluster: [launch.slurm] in experiment files (every mistake at file:line), the
 // sbatch command and job script dprun submit builds, and reading what squeue, scontrol and
 // slurmstepd say. The real cluster is test_slurm_cluster.cpp.
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include "experiment_helpers.hpp"
@@ -171,6 +172,15 @@ TEST_CASE("slurm: sbatch arguments dprun sets itself are refused", "[slurm]") {
   CHECK_THAT(dprun::sbatch_args_problem({"job.sh"}),
              Contains("'job.sh' is not an option (sbatch would take it as its script"));
   CHECK_THAT(dprun::sbatch_args_problem({"--time=10", "extra"}), Contains("'extra'"));
+}
+
+TEST_CASE("slurm: a % in the submission folder is escaped, a backslash refused", "[slurm]") {
+  dprun::SlurmConfig config;
+  const auto shape = dprun::task_shape(config, 1, 1, true);
+  const auto cmd = dprun::sbatch_command(config, shape, 1, "j", "/r/100%/s0001", {}, "job.sh");
+  CHECK(std::find(cmd.begin(), cmd.end(), "--output=/r/100%%/s0001/t%4a.out") != cmd.end());
+  CHECK_THROWS_WITH(dprun::sbatch_command(config, shape, 1, "j", "/r/a\\b/s0001", {}, "job.sh"),
+                    Contains("has a backslash in its path") && Contains("in a folder whose path"));
 }
 
 TEST_CASE("slurm: the job script only starts the task", "[slurm]") {
