@@ -98,6 +98,13 @@ int status_command(const Invocation& in) {
   dps::Store store = open_read_write(t);
   const auto experiments = experiments_of(store, t);
   if (experiments.empty()) {
+    if (!t.experiment) {
+      std::fprintf(stderr,
+                   "dprun status: database %s holds no experiment; give the experiment file "
+                   "(dprun status FILE.toml) or a database that has run or submitted one\n",
+                   t.db.c_str());
+      return 2;
+    }
     std::printf("experiment %s: nothing submitted or run yet (database %s)\n",
                 t.experiment->name.c_str(), t.db.c_str());
     return 0;

@@ -356,3 +356,12 @@ TEST_CASE("merge: the user's SQUEUE_* and SLURM_CLUSTERS settings cannot hide a 
   CHECK_FALSE(env.find("SQUEUE_STATES") != std::string::npos);
   CHECK_FALSE(env.find("SLURM_CLUSTERS") != std::string::npos);
 }
+
+TEST_CASE("status: a database without experiments and no experiment file is an error", "[merge]") {
+  dptest::TempDir dir;
+  const std::string db = dir.path() + "/empty.db";
+  { Store s(db, Store::Mode::read_write, dprun::builtin_settings().store_columns()); }
+  const auto r = clitest::run({"status", "--db", db}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 2);
+  CHECK_THAT(r.err, Contains("database " + db + " holds no experiment"));
+}
