@@ -105,7 +105,10 @@ CommandOutput run_captured(const std::vector<std::string>& argv, double timeout_
         which[n++] = i;
       }
     const int ready = ::poll(p, n, static_cast<int>(left));
-    if (ready < 0 && errno != EINTR) break;
+    if (ready < 0 && errno != EINTR) {
+      ::kill(pid, SIGKILL);  // else the waitpid below could wait for it forever
+      break;
+    }
     for (nfds_t k = 0; k < n; ++k) {
       if (!(p[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char buf[4096];

@@ -188,7 +188,13 @@ class SlurmCluster {
     return pid;
   }
 
-  static bool alive(pid_t pid) { return pid > 0 && ::waitpid(pid, nullptr, WNOHANG) == 0; }
+  // Once reaped, the number is forgotten: stop() must never signal a pid the kernel reused.
+  static bool alive(pid_t& pid) {
+    if (pid <= 0) return false;
+    if (::waitpid(pid, nullptr, WNOHANG) == 0) return true;
+    pid = -1;
+    return false;
+  }
 
   // SIGTERM, then SIGKILL when it has not exited after a while; reaped either way.
   static void stop(pid_t pid) {
