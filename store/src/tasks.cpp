@@ -147,10 +147,11 @@ MergeOutcome Store::merge_task(int64_t submission_id, int64_t index, const Trial
   sqlite3* db = impl_->db;
   WriteTransaction txn(db);
   int64_t trial_id = 0, experiment_id = 0;
+  bool already_done = false;
   {
     Stmt task(db,
               "SELECT t.state AS state, t.trial_id AS trial_id, r.config_hash AS config_hash, "
-              "r.experiment_id AS experiment_id "
+              "r.experiment_id AS experiment_id, r.status AS status "
               "FROM tasks t JOIN trials r ON r.id = t.trial_id "
               "WHERE t.submission_id = ?1 AND t.task_index = ?2");
     task.bind(1, submission_id).bind(2, index);
@@ -167,13 +168,16 @@ MergeOutcome Store::merge_task(int64_t submission_id, int64_t index, const Trial
     }
     trial_id = task.int64("trial_id");
     experiment_id = task.int64("experiment_id");
+    already_done = task.text("status") == status_name(TrialStatus::done);
   }
   // Attempts are ordered by submission: the result of an older one that arrives late (its
   // database could not be read before) must not undo a newer attempt's.
   Stmt newer(db,
              "SELECT 1 FROM tasks WHERE trial_id = ?1 AND submission_id > ?2 AND state = 'merged'");
   newer.bind(1, trial_id).bind(2, submission_id);
-  const bool superseded = newer.step();
+  // Nor may a result short of done replace a trial another attempt finished (a later submission
+  // of the same trial that failed, or a local `dprun run` that claimed it meanwhile).
+  const bool superseded = newer.step() || (already_done && state.trial.status != TrialStatus::done);
   if (!superseded) {
     detail::put_trial_state(db, impl_->path, impl_->setting_columns, impl_->has_checkpoints(),
                             experiment_id, state);

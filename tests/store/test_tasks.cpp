@@ -188,6 +188,21 @@ TEST_CASE("merging a task's result applies it once, in submission order", "[stor
     CHECK(tasks[0].state == dps::TaskState::merged);
     CHECK(tasks[0].error == "cancelled by Slurm (scancel)");
   }
+  SECTION("a result short of done never replaces a trial another attempt finished") {
+    // The newer submission's task fails after the older one (or a local run) finished the trial.
+    CHECK(store.merge_task(first, 0, done) == dps::MergeOutcome::applied);
+    dps::TrialState failed = store.trial_state(id);
+    failed.trial.status = TrialStatus::failed;
+    failed.trial.error = "out of memory";
+    failed.epochs.resize(1);
+    const std::string before = dump(path);
+    CHECK(store.merge_task(second, 0, failed) == dps::MergeOutcome::superseded);
+    const auto now = store.trial_state(id);
+    CHECK(now.trial.status == TrialStatus::done);
+    CHECK(now.epochs.size() == 3);
+    CHECK(store.tasks(exp, false)[2].error == "out of memory");  // closed with its own outcome
+    CHECK(dump(path) != before);                                 // (only the task row changed)
+  }
   SECTION("a task that ended without a result is closed as lost, once") {
     CHECK(store.close_lost_task(first, 1, "cancelled before it started"));
     CHECK_FALSE(store.close_lost_task(first, 1, "again"));
