@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -39,8 +40,18 @@ namespace {
 constexpr double kStartSeconds = 60;
 constexpr double kSweepSeconds = 300;
 
-bool poll(const std::function<bool()>& done, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+// Every wait of a test case ends by this time (set when its cluster starts), however many waits
+// it has: the case then fails and stops its daemons well inside ctest's 900 s, whose kill would
+// leave them running. Stopping the cluster waits on its own short bounds (capped = false).
+constexpr double kCaseSeconds = 600;
+std::chrono::steady_clock::time_point g_case_deadline =
+    std::chrono::steady_clock::time_point::max();
+
+bool poll(const std::function<bool()>& done, double seconds, bool capped = true) {
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(seconds));
+  if (capped) deadline = std::min(deadline, g_case_deadline);
   while (std::chrono::steady_clock::now() < deadline) {
     if (done()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -133,6 +144,9 @@ class SlurmCluster {
     for (const auto& line : lines) text += line + "\n";
     clitest::write_file(conf_, text);
     conf_env_.emplace("SLURM_CONF", conf_);
+    g_case_deadline = std::chrono::steady_clock::now() +
+                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                          std::chrono::duration<double>(kCaseSeconds));
     // -D: in the foreground, so that they are this test's children; -i: no saved state.
     ctld_ = spawn({ctld, "-D", "-i", "-f", conf_}, "slurmctld");
     slurmd_ = spawn({slurmd, "-D", "-f", conf_}, "slurmd");
@@ -155,7 +169,7 @@ class SlurmCluster {
   ~SlurmCluster() {
     if (alive(ctld_)) {
       slurm_command({"scancel", "--user", user_name()});
-      poll([] { return queue().empty(); }, 60);
+      poll([] { return queue().empty(); }, 60, false);
     }
     for (pid_t pid : {slurmd_, ctld_}) stop(pid);
   }
@@ -200,7 +214,7 @@ class SlurmCluster {
   static void stop(pid_t pid) {
     if (pid <= 0) return;
     ::kill(pid, SIGTERM);
-    const bool gone = poll([&] { return ::waitpid(pid, nullptr, WNOHANG) != 0; }, 30);
+    const bool gone = poll([&] { return ::waitpid(pid, nullptr, WNOHANG) != 0; }, 30, false);
     if (!gone) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
