@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "dp/error.hpp"
+#include "dp/layers.hpp"
 #include "dp/random.hpp"
 #include "plugin_loader.hpp"
 #include "support/check.hpp"
@@ -64,6 +65,17 @@ dp::Dataset training_data(int64_t count, uint64_t seed, bool* real) {
   }
   if (real) *real = false;
   return synthetic_dataset(count, seed);
+}
+
+std::unique_ptr<dp::Module> small_bn_net() {
+  auto net = std::make_unique<dp::Sequential>();
+  net->add(std::make_unique<dp::Conv2d>(1, 8, 3, 2, 1));
+  net->add(std::make_unique<dp::BatchNorm2d>(8));
+  net->add(std::make_unique<dp::ReLU>());
+  net->add(std::make_unique<dp::MaxPool2d>(2, 2));
+  net->add(std::make_unique<dp::Flatten>());
+  net->add(std::make_unique<dp::Linear>(8 * 7 * 7, 10, true, dp::Init::normal(0.1f)));
+  return net;
 }
 
 }  // namespace enginetest

@@ -26,4 +26,8 @@ dp::Dataset synthetic_dataset(int64_t count, uint64_t seed);
 /// synthetic_dataset(count, seed). `real` tells which.
 dp::Dataset training_data(int64_t count, uint64_t seed, bool* real = nullptr);
 
+/// A small conv net with batch norm for 28x28 single-channel input (quick to train, has
+/// buffers).
+std::unique_ptr<dp::Module> small_bn_net();
+
 }  // namespace enginetest

@@ -13,6 +13,8 @@
 
 namespace {
 
+using enginetest::small_bn_net;
+
 dp::ModelBuilder lenet(const dp::ModelOptions& options = {}) {
   return [options] { return enginetest::build_model("libdprun_lenet.so", "lenet", options); };
 }
@@ -28,18 +30,6 @@ dp::TrainerOptions cpu_options(int replicas, int64_t batch, dp::SgdParams sgd = 
   o.cpu_threads = 2;
   o.epochs = 1;
   return o;
-}
-
-// A small conv net with batch norm (quick to train, has buffers).
-std::unique_ptr<dp::Module> small_bn_net() {
-  auto net = std::make_unique<dp::Sequential>();
-  net->add(std::make_unique<dp::Conv2d>(1, 8, 3, 2, 1));
-  net->add(std::make_unique<dp::BatchNorm2d>(8));
-  net->add(std::make_unique<dp::ReLU>());
-  net->add(std::make_unique<dp::MaxPool2d>(2, 2));
-  net->add(std::make_unique<dp::Flatten>());
-  net->add(std::make_unique<dp::Linear>(8 * 7 * 7, 10, true, dp::Init::normal(0.1f)));
-  return net;
 }
 
 // A linear classifier: no ReLU that could die, so a huge learning rate really overflows.
@@ -277,9 +267,10 @@ TEST_CASE("The last partial batch may be smaller than the replica count", "[engi
   }
 }
 
-TEST_CASE("A last batch, or a whole training set, smaller than the replica count: the step of "
-          "one replica",
-          "[engine][trainer]") {
+TEST_CASE(
+    "A last batch, or a whole training set, smaller than the replica count: the step of "
+    "one replica",
+    "[engine][trainer]") {
   // 129 examples in batches of 64 on 3 replicas: the last step has one example (shards 1, 0, 0).
   // 2 examples in one batch of 3: the training set itself is smaller than the replica count.
   struct Case {
@@ -314,7 +305,8 @@ TEST_CASE("A last batch, or a whole training set, smaller than the replica count
   }
 }
 
-TEST_CASE("Synchronised batch norm: k replicas compute the step of one replica", "[engine][trainer]") {
+TEST_CASE("Synchronised batch norm: k replicas compute the step of one replica",
+          "[engine][trainer]") {
   // With bn = "sync" the statistics are those of the whole global batch, so a net with batch
   // norm trained on k replicas equals one replica (with ordinary batch norm) on the whole batch,
   // up to summation order. 131 examples in batches of 64: the last step has 3 examples, so with

@@ -16,6 +16,8 @@
 
 namespace {
 
+using enginetest::small_bn_net;
+
 // A value whose sum depends on the order it is added in (large and small magnitudes mixed).
 float term(int process, size_t i) {
   const float big = (i % 3 == 0) ? 1e7f : 1.0f;
@@ -70,17 +72,6 @@ std::vector<float> train_steps(const dp::TrainerOptions& o, const dp::ModelBuild
   const auto p = t.parameters(0);
   for (int r = 1; r < t.replicas(); ++r) CHECK(t.parameters(r) == p);
   return p;
-}
-
-std::unique_ptr<dp::Module> small_bn_net() {
-  auto net = std::make_unique<dp::Sequential>();
-  net->add(std::make_unique<dp::Conv2d>(1, 8, 3, 2, 1));
-  net->add(std::make_unique<dp::BatchNorm2d>(8));
-  net->add(std::make_unique<dp::ReLU>());
-  net->add(std::make_unique<dp::MaxPool2d>(2, 2));
-  net->add(std::make_unique<dp::Flatten>());
-  net->add(std::make_unique<dp::Linear>(8 * 7 * 7, 10, true, dp::Init::normal(0.1f)));
-  return net;
 }
 
 }  // namespace
@@ -201,8 +192,9 @@ TEST_CASE("Bucketed sums across processes give exactly the unbucketed parameters
   // duplicated communicator) while the replica threads run synchronised BN's collectives.
   auto& g = mpitest::group();
   if (!g.concurrent_collectives()) {
-    WARN("this MPI library does not allow concurrent collectives (MPI_THREAD_MULTIPLE): with "
-         "synchronised BN the buckets are summed inline, not by communication threads");
+    WARN(
+        "this MPI library does not allow concurrent collectives (MPI_THREAD_MULTIPLE): with "
+        "synchronised BN the buckets are summed inline, not by communication threads");
   }
   bool real = false;
   const auto data = enginetest::training_data(131, 8, &real);
