@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "conv_test_util.hpp"
 #include "dp/backend.hpp"
 #include "support/check.hpp"
 #include "test_cpu_util.hpp"
@@ -19,30 +20,6 @@ using dptest::host_tensor;
 using dptest::random_vector;
 
 namespace {
-
-struct ConvCase {
-  const char* name;
-  int64_t n, c, h, w, k, r, s, sh, sw, ph, pw;
-  int64_t max_batch = 0;  // 0: n
-  int64_t p() const { return (h + 2 * ph - r) / sh + 1; }
-  int64_t q() const { return (w + 2 * pw - s) / sw + 1; }
-  dp::ConvGeometry geometry(dp::Layout layout = dp::Layout::nchw) const {
-    dp::ConvGeometry g;
-    g.max_batch = max_batch ? max_batch : n;
-    g.in_channels = c;
-    g.in_h = h;
-    g.in_w = w;
-    g.out_channels = k;
-    g.kernel_h = r;
-    g.kernel_w = s;
-    g.stride_h = sh;
-    g.stride_w = sw;
-    g.pad_h = ph;
-    g.pad_w = pw;
-    g.layout = layout;
-    return g;
-  }
-};
 
 // Every case has odd or unequal sizes somewhere; one runs fewer images than planned.
 const std::vector<ConvCase> kConvCases = {
@@ -64,115 +41,6 @@ const std::vector<ConvCase> kConvCases = {
 // channel blocks) also rounds in its input and output transforms: measured up to 1.0e-5 here.
 // A wrong pass is off by O(1).
 constexpr double kForwardTolerance = 3e-5;
-
-// Random inputs of one case: x (N,C,H,W), w (K,C,R,S) in [-w_range, w_range), b (K) and
-// dy (N,K,P,Q), from seeds seed..seed+3.
-struct ConvData {
-  fvec x, w, b, dy;
-};
-ConvData conv_data(const ConvCase& cc, uint64_t seed, float w_range = 1.0f) {
-  return ConvData{random_vector(cc.n * cc.c * cc.h * cc.w, seed),
-                  random_vector(cc.k * cc.c * cc.r * cc.s, seed + 1, -w_range, w_range),
-                  random_vector(cc.k, seed + 2),
-                  random_vector(cc.n * cc.k * cc.p() * cc.q(), seed + 3)};
-}
-
-// y[n][k][p][q] = b[k] + sum_{c,r,s} x[n][c][p*sh-ph+r][q*sw-pw+s] * w[k][c][r][s]
-dvec conv_ref(const ConvCase& cc, const fvec& x, const fvec& w, const fvec* b) {
-  const int64_t P = cc.p(), Q = cc.q();
-  dvec y(static_cast<size_t>(cc.n * cc.k * P * Q));
-  for (int64_t n = 0; n < cc.n; ++n)
-    for (int64_t k = 0; k < cc.k; ++k)
-      for (int64_t p = 0; p < P; ++p)
-        for (int64_t q = 0; q < Q; ++q) {
-          double sum = b ? (*b)[static_cast<size_t>(k)] : 0.0;
-          for (int64_t c = 0; c < cc.c; ++c)
-            for (int64_t r = 0; r < cc.r; ++r)
-              for (int64_t s = 0; s < cc.s; ++s) {
-                const int64_t ih = p * cc.sh - cc.ph + r, iw = q * cc.sw - cc.pw + s;
-                if (ih < 0 || ih >= cc.h || iw < 0 || iw >= cc.w) continue;
-                sum += static_cast<double>(
-                           x[static_cast<size_t>(((n * cc.c + c) * cc.h + ih) * cc.w + iw)]) *
-                       w[static_cast<size_t>(((k * cc.c + c) * cc.r + r) * cc.s + s)];
-              }
-          y[static_cast<size_t>(((n * cc.k + k) * P + p) * Q + q)] = sum;
-        }
-  return y;
-}
-
-// The adjoints of conv_ref: dx = d(sum y*dy)/dx, dw likewise, db = sum dy.
-void conv_ref_grads(const ConvCase& cc, const fvec& x, const fvec& w, const fvec& dy, dvec& dx,
-                    dvec& dw, dvec& db) {
-  const int64_t P = cc.p(), Q = cc.q();
-  dx.assign(x.size(), 0.0);
-  dw.assign(w.size(), 0.0);
-  db.assign(static_cast<size_t>(cc.k), 0.0);
-  for (int64_t n = 0; n < cc.n; ++n)
-    for (int64_t k = 0; k < cc.k; ++k)
-      for (int64_t p = 0; p < P; ++p)
-        for (int64_t q = 0; q < Q; ++q) {
-          const double g = dy[static_cast<size_t>(((n * cc.k + k) * P + p) * Q + q)];
-          db[static_cast<size_t>(k)] += g;
-          for (int64_t c = 0; c < cc.c; ++c)
-            for (int64_t r = 0; r < cc.r; ++r)
-              for (int64_t s = 0; s < cc.s; ++s) {
-                const int64_t ih = p * cc.sh - cc.ph + r, iw = q * cc.sw - cc.pw + s;
-                if (ih < 0 || ih >= cc.h || iw < 0 || iw >= cc.w) continue;
-                const auto xi = static_cast<size_t>(((n * cc.c + c) * cc.h + ih) * cc.w + iw);
-                const auto wi = static_cast<size_t>(((k * cc.c + c) * cc.r + r) * cc.s + s);
-                dx[xi] += g * w[wi];
-                dw[wi] += g * x[xi];
-              }
-        }
-}
-
-// The passes of one case on one backend with activations in `layout`; every array in and out is
-// in NCHW order (the conversions are the test's, so the references stay NCHW loops).
-struct ConvRunner {
-  dp::Backend& backend;
-  const ConvCase& cc;
-  dp::Layout layout;
-  std::unique_ptr<dp::ConvPlan> plan;
-
-  ConvRunner(dp::Backend& b, const ConvCase& c, dp::Layout l, const dp::ConvUse& use = {})
-      : backend(b), cc(c), layout(l), plan(b.plan_conv(c.geometry(l), use)) {}
-
-  dp::Shape xs(int64_t n) const { return {n, cc.c, cc.h, cc.w}; }
-  dp::Shape ys(int64_t n) const { return {n, cc.k, cc.p(), cc.q()}; }
-  dp::Shape ws() const { return {cc.k, cc.c, cc.r, cc.s}; }
-  fvec in_x(const fvec& v, int64_t n) const { return to_layout(v, layout, n, cc.c, cc.h, cc.w); }
-  fvec in_y(const fvec& v, int64_t n) const {
-    return to_layout(v, layout, n, cc.k, cc.p(), cc.q());
-  }
-
-  fvec forward(const fvec& x, const fvec& w, const fvec* b, int64_t n) const {
-    fvec xl = in_x(x, n), wa = w, y(static_cast<size_t>(n * cc.k * cc.p() * cc.q()), -7.0f);
-    fvec ba = b ? *b : fvec();
-    const dp::Tensor bt = b ? host_tensor(ba, {cc.k}) : dp::Tensor();
-    backend.conv_forward(*plan, host_tensor(xl, xs(n), layout), host_tensor(wa, ws()),
-                         b ? &bt : nullptr, host_tensor(y, ys(n), layout));
-    return from_layout(y, layout, n, cc.k, cc.p(), cc.q());
-  }
-  fvec forward(const fvec& x, const fvec& w, const fvec* b) const { return forward(x, w, b, cc.n); }
-
-  fvec backward_data(const fvec& dy, const fvec& w) const {
-    fvec dyl = in_y(dy, cc.n), wa = w, dx(static_cast<size_t>(cc.n * cc.c * cc.h * cc.w), 5.0f);
-    backend.conv_backward_data(*plan, host_tensor(dyl, ys(cc.n), layout), host_tensor(wa, ws()),
-                               host_tensor(dx, xs(cc.n), layout));
-    return from_layout(dx, layout, cc.n, cc.c, cc.h, cc.w);
-  }
-
-  // dw, and db unless null; both overwritten.
-  void backward_filter(const fvec& x, const fvec& dy, fvec& dw, fvec* db) const {
-    fvec xl = in_x(x, cc.n), dyl = in_y(dy, cc.n);
-    dw.assign(static_cast<size_t>(cc.k * cc.c * cc.r * cc.s), 5.0f);
-    if (db) db->assign(static_cast<size_t>(cc.k), 5.0f);
-    const auto dbt = db ? host_tensor(*db, {cc.k}) : dp::Tensor();
-    backend.conv_backward_filter(*plan, host_tensor(xl, xs(cc.n), layout),
-                                 host_tensor(dyl, ys(cc.n), layout), host_tensor(dw, ws()),
-                                 db ? &dbt : nullptr);
-  }
-};
 
 const char* name_of(dp::Layout l) { return dp::layout_name(l); }
 
@@ -336,10 +204,12 @@ TEST_CASE("cpu conv plans made on one thread run on the replicas' threads", "[cp
 TEST_CASE("cpu conv: every oneDNN formulation agrees with the reference", "[cpu][ops]") {
   // DPRUN_ONEDNN_CONV forces one formulation (im2col; native: the tensors' layout; nhwc:
   // activations reordered to NHWC; blocked: oneDNN's formats; winograd: those with Winograd's
-  // algorithm where oneDNN has it) on every pass instead of the one chosen per pass; each must
-  // be right on cases that would choose another.
+  // algorithm where oneDNN has it; own-winograd: our Winograd F(4x4, 3x3) where it applies,
+  // test_cpu_winograd.cpp) on every pass instead of the one chosen per pass; each must be right
+  // on cases that would choose another.
   const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
-  const std::string formulation = GENERATE("im2col", "native", "nhwc", "blocked", "winograd");
+  const std::string formulation =
+      GENERATE("im2col", "native", "nhwc", "blocked", "winograd", "own-winograd");
   INFO("formulation " << formulation << ", layout " << name_of(layout));
   for (const ConvCase& cc : {kConvCases[1], kConvCases[6], kConvCases[9]}) {
     INFO(cc.name);
@@ -359,8 +229,9 @@ TEST_CASE("cpu conv: every oneDNN formulation agrees with the reference", "[cpu]
   }
   setenv("DPRUN_ONEDNN_CONV", "fft", 1);
   auto backend = make_cpu(1, dp::CpuKernels::onednn);
-  check_error_mentions([&] { backend->plan_conv(kConvCases[0].geometry()); },
-                       {"DPRUN_ONEDNN_CONV=fft", "im2col, native, nhwc, blocked or winograd"});
+  check_error_mentions(
+      [&] { backend->plan_conv(kConvCases[0].geometry()); },
+      {"DPRUN_ONEDNN_CONV=fft", "im2col, native, nhwc, blocked, winograd or own-winograd"});
   unsetenv("DPRUN_ONEDNN_CONV");
 }
 

@@ -58,6 +58,9 @@ class ConvPlan {
   explicit ConvPlan(const ConvGeometry& g) : geometry_(g) {}
   virtual ~ConvPlan() = default;
   const ConvGeometry& geometry() const { return geometry_; }
+  /// What computes each pass, for logs and benchmarks: "forward: oneDNN jit:avx2 (blocked),
+  /// backward-data: ..." on the CPU, the cuDNN algorithms chosen per batch size on the GPU.
+  virtual std::string implementation() const = 0;
 
  private:
   friend class Backend;

@@ -170,6 +170,11 @@ class Im2colConvPlan final : public CpuConvPlan {
   void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                        const Tensor* db) override;
 
+  std::string implementation() const override {
+    return std::string("im2col + ") + (kernels_ == CpuKernels::blas ? "OpenBLAS" : "oneDNN") +
+           " SGEMM, " + std::to_string(chunk_) + " images per chunk";
+  }
+
  private:
   /// (C*R*S, chunk*P*Q): the unfolded input of one chunk.
   float* thread_columns(int thread) const { return columns_ + thread * columns_stride_; }

@@ -43,7 +43,7 @@ namespace {
 using dnnl::memory;
 using Tag = memory::format_tag;
 
-enum class Formulation { im2col, native, nhwc, blocked, winograd };
+enum class Formulation { im2col, native, nhwc, blocked, winograd, own_winograd };
 
 const char* formulation_name(Formulation f) {
   switch (f) {
@@ -57,6 +57,8 @@ const char* formulation_name(Formulation f) {
       return "blocked";
     case Formulation::winograd:
       return "winograd";
+    case Formulation::own_winograd:
+      return "own-winograd";
   }
   return "?";
 }
@@ -104,10 +106,15 @@ Formulations choose_formulations(const ConvGeometry& g) {
     if (f == "winograd") {
       return {Formulation::winograd, Formulation::winograd, Formulation::winograd};
     }
+    if (f == "own-winograd") {  // where it applies; elsewhere oneDNN's direct kernels
+      const Formulation own =
+          winograd_applies(g) ? Formulation::own_winograd : Formulation::blocked;
+      return {own, own, own};
+    }
     if (f != "auto") {
       DP_THROW("DPRUN_ONEDNN_CONV=" + f +
                " is not a convolution formulation; use auto (the default), im2col, native, nhwc, "
-               "blocked or winograd");
+               "blocked, winograd or own-winograd");
     }
   }
   const int block = onednn_simd_floats();
@@ -120,6 +127,10 @@ Formulations choose_formulations(const ConvGeometry& g) {
   const bool winograd =
       whole && g.kernel_h == 3 && g.kernel_w == 3 && !strided && g.pad_h == 1 && g.pad_w == 1;
   const bool winograd_weights = g.out_h() * g.out_w() <= 14 * 14;
+  // Below AVX-512 oneDNN has no Winograd kernel: our own F(4x4, 3x3) (conv_winograd.cpp).
+  if (onednn_simd_floats() < 16 && winograd_applies(g)) {
+    return {F::own_winograd, F::own_winograd, F::own_winograd};
+  }
   if (g.layout == Layout::nchw) {
     if (pointwise) return {F::im2col, F::im2col, F::im2col};
     // Enough input per output to pay for two activation reorders: LeNet's conv2 (C*R*S = 500),
@@ -177,7 +188,8 @@ struct Pass {
   size_t scratchpad_offset = 0;
   size_t scratch_bytes = 0;  // of shared scratch this pass uses
   std::vector<dnnl_exec_arg_t> exec_args;
-  std::string kernel;  // oneDNN's implementation, for the log
+  std::string kernel;                              // oneDNN's implementation, for the log
+  Formulation formulation = Formulation::blocked;  // the one it runs (Winograd may fall back)
 };
 
 struct ArgSpec {
@@ -260,11 +272,11 @@ void run(Pass& pass, std::initializer_list<void*> data, char* scratch, const dnn
 
 class OnednnConvPlan final : public CpuConvPlan {
  public:
-  /// `im2col` runs the passes whose formulation is im2col (null when there are none).
+  /// `im2col` and `own_winograd` run the passes of those formulations (null when none has it).
   OnednnConvPlan(const ConvGeometry& g, const ConvUse& use, const Formulations& formulations,
-                 std::unique_ptr<CpuConvPlan> im2col, std::shared_ptr<OnednnContext> context,
-                 int threads, std::shared_ptr<SharedScratch> scratch,
-                 std::shared_ptr<MemoryTracker> memory);
+                 std::unique_ptr<CpuConvPlan> im2col, std::unique_ptr<CpuConvPlan> own_winograd,
+                 std::shared_ptr<OnednnContext> context, int threads,
+                 std::shared_ptr<SharedScratch> scratch, std::shared_ptr<MemoryTracker> memory);
   ~OnednnConvPlan() override;
   OnednnConvPlan(const OnednnConvPlan&) = delete;
   OnednnConvPlan& operator=(const OnednnConvPlan&) = delete;
@@ -273,6 +285,10 @@ class OnednnConvPlan final : public CpuConvPlan {
   void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) override;
   void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                        const Tensor* db) override;
+
+  /// Per direction: the formulation, and what runs it (oneDNN's kernel of each batch size
+  /// created so far, or the im2col / Winograd plan).
+  std::string implementation() const override;
 
  private:
   struct BatchPasses {
@@ -295,6 +311,7 @@ class OnednnConvPlan final : public CpuConvPlan {
 
   Formulations formulation_;
   std::unique_ptr<CpuConvPlan> im2col_;
+  std::unique_ptr<CpuConvPlan> own_winograd_;
   std::shared_ptr<OnednnContext> context_;
   int threads_;
   std::shared_ptr<SharedScratch> scratch_;
@@ -308,12 +325,14 @@ class OnednnConvPlan final : public CpuConvPlan {
 OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use,
                                const Formulations& formulations,
                                std::unique_ptr<CpuConvPlan> im2col,
+                               std::unique_ptr<CpuConvPlan> own_winograd,
                                std::shared_ptr<OnednnContext> context, int threads,
                                std::shared_ptr<SharedScratch> scratch,
                                std::shared_ptr<MemoryTracker> memory)
     : CpuConvPlan(g),
       formulation_(formulations),
       im2col_(std::move(im2col)),
+      own_winograd_(std::move(own_winograd)),
       context_(std::move(context)),
       threads_(threads),
       scratch_(std::move(scratch)),
@@ -324,7 +343,8 @@ OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use,
   std::vector<int64_t> train = use.train_batches, infer = use.infer_batches;
   if (train.empty() && infer.empty()) train.push_back(g.max_batch);
   auto prepare = [&](int64_t n, Direction d) {
-    if (formulation_[d] != Formulation::im2col) pass(n, d, true);
+    if (formulation_[d] != Formulation::im2col && formulation_[d] != Formulation::own_winograd)
+      pass(n, d, true);
   };
   try {
     for (int64_t n : train) {
@@ -458,6 +478,7 @@ Pass& OnednnConvPlan::pass(int64_t n, Direction direction, bool at_plan_time) {
              geometry().str() + " at batch " + std::to_string(n) + ": " + e.what() +
              "; DPRUN_CPU_KERNELS=blas runs the OpenBLAS kernels instead");
   }
+  fresh->formulation = used;
   scratch_->reserve(fresh->scratch_bytes);
   slot = std::move(fresh);
   if (!at_plan_time) {
@@ -482,8 +503,36 @@ Pass& OnednnConvPlan::pass(int64_t n, Direction direction, bool at_plan_time) {
   return *slot;
 }
 
+std::string OnednnConvPlan::implementation() const {
+  std::string out;
+  for (int d = 0; d < 3; ++d) {
+    if (!out.empty()) out += "; ";
+    out += std::string(kDirectionNames[d]) + ": ";
+    if (formulation_[d] == Formulation::im2col) {
+      out += "im2col (" + im2col_->implementation() + ")";
+      continue;
+    }
+    if (formulation_[d] == Formulation::own_winograd) {
+      out += "own-winograd (" + own_winograd_->implementation() + ")";
+      continue;
+    }
+    std::string passes;
+    for (const BatchPasses& b : batches_) {
+      if (!b.passes[d]) continue;
+      passes += std::string(passes.empty() ? "" : ", ") + "batch " + std::to_string(b.n) + " " +
+                formulation_name(b.passes[d]->formulation) + " " + b.passes[d]->kernel;
+    }
+    out +=
+        passes.empty() ? std::string(formulation_name(formulation_[d])) + " (no pass yet)" : passes;
+  }
+  return out;
+}
+
 void OnednnConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
   if (formulation_[kForward] == Formulation::im2col) return im2col_->forward(x, w, b, y);
+  if (formulation_[kForward] == Formulation::own_winograd) {
+    return own_winograd_->forward(x, w, b, y);
+  }
   const OmpThreads scope(threads_);
   Pass& p = pass(x.shape[0], kForward, false);
   run(p, {x.data, w.data, b ? b->data : zero_bias_, y.data}, scratch_->data(), context_->stream);
@@ -491,6 +540,9 @@ void OnednnConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, 
 
 void OnednnConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) {
   if (formulation_[kBackwardData] == Formulation::im2col) return im2col_->backward_data(dy, w, dx);
+  if (formulation_[kBackwardData] == Formulation::own_winograd) {
+    return own_winograd_->backward_data(dy, w, dx);
+  }
   const OmpThreads scope(threads_);
   Pass& p = pass(dy.shape[0], kBackwardData, false);
   run(p, {dy.data, w.data, dx.data}, scratch_->data(), context_->stream);
@@ -500,6 +552,9 @@ void OnednnConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
                                      const Tensor* db) {
   if (formulation_[kBackwardWeights] == Formulation::im2col) {
     return im2col_->backward_filter(x, dy, dw, db);
+  }
+  if (formulation_[kBackwardWeights] == Formulation::own_winograd) {
+    return own_winograd_->backward_filter(x, dy, dw, db);
   }
   const OmpThreads scope(threads_);
   Pass& p = pass(x.shape[0], kBackwardWeights, false);
@@ -519,11 +574,23 @@ std::unique_ptr<CpuConvPlan> make_onednn_plan(const ConvGeometry& g, const ConvU
   const Formulations f = choose_formulations(g);
   const auto im2col = [&](Formulation x) { return x == Formulation::im2col; };
   if (std::all_of(f.begin(), f.end(), im2col)) return nullptr;
-  std::unique_ptr<CpuConvPlan> im2col_plan;
+  std::unique_ptr<CpuConvPlan> im2col_plan, own_winograd_plan;
   if (std::any_of(f.begin(), f.end(), im2col))
     im2col_plan = make_im2col_plan(g, CpuKernels::onednn, threads, memory);
-  return std::make_unique<OnednnConvPlan>(g, use, f, std::move(im2col_plan), std::move(context),
-                                          threads, std::move(scratch), std::move(memory));
+  if (std::any_of(f.begin(), f.end(),
+                  [](Formulation x) { return x == Formulation::own_winograd; })) {
+    own_winograd_plan = make_winograd_plan(g, CpuKernels::onednn, threads, scratch);
+    if (log_passes()) {
+      for (int d = 0; d < 3; ++d) {
+        if (f[d] != Formulation::own_winograd) continue;
+        std::fprintf(stderr, "dprun: %s, %s: dprun's Winograd F(4x4, 3x3) with oneDNN's SGEMM\n",
+                     g.str().c_str(), kDirectionNames[d]);
+      }
+    }
+  }
+  return std::make_unique<OnednnConvPlan>(g, use, f, std::move(im2col_plan),
+                                          std::move(own_winograd_plan), std::move(context), threads,
+                                          std::move(scratch), std::move(memory));
 }
 
 }  // namespace dp::cpu

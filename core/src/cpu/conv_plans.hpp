@@ -3,6 +3,8 @@
 //   im2col   (conv_cpu.cpp)     im2col + SGEMM, every layout and kernel selection: the readable
 //                               reference, and the fastest where oneDNN's primitives are not.
 //   oneDNN   (conv_onednn.cpp)  oneDNN convolution primitives, created at plan time.
+//   Winograd (conv_winograd.cpp) our F(4x4, 3x3) for 3x3 stride-1 layers, where oneDNN has none
+//                               (below AVX-512); the oneDNN plan runs its passes through it.
 // CpuBackend::plan_conv_impl asks make_onednn_plan first (oneDNN kernels only) and falls back
 // to im2col when it declines.
 #include <memory>
@@ -31,6 +33,16 @@ class CpuConvPlan : public ConvPlan {
 /// im2col + SGEMM (`kernels` picks the SGEMM); scratch for `threads` threads from `memory`.
 std::unique_ptr<CpuConvPlan> make_im2col_plan(const ConvGeometry& g, CpuKernels kernels,
                                               int threads, std::shared_ptr<MemoryTracker> memory);
+
+/// True for the layers make_winograd_plan takes: f32, 3x3, stride 1, pad 1, channels in
+/// multiples of 8.
+bool winograd_applies(const ConvGeometry& g);
+
+/// Our Winograd F(4x4, 3x3) (conv_winograd.cpp), its SGEMMs from `kernels`; scratch for
+/// `threads` threads in the backend's shared scratch.
+std::unique_ptr<CpuConvPlan> make_winograd_plan(const ConvGeometry& g, CpuKernels kernels,
+                                                int threads,
+                                                std::shared_ptr<SharedScratch> scratch);
 
 /// oneDNN primitives for every pass and batch size `use` declares; nullptr when im2col is the
 /// faster formulation for this geometry (see conv_onednn.cpp).

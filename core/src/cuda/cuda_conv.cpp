@@ -90,6 +90,23 @@ class CudnnConvPlan final : public ConvPlan {
     const ConvGeometry& g = geometry();
     return g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
   }
+  /// Per batch size and direction: cuDNN's algorithm, its math type and workspace.
+  std::string implementation() const override {
+    std::string out;
+    for (const auto& b : batches) {
+      for (int d = 0; d < 3; ++d) {
+        if (!b->choice[d].chosen) continue;
+        const ConvBatch::Choice& c = b->choice[d];
+        out += std::string(out.empty() ? "" : "; ") + "batch " + std::to_string(b->n) + " " +
+               kDirectionNames[d] + ": cuDNN algo " + std::to_string(c.algo) +
+               (c.math == CUDNN_DEFAULT_MATH ? ", default math"
+                : c.math == CUDNN_FMA_MATH   ? ", fp32 math"
+                                             : ", tensor-op math") +
+               ", workspace " + std::to_string(c.workspace) + " bytes";
+      }
+    }
+    return out.empty() ? "cuDNN, no algorithm chosen yet" : out;
+  }
   /// "layer resnet_block2.0.conv1 (conv 64->128 ... nhwc f32)", or the geometry alone.
   std::string describe() const {
     return layer_.empty() ? geometry().str() : "layer " + layer_ + " (" + geometry().str() + ")";
