@@ -143,10 +143,11 @@ def machine():
 def find_dprun(given):
     if given:
         return given
-    for d in ["build-cpu", "build"] + sorted(glob.glob(os.path.join(ROOT, "build*"))):
-        path = os.path.join(ROOT, d, "bin", "dprun")
-        if os.path.exists(path):
-            return path
+    # The most recently built of the build folders' dprun: an older build left beside a fresh
+    # one (build-cpu and build, say) would otherwise measure stale code.
+    found = [p for p in glob.glob(os.path.join(ROOT, "build*", "bin", "dprun")) if os.path.exists(p)]
+    if found:
+        return max(found, key=os.path.getmtime)
     sys.exit("compare_pytorch: no dprun found under build*/bin: build first (cmake --build "
              "--preset cpu), or pass --dprun")
 
