@@ -8,19 +8,21 @@
 // the kernel oneDNN chose.
 //
 // Formulations. Activations stay in the tensors' layout (NCHW or NHWC) and filters (K, C, R, S)
-// (PyTorch's parameter layout). Each pass (direction) runs one of five formulations:
+// (PyTorch's parameter layout). Each pass (direction) runs one of six formulations:
 //   blocked  oneDNN with every format its choice ("any": channels in blocks of the vector
 //            width, nChw16c and OIhw16i16o on AVX-512), its inputs reordered into the backend's
 //            shared scratch before the pass and its outputs reordered back after.
 //   native   oneDNN on the tensors' own layout, only the filters reordered (brgconv on NHWC).
 //   nhwc     for NCHW tensors: oneDNN's NHWC kernels, the activations reordered to NHWC and back.
 //   winograd the blocked formats with oneDNN's Winograd F(4x4, 3x3) algorithm (AVX-512).
+//   own-winograd  our Winograd F(4x4, 3x3) with oneDNN's SGEMM (conv_winograd.cpp), where
+//            oneDNN has none.
 //   im2col   our im2col + oneDNN's SGEMM (conv_cpu.cpp).
 // Which is fastest depends on the layout, the channels (blocked formats pad them to whole
 // blocks: LeNet's 20 and 50 channels to 32 and 64 on AVX-512, up to twice the work), the kernel
 // and the direction; choose_formulations() holds the rules and the measurements behind them.
-// DPRUN_ONEDNN_CONV=im2col|native|nhwc|blocked|winograd forces one formulation on every pass (to
-// measure them against each other).
+// DPRUN_ONEDNN_CONV=im2col|native|nhwc|blocked|winograd|own-winograd forces one formulation on
+// every pass (to measure them against each other).
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -96,6 +98,12 @@ using Formulations = std::array<Formulation, 3>;  // by Direction
 //    16.9 / 9.8, 18.2 / 21.6; 128->128 on 14x14 18.7 / 12.1, 20.4 / 11.6, 17.4 / 13.3;
 //    256->256 on 7x7 16.4 / 8.2, 17.1 / 8.1, 18.5 / 10.5; 512->512 on 4x4 21.4 / 14.5,
 //    38.1 / 15.4, 32.9 / 11.5: backward-weights only from 14x14 down.
+//  - The same layers below AVX-512, where oneDNN has no Winograd: ours (conv_winograd.cpp) for
+//    every pass, two to three and a half times faster than oneDNN's direct jit:avx2 kernels.
+//    Capped to AVX2, one thread, batch 64, direct / ours, forward, backward-data,
+//    backward-weights: 64->64 on 28x28 36.7 / 16.0, 35.8 / 15.1, 44.4 / 14.0; 128->128 on 14x14
+//    35.4 / 18.3, 33.3 / 17.7, 42.3 / 20.7; 256->256 on 7x7 37.7 / 16.1, 33.4 / 16.1,
+//    43.7 / 18.6; 512->512 on 4x4 53.5 / 21.8, 54.6 / 21.6, 88.2 / 24.9.
 Formulations choose_formulations(const ConvGeometry& g) {
   if (const char* forced = std::getenv("DPRUN_ONEDNN_CONV"); forced && *forced) {
     const std::string f = forced;
@@ -148,7 +156,11 @@ Formulations choose_formulations(const ConvGeometry& g) {
     // input with one channel reads as NCHW (LeNet conv1, native / im2col / blocked: 3.8 / 2.8
     // / 2.2 ms; AVX2 3.3 / 3.9 / 9.2: im2col is never far from the best).
     const bool first_layer = g.in_channels * g.kernel_h * g.kernel_w < 64;
-    return {F::native, F::native, first_layer ? F::im2col : F::native};
+    // Below AVX-512 (no brgconv), oneDNN's plain NHWC kernels lose the backward data to im2col
+    // (LeNet conv2 with AVX2, native / im2col: 18.8 / 15.4 ms on one thread, 9.6 / 8.2 on two;
+    // with AVX-512 8.4 / 11.3).
+    const F data = onednn_has_brgconv() || pointwise ? F::native : F::im2col;
+    return {F::native, data, first_layer ? F::im2col : F::native};
   }
   if (winograd) return {F::winograd, F::winograd, winograd_weights ? F::winograd : F::blocked};
   return {g.out_h() * g.out_w() < 49 ? F::blocked : F::native, strided ? F::native : F::blocked,
