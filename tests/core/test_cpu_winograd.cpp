@@ -23,6 +23,8 @@
 // transform, tile or chunk is off by the size of the outputs, and the test checks that the bound
 // stays below a quarter of that, so it cannot pass vacuously: the filter gradient over 1960
 // tiles (its bound's worst case) is at 0.13 of its largest output, the forward at 0.01.
+#include <omp.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdlib>
@@ -53,9 +55,11 @@ constexpr double kAt[4][6] = {
 // absolute values: the worst case gamma(n) = n u / (1 - n u), and the probabilistic bound of
 // Higham and Mary (SIAM J. Sci. Comput. 41(5), 2019, theorem 2.4), exp(lambda sqrt(n) u +
 // n u^2 / (1 - u)) - 1, which holds with probability at least 1 - 2 n exp(-lambda^2 (1 - u)^2
-// / 2) when the rounding errors are independent and of mean zero (random data): lambda = 8
-// makes a miss less likely than 1e-9 per output at the sizes below. Long sums (a filter
-// gradient adds up every tile of the batch) need the second: the first grows as n.
+// / 2) for one inner product whose rounding errors are independent and of mean zero. Here it is
+// a model, not a proof: an output sums many chains, and the rounded constants 1/6, 1/12, 1/24
+// err alike on every chain. Long sums (a filter gradient adds up every tile of the batch) need
+// it all the same: the worst case grows as n and would say nothing there. lambda = 8 leaves a
+// wide margin (the errors measured are at most 1e-3 of the bound).
 double rounding_bound(int64_t n) {
   const double u = std::ldexp(1.0, -24), lambda = 8.0;
   const double worst = n * u / (1 - n * u);
@@ -224,7 +228,15 @@ struct WinogradCase {
 
 }  // namespace
 
-TEST_CASE("cpu winograd F(4x4, 3x3): every pass within its rounding bound", "[cpu][ops]") {
+// Sets DPRUN_ONEDNN_CONV while alive (plans read it when they are made), also if a check throws.
+struct ForcedFormulation {
+  explicit ForcedFormulation(const char* f) { setenv("DPRUN_ONEDNN_CONV", f, 1); }
+  ~ForcedFormulation() { unsetenv("DPRUN_ONEDNN_CONV"); }
+  ForcedFormulation(const ForcedFormulation&) = delete;
+  ForcedFormulation& operator=(const ForcedFormulation&) = delete;
+};
+
+TEST_CASE("cpu winograd: every pass within its rounding bound", "[cpu][ops]") {
   const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
   // Partial tiles on both sides, an image of one tile, of one pixel, fewer images than planned,
   // and (32->32 on 28x28, the first ResNet stage's shape) several chunks with a partial last one.
@@ -238,10 +250,11 @@ TEST_CASE("cpu winograd F(4x4, 3x3): every pass within its rounding bound", "[cp
   for (const WinogradCase& wc : cases) {
     const ConvCase& cc = wc.cc;
     SECTION(std::string(cc.name) + ", " + dp::layout_name(layout)) {
-      setenv("DPRUN_ONEDNN_CONV", "own-winograd", 1);
       auto backend = make_cpu(wc.threads, dp::CpuKernels::onednn);
-      const ConvRunner run(*backend, cc, layout);
-      unsetenv("DPRUN_ONEDNN_CONV");  // read when the plan is made
+      const ConvRunner run = [&] {
+        const ForcedFormulation forced("own-winograd");
+        return ConvRunner(*backend, cc, layout);
+      }();
       const std::string impl = run.plan->implementation();
       INFO(impl);
       CHECK(impl.find("dprun Winograd F(4x4, 3x3)") != std::string::npos);
@@ -308,4 +321,41 @@ TEST_CASE("cpu winograd runs the 3x3 layers where oneDNN has no Winograd kernel"
     INFO(other.name << ": " << p->implementation());
     CHECK(p->implementation().find("winograd") == std::string::npos);
   }
+}
+
+TEST_CASE("cpu winograd: a region with fewer threads than the plan's gives the same gradients",
+          "[cpu][ops]") {
+  // Called from inside a parallel region (nested regions inactive), the plan's region runs on
+  // one thread, not the two it was planned for: the second thread's bias-gradient sums, left in
+  // the shared scratch by an earlier call, must not enter the result.
+  const ConvCase cc{"16->8 on 9x9", 6, 16, 9, 9, 8, 3, 3, 1, 1, 1, 1};
+  auto backend = make_cpu(2, dp::CpuKernels::onednn);
+  const ConvRunner run = [&] {
+    const ForcedFormulation forced("own-winograd");
+    return ConvRunner(*backend, cc, dp::Layout::nchw);
+  }();
+  const auto [x, w, b, dy] = conv_data(cc, 81);
+  fvec dw_first, db_first;
+  run.backward_filter(x, random_vector(static_cast<int64_t>(dy.size()), 82, 5.0f, 9.0f), dw_first,
+                      &db_first);
+  fvec dw, db;
+  // Inside an active region (2 threads) with one active level allowed, the plan's own region is
+  // inactive: one thread.
+  const int saved_levels = omp_get_max_active_levels();
+  omp_set_max_active_levels(1);
+  int active_level = 0;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp master
+    {
+      active_level = omp_get_active_level();
+      run.backward_filter(x, dy, dw, &db);
+    }
+  }
+  omp_set_max_active_levels(saved_levels);
+  REQUIRE(active_level == 1);
+  dvec dx_ref, dw_ref, db_ref;
+  conv_ref_grads(cc, x, w, dy, dx_ref, dw_ref, db_ref);
+  check_close(db, db_ref, 1e-5);
+  check_close(dw, dw_ref, 1e-4);
 }

@@ -58,8 +58,9 @@ class ConvPlan {
   explicit ConvPlan(const ConvGeometry& g) : geometry_(g) {}
   virtual ~ConvPlan() = default;
   const ConvGeometry& geometry() const { return geometry_; }
-  /// What computes each pass, for logs and benchmarks: "forward: oneDNN jit:avx2 (blocked),
-  /// backward-data: ..." on the CPU, the cuDNN algorithms chosen per batch size on the GPU.
+  /// What computes each pass, for logs and benchmarks: on the CPU per direction the formulation
+  /// and kernel of each batch size ("forward: batch 256 blocked jit:avx2; backward-data: ...",
+  /// or im2col / our Winograd), on the GPU the cuDNN algorithm chosen per batch size.
   virtual std::string implementation() const = 0;
 
  private:

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "cpu/conv_plans.hpp"
+#include "cpu/cpu_kernels.hpp"
 #include "cpu/onednn.hpp"
 #include "dp/error.hpp"
 
@@ -114,12 +115,12 @@ Formulations choose_formulations(const ConvGeometry& g) {
     if (f == "winograd") {
       return {Formulation::winograd, Formulation::winograd, Formulation::winograd};
     }
-    if (f == "own-winograd") {  // where it applies; elsewhere oneDNN's direct kernels
-      const Formulation own =
-          winograd_applies(g) ? Formulation::own_winograd : Formulation::blocked;
-      return {own, own, own};
+    // Ours wherever it applies, whatever the instruction set and image size; elsewhere the
+    // automatic choice.
+    if (f == "own-winograd" && winograd_applies(g)) {
+      return {Formulation::own_winograd, Formulation::own_winograd, Formulation::own_winograd};
     }
-    if (f != "auto") {
+    if (f != "auto" && f != "own-winograd") {
       DP_THROW("DPRUN_ONEDNN_CONV=" + f +
                " is not a convolution formulation; use auto (the default), im2col, native, nhwc, "
                "blocked, winograd or own-winograd");
@@ -130,13 +131,17 @@ Formulations choose_formulations(const ConvGeometry& g) {
   const bool pointwise = g.kernel_h == 1 && g.kernel_w == 1;
   const bool strided = g.stride_h > 1 || g.stride_w > 1;
   using F = Formulation;
-  // 3x3 stride 1, whole blocks: Winograd F(4x4, 3x3) (a pass falls back to blocked where oneDNN
-  // has no Winograd kernel, as with AVX2).
+  // 3x3 stride 1, whole blocks: oneDNN's Winograd F(4x4, 3x3) with AVX-512 (a pass falls back
+  // to blocked where oneDNN has no Winograd kernel for its shape).
   const bool winograd =
       whole && g.kernel_h == 3 && g.kernel_w == 3 && !strided && g.pad_h == 1 && g.pad_w == 1;
   const bool winograd_weights = g.out_h() * g.out_w() <= 14 * 14;
-  // Below AVX-512 oneDNN has no Winograd kernel: our own F(4x4, 3x3) (conv_winograd.cpp).
-  if (onednn_simd_floats() < 16 && winograd_applies(g)) {
+  // With AVX2 (not AVX-512) oneDNN has no Winograd kernel: our own F(4x4, 3x3)
+  // (conv_winograd.cpp), measured from 4x4 images (ResNet's smallest) up. Below 4x4 a tile is
+  // mostly overhang (a 1x1 image: 36 products where the direct convolution has 9); without
+  // AVX2 (x86-64 baseline, AVX1) our transforms run their SSE2 clone: neither was measured.
+  if (onednn_simd_floats() == 8 && cpu_features().avx2_fma && winograd_applies(g) &&
+      g.out_h() * g.out_w() >= 16) {
     return {F::own_winograd, F::own_winograd, F::own_winograd};
   }
   if (g.layout == Layout::nchw) {

@@ -23,8 +23,9 @@
 // and copied out in the tensor's layout: the same code serves both layouts.
 //
 // Work split: the batch runs in chunks of images sized so a chunk's transformed tiles stay in
-// the last-level cache between the transforms and the SGEMMs. Within a chunk the backend's
-// threads take images for the transforms, then points for the SGEMMs, then images again.
+// the last-level cache between the transforms and the SGEMMs (one image at least). Within a
+// chunk the backend's threads take rows of tiles for the transforms, then points (and, with more
+// than 4 threads, row blocks of each point's product) for the SGEMMs, then rows of tiles again.
 //
 // Rounding: the transforms multiply by up to 5 (B), 1/4..1/24 (G) and 8 (A) and add up to six
 // terms, so the result is less exact than a direct convolution's: tests/core/
@@ -126,25 +127,27 @@ DP_INLINE void gt6(const v8 s[6], v8 r[3]) {
   r[2] = splat(1.0f / 6.0f) * (s34 - s12) + s[5];
 }
 
-// Where one image's activations sit: element (c, h, w) at c * cs + h * hs + w * ws.
-struct ImageStrides {
-  int64_t cs, hs, ws;
+// Where one image's activations sit: channels last (NHWC: element (c, h, w) at h * row + w * C
+// + c), or planes (NCHW: at c * plane + h * row + w).
+struct ImageLayout {
+  bool channels_last;
+  int64_t plane, row;
 };
-ImageStrides strides_of(Layout layout, int64_t c, int64_t h, int64_t w) {
-  if (layout == Layout::nhwc) return {1, w * c, c};
-  return {h * w, w, 1};
+ImageLayout layout_of(Layout layout, int64_t c, int64_t h, int64_t w) {
+  if (layout == Layout::nhwc) return {true, 0, w * c};
+  return {false, h * w, w};
 }
 
-// One image x (C, H, W) -> buf (HB, WB, C), channels last, with x at rows [top, top + H) and
-// columns [top, top + W) and zeros everywhere else. top = 1 puts a one-pixel zero border around
-// an input; top = 0 zero-fills an output gradient up to whole tiles.
-DP_CPU_LOOPS void to_channels_last(const float* __restrict x, ImageStrides st, int64_t c, int64_t h,
-                                   int64_t w, int64_t top, int64_t hb, int64_t wb,
+// Rows [first, first + rows) of one image x (C, H, W) placed at rows and columns offset by
+// `top` in a zero background (WB columns), channels last -> buf (rows, WB, C). top = 1 gives an
+// input its one-pixel zero border; top = 0 zero-fills an output gradient up to whole tiles.
+DP_CPU_LOOPS void to_channels_last(const float* __restrict x, ImageLayout il, int64_t c, int64_t h,
+                                   int64_t w, int64_t top, int64_t first, int64_t rows, int64_t wb,
                                    float* __restrict buf) {
   const int64_t row = wb * c;
-  for (int64_t i = 0; i < hb; ++i) {
+  for (int64_t i = 0; i < rows; ++i) {
     float* out = buf + i * row;
-    const int64_t ih = i - top;
+    const int64_t ih = first + i - top;
     if (ih < 0 || ih >= h) {
       std::memset(out, 0, static_cast<size_t>(row) * sizeof(float));
       continue;
@@ -152,75 +155,74 @@ DP_CPU_LOOPS void to_channels_last(const float* __restrict x, ImageStrides st, i
     std::memset(out, 0, static_cast<size_t>(top * c) * sizeof(float));
     std::memset(out + (top + w) * c, 0, static_cast<size_t>((wb - top - w) * c) * sizeof(float));
     float* interior = out + top * c;
-    if (st.cs == 1) {  // NHWC: the row is contiguous
-      std::memcpy(interior, x + ih * st.hs, static_cast<size_t>(w * c) * sizeof(float));
+    const float* src = x + ih * il.row;
+    if (il.channels_last) {
+      std::memcpy(interior, src, static_cast<size_t>(w * c) * sizeof(float));
       continue;
     }
     // NCHW: a (C, W) -> (W, C) transpose of the row, 8 channels at a time.
-    const float* src = x + ih * st.hs;
     int64_t ch = 0;
     for (; ch + kLanes <= c; ch += kLanes) {
       for (int64_t j = 0; j < w; ++j) {
         float* d = interior + j * c + ch;
-        for (int64_t l = 0; l < kLanes; ++l) d[l] = src[(ch + l) * st.cs + j];
+        for (int64_t l = 0; l < kLanes; ++l) d[l] = src[(ch + l) * il.plane + j];
       }
     }
     for (; ch < c; ++ch)
-      for (int64_t j = 0; j < w; ++j) interior[j * c + ch] = src[ch * st.cs + j];
+      for (int64_t j = 0; j < w; ++j) interior[j * c + ch] = src[ch * il.plane + j];
   }
 }
 
-// buf (HB, WB, K) channels last -> one image y (K, P, Q) in its layout: rows [0, P) and columns
-// [0, Q) of buf (the rest is the last tiles' overhang).
-DP_CPU_LOOPS void from_channels_last(const float* __restrict buf, int64_t k, int64_t p, int64_t q,
-                                     int64_t wb, ImageStrides st, float* __restrict y) {
-  for (int64_t i = 0; i < p; ++i) {
+// buf (rows, WB, K) channels last -> rows [first, first + rows) of one image y (K, P, Q) in its
+// layout, columns [0, Q) of buf (the rest is the last tile's overhang).
+DP_CPU_LOOPS void from_channels_last(const float* __restrict buf, int64_t k, int64_t first,
+                                     int64_t rows, int64_t q, int64_t wb, ImageLayout il,
+                                     float* __restrict y) {
+  for (int64_t i = 0; i < rows; ++i) {
     const float* row = buf + i * wb * k;
-    if (st.cs == 1) {
-      std::memcpy(y + i * st.hs, row, static_cast<size_t>(q * k) * sizeof(float));
+    float* dst = y + (first + i) * il.row;
+    if (il.channels_last) {
+      std::memcpy(dst, row, static_cast<size_t>(q * k) * sizeof(float));
       continue;
     }
-    float* dst = y + i * st.hs;
     int64_t ch = 0;
     for (; ch + kLanes <= k; ch += kLanes) {
       for (int64_t j = 0; j < q; ++j) {
         const float* s = row + j * k + ch;
-        for (int64_t l = 0; l < kLanes; ++l) dst[(ch + l) * st.cs + j] = s[l];
+        for (int64_t l = 0; l < kLanes; ++l) dst[(ch + l) * il.plane + j] = s[l];
       }
     }
     for (; ch < k; ++ch)
-      for (int64_t j = 0; j < q; ++j) dst[ch * st.cs + j] = row[j * k + ch];
+      for (int64_t j = 0; j < q; ++j) dst[ch * il.plane + j] = row[j * k + ch];
   }
 }
 
-// The input transform of every tile of one image: buf (4*TH + 2, 4*TW + 2, C) channels last ->
-// v[point * pstride + tile * C + c], tiles row-major. C is a multiple of kLanes.
-DP_CPU_LOOPS void input_tiles(const float* __restrict buf, int64_t c, int64_t th, int64_t tw,
+// The input transform of one row of TW tiles: buf (6, 4*TW + 2, C) channels last ->
+// v[point * pstride + tile * C + c] for the row's tiles 0..TW-1. C is a multiple of kLanes.
+DP_CPU_LOOPS void input_tiles(const float* __restrict buf, int64_t c, int64_t tw,
                               float* __restrict v, int64_t pstride) {
   const int64_t wb = kTile * tw + 2, row = wb * c;
-  for (int64_t ti = 0; ti < th; ++ti) {
-    for (int64_t tj = 0; tj < tw; ++tj) {
-      const float* src = buf + kTile * ti * row + kTile * tj * c;
-      float* dst = v + (ti * tw + tj) * c;
-      for (int64_t ch = 0; ch < c; ch += kLanes) {
-        v8 t[kAlpha][kAlpha];  // t[i][j]: B^T applied down column j, row i
-        for (int j = 0; j < kAlpha; ++j) {
-          v8 d[kAlpha], o[kAlpha];
-          for (int i = 0; i < kAlpha; ++i) d[i] = load8(src + i * row + j * c + ch);
-          bt6(d, o);
-          for (int i = 0; i < kAlpha; ++i) t[i][j] = o[i];
-        }
-        for (int i = 0; i < kAlpha; ++i) {
-          v8 o[kAlpha];
-          bt6(t[i], o);
-          for (int j = 0; j < kAlpha; ++j) store8(dst + (i * kAlpha + j) * pstride + ch, o[j]);
-        }
+  for (int64_t tj = 0; tj < tw; ++tj) {
+    const float* src = buf + kTile * tj * c;
+    float* dst = v + tj * c;
+    for (int64_t ch = 0; ch < c; ch += kLanes) {
+      v8 t[kAlpha][kAlpha];  // t[i][j]: B^T applied down column j, row i
+      for (int j = 0; j < kAlpha; ++j) {
+        v8 d[kAlpha], o[kAlpha];
+        for (int i = 0; i < kAlpha; ++i) d[i] = load8(src + i * row + j * c + ch);
+        bt6(d, o);
+        for (int i = 0; i < kAlpha; ++i) t[i][j] = o[i];
+      }
+      for (int i = 0; i < kAlpha; ++i) {
+        v8 o[kAlpha];
+        bt6(t[i], o);
+        for (int j = 0; j < kAlpha; ++j) store8(dst + (i * kAlpha + j) * pstride + ch, o[j]);
       }
     }
   }
 }
 
-// The transform of every 4x4 tile of one image's output gradient: buf (4*TH, 4*TW, K) channels
+// The transform of TH rows of TW 4x4 tiles of an output gradient: buf (4*TH, 4*TW, K) channels
 // last -> w[point * pstride + tile * K + k].
 DP_CPU_LOOPS void gradient_tiles(const float* __restrict buf, int64_t k, int64_t th, int64_t tw,
                                  float* __restrict w, int64_t pstride) {
@@ -247,8 +249,8 @@ DP_CPU_LOOPS void gradient_tiles(const float* __restrict buf, int64_t k, int64_t
   }
 }
 
-// The output transform of every tile of one image: m[point * pstride + tile * K + k] plus the
-// bias (or none) -> buf (4*TH, 4*TW, K) channels last.
+// The output transform of TH rows of TW tiles: m[point * pstride + tile * K + k] plus the bias
+// (or none) -> buf (4*TH, 4*TW, K) channels last.
 DP_CPU_LOOPS void output_tiles(const float* __restrict m, int64_t pstride, int64_t k, int64_t th,
                                int64_t tw, const float* __restrict bias, float* __restrict buf) {
   const int64_t row = kTile * tw * k;
@@ -315,7 +317,6 @@ DP_CPU_LOOPS void transform_filters(const float* __restrict w, int64_t c_total, 
       for (int p = 0; p < kPoints; ++p) store8(u + (p * rows + r) * cols + c0, out[p]);
     }
   }
-  (void)k_total;
 }
 
 // dw[k][c] = G^T s[point][k][c] G for rows k in [k_begin, k_end), 8 channels c at a time.
@@ -347,8 +348,8 @@ DP_CPU_LOOPS void filter_gradients(const float* __restrict s, int64_t c_total, i
 }
 
 // Adds the sums over rows [0, P) and columns [0, Q) of buf (P, WB, K) channels last to acc (K),
-// through image (K): the image's sums first, so that rounding grows with the images and pixels
-// per image rather than with all the pixels of the batch.
+// through image (K): these rows' sums first, so that rounding grows with the rows of the batch
+// and the pixels per row rather than with all the pixels of the batch.
 DP_CPU_LOOPS void add_channel_sums(const float* __restrict buf, int64_t k, int64_t p, int64_t q,
                                    int64_t wb, float* __restrict image, float* __restrict acc) {
   std::fill(image, image + k, 0.0f);
@@ -373,21 +374,23 @@ class WinogradConvPlan final : public CpuConvPlan {
     th_ = (g.out_h() + kTile - 1) / kTile;
     tw_ = (g.out_w() + kTile - 1) / kTile;
     const int64_t tiles = th_ * tw_;
-    // Both sides of the SGEMMs, for the wider channel count: V (T x C) and M (T x K).
+    // Both sides of the SGEMMs, V (T x Cin) then M (T x Cout): Cin + Cout = C + K channels in
+    // every pass.
     const int64_t image_bytes = kPoints * tiles * (c + k) * int64_t{sizeof(float)};
     chunk_ = std::clamp<int64_t>(kChunkBytes / image_bytes, 1, g.max_batch);
-    chunk_ = std::min(g.max_batch, std::max<int64_t>(chunk_, threads_));
-    const int64_t chunk_tiles = chunk_ * tiles;
-    filters_ = 0;  // U (forward, backward data) or S (backward filter): kPoints * C * K
-    v_ = round_up(filters_ + kPoints * c * k, kAlignFloats);
-    m_ = round_up(v_ + kPoints * chunk_tiles * wide, kAlignFloats);
-    per_thread_ = m_ + round_up(kPoints * chunk_tiles * wide, kAlignFloats);
-    // Per thread: the channels-last input image (4*TH + 2, 4*TW + 2), the channels-last output
-    // or output-gradient image (4*TH, 4*TW), and a bias-gradient accumulator (K).
-    in_image_ = round_up((kTile * th_ + 2) * (kTile * tw_ + 2) * wide, kAlignFloats);
-    out_image_ = round_up(kTile * th_ * kTile * tw_ * wide, kAlignFloats);
-    bias_acc_ = 2 * round_up(k, kAlignFloats);  // the batch's sums, then one image's
-    const int64_t floats = per_thread_ + threads_ * (in_image_ + out_image_ + bias_acc_);
+    // The shared part: the transformed filters U (forward, backward data; kPoints C x K or K x C
+    // matrices) or the filter gradient's sums S (backward filter), then V and M.
+    tiles_offset_ = round_up(kPoints * c * k, kAlignFloats);
+    shared_floats_ = tiles_offset_ + round_up(kPoints * chunk_ * tiles * (c + k), kAlignFloats);
+    // Per thread, for one row of tiles: the channels-last input rows (6, 4*TW + 2), the output
+    // or output-gradient rows (4, 4*TW), and the bias gradient's sums (K, then one row's K).
+    in_rows_ = round_up(kAlpha * (kTile * tw_ + 2) * wide, kAlignFloats);
+    out_rows_ = round_up(kTile * kTile * tw_ * wide, kAlignFloats);
+    bias_sums_ = 2 * round_up(k, kAlignFloats);
+    // Each point's product in row blocks when there are more threads than 36 points feed
+    // evenly (up to 4 items per thread); whole products otherwise, the SGEMM's best shape.
+    blocks_ = threads_ <= 4 ? 1 : (4 * threads_ + kPoints - 1) / kPoints;
+    const int64_t floats = shared_floats_ + threads_ * (in_rows_ + out_rows_ + bias_sums_);
     scratch_->reserve(static_cast<size_t>(floats) * sizeof(float));
   }
 
@@ -406,18 +409,19 @@ class WinogradConvPlan final : public CpuConvPlan {
                        const Tensor* db) override;
 
   std::string implementation() const override {
-    return "dprun Winograd F(4x4, 3x3), " + std::string(cpu_kernels_name(kernels_)) + " SGEMM, " +
+    return std::string("dprun Winograd F(4x4, 3x3), ") +
+           (kernels_ == CpuKernels::blas ? "OpenBLAS" : "oneDNN") + " SGEMM, " +
            std::to_string(chunk_) + " images per chunk";
   }
 
  private:
   float* scratch() const { return reinterpret_cast<float*>(scratch_->data()); }
-  float* in_image(int t) const { return scratch() + per_thread_ + t * in_image_; }
-  float* out_image(int t) const {
-    return scratch() + per_thread_ + threads_ * in_image_ + t * out_image_;
+  float* in_rows(int t) const { return scratch() + shared_floats_ + t * in_rows_; }
+  float* out_rows(int t) const {
+    return scratch() + shared_floats_ + threads_ * in_rows_ + t * out_rows_;
   }
-  float* bias_acc(int t) const {
-    return scratch() + per_thread_ + threads_ * (in_image_ + out_image_) + t * bias_acc_;
+  float* bias_sums(int t) const {
+    return scratch() + shared_floats_ + threads_ * (in_rows_ + out_rows_) + t * bias_sums_;
   }
 
   /// out = conv(in, w') + bias with `cin` input and `cout` output channels, where w' is w for the
@@ -426,31 +430,32 @@ class WinogradConvPlan final : public CpuConvPlan {
                 int64_t cin, int64_t cout, bool backward_data);
 
   CpuKernels kernels_;
-  int threads_;
+  int threads_;  // asked for; a parallel region may get fewer (OMP_DYNAMIC, OMP_THREAD_LIMIT)
   std::shared_ptr<SharedScratch> scratch_;
   int64_t th_ = 0, tw_ = 0;  // tiles down and across an image
   int64_t chunk_ = 1;        // images per chunk
-  // Offsets in floats into the shared scratch.
-  int64_t filters_ = 0, v_ = 0, m_ = 0, per_thread_ = 0;
-  int64_t in_image_ = 0, out_image_ = 0, bias_acc_ = 0;  // sizes of each thread's buffers
+  int64_t blocks_ = 1;       // row blocks per point's SGEMM
+  // In floats, in the shared scratch: where V starts, and the end of the shared part.
+  int64_t tiles_offset_ = 0, shared_floats_ = 0;
+  int64_t in_rows_ = 0, out_rows_ = 0, bias_sums_ = 0;  // each thread's buffers
 };
 
+// The transforms' work items are rows of tiles (image i of the chunk, tile row ti), so that any
+// chunk, even one image, keeps every thread busy.
 void WinogradConvPlan::convolve(const Tensor& in, const Tensor& w, const float* bias,
                                 const Tensor& out, int64_t cin, int64_t cout, bool backward_data) {
   const ConvGeometry& g = geometry();
   const int64_t n = in.shape[0], h = g.in_h, wd = g.in_w, tiles = th_ * tw_;
-  const ImageStrides ist = strides_of(g.layout, cin, h, wd),
-                     ost = strides_of(g.layout, cout, h, wd);
+  const ImageLayout il = layout_of(g.layout, cin, h, wd), ol = layout_of(g.layout, cout, h, wd);
   const int64_t in_size = cin * h * wd, out_size = cout * h * wd;
   const int64_t c_total = g.in_channels, k_total = g.out_channels;
-  float* const u = scratch() + filters_;
-  float* const v = scratch() + v_;
-  float* const m = scratch() + m_;
+  float* const u = scratch();
+  float* const v = scratch() + tiles_offset_;
   const float* const x = static_cast<const float*>(in.data);
   float* const y = static_cast<float*>(out.data);
   const float* const filters = static_cast<const float*>(w.data);
-  const int team = threads_;
-#pragma omp parallel num_threads(team)
+  const int64_t wb_in = kTile * tw_ + 2, wb_out = kTile * tw_;
+#pragma omp parallel num_threads(threads_)
   {
     const int me = omp_get_thread_num();
 #pragma omp for schedule(static)
@@ -460,21 +465,29 @@ void WinogradConvPlan::convolve(const Tensor& in, const Tensor& w, const float* 
     for (int64_t n0 = 0; n0 < n; n0 += chunk_) {
       const int64_t images = std::min(chunk_, n - n0), t_count = images * tiles;
       const int64_t v_stride = t_count * cin, m_stride = t_count * cout;
+      float* const m = v + kPoints * v_stride;
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < images; ++i) {
-        to_channels_last(x + (n0 + i) * in_size, ist, cin, h, wd, 1, kTile * th_ + 2,
-                         kTile * tw_ + 2, in_image(me));
-        input_tiles(in_image(me), cin, th_, tw_, v + i * tiles * cin, v_stride);
+      for (int64_t item = 0; item < images * th_; ++item) {
+        const int64_t i = item / th_, ti = item % th_;
+        to_channels_last(x + (n0 + i) * in_size, il, cin, h, wd, 1, kTile * ti, kAlpha, wb_in,
+                         in_rows(me));
+        input_tiles(in_rows(me), cin, tw_, v + (i * tiles + ti * tw_) * cin, v_stride);
+      }
+      const int64_t rows = (t_count + blocks_ - 1) / blocks_;  // of M_p per work item
+#pragma omp for schedule(static)
+      for (int64_t item = 0; item < kPoints * blocks_; ++item) {
+        const int64_t p = item / blocks_, r0 = item % blocks_ * rows;
+        if (r0 >= t_count) continue;
+        sgemm(kernels_, false, false, std::min(rows, t_count - r0), cout, cin, 1.0f,
+              v + p * v_stride + r0 * cin, cin, u + p * cin * cout, cout, 0.0f,
+              m + p * m_stride + r0 * cout, cout);
       }
 #pragma omp for schedule(static)
-      for (int64_t p = 0; p < kPoints; ++p) {
-        sgemm(kernels_, false, false, t_count, cout, cin, 1.0f, v + p * v_stride, cin,
-              u + p * cin * cout, cout, 0.0f, m + p * m_stride, cout);
-      }
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < images; ++i) {
-        output_tiles(m + i * tiles * cout, m_stride, cout, th_, tw_, bias, out_image(me));
-        from_channels_last(out_image(me), cout, h, wd, kTile * tw_, ost, y + (n0 + i) * out_size);
+      for (int64_t item = 0; item < images * th_; ++item) {
+        const int64_t i = item / th_, ti = item % th_;
+        output_tiles(m + (i * tiles + ti * tw_) * cout, m_stride, cout, 1, tw_, bias, out_rows(me));
+        from_channels_last(out_rows(me), cout, kTile * ti, std::min(kTile, h - kTile * ti), wd,
+                           wb_out, ol, y + (n0 + i) * out_size);
       }
     }
   }
@@ -485,49 +498,54 @@ void WinogradConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const 
   const ConvGeometry& g = geometry();
   const int64_t n = x.shape[0], h = g.in_h, wd = g.in_w, tiles = th_ * tw_;
   const int64_t c = g.in_channels, k = g.out_channels;
-  const ImageStrides xst = strides_of(g.layout, c, h, wd), dyst = strides_of(g.layout, k, h, wd);
-  const int64_t x_image = c * h * wd, dy_image = k * h * wd;
-  float* const s = scratch() + filters_;
-  float* const v = scratch() + v_;
-  float* const gw = scratch() + m_;
+  const ImageLayout xl = layout_of(g.layout, c, h, wd), dyl = layout_of(g.layout, k, h, wd);
+  const int64_t x_size = c * h * wd, dy_size = k * h * wd;
+  float* const s = scratch();
+  float* const v = scratch() + tiles_offset_;
   const float* const xs = static_cast<const float*>(x.data);
   const float* const dys = static_cast<const float*>(dy.data);
-  const int team = threads_;
-#pragma omp parallel num_threads(team)
+  const int64_t wb_in = kTile * tw_ + 2, wb_out = kTile * tw_;
+#pragma omp parallel num_threads(threads_)
   {
-    const int me = omp_get_thread_num();
-    if (db) std::fill(bias_acc(me), bias_acc(me) + k, 0.0f);
+    const int me = omp_get_thread_num(), team = omp_get_num_threads();
+    if (db) std::fill(bias_sums(me), bias_sums(me) + k, 0.0f);
     for (int64_t n0 = 0; n0 < n; n0 += chunk_) {
       const int64_t images = std::min(chunk_, n - n0), t_count = images * tiles;
       const int64_t v_stride = t_count * c, w_stride = t_count * k;
+      float* const gw = v + kPoints * v_stride;  // the transformed output gradient, T x K
 #pragma omp for schedule(static)
-      for (int64_t i = 0; i < images; ++i) {
-        to_channels_last(xs + (n0 + i) * x_image, xst, c, h, wd, 1, kTile * th_ + 2,
-                         kTile * tw_ + 2, in_image(me));
-        input_tiles(in_image(me), c, th_, tw_, v + i * tiles * c, v_stride);
-        to_channels_last(dys + (n0 + i) * dy_image, dyst, k, h, wd, 0, kTile * th_, kTile * tw_,
-                         out_image(me));
-        gradient_tiles(out_image(me), k, th_, tw_, gw + i * tiles * k, w_stride);
+      for (int64_t item = 0; item < images * th_; ++item) {
+        const int64_t i = item / th_, ti = item % th_;
+        to_channels_last(xs + (n0 + i) * x_size, xl, c, h, wd, 1, kTile * ti, kAlpha, wb_in,
+                         in_rows(me));
+        input_tiles(in_rows(me), c, tw_, v + (i * tiles + ti * tw_) * c, v_stride);
+        to_channels_last(dys + (n0 + i) * dy_size, dyl, k, h, wd, 0, kTile * ti, kTile, wb_out,
+                         out_rows(me));
+        gradient_tiles(out_rows(me), k, 1, tw_, gw + (i * tiles + ti * tw_) * k, w_stride);
         if (db) {
-          add_channel_sums(out_image(me), k, h, wd, kTile * tw_, bias_acc(me) + bias_acc_ / 2,
-                           bias_acc(me));
+          add_channel_sums(out_rows(me), k, std::min(kTile, h - kTile * ti), wd, wb_out,
+                           bias_sums(me) + bias_sums_ / 2, bias_sums(me));
         }
       }
+      const int64_t rows = (k + blocks_ - 1) / blocks_;  // of S_p per work item
 #pragma omp for schedule(static)
-      for (int64_t p = 0; p < kPoints; ++p) {
-        sgemm(kernels_, true, false, k, c, t_count, 1.0f, gw + p * w_stride, k, v + p * v_stride, c,
-              n0 == 0 ? 0.0f : 1.0f, s + p * k * c, c);
+      for (int64_t item = 0; item < kPoints * blocks_; ++item) {
+        const int64_t p = item / blocks_, r0 = item % blocks_ * rows;
+        if (r0 >= k) continue;
+        sgemm(kernels_, true, false, std::min(rows, k - r0), c, t_count, 1.0f,
+              gw + p * w_stride + r0, k, v + p * v_stride, c, n0 == 0 ? 0.0f : 1.0f,
+              s + p * k * c + r0 * c, c);
       }
     }
 #pragma omp for schedule(static)
     for (int64_t k0 = 0; k0 < k; k0 += kLanes) {
       filter_gradients(s, c, k, k0, std::min(k0 + kLanes, k), static_cast<float*>(dw.data));
     }
-    if (db) {
+    if (db) {  // over the threads the region got, which may be fewer than asked
 #pragma omp for schedule(static)
       for (int64_t ch = 0; ch < k; ++ch) {
         float sum = 0.0f;
-        for (int t = 0; t < team; ++t) sum += bias_acc(t)[ch];
+        for (int t = 0; t < team; ++t) sum += bias_sums(t)[ch];
         static_cast<float*>(db->data)[ch] = sum;
       }
     }
