@@ -388,6 +388,28 @@ std::unique_ptr<Suite> resnet_suite(dp::Backend& backend, const Options& o) {
   suite->ops.push_back({"relu 64x28x28 fwd", [=, &b] { b.relu_forward(by, by); }});
   suite->ops.push_back({"relu 64x28x28 bwd", [=, &b] { b.relu_backward(by, bx, bx); }});
   suite->ops.push_back({"add 64x28x28", [=, &b] { b.add(bx, by, by); }});
+  // A residual block's bn2 -> + shortcut -> ReLU, fused into one pass (BnEpilogue) and as the
+  // three separate ops, side by side; and its backward (ReLU mask + batch norm backward).
+  const dp::Tensor br = act({n, 64, 28, 28}), bz = act({n, 64, 28, 28}), bdz = act({n, 64, 28, 28}),
+                   bdx = act({n, 64, 28, 28});
+  suite->ops.push_back(
+      {"bn+add+relu 64x28x28 train fwd fused", [=, &b] {
+         b.batchnorm_forward_train(bx, gamma, beta, rm, rv, 0.1f, 1e-5f, sm, si, bz, {&br, true});
+       }});
+  suite->ops.push_back({"bn+add+relu 64x28x28 train fwd separate", [=, &b] {
+                          b.batchnorm_forward_train(bx, gamma, beta, rm, rv, 0.1f, 1e-5f, sm, si,
+                                                    bz);
+                          b.add(bz, br, bz);
+                          b.relu_forward(bz, bz);
+                        }});
+  suite->ops.push_back({"bn+relu 64x28x28 bwd separate", [=, &b] {
+                          b.relu_backward(bz, by, bdz);
+                          b.batchnorm_backward(bx, bdz, gamma, sm, si, 1e-5f, bdx, dgamma, dbeta);
+                        }});
+  suite->ops.push_back(
+      {"bn+relu 64x28x28 bwd fused", [=, &b] {
+         b.batchnorm_backward(bx, by, gamma, sm, si, 1e-5f, bdx, dgamma, dbeta, {&bz, &bdz});
+       }});
   return suite;
 }
 

@@ -146,8 +146,8 @@ Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
 
 // ---- BatchNorm2d ------------------------------------------------------------------------------
 
-BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum)
-    : c_(channels), eps_(eps), momentum_(momentum) {
+BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum, Fused fused)
+    : c_(channels), eps_(eps), momentum_(momentum), fused_(fused) {
   DP_CHECK(c_ >= 1, "BatchNorm2d(" + std::to_string(c_) + "): channels must be positive");
   DP_CHECK(eps_ > 0 && momentum_ >= 0 && momentum_ <= 1,
            "BatchNorm2d: eps must be > 0 and momentum in [0, 1]");
@@ -163,6 +163,8 @@ void BatchNorm2d::declare(ParamRegistry& registry, const std::string& prefix) {
 void BatchNorm2d::describe(std::ostream& os, int indent) const {
   os << "BatchNorm2d(" << c_ << ", eps=" << detail::py_float(eps_)
      << ", momentum=" << detail::py_float(momentum_) << ", affine=True, track_running_stats=True)";
+  if (fused_.residual) os << " + residual";
+  if (fused_.relu) os << " + ReLU";
   detail::end_description(os, *this, indent);
 }
 
@@ -174,6 +176,7 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
   const Layout l = layout_for(input, ctx.layout);
   y_ = ctx.arena.allocate(input, DType::f32, l);
   dx_ = ctx.arena.allocate(input, DType::f32, l);
+  if (fused_.relu) dz_ = ctx.arena.allocate(input, DType::f32, l);
   save_mean_ = ctx.arena.allocate({c_});
   save_invstd_ = ctx.arena.allocate({c_});
   stats_ = ctx.arena.allocate({4 * c_});
@@ -187,12 +190,14 @@ int64_t BatchNorm2d::values_per_channel(int64_t batch) const {
 
 // Synchronised statistics: two allreduces of C floats (sums, then squared deviations from the
 // global mean: no cancellation), then normalisation with the global mean and variance.
-Tensor BatchNorm2d::forward_synchronised(RunContext& ctx, const Tensor& x, const Tensor& y) {
+Tensor BatchNorm2d::forward_synchronised(RunContext& ctx, const Tensor& x, const Tensor& y,
+                                         const BnEpilogue& epilogue) {
   DP_CHECK(ctx.global_batch >= 1, "BatchNorm2d: synchronised statistics need the global batch");
   const int64_t count = values_per_channel(ctx.global_batch);
   DP_CHECK(count > 1, "BatchNorm2d(" + std::to_string(c_) +
                           "): synchronised batch norm needs more than one value per channel over "
-                          "every replica, got " + std::to_string(count));
+                          "every replica, got " +
+                          std::to_string(count));
   Backend& b = ctx.backend;
   const Tensor mean = stats_.slice_batch(0, c_), var = stats_.slice_batch(c_, c_);
   b.batchnorm_sums(x, nullptr, mean);
@@ -203,50 +208,76 @@ Tensor BatchNorm2d::forward_synchronised(RunContext& ctx, const Tensor& x, const
   b.scale(var, 1.0f / static_cast<float>(count));
   b.batchnorm_apply_stats(x, ctx.params.param(gamma_), ctx.params.param(beta_), mean, var,
                           ctx.params.buffer(mean_), ctx.params.buffer(var_), momentum_, eps_, count,
-                          save_mean_, save_invstd_, y);
+                          save_mean_, save_invstd_, y, epilogue);
   sync_count_ = count;
   return y;
 }
 
 // This replica's dgamma and dbeta are its own sums (the gradient allreduce adds the replicas');
 // dx needs every replica's sums.
-void BatchNorm2d::backward_synchronised(RunContext& ctx, const Tensor& dy, const Tensor& dx) {
+void BatchNorm2d::backward_synchronised(RunContext& ctx, const Tensor& dy, const Tensor& dx,
+                                        const BnEpilogueGrad& epilogue) {
   Backend& b = ctx.backend;
   const Tensor sums = stats_.slice_batch(2 * c_, 2 * c_);
-  b.batchnorm_backward_sums(x_, dy, save_mean_, save_invstd_, sums);
+  b.batchnorm_backward_sums(x_, dy, save_mean_, save_invstd_, sums, epilogue);
   b.copy(ctx.params.grad(beta_).data, sums.data, static_cast<size_t>(c_) * sizeof(float));
   b.copy(ctx.params.grad(gamma_).data, sums.f32() + c_, static_cast<size_t>(c_) * sizeof(float));
   ctx.comm->allreduce_sum(sums.f32(), static_cast<size_t>(2 * c_));
-  b.batchnorm_backward_apply(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_, sums,
-                             sync_count_, dx);
+  b.batchnorm_backward_apply(x_, epilogue.dz != nullptr ? *epilogue.dz : dy,
+                             ctx.params.param(gamma_), save_mean_, save_invstd_, sums, sync_count_,
+                             dx);
+}
+
+Tensor BatchNorm2d::forward(RunContext& ctx, const Tensor& x, const Tensor& residual) {
+  DP_CHECK(fused_.residual, "BatchNorm2d(" + std::to_string(c_) +
+                                "): forward with a residual needs a batch norm built with "
+                                "Fused::residual");
+  residual_ = &residual;
+  try {
+    Tensor y = Module::forward(ctx, x);
+    residual_ = nullptr;
+    return y;
+  } catch (...) {
+    residual_ = nullptr;
+    throw;
+  }
 }
 
 Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
+  DP_CHECK(!fused_.residual || residual_ != nullptr,
+           "BatchNorm2d(" + std::to_string(c_) +
+               "): built with Fused::residual, so forward needs the residual: call "
+               "forward(ctx, x, residual)");
   x_ = x;
   const Tensor y = view(y_, x.shape[0], x.layout);
+  const BnEpilogue epilogue{residual_, fused_.relu};
   const Tensor gamma = ctx.params.param(gamma_), beta = ctx.params.param(beta_);
   const Tensor mean = ctx.params.buffer(mean_), var = ctx.params.buffer(var_);
   if (ctx.training && ctx.comm != nullptr && ctx.comm->size() > 1) {
-    forward_synchronised(ctx, x, y);
+    forward_synchronised(ctx, x, y, epilogue);
   } else if (ctx.training) {
     sync_count_ = 0;
     ctx.backend.batchnorm_forward_train(x, gamma, beta, mean, var, momentum_, eps_, save_mean_,
-                                        save_invstd_, y);
+                                        save_invstd_, y, epilogue);
   } else {
-    ctx.backend.batchnorm_forward_infer(x, gamma, beta, mean, var, eps_, y);
+    ctx.backend.batchnorm_forward_infer(x, gamma, beta, mean, var, eps_, y, epilogue);
   }
   return y;
 }
 
 Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   // The backend computes dx together with dgamma/dbeta, so dx is always written.
-  const Tensor dx = view(dx_, dy.shape[0], x_.layout);
+  const int64_t n = dy.shape[0];
+  const Tensor dx = view(dx_, n, x_.layout);
+  const Tensor y = view(y_, n, x_.layout), dz = fused_.relu ? view(dz_, n, x_.layout) : Tensor();
+  const BnEpilogueGrad epilogue = fused_.relu ? BnEpilogueGrad{&y, &dz} : BnEpilogueGrad{};
   if (sync_count_ > 0) {
-    backward_synchronised(ctx, dy, dx);
+    backward_synchronised(ctx, dy, dx, epilogue);
   } else {
-    ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_,
-                                   eps_, dx, ctx.params.grad(gamma_), ctx.params.grad(beta_));
+    ctx.backend.batchnorm_backward(x_, dy, ctx.params.param(gamma_), save_mean_, save_invstd_, eps_,
+                                   dx, ctx.params.grad(gamma_), ctx.params.grad(beta_), epilogue);
   }
+  epilogue_grad_ = fused_.relu ? dz : dy;
   ctx.gradient_ready(gamma_);
   ctx.gradient_ready(beta_);
   return need_dx ? dx : Tensor();

@@ -1,6 +1,8 @@
 // The d2l residual block. Main branch: conv1 (3x3, stride) -> bn1 -> ReLU -> conv2 (3x3) -> bn2;
-// shortcut: x or conv3 (1x1, stride); out = ReLU(main + shortcut). Backward sends the gradient
-// of the sum into both branches and adds their input gradients.
+// shortcut: x or conv3 (1x1, stride); out = ReLU(main + shortcut). The ReLUs and the add are
+// fused into the batch norms: bn1 + ReLU, and bn2 + shortcut + ReLU, which also gives back the
+// gradient of the sum (masked by the ReLU) that goes into the shortcut. Backward sends that
+// gradient into both branches and adds their input gradients.
 #include <ostream>
 
 #include "dp/error.hpp"
@@ -18,8 +20,8 @@ Residual::Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv, 
   conv1_ = std::make_unique<Conv2d>(in_channels, out_channels, 3, stride, 1);
   conv2_ = std::make_unique<Conv2d>(out_channels, out_channels, 3, 1, 1);
   if (use_1x1conv) conv3_ = std::make_unique<Conv2d>(in_channels, out_channels, 1, stride, 0);
-  bn1_ = std::make_unique<BatchNorm2d>(out_channels);
-  bn2_ = std::make_unique<BatchNorm2d>(out_channels);
+  bn1_ = std::make_unique<BatchNorm2d>(out_channels, 1e-5f, 0.1f, BatchNorm2d::Fused{false, true});
+  bn2_ = std::make_unique<BatchNorm2d>(out_channels, 1e-5f, 0.1f, BatchNorm2d::Fused{true, true});
 }
 
 // Declaration order follows d2l's attribute order, so the flat layout matches its state_dict.
@@ -55,7 +57,6 @@ Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
   Shape s = conv1_->setup(ctx, input);
   ctx.input_grad = true;
   s = bn1_->setup(ctx, s);
-  s = relu1_.setup(ctx, s);
   s = conv2_->setup(ctx, s);
   s = bn2_->setup(ctx, s);
   ctx.input_grad = input_grad;
@@ -63,36 +64,24 @@ Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
   DP_CHECK(shortcut == s, "Residual: the main branch gives " + s.str() +
                               " but the shortcut gives " + shortcut.str() + " for input " +
                               input.str());
-  sum_ = ctx.arena.allocate(s, DType::f32, ctx.layout);
-  out_ = ctx.arena.allocate(s, DType::f32, ctx.layout);
-  dsum_ = ctx.arena.allocate(s, DType::f32, ctx.layout);
   dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
   return s;
 }
 
 Tensor Residual::do_forward(RunContext& ctx, const Tensor& x) {
-  const int64_t n = x.shape[0];
   Tensor main = conv1_->forward(ctx, x);
   main = bn1_->forward(ctx, main);
-  main = relu1_.forward(ctx, main);
   main = conv2_->forward(ctx, main);
-  main = bn2_->forward(ctx, main);
   const Tensor shortcut = conv3_ ? conv3_->forward(ctx, x) : x;
-  for (Tensor* t : {&sum_, &out_, &dsum_}) t->layout = x.layout;
   dx_.layout = x.layout;
-  const Tensor sum = sum_.with_batch(n), out = out_.with_batch(n);
-  ctx.backend.add(main, shortcut, sum);
-  ctx.backend.relu_forward(sum, out);
-  return out;
+  return bn2_->forward(ctx, main, shortcut);
 }
 
 Tensor Residual::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   const int64_t n = dy.shape[0];
-  const Tensor dsum = dsum_.with_batch(n);
-  ctx.backend.relu_backward(out_.with_batch(n), dy, dsum);
-  Tensor g = bn2_->backward(ctx, dsum, true);
+  Tensor g = bn2_->backward(ctx, dy, true);
+  const Tensor dsum = bn2_->epilogue_gradient();  // the gradient of main + shortcut
   g = conv2_->backward(ctx, g, true);
-  g = relu1_.backward(ctx, g, true);
   g = bn1_->backward(ctx, g, true);
   const Tensor dx_main = conv1_->backward(ctx, g, need_dx);
   // Run conv3's backward even when dx is not needed: it produces conv3's weight gradients.

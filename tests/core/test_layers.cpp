@@ -287,6 +287,46 @@ TEST_CASE("BatchNorm2d: training forward, running statistics, inference, gradien
   }
 }
 
+TEST_CASE("BatchNorm2d with a fused ReLU equals BatchNorm2d then ReLU, in both layouts",
+          "[engine][layers]") {
+  // The fused layer must compute exactly what the two layers compute (the CPU backend's fused
+  // loops are bit for bit its separate ops: test_cpu_bn_epilogue.cpp), and its gradients must
+  // match finite differences. Training and evaluation.
+  const dp::Shape in{3, 4, 5, 3};
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("layout " << dp::layout_name(layout));
+  auto make = [] {
+    return std::make_unique<dp::BatchNorm2d>(4, 1e-5f, 0.1f, dp::BatchNorm2d::Fused{false, true});
+  };
+  DP_FOR_EACH_BACKEND(kind) {
+    ModuleRunner fused(make(), in, 7, kind, layout);
+    auto seq = std::make_unique<dp::Sequential>();
+    seq->add(std::make_unique<dp::BatchNorm2d>(4));
+    seq->add(std::make_unique<dp::ReLU>());
+    ModuleRunner parts(std::move(seq), in, 7, kind, layout);
+    randomize_params(fused, 41);
+    parts.set_params(fused.params());
+    const auto x = dptest::random_vector(in.numel(), 42, -2.0f, 2.0f);
+    const auto dy = dptest::random_vector(in.numel(), 43);
+    CHECK(fused.forward(x) == parts.forward(x));
+    CHECK(fused.backward(dy) == parts.backward(dy));
+    CHECK(fused.grads() == parts.grads());
+    CHECK(fused.registry().download_buffers() == parts.registry().download_buffers());
+    CHECK(fused.forward(x, false) == parts.forward(x, false));
+    check_module_gradients(fused, x, kinky);
+    check_against_cpu(fused, make, x, kCrossBackend);
+  }
+}
+
+TEST_CASE("BatchNorm2d built for a residual refuses a forward without one", "[engine][layers]") {
+  ModuleRunner run(
+      std::make_unique<dp::BatchNorm2d>(2, 1e-5f, 0.1f, dp::BatchNorm2d::Fused{true, false}),
+      {2, 2, 3, 3});
+  CHECK_THROWS_WITH(run.forward(dptest::random_vector(36, 1)),
+                    Catch::Contains("built with Fused::residual") &&
+                        Catch::Contains("forward(ctx, x, residual)"));
+}
+
 TEST_CASE("ReLU: forward and gradient", "[engine][layers]") {
   auto make = [] { return std::make_unique<dp::ReLU>(); };
   DP_FOR_EACH_BACKEND(kind) {
@@ -498,7 +538,9 @@ TEST_CASE("describe() prints like PyTorch with output shapes", "[engine][layers]
         "  (conv1): Conv2d(3, 4, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1))\n"
         "  (conv2): Conv2d(4, 4, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))\n"
         "  (conv3): Conv2d(3, 4, kernel_size=(1, 1), stride=(2, 2))\n"
-        "  (bn1): BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)\n"
-        "  (bn2): BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)\n"
+        "  (bn1): BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)"
+        " + ReLU\n"
+        "  (bn2): BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)"
+        " + residual + ReLU\n"
         ")\n");
 }

@@ -300,6 +300,83 @@ TEST_CASE("cuda batch norm matches the cpu backend", "[cuda]") {
   check_batchnorm(6, 10, 1, 1, true, Layout::nchw);  // (N, C), BatchNorm1d-style
 }
 
+// The batch norm epilogue (residual add + ReLU, see BnEpilogue): forward, backward, and the
+// synchronised pieces, against the CPU backend's fused loops. The backward's ReLU mask is the
+// CPU's output on both sides (uploaded to the GPU's y), so a value rounding to either side of 0
+// cannot make the masks differ; the forward's outputs differ by rounding only.
+namespace {
+void check_batchnorm_epilogue(int64_t n, int64_t c, int64_t h, int64_t w, Layout layout) {
+  auto& B = backends();
+  INFO("batchnorm epilogue (" << n << ", " << c << ", " << h << ", " << w << ") " << name(layout));
+  const int64_t numel = n * c * h * w;
+  Act x(n, c, h, w, layout), r(n, c, h, w, layout), y(n, c, h, w, layout), dy(n, c, h, w, layout);
+  Act dz(n, c, h, w, layout), dx(n, c, h, w, layout);
+  x.set(dptest::random_vector(numel, 41, -1.5f, 2.5f));
+  r.set(dptest::random_vector(numel, 42));
+  dy.set(dptest::random_vector(numel, 43));
+  Flat gamma({c}), beta({c}), rmean({c}), rvar({c}), smean({c}), sinv({c}), dgamma({c}), dbeta({c});
+  gamma.set(dptest::random_vector(c, 44, 0.5f, 1.5f));
+  beta.set(dptest::random_vector(c, 45));
+  rmean.set(dptest::random_vector(c, 46));
+  rvar.set(dptest::random_vector(c, 47, 0.5f, 1.5f));
+  const float momentum = 0.1f, eps = 1e-5f;
+  const dp::BnEpilogue ec{&r.c_(), true}, eg{&r.g_(), true};
+
+  B.cpu->batchnorm_forward_train(x.c_(), gamma.t.c(), beta.t.c(), rmean.t.c(), rvar.t.c(), momentum,
+                                 eps, smean.t.c(), sinv.t.c(), y.c_(), ec);
+  B.gpu->batchnorm_forward_train(x.g_(), gamma.t.g(), beta.t.g(), rmean.t.g(), rvar.t.g(), momentum,
+                                 eps, smean.t.g(), sinv.t.g(), y.g_(), eg);
+  CUDA_CHECK_CLOSE(y.gpu(), y.cpu(), kRel);
+  CUDA_CHECK_CLOSE(rvar.gpu(), rvar.cpu(), kRel);
+  y.set(y.cpu());  // one mask for both sides
+  B.cpu->batchnorm_backward(x.c_(), dy.c_(), gamma.t.c(), smean.t.c(), sinv.t.c(), eps, dx.c_(),
+                            dgamma.t.c(), dbeta.t.c(), {&y.c_(), &dz.c_()});
+  B.gpu->batchnorm_backward(x.g_(), dy.g_(), gamma.t.g(), smean.t.g(), sinv.t.g(), eps, dx.g_(),
+                            dgamma.t.g(), dbeta.t.g(), {&y.g_(), &dz.g_()});
+  CHECK(dz.gpu() == dz.cpu());  // a mask: exact
+  CUDA_CHECK_CLOSE(dx.gpu(), dx.cpu(), kRel);
+  CUDA_CHECK_CLOSE(dgamma.gpu(), dgamma.cpu(), kRel);
+  CUDA_CHECK_CLOSE(dbeta.gpu(), dbeta.cpu(), kRel);
+
+  // Synchronised pieces on one replica, with the statistics the forward saved.
+  const int64_t count = n * h * w;
+  Flat var({c}), bsums({2 * c}), rm2({c}), rv2({c}), sm2({c}), si2({c});
+  std::vector<float> v = sinv.cpu();
+  for (auto& e : v) e = 1.0f / (e * e) - eps;
+  var.set(v);
+  rm2.set(dptest::random_vector(c, 46));
+  rv2.set(dptest::random_vector(c, 47, 0.5f, 1.5f));
+  B.cpu->batchnorm_apply_stats(x.c_(), gamma.t.c(), beta.t.c(), smean.t.c(), var.t.c(), rm2.t.c(),
+                               rv2.t.c(), momentum, eps, count, sm2.t.c(), si2.t.c(), y.c_(), ec);
+  smean.set(smean.cpu());
+  B.gpu->batchnorm_apply_stats(x.g_(), gamma.t.g(), beta.t.g(), smean.t.g(), var.t.g(), rm2.t.g(),
+                               rv2.t.g(), momentum, eps, count, sm2.t.g(), si2.t.g(), y.g_(), eg);
+  CUDA_CHECK_CLOSE(y.gpu(), y.cpu(), kRel);
+  y.set(y.cpu());
+  B.cpu->batchnorm_backward_sums(x.c_(), dy.c_(), sm2.t.c(), si2.t.c(), bsums.t.c(),
+                                 {&y.c_(), &dz.c_()});
+  B.gpu->batchnorm_backward_sums(x.g_(), dy.g_(), sm2.t.g(), si2.t.g(), bsums.t.g(),
+                                 {&y.g_(), &dz.g_()});
+  CHECK(dz.gpu() == dz.cpu());
+  CUDA_CHECK_CLOSE(bsums.gpu(), bsums.cpu(), kRel);
+
+  B.cpu->batchnorm_forward_infer(x.c_(), gamma.t.c(), beta.t.c(), rmean.t.c(), rvar.t.c(), eps,
+                                 y.c_(), ec);
+  rmean.set(rmean.cpu());
+  rvar.set(rvar.cpu());
+  B.gpu->batchnorm_forward_infer(x.g_(), gamma.t.g(), beta.t.g(), rmean.t.g(), rvar.t.g(), eps,
+                                 y.g_(), eg);
+  CUDA_CHECK_CLOSE(y.gpu(), y.cpu(), kRel);
+}
+}  // namespace
+
+TEST_CASE("cuda batch norm with a fused residual add and ReLU matches the cpu backend", "[cuda]") {
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    check_batchnorm_epilogue(4, 3, 5, 5, layout);
+    check_batchnorm_epilogue(32, 64, 7, 7, layout);
+  }
+}
+
 // ---- pooling ------------------------------------------------------------------------------------
 
 namespace {

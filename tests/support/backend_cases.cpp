@@ -63,7 +63,7 @@ BackendCases::BackendCases(dp::Backend& backend)
   const Tensor x = buf({3, 2, 5, 5}), w = buf({4, 2, 3, 3}), y = buf({3, 4, 3, 3});
   const Tensor dy = buf({3, 4, 3, 3}), dx = buf({3, 2, 5, 5}), dw = buf({4, 2, 3, 3});
   const Tensor lx = buf({6, 8}), lw = buf({5, 8}), lb = buf({5}), ly = buf({6, 5});
-  const Tensor c2 = buf({2}), bx = buf({3, 2, 5, 5}), by = buf({3, 2, 5, 5});
+  const Tensor c2 = buf({2}), bx = buf({3, 2, 5, 5}), by = buf({3, 2, 5, 5}), buf4 = buf({4});
   const Tensor px = buf({3, 2, 4, 4}), py = buf({3, 2, 2, 2}), gy = buf({3, 2, 1, 1});
   const Tensor logits = buf({6, 10}), labels = buf({6}, DType::i32), one = buf({1});
   const Tensor correct = buf({1}, DType::i32), flat = buf({40}), flat2 = buf({40});
@@ -150,6 +150,31 @@ BackendCases::BackendCases(dp::Backend& backend)
       [=] { bk->batchnorm_forward_infer(bx, lb, c2, c2, c2, 1e-5f, by); });
   add("batchnorm_backward", "dy in another layout", {"dy is nhwc but x is nchw"},
       [=] { bk->batchnorm_backward(bx, relaid(by, Layout::nhwc), c2, c2, c2, 1e-5f, dx, c2, c2); });
+  // the fused epilogue (residual add, ReLU) and its gradient
+  add("batchnorm_forward_train", "a residual of another shape",
+      {"residual has shape (3, 2, 4, 4) but x has (3, 2, 5, 5)"}, [=] {
+        const Tensor r = reshaped(dx, {3, 2, 4, 4});
+        bk->batchnorm_forward_train(bx, c2, c2, c2, c2, 0.1f, 1e-5f, c2, c2, by, {&r, true});
+      });
+  add("batchnorm_forward_infer", "the residual is y", {"residual and y share their data"}, [=] {
+    bk->batchnorm_forward_infer(bx, c2, c2, c2, c2, 1e-5f, by, {&by, false});
+  });
+  add("batchnorm_apply_stats", "a residual in another layout", {"residual is nhwc but x is nchw"},
+      [=] {
+        const Tensor r = relaid(dx, Layout::nhwc);
+        bk->batchnorm_apply_stats(bx, c2, c2, c2, c2, c2, c2, 0.1f, 1e-5f, 75, c2, c2, by,
+                                  {&r, false});
+      });
+  add("batchnorm_backward", "a ReLU gradient without dz", {"needs both y", "got only y"}, [=] {
+    bk->batchnorm_backward(bx, by, c2, c2, c2, 1e-5f, dx, c2, c2, {&x, nullptr});
+  });
+  add("batchnorm_backward", "dz written over dy", {"dz and dy share their data"}, [=] {
+    bk->batchnorm_backward(bx, by, c2, c2, c2, 1e-5f, dx, c2, c2, {&x, &by});
+  });
+  add("batchnorm_backward_sums", "dz of another shape",
+      {"dz has shape (3, 4, 3, 3) but x has (3, 2, 5, 5)"}, [=] {
+        bk->batchnorm_backward_sums(bx, by, c2, c2, buf4, {&x, &y});
+      });
   // ---- activation, elementwise
   add("relu_forward", "y of another shape", {"y has shape (3, 4, 3, 3) but x has (3, 2, 5, 5)"},
       [=] { bk->relu_forward(x, y); });

@@ -32,7 +32,8 @@ ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, 
   // Twice the setup batch, so tests can hand the module a too-large batch and see its error.
   x_ = arena_->allocate(input.with_batch(2 * input[0]), dp::DType::f32,
                         input.rank == 4 ? layout : dp::Layout::nchw);
-  dy_ = arena_->allocate(out.with_batch(2 * out[0]));
+  dy_ = arena_->allocate(out.with_batch(2 * out[0]), dp::DType::f32,
+                         out.rank == 4 ? layout : dp::Layout::nchw);
 }
 
 ModuleRunner::~ModuleRunner() {

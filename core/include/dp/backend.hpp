@@ -100,6 +100,24 @@ struct AdamWParams {
   int64_t step = 1;
 };
 
+/// What a batch norm's output goes through before it is written (see the batch norm ops):
+/// y = bn(x), + residual when given, then max(., 0) when relu. residual has x's shape and layout
+/// and must not alias y.
+struct BnEpilogue {
+  const Tensor* residual = nullptr;
+  bool relu = false;
+};
+
+/// The backward of an epilogue with relu (cuDNN's DReluForkDNorm): dy is the gradient of the
+/// epilogue's output y; dz = dy where y > 0, else 0, is written, and the batch norm's gradients
+/// are those of dz. dz is also the residual's gradient, which is why it is kept. Both tensors
+/// have x's shape and layout; dz must not alias dy, y or x. Without a relu the epilogue needs
+/// nothing in backward: dy is the gradient of bn(x) and of the residual alike, so both are null.
+struct BnEpilogueGrad {
+  const Tensor* y = nullptr;   // the forward's output: its sign is the ReLU's mask
+  const Tensor* dz = nullptr;  // written: the masked gradient
+};
+
 /// The ops every backend provides. Each public op is non-virtual: it validates its arguments
 /// once, for every backend alike (backend_checks.cpp), handles the empty cases (a batch of 0
 /// examples) the same way everywhere, and only then calls the backend's *_impl. So two backends
@@ -164,24 +182,34 @@ class Backend {
                        const Tensor& dw, const Tensor* db);
 
   // ---- batch norm over (N,C,H,W) per channel (or (N,C) per feature) ---------------------------
+  // Every op that writes a batch norm's output takes a BnEpilogue: what the normalised value goes
+  // through before it is written, in the same pass (cuDNN's NormAddRelu pattern), so a residual
+  // block's bn -> add -> ReLU reads and writes its activations once. The ops that take the
+  // gradient of that output take the matching BnEpilogueGrad. Fused or not, the values are those
+  // of the separate ops: y = relu(bn(x) + residual) computed as bn(x) rounded to f32, plus the
+  // residual rounded to f32, then max(., 0) (NaN stays NaN), which is what batch norm, add and
+  // relu_forward compute one after the other.
   /// Training: normalise with this batch's mean and biased variance; update running stats as
   /// PyTorch does (running = (1-momentum)*running + momentum*stat, the variance unbiased by
   /// n/(n-1) where n = N*H*W, which must be > 1); save_mean, save_invstd (C) = mean and
   /// 1/sqrt(var_biased + eps) for the backward pass. y = gamma * (x - mean) * invstd + beta.
-  /// momentum in [0, 1], eps > 0.
+  /// momentum in [0, 1], eps > 0. With an epilogue, y is its output.
   void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                const Tensor& running_mean, const Tensor& running_var,
                                float momentum, float eps, const Tensor& save_mean,
-                               const Tensor& save_invstd, const Tensor& y);
+                               const Tensor& save_invstd, const Tensor& y,
+                               const BnEpilogue& epilogue = {});
   /// Inference: y = gamma * (x - running_mean) / sqrt(running_var + eps) + beta.
   void batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                const Tensor& running_mean, const Tensor& running_var, float eps,
-                               const Tensor& y);
+                               const Tensor& y, const BnEpilogue& epilogue = {});
   /// Gradients of the training-mode forward (the same eps). dx (N,C,H,W); dgamma, dbeta (C).
-  /// Overwrites.
+  /// Overwrites. With a ReLU epilogue, dy is the gradient of the epilogue's output and the
+  /// gradients are those of the masked dz (see BnEpilogueGrad).
   void batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                           const Tensor& save_mean, const Tensor& save_invstd, float eps,
-                          const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
+                          const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                          const BnEpilogueGrad& epilogue = {});
 
   // ---- batch norm with statistics over every replica (synchronised BN) ----------------------
   // One layer's training forward is: batchnorm_sums of x -> allreduce -> mean = sums / count;
@@ -198,11 +226,14 @@ class Backend {
   void batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                              const Tensor& mean, const Tensor& var, const Tensor& running_mean,
                              const Tensor& running_var, float momentum, float eps, int64_t count,
-                             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& y);
+                             const Tensor& save_mean, const Tensor& save_invstd, const Tensor& y,
+                             const BnEpilogue& epilogue = {});
   /// sums (2C) = [sum dy (C), sum dy * xhat (C)] over N, H, W, xhat = (x - save_mean) *
-  /// save_invstd: this replica's dbeta and dgamma.
+  /// save_invstd: this replica's dbeta and dgamma. With a ReLU epilogue the sums are of the
+  /// masked dz, which is written too: batchnorm_backward_apply then takes dz as its dy.
   void batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
-                               const Tensor& save_invstd, const Tensor& sums);
+                               const Tensor& save_invstd, const Tensor& sums,
+                               const BnEpilogueGrad& epilogue = {});
   /// With the sums of every replica: dx = gamma * invstd / count * (count * dy - sums[0:C] -
   /// xhat * sums[C:2C]).
   void batchnorm_backward_apply(const Tensor& x, const Tensor& dy, const Tensor& gamma,
@@ -293,25 +324,25 @@ class Backend {
                                             const Tensor& beta, const Tensor& running_mean,
                                             const Tensor& running_var, float momentum, float eps,
                                             const Tensor& save_mean, const Tensor& save_invstd,
-                                            const Tensor& y) = 0;
+                                            const Tensor& y, const BnEpilogue& epilogue) = 0;
   virtual void batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
                                             const Tensor& beta, const Tensor& running_mean,
-                                            const Tensor& running_var, float eps,
-                                            const Tensor& y) = 0;
+                                            const Tensor& running_var, float eps, const Tensor& y,
+                                            const BnEpilogue& epilogue) = 0;
   virtual void batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                        const Tensor& save_mean, const Tensor& save_invstd,
                                        float eps, const Tensor& dx, const Tensor& dgamma,
-                                       const Tensor& dbeta) = 0;
+                                       const Tensor& dbeta, const BnEpilogueGrad& epilogue) = 0;
   virtual void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) = 0;
   virtual void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                           const Tensor& mean, const Tensor& var,
                                           const Tensor& running_mean, const Tensor& running_var,
                                           float momentum, float eps, int64_t count,
                                           const Tensor& save_mean, const Tensor& save_invstd,
-                                          const Tensor& y) = 0;
+                                          const Tensor& y, const BnEpilogue& epilogue) = 0;
   virtual void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
                                             const Tensor& save_mean, const Tensor& save_invstd,
-                                            const Tensor& sums) = 0;
+                                            const Tensor& sums, const BnEpilogueGrad& epilogue) = 0;
   virtual void batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                              const Tensor& save_mean, const Tensor& save_invstd,
                                              const Tensor& sums, int64_t count,

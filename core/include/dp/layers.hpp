@@ -43,12 +43,31 @@ class Conv2d : public Module {
 
 /// Per-channel batch norm on (N,C,H,W). Training: batch statistics (per replica unless
 /// synchronised), running statistics with momentum; evaluation: running statistics.
+///
+/// What follows it can be fused into the same pass (Backend's BnEpilogue): a ReLU, and a
+/// residual added before that ReLU (a residual block's bn2 -> + shortcut -> ReLU). Fused or not,
+/// the values are those of the separate layers; fused, the activations are read and written
+/// once instead of three times.
+struct BatchNormFused {
+  bool residual = false;  // out = bn(x) + residual: forward with forward(ctx, x, residual)
+  bool relu = false;      // then max(., 0)
+};
+
 class BatchNorm2d : public Module {
  public:
-  explicit BatchNorm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f);
+  using Fused = BatchNormFused;
+  explicit BatchNorm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f,
+                       Fused fused = {});
   const char* type() const override { return "BatchNorm2d"; }
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
+
+  using Module::forward;
+  /// forward() of a batch norm built with Fused::residual; residual has the output's shape.
+  Tensor forward(RunContext& ctx, const Tensor& x, const Tensor& residual);
+  /// After backward(): the gradient of bn(x) (+ residual), which is the residual's gradient:
+  /// with a fused ReLU the masked gradient, else the gradient backward was given.
+  Tensor epilogue_gradient() const { return epilogue_grad_; }
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -57,14 +76,20 @@ class BatchNorm2d : public Module {
 
  private:
   /// Training with statistics over every replica of ctx.comm (see Backend::batchnorm_sums).
-  Tensor forward_synchronised(RunContext& ctx, const Tensor& x, const Tensor& y);
-  void backward_synchronised(RunContext& ctx, const Tensor& dy, const Tensor& dx);
+  Tensor forward_synchronised(RunContext& ctx, const Tensor& x, const Tensor& y,
+                              const BnEpilogue& epilogue);
+  void backward_synchronised(RunContext& ctx, const Tensor& dy, const Tensor& dx,
+                             const BnEpilogueGrad& epilogue);
   int64_t values_per_channel(int64_t batch) const;
 
   int64_t c_;
   float eps_, momentum_;
+  Fused fused_;
   ParamHandle gamma_, beta_, mean_, var_;
   Tensor x_, y_, dx_, save_mean_, save_invstd_;
+  Tensor dz_;                         // with a fused ReLU: the masked gradient
+  const Tensor* residual_ = nullptr;  // during forward(ctx, x, residual) only
+  Tensor epilogue_grad_;              // see epilogue_gradient()
   Tensor stats_;            // (4C): mean, var, then the backward sums (2C), for the allreduces
   int64_t sync_count_ = 0;  // values per channel over every replica in the last sync forward
 };
@@ -171,11 +196,11 @@ class Linear : public Module {
 
 /// The d2l residual block: y = ReLU(bn2(conv2(ReLU(bn1(conv1(x))))) + shortcut(x)) where
 /// shortcut is x, or conv3(x) (1x1, stride) when use_1x1conv. Children are named conv1, conv2,
-/// conv3, bn1, bn2 as in d2l's Residual.
+/// conv3, bn1, bn2 as in d2l's Residual. Both ReLUs and the add are fused into the batch norms
+/// (bn1 + ReLU; bn2 + shortcut + ReLU).
 class Residual : public Module {
  public:
-  Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv = false,
-           int64_t stride = 1);
+  Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv = false, int64_t stride = 1);
   const char* type() const override { return "Residual"; }
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
@@ -189,8 +214,7 @@ class Residual : public Module {
  private:
   std::unique_ptr<Conv2d> conv1_, conv2_, conv3_;
   std::unique_ptr<BatchNorm2d> bn1_, bn2_;
-  ReLU relu1_;
-  Tensor sum_, out_, dsum_, dx_;  // out_ = ReLU(sum_)
+  Tensor dx_;
 };
 
 }  // namespace dp

@@ -86,6 +86,19 @@ DP_CPU_LOOPS void channel_sums(int team, const Slice& s, Sums what, const float*
   }
 }
 
+// y = epilogue(x * scale + shift) over the rows of a slice (scale and shift per channel).
+DP_CPU_LOOPS void normalise_rows(int team, const Slice& s, const float* x, float* y,
+                                 const float* scale, const float* shift, Epilogue ep) {
+#pragma omp parallel for num_threads(team) schedule(static)
+  for (int64_t r = 0; r < s.rows; ++r) {
+    const int64_t at = r * s.stride + s.c0;
+    const float* res = ep.residual != nullptr ? ep.residual + at : nullptr;
+    for (int64_t j = 0; j < s.width; ++j) {
+      y[at + j] = finish(x[at + j] * scale[j] + shift[j], res, j, ep.relu);
+    }
+  }
+}
+
 }  // namespace
 
 // x (N,H,W,C); gamma, beta, running_mean, running_var (C) -> save_mean, save_invstd (C),
@@ -94,7 +107,7 @@ DP_CPU_LOOPS void batchnorm_forward_train_nhwc(int threads, const Tensor& x, con
                                                const Tensor& beta, const Tensor& running_mean,
                                                const Tensor& running_var, float momentum, float eps,
                                                const Tensor& save_mean, const Tensor& save_invstd,
-                                               const Tensor& y) {
+                                               const Tensor& y, Epilogue ep) {
   const Dims d = dims_of(x);
   const int64_t rows = d.n * d.hw(), C = d.c;
   const auto m = static_cast<double>(rows);
@@ -123,12 +136,7 @@ DP_CPU_LOOPS void batchnorm_forward_train_nhwc(int threads, const Tensor& x, con
       scale[j] = static_cast<float>(g * invstd);
       shift[j] = static_cast<float>(beta.f32()[c] - mean[j] * g * invstd);
     }
-#pragma omp parallel for num_threads(team) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = xp + r * C + c0;
-      float* yr = yp + r * C + c0;
-      for (int64_t j = 0; j < s.width; ++j) yr[j] = xr[j] * scale[j] + shift[j];
-    }
+    normalise_rows(team, s, xp, yp, scale, shift, ep);
   }
 }
 
@@ -136,7 +144,7 @@ DP_CPU_LOOPS void batchnorm_forward_train_nhwc(int threads, const Tensor& x, con
 DP_CPU_LOOPS void batchnorm_forward_infer_nhwc(int threads, const Tensor& x, const Tensor& gamma,
                                                const Tensor& beta, const Tensor& running_mean,
                                                const Tensor& running_var, float eps,
-                                               const Tensor& y) {
+                                               const Tensor& y, Epilogue ep) {
   const Dims d = dims_of(x);
   const int64_t rows = d.n * d.hw(), C = d.c;
   const float* xp = x.f32();
@@ -151,12 +159,7 @@ DP_CPU_LOOPS void batchnorm_forward_infer_nhwc(int threads, const Tensor& x, con
       scale[j] = static_cast<float>(g * invstd);
       shift[j] = static_cast<float>(beta.f32()[c] - running_mean.f32()[c] * g * invstd);
     }
-#pragma omp parallel for num_threads(team_for(s, threads)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = xp + r * C + c0;
-      float* yr = yp + r * C + c0;
-      for (int64_t j = 0; j < s.width; ++j) yr[j] = xr[j] * scale[j] + shift[j];
-    }
+    normalise_rows(team_for(s, threads), s, xp, yp, scale, shift, ep);
   }
 }
 

@@ -66,6 +66,29 @@ inline PoolWindow pool_window(const PoolGeometry& g, const Dims& d, int64_t op, 
 /// True for a rank-4 activation in NHWC (a rank-2 (N, C) tensor has one layout only).
 inline bool is_nhwc(const Tensor& t) { return t.shape.rank == 4 && t.layout == Layout::nhwc; }
 
+/// A batch norm's epilogue (dp::BnEpilogue) as the loops use it: residual may be null.
+struct Epilogue {
+  const float* residual = nullptr;
+  bool relu = false;
+  explicit Epilogue(const BnEpilogue& e)
+      : residual(e.residual != nullptr ? e.residual->f32() : nullptr), relu(e.relu) {}
+};
+/// Its gradient (dp::BnEpilogueGrad): y null when there is no ReLU, and then dz is unused.
+struct EpilogueGrad {
+  const float* y = nullptr;
+  float* dz = nullptr;
+  explicit EpilogueGrad(const BnEpilogueGrad& e)
+      : y(e.y != nullptr ? e.y->f32() : nullptr), dz(e.dz != nullptr ? e.dz->f32() : nullptr) {}
+};
+/// The epilogue applied to a normalised value v at element i: the same float operations as add
+/// then relu_forward (NaN stays NaN). Inlined into the loops of each instruction set.
+[[gnu::always_inline]] inline float finish(float v, const float* residual, int64_t i, bool relu) {
+  if (residual != nullptr) v = v + residual[i];
+  return relu && v < 0.0f ? 0.0f : v;
+}
+/// The ReLU's mask on a gradient, as relu_backward: dy where the output y > 0, else 0.
+[[gnu::always_inline]] inline float masked(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
 // The NHWC versions of the pooling and batch-norm ops (pool_nhwc_cpu.cpp, batchnorm_nhwc_cpu.cpp),
 // called by the ops for NHWC tensors; arguments as the Backend ops', already checked.
 void avgpool_forward_nhwc(int threads, const PoolGeometry& g, const Tensor& x, const Tensor& y);
@@ -79,10 +102,11 @@ void batchnorm_forward_train_nhwc(int threads, const Tensor& x, const Tensor& ga
                                   const Tensor& beta, const Tensor& running_mean,
                                   const Tensor& running_var, float momentum, float eps,
                                   const Tensor& save_mean, const Tensor& save_invstd,
-                                  const Tensor& y);
+                                  const Tensor& y, Epilogue epilogue);
 void batchnorm_forward_infer_nhwc(int threads, const Tensor& x, const Tensor& gamma,
                                   const Tensor& beta, const Tensor& running_mean,
-                                  const Tensor& running_var, float eps, const Tensor& y);
+                                  const Tensor& running_var, float eps, const Tensor& y,
+                                  Epilogue epilogue);
 void batchnorm_backward_nhwc(int threads, const Tensor& x, const Tensor& dy, const Tensor& gamma,
                              const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                              const Tensor& dgamma, const Tensor& dbeta);
@@ -152,23 +176,26 @@ class CpuBackend final : public Backend {
   void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     const Tensor& running_mean, const Tensor& running_var,
                                     float momentum, float eps, const Tensor& save_mean,
-                                    const Tensor& save_invstd, const Tensor& y) override;
+                                    const Tensor& save_invstd, const Tensor& y,
+                                    const BnEpilogue& epilogue) override;
   void batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     const Tensor& running_mean, const Tensor& running_var,
-                                    float eps, const Tensor& y) override;
+                                    float eps, const Tensor& y,
+                                    const BnEpilogue& epilogue) override;
   void batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                const Tensor& save_mean, const Tensor& save_invstd, float eps,
-                               const Tensor& dx, const Tensor& dgamma,
-                               const Tensor& dbeta) override;
+                               const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                               const BnEpilogueGrad& epilogue) override;
 
   void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) override;
   void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   const Tensor& mean, const Tensor& var, const Tensor& running_mean,
                                   const Tensor& running_var, float momentum, float eps,
                                   int64_t count, const Tensor& save_mean, const Tensor& save_invstd,
-                                  const Tensor& y) override;
+                                  const Tensor& y, const BnEpilogue& epilogue) override;
   void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
-                                    const Tensor& save_invstd, const Tensor& sums) override;
+                                    const Tensor& save_invstd, const Tensor& sums,
+                                    const BnEpilogueGrad& epilogue) override;
   void batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                      const Tensor& save_mean, const Tensor& save_invstd,
                                      const Tensor& sums, int64_t count, const Tensor& dx) override;

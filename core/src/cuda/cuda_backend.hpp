@@ -83,24 +83,26 @@ class CudaBackend final : public Backend {
   void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     const Tensor& running_mean, const Tensor& running_var,
                                     float momentum, float eps, const Tensor& save_mean,
-                                    const Tensor& save_invstd, const Tensor& y) override;
+                                    const Tensor& save_invstd, const Tensor& y,
+                                    const BnEpilogue& epilogue) override;
   void batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     const Tensor& running_mean, const Tensor& running_var,
-                                    float eps, const Tensor& y) override;
+                                    float eps, const Tensor& y,
+                                    const BnEpilogue& epilogue) override;
   void batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                const Tensor& save_mean, const Tensor& save_invstd, float eps,
-                               const Tensor& dx, const Tensor& dgamma,
-                               const Tensor& dbeta) override;
+                               const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                               const BnEpilogueGrad& epilogue) override;
 
   void batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) override;
   void batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                  const Tensor& mean, const Tensor& var,
-                                  const Tensor& running_mean, const Tensor& running_var,
-                                  float momentum, float eps, int64_t count,
-                                  const Tensor& save_mean, const Tensor& save_invstd,
-                                  const Tensor& y) override;
+                                  const Tensor& mean, const Tensor& var, const Tensor& running_mean,
+                                  const Tensor& running_var, float momentum, float eps,
+                                  int64_t count, const Tensor& save_mean, const Tensor& save_invstd,
+                                  const Tensor& y, const BnEpilogue& epilogue) override;
   void batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
-                                    const Tensor& save_invstd, const Tensor& sums) override;
+                                    const Tensor& save_invstd, const Tensor& sums,
+                                    const BnEpilogueGrad& epilogue) override;
   void batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                      const Tensor& save_mean, const Tensor& save_invstd,
                                      const Tensor& sums, int64_t count, const Tensor& dx) override;
@@ -149,6 +151,11 @@ class CudaBackend final : public Backend {
   /// Sets the backend's scratch descriptors for a batch-norm input (NCHW or NHWC; rank 2 is
   /// (N, C, 1, 1)) and its per-channel parameters.
   void set_bn_descriptors(const Dims& d, Layout layout);
+  /// A batch norm's epilogue as separate passes over y (add, then relu), and its gradient (the
+  /// ReLU's mask into dz; returns the gradient the batch norm takes). The values are those of
+  /// the CPU backend's fused loops; one fused pass is GPU work still to be measured.
+  void apply_epilogue(const Tensor& y, const BnEpilogue& epilogue);
+  const Tensor& epilogue_gradient(const Tensor& dy, const BnEpilogueGrad& epilogue);
 
   int device_ = 0;
   bool allow_tf32_ = true;

@@ -27,11 +27,22 @@ void CudaBackend::set_bn_descriptors(const Dims& d, Layout layout) {
   CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn_param_desc_, bn_x_desc_, CUDNN_BATCHNORM_SPATIAL));
 }
 
+void CudaBackend::apply_epilogue(const Tensor& y, const BnEpilogue& epilogue) {
+  if (epilogue.residual != nullptr) add_impl(y, *epilogue.residual, y);
+  if (epilogue.relu) relu_forward_impl(y, y);
+}
+
+const Tensor& CudaBackend::epilogue_gradient(const Tensor& dy, const BnEpilogueGrad& epilogue) {
+  if (epilogue.y == nullptr) return dy;
+  relu_backward_impl(*epilogue.y, dy, *epilogue.dz);
+  return *epilogue.dz;
+}
+
 void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
                                                const Tensor& beta, const Tensor& running_mean,
                                                const Tensor& running_var, float momentum, float eps,
                                                const Tensor& save_mean, const Tensor& save_invstd,
-                                               const Tensor& y) {
+                                               const Tensor& y, const BnEpilogue& epilogue) {
   activate();
   set_bn_descriptors(dims_of(x), layout_of(x));
   const float one = 1.0f, zero = 0.0f;
@@ -39,12 +50,13 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
       cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn_x_desc_, x.data, bn_x_desc_, y.data,
       bn_param_desc_, gamma.data, beta.data, static_cast<double>(momentum), running_mean.data,
       running_var.data, static_cast<double>(eps), save_mean.data, save_invstd.data));
+  apply_epilogue(y, epilogue);
 }
 
 void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
                                                const Tensor& beta, const Tensor& running_mean,
                                                const Tensor& running_var, float eps,
-                                               const Tensor& y) {
+                                               const Tensor& y, const BnEpilogue& epilogue) {
   activate();
   set_bn_descriptors(dims_of(x), layout_of(x));
   const float one = 1.0f, zero = 0.0f;
@@ -52,18 +64,20 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
       cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, bn_x_desc_, x.data, bn_x_desc_, y.data,
       bn_param_desc_, gamma.data, beta.data, running_mean.data, running_var.data,
       static_cast<double>(eps)));
+  apply_epilogue(y, epilogue);
 }
 
 void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                                           const Tensor& save_mean, const Tensor& save_invstd,
                                           float eps, const Tensor& dx, const Tensor& dgamma,
-                                          const Tensor& dbeta) {
+                                          const Tensor& dbeta, const BnEpilogueGrad& epilogue) {
   activate();
+  const Tensor& g = epilogue_gradient(dy, epilogue);
   set_bn_descriptors(dims_of(x), layout_of(x));
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnBatchNormalizationBackward(
       cudnn_, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, bn_x_desc_, x.data, bn_x_desc_,
-      dy.data, bn_x_desc_, dx.data, bn_param_desc_, gamma.data, dgamma.data, dbeta.data,
+      g.data, bn_x_desc_, dx.data, bn_param_desc_, gamma.data, dgamma.data, dbeta.data,
       static_cast<double>(eps), save_mean.data, save_invstd.data));
 }
 
@@ -81,21 +95,24 @@ void CudaBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamm
                                              const Tensor& var, const Tensor& running_mean,
                                              const Tensor& running_var, float momentum, float eps,
                                              int64_t count, const Tensor& save_mean,
-                                             const Tensor& save_invstd, const Tensor& y) {
+                                             const Tensor& save_invstd, const Tensor& y,
+                                             const BnEpilogue& epilogue) {
   const Dims d = dims_of(x);
   activate();
   kernels::bn_apply_stats(x.f32(), gamma.f32(), beta.f32(), mean.f32(), var.f32(),
                           running_mean.f32(), running_var.f32(), momentum, eps, count,
-                          save_mean.f32(), save_invstd.f32(), y.f32(), d.n, d.c, d.hw(),
-                          is_nhwc(x), stream_);
+                          save_mean.f32(), save_invstd.f32(), y.f32(), d.n, d.c, d.hw(), is_nhwc(x),
+                          stream_);
+  if (d.n > 0) apply_epilogue(y, epilogue);
 }
 
 void CudaBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
-                                               const Tensor& save_mean,
-                                               const Tensor& save_invstd, const Tensor& sums) {
+                                               const Tensor& save_mean, const Tensor& save_invstd,
+                                               const Tensor& sums, const BnEpilogueGrad& epilogue) {
   const Dims d = dims_of(x);
   activate();
-  kernels::bn_backward_sums(x.f32(), dy.f32(), save_mean.f32(), save_invstd.f32(), sums.f32(), d.n,
+  const Tensor& g = d.n > 0 ? epilogue_gradient(dy, epilogue) : dy;
+  kernels::bn_backward_sums(x.f32(), g.f32(), save_mean.f32(), save_invstd.f32(), sums.f32(), d.n,
                             d.c, d.hw(), is_nhwc(x), stream_);
 }
 
