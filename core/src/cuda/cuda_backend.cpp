@@ -61,6 +61,19 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     cudaDeviceProp prop{};
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
     description_ = prop.name;
+    int runtime = 0;
+    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    choice_scope_ = "cuDNN " + std::to_string(cudnnGetVersion()) + ", CUDA runtime " +
+                    std::to_string(runtime) + ", " + description_ + " sm_" +
+                    std::to_string(prop.major) + std::to_string(prop.minor);
+    const char* choice = std::getenv("DPRUN_CUDNN_CHOICE");
+    const std::string how = choice != nullptr ? choice : "";
+    if (!how.empty() && how != "measured" && how != "heuristic") {
+      throw Error("cuda backend: DPRUN_CUDNN_CHOICE is '" + how +
+                  "'; use measured (cuDNN times the algorithms once per shape, the results kept "
+                  "on disk) or heuristic (cuDNN's heuristics, nothing timed)");
+    }
+    measure_choices_ = how != "heuristic";
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDNN_CHECK(cudnnCreate(&cudnn_));
     CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));

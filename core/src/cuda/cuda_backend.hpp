@@ -146,6 +146,14 @@ class CudaBackend final : public Backend {
   /// reserved, so a step never allocates.
   ConvBatch& conv_batch(CudnnConvPlan& plan, int64_t n, int direction, bool at_plan_time);
   void choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit);
+  /// The measured choice (DPRUN_CUDNN_CHOICE=measured, the default): cuDNN's Find*Ex timings,
+  /// the fastest deterministic algorithm with the wanted math within the limit, kept in the
+  /// ChoiceCache of this device and these libraries so later runs reuse it. False when nothing
+  /// usable came out (the heuristics then choose), with a warning.
+  bool choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit);
+  /// "cuDNN 91900, CUDA runtime 13000, NVIDIA H100 80GB HBM3 sm_90": what choices depend on.
+  std::string choice_scope_;
+  bool measure_choices_ = true;
   /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch.
   const float* filter_for(const CudnnConvPlan& plan, const Tensor& w);
   /// Sets the backend's scratch descriptors for a batch-norm input (NCHW or NHWC; rank 2 is

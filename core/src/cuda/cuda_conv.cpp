@@ -6,11 +6,17 @@
 // backward-data algorithm. A batch size or direction first met later still works: its algorithm
 // is chosen then, within the workspace already reserved, without allocating.
 //
-// Choice: cuDNN's heuristics (cudnnGet*_v7) in their order, then the algorithms every
-// configuration supports as a fallback; the first that runs with the wanted math (exact fp32 =
-// FMA unless TF32 is allowed), is deterministic (a run is reproducible; a non-deterministic one
-// only when nothing else fits, with a warning), and whose workspace fits. DPRUN_CUDNN_LOG=1
-// prints every choice.
+// Choice, measured (the default; DPRUN_CUDNN_CHOICE=measured): cuDNN times its algorithms for
+// the shape (cudnnFind*AlgorithmEx on scratch buffers, at plan time) and the fastest that is
+// deterministic, runs with the wanted math (exact fp32 = FMA unless TF32 is allowed) and fits
+// the workspace is kept, in memory and on disk (dp::ChoiceCache, one file per cuDNN, CUDA and
+// device), so the next run, and every replica of this one, takes the same algorithm without
+// timing again. Timings vary, so a shape's first measurement decides for every later run on that
+// machine; DPRUN_CUDNN_CHOICE=heuristic never times. Heuristic (and the fallback when
+// measuring gives nothing usable): cuDNN's heuristics (cudnnGet*_v7) in their order, then the
+// algorithms every configuration supports; the first that runs with the wanted math, is
+// deterministic (a run is reproducible; a non-deterministic one only when nothing else fits,
+// with a warning), and whose workspace fits. DPRUN_CUDNN_LOG=1 prints every choice.
 //
 // Filters are (K, C, R, S) in memory whatever the activation layout (PyTorch's parameter
 // layout). For NHWC activations cuDNN is given the all-NHWC configuration (its fast path):
@@ -29,6 +35,7 @@
 #include "cuda/cuda_backend.hpp"
 #include "cuda/kernels.cuh"
 #include "cuda/lib_check.hpp"
+#include "dp/choice_cache.hpp"
 #include "dp/error.hpp"
 
 namespace dp::cuda {
@@ -282,7 +289,150 @@ ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, int direction
   return *b;
 }
 
+namespace {
+
+/// Backend memory for one measurement, released when it goes (after the stream is idle).
+class Scratch {
+ public:
+  Scratch(CudaBackend& backend, cudaStream_t stream, size_t bytes)
+      : backend_(backend), stream_(stream), p_(backend.allocate(bytes == 0 ? 256 : bytes)) {
+    CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes, stream_));
+  }
+  ~Scratch() {
+    CUDA_WARN(cudaStreamSynchronize(stream_));
+    backend_.release(p_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  CudaBackend& backend_;
+  cudaStream_t stream_;
+  void* p_;
+};
+
+/// The fastest of cuDNN's timed results that succeeded, is deterministic, fits `limit` and runs
+/// with acceptable math ("algo A math M workspace W ms T"), or "none".
+template <typename Perf>
+std::string fastest(const Perf* perf, int returned, size_t limit, bool allow_tf32) {
+  for (int i = 0; i < returned; ++i) {  // cuDNN sorts them by time
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC ||
+        p.memory > limit || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
+        (!allow_tf32 && p.mathType == CUDNN_TENSOR_OP_MATH)) {
+      continue;
+    }
+    char text[128];
+    std::snprintf(text, sizeof text, "algo %d math %d workspace %zu ms %.4f",
+                  static_cast<int>(p.algo), static_cast<int>(p.mathType), p.memory,
+                  static_cast<double>(p.time));
+    return text;
+  }
+  return "none";
+}
+
+}  // namespace
+
+bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
+  const auto d = static_cast<size_t>(direction);
+  cudnnConvolutionDescriptor_t conv = b.conv[d];
+  const cudnnMathType_t wanted = allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  ConvGeometry shape = plan.geometry();
+  shape.max_batch = b.n;  // the key names the batch measured, not the plan's largest
+  const std::string key = std::string(kDirectionNames[d]) + " " + shape.str() +
+                          (allow_tf32_ ? " tf32" : " fp32") +
+                          " workspace<=" + std::to_string(limit);
+  const auto measure = [&]() -> std::string {
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, wanted));
+    const ConvGeometry& g = plan.geometry();
+    const auto floats = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
+    Scratch x(*this, stream_, floats(b.n * g.in_channels * g.in_h * g.in_w));
+    Scratch y(*this, stream_, floats(b.n * g.out_channels * g.out_h() * g.out_w()));
+    Scratch w(*this, stream_, floats(plan.filter_numel()));
+    Scratch ws(*this, stream_, limit);
+    int returned = 0;
+    if (direction == kForward) {
+      cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+          cudnn_, b.x, x.get(), plan.w_desc, w.get(), conv, b.y, y.get(),
+          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws.get(), limit));
+      return fastest(perf, returned, limit, allow_tf32_);
+    }
+    if (direction == kBackwardData) {
+      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+          cudnn_, plan.w_desc, w.get(), b.y, y.get(), conv, b.x, x.get(),
+          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf, ws.get(), limit));
+      return fastest(perf, returned, limit, allow_tf32_);
+    }
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        cudnn_, b.x, x.get(), b.y, y.get(), conv, plan.w_desc, w.get(),
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf, ws.get(), limit));
+    return fastest(perf, returned, limit, allow_tf32_);
+  };
+  const auto give_up = [&](const std::string& why) {
+    CUDNN_WARN(cudnnSetConvolutionMathType(conv, wanted));
+    std::fprintf(stderr,
+                 "dprun: warning: cuda backend: %s %s at batch %lld: %s; using cuDNN's "
+                 "heuristics\n",
+                 plan.describe().c_str(), kDirectionNames[d], static_cast<long long>(b.n),
+                 why.c_str());
+    return false;
+  };
+  std::string value;
+  try {
+    value = ChoiceCache::shared(choice_scope_).find_or_measure(key, measure);
+  } catch (const Error& e) {
+    return give_up(std::string("timing the algorithms failed (") + e.what() + ")");
+  }
+  if (value == "none") return false;  // nothing deterministic within the limit: heuristics
+  int algo = 0, math = 0;
+  unsigned long long recorded_ws = 0;
+  double ms = 0;
+  if (std::sscanf(value.c_str(), "algo %d math %d workspace %llu ms %lf", &algo, &math,
+                  &recorded_ws, &ms) != 4) {
+    return give_up("the recorded choice '" + value + "' does not parse");
+  }
+  const auto m = static_cast<cudnnMathType_t>(math);
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv, m));
+  size_t need = 0;
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  if (direction == kForward) {
+    status = cudnnGetConvolutionForwardWorkspaceSize(
+        cudnn_, b.x, plan.w_desc, conv, b.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo), &need);
+  } else if (direction == kBackwardData) {
+    status = cudnnGetConvolutionBackwardDataWorkspaceSize(
+        cudnn_, plan.w_desc, b.y, conv, b.x, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
+        &need);
+  } else {
+    status = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        cudnn_, b.x, b.y, conv, plan.w_desc, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+        &need);
+  }
+  if (status != CUDNN_STATUS_SUCCESS || need > limit) {
+    return give_up("the recorded algorithm " + std::to_string(algo) +
+                   " does not run here within the workspace (" + cudnnGetErrorString(status) + ")");
+  }
+  b.choice[d] = {true, algo, need, m};
+  if (log_choices()) {
+    std::fprintf(stderr,
+                 "dprun: cudnn: %s batch %lld %s: algo %d, %s math, workspace %zu bytes, "
+                 "measured %.4f ms%s\n",
+                 plan.describe().c_str(), static_cast<long long>(b.n), kDirectionNames[d], algo,
+                 math_name(m), need, ms,
+                 limit == kMaxWorkspaceBytes ? "" : " (chosen after setup)");
+  }
+  return true;
+}
+
 void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
+  // Timing needs scratch memory: only at plan time (limit == kMaxWorkspaceBytes), never in a step.
+  if (measure_choices_ && limit == kMaxWorkspaceBytes &&
+      choose_measured(plan, b, direction, limit)) {
+    return;
+  }
   cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
   std::vector<Candidate> list;
   // The workspace of `algo` run with the math type now set on `conv`.
