@@ -111,26 +111,27 @@ void ChoiceCache::warn(const std::string& message) {
                file_.string().c_str(), message.c_str());
 }
 
-void ChoiceCache::load() {
-  if (file_.empty() || unusable_) return;
-  const LockedFile f(file_, O_RDONLY, LOCK_SH);
-  if (f.fd() < 0) {
-    if (errno != ENOENT) warn(std::string("cannot be read (") + std::strerror(errno) + ")");
-    return;
-  }
-  std::string text;
+// Reads the whole file through `fd` (from its start).
+bool read_all(int fd, std::string& text) {
+  text.clear();
   char buf[65536];
+  off_t at = 0;
   for (;;) {
-    const ssize_t n = ::read(f.fd(), buf, sizeof buf);
+    const ssize_t n = ::pread(fd, buf, sizeof buf, at);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      warn(std::string("cannot be read (") + std::strerror(errno) + ")");
-      return;
-    }
-    if (n == 0) break;
+    if (n < 0) return false;
+    if (n == 0) return true;
     text.append(buf, static_cast<size_t>(n));
+    at += n;
   }
-  std::istringstream in(text);
+}
+
+void ChoiceCache::parse(const std::string& text) {
+  // Only complete lines: a last line without its newline is a write still going on (or one
+  // that failed halfway) and is not read.
+  const size_t complete = text.rfind('\n');
+  if (complete == std::string::npos) return;
+  std::istringstream in(text.substr(0, complete + 1));
   std::string line;
   int64_t number = 0;
   while (std::getline(in, line)) {
@@ -154,6 +155,17 @@ void ChoiceCache::load() {
   }
 }
 
+void ChoiceCache::load() {
+  if (file_.empty() || unusable_) return;
+  const LockedFile f(file_, O_RDONLY, LOCK_SH);
+  std::string text;
+  if (f.fd() < 0 || !read_all(f.fd(), text)) {
+    if (errno != ENOENT) warn(std::string("cannot be read (") + std::strerror(errno) + ")");
+    return;
+  }
+  parse(text);
+}
+
 std::optional<std::string> ChoiceCache::find_locked(const std::string& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
@@ -175,23 +187,32 @@ std::string ChoiceCache::put_locked(const std::string& key, const std::string& v
            "line breaks: '" +
                key + "'");
   if (auto known = find_locked(key)) return *known;
-  entries_.emplace(key, value);
-  if (file_.empty() || unusable_) return value;
+  if (file_.empty() || unusable_) return entries_.emplace(key, value).first->second;
   std::error_code ec;
   std::filesystem::create_directories(file_.parent_path(), ec);
   const LockedFile f(file_, O_RDWR | O_CREAT | O_APPEND, LOCK_EX);
-  if (f.fd() < 0) {
+  std::string text;
+  if (f.fd() < 0 || !read_all(f.fd(), text)) {
     warn(std::string("cannot be written (") + std::strerror(errno) + ")");
-    return value;
+    return entries_.emplace(key, value).first->second;
   }
-  // Under the lock: a new (or emptied) file gets its header first.
-  const off_t size = ::lseek(f.fd(), 0, SEEK_END);
-  std::string text = size == 0 ? std::string(kHeader) + scope_ + "\n" : std::string();
-  text += key + "\t" + value + "\n";
-  if (!write_all(f.fd(), text)) {
+  // Under the exclusive lock, what others appended since this process last read: a writer that
+  // measured the same key first wins, so every trial ends up with one value.
+  parse(text);
+  if (unusable_) return entries_.emplace(key, value).first->second;
+  if (auto it = entries_.find(key); it != entries_.end()) return it->second;
+  std::string line = text.empty() ? std::string(kHeader) + scope_ + "\n" : std::string();
+  // A torn last line (a write cut short) is closed so that it cannot parse as an entry (two
+  // tabs): readers report and skip it rather than trust half a value.
+  if (!text.empty() && text.back() != '\n') line += "\t\t(torn)\n";
+  line += key + "\t" + value + "\n";
+  if (!write_all(f.fd(), line)) {
     warn(std::string("cannot be written (") + std::strerror(errno) + ")");
+    if (::ftruncate(f.fd(), static_cast<off_t>(text.size())) != 0) {
+      // The torn tail stays; readers skip it (it has no newline) until the next append closes it.
+    }
   }
-  return value;
+  return entries_.emplace(key, value).first->second;
 }
 
 std::string ChoiceCache::put(const std::string& key, const std::string& value) {
@@ -203,7 +224,9 @@ std::string ChoiceCache::find_or_measure(const std::string& key,
                                          const std::function<std::string()>& measure) {
   const std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (auto known = find_locked(key)) return *known;
-  return put_locked(key, measure());
+  const std::string value = measure();
+  if (value.empty()) return value;  // nothing to keep: measured again next time
+  return put_locked(key, value);
 }
 
 }  // namespace dp

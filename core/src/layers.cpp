@@ -267,6 +267,7 @@ Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
 
 Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   // The backend computes dx together with dgamma/dbeta, so dx is always written.
+  epilogue_grad_ = Tensor();  // stays empty if this backward fails
   const int64_t n = dy.shape[0];
   const Tensor dx = view(dx_, n, x_.layout);
   const Tensor y = view(y_, n, x_.layout), dz = fused_.relu ? view(dz_, n, x_.layout) : Tensor();

@@ -133,6 +133,26 @@ TEST_CASE("choice cache: writers at once lose nothing and measure a key once", "
     const std::string text = read(reader.file());
     CHECK(std::count(text.begin(), text.end(), '\n') == 201);
   }
+  SECTION("separate caches measuring one key at once all end with the first value recorded") {
+    std::vector<std::string> got(4);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        dp::ChoiceCache cache(scope, dir.path);
+        got[static_cast<size_t>(t)] =
+            cache.find_or_measure("same key", [t] { return "value " + std::to_string(t); });
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (const auto& g : got) CHECK(g == got[0]);
+    CHECK(dp::ChoiceCache(scope, dir.path).find("same key") == std::optional<std::string>(got[0]));
+  }
+  SECTION("an empty measurement is returned but not kept") {
+    dp::ChoiceCache cache(scope, dir.path);
+    CHECK(cache.find_or_measure("k", [] { return std::string(); }).empty());
+    CHECK_FALSE(cache.find("k").has_value());
+    CHECK(cache.find_or_measure("k", [] { return std::string("v"); }) == "v");
+  }
   SECTION("threads sharing one cache (replicas) measure once and agree") {
     dp::ChoiceCache cache(scope, dir.path);
     std::atomic<int> measured{0};
@@ -171,6 +191,25 @@ TEST_CASE("choice cache: a broken, foreign or unwritable file is reported, never
                         Catch::Contains("measuring instead"));
     CHECK(cache.find_or_measure("new", [] { return std::string("2"); }) == "2");
     CHECK(dp::ChoiceCache(scope, dir.path).find("new") == std::optional<std::string>("2"));
+  }
+  SECTION("a last line without its newline (a write cut short) is never read as an entry") {
+    {
+      dp::ChoiceCache cache(scope, dir.path);
+      cache.put("good", "1");
+    }
+    {
+      std::ofstream out(dp::ChoiceCache(scope, dir.path).file(), std::ios::app);
+      out << "cut\tsho";
+    }
+    dp::ChoiceCache cache(scope, dir.path);
+    CHECK(stderr_of([&] { CHECK_FALSE(cache.find("cut").has_value()); }).empty());
+    CHECK(cache.put("next", "2") == "2");
+    const std::string err = stderr_of([&] {
+      dp::ChoiceCache reader(scope, dir.path);
+      CHECK(reader.find("next") == std::optional<std::string>("2"));
+      CHECK_FALSE(reader.find("cut").has_value());  // closed as a line that does not parse
+    });
+    CHECK_THAT(err, Catch::Contains("line 3 is not"));
   }
   SECTION("a file of another scope is left alone") {
     dp::ChoiceCache cache(scope, dir.path);

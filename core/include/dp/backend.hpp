@@ -111,7 +111,7 @@ struct BnEpilogue {
 /// The backward of an epilogue with relu (cuDNN's DReluForkDNorm): dy is the gradient of the
 /// epilogue's output y; dz = dy where y > 0, else 0, is written, and the batch norm's gradients
 /// are those of dz. dz is also the residual's gradient, which is why it is kept. Both tensors
-/// have x's shape and layout; dz must not alias dy, y or x. Without a relu the epilogue needs
+/// have x's shape and layout; dz must not alias dy, y, x or dx. Without a relu the epilogue needs
 /// nothing in backward: dy is the gradient of bn(x) and of the residual alike, so both are null.
 struct BnEpilogueGrad {
   const Tensor* y = nullptr;   // the forward's output: its sign is the ReLU's mask

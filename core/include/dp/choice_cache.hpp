@@ -3,8 +3,9 @@
 // the next run on the same device and libraries starts without measuring again.
 //
 // One text file per scope, the scope naming everything the choices depend on ("cuDNN 91900,
-// CUDA 13000, NVIDIA H100 80GB HBM3 sm_90"): a new driver, library or device is a new scope, so
-// a stale choice is never read. The file starts with the line "# dprun choices v1<TAB><scope>"
+// CUDA runtime 13000, NVIDIA H100 80GB HBM3 sm_90"): a new library or device is a new scope, so
+// a stale choice is never read (the driver is not part of it: a cached algorithm is validated
+// again before use). The file starts with the line "# dprun choices v1<TAB><scope>"
 // and then holds one "<key><TAB><value>" per line. Lines are appended under an exclusive lock
 // (flock), so the trials of a sweep running at once can share one file; the first line of a key
 // wins. Where it lives: $DPRUN_CACHE_DIR, else $XDG_CACHE_HOME/dprun, else $HOME/.cache/dprun;
@@ -35,7 +36,9 @@ class ChoiceCache {
   std::string put(const std::string& key, const std::string& value);
   /// find(key), else measure() and put its result; under one lock per cache, so threads asking
   /// for the same key (the replicas of a trial setting up at once) measure once and all get the
-  /// same answer.
+  /// same answer. An empty result is returned but not kept (a passing failure is measured again
+  /// next time). Under an exclusive file lock the file is read again before appending, so when
+  /// two processes measured the same key, both end up with the first one recorded.
   std::string find_or_measure(const std::string& key, const std::function<std::string()>& measure);
 
   const std::string& scope() const { return scope_; }
@@ -50,6 +53,7 @@ class ChoiceCache {
 
  private:
   void load();  // reads the file's lines into entries_ (under a shared lock)
+  void parse(const std::string& text);  // its complete lines into entries_
   void warn(const std::string& message);
   std::optional<std::string> find_locked(const std::string& key);
   std::string put_locked(const std::string& key, const std::string& value);

@@ -46,8 +46,9 @@ class Conv2d : public Module {
 ///
 /// What follows it can be fused into the same pass (Backend's BnEpilogue): a ReLU, and a
 /// residual added before that ReLU (a residual block's bn2 -> + shortcut -> ReLU). Fused or not,
-/// the values are those of the separate layers; fused, the activations are read and written
-/// once instead of three times.
+/// the values are those of the separate layers; fused, the CPU backend's forward writes the
+/// output in the same pass that normalises (the CUDA backend still runs the add and the ReLU as
+/// passes of their own).
 struct BatchNormFused {
   bool residual = false;  // out = bn(x) + residual: forward with forward(ctx, x, residual)
   bool relu = false;      // then max(., 0)
@@ -66,7 +67,8 @@ class BatchNorm2d : public Module {
   /// forward() of a batch norm built with Fused::residual; residual has the output's shape.
   Tensor forward(RunContext& ctx, const Tensor& x, const Tensor& residual);
   /// After backward(): the gradient of bn(x) (+ residual), which is the residual's gradient:
-  /// with a fused ReLU the masked gradient, else the gradient backward was given.
+  /// with a fused ReLU the masked gradient (this layer's buffer), else the gradient backward was
+  /// given (a view of the caller's tensor). Valid until the next backward.
   Tensor epilogue_gradient() const { return epilogue_grad_; }
 
  protected:

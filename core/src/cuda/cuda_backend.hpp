@@ -145,11 +145,13 @@ class CudaBackend final : public Backend {
   /// kMaxWorkspaceBytes (the workspace then grows to fit), later within the workspace already
   /// reserved, so a step never allocates.
   ConvBatch& conv_batch(CudnnConvPlan& plan, int64_t n, int direction, bool at_plan_time);
-  void choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit);
+  void choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit,
+                        bool at_plan_time);
   /// The measured choice (DPRUN_CUDNN_CHOICE=measured, the default): cuDNN's Find*Ex timings,
   /// the fastest deterministic algorithm with the wanted math within the limit, kept in the
   /// ChoiceCache of this device and these libraries so later runs reuse it. False when nothing
-  /// usable came out (the heuristics then choose), with a warning.
+  /// usable came out, and the heuristics then choose: silently when no timed algorithm
+  /// qualified, with a warning when timing failed or a recorded choice cannot be used.
   bool choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit);
   /// "cuDNN 91900, CUDA runtime 13000, NVIDIA H100 80GB HBM3 sm_90": what choices depend on.
   std::string choice_scope_;

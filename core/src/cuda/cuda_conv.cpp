@@ -283,7 +283,8 @@ ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, int direction
     b = plan.batches.back().get();
   }
   if (!b->choice[static_cast<size_t>(direction)].chosen) {
-    choose_algorithm(plan, *b, direction, at_plan_time ? kMaxWorkspaceBytes : workspace_bytes_);
+    choose_algorithm(plan, *b, direction, at_plan_time ? kMaxWorkspaceBytes : workspace_bytes_,
+                     at_plan_time);
     if (at_plan_time) reserve_workspace(b->choice[static_cast<size_t>(direction)].workspace);
   }
   return *b;
@@ -313,14 +314,15 @@ class Scratch {
 };
 
 /// The fastest of cuDNN's timed results that succeeded, is deterministic, fits `limit` and runs
-/// with acceptable math ("algo A math M workspace W ms T"), or "none".
+/// with acceptable math ("algo A math M workspace W ms T"), or "" (nothing is then cached). Exact
+/// fp32 accepts FMA math only (default math may use TF32 on Ampere and later).
 template <typename Perf>
 std::string fastest(const Perf* perf, int returned, size_t limit, bool allow_tf32) {
   for (int i = 0; i < returned; ++i) {  // cuDNN sorts them by time
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC ||
         p.memory > limit || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
-        (!allow_tf32 && p.mathType == CUDNN_TENSOR_OP_MATH)) {
+        (!allow_tf32 && p.mathType != CUDNN_FMA_MATH)) {
       continue;
     }
     char text[128];
@@ -329,7 +331,7 @@ std::string fastest(const Perf* perf, int returned, size_t limit, bool allow_tf3
                   static_cast<double>(p.time));
     return text;
   }
-  return "none";
+  return "";
 }
 
 }  // namespace
@@ -387,7 +389,7 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
   } catch (const Error& e) {
     return give_up(std::string("timing the algorithms failed (") + e.what() + ")");
   }
-  if (value == "none") return false;  // nothing deterministic within the limit: heuristics
+  if (value.empty()) return false;  // nothing deterministic within the limit: heuristics
   int algo = 0, math = 0;
   unsigned long long recorded_ws = 0;
   double ms = 0;
@@ -396,6 +398,10 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
     return give_up("the recorded choice '" + value + "' does not parse");
   }
   const auto m = static_cast<cudnnMathType_t>(math);
+  const bool known = m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH || m == CUDNN_TENSOR_OP_MATH;
+  if (!known || (!allow_tf32_ && m != CUDNN_FMA_MATH)) {
+    return give_up("the recorded choice '" + value + "' has a math type this run cannot use");
+  }
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv, m));
   size_t need = 0;
   cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
@@ -427,12 +433,10 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
   return true;
 }
 
-void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
-  // Timing needs scratch memory: only at plan time (limit == kMaxWorkspaceBytes), never in a step.
-  if (measure_choices_ && limit == kMaxWorkspaceBytes &&
-      choose_measured(plan, b, direction, limit)) {
-    return;
-  }
+void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit,
+                                   bool at_plan_time) {
+  // Timing needs scratch memory: only at plan time, never in a step.
+  if (measure_choices_ && at_plan_time && choose_measured(plan, b, direction, limit)) return;
   cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
   std::vector<Candidate> list;
   // The workspace of `algo` run with the math type now set on `conv`.
