@@ -17,24 +17,17 @@
 #include <vector>
 
 #include "dp/choice_cache.hpp"
+#include "support/check.hpp"
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// A fresh folder under the system's temp folder, removed afterwards.
+// The project's temporary folder, seen as a path.
 struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "dprun-choices-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+  dptest::TempDir dir;
+  fs::path path{dir.path()};
 };
+
+namespace {
 
 std::string read(const fs::path& p) {
   std::ifstream in(p);
