@@ -1,10 +1,11 @@
 // GPU benchmark: LeNet and ResNet-18 training steps on one GPU through dp::Trainer (the same
 // path dprun uses), fp32 with TF32 allowed (as PyTorch's reference does for convolutions) and
-// strict fp32, NCHW and NHWC. Per configuration: warm-up steps, then the median of timed steps
-// (each step ends with a host synchronisation: Trainer::step downloads the loss), projected
-// seconds per epoch (ceil(60000 / batch) steps), peak GPU memory the backend allocated, and
-// optionally one real epoch of Fashion-MNIST through Trainer::run_epoch (no per-step host sync).
-// Builds without CUDA too and then only says so.
+// strict fp32, NCHW and NHWC, and NHWC with every step a CUDA graph (TrainerOptions::graphs). Per
+// configuration: warm-up steps, then the median of timed steps (each step ends with a host
+// synchronisation: Trainer::step downloads the loss), projected seconds per epoch (ceil(60000 /
+// batch) steps), peak GPU memory the backend allocated, and optionally one real epoch of
+// Fashion-MNIST through Trainer::run_epoch (no per-step host sync). Builds without CUDA too and
+// then only says so.
 //
 //   bench_gpu [--steps N] [--warmup N] [--batch N] [--no-epoch] [--model lenet|resnet18]
 //             [--plugins DIR] [--data DIR] [--json FILE]
@@ -118,6 +119,7 @@ struct Config {
   dp::Layout layout;
   bool tf32;
   float lr;
+  bool graphs = false;
 };
 
 struct Result {
@@ -149,6 +151,7 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
     o.seed = 1;
     o.allow_tf32 = c.tf32;
     o.layout = c.layout;
+    o.graphs = c.graphs;
     dp::Trainer trainer(
         o, [&] { return factory.build(options, factory.input); }, data.train, data.test);
     std::mt19937 rng(7);
@@ -206,6 +209,7 @@ std::string to_json(const Args& args, bool real_data, const std::vector<Result>&
     row.set("model", Json::string(r.config.model));
     row.set("layout", Json::string(dp::layout_name(r.config.layout)));
     row.set("math", Json::string(r.config.tf32 ? "tf32" : "fp32"));
+    row.set("graphs", Json::boolean(r.config.graphs));
     if (!r.error.empty()) {
       row.set("error", Json::string(r.error));
     } else {
@@ -258,25 +262,27 @@ int main(int argc, char** argv) {
     configs.push_back({model, dp::Layout::nchw, true, lr});
     configs.push_back({model, dp::Layout::nhwc, true, lr});
     configs.push_back({model, dp::Layout::nchw, false, lr});
+    configs.push_back({model, dp::Layout::nhwc, true, lr, true});
   }
 
   std::vector<Result> results;
   for (const auto& c : configs) {
-    std::printf("running %s %s %s ...\n", c.model.c_str(), dp::layout_name(c.layout),
-                c.tf32 ? "tf32" : "fp32");
+    std::printf("running %s %s %s%s ...\n", c.model.c_str(), dp::layout_name(c.layout),
+                c.tf32 ? "tf32" : "fp32", c.graphs ? " graphs" : "");
     std::fflush(stdout);
     results.push_back(run(c, args, data, real_data));
   }
 
-  std::printf("\n%-9s %-6s %-5s %10s %10s %13s %10s %9s %9s %9s\n", "model", "layout", "math",
-              "median ms", "min ms", "proj. s/ep", "epoch s", "eval s", "test acc", "peak MB");
+  std::printf("\n%-9s %-6s %-5s %-6s %10s %10s %13s %10s %9s %9s %9s\n", "model", "layout", "math",
+              "graphs", "median ms", "min ms", "proj. s/ep", "epoch s", "eval s", "test acc",
+              "peak MB");
   int failures = 0;
   for (const auto& r : results) {
     if (!r.error.empty()) {
       ++failures;
-      std::printf("%-9s %-6s %-5s FAILED: %s\n", r.config.model.c_str(),
+      std::printf("%-9s %-6s %-5s %-6s FAILED: %s\n", r.config.model.c_str(),
                   dp::layout_name(r.config.layout), r.config.tf32 ? "tf32" : "fp32",
-                  r.error.c_str());
+                  r.config.graphs ? "yes" : "no", r.error.c_str());
       continue;
     }
     char epoch[32] = "-", eval[32] = "-", acc[32] = "-";
@@ -285,8 +291,9 @@ int main(int argc, char** argv) {
       std::snprintf(eval, sizeof eval, "%.3f", r.eval_s);
       std::snprintf(acc, sizeof acc, "%.4f", r.test_acc);
     }
-    std::printf("%-9s %-6s %-5s %10.3f %10.3f %13.3f %10s %9s %9s %9.1f\n", r.config.model.c_str(),
-                dp::layout_name(r.config.layout), r.config.tf32 ? "tf32" : "fp32", r.median_ms,
+    std::printf("%-9s %-6s %-5s %-6s %10.3f %10.3f %13.3f %10s %9s %9s %9.1f\n",
+                r.config.model.c_str(), dp::layout_name(r.config.layout),
+                r.config.tf32 ? "tf32" : "fp32", r.config.graphs ? "yes" : "no", r.median_ms,
                 r.min_ms, r.projected_s, epoch, eval, acc, r.peak_mb);
   }
   std::printf(

@@ -187,6 +187,15 @@ const SettingTable& builtin_settings() {
        .help = "precision = \"fp32\" on GPUs: let cuDNN and cuBLAS use TF32 tensor cores (10-bit "
                "mantissa products, fp32 accumulation), as PyTorch's convolutions do by default; "
                "false: exact fp32. The CPU backend always computes exact fp32"},
+      {.key = "graphs",
+       .column = "graphs",
+       .type = T::boolean,
+       .default_value = false,
+       // Capturing a step does not change what it computes.
+       .baseline_may_differ = true,
+       .help = "capture each training step and evaluation chunk once per batch size and replay "
+               "it: CUDA graphs on GPUs (one launch per step); on the CPU a recording of the "
+               "ops, the same results. Not with replicas sharing one GPU"},
       {.key = "layout",
        .column = "layout",
        .type = T::choice,

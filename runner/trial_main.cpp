@@ -286,6 +286,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   t.layout = layout;
   t.precision = arithmetic;
   t.allow_tf32 = s.boolean("allow_tf32");
+  t.graphs = s.boolean("graphs");
   t.sync_bn = bn_mode == "sync";
 
   // The model is built for the data it will see, whatever input it was designed for.

@@ -3,6 +3,8 @@
 // backend needs its own rule for them. Errors read "<backend> backend: <op>: <what is wrong>".
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
@@ -139,9 +141,10 @@ void check_pool(const Checker& check, const PoolGeometry& g, const Tensor& in, c
   check.same_layout(out, in, out_name, in_name);
 }
 
-/// logits (N, K >= 1) f32, labels (N) i32, correct (1) i32. Returns N.
+/// logits (N, K >= 1) f32, labels (N) i32, correct (1) i32 (a table when slotted: checked by
+/// slot_tables). Returns N.
 int64_t check_logits(const Checker& check, const Tensor& logits, const Tensor& labels,
-                     const Tensor& correct) {
+                     const Tensor& correct, bool slotted) {
   check.tensor(logits, DType::f32, "logits");
   if (logits.shape.rank != 2 || logits.shape[1] < 1) {
     check.fail("logits has shape " + logits.shape.str() + ", expected (N, K) with K >= 1");
@@ -150,7 +153,7 @@ int64_t check_logits(const Checker& check, const Tensor& logits, const Tensor& l
   check.tensor(labels, DType::i32, "labels");
   check.shape(labels, {n}, "labels");
   check.tensor(correct, DType::i32, "correct");
-  check.shape(correct, {1}, "correct");
+  if (!slotted) check.shape(correct, {1}, "correct");
   return n;
 }
 
@@ -163,25 +166,175 @@ void channel_vectors(const Checker& check, int64_t c,
 /// Values per channel of a batch-norm input: N*H*W (N for rank 2).
 int64_t per_channel(const Shape& s) { return s.rank == 4 ? s[0] * s[2] * s[3] : s[0]; }
 
+// An optional argument kept by value inside a recorded op: the caller's object may be gone when
+// the recording replays (Backend::run copies every argument into the op).
+template <class T>
+class Held {
+ public:
+  explicit Held(const T* t) : has_(t != nullptr) {
+    if (t != nullptr) value_ = *t;
+  }
+  const T* get() const { return has_ ? &value_ : nullptr; }
+
+ private:
+  bool has_;
+  T value_{};
+};
+
+struct HeldEpilogue {
+  explicit HeldEpilogue(const BnEpilogue& e) : residual(e.residual), relu(e.relu) {}
+  BnEpilogue get() const { return {residual.get(), relu}; }
+  Held<Tensor> residual;
+  bool relu;
+};
+
+struct HeldEpilogueGrad {
+  explicit HeldEpilogueGrad(const BnEpilogueGrad& e) : y(e.y), dz(e.dz) {}
+  BnEpilogueGrad get() const { return {y.get(), dz.get()}; }
+  Held<Tensor> y, dz;
+};
+
+/// A StepRow's table (rows, width) of `dtype` and its cursor (1) i32.
+void step_row(const Checker& check, const StepRow& row, DType dtype, int64_t width,
+              const char* what) {
+  const std::string name(what);
+  check.tensor(row.table, dtype, (name + " table").c_str());
+  if (row.table.shape.rank != 2 || row.table.shape[1] != width || row.table.shape[0] < 1) {
+    check.fail(name + " table has shape " + row.table.shape.str() + ", expected (steps >= 1, " +
+               std::to_string(width) + ")");
+  }
+  check.tensor(row.cursor, DType::i32, (name + " cursor").c_str());
+  check.shape(row.cursor, {1}, (name + " cursor").c_str());
+}
+
+/// A slot (1) i32 and the tables it indexes, each (S) of its dtype.
+void slot_tables(const Checker& check, const Tensor& slot,
+                 std::initializer_list<std::pair<const Tensor*, const char*>> tables) {
+  check.tensor(slot, DType::i32, "slot");
+  check.shape(slot, {1}, "slot");
+  for (const auto& [t, what] : tables) {
+    if (t->shape.rank != 1 || t->shape[0] < 1) {
+      check.fail(std::string(what) + " has shape " + t->shape.str() +
+                 ", expected (S >= 1): with a slot it is a table");
+    }
+  }
+}
+
 }  // namespace
 
 std::string Backend::prefix(const char* op) const { return name() + " backend: " + op + ": "; }
 
+// ---- step capture -------------------------------------------------------------------------------
+
+class Backend::Recording final : public CapturedOps {
+ public:
+  explicit Recording(const Backend* owner) : owner_(owner) {}
+  size_t ops() const override { return ops_.size(); }
+  const Backend* owner() const { return owner_; }
+  void add(std::function<void()> op) { ops_.push_back(std::move(op)); }
+  void run() const {
+    for (const auto& op : ops_) op();
+  }
+
+ private:
+  const Backend* owner_;
+  std::vector<std::function<void()>> ops_;
+};
+
+Backend::Backend() = default;
+Backend::~Backend() = default;
+
+void Backend::record(std::function<void()> op) { recording_->add(std::move(op)); }
+
+void Backend::refuse_while_capturing(const char* what) const {
+  if (capturing_) {
+    throw Error(prefix(what) +
+                "called while a step is being captured: it needs the host, and a captured step "
+                "replays without it (do it before begin_capture or after end_capture)");
+  }
+}
+
+void Backend::begin_capture() {
+  refuse_while_capturing("begin_capture");
+  if (native_capture()) {
+    begin_capture_impl();
+  } else {
+    recording_ = std::make_unique<Recording>(this);
+  }
+  capturing_ = true;
+}
+
+std::unique_ptr<CapturedOps> Backend::end_capture() {
+  if (!capturing_) throw Error(prefix("end_capture") + "no capture was begun");
+  capturing_ = false;
+  if (!native_capture()) return std::move(recording_);
+  return end_capture_impl();
+}
+
+void Backend::discard_capture() noexcept {
+  if (!capturing_) return;
+  capturing_ = false;
+  if (native_capture()) {
+    discard_capture_impl();
+  } else {
+    recording_.reset();
+  }
+}
+
+void Backend::replay(const CapturedOps& ops) {
+  refuse_while_capturing("replay");
+  if (native_capture()) {
+    replay_impl(ops);
+    return;
+  }
+  const auto* recording = dynamic_cast<const Recording*>(&ops);
+  if (recording == nullptr || recording->owner() != this) {
+    throw Error(prefix("replay") +
+                "the recording was made by another backend; replay it on the one that made it");
+  }
+  recording->run();
+}
+
+void Backend::host_work(std::function<void()> work) {
+  if (capturing_ && native_capture()) {
+    throw Error(prefix("host_work") +
+                "host work cannot be part of a captured step on this backend (its capture is the "
+                "device's own, a CUDA graph)");
+  }
+  if (recording_ != nullptr) {
+    record(std::move(work));
+  } else {
+    work();
+  }
+}
+
 // ---- memory -------------------------------------------------------------------------------------
 
+void* Backend::allocate(size_t bytes) {
+  refuse_while_capturing("allocate");
+  return allocate_impl(bytes);
+}
+
+void Backend::synchronize() {
+  refuse_while_capturing("synchronize");
+  synchronize_impl();
+}
+
 void Backend::upload(void* dst, const void* host_src, size_t bytes) {
+  refuse_while_capturing("upload");
   Checker(*this, "upload").pointers(dst, host_src, bytes);
   if (bytes > 0) upload_impl(dst, host_src, bytes);
 }
 
 void Backend::download(void* host_dst, const void* src, size_t bytes) {
+  refuse_while_capturing("download");
   Checker(*this, "download").pointers(host_dst, src, bytes);
   if (bytes > 0) download_impl(host_dst, src, bytes);
 }
 
 void Backend::copy(void* dst, const void* src, size_t bytes) {
   Checker(*this, "copy").pointers(dst, src, bytes);
-  if (bytes > 0 && dst != src) copy_impl(dst, src, bytes);
+  if (bytes > 0 && dst != src) run([=, this] { copy_impl(dst, src, bytes); });
 }
 
 void Backend::fill(const Tensor& t, float value) {
@@ -191,12 +344,13 @@ void Backend::fill(const Tensor& t, float value) {
   }
   check.tensor(t, t.dtype, "t");
   if (t.dtype == DType::i32) check.finite(value, "value");
-  if (t.numel() > 0) fill_impl(t, value);
+  if (t.numel() > 0) run([=, this] { fill_impl(t, value); });
 }
 
 // ---- convolution --------------------------------------------------------------------------------
 
 std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUse& use) {
+  refuse_while_capturing("plan_conv");
   const Checker check(*this, "plan_conv");
   if (g.max_batch < 1 || g.in_channels < 1 || g.in_h < 1 || g.in_w < 1 || g.out_channels < 1 ||
       g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 ||
@@ -241,7 +395,7 @@ void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, con
   check.optional_f32(b, {g.out_channels}, "b");
   check.f32(y, {n, g.out_channels, g.out_h(), g.out_w()}, "y");
   plan_layout(check, g, y, "y");
-  if (n > 0) conv_forward_impl(plan, x, w, b, y);
+  if (n > 0) run([=, this, &plan, hb = Held(b)] { conv_forward_impl(plan, x, w, hb.get(), y); });
 }
 
 void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w,
@@ -253,7 +407,7 @@ void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor&
   check.f32(w, filter_shape(g), "w");
   check.f32(dx, {n, g.in_channels, g.in_h, g.in_w}, "dx");
   plan_layout(check, g, dx, "dx");
-  if (n > 0) conv_backward_data_impl(plan, dy, w, dx);
+  if (n > 0) run([=, this, &plan] { conv_backward_data_impl(plan, dy, w, dx); });
 }
 
 void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy,
@@ -266,12 +420,14 @@ void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor
   plan_layout(check, g, dy, "dy");
   check.f32(dw, filter_shape(g), "dw");
   check.optional_f32(db, {g.out_channels}, "db");
-  if (n > 0) {
-    conv_backward_filter_impl(plan, x, dy, dw, db);
-  } else {  // the sum over no examples
-    fill_impl(dw, 0.0f);
-    if (db != nullptr) fill_impl(*db, 0.0f);
-  }
+  run([=, this, &plan, hdb = Held(db)] {
+    if (n > 0) {
+      conv_backward_filter_impl(plan, x, dy, dw, hdb.get());
+    } else {  // the sum over no examples
+      fill_impl(dw, 0.0f);
+      if (hdb.get() != nullptr) fill_impl(*hdb.get(), 0.0f);
+    }
+  });
 }
 
 // ---- linear -------------------------------------------------------------------------------------
@@ -293,6 +449,7 @@ LinearDims check_linear(const Checker& check, const Tensor& x, const Tensor& w) 
 }  // namespace
 
 void Backend::prepare_linear(int64_t max_batch, int64_t in, int64_t out) {
+  refuse_while_capturing("prepare_linear");
   const Checker check(*this, "prepare_linear");
   if (max_batch < 1 || in < 1 || out < 1) {
     check.fail("max_batch, in and out must be >= 1, got " + std::to_string(max_batch) + ", " +
@@ -306,7 +463,7 @@ void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, 
   const LinearDims d = check_linear(check, x, w);
   check.optional_f32(b, {d.out}, "b");
   check.f32(y, {d.n, d.out}, "y");
-  if (d.n > 0) linear_forward_impl(x, w, b, y);
+  if (d.n > 0) run([=, this, hb = Held(b)] { linear_forward_impl(x, w, hb.get(), y); });
 }
 
 void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
@@ -317,12 +474,14 @@ void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy
   check.optional_f32(dx, {d.n, d.in}, "dx");
   check.f32(dw, {d.out, d.in}, "dw");
   check.optional_f32(db, {d.out}, "db");
-  if (d.n > 0) {
-    linear_backward_impl(x, w, dy, dx, dw, db);
-  } else {  // sums over no examples
-    fill_impl(dw, 0.0f);
-    if (db != nullptr) fill_impl(*db, 0.0f);
-  }
+  run([=, this, hdx = Held(dx), hdb = Held(db), n = d.n] {
+    if (n > 0) {
+      linear_backward_impl(x, w, dy, hdx.get(), dw, hdb.get());
+    } else {  // sums over no examples
+      fill_impl(dw, 0.0f);
+      if (hdb.get() != nullptr) fill_impl(*hdb.get(), 0.0f);
+    }
+  });
 }
 
 // ---- batch norm ---------------------------------------------------------------------------------
@@ -397,8 +556,10 @@ void Backend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, cons
                ": batch norm in training needs more than one value per channel (N*H*W > 1), as "
                "PyTorch; use a larger batch per replica");
   }
-  batchnorm_forward_train_impl(x, gamma, beta, running_mean, running_var, momentum, eps, save_mean,
-                               save_invstd, y, epilogue);
+  run([=, this, e = HeldEpilogue(epilogue)] {
+    batchnorm_forward_train_impl(x, gamma, beta, running_mean, running_var, momentum, eps,
+                                 save_mean, save_invstd, y, e.get());
+  });
 }
 
 void Backend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -415,7 +576,9 @@ void Backend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, cons
                    {&running_var, "running_var"}});
   check_eps(check, eps);
   if (s[0] > 0) {
-    batchnorm_forward_infer_impl(x, gamma, beta, running_mean, running_var, eps, y, epilogue);
+    run([=, this, e = HeldEpilogue(epilogue)] {
+      batchnorm_forward_infer_impl(x, gamma, beta, running_mean, running_var, eps, y, e.get());
+    });
   }
 }
 
@@ -439,7 +602,9 @@ void Backend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor
     check.fail("x has shape " + s.str() +
                ": batch norm in training needs more than one value per channel (N*H*W > 1)");
   }
-  batchnorm_backward_impl(x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma, dbeta, epilogue);
+  run([=, this, e = HeldEpilogueGrad(epilogue)] {
+    batchnorm_backward_impl(x, dy, gamma, save_mean, save_invstd, eps, dx, dgamma, dbeta, e.get());
+  });
 }
 
 // ---- batch norm with statistics over every replica ----------------------------------------------
@@ -449,7 +614,8 @@ void Backend::batchnorm_sums(const Tensor& x, const Tensor* mean, const Tensor& 
   const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
   check.optional_f32(mean, {s[1]}, "mean");
   check.f32(sums, {s[1]}, "sums");
-  batchnorm_sums_impl(x, mean, sums);  // also for N = 0: the sums are then zero
+  // Also for N = 0: the sums are then zero.
+  run([=, this, hm = Held(mean)] { batchnorm_sums_impl(x, hm.get(), sums); });
 }
 
 void Backend::batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -480,8 +646,10 @@ void Backend::batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const 
                std::to_string(count));
   }
   // Runs for N = 0 too: the running statistics and saved statistics are still written.
-  batchnorm_apply_stats_impl(x, gamma, beta, mean, var, running_mean, running_var, momentum, eps,
-                             count, save_mean, save_invstd, y, epilogue);
+  run([=, this, e = HeldEpilogue(epilogue)] {
+    batchnorm_apply_stats_impl(x, gamma, beta, mean, var, running_mean, running_var, momentum, eps,
+                               count, save_mean, save_invstd, y, e.get());
+  });
 }
 
 void Backend::batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const Tensor& save_mean,
@@ -493,7 +661,9 @@ void Backend::batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const T
   check_epilogue_grad(check, epilogue, x, dy);
   channel_vectors(check, s[1], {{&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
   check.f32(sums, {2 * s[1]}, "sums");
-  batchnorm_backward_sums_impl(x, dy, save_mean, save_invstd, sums, epilogue);
+  run([=, this, e = HeldEpilogueGrad(epilogue)] {
+    batchnorm_backward_sums_impl(x, dy, save_mean, save_invstd, sums, e.get());
+  });
 }
 
 void Backend::batchnorm_backward_apply(const Tensor& x, const Tensor& dy, const Tensor& gamma,
@@ -507,8 +677,11 @@ void Backend::batchnorm_backward_apply(const Tensor& x, const Tensor& dy, const 
                   {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
   check.f32(sums, {2 * s[1]}, "sums");
   check_count(check, count);
-  if (s[0] > 0)
-    batchnorm_backward_apply_impl(x, dy, gamma, save_mean, save_invstd, sums, count, dx);
+  if (s[0] > 0) {
+    run([=, this] {
+      batchnorm_backward_apply_impl(x, dy, gamma, save_mean, save_invstd, sums, count, dx);
+    });
+  }
 }
 
 // ---- activation and elementwise -----------------------------------------------------------------
@@ -517,7 +690,7 @@ void Backend::relu_forward(const Tensor& x, const Tensor& y) {
   const Checker check(*this, "relu_forward");
   check.tensor(x, DType::f32, "x");
   check.like(y, x, "y", "x");
-  if (x.numel() > 0) relu_forward_impl(x, y);
+  if (x.numel() > 0) run([=, this] { relu_forward_impl(x, y); });
 }
 
 void Backend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
@@ -525,7 +698,7 @@ void Backend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx)
   check.tensor(y, DType::f32, "y");
   check.like(dy, y, "dy", "y");
   check.like(dx, y, "dx", "y");
-  if (y.numel() > 0) relu_backward_impl(y, dy, dx);
+  if (y.numel() > 0) run([=, this] { relu_backward_impl(y, dy, dx); });
 }
 
 void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
@@ -533,13 +706,13 @@ void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
   check.tensor(a, DType::f32, "a");
   check.like(b, a, "b", "a");
   check.like(y, a, "y", "a");
-  if (a.numel() > 0) add_impl(a, b, y);
+  if (a.numel() > 0) run([=, this] { add_impl(a, b, y); });
 }
 
 void Backend::scale(const Tensor& t, float alpha) {
   const Checker check(*this, "scale");
   check.tensor(t, DType::f32, "t");
-  if (t.numel() > 0) scale_impl(t, alpha);
+  if (t.numel() > 0) run([=, this] { scale_impl(t, alpha); });
 }
 
 // ---- pooling ------------------------------------------------------------------------------------
@@ -547,19 +720,19 @@ void Backend::scale(const Tensor& t, float alpha) {
 void Backend::avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
   const Checker check(*this, "avgpool_forward");
   check_pool(check, g, x, y, "x", "y");
-  if (x.numel() > 0) avgpool_forward_impl(g, x, y);
+  if (x.numel() > 0) run([=, this] { avgpool_forward_impl(g, x, y); });
 }
 
 void Backend::avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
   const Checker check(*this, "avgpool_backward");
   check_pool(check, g, dx, dy, "dx", "dy");
-  if (dx.numel() > 0) avgpool_backward_impl(g, dy, dx);
+  if (dx.numel() > 0) run([=, this] { avgpool_backward_impl(g, dy, dx); });
 }
 
 void Backend::maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
   const Checker check(*this, "maxpool_forward");
   check_pool(check, g, x, y, "x", "y");
-  if (x.numel() > 0) maxpool_forward_impl(g, x, y);
+  if (x.numel() > 0) run([=, this] { maxpool_forward_impl(g, x, y); });
 }
 
 void Backend::maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y,
@@ -568,7 +741,7 @@ void Backend::maxpool_backward(const PoolGeometry& g, const Tensor& x, const Ten
   check_pool(check, g, x, y, "x", "y");
   check.like(dy, y, "dy", "y");
   check.like(dx, x, "dx", "x");
-  if (x.numel() > 0) maxpool_backward_impl(g, x, y, dy, dx);
+  if (x.numel() > 0) run([=, this] { maxpool_backward_impl(g, x, y, dy, dx); });
 }
 
 void Backend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
@@ -576,7 +749,7 @@ void Backend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
   const Shape s = check.activation(x, "x");
   check.f32(y, {s[0], s[1], 1, 1}, "y");
   check.same_layout(y, x, "y", "x");
-  if (x.numel() > 0) global_avgpool_forward_impl(x, y);
+  if (x.numel() > 0) run([=, this] { global_avgpool_forward_impl(x, y); });
 }
 
 void Backend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
@@ -584,41 +757,43 @@ void Backend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
   const Shape s = check.activation(dx, "dx");
   check.f32(dy, {s[0], s[1], 1, 1}, "dy");
   check.same_layout(dy, dx, "dy", "dx");
-  if (dx.numel() > 0) global_avgpool_backward_impl(dy, dx);
+  if (dx.numel() > 0) run([=, this] { global_avgpool_backward_impl(dy, dx); });
 }
 
 // ---- loss and metrics ---------------------------------------------------------------------------
 
 void Backend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
                                     const Tensor& dlogits, const Tensor& loss_sum,
-                                    const Tensor& correct) {
+                                    const Tensor& correct, const Tensor* slot) {
   const Checker check(*this, "softmax_cross_entropy");
-  const int64_t n = check_logits(check, logits, labels, correct);
+  check_logits(check, logits, labels, correct, slot != nullptr);
   check.f32(dlogits, logits.shape, "dlogits");
-  check.f32(loss_sum, {1}, "loss_sum");
-  check.finite(grad_scale, "grad_scale");
-  if (n > 0) {
-    softmax_cross_entropy_impl(logits, labels, grad_scale, dlogits, loss_sum, correct);
+  check.tensor(loss_sum, DType::f32, "loss_sum");
+  if (slot != nullptr) {
+    slot_tables(check, *slot, {{&loss_sum, "loss_sum"}, {&correct, "correct"}});
+    check.shape(loss_sum, correct.shape, "loss_sum");
   } else {
-    fill_impl(loss_sum, 0.0f);
-    fill_impl(correct, 0.0f);
+    check.shape(loss_sum, {1}, "loss_sum");
   }
+  check.finite(grad_scale, "grad_scale");
+  // Runs for N = 0 too (zeros are written), so an empty shard's slot is written where it says.
+  run([=, this, hs = Held(slot)] {
+    softmax_cross_entropy_impl(logits, labels, grad_scale, dlogits, loss_sum, correct, hs.get());
+  });
 }
 
-void Backend::count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct) {
+void Backend::count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct,
+                            const Tensor* slot) {
   const Checker check(*this, "count_correct");
-  const int64_t n = check_logits(check, logits, labels, correct);
-  if (n > 0) {
-    count_correct_impl(logits, labels, correct);
-  } else {
-    fill_impl(correct, 0.0f);
-  }
+  check_logits(check, logits, labels, correct, slot != nullptr);
+  if (slot != nullptr) slot_tables(check, *slot, {{&correct, "correct"}});
+  run([=, this, hs = Held(slot)] { count_correct_impl(logits, labels, correct, hs.get()); });
 }
 
 // ---- optimizer ----------------------------------------------------------------------------------
 
 void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                         const SgdParams& p) {
+                         const SgdParams& p, const StepRow* lr_row) {
   const Checker check(*this, "sgd_update");
   check.tensor(params, DType::f32, "params");
   check.f32(grads, params.shape, "grads");
@@ -638,11 +813,17 @@ void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor
     }
     check.f32(*momentum_buf, params.shape, "momentum_buf");
   }
-  if (params.numel() > 0) sgd_update_impl(params, grads, momentum_buf, p);
+  if (lr_row != nullptr) step_row(check, *lr_row, DType::f32, 1, "lr_row");
+  if (params.numel() > 0) {
+    run([=, this, hm = Held(momentum_buf), hr = Held(lr_row)] {
+      sgd_update_impl(params, grads, hm.get(), p, hr.get());
+    });
+  }
 }
 
 void Backend::adamw_update(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                           const Tensor& exp_avg_sq, const AdamWParams& p) {
+                           const Tensor& exp_avg_sq, const AdamWParams& p,
+                           const StepRow* step_row_) {
   const Checker check(*this, "adamw_update");
   check.tensor(params, DType::f32, "params");
   check.f32(grads, params.shape, "grads");
@@ -662,13 +843,35 @@ void Backend::adamw_update(const Tensor& params, const Tensor& grads, const Tens
     check.fail("eps must be positive, got " + std::to_string(p.eps));
   }
   if (p.step < 1) check.fail("step counts from 1, got " + std::to_string(p.step));
-  if (params.numel() > 0) adamw_update_impl(params, grads, exp_avg, exp_avg_sq, p);
+  if (step_row_ != nullptr) step_row(check, *step_row_, DType::f32, 3, "step_row");
+  if (params.numel() > 0) {
+    run([=, this, hr = Held(step_row_)] {
+      adamw_update_impl(params, grads, exp_avg, exp_avg_sq, p, hr.get());
+    });
+  }
+}
+
+void Backend::advance(const Tensor& cursor) {
+  const Checker check(*this, "advance");
+  check.tensor(cursor, DType::i32, "cursor");
+  check.shape(cursor, {1}, "cursor");
+  run([=, this] { advance_impl(cursor); });
+}
+
+AdamWStep adamw_step(const AdamWParams& p) {
+  const auto t = static_cast<double>(p.step);
+  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
+  AdamWStep s;
+  s.step_size = p.lr / bias1;
+  s.decay = 1.0f - p.lr * p.weight_decay;
+  s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
+  return s;
 }
 
 // ---- data ---------------------------------------------------------------------------------------
 
 void Backend::gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                           const Tensor& x, const Tensor& y) {
+                           const Tensor& x, const Tensor& y, const StepRow* start) {
   const Checker check(*this, "gather_batch");
   check.tensor(images, DType::u8, "images");
   if (images.shape.rank != 4) {
@@ -685,12 +888,25 @@ void Backend::gather_batch(const Tensor& images, const Tensor& labels, const Ten
   if (indices.shape.rank != 1) {
     check.fail("indices has shape " + indices.shape.str() + ", expected (n)");
   }
-  const int64_t n = indices.shape[0];
+  // With a start the rows are a window of indices, x's batch long.
+  const int64_t n = start != nullptr ? x.shape[0] : indices.shape[0];
+  if (start != nullptr) {
+    step_row(check, *start, DType::i32, 1, "start");
+    if (x.shape.rank != 4 || n > indices.shape[0]) {
+      check.fail("x has shape " + x.shape.str() + " but the index buffer holds " +
+                 std::to_string(indices.shape[0]) +
+                 " entries; expected (n <= " + std::to_string(indices.shape[0]) + ", C, H, W)");
+    }
+  }
   check.tensor(x, DType::f32, "x");
   check.shape(x, {n, s[1], s[2], s[3]}, "x");
   check.tensor(y, DType::i32, "y");
   check.shape(y, {n}, "y");
-  if (n > 0) gather_batch_impl(images, labels, indices, x, y);
+  if (n > 0) {
+    run([=, this, hs = Held(start)] {
+      gather_batch_impl(images, labels, indices, x, y, hs.get());
+    });
+  }
 }
 
 }  // namespace dp

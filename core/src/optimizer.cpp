@@ -32,6 +32,13 @@ class Sgd final : public Optimizer {
     const SgdParams p{lr, o_.momentum, o_.weight_decay, o_.nesterov};
     backend.sgd_update(params, grads, state.empty() ? nullptr : &state[0], p);
   }
+  int step_scalars() const override { return 1; }
+  void fill_step_scalars(float lr, int64_t, float* row) const override { row[0] = lr; }
+  void update_at(Backend& backend, const Tensor& params, const Tensor& grads,
+                 const std::vector<Tensor>& state, const StepRow& scalars) override {
+    const SgdParams p{0.0f, o_.momentum, o_.weight_decay, o_.nesterov};
+    backend.sgd_update(params, grads, state.empty() ? nullptr : &state[0], p, &scalars);
+  }
 
  private:
   OptimizerOptions o_;
@@ -54,6 +61,19 @@ class AdamW final : public Optimizer {
               const std::vector<Tensor>& state, float lr, int64_t step) override {
     const AdamWParams p{lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, step};
     backend.adamw_update(params, grads, state[0], state[1], p);
+  }
+  int step_scalars() const override { return 3; }
+  void fill_step_scalars(float lr, int64_t step, float* row) const override {
+    const AdamWStep s = adamw_step({lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, step});
+    row[0] = s.step_size;
+    row[1] = s.decay;
+    row[2] = s.bias2_sqrt;
+  }
+  void update_at(Backend& backend, const Tensor& params, const Tensor& grads,
+                 const std::vector<Tensor>& state, const StepRow& scalars) override {
+    // lr and step are the row's; the rest of p is checked and used as in update().
+    const AdamWParams p{0.0f, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1};
+    backend.adamw_update(params, grads, state[0], state[1], p, &scalars);
   }
 
  private:

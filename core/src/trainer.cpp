@@ -1,7 +1,11 @@
 // The data-parallel trainer. Each replica owns a backend, an arena, a parameter registry, a
 // model and a communicator, and runs on its own thread. The whole step loop of an epoch runs on
-// the replica's thread: the host only uploads one permutation per epoch and downloads the
-// per-step loss/correct slots once at the end, so nothing in a step waits for the device.
+// the replica's thread: the host only uploads one permutation and the step tables per epoch and
+// downloads the per-step loss/correct slots once at the end, so nothing in a step waits for the
+// device. A step reads what changes between steps (its shard's place in the permutation, its
+// learning rate, its loss slot) from those tables at a cursor it advances itself, so every step
+// is the same ops with the same arguments, and with options.graphs it is captured once per batch
+// size and replayed (CUDA graphs).
 #include "dp/trainer.hpp"
 
 #include <algorithm>
@@ -38,6 +42,13 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Every step advances its cursor once: a cursor elsewhere after the loop means a step was lost
+// or doubled (a captured step that did not replay as a whole), and the figures would be wrong.
+void check_cursor(int32_t cursor, int64_t steps, const char* what) {
+  DP_CHECK(cursor == steps, std::string("internal error: after ") + std::to_string(steps) + " " +
+                                what + " steps the step cursor is at " + std::to_string(cursor));
+}
+
 }  // namespace
 
 std::vector<int64_t> shard_sizes(int64_t n, int k) {
@@ -57,6 +68,53 @@ Tensor upload_bytes(Backend& b, Arena& arena, const std::vector<uint8_t>& bytes,
   if (!bytes.empty()) b.upload(t.data, bytes.data(), bytes.size());
   return t;
 }
+
+// Where replica g's shard of a global batch of n starts within it (as split() cuts it).
+int64_t shard_offset(int64_t n, int64_t k, int64_t g) {
+  return g * (n / k) + std::min<int64_t>(g, n % k);
+}
+
+// A communicator whose collectives are host work of the replica's backend (Backend::host_work):
+// run at once, or while the backend records a step, at that point of every replay. For backends
+// that record their ops (cpu), whose communicators sum on the host.
+class RecordedCommunicator final : public Communicator {
+ public:
+  RecordedCommunicator(Communicator& inner, Backend& backend) : inner_(inner), backend_(backend) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string kind() const override { return inner_.kind(); }
+  void allreduce_sum(float* data, size_t count) override {
+    backend_.host_work([this, data, count] { inner_.allreduce_sum(data, count); });
+  }
+  void broadcast(float* data, size_t count, int root) override {
+    backend_.host_work([this, data, count, root] { inner_.broadcast(data, count, root); });
+  }
+  void barrier() override {
+    backend_.host_work([this] { inner_.barrier(); });
+  }
+  void abort() noexcept override { inner_.abort(); }
+
+ private:
+  Communicator& inner_;
+  Backend& backend_;
+};
+
+// The same for a bucket launcher: launches and the wait for them are host work, recorded in
+// step order (the launcher's own thread then sums while the replay goes on, as in a live step).
+class RecordedLauncher final : public BucketLauncher {
+ public:
+  RecordedLauncher(BucketLauncher& inner, Backend& backend) : inner_(inner), backend_(backend) {}
+  void launch(float* data, size_t count) override {
+    backend_.host_work([this, data, count] { inner_.launch(data, count); });
+  }
+  void wait() override {
+    backend_.host_work([this] { inner_.wait(); });
+  }
+
+ private:
+  BucketLauncher& inner_;
+  Backend& backend_;
+};
 
 }  // namespace
 
@@ -131,6 +189,11 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   r.loss_slots = a.allocate({steps_per_epoch}, DType::f32);
   r.correct_slots = a.allocate({steps_per_epoch}, DType::i32);
   r.eval_slots = a.allocate({std::max<int64_t>(eval_steps, 1)}, DType::i32);
+  r.cursor = a.allocate({1}, DType::i32);
+  r.step_start = a.allocate({steps_per_epoch, 1}, DType::i32);
+  r.step_scalars = a.allocate({steps_per_epoch, r.optimizer->step_scalars()}, DType::f32);
+  r.eval_cursor = a.allocate({1}, DType::i32);
+  r.eval_start = a.allocate({std::max<int64_t>(eval_steps, 1), 1}, DType::i32);
 
   const Shape img{example[0], example[1], example[2]};
   r.train_images = upload_bytes(b, a, train.images, {train.count, img[0], img[1], img[2]});
@@ -143,43 +206,115 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
     std::vector<int32_t> identity(static_cast<size_t>(test.count));
     std::iota(identity.begin(), identity.end(), 0);
     b.upload(r.test_index.data, identity.data(), identity.size() * sizeof(int32_t));
+    // Evaluation reads this replica's part of the test set in chunks: the same every time.
+    const std::vector<int64_t> parts = split(test.count, world());
+    int64_t begin = 0;
+    for (int q = 0; q < r.global_rank; ++q) begin += parts[static_cast<size_t>(q)];
+    const int64_t part = parts[static_cast<size_t>(r.global_rank)];
+    const int64_t chunk = ceil_div(eval_batch, world());
+    std::vector<int32_t> starts;
+    for (int64_t i = 0; i < part; i += chunk) starts.push_back(static_cast<int32_t>(begin + i));
+    if (!starts.empty()) {
+      b.upload(r.eval_start.data, starts.data(), starts.size() * sizeof(int32_t));
+    }
   }
   b.synchronize();
 }
 
-void Trainer::Impl::train_step(Replica& r, int64_t begin, int64_t n, int64_t slot, float lr,
-                               int64_t step) {
+void Trainer::Impl::upload_steps(Replica& r, int64_t steps, int64_t batch, int64_t count,
+                                 int64_t first) {
   Backend& b = *r.backend;
-  // This replica's shard as split() cuts it, computed without a vector: nothing is allocated
-  // in the step loop.
-  const int64_t k = world(), g = r.global_rank, base = n / k, extra = n % k;
-  const int64_t m = base + (g < extra ? 1 : 0);
-  const int64_t offset = begin + g * base + std::min<int64_t>(g, extra);
-  const Tensor loss = r.loss_slots.slice_batch(slot, 1);
-  const Tensor correct = r.correct_slots.slice_batch(slot, 1);
+  const int width = r.optimizer->step_scalars();
+  std::vector<int32_t> start(static_cast<size_t>(steps));
+  std::vector<float> scalars(static_cast<size_t>(steps * width));
+  for (int64_t t = 0; t < steps; ++t) {
+    const int64_t begin = t * batch, n = std::min(batch, count - begin);
+    start[static_cast<size_t>(t)] =
+        static_cast<int32_t>(begin + shard_offset(n, world(), r.global_rank));
+    r.optimizer->fill_step_scalars(lr_at(first + t), first + t + 1,
+                                   &scalars[static_cast<size_t>(t * width)]);
+  }
+  b.upload(r.step_start.data, start.data(), start.size() * sizeof(int32_t));
+  b.upload(r.step_scalars.data, scalars.data(), scalars.size() * sizeof(float));
+  const int32_t zero = 0;
+  b.upload(r.cursor.data, &zero, sizeof zero);
+}
+
+void Trainer::Impl::run_captured(
+    Replica& r, std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>>& graphs, int64_t size,
+    const std::function<void()>& ops) {
+  if (!options.graphs) {
+    ops();
+    return;
+  }
+  Backend& b = *r.backend;
+  auto it =
+      std::find_if(graphs.begin(), graphs.end(), [&](const auto& g) { return g.first == size; });
+  if (it == graphs.end()) {
+    b.begin_capture();
+    try {
+      ops();
+      graphs.emplace_back(size, b.end_capture());
+    } catch (...) {
+      b.discard_capture();
+      throw;
+    }
+    it = graphs.end() - 1;
+  }
+  b.replay(*it->second);
+}
+
+void Trainer::Impl::train_step(Replica& r, int64_t n) {
+  run_captured(r, r.train_graphs, n, [&] { train_step_ops(r, n); });
+}
+
+void Trainer::Impl::train_step_ops(Replica& r, int64_t n) {
+  Backend& b = *r.backend;
+  // This replica's shard size as split() cuts it, computed without a vector: nothing is
+  // allocated in the step loop. Where the shard starts is read at the cursor.
+  const int64_t k = world(), g = r.global_rank;
+  const int64_t m = n / k + (g < n % k ? 1 : 0);
+  const StepRow start{r.step_start, r.cursor};
   // With synchronised batch norm an empty shard still runs the model: every replica must take
   // part in the statistics' collectives, in the same order.
   if (m > 0 || options.sync_bn) {
     const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
-    b.gather_batch(r.train_images, r.train_labels, r.train_index.slice_batch(offset, m), x, y);
+    b.gather_batch(r.train_images, r.train_labels, r.train_index, x, y, &start);
     RunContext ctx{b, *r.params, true, options.sync_bn ? r.comm : nullptr, n, r.buckets.get()};
     const Tensor logits = r.model->forward(ctx, x);
     const Tensor dlogits = r.dlogits.with_batch(m);
     // Scaled by the GLOBAL batch, so the summed gradients are those of the global mean loss.
-    b.softmax_cross_entropy(logits, y, 1.0f / static_cast<float>(n), dlogits, loss, correct);
+    b.softmax_cross_entropy(logits, y, 1.0f / static_cast<float>(n), dlogits, r.loss_slots,
+                            r.correct_slots, &r.cursor);
     r.buckets->start(r.params->grads_flat().f32(), *r.launcher);
     r.model->backward(ctx, dlogits, false);  // buckets are summed as their gradients are done
   } else {
     // An empty shard (last batch smaller than the replica count) contributes nothing but must
-    // still take part in the allreduces.
+    // still take part in the allreduces. Its loss slot gets zeros (the loss of no examples).
     b.fill(r.params->grads_flat(), 0.0f);
-    b.fill(loss, 0.0f);
-    b.fill(correct, 0.0f);
+    const Tensor none = r.dlogits.with_batch(0);
+    b.softmax_cross_entropy(none, r.y.with_batch(0), 1.0f, none, r.loss_slots, r.correct_slots,
+                            &r.cursor);
     r.buckets->start(r.params->grads_flat().f32(), *r.launcher);
   }
   r.buckets->finish();  // what backward did not report, then wait for every sum
   const Tensor grads = r.params->grads_flat();
-  r.optimizer->update(b, r.params->params_flat(), grads, r.params->state_flat(), lr, step);
+  r.optimizer->update_at(b, r.params->params_flat(), grads, r.params->state_flat(),
+                         StepRow{r.step_scalars, r.cursor});
+  b.advance(r.cursor);
+}
+
+void Trainer::Impl::eval_chunk(Replica& r, int64_t m) {
+  run_captured(r, r.eval_graphs, m, [&] {
+    Backend& b = *r.backend;
+    const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
+    const StepRow start{r.eval_start, r.eval_cursor};
+    b.gather_batch(r.test_images, r.test_labels, r.test_index, x, y, &start);
+    RunContext ctx{b, *r.params, false, nullptr, 0, nullptr};
+    const Tensor logits = r.model->forward(ctx, x);
+    b.count_correct(logits, y, r.eval_slots, &r.eval_cursor);
+    b.advance(r.eval_cursor);
+  });
 }
 
 void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
@@ -192,22 +327,17 @@ void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
   }
   correct = 0;
   if (test_meta.count == 0) return;
-  const std::vector<int64_t> parts = split(test_meta.count, k);
-  int64_t begin = 0;
-  for (int q = 0; q < r.global_rank; ++q) begin += parts[static_cast<size_t>(q)];
-  const int64_t part = parts[static_cast<size_t>(r.global_rank)];
+  const int64_t part = split(test_meta.count, k)[static_cast<size_t>(r.global_rank)];
   const int64_t chunk = ceil_div(eval_batch, k);
-  RunContext ctx{b, *r.params, false, nullptr, 0, nullptr};
+  const int32_t zero = 0;
+  b.upload(r.eval_cursor.data, &zero, sizeof zero);
   int64_t steps = 0;
-  for (int64_t i = 0; i < part; i += chunk, ++steps) {
-    const int64_t m = std::min(chunk, part - i);
-    const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
-    b.gather_batch(r.test_images, r.test_labels, r.test_index.slice_batch(begin + i, m), x, y);
-    const Tensor logits = r.model->forward(ctx, x);
-    b.count_correct(logits, y, r.eval_slots.slice_batch(steps, 1));
-  }
+  for (int64_t i = 0; i < part; i += chunk, ++steps) eval_chunk(r, std::min(chunk, part - i));
   std::vector<int32_t> counts(static_cast<size_t>(steps));
   if (steps > 0) b.download(counts.data(), r.eval_slots.data, counts.size() * sizeof(int32_t));
+  int32_t cursor = 0;
+  b.download(&cursor, r.eval_cursor.data, sizeof cursor);
+  check_cursor(cursor, steps, "evaluation");
   for (int32_t c : counts) correct += c;
 }
 
@@ -306,9 +436,23 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     s.launchers.push_back(thread ? make_thread_launcher(*rep.grad_comm)
                                  : make_inline_launcher(*rep.grad_comm));
     rep.launcher = s.launchers.back().get();
+    if (options.graphs && !rep.backend->native_capture()) {
+      // The backend records its ops; the collectives, which its communicators run on the host,
+      // are recorded with them.
+      s.recorded_comms.push_back(std::make_unique<RecordedCommunicator>(*rep.comm, *rep.backend));
+      rep.comm = s.recorded_comms.back().get();
+      s.recorded_launchers.push_back(
+          std::make_unique<RecordedLauncher>(*rep.launcher, *rep.backend));
+      rep.launcher = s.recorded_launchers.back().get();
+    }
     rep.buckets = std::make_unique<GradientBuckets>(*rep.params, options.bucket_bytes,
                                                     options.first_bucket_bytes);
   }
+  DP_CHECK(!options.graphs || s.world() == 1 || s.comms[0]->kind() != "cuda-same-device",
+           std::to_string(k) + " replicas share " +
+               (cuda_device_count() == 1 ? "one GPU" : "GPUs") +
+               ": they cannot be captured in CUDA graphs (their collectives meet on the host); "
+               "set graphs = false, or use one GPU per replica");
 }
 
 Trainer::~Trainer() = default;
@@ -339,15 +483,17 @@ EpochReport Trainer::run_epoch(int epoch) {
   s.run_all([&](Impl::Replica& r) {
     Backend& b = *r.backend;
     b.upload(r.train_index.data, perm.data(), perm.size() * sizeof(int32_t));
+    s.upload_steps(r, s.steps_per_epoch, batch, count, first);
     for (int64_t step = 0; step < s.steps_per_epoch; ++step) {
-      const int64_t begin = step * batch;
-      s.train_step(r, begin, std::min(batch, count - begin), step, s.lr_at(first + step),
-                   first + step + 1);
+      s.train_step(r, std::min(batch, count - step * batch));
     }
     std::vector<float> l(static_cast<size_t>(s.steps_per_epoch));
     std::vector<int32_t> c(l.size());
     b.download(l.data(), r.loss_slots.data, l.size() * sizeof(float));
     b.download(c.data(), r.correct_slots.data, c.size() * sizeof(int32_t));
+    int32_t cursor = 0;
+    b.download(&cursor, r.cursor.data, sizeof cursor);
+    check_cursor(cursor, s.steps_per_epoch, "training");
     double ls = 0, cs = 0;
     for (size_t i = 0; i < l.size(); ++i) {
       ls += l[i];
@@ -397,7 +543,8 @@ double Trainer::step(const std::vector<int32_t>& indices) {
   std::vector<float> loss(static_cast<size_t>(s.k()));
   s.run_all([&](Impl::Replica& r) {
     r.backend->upload(r.train_index.data, indices.data(), indices.size() * sizeof(int32_t));
-    s.train_step(r, 0, n, 0, s.lr_at(s.steps_done), s.steps_done + 1);
+    s.upload_steps(r, 1, n, n, s.steps_done);
+    s.train_step(r, n);
     r.backend->download(&loss[static_cast<size_t>(r.rank)], r.loss_slots.data, sizeof(float));
   });
   s.buffers_differ = true;

@@ -41,6 +41,18 @@ struct Trainer::Impl {
     Tensor loss_slots;     // (steps per epoch) f32: loss sum of each step
     Tensor correct_slots;  // (steps per epoch) i32
     Tensor eval_slots;     // (eval steps) i32
+    // What changes from step to step lives in device memory and is read when the step's ops
+    // run, so every step is the same ops with the same arguments (a captured step replays as
+    // any step): tables uploaded once per epoch, and a cursor each step advances itself.
+    Tensor cursor;        // (1) i32: the step of the epoch, which is also its loss slot
+    Tensor step_start;    // (steps per epoch, 1) i32: where this replica's shard starts in
+                          // train_index
+    Tensor step_scalars;  // (steps per epoch, optimizer's step scalars) f32
+    Tensor eval_cursor;   // (1) i32: the evaluation chunk, also its slot
+    Tensor eval_start;    // (eval steps, 1) i32: where each chunk starts in test_index
+    // With options.graphs: the captured training steps and evaluation chunks, by batch size.
+    // After the backend (destroyed first): they hold its graphs.
+    std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>> train_graphs, eval_graphs;
   };
 
   TrainerOptions options;
@@ -60,6 +72,10 @@ struct Trainer::Impl {
   std::unique_ptr<ProcessGroup> grad_group;  // a second process group for the gradient sums
   std::vector<std::unique_ptr<Communicator>> comms, grad_comms;
   std::vector<std::unique_ptr<BucketLauncher>> launchers;
+  // With graphs on a backend that records its ops (cpu): the communicators and launchers the
+  // replicas use, whose host work is recorded with the step. Destroyed before what they wrap.
+  std::vector<std::unique_ptr<Communicator>> recorded_comms;
+  std::vector<std::unique_ptr<BucketLauncher>> recorded_launchers;
   std::string failure;             // set once a replica failed
   std::vector<ParamOrder> orders;  // parameters stored in another order than PyTorch's
   // True when training ran since the BN buffers were last averaged. Averaging replicas that
@@ -120,9 +136,20 @@ struct Trainer::Impl {
   // at setup (convolution algorithms), so nothing is planned mid-epoch.
   std::vector<int64_t> train_batches(int global_rank) const;
   std::vector<int64_t> eval_batches(int global_rank) const;
-  // One step on index-buffer entries [begin, begin + n) of the global batch; the per-replica
-  // loss/correct land in slot `slot`.
-  void train_step(Replica& r, int64_t begin, int64_t n, int64_t slot, float lr, int64_t step);
+  // Uploads the step tables of steps [0, steps) of the epoch (or of step()) that begins at
+  // optimizer step `first` (0-based), with global batch sizes batch (the last one what is left
+  // of `count`), and sets the cursor to 0.
+  void upload_steps(Replica& r, int64_t steps, int64_t batch, int64_t count, int64_t first);
+  // One step of a global batch of n at the cursor (captured once per n with options.graphs).
+  void train_step(Replica& r, int64_t n);
+  // The ops of that step: everything that changes between steps is read at the cursor.
+  void train_step_ops(Replica& r, int64_t n);
+  // One evaluation chunk of m examples at the evaluation cursor.
+  void eval_chunk(Replica& r, int64_t m);
+  // Runs ops(), or with options.graphs replays its capture for `size` (capturing it first).
+  void run_captured(Replica& r,
+                    std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>>& graphs,
+                    int64_t size, const std::function<void()>& ops);
   /// The learning rate of 0-based step t.
   float lr_at(int64_t t) const {
     return static_cast<float>(options.lr.at(t, steps_per_epoch, std::max(options.epochs, 1)));

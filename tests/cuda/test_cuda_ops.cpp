@@ -19,6 +19,7 @@
 #include "dp/error.hpp"
 #include "support/backend_cases.hpp"
 #include "support/check.hpp"
+#include "support/step_cases.hpp"
 
 using cudatest::backends;
 using cudatest::to_nchw;
@@ -691,4 +692,30 @@ TEST_CASE("cuda backend errors name the device", "[cuda]") {
   bad.kind = dp::BackendKind::cuda;
   bad.device_index = 999;
   CHECK_THROWS_WITH(dp::create_backend(bad), Catch::Contains("device 999 does not exist"));
+}
+
+TEST_CASE("cuda ops reading a step's values at a cursor equal their host-valued twins",
+          "[cuda][capture]") {
+  // The same kernels with the value read from device memory instead of a kernel argument: the
+  // results must be the same bits.
+  for (const auto& p : dptest::step_row_pairs(*backends().gpu)) {
+    INFO(p.what);
+    CHECK(p.got == p.expected);
+  }
+}
+
+TEST_CASE("cuda graph of a step replayed k times computes the k steps it stands for",
+          "[cuda][capture]") {
+  size_t ops = 1;
+  for (const auto& p : dptest::capture_pairs(*backends().gpu, 5, &ops)) {
+    INFO(p.what);
+    CHECK(p.got == p.expected);
+  }
+  CHECK(ops == 0);  // a CUDA graph, not a recording of ops
+  // Host work cannot be part of a graph.
+  dp::Backend& b = *backends().gpu;
+  b.begin_capture();
+  const std::string e = dptest::error_of([&] { b.host_work([] {}); });
+  b.discard_capture();
+  CHECK_THAT(e, Catch::Contains("host work cannot be part of a captured step"));
 }

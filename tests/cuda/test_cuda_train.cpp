@@ -173,10 +173,52 @@ TEST_CASE("cuda data-parallel identity: k replicas sharing one GPU equal one rep
   check_k_replicas_equal_one("lenet-b61-lr0.9-2steps");
 }
 
-TEST_CASE("cuda synchronised batch norm: k replicas on the GPU equal one replica", "[cuda][train]") {
+TEST_CASE("cuda synchronised batch norm: k replicas on the GPU equal one replica",
+          "[cuda][train]") {
   if (!have_data()) return;
   // With synchronised statistics, ResNet-18's step on k replicas is one replica's step on the
   // whole batch (its batch-norm sums over every replica): CPU vs CUDA first, then k vs 1.
   check_cuda_equals_cpu("resnet18w16-syncbn-b30-2steps");
   check_k_replicas_equal_one("resnet18w16-syncbn-b30-2steps");
+}
+
+TEST_CASE("cuda trainer with graphs computes the same bits as without", "[cuda][train][capture]") {
+  if (!have_data()) return;
+  const auto& data = dptest::fashion_mnist_subset();
+  dp::TrainerOptions o;
+  o.backend = dp::BackendKind::cuda;
+  o.allow_tf32 = false;
+  o.layout = dp::Layout::nhwc;
+  o.batch_size = 96;  // 512 = 5 x 96 + 32: two captured step shapes
+  o.eval_batch_size = 100;
+  o.epochs = 2;
+  o.seed = 3;
+  o.lr.kind = dp::LrSchedule::Kind::cosine;
+  o.lr.base = 0.05;
+  o.lr.warmup_epochs = 0.5;
+  o.optimizer.momentum = 0.9f;
+  o.optimizer.weight_decay = 5e-4f;
+  const dp::ModelBuilder resnet = dptest::plugin_builder("resnet18");
+  auto run = [&](bool graphs, std::vector<dp::EpochReport>& reports) {
+    o.graphs = graphs;
+    dp::Trainer t(o, resnet, data.train, data.test);
+    t.fit([&](const dp::EpochReport& r) {
+      reports.push_back(r);
+      return true;
+    });
+    return std::make_pair(t.parameters(0), t.buffers(0));
+  };
+  std::vector<dp::EpochReport> eager_reports, graph_reports;
+  const auto eager = run(false, eager_reports);
+  const auto graphs = run(true, graph_reports);
+  REQUIRE(graph_reports.size() == eager_reports.size());
+  for (size_t e = 0; e < eager_reports.size(); ++e) {
+    INFO("epoch " << e + 1);
+    CHECK(graph_reports[e].train_loss == eager_reports[e].train_loss);
+    CHECK(graph_reports[e].test_acc == eager_reports[e].test_acc);
+    std::printf("  graphs vs eager, epoch %zu: %.3f s vs %.3f s\n", e + 1, graph_reports[e].seconds,
+                eager_reports[e].seconds);
+  }
+  CHECK(graphs.first == eager.first);
+  CHECK(graphs.second == eager.second);
 }

@@ -12,6 +12,7 @@
 //    step in every model we build; Residual sums its branches explicitly).
 //  - Unless stated, outputs must not alias inputs.
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -118,6 +119,37 @@ struct BnEpilogueGrad {
   const Tensor* dz = nullptr;  // written: the masked gradient
 };
 
+/// A per-step value an op reads from device memory when it runs, not from the host when it is
+/// enqueued: row cursor[0] of table, table (rows, width) (the op says its dtype and width),
+/// cursor (1) i32. A training step that takes everything that changes from step to step this
+/// way (its shard's place in the epoch's permutation, its learning rate, its loss slot) and
+/// advances the cursor itself (Backend::advance) is the same ops with the same arguments every
+/// step, so one capture of it replays as every step (Backend::begin_capture). A cursor outside
+/// [0, rows) is refused when the op runs on the cpu backend; on the cuda backend it makes the
+/// op's values NaN (a gathered batch, an update) or writes nothing (a loss slot), as a kernel
+/// cannot throw.
+struct StepRow {
+  Tensor table;
+  Tensor cursor;
+};
+
+/// The per-step scalars of one AdamW update, as every backend computes them from AdamWParams
+/// (double powers, then float): step_size = lr / (1 - beta1^step), decay = 1 - lr *
+/// weight_decay, bias2_sqrt = sqrt(1 - beta2^step). A StepRow of AdamW holds these three.
+struct AdamWStep {
+  float step_size = 0.0f, decay = 1.0f, bias2_sqrt = 1.0f;
+};
+AdamWStep adamw_step(const AdamWParams& p);
+
+/// A step recorded by Backend::end_capture, for Backend::replay on the same backend.
+class CapturedOps {
+ public:
+  virtual ~CapturedOps() = default;
+  /// The ops recorded (backends that record them), or 0 where the backend does not count them
+  /// (a CUDA graph).
+  virtual size_t ops() const = 0;
+};
+
 /// The ops every backend provides. Each public op is non-virtual: it validates its arguments
 /// once, for every backend alike (backend_checks.cpp), handles the empty cases (a batch of 0
 /// examples) the same way everywhere, and only then calls the backend's *_impl. So two backends
@@ -132,14 +164,18 @@ struct BnEpilogueGrad {
 /// marks the batch instead (NaN images, so the loss is NaN and the trial is recorded diverged).
 class Backend {
  public:
-  virtual ~Backend() = default;
+  Backend();
+  virtual ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
 
   virtual std::string name() const = 0;                // "cpu" or "cuda"
   virtual Device device() const = 0;                   // where this backend's memory lives
   virtual std::string device_description() const = 0;  // "NVIDIA H100 80GB HBM3", "CPU (2 threads)"
 
   // ---- memory (allocation happens only at setup, never in the step loop) -----------------------
-  virtual void* allocate(size_t bytes) = 0;  // aligned to at least 256 bytes; throws on failure
+  /// Aligned to at least 256 bytes; throws on failure (and while capturing: see begin_capture).
+  void* allocate(size_t bytes);
   virtual void release(void* p) noexcept = 0;
   /// Bytes currently allocated through allocate(), and the most ever at once (library
   /// workspaces included where the backend can see them).
@@ -154,7 +190,32 @@ class Backend {
   /// Every element of t = value (f32 or i32; for i32 value is converted).
   void fill(const Tensor& t, float value);
   /// Waits until all queued work on this backend has finished.
-  virtual void synchronize() = 0;
+  void synchronize();
+
+  // ---- step capture (CUDA graphs) ------------------------------------------------------------
+  /// From begin_capture() until end_capture(), the ops called on this backend are recorded, not
+  /// run; replay() then runs the recording, the same ops with the same arguments, as often as
+  /// asked. cuda: the replica's stream is captured into a CUDA graph that replay launches whole
+  /// (no host work inside a step; NCCL's collectives are captured with it). cpu: the checked ops
+  /// are recorded with their arguments and replayed in order, which proves on any machine what a
+  /// graph needs: that the step reads everything that changes between steps from device memory
+  /// (StepRow). While capturing, what needs the host is refused with an error naming it:
+  /// upload, download, synchronize, allocate, plan_conv, prepare_linear, a second begin_capture.
+  /// After any error, discard_capture() ends the capture and the backend works as before.
+  void begin_capture();
+  std::unique_ptr<CapturedOps> end_capture();
+  void discard_capture() noexcept;
+  /// Runs a recording made by this backend.
+  void replay(const CapturedOps& ops);
+  bool capturing() const { return capturing_; }
+  /// True when capture is the device's own (a CUDA graph: communicators' device work is captured
+  /// with the ops); false when the backend records its ops and host work must be recorded
+  /// through host_work (the cpu communicators, which sum on the host).
+  virtual bool native_capture() const { return false; }
+  /// Host work in this backend's op order: runs now, or while a recording backend captures, is
+  /// recorded to run at that point of every replay. A backend with native capture refuses it
+  /// while capturing (the host cannot run inside a graph).
+  void host_work(std::function<void()> work);
 
   // ---- convolution: x (N,C,H,W), w (K,C,R,S), b (K) -> y (N,K,P,Q) ---------------------------
   /// Checks the geometry (and `use`) and prepares the plan; the plan works with this backend only.
@@ -276,33 +337,56 @@ class Backend {
   ///   (grad_scale = 1 / global batch size gives the mean loss over the global batch).
   /// loss_sum (1) f32 = sum over n of -log softmax(logits)[n, label]  (written, not accumulated).
   /// correct (1) i32 = #n with argmax(logits[n]) == label (first maximum wins).
+  /// With `slot` ((1) i32, read when the op runs): loss_sum (S) f32 and correct (S) i32 are
+  /// tables and the results go to row slot[0] (a step's loss, written where its step says).
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
-                             const Tensor& dlogits, const Tensor& loss_sum, const Tensor& correct);
-  /// correct (1) i32 = #n with argmax(logits[n]) == label (written, not accumulated).
-  void count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct);
+                             const Tensor& dlogits, const Tensor& loss_sum, const Tensor& correct,
+                             const Tensor* slot = nullptr);
+  /// correct (1) i32 = #n with argmax(logits[n]) == label (written, not accumulated); with
+  /// `slot`, as softmax_cross_entropy's.
+  void count_correct(const Tensor& logits, const Tensor& labels, const Tensor& correct,
+                     const Tensor* slot = nullptr);
 
   // ---- optimizer ------------------------------------------------------------------------------
   /// One SGD step over flat buffers of equal length. momentum_buf may be null when
-  /// p.momentum == 0. lr, momentum and weight_decay finite and >= 0.
+  /// p.momentum == 0. lr, momentum and weight_decay finite and >= 0. With `lr_row` (a StepRow of
+  /// (steps, 1) f32) the learning rate is read from it when the update runs, not from p.lr.
   void sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                  const SgdParams& p);
+                  const SgdParams& p, const StepRow* lr_row = nullptr);
   /// One AdamW step over flat buffers of equal length; exp_avg (m) and exp_avg_sq (v) are its
-  /// state. lr, weight_decay >= 0, betas in [0, 1), eps > 0, step >= 1.
+  /// state. lr, weight_decay >= 0, betas in [0, 1), eps > 0, step >= 1. With `step_row` (a StepRow
+  /// of (steps, 3) f32 holding AdamWStep's three scalars), p.lr, p.step and p.weight_decay are not
+  /// used: the row's scalars, read when the update runs, are.
   void adamw_update(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                    const Tensor& exp_avg_sq, const AdamWParams& p);
+                    const Tensor& exp_avg_sq, const AdamWParams& p,
+                    const StepRow* step_row = nullptr);
+  /// cursor (1) i32 += 1: the last op of a step that reads its values at a cursor.
+  void advance(const Tensor& cursor);
 
   // ---- data -------------------------------------------------------------------------------------
   /// Gathers examples by index from a dataset resident in this backend's memory.
   /// images (M,C,H,W) u8 NCHW, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255
-  /// in x.layout, y (n) i32 = label.
+  /// in x.layout, y (n) i32 = label. With `start` (a StepRow of (steps, 1) i32), indices is a
+  /// longer buffer (L) and the rows are indices[start .. start + n), the start read when the op
+  /// runs; start + n beyond L is refused (cpu) or gives NaN images (cuda), as a bad index does.
   void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                    const Tensor& x, const Tensor& y);
+                    const Tensor& x, const Tensor& y, const StepRow* start = nullptr);
 
  private:
   // The implementations. Called only after the public op's checks passed, so they may assume
   // every shape, dtype and layout relation above, non-null data, and a non-empty batch (the
-  // public ops handle N == 0 themselves). A plan passed in was made by this backend's
-  // plan_conv_impl.
+  // public ops handle N == 0 themselves; softmax_cross_entropy_impl and count_correct_impl run
+  // for N == 0 too and write zeros, at their slot when given). Values read from device memory
+  // when the op runs (StepRow, slots) are not checked: the implementations check what they can. A
+  // plan passed in was made by this backend's plan_conv_impl.
+  virtual void* allocate_impl(size_t bytes) = 0;
+  virtual void synchronize_impl() = 0;
+  /// Native capture (native_capture() true): start capturing this backend's work; end it and
+  /// return what replay_impl launches; end it after an error, dropping what was captured.
+  virtual void begin_capture_impl() {}
+  virtual std::unique_ptr<CapturedOps> end_capture_impl() { return nullptr; }
+  virtual void discard_capture_impl() noexcept {}
+  virtual void replay_impl(const CapturedOps& /*ops*/) {}
   virtual void upload_impl(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download_impl(void* host_dst, const void* src, size_t bytes) = 0;
   virtual void copy_impl(void* dst, const void* src, size_t bytes) = 0;
@@ -360,20 +444,41 @@ class Backend {
   virtual void scale_impl(const Tensor& t, float alpha) = 0;
   virtual void softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels,
                                           float grad_scale, const Tensor& dlogits,
-                                          const Tensor& loss_sum, const Tensor& correct) = 0;
-  virtual void count_correct_impl(const Tensor& logits, const Tensor& labels,
-                                  const Tensor& correct) = 0;
+                                          const Tensor& loss_sum, const Tensor& correct,
+                                          const Tensor* slot) = 0;
+  virtual void count_correct_impl(const Tensor& logits, const Tensor& labels, const Tensor& correct,
+                                  const Tensor* slot) = 0;
   virtual void sgd_update_impl(const Tensor& params, const Tensor& grads,
-                               const Tensor* momentum_buf, const SgdParams& p) = 0;
+                               const Tensor* momentum_buf, const SgdParams& p,
+                               const StepRow* lr_row) = 0;
   virtual void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                                 const Tensor& exp_avg_sq, const AdamWParams& p) = 0;
+                                 const Tensor& exp_avg_sq, const AdamWParams& p,
+                                 const StepRow* step_row) = 0;
+  virtual void advance_impl(const Tensor& cursor) = 0;
   virtual void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                                 const Tensor& x, const Tensor& y) = 0;
+                                 const Tensor& x, const Tensor& y, const StepRow* start) = 0;
 
   /// "cpu backend: <op>: " (the prefix of every argument error).
   std::string prefix(const char* op) const;
   /// The plan's checks shared by the three convolution passes; returns the plan's geometry.
   const ConvGeometry& check_plan(const ConvPlan& plan, const char* op) const;
+  /// Runs `op` (an *_impl call, its arguments copied into it), or records it while a recording
+  /// backend captures.
+  template <class Op>
+  void run(Op&& op) {
+    if (recording_ != nullptr) {
+      record(std::function<void()>(std::forward<Op>(op)));
+    } else {
+      op();
+    }
+  }
+  void record(std::function<void()> op);
+  /// Throws while capturing: `what` needs the host and cannot be part of a replayed step.
+  void refuse_while_capturing(const char* what) const;
+
+  class Recording;
+  bool capturing_ = false;
+  std::unique_ptr<Recording> recording_;  // while a recording backend captures
 };
 
 enum class BackendKind { cpu, cuda };

@@ -32,15 +32,15 @@ struct TrainerOptions {
   /// CUDA: replicas may share GPUs (replica r on device r % device_count). Without it, more
   /// replicas than devices is an error.
   bool oversubscribe = false;
-  int64_t batch_size = 256;       // global batch
-  int64_t eval_batch_size = 0;    // global; 0: same as batch_size
+  int64_t batch_size = 256;     // global batch
+  int64_t eval_batch_size = 0;  // global; 0: same as batch_size
   int epochs = 10;
   /// The learning rate of every step, and the optimizer that applies it (one fused update of
   /// the flat parameter buffer per step, the same on every replica).
   LrSchedule lr;
   OptimizerOptions optimizer;
   uint64_t seed = 0;
-  int cpu_threads = 0;            // CPU backend: total threads shared by replicas (0: hardware)
+  int cpu_threads = 0;  // CPU backend: total threads shared by replicas (0: hardware)
   bool allow_tf32 = true;
   /// Arithmetic of convolutions and linear layers (dp::Precision); bf16 on the cpu backend only.
   Precision precision = Precision::fp32;
@@ -58,19 +58,25 @@ struct TrainerOptions {
   /// replicas compute the step of one replica on the whole batch; false: per-replica
   /// statistics, as in the d2l text.
   bool sync_bn = false;
+  /// Capture each training step, and each evaluation chunk, once per batch size and replay it
+  /// (Backend::begin_capture): CUDA graphs on GPUs (one launch per step, no host work inside
+  /// it); on the CPU a recording of the ops, which computes the same bits as running them and
+  /// proves that a step reads everything that changes between steps from device memory.
+  /// Replicas sharing one GPU cannot be captured (their collectives meet on the host).
+  bool graphs = false;
 };
 
 struct EpochReport {
-  int epoch = 0;             // 1-based
-  double train_loss = 0;     // mean over the epoch's training examples
+  int epoch = 0;          // 1-based
+  double train_loss = 0;  // mean over the epoch's training examples
   double train_acc = 0;
   double test_acc = 0;
-  double seconds = 0;        // training time of the epoch (evaluation excluded)
+  double seconds = 0;  // training time of the epoch (evaluation excluded)
   double eval_seconds = 0;
   double examples_per_second = 0;
-  double lr = 0;             // the learning rate of the epoch's last step
+  double lr = 0;  // the learning rate of the epoch's last step
   int64_t train_examples = 0, test_examples = 0;
-  bool finite = true;        // false when the loss was NaN or infinite
+  bool finite = true;  // false when the loss was NaN or infinite
 };
 
 class Trainer {

@@ -143,7 +143,7 @@ std::shared_ptr<SharedScratch> CpuBackend::shared_scratch() {
   return scratch;
 }
 
-void* CpuBackend::allocate(size_t bytes) { return memory_->allocate(bytes); }
+void* CpuBackend::allocate_impl(size_t bytes) { return memory_->allocate(bytes); }
 void CpuBackend::release(void* p) noexcept { memory_->release(p); }
 size_t CpuBackend::memory_in_use() const { return memory_->in_use(); }
 size_t CpuBackend::peak_memory() const { return memory_->peak(); }
@@ -156,6 +156,18 @@ void CpuBackend::download_impl(void* host_dst, const void* src, size_t bytes) {
 }
 void CpuBackend::copy_impl(void* dst, const void* src, size_t bytes) {
   std::memmove(dst, src, bytes);
+}
+
+void CpuBackend::advance_impl(const Tensor& cursor) { ++*cursor.i32(); }
+
+int64_t step_row_index(const Tensor& cursor, int64_t rows, const char* op, const char* what) {
+  const int32_t at = *cursor.i32();
+  if (at < 0 || at >= rows) {
+    DP_THROW(std::string("cpu backend: ") + op + ": the " + what + " cursor is " +
+             std::to_string(at) + ", outside its table of " + std::to_string(rows) +
+             " rows (a step replayed more often than its tables have rows?)");
+  }
+  return at;
 }
 
 // t (any shape) f32 or i32 = value.

@@ -134,6 +134,15 @@ class SharedScratch {
 
 struct OnednnContext;  // onednn.hpp: kept out of this header, which every op file includes
 
+/// The row a StepRow's (or a slot's) cursor points at when the op runs; throws "cpu backend:
+/// <op>: ..." when it is outside [0, rows).
+int64_t step_row_index(const Tensor& cursor, int64_t rows, const char* op, const char* what);
+template <class T>
+const T* step_row_at(const StepRow& row, const char* op, const char* what) {
+  const int64_t at = step_row_index(row.cursor, row.table.shape[0], op, what);
+  return static_cast<const T*>(row.table.data) + at * row.table.shape[1];
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& options);
@@ -146,13 +155,13 @@ class CpuBackend final : public Backend {
   CpuKernels kernels() const { return kernels_; }
   Precision precision() const { return precision_; }
 
-  void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
   size_t memory_in_use() const override;
   size_t peak_memory() const override;
-  void synchronize() override {}
 
  private:
+  void* allocate_impl(size_t bytes) override;
+  void synchronize_impl() override {}
   // The ops (see dp::Backend); arguments are checked before these run. One file per concern.
   void upload_impl(void* dst, const void* host_src, size_t bytes) override;
   void download_impl(void* host_dst, const void* src, size_t bytes) override;
@@ -216,17 +225,19 @@ class CpuBackend final : public Backend {
 
   void softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
                                   const Tensor& dlogits, const Tensor& loss_sum,
-                                  const Tensor& correct) override;
-  void count_correct_impl(const Tensor& logits, const Tensor& labels,
-                          const Tensor& correct) override;
+                                  const Tensor& correct, const Tensor* slot) override;
+  void count_correct_impl(const Tensor& logits, const Tensor& labels, const Tensor& correct,
+                          const Tensor* slot) override;
 
   void sgd_update_impl(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                       const SgdParams& p) override;
+                       const SgdParams& p, const StepRow* lr_row) override;
   void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                         const Tensor& exp_avg_sq, const AdamWParams& p) override;
+                         const Tensor& exp_avg_sq, const AdamWParams& p,
+                         const StepRow* step_row) override;
+  void advance_impl(const Tensor& cursor) override;
 
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                         const Tensor& x, const Tensor& y) override;
+                         const Tensor& x, const Tensor& y, const StepRow* start) override;
 
   /// The shared scratch of this backend's plans, made anew when no plan holds it.
   std::shared_ptr<SharedScratch> shared_scratch();

@@ -40,7 +40,8 @@ int64_t first_argmax(const float* row, int64_t k) {
 // loss_sum (1) f32 = sum_n -log softmax[n, label], correct (1) i32.
 void CpuBackend::softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels,
                                             float grad_scale, const Tensor& dlogits,
-                                            const Tensor& loss_sum, const Tensor& correct) {
+                                            const Tensor& loss_sum, const Tensor& correct,
+                                            const Tensor* slot) {
   const char* op = "softmax_cross_entropy";
   const Classes c{logits.shape[0], logits.shape[1]};
   const float* lp = logits.f32();
@@ -73,13 +74,14 @@ void CpuBackend::softmax_cross_entropy_impl(const Tensor& logits, const Tensor& 
     if (best == label) ++right;
   }
   if (bad > 0) bad_label(op, labels, c.n, c.k);
-  *loss_sum.f32() = static_cast<float>(loss);
-  *correct.i32() = static_cast<int32_t>(right);
+  const int64_t at = slot != nullptr ? step_row_index(*slot, loss_sum.numel(), op, "slot") : 0;
+  loss_sum.f32()[at] = static_cast<float>(loss);
+  correct.i32()[at] = static_cast<int32_t>(right);
 }
 
 // logits (N,K) f32, labels (N) i32 -> correct (1) i32 = #n with first argmax == label.
 void CpuBackend::count_correct_impl(const Tensor& logits, const Tensor& labels,
-                                    const Tensor& correct) {
+                                    const Tensor& correct, const Tensor* slot) {
   const Classes c{logits.shape[0], logits.shape[1]};
   const float* lp = logits.f32();
   const int32_t* yp = labels.i32();
@@ -88,7 +90,9 @@ void CpuBackend::count_correct_impl(const Tensor& logits, const Tensor& labels,
     reduction(+ : right)
   for (int64_t i = 0; i < c.n; ++i)
     if (first_argmax(lp + i * c.k, c.k) == yp[i]) ++right;
-  *correct.i32() = static_cast<int32_t>(right);
+  const int64_t at =
+      slot != nullptr ? step_row_index(*slot, correct.numel(), "count_correct", "slot") : 0;
+  correct.i32()[at] = static_cast<int32_t>(right);
 }
 
 }  // namespace dp::cpu

@@ -11,11 +11,13 @@ namespace dp::cpu {
 // d = g + weight_decay * p; buf = momentum * buf + d; p -= lr * (nesterov ? d + momentum * buf
 // : buf); without momentum p -= lr * d. grads are not modified.
 void CpuBackend::sgd_update_impl(const Tensor& params, const Tensor& grads,
-                                 const Tensor* momentum_buf, const SgdParams& p) {
+                                 const Tensor* momentum_buf, const SgdParams& p,
+                                 const StepRow* lr_row) {
   const int64_t n = params.numel();
   float* w = params.f32();
   const float* g = grads.f32();
-  const float lr = p.lr, wd = p.weight_decay, mu = p.momentum;
+  const float lr = lr_row != nullptr ? *step_row_at<float>(*lr_row, "sgd_update", "lr_row") : p.lr;
+  const float wd = p.weight_decay, mu = p.momentum;
   if (mu != 0.0f) {
     float* buf = momentum_buf->f32();
     const bool nesterov = p.nesterov;
@@ -33,18 +35,19 @@ void CpuBackend::sgd_update_impl(const Tensor& params, const Tensor& grads,
 
 // params, grads, exp_avg (m), exp_avg_sq (v) -> params, m, v updated by one AdamW step.
 void CpuBackend::adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                                   const Tensor& exp_avg_sq, const AdamWParams& p) {
+                                   const Tensor& exp_avg_sq, const AdamWParams& p,
+                                   const StepRow* step_row) {
   const int64_t n = params.numel();
   float* w = params.f32();
   const float* g = grads.f32();
   float* m = exp_avg.f32();
   float* v = exp_avg_sq.f32();
-  const auto t = static_cast<double>(p.step);
-  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
-  const auto bias2_sqrt =
-      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
-  const float step_size = p.lr / bias1;
-  const float decay = 1.0f - p.lr * p.weight_decay;
+  AdamWStep s = adamw_step(p);
+  if (step_row != nullptr) {
+    const float* row = step_row_at<float>(*step_row, "adamw_update", "step_row");
+    s = {row[0], row[1], row[2]};
+  }
+  const float step_size = s.step_size, decay = s.decay, bias2_sqrt = s.bias2_sqrt;
   const float b1 = p.beta1, b2 = p.beta2, eps = p.eps;
 #pragma omp parallel for num_threads(threads_for(n, threads_)) schedule(static)
   for (int64_t i = 0; i < n; ++i) {

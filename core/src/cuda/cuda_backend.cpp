@@ -116,7 +116,7 @@ void CudaBackend::activate() const { CUDA_CHECK(cudaSetDevice(device_)); }
 
 // ---- memory ------------------------------------------------------------------------------------
 
-void* CudaBackend::allocate(size_t bytes) {
+void* CudaBackend::allocate_impl(size_t bytes) {
   activate();
   void* p = nullptr;
   // cudaMalloc aligns to 256 bytes at least; never hand out a null pointer for 0 bytes.
@@ -192,9 +192,86 @@ void CudaBackend::fill_impl(const Tensor& t, float value) {
   }
 }
 
-void CudaBackend::synchronize() {
+void CudaBackend::synchronize_impl() {
   activate();
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---- step capture: a CUDA graph of the stream
+// -----------------------------------------------------
+
+namespace {
+
+/// A captured step: the graph and its executable instance, launched whole by replay.
+class CudaGraph final : public CapturedOps {
+ public:
+  CudaGraph(const CudaBackend* owner, cudaGraph_t graph) : owner_(owner), graph_(graph) {
+    const cudaError_t status = cudaGraphInstantiate(&exec_, graph_, 0);
+    if (status != cudaSuccess) {
+      CUDA_WARN(cudaGraphDestroy(graph_));
+      throw Error(std::string("cuda backend: end_capture: the captured step cannot be "
+                              "instantiated as a CUDA graph: ") +
+                  cudaGetErrorString(status));
+    }
+  }
+  ~CudaGraph() override {
+    if (exec_ != nullptr) CUDA_WARN(cudaGraphExecDestroy(exec_));
+    CUDA_WARN(cudaGraphDestroy(graph_));
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  size_t ops() const override { return 0; }
+  const CudaBackend* owner() const { return owner_; }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  const CudaBackend* owner_;
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+}  // namespace
+
+void CudaBackend::begin_capture_impl() {
+  activate();
+  // Thread-local: each replica's thread captures its own stream; another thread's CUDA calls
+  // (a communicator's watchdog, another replica) are not affected.
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+}
+
+std::unique_ptr<CapturedOps> CudaBackend::end_capture_impl() {
+  activate();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t status = cudaStreamEndCapture(stream_, &graph);
+  if (status != cudaSuccess || graph == nullptr) {
+    if (graph != nullptr) CUDA_WARN(cudaGraphDestroy(graph));
+    (void)cudaGetLastError();
+    throw Error(std::string("cuda backend: end_capture: the step could not be captured as a "
+                            "CUDA graph: ") +
+                cudaGetErrorString(status) +
+                " (an op in the step needs the host or another stream; run without graphs)");
+  }
+  return std::make_unique<CudaGraph>(this, graph);
+}
+
+void CudaBackend::discard_capture_impl() noexcept {
+  CUDA_WARN(cudaSetDevice(device_));
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) {
+    CUDA_WARN(cudaGraphDestroy(graph));
+  }
+  (void)cudaGetLastError();  // an invalidated capture's error is the one being reported
+}
+
+void CudaBackend::replay_impl(const CapturedOps& ops) {
+  const auto* graph = dynamic_cast<const CudaGraph*>(&ops);
+  if (graph == nullptr || graph->owner() != this) {
+    throw Error(
+        "cuda backend: replay: the graph was captured by another backend; replay it on "
+        "the one that captured it");
+  }
+  activate();
+  CUDA_CHECK(cudaGraphLaunch(graph->exec(), stream_));
 }
 
 // ---- activation and elementwise -----------------------------------------------------------------
@@ -259,51 +336,66 @@ void CudaBackend::global_avgpool_backward_impl(const Tensor& dy, const Tensor& d
 
 void CudaBackend::softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels,
                                              float grad_scale, const Tensor& dlogits,
-                                             const Tensor& loss_sum, const Tensor& correct) {
+                                             const Tensor& loss_sum, const Tensor& correct,
+                                             const Tensor* slot) {
   activate();
   kernels::softmax_cross_entropy(logits.f32(), labels.i32(), logits.shape[0], logits.shape[1],
-                                 grad_scale, dlogits.f32(), loss_sum.f32(), correct.i32(), stream_);
+                                 grad_scale, dlogits.f32(), loss_sum.f32(), correct.i32(),
+                                 slot != nullptr ? slot->i32() : nullptr, correct.numel(), stream_);
 }
 
 void CudaBackend::count_correct_impl(const Tensor& logits, const Tensor& labels,
-                                     const Tensor& correct) {
+                                     const Tensor& correct, const Tensor* slot) {
   activate();
   kernels::softmax_cross_entropy(logits.f32(), labels.i32(), logits.shape[0], logits.shape[1], 0.0f,
-                                 nullptr, nullptr, correct.i32(), stream_);
+                                 nullptr, nullptr, correct.i32(),
+                                 slot != nullptr ? slot->i32() : nullptr, correct.numel(), stream_);
+}
+
+namespace {
+kernels::DeviceRow device_row(const StepRow* row) {
+  if (row == nullptr) return {};
+  return {row->table.data, row->cursor.i32(), row->table.shape[0], row->table.shape[1]};
+}
+}  // namespace
+
+void CudaBackend::advance_impl(const Tensor& cursor) {
+  activate();
+  kernels::advance(cursor.i32(), stream_);
 }
 
 // ---- optimizer ----------------------------------------------------------------------------------
 
 void CudaBackend::sgd_update_impl(const Tensor& params, const Tensor& grads,
-                                  const Tensor* momentum_buf, const SgdParams& p) {
+                                  const Tensor* momentum_buf, const SgdParams& p,
+                                  const StepRow* lr_row) {
   float* buf = p.momentum != 0.0f ? momentum_buf->f32() : nullptr;
   activate();
   kernels::sgd_update(params.f32(), grads.f32(), buf, params.numel(), p.lr, p.momentum,
-                      p.weight_decay, p.nesterov, stream_);
+                      p.weight_decay, p.nesterov, device_row(lr_row), stream_);
 }
 
 void CudaBackend::adamw_update_impl(const Tensor& params, const Tensor& grads,
                                     const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                                    const AdamWParams& p) {
-  // The step's scalars as the CPU twin computes them (double powers, then float).
-  const auto t = static_cast<double>(p.step);
-  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
-  const auto bias2_sqrt =
-      static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
+                                    const AdamWParams& p, const StepRow* step_row) {
+  // The step's scalars as the CPU twin computes them (adamw_step), or read from the row.
+  const AdamWStep s = adamw_step(p);
   activate();
   kernels::adamw_update(params.f32(), grads.f32(), exp_avg.f32(), exp_avg_sq.f32(), params.numel(),
-                        p.lr / bias1, 1.0f - p.lr * p.weight_decay, p.beta1, p.beta2, p.eps,
-                        bias2_sqrt, stream_);
+                        s.step_size, s.decay, p.beta1, p.beta2, p.eps, s.bias2_sqrt,
+                        device_row(step_row), stream_);
 }
 
 // ---- data ---------------------------------------------------------------------------------------
 
 void CudaBackend::gather_batch_impl(const Tensor& images, const Tensor& labels,
-                                    const Tensor& indices, const Tensor& x, const Tensor& y) {
+                                    const Tensor& indices, const Tensor& x, const Tensor& y,
+                                    const StepRow* start) {
   const Dims d = dims_of(x);
   activate();
-  kernels::gather_batch(images.u8(), labels.u8(), images.shape[0], indices.i32(), d.n, d.c, d.h,
-                        d.w, is_nhwc(x), x.f32(), y.i32(), stream_);
+  kernels::gather_batch(images.u8(), labels.u8(), images.shape[0], indices.i32(), indices.shape[0],
+                        device_row(start), d.n, d.c, d.h, d.w, is_nhwc(x), x.f32(), y.i32(),
+                        stream_);
 }
 
 // ---- entry points ------------------------------------------------------------------------------

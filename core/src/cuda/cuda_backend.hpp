@@ -46,11 +46,11 @@ class CudaBackend final : public Backend {
   Device device() const override { return {DeviceKind::cuda, device_}; }
   std::string device_description() const override { return description_; }
 
-  void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
   size_t memory_in_use() const override;
   size_t peak_memory() const override;
-  void synchronize() override;
+  /// Step capture is a CUDA graph of the replica's stream (cuda_backend.cpp).
+  bool native_capture() const override { return true; }
 
   // ---- for the communicators ----------------------------------------------------------------
   int device_index() const { return device_; }
@@ -62,6 +62,12 @@ class CudaBackend final : public Backend {
  private:
   // The ops (see dp::Backend); arguments are checked before these run. Bodies: cuda_backend.cpp
   // (memory, elementwise, pooling, loss, optimizer, data), cuda_conv.cpp, cuda_dnn.cpp.
+  void* allocate_impl(size_t bytes) override;
+  void synchronize_impl() override;
+  void begin_capture_impl() override;
+  std::unique_ptr<CapturedOps> end_capture_impl() override;
+  void discard_capture_impl() noexcept override;
+  void replay_impl(const CapturedOps& ops) override;
   void upload_impl(void* dst, const void* host_src, size_t bytes) override;
   void download_impl(void* host_dst, const void* src, size_t bytes) override;
   void copy_impl(void* dst, const void* src, size_t bytes) override;
@@ -123,17 +129,19 @@ class CudaBackend final : public Backend {
 
   void softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
                                   const Tensor& dlogits, const Tensor& loss_sum,
-                                  const Tensor& correct) override;
-  void count_correct_impl(const Tensor& logits, const Tensor& labels,
-                          const Tensor& correct) override;
+                                  const Tensor& correct, const Tensor* slot) override;
+  void count_correct_impl(const Tensor& logits, const Tensor& labels, const Tensor& correct,
+                          const Tensor* slot) override;
 
   void sgd_update_impl(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                       const SgdParams& p) override;
+                       const SgdParams& p, const StepRow* lr_row) override;
   void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                         const Tensor& exp_avg_sq, const AdamWParams& p) override;
+                         const Tensor& exp_avg_sq, const AdamWParams& p,
+                         const StepRow* step_row) override;
+  void advance_impl(const Tensor& cursor) override;
 
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                         const Tensor& x, const Tensor& y) override;
+                         const Tensor& x, const Tensor& y, const StepRow* start) override;
 
   void teardown() noexcept;
   // Scratch shared by every plan, grown only at plan time (cuda_conv.cpp).

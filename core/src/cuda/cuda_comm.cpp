@@ -191,6 +191,7 @@ class SameDeviceCommunicator final : public Communicator {
     SameDeviceGroup& g = *group_;
     if (g.aborted.is_set()) g.aborted.raise("allreduce_sum");
     if (g.size == 1) return;
+    refuse_capture("allreduce_sum");
     backend_->activate();
     cudaStream_t stream = backend_->stream();
     publish(data, count, "allreduce_sum");
@@ -211,6 +212,7 @@ class SameDeviceCommunicator final : public Communicator {
     }
     if (g.aborted.is_set()) g.aborted.raise("broadcast");
     if (g.size == 1) return;
+    refuse_capture("broadcast");
     backend_->activate();
     cudaStream_t stream = backend_->stream();
     publish(data, count, "broadcast");
@@ -236,6 +238,16 @@ class SameDeviceCommunicator final : public Communicator {
   }
 
  private:
+  /// The ranks' streams meet through host barriers and events between streams, which a CUDA
+  /// graph of one stream cannot hold.
+  void refuse_capture(const char* what) const {
+    if (backend_->capturing()) {
+      throw Error(std::string(what) +
+                  ": replicas sharing one GPU cannot be captured in CUDA graphs (their "
+                  "collectives meet on the host); run them without graphs, or one per GPU");
+    }
+  }
+
   /// Records this rank's inputs as ready, exchanges buffers, and orders this stream after every
   /// rank's inputs.
   void publish(float* data, size_t count, const char* what) {
@@ -375,6 +387,9 @@ class NcclGroup {
       }
       std::this_thread::yield();
     }
+    // Inside a capture the call is a node of the graph, not work on the stream: nothing to
+    // watch until the graph is launched (an event recorded in a capture cannot be queried).
+    if (backends[r]->capturing()) return;
     CUDA_CHECK(cudaEventRecord(last_event[r], backends[r]->stream()));
     std::lock_guard<std::mutex> state_lock(state_mutex_);
     pending[r] = true;
@@ -420,8 +435,8 @@ class NcclGroup {
       GroupGuard group;
       for (int r = 0; r < size; ++r) {
         CUDA_CHECK(cudaSetDevice(backends[static_cast<size_t>(r)]->device_index()));
-        NCCL_CHECK(ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], world, id,
-                                          first_rank + r, &config));
+        NCCL_CHECK(ncclCommInitRankConfig(&comms[static_cast<size_t>(r)], world, id, first_rank + r,
+                                          &config));
         take_injected_init_failure(r);
       }
       group.end();
@@ -661,9 +676,10 @@ std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<
   std::set<int> devices;
   for (auto* b : backends) devices.insert(b->device_index());
   if (devices.size() != backends.size()) {
-    throw Error("a trial across processes needs one replica per GPU in every process, got devices " +
-                device_list(backends) + " in process " + std::to_string(processes.rank()) +
-                " (NCCL refuses two ranks on one GPU)");
+    throw Error(
+        "a trial across processes needs one replica per GPU in every process, got devices " +
+        device_list(backends) + " in process " + std::to_string(processes.rank()) +
+        " (NCCL refuses two ranks on one GPU)");
   }
   // Every process must bring as many ranks: the global rank of a local one depends on it.
   const int local = static_cast<int>(backends.size());

@@ -111,18 +111,25 @@ __global__ void krsc_to_kcrs_kernel(const float* in, float* out, int64_t k, int6
 
 template <bool kNhwc>
 __global__ void gather_kernel(const uint8_t* images, const uint8_t* labels, int64_t m,
-                              const int32_t* indices, int64_t n, int64_t C, int64_t H, int64_t W,
-                              float* x, int32_t* y) {
+                              const int32_t* indices, int64_t index_count, DeviceRow start,
+                              int64_t n, int64_t C, int64_t H, int64_t W, float* x, int32_t* y) {
+  // The window's first row; -1 marks a window outside the buffer (every example then bad).
+  int64_t first = 0;
+  if (start.table != nullptr) {
+    const int64_t at = row_index(start);
+    first = at >= 0 ? static_cast<const int32_t*>(start.table)[at] : -1;
+    if (first < 0 || first + n > index_count) first = -1;
+  }
   DP_GRID_STRIDE(i, n * C * H * W) {
     int64_t b, c, h, w;
     decode4<kNhwc>(i, C, H, W, b, c, h, w);
-    const int64_t idx = indices[b];
+    const int64_t idx = first >= 0 ? indices[first + b] : -1;
     x[i] = (idx >= 0 && idx < m)
                ? static_cast<float>(images[idx * C * H * W + (c * H + h) * W + w]) / 255.0f
                : __int_as_float(0x7fc00000);
   }
   DP_GRID_STRIDE(j, n) {
-    const int64_t idx = indices[j];
+    const int64_t idx = first >= 0 ? indices[first + j] : -1;
     y[j] = (idx >= 0 && idx < m) ? static_cast<int32_t>(labels[idx]) : -1;
   }
 }
@@ -231,16 +238,16 @@ void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
 }
 
 void gather_batch(const uint8_t* images, const uint8_t* labels, int64_t m, const int32_t* indices,
-                  int64_t n, int64_t c, int64_t h, int64_t w, bool nhwc, float* x, int32_t* y,
-                  cudaStream_t stream) {
+                  int64_t index_count, DeviceRow start, int64_t n, int64_t c, int64_t h, int64_t w,
+                  bool nhwc, float* x, int32_t* y, cudaStream_t stream) {
   const int64_t total = n * c * h * w;
   if (n <= 0) return;
   if (nhwc) {
-    gather_kernel<true>
-        <<<grid_for(total), kThreads, 0, stream>>>(images, labels, m, indices, n, c, h, w, x, y);
+    gather_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(
+        images, labels, m, indices, index_count, start, n, c, h, w, x, y);
   } else {
-    gather_kernel<false>
-        <<<grid_for(total), kThreads, 0, stream>>>(images, labels, m, indices, n, c, h, w, x, y);
+    gather_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(
+        images, labels, m, indices, index_count, start, n, c, h, w, x, y);
   }
   CUDA_CHECK_LAUNCH(gather_kernel);
 }

@@ -9,6 +9,17 @@
 
 namespace dp::cuda::kernels {
 
+/// A per-step value in device memory (dp::StepRow), read by the kernel when it runs:
+/// table[(*cursor) * width + column]. A null table: none (the launcher's host value is used).
+struct DeviceRow {
+  const void* table = nullptr;
+  const int32_t* cursor = nullptr;
+  int64_t rows = 0, width = 1;
+};
+
+/// cursor (1) i32 += 1 (one thread).
+void advance(int32_t* cursor, cudaStream_t stream);
+
 // ---- elementwise (elementwise.cu) -----------------------------------------------------------
 /// p[0..n) = value.
 void fill_f32(float* p, int64_t n, float value, cudaStream_t stream);
@@ -41,20 +52,24 @@ void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
 
 /// PyTorch SGD over flat buffers (optimizer.cu): d = g + wd * p; buf = momentum * buf + d (when
 /// buf); p -= lr * (buf, or d + momentum * buf with Nesterov, or d). grads are not modified.
+/// With lr_row.table (width 1) the learning rate is read from it (NaN for a cursor outside it).
 void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, bool nesterov, cudaStream_t stream);
+                float momentum, float weight_decay, bool nesterov, DeviceRow lr_row,
+                cudaStream_t stream);
 /// PyTorch AdamW over flat buffers, with the step's scalars computed on the host: step_size =
-/// lr / (1 - beta1^t), decay = 1 - lr * wd, bias2_sqrt = sqrt(1 - beta2^t).
+/// lr / (1 - beta1^t), decay = 1 - lr * wd, bias2_sqrt = sqrt(1 - beta2^t); or read from
+/// step_row (width 3, in that order) when it has a table.
 void adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
                   float step_size, float decay, float beta1, float beta2, float eps,
-                  float bias2_sqrt, cudaStream_t stream);
+                  float bias2_sqrt, DeviceRow step_row, cudaStream_t stream);
 
 /// images (M,C,H,W) u8, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255 in the
 /// given layout, y (n) i32. An index outside [0, M) writes NaN images and label -1 (visible, as
-/// a kernel cannot throw).
+/// a kernel cannot throw). With start.table (i32, width 1) the rows are indices[start ..
+/// start + n) of a buffer of index_count entries; a window outside it is marked the same way.
 void gather_batch(const uint8_t* images, const uint8_t* labels, int64_t m, const int32_t* indices,
-                  int64_t n, int64_t c, int64_t h, int64_t w, bool nhwc, float* x, int32_t* y,
-                  cudaStream_t stream);
+                  int64_t index_count, DeviceRow start, int64_t n, int64_t c, int64_t h, int64_t w,
+                  bool nhwc, float* x, int32_t* y, cudaStream_t stream);
 
 /// The most replicas the same-device allreduce sums in one kernel.
 constexpr int kMaxSameDeviceRanks = 16;
@@ -109,9 +124,11 @@ void global_avgpool_backward(const float* dy, float* dx, int64_t n, int64_t c, i
 /// logits (N,K), labels (N) -> dlogits (N,K) = (softmax - onehot) * grad_scale,
 /// loss_sum (1) = sum of -log softmax[label], correct (1) = #argmax == label (first max).
 /// One block, rows spread over its warps in a fixed pattern: deterministic, no scratch.
-/// dlogits and loss_sum may be null (count_correct).
+/// dlogits and loss_sum may be null (count_correct). With a slot ((1) i32, read when the kernel
+/// runs), loss_sum and correct are tables of `slots` rows and row slot[0] is written; a slot
+/// outside them writes nothing. n may be 0 (zeros are written).
 void softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t n, int64_t k,
                            float grad_scale, float* dlogits, float* loss_sum, int32_t* correct,
-                           cudaStream_t stream);
+                           const int32_t* slot, int64_t slots, cudaStream_t stream);
 
 }  // namespace dp::cuda::kernels

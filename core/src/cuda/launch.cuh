@@ -5,7 +5,24 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/kernels.cuh"
+
 namespace dp::cuda::kernels {
+
+/// The row a DeviceRow's cursor points at, or -1 when it is outside the table.
+__device__ __forceinline__ int64_t row_index(const DeviceRow& r) {
+  const int64_t at = *r.cursor;
+  return at >= 0 && at < r.rows ? at : -1;
+}
+
+/// Column `column` of a DeviceRow of f32 (NaN for a cursor outside the table), or `host` when
+/// the row has no table.
+__device__ __forceinline__ float row_f32(const DeviceRow& r, int64_t column, float host) {
+  if (r.table == nullptr) return host;
+  const int64_t at = row_index(r);
+  return at >= 0 ? static_cast<const float*>(r.table)[at * r.width + column]
+                 : __int_as_float(0x7fc00000);
+}
 
 constexpr int kThreads = 256;
 

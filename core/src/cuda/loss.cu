@@ -15,7 +15,8 @@ constexpr int kLossWarps = 32;
 
 __global__ void __launch_bounds__(kLossWarps * 32)
     softmax_xent_kernel(const float* logits, const int32_t* labels, int64_t n, int64_t k,
-                        float grad_scale, float* dlogits, float* loss_sum, int32_t* correct) {
+                        float grad_scale, float* dlogits, float* loss_sum, int32_t* correct,
+                        const int32_t* slot, int64_t slots) {
   __shared__ double warp_loss[kLossWarps];
   __shared__ int warp_correct[kLossWarps];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -73,8 +74,13 @@ __global__ void __launch_bounds__(kLossWarps * 32)
       total += warp_loss[w];
       count += warp_correct[w];
     }
-    if (loss_sum != nullptr) *loss_sum = static_cast<float>(total);
-    *correct = count;
+    int64_t at = 0;
+    if (slot != nullptr) {
+      at = *slot;
+      if (at < 0 || at >= slots) return;  // documented: a slot outside the tables writes nothing
+    }
+    if (loss_sum != nullptr) loss_sum[at] = static_cast<float>(total);
+    correct[at] = count;
   }
 }
 
@@ -82,9 +88,9 @@ __global__ void __launch_bounds__(kLossWarps * 32)
 
 void softmax_cross_entropy(const float* logits, const int32_t* labels, int64_t n, int64_t k,
                            float grad_scale, float* dlogits, float* loss_sum, int32_t* correct,
-                           cudaStream_t stream) {
+                           const int32_t* slot, int64_t slots, cudaStream_t stream) {
   softmax_xent_kernel<<<1, kLossWarps * 32, 0, stream>>>(logits, labels, n, k, grad_scale, dlogits,
-                                                         loss_sum, correct);
+                                                         loss_sum, correct, slot, slots);
   CUDA_CHECK_LAUNCH(softmax_xent_kernel);
 }
 

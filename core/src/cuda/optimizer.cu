@@ -7,8 +7,9 @@
 namespace dp::cuda::kernels {
 namespace {
 
-__global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, float lr,
-                           float momentum, float wd, bool nesterov) {
+__global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, float host_lr,
+                           float momentum, float wd, bool nesterov, DeviceRow lr_row) {
+  const float lr = row_f32(lr_row, 0, host_lr);
   DP_GRID_STRIDE(i, n) {
     const float d = g[i] + wd * p[i];
     if (buf != nullptr) {
@@ -22,8 +23,11 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, floa
 }
 
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n,
-                             float step_size, float decay, float b1, float b2, float eps,
-                             float bias2_sqrt) {
+                             float host_step_size, float host_decay, float b1, float b2, float eps,
+                             float host_bias2_sqrt, DeviceRow step_row) {
+  const float step_size = row_f32(step_row, 0, host_step_size);
+  const float decay = row_f32(step_row, 1, host_decay);
+  const float bias2_sqrt = row_f32(step_row, 2, host_bias2_sqrt);
   DP_GRID_STRIDE(i, n) {
     const float gi = g[i];
     p[i] *= decay;
@@ -35,22 +39,31 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
   }
 }
 
+__global__ void advance_kernel(int32_t* cursor) { ++*cursor; }
+
 }  // namespace
 
+void advance(int32_t* cursor, cudaStream_t stream) {
+  advance_kernel<<<1, 1, 0, stream>>>(cursor);
+  CUDA_CHECK_LAUNCH(advance_kernel);
+}
+
 void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
-                float momentum, float weight_decay, bool nesterov, cudaStream_t stream) {
+                float momentum, float weight_decay, bool nesterov, DeviceRow lr_row,
+                cudaStream_t stream) {
   if (n <= 0) return;
   sgd_kernel<<<grid_for(n), kThreads, 0, stream>>>(params, grads, momentum_buf, n, lr, momentum,
-                                                   weight_decay, nesterov);
+                                                   weight_decay, nesterov, lr_row);
   CUDA_CHECK_LAUNCH(sgd_kernel);
 }
 
 void adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
                   float step_size, float decay, float beta1, float beta2, float eps,
-                  float bias2_sqrt, cudaStream_t stream) {
+                  float bias2_sqrt, DeviceRow step_row, cudaStream_t stream) {
   if (n <= 0) return;
-  adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(
-      params, grads, exp_avg, exp_avg_sq, n, step_size, decay, beta1, beta2, eps, bias2_sqrt);
+  adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(params, grads, exp_avg, exp_avg_sq, n,
+                                                     step_size, decay, beta1, beta2, eps,
+                                                     bias2_sqrt, step_row);
   CUDA_CHECK_LAUNCH(adamw_kernel);
 }
 
