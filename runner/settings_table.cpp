@@ -191,6 +191,9 @@ const SettingTable& builtin_settings() {
        .column = "graphs",
        .type = T::boolean,
        .default_value = false,
+       // Part of the identity although it computes the same values: a sweep over graphs is a
+       // speed comparison, and its trials must not be merged into one.
+       .identity = true,
        // Capturing a step does not change what it computes.
        .baseline_may_differ = true,
        .help = "capture each training step and evaluation chunk once per batch size and replay "
