@@ -138,6 +138,11 @@ TEST_CASE("cpu batch norm with a fused epilogue equals batch norm, add and ReLU 
         b->batchnorm_backward(T(in.x), T(dz2), V(in.gamma), V(sm1), V(si1), eps, T(dx2), V(dg2),
                               V(db2));
         check_same(dz1, dz2, "dz");
+        // And against the mask written out here, not through relu_backward (which the NHWC
+        // fused path shares): dz = dy where y > 0, else 0, element by element in any layout.
+        fvec dz_naive(n);
+        for (size_t i = 0; i < dz_naive.size(); ++i) dz_naive[i] = y1[i] > 0.0f ? in.dy[i] : 0.0f;
+        check_same(dz1, dz_naive, "dz (naive mask)");
         check_same(dx1, dx2, "dx");
         check_same(dg1, dg2, "dgamma");
         check_same(db1, db2, "dbeta");
@@ -164,6 +169,8 @@ TEST_CASE("cpu batch norm with a fused epilogue equals batch norm, add and ReLU 
         b->relu_backward(T(ya), T(in.dy), T(dzb));
         b->batchnorm_backward_sums(T(in.x), T(dzb), V(sma), V(sia), host_tensor(sums2, cs2));
         check_same(dza, dzb, "backward_sums dz");
+        for (size_t i = 0; i < dz_naive.size(); ++i) dz_naive[i] = ya[i] > 0.0f ? in.dy[i] : 0.0f;
+        check_same(dza, dz_naive, "backward_sums dz (naive mask)");
         check_same(sums1, sums2, "backward_sums");
       }
     }

@@ -14,6 +14,7 @@
 #include "engine_test_util.hpp"
 #include "support/check.hpp"
 #include "support/module_check.hpp"
+#include "test_cpu_util.hpp"
 
 using dptest::check_against_cpu;
 using dptest::check_module_gradients;
@@ -443,6 +444,34 @@ TEST_CASE("Residual with the identity shortcut equals its composition", "[engine
     DP_CHECK_CLOSE(run.forward(x), main, 1e-5);
     check_module_gradients(run, x, kinky);
     check_against_cpu(run, make, x, kCrossBackend);
+  }
+}
+
+TEST_CASE("Residual in NHWC computes what it computes in NCHW (fused epilogues included)",
+          "[engine][layers]") {
+  // Both shortcuts: the identity (bn2 fuses the add and the ReLU) and the strided 1x1 conv.
+  const bool projection = GENERATE(false, true);
+  const int64_t n = 2, c = 3, h = 6, w = 6, k = projection ? 4 : 3;
+  const int64_t stride = projection ? 2 : 1, p = h / stride, q = w / stride;
+  INFO((projection ? "1x1 shortcut, stride 2" : "identity shortcut"));
+  auto make = [&] { return std::make_unique<dp::Residual>(c, k, projection, stride); };
+  DP_FOR_EACH_BACKEND(kind) {
+    ModuleRunner nchw(make(), {n, c, h, w}, 9, kind, dp::Layout::nchw);
+    ModuleRunner nhwc(make(), {n, c, h, w}, 9, kind, dp::Layout::nhwc);
+    randomize_params(nchw, 51);
+    nhwc.set_params(nchw.params());
+    const auto x = dptest::random_vector(n * c * h * w, 52);
+    const auto dy = dptest::random_vector(n * k * p * q, 53);
+    using cputest::to_nhwc;
+    DP_CHECK_CLOSE(nhwc.forward(to_nhwc(x, n, c, h, w)), to_nhwc(nchw.forward(x), n, k, p, q),
+                   1e-5);
+    DP_CHECK_CLOSE(nhwc.backward(to_nhwc(dy, n, k, p, q)), to_nhwc(nchw.backward(dy), n, c, h, w),
+                   1e-5);
+    DP_CHECK_CLOSE(nhwc.grads(), nchw.grads(), 1e-5);
+    DP_CHECK_CLOSE(nhwc.registry().download_buffers(), nchw.registry().download_buffers(), 1e-6);
+    DP_CHECK_CLOSE(nhwc.forward(to_nhwc(x, n, c, h, w), false),
+                   to_nhwc(nchw.forward(x, false), n, k, p, q), 1e-5);
+    // Finite differences: the NCHW tests above; equal values carry them over.
   }
 }
 

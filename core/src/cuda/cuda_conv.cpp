@@ -297,7 +297,12 @@ class Scratch {
  public:
   Scratch(CudaBackend& backend, cudaStream_t stream, size_t bytes)
       : backend_(backend), stream_(stream), p_(backend.allocate(bytes == 0 ? 256 : bytes)) {
-    CUDA_CHECK(cudaMemsetAsync(p_, 0, bytes, stream_));
+    const cudaError_t status = cudaMemsetAsync(p_, 0, bytes, stream_);
+    if (status != cudaSuccess) {
+      backend_.release(p_);  // the destructor of a half-made object does not run
+      throw_library_error("CUDA", "cudaMemsetAsync(measurement scratch)", __FILE__, __LINE__,
+                          cudaGetErrorString(status));
+    }
   }
   ~Scratch() {
     CUDA_WARN(cudaStreamSynchronize(stream_));
