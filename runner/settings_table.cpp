@@ -194,8 +194,6 @@ const SettingTable& builtin_settings() {
        // Part of the identity although it computes the same values: a sweep over graphs is a
        // speed comparison, and its trials must not be merged into one.
        .identity = true,
-       // Capturing a step does not change what it computes.
-       .baseline_may_differ = true,
        .help = "capture each training step and evaluation chunk once per batch size and replay "
                "it: CUDA graphs on GPUs (one launch per step); on the CPU a recording of the "
                "ops, the same results. Not with replicas sharing one GPU"},

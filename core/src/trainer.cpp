@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -93,6 +94,7 @@ class RecordedCommunicator final : public Communicator {
     backend_.host_work([this] { inner_.barrier(); });
   }
   void abort() noexcept override { inner_.abort(); }
+  void launched_captured() override { inner_.launched_captured(); }
 
  private:
   Communicator& inner_;
@@ -262,6 +264,12 @@ void Trainer::Impl::run_captured(
     it = graphs.end() - 1;
   }
   b.replay(*it->second);
+  if (b.native_capture()) {
+    // The graph's collectives ran no host call: the communicators are told, so a group that
+    // was aborted stops here and the launched work is watched for completion.
+    r.grad_comm->launched_captured();
+    r.comm->launched_captured();
+  }
 }
 
 void Trainer::Impl::train_step(Replica& r, int64_t n) {
@@ -455,7 +463,22 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
                "set graphs = false, or use one GPU per replica");
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Captured steps go first: a CUDA graph holds the collectives of communicators that are
+  // destroyed before the replicas, and its work must be done before anything it uses goes.
+  for (auto& r : impl_->replicas) {
+    if (r.backend == nullptr) continue;
+    if (!r.train_graphs.empty() || !r.eval_graphs.empty()) {
+      try {
+        r.backend->synchronize();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "dprun: warning: while the trainer closes: %s\n", e.what());
+      }
+    }
+    r.train_graphs.clear();
+    r.eval_graphs.clear();
+  }
+}
 
 void Trainer::fit(const std::function<bool(const EpochReport&)>& on_epoch, int first_epoch) {
   DP_CHECK(first_epoch >= 1, "fit: epochs are numbered from 1, got " + std::to_string(first_epoch));
@@ -624,6 +647,11 @@ std::string Trainer::devices() const {
 }
 
 std::string Trainer::communicator_kind() const { return impl_->comms[0]->kind(); }
+
+size_t Trainer::captured_steps() const {
+  const auto& r = impl_->replicas[0];
+  return r.train_graphs.size() + r.eval_graphs.size();
+}
 
 size_t Trainer::peak_memory_bytes() const {
   size_t peak = 0;

@@ -201,7 +201,9 @@ class Backend {
   /// graph needs: that the step reads everything that changes between steps from device memory
   /// (StepRow). While capturing, what needs the host is refused with an error naming it:
   /// upload, download, synchronize, allocate, plan_conv, prepare_linear, a second begin_capture.
-  /// After any error, discard_capture() ends the capture and the backend works as before.
+  /// release() must not be called either (it cannot throw: a recorded op would use freed
+  /// memory, a CUDA capture is invalidated). After any error, discard_capture() ends the
+  /// capture and the backend works as before.
   void begin_capture();
   std::unique_ptr<CapturedOps> end_capture();
   void discard_capture() noexcept;

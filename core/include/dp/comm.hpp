@@ -30,6 +30,12 @@ class Communicator {
   /// Called when this rank failed: every rank blocked in (or later entering) a collective of
   /// this group throws dp::AbortedError instead of waiting forever. Safe from any thread.
   virtual void abort() noexcept = 0;
+  /// Called after a captured step holding this rank's collectives (a CUDA graph) was launched
+  /// on the rank's stream, where no collective call of the host ran: throws dp::AbortedError
+  /// when the group was aborted (the graph's collectives must not run on), and lets the group
+  /// watch the launched work as it watches its calls (NCCL: completion within the timeout).
+  /// Nothing to do for communicators whose collectives are calls on the host.
+  virtual void launched_captured() {}
 };
 
 /// Communicators for replicas living in this process, one per backend, in rank order.

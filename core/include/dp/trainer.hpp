@@ -138,6 +138,10 @@ class Trainer {
   std::string communicator_kind() const;
   /// Largest peak_memory() among the replicas' backends.
   size_t peak_memory_bytes() const;
+  /// With options.graphs: the training steps and evaluation chunks captured so far on replica
+  /// 0, one per batch size met (full batches, the epoch's last one, evaluation chunks); 0
+  /// without graphs.
+  size_t captured_steps() const;
 
  private:
   struct Impl;

@@ -206,7 +206,11 @@ namespace {
 class CudaGraph final : public CapturedOps {
  public:
   CudaGraph(const CudaBackend* owner, cudaGraph_t graph) : owner_(owner), graph_(graph) {
+#if CUDART_VERSION >= 12000
     const cudaError_t status = cudaGraphInstantiate(&exec_, graph_, 0);
+#else
+    const cudaError_t status = cudaGraphInstantiate(&exec_, graph_, nullptr, nullptr, 0);
+#endif
     if (status != cudaSuccess) {
       CUDA_WARN(cudaGraphDestroy(graph_));
       throw Error(std::string("cuda backend: end_capture: the captured step cannot be "
@@ -240,7 +244,8 @@ void CudaBackend::begin_capture_impl() {
 }
 
 std::unique_ptr<CapturedOps> CudaBackend::end_capture_impl() {
-  activate();
+  // Nothing that can throw before the capture ends: the stream must not stay capturing.
+  CUDA_WARN(cudaSetDevice(device_));
   cudaGraph_t graph = nullptr;
   const cudaError_t status = cudaStreamEndCapture(stream_, &graph);
   if (status != cudaSuccess || graph == nullptr) {

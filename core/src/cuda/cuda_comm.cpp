@@ -396,6 +396,19 @@ class NcclGroup {
     enqueued_at[r] = Clock::now();
   }
 
+  /// A captured step holding rank `rank`'s collectives was launched (Communicator::
+  /// launched_captured): refused once the group is aborted, else watched like an enqueued call.
+  void launched(int rank) {
+    const size_t r = static_cast<size_t>(rank);
+    if (aborted.is_set()) aborted.raise("a captured step");
+    std::lock_guard<std::mutex> lock(*comm_mutex[r]);
+    if (comms_aborted_ || aborted.is_set()) aborted.raise("a captured step");
+    CUDA_CHECK(cudaEventRecord(last_event[r], backends[r]->stream()));
+    std::lock_guard<std::mutex> state_lock(state_mutex_);
+    pending[r] = true;
+    enqueued_at[r] = Clock::now();
+  }
+
   std::vector<CudaBackend*> backends;
   int size;        // ranks in this process
   int first_rank;  // global rank of local rank 0
@@ -609,6 +622,11 @@ class NcclCommunicator final : public Communicator {
 
   void abort() noexcept override {
     group_->abort_group("rank " + std::to_string(rank_) + " failed and called abort()");
+  }
+
+  void launched_captured() override {
+    backend_->activate();
+    group_->launched(rank_);
   }
 
  private:
