@@ -67,6 +67,21 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
                  std::to_string(kMaxTrialsWithoutForce));
     return {};
   }
+  // A recorded setting outside the trial's identity (what is kept of a run, the backend that
+  // runs it) cannot tell trials apart: swept, its points would be merged into one trial and
+  // all but the first silently dropped.
+  for (const auto& axis : v.axes) {
+    for (const auto& key : axis.keys) {
+      const Setting* setting = v.settings->by_key(key);
+      if (setting == nullptr || setting->identity || setting->column.empty()) continue;
+      const Binding& b = v.bindings.at(key);
+      diag.add(b.pos, b.path,
+               key +
+                   " is not part of a trial's identity (trials that differ only in it are "
+                   "one trial, run once), so it cannot be swept; set it in [train], or run "
+                   "the experiment again with another value");
+    }
+  }
 
   std::vector<TrialSpec> trials;
   std::set<std::string> hashes;
@@ -124,20 +139,26 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     const std::string& optimizer = s.text("optimizer");
     if (optimizer != "sgd") {
       for (const char* key : {"momentum", "nesterov"})
-        does_not_apply(key, std::string(key) + " applies to optimizer \"sgd\"; this trial's "
-                            "optimizer is \"" + optimizer + "\" (it has betas and eps)");
+        does_not_apply(key, std::string(key) +
+                                " applies to optimizer \"sgd\"; this trial's "
+                                "optimizer is \"" +
+                                optimizer + "\" (it has betas and eps)");
     }
     if (optimizer != "adamw") {
       for (const char* key : {"betas", "eps"})
-        does_not_apply(key, std::string(key) + " applies to optimizer \"adamw\"; this trial's "
-                            "optimizer is \"" + optimizer + "\"");
+        does_not_apply(key, std::string(key) +
+                                " applies to optimizer \"adamw\"; this trial's "
+                                "optimizer is \"" +
+                                optimizer + "\"");
     }
     if (optimizer == "sgd" && s.boolean("nesterov") && s.number("momentum") == 0.0)
       does_not_apply("nesterov", "nesterov = true needs momentum > 0 (as PyTorch's SGD)");
     if (s.text("lr_schedule") != "step") {
       for (const char* key : {"lr_step_epochs", "lr_gamma"})
-        does_not_apply(key, std::string(key) + " applies to lr_schedule = \"step\"; this "
-                            "trial's schedule is \"" + s.text("lr_schedule") + "\"");
+        does_not_apply(key, std::string(key) +
+                                " applies to lr_schedule = \"step\"; this "
+                                "trial's schedule is \"" +
+                                s.text("lr_schedule") + "\"");
     }
     if (s.number("warmup_epochs") > static_cast<double>(s.integer("epochs")))
       does_not_apply("warmup_epochs", "warmup_epochs " + shortest(s.number("warmup_epochs")) +

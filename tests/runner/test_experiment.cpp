@@ -442,8 +442,7 @@ TEST_CASE("error: an optimizer or schedule key the trial does not use", "[experi
        "schedule is \"constant\""},
       {"epochs = 2\nwarmup_epochs = 3",
        "t.toml:6:17: train.warmup_epochs: warmup_epochs 3 is longer than the training (2 epochs)"},
-      {"lr_gamma = 1.5",
-       "t.toml:5:12: train.lr_gamma: must be in (0, 1], got 1.5"},
+      {"lr_gamma = 1.5", "t.toml:5:12: train.lr_gamma: must be in (0, 1], got 1.5"},
   };
   for (const auto& c : cases) {
     INFO(c.lines);
@@ -451,9 +450,10 @@ TEST_CASE("error: an optimizer or schedule key the trial does not use", "[experi
     CHECK(std::string(e.what()) == c.message);
   }
   // The same keys where they apply are fine.
-  const auto ok = parse(kHead + "[train]\nmodel = \"lenet\"\noptimizer = \"adamw\"\nbetas = "
-                                "[0.8, 0.99]\neps = 1e-6\nlr_schedule = \"step\"\nlr_gamma = "
-                                "0.5\nlr_step_epochs = 2\nwarmup_epochs = 0.5\n");
+  const auto ok = parse(kHead +
+                        "[train]\nmodel = \"lenet\"\noptimizer = \"adamw\"\nbetas = "
+                        "[0.8, 0.99]\neps = 1e-6\nlr_schedule = \"step\"\nlr_gamma = "
+                        "0.5\nlr_step_epochs = 2\nwarmup_epochs = 0.5\n");
   REQUIRE(ok.trials.size() == 1);
   CHECK(ok.trials[0].settings.text("lr_schedule") == "step");
 }
@@ -661,4 +661,18 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
 
   CHECK_THROWS_WITH(dprun::load_experiment(dir + "no-such-file.toml", exptest::fake_catalog()),
                     Catch::Contains("cannot read experiment file"));
+}
+
+TEST_CASE("error: a setting outside the trial's identity cannot be swept", "[experiment]") {
+  // Its points would be one trial: all but the first would be dropped without a word.
+  for (const char* key : {"checkpoint", "backend"}) {
+    INFO(key);
+    const std::string value =
+        std::string(key) == "backend" ? R"(["cpu", "cuda"])" : R"(["last", "best"])";
+    auto e = error_of(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\n" + key + " = " + value + "\n");
+    CHECK_THAT(std::string(e.what()), Catch::StartsWith("t.toml:6:") &&
+                                          Catch::Contains(std::string("sweep.") + key + ": " + key +
+                                                          " is not part of a trial's identity") &&
+                                          Catch::Contains("set it in [train]"));
+  }
 }
