@@ -67,24 +67,10 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
                  std::to_string(kMaxTrialsWithoutForce));
     return {};
   }
-  // A recorded setting outside the trial's identity (what is kept of a run, the backend that
-  // runs it) cannot tell trials apart: swept, its points would be merged into one trial and
-  // all but the first silently dropped.
-  for (const auto& axis : v.axes) {
-    for (const auto& key : axis.keys) {
-      const Setting* setting = v.settings->by_key(key);
-      if (setting == nullptr || setting->identity || setting->column.empty()) continue;
-      const Binding& b = v.bindings.at(key);
-      diag.add(b.pos, b.path,
-               key +
-                   " is not part of a trial's identity (trials that differ only in it are "
-                   "one trial, run once), so it cannot be swept; set it in [train], or run "
-                   "the experiment again with another value");
-    }
-  }
 
   std::vector<TrialSpec> trials;
-  std::set<std::string> hashes;
+  std::map<std::string, size_t> hashes;  // config hash -> index of its trial
+  std::set<std::string> reported_merge;  // keys already reported as merging trials
   std::set<std::string> option_axes_used;
   std::vector<size_t> point(v.axes.size(), 0);
   for (int64_t n = 0; n < count; ++n) {
@@ -213,9 +199,26 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     spec.label = label;
     // A trial is identified by its settings: an option axis of one model repeats the trials of
     // the other models, which run once.
-    if (hashes.insert(spec.config_hash).second) {
+    if (auto [kept, fresh] = hashes.emplace(spec.config_hash, trials.size()); fresh) {
       spec.ordinal = static_cast<int64_t>(trials.size());
       trials.push_back(std::move(spec));
+    } else {
+      // The same trial again. A recorded setting outside the identity (what is kept of a run,
+      // the backend that runs it) that differs from the kept trial's would be dropped without a
+      // word: say so at its key.
+      const TrialSettings& first = trials[kept->second].settings;
+      for (const Setting* setting : v.settings->recorded()) {
+        if (setting->identity || setting->key.empty()) continue;
+        if (spec.settings.get(setting->column) == first.get(setting->column)) continue;
+        const Val* where = t.get(setting->key);
+        if (where == nullptr || !reported_merge.insert(setting->key).second) continue;
+        diag.add(where->pos, where->path,
+                 setting->key +
+                     " is not part of a trial's identity: trials that differ only "
+                     "in it are one trial, run once, so sweeping it would drop " +
+                     setting->key + " = " + setting_text(spec.settings.get(setting->column)) +
+                     "; set it in [train], or run the experiment again with another value");
+      }
     }
 
     // Next point: the last axis advances fastest.

@@ -94,7 +94,9 @@ class RecordedCommunicator final : public Communicator {
     backend_.host_work([this] { inner_.barrier(); });
   }
   void abort() noexcept override { inner_.abort(); }
-  void launched_captured() override { inner_.launched_captured(); }
+  void launch_captured(const std::function<void()>& launch) override {
+    inner_.launch_captured(launch);
+  }
 
  private:
   Communicator& inner_;
@@ -244,7 +246,7 @@ void Trainer::Impl::upload_steps(Replica& r, int64_t steps, int64_t batch, int64
 
 void Trainer::Impl::run_captured(
     Replica& r, std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>>& graphs, int64_t size,
-    const std::function<void()>& ops) {
+    bool collectives, const std::function<void()>& ops) {
   if (!options.graphs) {
     ops();
     return;
@@ -263,17 +265,23 @@ void Trainer::Impl::run_captured(
     }
     it = graphs.end() - 1;
   }
-  b.replay(*it->second);
-  if (b.native_capture()) {
-    // The graph's collectives ran no host call: the communicators are told, so a group that
-    // was aborted stops here and the launched work is watched for completion.
-    r.grad_comm->launched_captured();
-    r.comm->launched_captured();
+  const CapturedOps& step = *it->second;
+  if (!collectives || !b.native_capture()) {
+    b.replay(step);
+    return;
+  }
+  // The graph's collectives run no host call: their communicators launch it, so an aborted
+  // group refuses it and the launched work is watched.
+  Communicator* grad = r.grad_comm;
+  if (options.sync_bn) {
+    grad->launch_captured([&] { r.comm->launch_captured([&] { b.replay(step); }); });
+  } else {
+    grad->launch_captured([&] { b.replay(step); });
   }
 }
 
 void Trainer::Impl::train_step(Replica& r, int64_t n) {
-  run_captured(r, r.train_graphs, n, [&] { train_step_ops(r, n); });
+  run_captured(r, r.train_graphs, n, true, [&] { train_step_ops(r, n); });
 }
 
 void Trainer::Impl::train_step_ops(Replica& r, int64_t n) {
@@ -313,7 +321,7 @@ void Trainer::Impl::train_step_ops(Replica& r, int64_t n) {
 }
 
 void Trainer::Impl::eval_chunk(Replica& r, int64_t m) {
-  run_captured(r, r.eval_graphs, m, [&] {
+  run_captured(r, r.eval_graphs, m, false, [&] {
     Backend& b = *r.backend;
     const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
     const StepRow start{r.eval_start, r.eval_cursor};

@@ -146,10 +146,12 @@ struct Trainer::Impl {
   void train_step_ops(Replica& r, int64_t n);
   // One evaluation chunk of m examples at the evaluation cursor.
   void eval_chunk(Replica& r, int64_t m);
-  // Runs ops(), or with options.graphs replays its capture for `size` (capturing it first).
+  // Runs ops(), or with options.graphs replays its capture for `size` (capturing it first);
+  // `collectives`: the ops hold the replica's collectives (a training step), whose
+  // communicators then launch the replay (Communicator::launch_captured).
   void run_captured(Replica& r,
                     std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>>& graphs,
-                    int64_t size, const std::function<void()>& ops);
+                    int64_t size, bool collectives, const std::function<void()>& ops);
   /// The learning rate of 0-based step t.
   float lr_at(int64_t t) const {
     return static_cast<float>(options.lr.at(t, steps_per_epoch, std::max(options.epochs, 1)));

@@ -663,16 +663,30 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
                     Catch::Contains("cannot read experiment file"));
 }
 
-TEST_CASE("error: a setting outside the trial's identity cannot be swept", "[experiment]") {
+TEST_CASE("error: sweeping a setting outside the trial's identity would merge trials",
+          "[experiment]") {
   // Its points would be one trial: all but the first would be dropped without a word.
   for (const char* key : {"checkpoint", "backend"}) {
     INFO(key);
-    const std::string value =
-        std::string(key) == "backend" ? R"(["cpu", "cuda"])" : R"(["last", "best"])";
+    const bool backend = std::string(key) == "backend";
+    const std::string value = backend ? R"(["cpu", "cuda"])" : R"(["last", "best"])";
     auto e = error_of(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\n" + key + " = " + value + "\n");
-    CHECK_THAT(std::string(e.what()), Catch::StartsWith("t.toml:6:") &&
-                                          Catch::Contains(std::string("sweep.") + key + ": " + key +
-                                                          " is not part of a trial's identity") &&
-                                          Catch::Contains("set it in [train]"));
+    CHECK_THAT(std::string(e.what()),
+               Catch::StartsWith("t.toml:6:") &&
+                   Catch::Contains(std::string("sweep.") + key + "[1]: " + key +
+                                   " is not part of a trial's identity") &&
+                   Catch::Contains(backend ? "drop backend = cuda" : "drop checkpoint = best") &&
+                   Catch::Contains("set it in [train]"));
   }
+  // Fine where another setting tells the trials apart, or with one value.
+  const auto zipped = parse(kHead + R"([train]
+model = "lenet"
+[[sweep.zip]]
+gpus = [1, 2]
+backend = ["cpu", "cuda"]
+)");
+  CHECK(zipped.trials.size() == 2);
+  const auto single =
+      parse(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\ncheckpoint = [\"best\"]\n");
+  CHECK(single.trials.size() == 1);
 }

@@ -2,6 +2,7 @@
 // Communicators: collectives over the replicas of one trial. One Communicator object per rank;
 // each rank's thread calls the same collectives in the same order.
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,12 +31,14 @@ class Communicator {
   /// Called when this rank failed: every rank blocked in (or later entering) a collective of
   /// this group throws dp::AbortedError instead of waiting forever. Safe from any thread.
   virtual void abort() noexcept = 0;
-  /// Called after a captured step holding this rank's collectives (a CUDA graph) was launched
-  /// on the rank's stream, where no collective call of the host ran: throws dp::AbortedError
-  /// when the group was aborted (the graph's collectives must not run on), and lets the group
-  /// watch the launched work as it watches its calls (NCCL: completion within the timeout).
-  /// Nothing to do for communicators whose collectives are calls on the host.
-  virtual void launched_captured() {}
+  /// Runs `launch`, which launches a captured step holding this rank's collectives (a CUDA
+  /// graph) on the rank's stream, where no collective call of the host runs: throws
+  /// dp::AbortedError instead when the group was aborted (the graph's collectives must not run
+  /// on), keeps an abort from interleaving with the launch, and watches the launched work as the
+  /// group watches its calls (NCCL: completion within the timeout, counted from when the GPU
+  /// reaches the step, not from the launch). Communicators whose collectives are calls on the
+  /// host just run it.
+  virtual void launch_captured(const std::function<void()>& launch) { launch(); }
 };
 
 /// Communicators for replicas living in this process, one per backend, in rank order.

@@ -306,6 +306,7 @@ class NcclGroup {
     if (boot != nullptr) bootstrap_ = *boot;
     comms.assign(backends.size(), nullptr);
     pending.assign(backends.size(), false);
+    waiting_start.assign(backends.size(), false);
     enqueued_at.assign(backends.size(), Clock::now());
     // Whatever fails here (an event, NCCL's initialisation, the watchdog thread) releases
     // everything made so far: no communicator or event outlives a failed construction.
@@ -313,6 +314,7 @@ class NcclGroup {
       for (size_t r = 0; r < backends.size(); ++r) {
         comm_mutex.push_back(std::make_unique<std::mutex>());
         last_event.push_back(make_event(backends[r]->device_index()));
+        start_event.push_back(make_event(backends[r]->device_index()));
       }
       init();
       watchdog_ = std::thread([this] { watch(); });
@@ -396,16 +398,27 @@ class NcclGroup {
     enqueued_at[r] = Clock::now();
   }
 
-  /// A captured step holding rank `rank`'s collectives was launched (Communicator::
-  /// launched_captured): refused once the group is aborted, else watched like an enqueued call.
-  void launched(int rank) {
+  /// Launches a captured step holding rank `rank`'s collectives (Communicator::
+  /// launch_captured): refused once the group is aborted; under the rank's mutex, so an abort
+  /// (which takes it) cannot free the communicator in between. The mutex is only tried: the
+  /// watchdog may hold it inside ncclCommAbort, which waits for the graphs to go. The step is
+  /// then watched from when its start event completes (a queue of launched steps is no hang).
+  void launch_captured(int rank, const std::function<void()>& launch) {
     const size_t r = static_cast<size_t>(rank);
-    if (aborted.is_set()) aborted.raise("a captured step");
-    std::lock_guard<std::mutex> lock(*comm_mutex[r]);
+    std::unique_lock<std::mutex> lock(*comm_mutex[r], std::defer_lock);
+    for (;;) {
+      if (comms_aborted_ || aborted.is_set()) aborted.raise("a captured step");
+      if (lock.try_lock()) break;
+      std::this_thread::yield();
+    }
     if (comms_aborted_ || aborted.is_set()) aborted.raise("a captured step");
-    CUDA_CHECK(cudaEventRecord(last_event[r], backends[r]->stream()));
+    cudaStream_t stream = backends[r]->stream();
+    CUDA_CHECK(cudaEventRecord(start_event[r], stream));
+    launch();
+    CUDA_CHECK(cudaEventRecord(last_event[r], stream));
     std::lock_guard<std::mutex> state_lock(state_mutex_);
     pending[r] = true;
+    waiting_start[r] = true;
     enqueued_at[r] = Clock::now();
   }
 
@@ -511,8 +524,10 @@ class NcclGroup {
     for (size_t r = 0; r < last_event.size(); ++r) {
       CUDA_WARN(cudaSetDevice(backends[r]->device_index()));
       CUDA_WARN(cudaEventDestroy(last_event[r]));
+      if (r < start_event.size()) CUDA_WARN(cudaEventDestroy(start_event[r]));
     }
     last_event.clear();
+    start_event.clear();
   }
 
   /// The watchdog: every 100 ms (or when woken) checks NCCL's asynchronous errors and whether
@@ -542,6 +557,17 @@ class NcclGroup {
       std::lock_guard<std::mutex> state_lock(state_mutex_);
       if (!pending[r]) continue;
       if (cudaSetDevice(backends[r]->device_index()) != cudaSuccess) continue;
+      if (waiting_start[r]) {
+        // A launched captured step: its time counts from when the GPU reaches it.
+        const cudaError_t s = cudaEventQuery(start_event[r]);
+        if (s == cudaErrorNotReady) {
+          enqueued_at[r] = Clock::now();
+          continue;
+        }
+        if (s != cudaSuccess) (void)cudaGetLastError();  // reported by the query below
+        waiting_start[r] = false;
+        enqueued_at[r] = Clock::now();
+      }
       const cudaError_t q = cudaEventQuery(last_event[r]);
       if (q == cudaSuccess) {
         pending[r] = false;
@@ -577,6 +603,8 @@ class NcclGroup {
   std::vector<cudaEvent_t> last_event;
   std::mutex state_mutex_;
   std::vector<bool> pending;
+  std::vector<bool> waiting_start;       // a captured step launched: not yet reached by the GPU
+  std::vector<cudaEvent_t> start_event;  // recorded before each captured step's launch
   std::vector<Clock::time_point> enqueued_at;
   std::atomic<bool> comms_aborted_{false};
   std::mutex watch_mutex_;
@@ -624,9 +652,9 @@ class NcclCommunicator final : public Communicator {
     group_->abort_group("rank " + std::to_string(rank_) + " failed and called abort()");
   }
 
-  void launched_captured() override {
+  void launch_captured(const std::function<void()>& launch) override {
     backend_->activate();
-    group_->launched(rank_);
+    group_->launch_captured(rank_, launch);
   }
 
  private:
