@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -193,9 +194,15 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   r.loss_slots = a.allocate({steps_per_epoch}, DType::f32);
   r.correct_slots = a.allocate({steps_per_epoch}, DType::i32);
   r.eval_slots = a.allocate({std::max<int64_t>(eval_steps, 1)}, DType::i32);
-  r.cursor = a.allocate({1}, DType::i32);
-  r.step_start = a.allocate({steps_per_epoch, 1}, DType::i32);
-  r.step_scalars = a.allocate({steps_per_epoch, r.optimizer->step_scalars()}, DType::f32);
+  {
+    const int64_t width = r.optimizer->step_scalars();
+    r.step_block = a.allocate({4 * (1 + steps_per_epoch * (1 + width))}, DType::u8);
+    auto* p = static_cast<int32_t*>(r.step_block.data);  // 4-byte entries: i32, then f32
+    const Device d = r.step_block.device;
+    r.cursor = Tensor(p, {1}, DType::i32, d);
+    r.step_start = Tensor(p + 1, {steps_per_epoch, 1}, DType::i32, d);
+    r.step_scalars = Tensor(p + 1 + steps_per_epoch, {steps_per_epoch, width}, DType::f32, d);
+  }
   r.eval_cursor = a.allocate({1}, DType::i32);
   r.eval_start = a.allocate({std::max<int64_t>(eval_steps, 1), 1}, DType::i32);
 
@@ -227,21 +234,23 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
 
 void Trainer::Impl::upload_steps(Replica& r, int64_t steps, int64_t batch, int64_t count,
                                  int64_t first) {
-  Backend& b = *r.backend;
-  const int width = r.optimizer->step_scalars();
-  std::vector<int32_t> start(static_cast<size_t>(steps));
-  std::vector<float> scalars(static_cast<size_t>(steps * width));
+  // The whole block in one upload (one wait for the device, which step() pays every step):
+  // the cursor at 0, then the rows of `steps` steps (the rest of the tables is not read).
+  const int64_t width = r.step_scalars.shape[1];
+  std::vector<int32_t> start(static_cast<size_t>(1 + steps_per_epoch), 0);
+  std::vector<float> scalars(static_cast<size_t>(steps_per_epoch * width), 0.0f);
   for (int64_t t = 0; t < steps; ++t) {
     const int64_t begin = t * batch, n = std::min(batch, count - begin);
-    start[static_cast<size_t>(t)] =
+    start[static_cast<size_t>(1 + t)] =
         static_cast<int32_t>(begin + shard_offset(n, world(), r.global_rank));
     r.optimizer->fill_step_scalars(lr_at(first + t), first + t + 1,
                                    &scalars[static_cast<size_t>(t * width)]);
   }
-  b.upload(r.step_start.data, start.data(), start.size() * sizeof(int32_t));
-  b.upload(r.step_scalars.data, scalars.data(), scalars.size() * sizeof(float));
-  const int32_t zero = 0;
-  b.upload(r.cursor.data, &zero, sizeof zero);
+  std::vector<uint8_t> bytes(r.step_block.bytes());
+  std::memcpy(bytes.data(), start.data(), start.size() * sizeof(int32_t));
+  std::memcpy(bytes.data() + start.size() * sizeof(int32_t), scalars.data(),
+              scalars.size() * sizeof(float));
+  r.backend->upload(r.step_block.data, bytes.data(), bytes.size());
 }
 
 void Trainer::Impl::run_captured(

@@ -44,6 +44,8 @@ struct Trainer::Impl {
     // What changes from step to step lives in device memory and is read when the step's ops
     // run, so every step is the same ops with the same arguments (a captured step replays as
     // any step): tables uploaded once per epoch, and a cursor each step advances itself.
+    // The three live in one block (step_block), so one upload sets them all.
+    Tensor step_block;    // (bytes) u8: cursor, step_start, step_scalars, in that order
     Tensor cursor;        // (1) i32: the step of the epoch, which is also its loss slot
     Tensor step_start;    // (steps per epoch, 1) i32: where this replica's shard starts in
                           // train_index
