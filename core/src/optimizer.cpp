@@ -27,11 +27,6 @@ class Sgd final : public Optimizer {
     if (o_.momentum == 0.0f) return {};
     return {"momentum_buffer"};
   }
-  void update(Backend& backend, const Tensor& params, const Tensor& grads,
-              const std::vector<Tensor>& state, float lr, int64_t) override {
-    const SgdParams p{lr, o_.momentum, o_.weight_decay, o_.nesterov};
-    backend.sgd_update(params, grads, state.empty() ? nullptr : &state[0], p);
-  }
   int step_scalars() const override { return 1; }
   void fill_step_scalars(float lr, int64_t, float* row) const override { row[0] = lr; }
   void update_at(Backend& backend, const Tensor& params, const Tensor& grads,
@@ -57,11 +52,6 @@ class AdamW final : public Optimizer {
   std::string name() const override { return "adamw"; }
   int state_buffers() const override { return 2; }
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
-  void update(Backend& backend, const Tensor& params, const Tensor& grads,
-              const std::vector<Tensor>& state, float lr, int64_t step) override {
-    const AdamWParams p{lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, step};
-    backend.adamw_update(params, grads, state[0], state[1], p);
-  }
   int step_scalars() const override { return 3; }
   void fill_step_scalars(float lr, int64_t step, float* row) const override {
     const AdamWStep s = adamw_step({lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, step});
@@ -71,7 +61,7 @@ class AdamW final : public Optimizer {
   }
   void update_at(Backend& backend, const Tensor& params, const Tensor& grads,
                  const std::vector<Tensor>& state, const StepRow& scalars) override {
-    // lr and step are the row's; the rest of p is checked and used as in update().
+    // lr and step are the row's; the rest of p is checked and used.
     const AdamWParams p{0.0f, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1};
     backend.adamw_update(params, grads, state[0], state[1], p, &scalars);
   }

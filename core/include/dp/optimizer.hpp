@@ -34,19 +34,17 @@ class Optimizer {
   /// The state buffers' names, as PyTorch's optimizer state calls them ("momentum_buffer";
   /// "exp_avg", "exp_avg_sq").
   virtual std::vector<std::string> state_names() const = 0;
-  /// One update of params (flat) from grads with this step's learning rate. `step` counts the
-  /// updates from 1 (AdamW's bias correction); `state` holds state_buffers() tensors.
-  virtual void update(Backend& backend, const Tensor& params, const Tensor& grads,
-                      const std::vector<Tensor>& state, float lr, int64_t step) = 0;
 
-  // The same update with what changes from step to step read from device memory when it runs
-  // (a StepRow), so a captured training step replays as every step (Backend::begin_capture).
+  // One update of params (flat) from grads, with what changes from step to step (the learning
+  // rate, the update count from 1 for AdamW's bias correction) read from device memory when it
+  // runs (a StepRow), so a captured training step replays as every step
+  // (Backend::begin_capture). `state` holds state_buffers() tensors.
   /// How many f32 scalars one update reads: sgd 1 (the learning rate), adamw 3 (AdamWStep).
   virtual int step_scalars() const = 0;
   /// Writes step_scalars() floats: those of the update with learning rate lr at count `step`.
   virtual void fill_step_scalars(float lr, int64_t step, float* row) const = 0;
-  /// update() with the scalars of row `scalars` (table (steps, step_scalars()) f32 filled by
-  /// fill_step_scalars): the same values as update(lr, step) for that row's lr and step.
+  /// The update with the scalars of row `scalars` (table (steps, step_scalars()) f32 filled by
+  /// fill_step_scalars): the backend's sgd_update / adamw_update with that row's lr and step.
   virtual void update_at(Backend& backend, const Tensor& params, const Tensor& grads,
                          const std::vector<Tensor>& state, const StepRow& scalars) = 0;
 };
