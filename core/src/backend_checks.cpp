@@ -228,16 +228,13 @@ std::string Backend::prefix(const char* op) const { return name() + " backend: "
 
 class Backend::Recording final : public CapturedOps {
  public:
-  explicit Recording(const Backend* owner) : owner_(owner) {}
   size_t ops() const override { return ops_.size(); }
-  const Backend* owner() const { return owner_; }
   void add(std::function<void()> op) { ops_.push_back(std::move(op)); }
   void run() const {
     for (const auto& op : ops_) op();
   }
 
  private:
-  const Backend* owner_;
   std::vector<std::function<void()>> ops_;
 };
 
@@ -259,7 +256,7 @@ void Backend::begin_capture() {
   if (native_capture()) {
     begin_capture_impl();
   } else {
-    recording_ = std::make_unique<Recording>(this);
+    recording_ = std::make_unique<Recording>();
   }
   capturing_ = true;
 }
@@ -267,8 +264,10 @@ void Backend::begin_capture() {
 std::unique_ptr<CapturedOps> Backend::end_capture() {
   if (!capturing_) throw Error(prefix("end_capture") + "no capture was begun");
   capturing_ = false;
-  if (!native_capture()) return std::move(recording_);
-  return end_capture_impl();
+  std::unique_ptr<CapturedOps> ops =
+      native_capture() ? end_capture_impl() : std::unique_ptr<CapturedOps>(std::move(recording_));
+  ops->owner_ = this;
+  return ops;
 }
 
 void Backend::discard_capture() noexcept {
@@ -283,16 +282,15 @@ void Backend::discard_capture() noexcept {
 
 void Backend::replay(const CapturedOps& ops) {
   refuse_while_capturing("replay");
+  if (ops.owner_ != this) {
+    throw Error(prefix("replay") +
+                "the step was captured by another backend; replay it on the one that captured it");
+  }
   if (native_capture()) {
     replay_impl(ops);
-    return;
+  } else {
+    static_cast<const Recording&>(ops).run();
   }
-  const auto* recording = dynamic_cast<const Recording*>(&ops);
-  if (recording == nullptr || recording->owner() != this) {
-    throw Error(prefix("replay") +
-                "the recording was made by another backend; replay it on the one that made it");
-  }
-  recording->run();
 }
 
 void Backend::host_work(std::function<void()> work) {
@@ -301,11 +299,7 @@ void Backend::host_work(std::function<void()> work) {
                 "host work cannot be part of a captured step on this backend (its capture is the "
                 "device's own, a CUDA graph)");
   }
-  if (recording_ != nullptr) {
-    record(std::move(work));
-  } else {
-    work();
-  }
+  run(std::move(work));
 }
 
 // ---- memory -------------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ TEST_CASE("While a step is captured what needs the host is refused and discard r
   const auto recording = b->end_capture();
   auto other = cpu_backend();
   CHECK_THAT(error_of([&] { other->replay(*recording); }),
-             Catch::Contains("the recording was made by another backend"));
+             Catch::Contains("the step was captured by another backend"));
   b->replay(*recording);
   CHECK(t.download_f32() == std::vector<float>(4, 5.0f));
 }

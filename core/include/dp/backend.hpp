@@ -148,6 +148,10 @@ class CapturedOps {
   /// The ops recorded (backends that record them), or 0 where the backend does not count them
   /// (a CUDA graph).
   virtual size_t ops() const = 0;
+
+ private:
+  friend class Backend;
+  const Backend* owner_ = nullptr;  // set by Backend::end_capture: it replays there only
 };
 
 /// The ops every backend provides. Each public op is non-virtual: it validates its arguments
@@ -384,7 +388,8 @@ class Backend {
   virtual void* allocate_impl(size_t bytes) = 0;
   virtual void synchronize_impl() = 0;
   /// Native capture (native_capture() true): start capturing this backend's work; end it and
-  /// return what replay_impl launches; end it after an error, dropping what was captured.
+  /// return what replay_impl launches (replay_impl gets only what this backend's
+  /// end_capture_impl made); end it after an error, dropping what was captured.
   virtual void begin_capture_impl() {}
   virtual std::unique_ptr<CapturedOps> end_capture_impl() { return nullptr; }
   virtual void discard_capture_impl() noexcept {}

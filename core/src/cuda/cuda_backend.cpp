@@ -197,15 +197,14 @@ void CudaBackend::synchronize_impl() {
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-// ---- step capture: a CUDA graph of the stream
-// -----------------------------------------------------
+// ---- step capture: a CUDA graph of the stream --------------------------------------------------
 
 namespace {
 
 /// A captured step: the graph and its executable instance, launched whole by replay.
 class CudaGraph final : public CapturedOps {
  public:
-  CudaGraph(const CudaBackend* owner, cudaGraph_t graph) : owner_(owner), graph_(graph) {
+  explicit CudaGraph(cudaGraph_t graph) : graph_(graph) {
 #if CUDART_VERSION >= 12000
     const cudaError_t status = cudaGraphInstantiate(&exec_, graph_, 0);
 #else
@@ -225,11 +224,9 @@ class CudaGraph final : public CapturedOps {
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
   size_t ops() const override { return 0; }
-  const CudaBackend* owner() const { return owner_; }
   cudaGraphExec_t exec() const { return exec_; }
 
  private:
-  const CudaBackend* owner_;
   cudaGraph_t graph_;
   cudaGraphExec_t exec_ = nullptr;
 };
@@ -256,7 +253,7 @@ std::unique_ptr<CapturedOps> CudaBackend::end_capture_impl() {
                 cudaGetErrorString(status) +
                 " (an op in the step needs the host or another stream; run without graphs)");
   }
-  return std::make_unique<CudaGraph>(this, graph);
+  return std::make_unique<CudaGraph>(graph);
 }
 
 void CudaBackend::discard_capture_impl() noexcept {
@@ -269,14 +266,8 @@ void CudaBackend::discard_capture_impl() noexcept {
 }
 
 void CudaBackend::replay_impl(const CapturedOps& ops) {
-  const auto* graph = dynamic_cast<const CudaGraph*>(&ops);
-  if (graph == nullptr || graph->owner() != this) {
-    throw Error(
-        "cuda backend: replay: the graph was captured by another backend; replay it on "
-        "the one that captured it");
-  }
-  activate();
-  CUDA_CHECK(cudaGraphLaunch(graph->exec(), stream_));
+  activate();  // Backend::replay checked that this backend captured it
+  CUDA_CHECK(cudaGraphLaunch(static_cast<const CudaGraph&>(ops).exec(), stream_));
 }
 
 // ---- activation and elementwise -----------------------------------------------------------------
