@@ -30,25 +30,9 @@ inline std::unique_ptr<dp::Backend> make_cpu(int threads = 2,
 /// Both kernel selections of the cpu backend, for GENERATE: every op test runs on each.
 #define CPU_KERNELS_UNDER_TEST() GENERATE(dp::CpuKernels::onednn, dp::CpuKernels::blas)
 
-/// An (N, C, H, W) array from NCHW order to NHWC order, and back.
-inline fvec to_nhwc(const fvec& v, int64_t n, int64_t c, int64_t h, int64_t w) {
-  fvec out(v.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t j = 0; j < h * w; ++j)
-        out[static_cast<size_t>((i * h * w + j) * c + ch)] =
-            v[static_cast<size_t>((i * c + ch) * h * w + j)];
-  return out;
-}
-inline fvec to_nchw(const fvec& v, int64_t n, int64_t c, int64_t h, int64_t w) {
-  fvec out(v.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t j = 0; j < h * w; ++j)
-        out[static_cast<size_t>((i * c + ch) * h * w + j)] =
-            v[static_cast<size_t>((i * h * w + j) * c + ch)];
-  return out;
-}
+/// Layout conversions (tests/support/check.hpp).
+using dptest::to_nchw;
+using dptest::to_nhwc;
 /// `v` (N, C, H, W) in NCHW order, laid out for `layout`; and back.
 inline fvec to_layout(const fvec& v, dp::Layout layout, int64_t n, int64_t c, int64_t h,
                       int64_t w) {

@@ -52,29 +52,9 @@ struct Twin {
   const dp::Tensor& g() const { return gpu.tensor(); }
 };
 
-/// (N,C,H,W) <-> (N,H,W,C) on the host.
-inline std::vector<float> to_nhwc(const std::vector<float>& v, int64_t n, int64_t c, int64_t h,
-                                  int64_t w) {
-  std::vector<float> out(v.size());
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t k = 0; k < c; ++k)
-      for (int64_t y = 0; y < h; ++y)
-        for (int64_t x = 0; x < w; ++x)
-          out[static_cast<size_t>(((b * h + y) * w + x) * c + k)] =
-              v[static_cast<size_t>(((b * c + k) * h + y) * w + x)];
-  return out;
-}
-inline std::vector<float> to_nchw(const std::vector<float>& v, int64_t n, int64_t c, int64_t h,
-                                  int64_t w) {
-  std::vector<float> out(v.size());
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t k = 0; k < c; ++k)
-      for (int64_t y = 0; y < h; ++y)
-        for (int64_t x = 0; x < w; ++x)
-          out[static_cast<size_t>(((b * c + k) * h + y) * w + x)] =
-              v[static_cast<size_t>(((b * h + y) * w + x) * c + k)];
-  return out;
-}
+/// (N,C,H,W) <-> (N,H,W,C) on the host (tests/support/check.hpp).
+using dptest::to_nchw;
+using dptest::to_nhwc;
 
 /// Values in [lo, hi) rounded to multiples of `step`, so max pooling and argmax see ties.
 inline std::vector<float> quantized(int64_t n, uint64_t seed, float lo, float hi, float step) {

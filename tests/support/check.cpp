@@ -96,6 +96,26 @@ std::vector<float> random_vector(int64_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
+std::vector<float> to_nhwc(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w) {
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t j = 0; j < h * w; ++j)
+        out[static_cast<size_t>((i * h * w + j) * c + ch)] =
+            v[static_cast<size_t>((i * c + ch) * h * w + j)];
+  return out;
+}
+
+std::vector<float> to_nchw(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w) {
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t j = 0; j < h * w; ++j)
+        out[static_cast<size_t>((i * c + ch) * h * w + j)] =
+            v[static_cast<size_t>((i * h * w + j) * c + ch)];
+  return out;
+}
+
 std::vector<double> numeric_gradient(const std::function<double(const std::vector<double>&)>& f,
                                      std::vector<double> x, double h) {
   std::vector<double> grad(x.size());

@@ -39,6 +39,11 @@ Comparison compare(const std::vector<double>& actual, const std::vector<double>&
 /// Deterministic random values in [lo, hi).
 std::vector<float> random_vector(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 
+/// An (N, C, H, W) array from NCHW order to NHWC order, and back (host layout conversions for
+/// every test that runs a layout against another).
+std::vector<float> to_nhwc(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w);
+std::vector<float> to_nchw(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w);
+
 /// Central finite differences of a scalar function f(x) (computed in double precision),
 /// step h. Returns df/dx_i for every i.
 std::vector<double> numeric_gradient(const std::function<double(const std::vector<double>&)>& f,

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <sstream>
 
 #include "dp/error.hpp"
@@ -11,13 +13,21 @@ namespace dptest {
 
 std::vector<dp::BackendKind> available_backends() {
   std::vector<dp::BackendKind> kinds{dp::BackendKind::cpu};
-  if (dp::cuda_compiled() && dp::cuda_device_count() > 0) kinds.push_back(dp::BackendKind::cuda);
+  if (dp::cuda_compiled() && dp::cuda_device_count() > 0) {
+    kinds.push_back(dp::BackendKind::cuda);
+  } else if (const char* req = std::getenv("DPRUN_REQUIRE_CUDA");
+             req != nullptr && *req != '\0' && std::string(req) != "0") {
+    // On the GPU machine (scripts/gpu-check sets it) a CUDA pass that does not run is a failure,
+    // never a silent CPU-only pass.
+    FAIL("DPRUN_REQUIRE_CUDA is set but the CUDA pass cannot run: "
+         << (dp::cuda_compiled() ? "no CUDA device is visible" : "this build has no CUDA backend"));
+  }
   return kinds;
 }
 
 ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, uint64_t seed,
                            dp::BackendKind kind, dp::Layout layout)
-    : kind_(kind), module_(std::move(module)), input_(input) {
+    : kind_(kind), layout_(layout), module_(std::move(module)), input_(input) {
   dp::BackendOptions bo;
   bo.kind = kind;
   bo.cpu_threads = 1;
@@ -186,21 +196,32 @@ void check_module_gradients(ModuleRunner& run, const std::vector<float>& x, cons
 
 void check_against_cpu(ModuleRunner& run, const std::function<std::unique_ptr<dp::Module>()>& make,
                        const std::vector<float>& x, double rel_tol, bool training) {
-  if (run.kind() == dp::BackendKind::cpu) return;
-  const char* backend = dp::backend_kind_name(run.kind());
-  ModuleRunner cpu(make(), run.input(), 1, dp::BackendKind::cpu);
+  const bool nhwc = run.layout() == dp::Layout::nhwc;
+  if (run.kind() == dp::BackendKind::cpu && !nhwc) return;
+  const std::string backend = std::string(dp::backend_kind_name(run.kind())) + " " +
+                              dp::layout_name(run.layout());
+  // Host vectors of rank-4 activations are in each runner's own layout: the oracle's are NCHW.
+  const auto to_oracle = [nhwc](const std::vector<float>& v, const dp::Shape& s) {
+    return nhwc && s.rank == 4 ? to_nchw(v, s[0], s[1], s[2], s[3]) : v;
+  };
+  const auto from_oracle = [nhwc](const std::vector<float>& v, const dp::Shape& s) {
+    return nhwc && s.rank == 4 ? to_nhwc(v, s[0], s[1], s[2], s[3]) : v;
+  };
+  ModuleRunner cpu(make(), run.input(), 1, dp::BackendKind::cpu, dp::Layout::nchw);
   cpu.set_params(run.params());
   cpu.registry().upload_buffers(run.registry().download_buffers());
   auto check = [&](const std::string& what, const std::vector<float>& actual,
                    const std::vector<float>& expected) {
     const Comparison c = compare(actual, expected, rel_tol);
-    INFO(backend << " against cpu, " << what << ": " << c.message);
+    INFO(backend << " against cpu nchw, " << what << ": " << c.message);
     CHECK(c.ok);
   };
+  const int64_t batch = static_cast<int64_t>(x.size()) / run.input().per_example();
+  const dp::Shape in = run.input().with_batch(batch), out = run.output().with_batch(batch);
   const std::vector<float> y = run.forward(x, training);
-  check("output", y, cpu.forward(x, training));
+  check("output", y, from_oracle(cpu.forward(to_oracle(x, in), training), out));
   const std::vector<float> dy = random_vector(static_cast<int64_t>(y.size()), 77);
-  check("dx", run.backward(dy), cpu.backward(dy));
+  check("dx", run.backward(dy), from_oracle(cpu.backward(to_oracle(dy, out)), in));
   const std::vector<float> grads = run.grads(), oracle = cpu.grads();
   for (const auto& e : run.registry().entries()) {
     if (!e.trainable) continue;

@@ -18,6 +18,7 @@
 namespace dptest {
 
 /// The backends present: the CPU always; CUDA where this build has it and a GPU is visible.
+/// With DPRUN_REQUIRE_CUDA set (the GPU machine), a CUDA backend that cannot run FAILs the test.
 std::vector<dp::BackendKind> available_backends();
 
 /// Runs the block once per backend present, as a Catch2 section named after the backend:
@@ -38,6 +39,8 @@ class ModuleRunner {
   ModuleRunner& operator=(const ModuleRunner&) = delete;
 
   dp::BackendKind kind() const { return kind_; }
+  /// The memory order of the module's rank-4 activations (host vectors in and out use it too).
+  dp::Layout layout() const { return layout_; }
   dp::Module& module() { return *module_; }
   dp::ParamRegistry& registry() { return registry_; }
   const dp::Shape& input() const { return input_; }
@@ -54,6 +57,7 @@ class ModuleRunner {
 
  private:
   dp::BackendKind kind_;
+  dp::Layout layout_;
   std::unique_ptr<dp::Backend> backend_;
   std::unique_ptr<dp::Arena> arena_;
   dp::ParamRegistry registry_;
@@ -84,9 +88,11 @@ struct Tolerance {
 void check_module_gradients(ModuleRunner& run, const std::vector<float>& x,
                             const Tolerance& tol = {}, bool training = true);
 
-/// CHECKs `run` against the same module on the CPU backend (built by `make`, given run's
-/// parameters and buffers): the output, dx and each named parameter gradient, with relative
-/// tolerance rel_tol scaled by max(|a|, |b|, 1). A CPU `run` is its own oracle: nothing to do.
+/// CHECKs `run` against the same module on the CPU backend in NCHW (built by `make`, given run's
+/// parameters and buffers): the output, dx, each named parameter gradient and each buffer, with
+/// relative tolerance rel_tol scaled by max(|a|, |b|, 1). `x` is in run's layout; the oracle gets
+/// it, and dy, converted to NCHW, and its output and dx are converted back. A CPU NCHW `run` is
+/// its own oracle: nothing to do (a CPU NHWC run is checked against CPU NCHW).
 void check_against_cpu(ModuleRunner& run, const std::function<std::unique_ptr<dp::Module>()>& make,
                        const std::vector<float>& x, double rel_tol, bool training = true);
 
