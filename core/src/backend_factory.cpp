@@ -48,6 +48,18 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+const char* conv_choice_name(ConvChoice c) {
+  switch (c) {
+    case ConvChoice::automatic:
+      return "automatic";
+    case ConvChoice::measured:
+      return "measured";
+    case ConvChoice::heuristic:
+      return "heuristic";
+  }
+  return "?";
+}
+
 std::string precision_unsupported(BackendKind kind, Precision p) {
   if (kind == BackendKind::cuda && p == Precision::bf16) {
     return "cuda backend: precision bf16: the CUDA backend's bf16 path is not built yet; "

@@ -19,7 +19,7 @@ dp::ModelFactory plugin_model(const std::string& file, const std::string& model)
   std::lock_guard<std::mutex> lock(mutex);
   auto it = loaded.find(file);
   if (it == loaded.end())
-    it = loaded.emplace(file, dprun::load_plugin(std::string(DPRUN_TEST_PLUGIN_DIR) + "/" + file))
+    it = loaded.emplace(file, dprun::load_plugin(dptest::plugin_dir() + "/" + file))
              .first;
   for (const auto& m : it->second)
     if (m.factory.name == model) return m.factory;

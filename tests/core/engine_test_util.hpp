@@ -13,7 +13,7 @@
 
 namespace enginetest {
 
-/// The models of a plugin in DPRUN_TEST_PLUGIN_DIR (e.g. "libdprun_lenet.so"), by name.
+/// The models of a plugin in dptest::plugin_dir() (e.g. "libdprun_lenet.so"), by name.
 dp::ModelFactory plugin_model(const std::string& file, const std::string& model);
 /// A builder of `model` from its plugin with the given options.
 std::unique_ptr<dp::Module> build_model(const std::string& file, const std::string& model,

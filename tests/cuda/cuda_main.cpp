@@ -3,6 +3,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "cuda_test_util.hpp"
@@ -38,6 +39,12 @@ int main(int argc, char** argv) {
   }
   std::printf("test_cuda: %d CUDA device(s); device 0: %s\n", devices,
               dp::cuda_device_name(0).c_str());
+  // The measured cuDNN choices go to a folder of this run's own: a choice left behind by another
+  // run on this machine can neither pass nor fail a test.
+  const dptest::TempDir choices;
+  setenv("DPRUN_CACHE_DIR", choices.path().c_str(), 1);
+  std::printf("test_cuda: cuDNN choices measured into %s (removed at exit)\n",
+              choices.path().c_str());
   const int rc = Catch::Session().run(argc, argv);
   cudatest::backends_slot().reset();
   return rc;

@@ -63,12 +63,8 @@ inline std::vector<float> quantized(int64_t n, uint64_t seed, float lo, float hi
   return v;
 }
 
-/// Plugins: $DPRUN_PLUGIN_DIR (the GPU machine, where the build tree is elsewhere), else the
-/// build tree's plugin folder.
-inline std::string plugin_dir() {
-  if (const char* env = std::getenv("DPRUN_PLUGIN_DIR"); env != nullptr && *env != '\0') return env;
-  return DPRUN_TEST_PLUGIN_DIR;
-}
+/// Plugins: $DPRUN_PLUGIN_DIR, else the build tree's (tests/support/check.hpp).
+using dptest::plugin_dir;
 
 /// The factory of a model from its plugin (libdprun_<model>.so).
 dp::ModelFactory model_factory(const std::string& model);

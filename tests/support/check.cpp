@@ -227,6 +227,11 @@ void note_skipped(const std::string& reason) {
   }
 }
 
+std::string plugin_dir() {
+  if (const char* env = std::getenv("DPRUN_PLUGIN_DIR"); env != nullptr && *env != '\0') return env;
+  return DPRUN_TEST_PLUGIN_DIR;
+}
+
 std::string fashion_mnist_dir() {
   if (const char* env = std::getenv("DPRUN_DATA"); env != nullptr && *env != '\0') return env;
   const std::string standard = "/usr/share/datasets/fashion-mnist";

@@ -100,6 +100,10 @@ void note_skipped(const std::string& reason);
     ::dptest::note_skipped(dptest_reason_);     \
   } while (0)
 
+/// The folder of the model plugins: $DPRUN_PLUGIN_DIR (the GPU machine, where the build tree is
+/// elsewhere), else the build tree's plugin folder.
+std::string plugin_dir();
+
 /// The Fashion-MNIST folder for tests: $DPRUN_DATA, else /usr/share/datasets/fashion-mnist,
 /// else "" (tests that need it then skip with a message).
 std::string fashion_mnist_dir();

@@ -272,9 +272,7 @@ TrainCase train_case(const std::string& name) {
 dp::ModelBuilder plugin_builder(const std::string& model, const dp::ModelOptions& options) {
   static std::mutex mutex;
   static std::map<std::string, std::vector<dprun::LoadedModel>> loaded;  // kept alive
-  const char* env = std::getenv("DPRUN_PLUGIN_DIR");
-  const std::string dir = env != nullptr && *env != '\0' ? env : DPRUN_TEST_PLUGIN_DIR;
-  const std::string file = dir + "/libdprun_" + model + ".so";
+  const std::string file = dptest::plugin_dir() + "/libdprun_" + model + ".so";
   dp::ModelFactory factory;
   {
     std::lock_guard<std::mutex> lock(mutex);

@@ -465,10 +465,17 @@ class Backend {
   virtual void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
                                  const Tensor& x, const Tensor& y, const StepRow* start) = 0;
 
+ protected:
+  // For a backend's own public entry points beyond this interface (the CUDA backend's algorithm
+  // introspection, dp/conv_contract.hpp), checked like the ops.
   /// "cpu backend: <op>: " (the prefix of every argument error).
   std::string prefix(const char* op) const;
   /// The plan's checks shared by the three convolution passes; returns the plan's geometry.
   const ConvGeometry& check_plan(const ConvPlan& plan, const char* op) const;
+  /// Throws while capturing: `what` needs the host and cannot be part of a replayed step.
+  void refuse_while_capturing(const char* what) const;
+
+ private:
   /// Runs `op` (an *_impl call, its arguments copied into it), or records it while a recording
   /// backend captures.
   template <class Op>
@@ -480,8 +487,6 @@ class Backend {
     }
   }
   void record(std::function<void()> op);
-  /// Throws while capturing: `what` needs the host and cannot be part of a replayed step.
-  void refuse_while_capturing(const char* what) const;
 
   class Recording;
   bool capturing_ = false;
@@ -520,6 +525,15 @@ const char* precision_name(Precision p);  // "fp32", "bf16"
 /// create_backend, and by the runner before it looks for a device.
 std::string precision_unsupported(BackendKind kind, Precision p);
 
+/// How the CUDA backend picks each convolution's algorithm among those its precision contract
+/// allows (dp/conv_contract.hpp). measured: cuDNN times them once per shape on this machine and
+/// the choice is kept on disk (the fastest; machines of one kind may choose differently, and a
+/// machine keeps its first choice). heuristic: cuDNN's heuristics, nothing timed (the same
+/// choice on every machine with the same GPU model and libraries). automatic: the environment
+/// variable DPRUN_CUDNN_CHOICE ("measured" or "heuristic") when set, else measured.
+enum class ConvChoice { automatic, measured, heuristic };
+const char* conv_choice_name(ConvChoice c);  // "automatic", "measured", "heuristic"
+
 struct BackendOptions {
   BackendKind kind = BackendKind::cpu;
   Precision precision = Precision::fp32;
@@ -527,6 +541,7 @@ struct BackendOptions {
   int cpu_threads = 0;   // CPU backend: worker threads for this replica (0: all hardware threads)
   CpuKernels cpu_kernels = CpuKernels::automatic;  // CPU backend: see CpuKernels
   bool allow_tf32 = true;  // CUDA: tensor-core TF32 for fp32 convolutions and GEMMs
+  ConvChoice conv_choice = ConvChoice::automatic;  // CUDA: see ConvChoice
 };
 
 /// What `choice` resolves to in this process (automatic: DPRUN_CPU_KERNELS, else onednn).

@@ -47,7 +47,9 @@ constexpr size_t kCublasWorkspaceBytes = size_t{8} << 20;
 // ---- construction ------------------------------------------------------------------------------
 
 CudaBackend::CudaBackend(const BackendOptions& options)
-    : device_(options.device_index), allow_tf32_(options.allow_tf32) {
+    : device_(options.device_index),
+      allow_tf32_(options.allow_tf32),
+      contract_(conv_contract(options.precision, options.allow_tf32)) {
   const int count = device_count();
   if (device_ < 0 || device_ >= count) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
@@ -66,14 +68,18 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     choice_scope_ = "cuDNN " + std::to_string(cudnnGetVersion()) + ", CUDA runtime " +
                     std::to_string(runtime) + ", " + description_ + " sm_" +
                     std::to_string(prop.major) + std::to_string(prop.minor);
-    const char* choice = std::getenv("DPRUN_CUDNN_CHOICE");
-    const std::string how = choice != nullptr ? choice : "";
-    if (!how.empty() && how != "measured" && how != "heuristic") {
-      throw Error("cuda backend: DPRUN_CUDNN_CHOICE is '" + how +
-                  "'; use measured (cuDNN times the algorithms once per shape, the results kept "
-                  "on disk) or heuristic (cuDNN's heuristics, nothing timed)");
+    if (options.conv_choice == ConvChoice::automatic) {
+      const char* choice = std::getenv("DPRUN_CUDNN_CHOICE");
+      const std::string how = choice != nullptr ? choice : "";
+      if (!how.empty() && how != "measured" && how != "heuristic") {
+        throw Error("cuda backend: DPRUN_CUDNN_CHOICE is '" + how +
+                    "'; use measured (cuDNN times the algorithms once per shape, the results "
+                    "kept on disk) or heuristic (cuDNN's heuristics, nothing timed)");
+      }
+      measure_choices_ = how != "heuristic";
+    } else {
+      measure_choices_ = options.conv_choice == ConvChoice::measured;
     }
-    measure_choices_ = how != "heuristic";
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDNN_CHECK(cudnnCreate(&cudnn_));
     CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));

@@ -20,8 +20,10 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "dp/backend.hpp"
+#include "dp/conv_contract.hpp"
 #include "dp/tensor.hpp"
 
 namespace dp::cuda {
@@ -58,6 +60,19 @@ class CudaBackend final : public Backend {
   /// Makes this backend's device current on the calling thread (replicas run on their own
   /// threads, and the CUDA runtime's current device is per thread).
   void activate() const;
+
+  // ---- convolution algorithms (dp/conv_contract.hpp's introspection; cuda_conv.cpp) ----------
+  ConvContract contract() const { return contract_; }
+  /// Every algorithm the contract allows and cuDNN can run for (plan, d, n) within the workspace
+  /// limit.
+  std::vector<ConvAlgorithm> conv_algorithms(ConvPlan& plan, ConvDirection d, int64_t n);
+  /// The algorithm chosen for (plan, d, n), chosen now (as at plan time) when it was not yet.
+  ConvAlgorithm conv_choice(ConvPlan& plan, ConvDirection d, int64_t n);
+  /// Runs `a` from now on; refused (nothing changed) when the contract forbids it or cuDNN
+  /// cannot run it within the limit.
+  void use_conv_algorithm(ConvPlan& plan, const ConvAlgorithm& a);
+  /// The choice cache's scope and the key of (plan, d, n)'s measured choice at plan time.
+  ConvChoiceKey conv_choice_key(ConvPlan& plan, ConvDirection d, int64_t n);
 
  private:
   // The ops (see dp::Backend); arguments are checked before these run. Bodies: cuda_backend.cpp
@@ -153,6 +168,8 @@ class CudaBackend final : public Backend {
   /// kMaxWorkspaceBytes (the workspace then grows to fit), later within the workspace already
   /// reserved, so a step never allocates.
   ConvBatch& conv_batch(CudnnConvPlan& plan, int64_t n, int direction, bool at_plan_time);
+  /// The descriptors of batch size n of a plan, created on first use; nothing chosen.
+  ConvBatch& batch_state(CudnnConvPlan& plan, int64_t n);
   void choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit,
                         bool at_plan_time);
   /// The measured choice (DPRUN_CUDNN_CHOICE=measured, the default): cuDNN's Find*Ex timings,
@@ -161,6 +178,9 @@ class CudaBackend final : public Backend {
   /// usable came out, and the heuristics then choose: silently when no timed algorithm
   /// qualified, with a warning when timing failed or a recorded choice cannot be used.
   bool choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit);
+  /// The ChoiceCache key of a measured choice: direction, shape at batch n, contract, limit.
+  std::string choice_key(const CudnnConvPlan& plan, int64_t n, int direction,
+                         size_t workspace_limit) const;
   /// "cuDNN 91900, CUDA runtime 13000, NVIDIA H100 80GB HBM3 sm_90": what choices depend on.
   std::string choice_scope_;
   bool measure_choices_ = true;
@@ -175,8 +195,14 @@ class CudaBackend final : public Backend {
   void apply_epilogue(const Tensor& y, const BnEpilogue& epilogue);
   const Tensor& epilogue_gradient(const Tensor& dy, const BnEpilogueGrad& epilogue);
 
+  /// A plan of this backend (refused otherwise, like every op's plan).
+  CudnnConvPlan& own_plan(ConvPlan& plan, const char* op);
+
   int device_ = 0;
   bool allow_tf32_ = true;
+  /// Which algorithms and math types may compute the convolutions: from precision and
+  /// allow_tf32 alone (dp/conv_contract.hpp).
+  ConvContract contract_ = ConvContract::tf32;
   std::string description_;
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;

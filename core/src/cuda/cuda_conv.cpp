@@ -6,15 +6,19 @@
 // backward-data algorithm. A batch size or direction first met later still works: its algorithm
 // is chosen then, within the workspace already reserved, without allocating.
 //
-// Choice, measured (the default; DPRUN_CUDNN_CHOICE=measured): cuDNN times its algorithms for
-// the shape (cudnnFind*AlgorithmEx on scratch buffers, at plan time) and the fastest that is
-// deterministic, runs with the wanted math (exact fp32 = FMA unless TF32 is allowed) and fits
-// the workspace is kept, in memory and on disk (dp::ChoiceCache, one file per cuDNN, CUDA and
+// Every choice stays inside the trial's precision contract (dp/conv_contract.hpp): exact fp32 takes
+// GEMM and direct algorithms with FMA math only; TF32 and bf16 take what cuDNN offers, never a
+// down-conversion to fp16. Timing and heuristics only order what the contract allows, and a
+// cached choice outside it is refused, so no timing can change which contract holds.
+//
+// Choice, measured (the default; ConvChoice / DPRUN_CUDNN_CHOICE=measured): cuDNN times its
+// algorithms for the shape (cudnnFind*AlgorithmEx on scratch buffers, at plan time) and the
+// fastest that the contract allows, is deterministic and fits the workspace is kept, in memory and on disk (dp::ChoiceCache, one file per cuDNN, CUDA and
 // device), so the next run, and every replica of this one, takes the same algorithm without
 // timing again. Timings vary, so a shape's first measurement decides for every later run on that
-// machine; DPRUN_CUDNN_CHOICE=heuristic never times. Heuristic (and the fallback when
-// measuring gives nothing usable): cuDNN's heuristics (cudnnGet*_v7) in their order, then the
-// algorithms every configuration supports; the first that runs with the wanted math, is
+// machine; the heuristic choice never times. Heuristic (and the fallback when measuring gives
+// nothing usable): cuDNN's heuristics (cudnnGet*_v7) in their order, then the algorithms every
+// configuration supports; the first that the contract allows, runs with its math, is
 // deterministic (a run is reproducible; a non-deterministic one only when nothing else fits,
 // with a warning), and whose workspace fits. DPRUN_CUDNN_LOG=1 prints every choice.
 //
@@ -26,19 +30,46 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_entry.hpp"
 #include "cuda/kernels.cuh"
 #include "cuda/lib_check.hpp"
 #include "dp/choice_cache.hpp"
 #include "dp/error.hpp"
 
 namespace dp::cuda {
+
+// The contract's tables (conv_contract.cpp) use cuDNN's numbers without cudnn.h: hold them to it.
+static_assert(static_cast<int>(ConvMath::default_math) == CUDNN_DEFAULT_MATH &&
+              static_cast<int>(ConvMath::tensor_op) == CUDNN_TENSOR_OP_MATH &&
+              static_cast<int>(ConvMath::tensor_op_allow_conversion) ==
+                  CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+              static_cast<int>(ConvMath::fma) == CUDNN_FMA_MATH);
+static_assert(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM == 0 &&
+              CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM == 1 &&
+              CUDNN_CONVOLUTION_FWD_ALGO_GEMM == 2 && CUDNN_CONVOLUTION_FWD_ALGO_DIRECT == 3 &&
+              CUDNN_CONVOLUTION_FWD_ALGO_FFT == 4 && CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING == 5 &&
+              CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD == 6 &&
+              CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED == 7 &&
+              CUDNN_CONVOLUTION_FWD_ALGO_COUNT == 8);
+static_assert(CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 == 0 && CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 == 1 &&
+              CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT == 2 &&
+              CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING == 3 &&
+              CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD == 4 &&
+              CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED == 5 &&
+              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT == 6);
+static_assert(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 == 0 && CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 == 1 &&
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT == 2 &&
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3 == 3 &&
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD == 4 &&
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED == 5 &&
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING == 6 &&
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT == 7);
 
 /// The most workspace one convolution may use (PyTorch lets cuDNN use what is free; a bound
 /// keeps k replicas on one GPU predictable).
@@ -104,12 +135,11 @@ class CudnnConvPlan final : public ConvPlan {
       for (int d = 0; d < 3; ++d) {
         if (!b->choice[d].chosen) continue;
         const ConvBatch::Choice& c = b->choice[d];
+        const auto dir = static_cast<ConvDirection>(d);
         out += std::string(out.empty() ? "" : "; ") + "batch " + std::to_string(b->n) + " " +
-               kDirectionNames[d] + ": cuDNN algo " + std::to_string(c.algo) +
-               (c.math == CUDNN_DEFAULT_MATH ? ", default math"
-                : c.math == CUDNN_FMA_MATH   ? ", fp32 math"
-                                             : ", tensor-op math") +
-               ", workspace " + std::to_string(c.workspace) + " bytes";
+               kDirectionNames[d] + ": cuDNN " + conv_algorithm_name(dir, c.algo) + " (algo " +
+               std::to_string(c.algo) + "), " + conv_math_name(static_cast<ConvMath>(c.math)) +
+               " math, workspace " + std::to_string(c.workspace) + " bytes";
       }
     }
     return out.empty() ? "cuDNN, no algorithm chosen yet" : out;
@@ -149,20 +179,6 @@ void set_conv(cudnnConvolutionDescriptor_t d, const ConvGeometry& g, cudnnMathTy
   CUDNN_CHECK(cudnnSetConvolutionMathType(d, math));
 }
 
-const char* math_name(cudnnMathType_t m) {
-  switch (m) {
-    case CUDNN_DEFAULT_MATH:
-      return "default";
-    case CUDNN_TENSOR_OP_MATH:
-      return "tensor-op";
-    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
-      return "tensor-op-conversion";
-    case CUDNN_FMA_MATH:
-      return "fma";
-  }
-  return "?";
-}
-
 bool log_choices() {
   static const bool on = [] {
     const char* v = std::getenv("DPRUN_CUDNN_LOG");
@@ -196,6 +212,25 @@ std::vector<Candidate> candidates(const Perf* perf, int returned,
     if (!listed) out.push_back({algo, deterministic, CUDNN_DEFAULT_MATH});
   }
   return out;
+}
+
+/// The workspace algorithm `algo` needs in `direction`, run with the math type now set on the
+/// batch's descriptor of that direction.
+cudnnStatus_t workspace_size(cudnnHandle_t cudnn, const CudnnConvPlan& plan, const ConvBatch& b,
+                             int direction, int algo, size_t* bytes) {
+  cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
+  if (direction == kForward) {
+    return cudnnGetConvolutionForwardWorkspaceSize(
+        cudnn, b.x, plan.w_desc, conv, b.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+  }
+  if (direction == kBackwardData) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(
+        cudnn, plan.w_desc, b.y, conv, b.x, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
+        bytes);
+  }
+  return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+      cudnn, b.x, b.y, conv, plan.w_desc, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+      bytes);
 }
 
 }  // namespace
@@ -257,6 +292,16 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
 
 ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, int direction,
                                    bool at_plan_time) {
+  ConvBatch& b = batch_state(plan, n);
+  if (!b.choice[static_cast<size_t>(direction)].chosen) {
+    choose_algorithm(plan, b, direction, at_plan_time ? kMaxWorkspaceBytes : workspace_bytes_,
+                     at_plan_time);
+    if (at_plan_time) reserve_workspace(b.choice[static_cast<size_t>(direction)].workspace);
+  }
+  return b;
+}
+
+ConvBatch& CudaBackend::batch_state(CudnnConvPlan& plan, int64_t n) {
   ConvBatch* b = nullptr;
   for (auto& existing : plan.batches) {
     if (existing->n == n) b = existing.get();
@@ -281,11 +326,6 @@ ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, int direction
     }
     plan.batches.push_back(std::move(fresh));
     b = plan.batches.back().get();
-  }
-  if (!b->choice[static_cast<size_t>(direction)].chosen) {
-    choose_algorithm(plan, *b, direction, at_plan_time ? kMaxWorkspaceBytes : workspace_bytes_,
-                     at_plan_time);
-    if (at_plan_time) reserve_workspace(b->choice[static_cast<size_t>(direction)].workspace);
   }
   return *b;
 }
@@ -318,16 +358,18 @@ class Scratch {
   void* p_;
 };
 
-/// The fastest of cuDNN's timed results that succeeded, is deterministic, fits `limit` and runs
-/// with acceptable math ("algo A math M workspace W ms T"), or "" (nothing is then cached). Exact
-/// fp32 accepts FMA math only (default math may use TF32 on Ampere and later).
+/// The fastest of cuDNN's timed results that succeeded, is deterministic, fits `limit` and that
+/// the contract allows with the math it ran ("algo A math M workspace W ms T"), or "" (nothing is
+/// then cached).
 template <typename Perf>
-std::string fastest(const Perf* perf, int returned, size_t limit, bool allow_tf32) {
+std::string fastest(const Perf* perf, int returned, size_t limit, ConvContract contract,
+                    ConvDirection direction) {
   for (int i = 0; i < returned; ++i) {  // cuDNN sorts them by time
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC ||
-        p.memory > limit || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ||
-        (!allow_tf32 && p.mathType != CUDNN_FMA_MATH)) {
+        p.memory > limit ||
+        !conv_contract_allows(contract, direction, static_cast<int>(p.algo),
+                              static_cast<ConvMath>(p.mathType))) {
       continue;
     }
     char text[128];
@@ -341,15 +383,22 @@ std::string fastest(const Perf* perf, int returned, size_t limit, bool allow_tf3
 
 }  // namespace
 
+std::string CudaBackend::choice_key(const CudnnConvPlan& plan, int64_t n, int direction,
+                                    size_t limit) const {
+  ConvGeometry shape = plan.geometry();
+  shape.max_batch = n;  // the key names the batch measured, not the plan's largest
+  // The contract is part of the key: choices cached before the contract existed ("fp32") are
+  // never read as fp32-exact ones.
+  return std::string(kDirectionNames[static_cast<size_t>(direction)]) + " " + shape.str() + " " +
+         conv_contract_name(contract_) + " workspace<=" + std::to_string(limit);
+}
+
 bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
   const auto d = static_cast<size_t>(direction);
   cudnnConvolutionDescriptor_t conv = b.conv[d];
   const cudnnMathType_t wanted = allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-  ConvGeometry shape = plan.geometry();
-  shape.max_batch = b.n;  // the key names the batch measured, not the plan's largest
-  const std::string key = std::string(kDirectionNames[d]) + " " + shape.str() +
-                          (allow_tf32_ ? " tf32" : " fp32") +
-                          " workspace<=" + std::to_string(limit);
+  const auto dir = static_cast<ConvDirection>(direction);
+  const std::string key = choice_key(plan, b.n, direction, limit);
   const auto measure = [&]() -> std::string {
     CUDNN_CHECK(cudnnSetConvolutionMathType(conv, wanted));
     const ConvGeometry& g = plan.geometry();
@@ -364,20 +413,20 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
       CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           cudnn_, b.x, x.get(), plan.w_desc, w.get(), conv, b.y, y.get(),
           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws.get(), limit));
-      return fastest(perf, returned, limit, allow_tf32_);
+      return fastest(perf, returned, limit, contract_, dir);
     }
     if (direction == kBackwardData) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
           cudnn_, plan.w_desc, w.get(), b.y, y.get(), conv, b.x, x.get(),
           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf, ws.get(), limit));
-      return fastest(perf, returned, limit, allow_tf32_);
+      return fastest(perf, returned, limit, contract_, dir);
     }
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         cudnn_, b.x, x.get(), b.y, y.get(), conv, plan.w_desc, w.get(),
         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf, ws.get(), limit));
-    return fastest(perf, returned, limit, allow_tf32_);
+    return fastest(perf, returned, limit, contract_, dir);
   };
   const auto give_up = [&](const std::string& why) {
     CUDNN_WARN(cudnnSetConvolutionMathType(conv, wanted));
@@ -403,25 +452,14 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
     return give_up("the recorded choice '" + value + "' does not parse");
   }
   const auto m = static_cast<cudnnMathType_t>(math);
-  const bool known = m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH || m == CUDNN_TENSOR_OP_MATH;
-  if (!known || (!allow_tf32_ && m != CUDNN_FMA_MATH)) {
-    return give_up("the recorded choice '" + value + "' has a math type this run cannot use");
+  if (const std::string refusal =
+          conv_contract_refusal(contract_, dir, algo, static_cast<ConvMath>(math));
+      !refusal.empty()) {
+    return give_up("the recorded choice '" + value + "' is outside the contract (" + refusal + ")");
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv, m));
   size_t need = 0;
-  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
-  if (direction == kForward) {
-    status = cudnnGetConvolutionForwardWorkspaceSize(
-        cudnn_, b.x, plan.w_desc, conv, b.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo), &need);
-  } else if (direction == kBackwardData) {
-    status = cudnnGetConvolutionBackwardDataWorkspaceSize(
-        cudnn_, plan.w_desc, b.y, conv, b.x, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
-        &need);
-  } else {
-    status = cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        cudnn_, b.x, b.y, conv, plan.w_desc, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
-        &need);
-  }
+  const cudnnStatus_t status = workspace_size(cudnn_, plan, b, direction, algo, &need);
   if (status != CUDNN_STATUS_SUCCESS || need > limit) {
     return give_up("the recorded algorithm " + std::to_string(algo) +
                    " does not run here within the workspace (" + cudnnGetErrorString(status) + ")");
@@ -432,7 +470,7 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
                  "dprun: cudnn: %s batch %lld %s: algo %d, %s math, workspace %zu bytes, "
                  "measured %.4f ms%s\n",
                  plan.describe().c_str(), static_cast<long long>(b.n), kDirectionNames[d], algo,
-                 math_name(m), need, ms,
+                 conv_math_name(static_cast<ConvMath>(m)), need, ms,
                  limit == kMaxWorkspaceBytes ? "" : " (chosen after setup)");
   }
   return true;
@@ -444,8 +482,6 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
   if (measure_choices_ && at_plan_time && choose_measured(plan, b, direction, limit)) return;
   cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
   std::vector<Candidate> list;
-  // The workspace of `algo` run with the math type now set on `conv`.
-  std::function<cudnnStatus_t(int, size_t*)> query;
   if (direction == kForward) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int returned = 0;
@@ -454,10 +490,6 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
     list = candidates(perf, returned,
                       {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true},
                        {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true}});
-    query = [&](int algo, size_t* ws) {
-      return cudnnGetConvolutionForwardWorkspaceSize(
-          cudnn_, b.x, plan.w_desc, conv, b.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws);
-    };
   } else if (direction == kBackwardData) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int returned = 0;
@@ -467,11 +499,6 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
     list = candidates(
         perf, returned,
         {{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true}, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false}});
-    query = [&](int algo, size_t* ws) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(
-          cudnn_, plan.w_desc, b.y, conv, b.x, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
-          ws);
-    };
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int returned = 0;
@@ -482,11 +509,6 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
                       {{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true},
                        {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false},
                        {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, false}});
-    query = [&](int algo, size_t* ws) {
-      return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-          cudnn_, b.x, b.y, conv, plan.w_desc, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
-          ws);
-    };
   }
   const char* name = kDirectionNames[static_cast<size_t>(direction)];
   ConvBatch::Choice& choice = b.choice[static_cast<size_t>(direction)];
@@ -494,16 +516,21 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
   // descriptor's math type decides what runs; an algorithm without an FMA kernel fails the
   // query). With TF32 allowed the heuristics' math type is used, never a down-conversion.
   const auto math_for = [&](const Candidate& c) {
-    if (!allow_tf32_) return CUDNN_FMA_MATH;
-    return c.math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION ? CUDNN_TENSOR_OP_MATH : c.math;
+    return static_cast<cudnnMathType_t>(
+        conv_contract_math(contract_, static_cast<ConvMath>(c.math)));
   };
+  const auto dir = static_cast<ConvDirection>(direction);
   const auto try_pass = [&](bool deterministic_only) {
     for (const Candidate& c : list) {
       if (deterministic_only && !c.deterministic) continue;
       const cudnnMathType_t math = math_for(c);
+      if (!conv_contract_allows(contract_, dir, c.algo, static_cast<ConvMath>(math))) continue;
       CUDNN_CHECK(cudnnSetConvolutionMathType(conv, math));
       size_t ws = 0;
-      if (query(c.algo, &ws) != CUDNN_STATUS_SUCCESS || ws > limit) continue;
+      if (workspace_size(cudnn_, plan, b, direction, c.algo, &ws) != CUDNN_STATUS_SUCCESS ||
+          ws > limit) {
+        continue;
+      }
       choice = {true, c.algo, ws, math};
       return true;
     }
@@ -516,8 +543,9 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
       fail("plan_conv", std::string("cuDNN offers no ") + name + " algorithm for " +
                             plan.describe() + " at batch " + std::to_string(b.n) +
                             " within a workspace of " + std::to_string(limit >> 20) + " MiB" +
+                            " under the " + conv_contract_name(contract_) + " contract" +
                             (allow_tf32_ ? ": use a smaller batch per replica"
-                                         : " with exact fp32 (FMA) math: allow TF32, or use a "
+                                         : " (GEMM or direct, FMA math): allow TF32, or use a "
                                            "smaller batch per replica"));
     }
     std::fprintf(
@@ -530,9 +558,149 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
     std::fprintf(stderr,
                  "dprun: cudnn: %s batch %lld %s: algo %d, %s math, workspace %zu bytes%s\n",
                  plan.describe().c_str(), static_cast<long long>(b.n), name, choice.algo,
-                 math_name(choice.math), choice.workspace,
+                 conv_math_name(static_cast<ConvMath>(choice.math)), choice.workspace,
                  limit == kMaxWorkspaceBytes ? "" : " (chosen after setup)");
   }
+}
+
+// ---- introspection (dp/conv_contract.hpp) ---------------------------------------------------------
+
+CudnnConvPlan& CudaBackend::own_plan(ConvPlan& plan, const char* op) {
+  check_plan(plan, op);
+  return as_cudnn(plan);
+}
+
+namespace {
+
+void check_batch(const CudnnConvPlan& plan, int64_t n, const char* op) {
+  if (n < 1 || n > plan.geometry().max_batch) {
+    fail(op, "batch " + std::to_string(n) + " is outside [1, max_batch = " +
+                 std::to_string(plan.geometry().max_batch) + "] of " + plan.describe());
+  }
+}
+
+/// cuDNN's own word on determinism where its heuristics listed the algorithm; else what the
+/// algorithm is known for (backward-data ALGO_0, backward-filter ALGO_0 and ALGO_3 sum in a
+/// non-deterministic order).
+bool known_deterministic(ConvDirection d, int algo) {
+  if (d == ConvDirection::backward_data) return algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+  if (d == ConvDirection::backward_filter) {
+    return algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 && algo != CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+  }
+  return true;
+}
+
+constexpr std::array<int, 3> kAlgoCount = {CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT};
+
+}  // namespace
+
+std::vector<ConvAlgorithm> CudaBackend::conv_algorithms(ConvPlan& plan_base, ConvDirection d,
+                                                        int64_t n) {
+  const char* op = "cuda_conv_algorithms";
+  refuse_while_capturing(op);
+  CudnnConvPlan& plan = own_plan(plan_base, op);
+  check_batch(plan, n, op);
+  activate();
+  ConvBatch& b = batch_state(plan, n);
+  const int direction = static_cast<int>(d);
+  cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
+  cudnnMathType_t before = CUDNN_DEFAULT_MATH;
+  CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &before));
+  // Every math type the contract may run: FMA always; with TF32 or bf16 allowed also the
+  // tensor-core kind (cuDNN's default math permits TF32 for fp32 data).
+  std::vector<ConvMath> maths{ConvMath::fma};
+  if (contract_ != ConvContract::fp32_exact) maths.push_back(ConvMath::default_math);
+  std::vector<ConvAlgorithm> out;
+  for (int algo = 0; algo < kAlgoCount[static_cast<size_t>(direction)]; ++algo) {
+    for (ConvMath math : maths) {
+      if (!conv_contract_allows(contract_, d, algo, math)) continue;
+      CUDNN_CHECK(cudnnSetConvolutionMathType(conv, static_cast<cudnnMathType_t>(math)));
+      size_t ws = 0;
+      if (workspace_size(cudnn_, plan, b, direction, algo, &ws) != CUDNN_STATUS_SUCCESS ||
+          ws > kMaxWorkspaceBytes) {
+        continue;
+      }
+      out.push_back({d, n, algo, math, ws, known_deterministic(d, algo)});
+    }
+  }
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv, before));
+  return out;
+}
+
+ConvAlgorithm CudaBackend::conv_choice(ConvPlan& plan_base, ConvDirection d, int64_t n) {
+  const char* op = "cuda_conv_choice";
+  CudnnConvPlan& plan = own_plan(plan_base, op);
+  check_batch(plan, n, op);
+  activate();
+  const int direction = static_cast<int>(d);
+  const bool chosen = batch_state(plan, n).choice[static_cast<size_t>(direction)].chosen;
+  if (!chosen) refuse_while_capturing(op);  // choosing may time and grow the workspace
+  const ConvBatch::Choice& c = conv_batch(plan, n, direction, true).choice[static_cast<size_t>(direction)];
+  return {d, n, c.algo, static_cast<ConvMath>(c.math), c.workspace, known_deterministic(d, c.algo)};
+}
+
+void CudaBackend::use_conv_algorithm(ConvPlan& plan_base, const ConvAlgorithm& a) {
+  const char* op = "cuda_use_conv_algorithm";
+  refuse_while_capturing(op);
+  CudnnConvPlan& plan = own_plan(plan_base, op);
+  check_batch(plan, a.batch, op);
+  if (const std::string refusal = conv_contract_refusal(contract_, a.direction, a.algo, a.math);
+      !refusal.empty()) {
+    fail(op, plan.describe() + ": " + refusal);
+  }
+  activate();
+  ConvBatch& b = batch_state(plan, a.batch);
+  const int direction = static_cast<int>(a.direction);
+  cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
+  cudnnMathType_t before = CUDNN_DEFAULT_MATH;
+  CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &before));
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv, static_cast<cudnnMathType_t>(a.math)));
+  size_t ws = 0;
+  const cudnnStatus_t status = workspace_size(cudnn_, plan, b, direction, a.algo, &ws);
+  if (status != CUDNN_STATUS_SUCCESS || ws > kMaxWorkspaceBytes) {
+    CUDNN_WARN(cudnnSetConvolutionMathType(conv, before));
+    fail(op, plan.describe() + ": cuDNN cannot run " + a.str() + " (" +
+                 (status != CUDNN_STATUS_SUCCESS
+                      ? std::string(cudnnGetErrorString(status))
+                      : "workspace " + std::to_string(ws) + " bytes over the limit") +
+                 ")");
+  }
+  reserve_workspace(ws);
+  b.choice[static_cast<size_t>(direction)] = {true, a.algo, ws, static_cast<cudnnMathType_t>(a.math)};
+}
+
+ConvChoiceKey CudaBackend::conv_choice_key(ConvPlan& plan_base, ConvDirection d, int64_t n) {
+  const char* op = "cuda_conv_choice_key";
+  CudnnConvPlan& plan = own_plan(plan_base, op);
+  check_batch(plan, n, op);
+  return {choice_scope_, choice_key(plan, n, static_cast<int>(d), kMaxWorkspaceBytes)};
+}
+
+namespace {
+CudaBackend& as_cuda(Backend& backend, const char* op) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) {
+    throw Error(std::string(op) + ": the " + backend.name() +
+                " backend has no cuDNN algorithms (a CUDA backend's plans do)");
+  }
+  return *cuda;
+}
+}  // namespace
+
+std::vector<ConvAlgorithm> conv_algorithms(Backend& backend, ConvPlan& plan, ConvDirection d,
+                                           int64_t batch) {
+  return as_cuda(backend, "cuda_conv_algorithms").conv_algorithms(plan, d, batch);
+}
+ConvAlgorithm conv_choice(Backend& backend, ConvPlan& plan, ConvDirection d, int64_t batch) {
+  return as_cuda(backend, "cuda_conv_choice").conv_choice(plan, d, batch);
+}
+void use_conv_algorithm(Backend& backend, ConvPlan& plan, const ConvAlgorithm& a) {
+  as_cuda(backend, "cuda_use_conv_algorithm").use_conv_algorithm(plan, a);
+}
+ConvChoiceKey conv_choice_key(Backend& backend, ConvPlan& plan, ConvDirection d, int64_t batch) {
+  return as_cuda(backend, "cuda_conv_choice_key").conv_choice_key(plan, d, batch);
 }
 
 const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const Tensor& w) {

@@ -1,0 +1,376 @@
+// The precision contract on the GPU, independent of timing: for the op tests' convolution shapes
+// and the real layers of LeNet and ResNet-18 at batch 256, NCHW and NHWC, under fp32-exact and
+// TF32, EVERY algorithm cuDNN offers that the contract allows is run and compared with the CPU
+// backend. A forbidden algorithm is refused; the default GPU path (TF32, batches 256 and 512,
+// heuristic and measured choice, a choice read back from the cache) stays inside the contract.
+//
+// Tolerance, per output element i, with M_i = the same convolution of |inputs| (sum |a_k b_k|,
+// computed by the CPU backend) and K the length of the sum:
+//  - both sides sum K fp32 products in some order: at most K * 2^-24 * M_i each (gamma_K), so
+//    2 K 2^-24 M_i together (fp32-exact allows only such sums: GEMM and direct algorithms);
+//  - TF32 rounds both inputs to a 10-bit mantissa first: a product is off by at most 2 * 2^-10
+//    of itself (round to nearest would halve that), adding 2^-9 M_i;
+//  - FFT and Winograd (TF32 only) transform the inputs, which spreads an input's rounding over a
+//    tile: their bound is kTransformFactor times TF32's, on max(M_i, the mean of M). The factor is
+//    a first estimate; the test prints, per algorithm, the largest fraction of its bound it used,
+//    so each GPU run measures the margin (scripts/gpu-check keeps the log).
+#include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "dp/backend.hpp"
+#include "dp/choice_cache.hpp"
+#include "dp/conv_contract.hpp"
+#include "dp/error.hpp"
+#include "support/check.hpp"
+
+using dp::ConvContract;
+using dp::ConvDirection;
+using dp::ConvFamily;
+using dp::Layout;
+
+namespace {
+
+constexpr double kU32 = 1.0 / (1 << 24);     // fp32 unit roundoff (round to nearest)
+constexpr double kTf32Input = 1.0 / (1 << 10);  // TF32 input rounding, truncation included
+constexpr double kTransformFactor = 8.0;
+
+struct ConvShape {
+  std::string what;
+  int64_t n, c, h, w, k, r, s, stride, pad;
+  dp::ConvGeometry geometry(Layout layout) const {
+    dp::ConvGeometry g;
+    g.max_batch = n;
+    g.in_channels = c;
+    g.in_h = h;
+    g.in_w = w;
+    g.out_channels = k;
+    g.kernel_h = r;
+    g.kernel_w = s;
+    g.stride_h = g.stride_w = stride;
+    g.pad_h = g.pad_w = pad;
+    g.layout = layout;
+    return g;
+  }
+};
+
+// The op tests' shapes (test_cuda_ops.cpp).
+std::vector<ConvShape> op_shapes() {
+  return {{"odd sizes", 3, 2, 7, 6, 5, 3, 3, 1, 1},
+          {"strided 5x5", 4, 3, 9, 9, 4, 5, 5, 2, 2},
+          {"lenet-like 20->50 5x5", 2, 20, 12, 12, 50, 5, 5, 1, 0},
+          {"1x1 stride 2", 5, 8, 8, 8, 16, 1, 1, 2, 0},
+          {"28x28 stem", 8, 1, 28, 28, 6, 3, 3, 1, 1},
+          {"wide 64->64", 2, 64, 7, 7, 64, 3, 3, 1, 1}};
+}
+
+// Every convolution of the plugins' LeNet and ResNet-18 (width 64) on 28x28 Fashion-MNIST.
+std::vector<ConvShape> model_shapes(int64_t n) {
+  return {{"lenet conv1", n, 1, 28, 28, 20, 3, 3, 1, 0},
+          {"lenet conv2", n, 20, 13, 13, 50, 5, 5, 1, 0},
+          {"resnet stem", n, 1, 28, 28, 64, 3, 3, 1, 1},
+          {"resnet block1 conv", n, 64, 28, 28, 64, 3, 3, 1, 1},
+          {"resnet block2 conv1", n, 64, 28, 28, 128, 3, 3, 2, 1},
+          {"resnet block2 shortcut", n, 64, 28, 28, 128, 1, 1, 2, 0},
+          {"resnet block2 conv", n, 128, 14, 14, 128, 3, 3, 1, 1},
+          {"resnet block3 conv1", n, 128, 14, 14, 256, 3, 3, 2, 1},
+          {"resnet block3 shortcut", n, 128, 14, 14, 256, 1, 1, 2, 0},
+          {"resnet block3 conv", n, 256, 7, 7, 256, 3, 3, 1, 1},
+          {"resnet block4 conv1", n, 256, 7, 7, 512, 3, 3, 2, 1},
+          {"resnet block4 shortcut", n, 256, 7, 7, 512, 1, 1, 2, 0},
+          {"resnet block4 conv", n, 512, 4, 4, 512, 3, 3, 1, 1}};
+}
+
+std::unique_ptr<dp::Backend> gpu_backend(ConvContract contract, dp::ConvChoice choice) {
+  dp::BackendOptions o;
+  o.kind = dp::BackendKind::cuda;
+  o.device_index = 0;
+  o.allow_tf32 = contract != ConvContract::fp32_exact;
+  o.conv_choice = choice;
+  return dp::create_backend(o);
+}
+
+std::vector<float> absolute(std::vector<float> v) {
+  for (float& x : v) x = std::fabs(x);
+  return v;
+}
+
+/// The CPU's results of one shape (NCHW) and the magnitudes M of each output.
+struct Reference {
+  std::vector<float> x, w, dy;      // inputs
+  std::vector<float> y, dx, dw;     // results
+  std::vector<float> my, mdx, mdw;  // sum |a b| per output
+};
+
+Reference cpu_reference(const ConvShape& cs) {
+  dp::Backend& cpu = *cudatest::backends().cpu;
+  const dp::ConvGeometry g = cs.geometry(Layout::nchw);
+  const int64_t p = g.out_h(), q = g.out_w();
+  Reference r;
+  r.x = dptest::random_vector(cs.n * cs.c * cs.h * cs.w, 101);
+  r.w = dptest::random_vector(cs.k * cs.c * cs.r * cs.s, 102, -0.5f, 0.5f);
+  r.dy = dptest::random_vector(cs.n * cs.k * p * q, 103);
+  auto plan = cpu.plan_conv(g);
+  dptest::DeviceBuffer x(cpu, {cs.n, cs.c, cs.h, cs.w}), dx(cpu, {cs.n, cs.c, cs.h, cs.w});
+  dptest::DeviceBuffer y(cpu, {cs.n, cs.k, p, q}), dy(cpu, {cs.n, cs.k, p, q});
+  dptest::DeviceBuffer w(cpu, {cs.k, cs.c, cs.r, cs.s}), dw(cpu, {cs.k, cs.c, cs.r, cs.s});
+  const auto run = [&](const std::vector<float>& xv, const std::vector<float>& wv,
+                       const std::vector<float>& dyv, std::vector<float>& yo,
+                       std::vector<float>& dxo, std::vector<float>& dwo) {
+    x.upload(xv);
+    w.upload(wv);
+    dy.upload(dyv);
+    cpu.conv_forward(*plan, x.tensor(), w.tensor(), nullptr, y.tensor());
+    cpu.conv_backward_data(*plan, dy.tensor(), w.tensor(), dx.tensor());
+    cpu.conv_backward_filter(*plan, x.tensor(), dy.tensor(), dw.tensor(), nullptr);
+    yo = y.download_f32();
+    dxo = dx.download_f32();
+    dwo = dw.download_f32();
+  };
+  run(r.x, r.w, r.dy, r.y, r.dx, r.dw);
+  run(absolute(r.x), absolute(r.w), absolute(r.dy), r.my, r.mdx, r.mdw);
+  return r;
+}
+
+/// Terms in each output's sum, per direction (an upper bound where stride or padding skips some).
+int64_t sum_length(const ConvShape& cs, ConvDirection d) {
+  const dp::ConvGeometry g = cs.geometry(Layout::nchw);
+  switch (d) {
+    case ConvDirection::forward:
+      return cs.c * cs.r * cs.s;
+    case ConvDirection::backward_data:
+      return cs.k * cs.r * cs.s;
+    case ConvDirection::backward_filter:
+      return cs.n * g.out_h() * g.out_w();
+  }
+  return 0;
+}
+
+/// The largest |actual - expected| / bound_i over the elements (<= 1: within the contract).
+double worst_fraction(const std::vector<float>& actual, const std::vector<float>& expected,
+                      const std::vector<float>& magnitude, ConvContract contract,
+                      ConvFamily family, int64_t k, int64_t* outside) {
+  const double sums = 2.0 * static_cast<double>(k) * kU32;
+  double mean = 0;
+  for (float m : magnitude) mean += m;
+  mean /= std::max<size_t>(1, magnitude.size());
+  const bool transform = family == ConvFamily::fft || family == ConvFamily::winograd;
+  double worst = 0;
+  *outside = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double m = magnitude[i];
+    double bound = sums * m;
+    if (contract != ConvContract::fp32_exact) {
+      bound += transform ? kTransformFactor * 2 * kTf32Input * std::max(m, mean)
+                         : 2 * kTf32Input * m;
+    }
+    bound += 1e-30;  // an exact zero compared with an exact zero
+    const double f = std::fabs(static_cast<double>(actual[i]) - expected[i]) / bound;
+    if (!(f <= 1.0)) ++*outside;  // NaN counts as outside
+    worst = std::max(worst, std::isnan(f) ? INFINITY : f);
+  }
+  return worst;
+}
+
+/// Runs direction `d` of the GPU plan as the step would, into NCHW host order.
+std::vector<float> run_direction(dp::Backend& gpu, dp::ConvPlan& plan, ConvDirection d,
+                                 const ConvShape& cs, Layout layout, const Reference& ref) {
+  const dp::ConvGeometry g = cs.geometry(layout);
+  const int64_t p = g.out_h(), q = g.out_w();
+  const bool nhwc = layout == Layout::nhwc;
+  const auto mine = [&](const std::vector<float>& v, int64_t c, int64_t h, int64_t w) {
+    return nhwc ? dptest::to_nhwc(v, cs.n, c, h, w) : v;
+  };
+  dptest::DeviceBuffer x(gpu, {cs.n, cs.c, cs.h, cs.w}, dp::DType::f32, layout);
+  dptest::DeviceBuffer dy(gpu, {cs.n, cs.k, p, q}, dp::DType::f32, layout);
+  dptest::DeviceBuffer w(gpu, {cs.k, cs.c, cs.r, cs.s});
+  x.upload(mine(ref.x, cs.c, cs.h, cs.w));
+  dy.upload(mine(ref.dy, cs.k, p, q));
+  w.upload(ref.w);
+  const auto poisoned = [&](dp::Shape s, Layout l) {
+    dptest::DeviceBuffer b(gpu, s, dp::DType::f32, l);
+    b.upload(std::vector<float>(static_cast<size_t>(s.numel()), 7.0f));
+    return b;
+  };
+  switch (d) {
+    case ConvDirection::forward: {
+      dptest::DeviceBuffer y = poisoned({cs.n, cs.k, p, q}, layout);
+      gpu.conv_forward(plan, x.tensor(), w.tensor(), nullptr, y.tensor());
+      const auto v = y.download_f32();
+      return nhwc ? dptest::to_nchw(v, cs.n, cs.k, p, q) : v;
+    }
+    case ConvDirection::backward_data: {
+      dptest::DeviceBuffer dx = poisoned({cs.n, cs.c, cs.h, cs.w}, layout);
+      gpu.conv_backward_data(plan, dy.tensor(), w.tensor(), dx.tensor());
+      const auto v = dx.download_f32();
+      return nhwc ? dptest::to_nchw(v, cs.n, cs.c, cs.h, cs.w) : v;
+    }
+    case ConvDirection::backward_filter: {
+      dptest::DeviceBuffer dw = poisoned({cs.k, cs.c, cs.r, cs.s}, Layout::nchw);
+      gpu.conv_backward_filter(plan, x.tensor(), dy.tensor(), dw.tensor(), nullptr);
+      return dw.download_f32();
+    }
+  }
+  return {};
+}
+
+const std::vector<float>& expected_of(const Reference& r, ConvDirection d) {
+  return d == ConvDirection::forward ? r.y : d == ConvDirection::backward_data ? r.dx : r.dw;
+}
+const std::vector<float>& magnitude_of(const Reference& r, ConvDirection d) {
+  return d == ConvDirection::forward ? r.my : d == ConvDirection::backward_data ? r.mdx : r.mdw;
+}
+
+constexpr ConvDirection kDirections[] = {ConvDirection::forward, ConvDirection::backward_data,
+                                         ConvDirection::backward_filter};
+
+/// Every allowed algorithm of every direction of `cs`, under both contracts and both layouts.
+void check_every_algorithm(const ConvShape& cs) {
+  const Reference ref = cpu_reference(cs);
+  for (ConvContract contract : {ConvContract::fp32_exact, ConvContract::tf32}) {
+    auto gpu = gpu_backend(contract, dp::ConvChoice::heuristic);
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      auto plan = gpu->plan_conv(cs.geometry(layout));
+      for (ConvDirection d : kDirections) {
+        const auto algorithms = dp::cuda_conv_algorithms(*gpu, *plan, d, cs.n);
+        INFO(cs.what << " " << cs.geometry(layout).str() << ", " << dp::conv_contract_name(contract)
+                     << ", " << dp::conv_direction_name(d));
+        // The GEMM-like algorithms run every shape: a contract with nothing to run is a bug.
+        CHECK_FALSE(algorithms.empty());
+        for (const dp::ConvAlgorithm& a : algorithms) {
+          INFO(a.str());
+          REQUIRE(dp::conv_contract_allows(contract, d, a.algo, a.math));
+          dp::cuda_use_conv_algorithm(*gpu, *plan, a);
+          CHECK(dp::cuda_conv_choice(*gpu, *plan, d, cs.n).algo == a.algo);
+          const std::vector<float> actual = run_direction(*gpu, *plan, d, cs, layout, ref);
+          int64_t outside = 0;
+          const ConvFamily family = dp::conv_family(d, a.algo);
+          const double used = worst_fraction(actual, expected_of(ref, d), magnitude_of(ref, d),
+                                             contract, family, sum_length(cs, d), &outside);
+          std::printf("conv-algorithm %-24s %-5s %-10s %-15s %-22s %-9s %-10s %6.3f of bound\n",
+                      cs.what.c_str(), dp::layout_name(layout), dp::conv_contract_name(contract),
+                      dp::conv_direction_name(d), dp::conv_algorithm_name(d, a.algo).c_str(),
+                      dp::conv_family_name(family), dp::conv_math_name(a.math), used);
+          INFO(outside << " of " << actual.size() << " outputs outside the contract's bound; "
+                       << "worst at " << used << " of it");
+          CHECK(outside == 0);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda conv: every algorithm the contract allows computes within it (op test shapes)",
+          "[cuda][algorithms]") {
+  for (const ConvShape& cs : op_shapes()) check_every_algorithm(cs);
+}
+
+TEST_CASE("cuda conv: every algorithm the contract allows computes within it (LeNet, ResNet-18, "
+          "batch 256)",
+          "[cuda][algorithms]") {
+  for (const ConvShape& cs : model_shapes(256)) check_every_algorithm(cs);
+}
+
+TEST_CASE("cuda conv: an algorithm the contract forbids is refused", "[cuda][algorithms]") {
+  const ConvShape cs{"lenet-like 20->50 5x5", 2, 20, 12, 12, 50, 5, 5, 1, 0};
+  auto exact = gpu_backend(ConvContract::fp32_exact, dp::ConvChoice::heuristic);
+  auto plan = exact->plan_conv(cs.geometry(Layout::nchw));
+  const dp::ConvAlgorithm before = dp::cuda_conv_choice(*exact, *plan, ConvDirection::forward, 2);
+  // The H100 run's case: WINOGRAD_NONFUSED with FMA math, picked by timing.
+  CHECK_THROWS_WITH(dp::cuda_use_conv_algorithm(
+                        *exact, *plan, {ConvDirection::forward, 2, 7, dp::ConvMath::fma, 0, true}),
+                    Catch::Contains("fp32-exact") && Catch::Contains("WINOGRAD_NONFUSED"));
+  CHECK_THROWS_WITH(
+      dp::cuda_use_conv_algorithm(
+          *exact, *plan, {ConvDirection::forward, 2, 1, dp::ConvMath::default_math, 0, true}),
+      Catch::Contains("FMA math only"));
+  CHECK_THROWS_WITH(dp::cuda_use_conv_algorithm(*exact, *plan,
+                                                {ConvDirection::backward_filter, 2, 2,
+                                                 dp::ConvMath::fma, 0, true}),
+                    Catch::Contains("an FFT"));
+  // A refusal changes nothing.
+  const dp::ConvAlgorithm after = dp::cuda_conv_choice(*exact, *plan, ConvDirection::forward, 2);
+  CHECK(after.algo == before.algo);
+  CHECK(after.math == before.math);
+  // No contract down-converts to fp16.
+  auto tf32 = gpu_backend(ConvContract::tf32, dp::ConvChoice::heuristic);
+  auto tf32_plan = tf32->plan_conv(cs.geometry(Layout::nchw));
+  CHECK_THROWS_WITH(dp::cuda_use_conv_algorithm(*tf32, *tf32_plan,
+                                                {ConvDirection::forward, 2, 1,
+                                                 dp::ConvMath::tensor_op_allow_conversion, 0, true}),
+                    Catch::Contains("fp16"));
+  // And the CPU backend has no cuDNN algorithms.
+  auto& cpu = *cudatest::backends().cpu;
+  auto cpu_plan = cpu.plan_conv(cs.geometry(Layout::nchw));
+  CHECK_THROWS_WITH(dp::cuda_conv_algorithms(cpu, *cpu_plan, ConvDirection::forward, 2),
+                    Catch::Contains("cuDNN"));
+}
+
+TEST_CASE("cuda conv: the default GPU path (TF32, batch 256 and 512, heuristic and measured) "
+          "stays inside the contract",
+          "[cuda][algorithms]") {
+  for (const dp::ConvChoice choice : {dp::ConvChoice::heuristic, dp::ConvChoice::measured}) {
+    auto gpu = gpu_backend(ConvContract::tf32, choice);
+    for (int64_t n : {256, 512}) {
+      for (const ConvShape& cs : model_shapes(n)) {
+        const Reference ref = cpu_reference(cs);
+        for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+          auto plan = gpu->plan_conv(cs.geometry(layout));
+          for (ConvDirection d : kDirections) {
+            const dp::ConvAlgorithm a = dp::cuda_conv_choice(*gpu, *plan, d, n);
+            INFO(cs.what << " " << cs.geometry(layout).str() << ", " << dp::conv_choice_name(choice)
+                         << ": " << a.str());
+            CHECK(dp::conv_contract_allows(ConvContract::tf32, d, a.algo, a.math));
+            int64_t outside = 0;
+            const double used = worst_fraction(
+                run_direction(*gpu, *plan, d, cs, layout, ref), expected_of(ref, d),
+                magnitude_of(ref, d), ConvContract::tf32, dp::conv_family(d, a.algo),
+                sum_length(cs, d), &outside);
+            INFO(outside << " outputs outside the bound; worst at " << used << " of it");
+            CHECK(outside == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda conv: a measured choice read back from the cache is held to the contract",
+          "[cuda][algorithms]") {
+  // Batch 4 is planned (and measured) at setup; batch 2 is first met later, so its cache entry
+  // can be planted before anything reads it.
+  const ConvShape cs{"lenet-like 20->50 5x5", 4, 20, 12, 12, 50, 5, 5, 1, 0};
+  auto gpu = gpu_backend(ConvContract::fp32_exact, dp::ConvChoice::measured);
+  SECTION("a forbidden entry is refused and the heuristics choose inside the contract") {
+    auto plan = gpu->plan_conv(cs.geometry(Layout::nchw));
+    const dp::ConvChoiceKey where =
+        dp::cuda_conv_choice_key(*gpu, *plan, ConvDirection::forward, 2);
+    CHECK_THAT(where.key, Catch::Contains("fp32-exact"));
+    dp::ChoiceCache::shared(where.scope).put(where.key, "algo 7 math 3 workspace 0 ms 0.0010");
+    const dp::ConvAlgorithm a = dp::cuda_conv_choice(*gpu, *plan, ConvDirection::forward, 2);
+    INFO(a.str());
+    CHECK(a.algo != 7);
+    CHECK(dp::conv_contract_allows(ConvContract::fp32_exact, ConvDirection::forward, a.algo,
+                                   a.math));
+  }
+  SECTION("an allowed entry is what runs") {
+    dp::ConvGeometry g = cs.geometry(Layout::nhwc);  // another key than the section above
+    auto plan = gpu->plan_conv(g);
+    const dp::ConvChoiceKey where =
+        dp::cuda_conv_choice_key(*gpu, *plan, ConvDirection::forward, 2);
+    // IMPLICIT_GEMM with FMA math runs every shape and is rarely the fastest.
+    dp::ChoiceCache::shared(where.scope).put(where.key, "algo 0 math 3 workspace 0 ms 0.0010");
+    const dp::ConvAlgorithm a = dp::cuda_conv_choice(*gpu, *plan, ConvDirection::forward, 2);
+    INFO(a.str());
+    CHECK(a.algo == 0);
+    CHECK(a.math == dp::ConvMath::fma);
+  }
+}
