@@ -37,6 +37,31 @@ echo "$LD_LIBRARY_PATH" >"$OUT/ld_library_path"
 echo "All tests passed (3 assertions in 1 test case)"
 TC
 chmod +x "$T/stage/bin/test_cuda"
+# test_core must be run with its CUDA passes required; it says whether it was.
+cat >"$T/stage/bin/test_core" <<'TC'
+#!/bin/sh
+echo "${DPRUN_REQUIRE_CUDA:-unset}" >"$OUT/require_cuda"
+if [ -n "${STANDIN_CORE_FAILS:-}" ]; then
+  echo "test cases: 2 | 1 passed | 1 failed"; exit 1
+fi
+echo "All tests passed (5 assertions in 2 test cases)"
+TC
+chmod +x "$T/stage/bin/test_core"
+# compute-sanitizer: runs the binary after its options, then prints the tool's clean summary.
+cat >"$T/bin/compute-sanitizer" <<'CS'
+#!/bin/bash
+tool=""
+while [[ $1 == --* ]]; do
+  [[ $1 == --tool ]] && tool=$2
+  case "$1" in --tool|--error-exitcode|--print-limit) shift ;; esac
+  shift
+done
+"$@"; rc=$?
+if [[ $tool == racecheck ]]; then echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+else echo "========= ERROR SUMMARY: 0 errors"; fi
+exit $rc
+CS
+chmod +x "$T/bin/compute-sanitizer"
 pack() { tar -C "$T/stage" -cJf "$T/repo/.gpu/bundle.tar.xz" bin lib plugins; }
 pack
 run() {  # extra environment assignments for gpu-check
@@ -65,6 +90,29 @@ check "gpu-record folds the parts into bench/results ($folded)" \
 check "the folded record keeps the tests phase" grep -q '"group": "ops"' "$folded"
 table=$(python3 "$T/repo/scripts/gpu-record" table "$folded" 2>&1)
 check "gpu-record prints a table from it" grep -q "tests ops: All tests passed" <<<"$table"
+check "test_core ran with its CUDA passes required" grep -qx 1 "$T/out/require_cuda"
+check "the record has the test_core group" grep -q '"group": "core"' "$T/out/record-tests.json"
+
+# 1b. The sanitizer phase: four tools over both binaries, clean only when the tests pass too.
+sanitize() {
+  (cd "$T/repo" && env PATH="$T/bin:$PATH" PYTHONPATH="$T/py:$T/py2" OUT="$T/out" \
+    DPRUN_GPU_PREFIX="$T/prefix" "$@" bash scripts/gpu-check --phases sanitize >"$T/log" 2>&1)
+}
+sanitize; rc=$?
+check "a clean stand-in sanitizer run passes (exit $rc)" test $rc -eq 0
+for tool in memcheck racecheck initcheck synccheck; do
+  check "the sanitize record has $tool, clean" python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["result"]
+t = [x for x in r["tools"] if x["tool"] == sys.argv[2]][0]
+assert t["clean"] and [x["binary"] for x in t["runs"]] == ["test_cuda", "test_core"], t
+' "$T/out/record-sanitize.json" "$tool"
+done
+check "the output says NCCL's tests are left out" grep -q "do not run under compute-sanitizer" "$T/log"
+sanitize STANDIN_CORE_FAILS=1; rc=$?
+check "a failing test under a clean sanitizer fails the phase (exit $rc)" test $rc -ne 0
+check "the failing run is marked NOT clean" grep -q "memcheck test_core.*NOT clean" "$T/log"
+
 run LD_LIBRARY_PATH="/opt/x::"
 path=$(cat "$T/out/ld_library_path" 2>/dev/null)
 check "an inherited path with empty entries is cleaned ($path)" \
@@ -87,7 +135,16 @@ else
   echo "FAILED: no C compiler to build the unresolved-library case"; fails=$((fails + 1))
 fi
 
-# 3. Missing data, a missing nvidia package, no GPU: each a failure with its reason.
+# 3. A bundle without test_core, missing data, a missing nvidia package, no GPU: each a failure
+#    with its reason.
+mv "$T/stage/bin/test_core" "$T/test_core.keep"
+pack
+run; rc=$?
+check "a bundle without test_core fails the tests phase (exit $rc)" test $rc -ne 0
+check "the failure names test_core" grep -q "test_core is not in the bundle" "$T/log"
+mv "$T/test_core.keep" "$T/stage/bin/test_core"
+pack
+
 rm "$T/repo/.gpu/data/t10k-labels-idx1-ubyte.gz"
 run; rc=$?
 check "missing Fashion-MNIST fails (exit $rc)" test $rc -ne 0
