@@ -42,7 +42,7 @@ cat >"$T/stage/bin/test_core" <<'TC'
 #!/bin/sh
 echo "${DPRUN_REQUIRE_CUDA:-unset}" >"$OUT/require_cuda"
 if [ -n "${STANDIN_CORE_FAILS:-}" ]; then
-  echo "test cases: 2 | 1 passed | 1 failed"; exit 1
+  echo "test cases: 2 | 1 passed | 1 failed"; exit "${STANDIN_CORE_RC:-1}"
 fi
 echo "All tests passed (5 assertions in 2 test cases)"
 TC
@@ -112,6 +112,8 @@ check "the output says NCCL's tests are left out" grep -q "do not run under comp
 sanitize STANDIN_CORE_FAILS=1; rc=$?
 check "a failing test under a clean sanitizer fails the phase (exit $rc)" test $rc -ne 0
 check "the failing run is marked NOT clean" grep -q "memcheck test_core.*NOT clean" "$T/log"
+sanitize STANDIN_CORE_FAILS=1 STANDIN_CORE_RC=0; rc=$?
+check "a failed test summary with exit 0 fails the phase too (exit $rc)" test $rc -ne 0
 
 run LD_LIBRARY_PATH="/opt/x::"
 path=$(cat "$T/out/ld_library_path" 2>/dev/null)
