@@ -13,6 +13,7 @@
 
 #include "commands.hpp"
 #include "dp/backend.hpp"
+#include "dp/conv_contract.hpp"
 #include "dp/data.hpp"
 #include "dp/error.hpp"
 #include "dp/plugin.hpp"
@@ -148,6 +149,12 @@ const Opt kResultsDbOpt{"--db", "PATH", "the database (default: the only results
 
 // A function-local table: the train row's options are built from the settings table.
 const std::vector<Command>& commands() {
+  // `dprun train --help` ends with the GPU's precision contract (dp/conv_contract.hpp).
+  static const std::string train_details =
+      dp::conv_contract_text() +
+      "--conv-choice picks among what the contract allows: measured (timed once per shape and\n"
+      "kept in the choice cache) or heuristic (no timing; the same choice on every machine of\n"
+      "one kind).\n";
   static const std::vector<Command> table = {
       {"run",
        "run an experiment file: train the trials not yet done, record every epoch",
@@ -310,7 +317,7 @@ const std::vector<Command>& commands() {
        "Trains one model in this process, without a database, printing one line per epoch\n"
        "(epoch, train loss, train accuracy, test accuracy, seconds, examples/s). Every key of an\n"
        "experiment file's [train] table is an option (lr_scaling is --lr-scaling).",
-       train_options(), "", false, train_command},
+       train_options(), train_details.c_str(), false, train_command},
       {"settings",
        "list the settings an experiment file can give its trials",
        "dprun settings",

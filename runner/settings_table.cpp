@@ -187,6 +187,19 @@ const SettingTable& builtin_settings() {
        .help = "precision = \"fp32\" on GPUs: let cuDNN and cuBLAS use TF32 tensor cores (10-bit "
                "mantissa products, fp32 accumulation), as PyTorch's convolutions do by default; "
                "false: exact fp32. The CPU backend always computes exact fp32"},
+      {.key = "conv_choice",
+       .column = "conv_choice",
+       .type = T::choice,
+       .default_value = "measured"s,
+       .choices = {"measured", "heuristic"},
+       // Part of the identity: the two may pick different algorithms, so different bits.
+       .identity = true,
+       .help = "GPU convolutions: how cuDNN's algorithm is picked among those the precision "
+               "contract allows (`dprun train --help`): measured (timed once per shape on this "
+               "machine and kept in the choice cache: the fastest; machines of one kind may "
+               "choose differently) or heuristic (cuDNN's heuristics, nothing timed: the same "
+               "choice, so the same bits, on every machine with the same GPU model and "
+               "libraries)"},
       {.key = "graphs",
        .column = "graphs",
        .type = T::boolean,

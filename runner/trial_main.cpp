@@ -286,6 +286,15 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   t.layout = layout;
   t.precision = arithmetic;
   t.allow_tf32 = s.boolean("allow_tf32");
+  t.conv_choice = s.text("conv_choice") == "heuristic" ? dp::ConvChoice::heuristic
+                                                        : dp::ConvChoice::measured;
+  if (const char* env = std::getenv("DPRUN_CUDNN_CHOICE");
+      env != nullptr && *env != '\0' && s.text("conv_choice") != env) {
+    std::fprintf(stderr,
+                 "dprun: warning: DPRUN_CUDNN_CHOICE=%s does not apply to trials: the trial's "
+                 "conv_choice = \"%s\" decides (it is part of the trial's identity)\n",
+                 env, s.text("conv_choice").c_str());
+  }
   t.graphs = s.boolean("graphs");
   t.sync_bn = bn_mode == "sync";
 

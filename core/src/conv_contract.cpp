@@ -176,19 +176,19 @@ ConvMath conv_contract_math(ConvContract c, ConvMath suggested) {
 }
 
 std::string conv_contract_text() {
-  return "Convolutions on the GPU compute under one of three contracts, set by the trial's "
-         "settings and never by timing; cuDNN's algorithms are timed (or its heuristics asked) "
+  return "Convolutions on the GPU compute under one of three contracts, set by the trial's\n"
+         "settings and never by timing: cuDNN's algorithms are timed (or its heuristics asked)\n"
          "only among those the contract allows.\n"
-         "  fp32-exact (precision = \"fp32\", allow_tf32 = false): GEMM and direct algorithms "
-         "with FMA math only, so every output is an fp32 dot product of the fp32 inputs; no "
-         "FFT, no Winograd, no TF32.\n"
-         "  tf32 (precision = \"fp32\", allow_tf32 = true, the default): whatever cuDNN offers "
-         "for fp32 data with TF32 math (inputs rounded to a 10-bit mantissa, fp32 sums), FFT "
-         "and Winograd included, as PyTorch's convolutions by default.\n"
-         "  bf16 (precision = \"bf16\"): whatever cuDNN offers for bf16 data with fp32 "
-         "accumulation.\n"
-         "No contract down-converts to fp16. Non-deterministic algorithms are taken only when "
-         "no deterministic one fits, with a warning.";
+         "  fp32-exact (precision = \"fp32\", allow_tf32 = false): GEMM and direct algorithms\n"
+         "    with FMA math only, so every output is an fp32 dot product of the fp32 inputs;\n"
+         "    no FFT, no Winograd, no TF32.\n"
+         "  tf32 (precision = \"fp32\", allow_tf32 = true, the default): whatever cuDNN offers\n"
+         "    for fp32 data with TF32 math (inputs rounded to a 10-bit mantissa, fp32 sums), FFT\n"
+         "    and Winograd included, as PyTorch's convolutions by default.\n"
+         "  bf16 (precision = \"bf16\"): whatever cuDNN offers for bf16 data with fp32\n"
+         "    accumulation.\n"
+         "No contract down-converts to fp16. A non-deterministic algorithm is taken only when no\n"
+         "deterministic one fits, with a warning.\n";
 }
 
 std::string ConvAlgorithm::str() const {

@@ -152,6 +152,7 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   BackendOptions bo;
   bo.kind = options.backend;
   bo.allow_tf32 = options.allow_tf32;
+  bo.conv_choice = options.conv_choice;
   bo.precision = options.precision;
   if (options.backend == BackendKind::cpu) {
     const int total = options.cpu_threads > 0

@@ -391,6 +391,39 @@ TEST_CASE("allow_tf32 is recorded with each trial and false is another trial", "
   CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "1");
 }
 
+TEST_CASE("conv_choice is recorded with each trial, heuristic is another trial, and the default "
+          "keeps a trial's identity",
+          "[cli]") {
+  // How cuDNN's algorithms are picked can change a GPU trial's bits, so a sweep over it runs both
+  // trials. The CPU backend has no cuDNN algorithms: both train alike here.
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/choice.toml";
+  const std::string db = dir.path() + "/choice.db";
+  const std::string head = "[experiment]\nname = \"choice\"\n[data]\npath = \"" + data +
+                           "\"\n[train]\nmodel = \"lenet\"\nepochs = 1\nbatch_size = 32\n"
+                           "train_limit = 64\ntest_limit = 32\nbackend = \"cpu\"\n";
+  clitest::write_file(file, head + "[sweep]\nconv_choice = [\"measured\", \"heuristic\"]\n");
+  auto r = run({"run", file, "--db", db, "--threads", "1"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(sql1(db,
+             "SELECT group_concat(conv_choice || ':' || status, ',') FROM (SELECT * FROM trials "
+             "ORDER BY conv_choice)") == "heuristic:done,measured:done");
+  CHECK(sql1(db, "SELECT COUNT(DISTINCT config_hash) FROM trials") == "2");
+  CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "1");
+  // A file that does not name conv_choice is the measured trial: nothing runs again.
+  clitest::write_file(file, head);
+  auto again = run({"run", file, "--db", db, "--threads", "1"}, dir.path());
+  DPRUN_REQUIRE_EXIT(again, 0);
+  CHECK(sql1(db, "SELECT COUNT(*) FROM trials") == "2");
+  CHECK(sql1(db, "SELECT COUNT(*) FROM epochs") == "2");
+  // A value outside the two is refused where it stands.
+  clitest::write_file(file, head + "conv_choice = \"fastest\"\n");
+  auto bad = run({"run", file, "--db", db}, dir.path());
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("conv_choice") && Catch::Contains("fastest"));
+}
+
 TEST_CASE("AdamW with a warm-up and a cosine schedule: every epoch's learning rate is recorded",
           "[cli]") {
   DPRUN_NEED_DATA(data);

@@ -42,6 +42,8 @@ struct TrainerOptions {
   uint64_t seed = 0;
   int cpu_threads = 0;  // CPU backend: total threads shared by replicas (0: hardware)
   bool allow_tf32 = true;
+  /// CUDA: how each convolution's algorithm is picked (dp::ConvChoice).
+  ConvChoice conv_choice = ConvChoice::automatic;
   /// Arithmetic of convolutions and linear layers (dp::Precision); bf16 on the cpu backend only.
   Precision precision = Precision::fp32;
   Layout layout = Layout::nchw;
