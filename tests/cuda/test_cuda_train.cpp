@@ -222,3 +222,44 @@ TEST_CASE("cuda trainer with graphs computes the same bits as without", "[cuda][
   CHECK(graphs.first == eager.first);
   CHECK(graphs.second == eager.second);
 }
+
+TEST_CASE("cuda: two fresh runs of one trial compute the same bits (TF32, measured and heuristic)",
+          "[cuda][train]") {
+  // The default GPU path (TF32, the measured choice): the first run times the algorithms and
+  // keeps them in the choice cache, the second reads them back; both must compute the same bits,
+  // as the H100 run measured for LeNet. The heuristic choice never times.
+  if (!have_data()) return;
+  const auto& data = dptest::fashion_mnist_subset();
+  const dp::ModelBuilder resnet = dptest::plugin_builder("resnet18");
+  for (const dp::ConvChoice choice : {dp::ConvChoice::measured, dp::ConvChoice::heuristic}) {
+    INFO("conv_choice " << dp::conv_choice_name(choice));
+    dp::TrainerOptions o;
+    o.backend = dp::BackendKind::cuda;
+    o.allow_tf32 = true;
+    o.conv_choice = choice;
+    o.batch_size = 128;
+    o.epochs = 2;
+    o.seed = 5;
+    o.lr.base = 0.1;
+    o.optimizer.momentum = 0.9f;
+    auto run = [&](std::vector<dp::EpochReport>& reports) {
+      dp::Trainer t(o, resnet, data.train, data.test);
+      t.fit([&](const dp::EpochReport& r) {
+        reports.push_back(r);
+        return true;
+      });
+      return std::make_pair(t.parameters(0), t.buffers(0));
+    };
+    std::vector<dp::EpochReport> first_reports, second_reports;
+    const auto first = run(first_reports);
+    const auto second = run(second_reports);
+    REQUIRE(first_reports.size() == second_reports.size());
+    for (size_t e = 0; e < first_reports.size(); ++e) {
+      INFO("epoch " << e + 1);
+      CHECK(second_reports[e].train_loss == first_reports[e].train_loss);
+      CHECK(second_reports[e].test_acc == first_reports[e].test_acc);
+    }
+    CHECK(second.first == first.first);
+    CHECK(second.second == first.second);
+  }
+}
