@@ -452,6 +452,18 @@ void Backend::prepare_linear(int64_t max_batch, int64_t in, int64_t out) {
   prepare_linear_impl(max_batch, in, out);
 }
 
+void Backend::prepare_batchnorm(const Shape& max_input, Layout layout) {
+  refuse_while_capturing("prepare_batchnorm");
+  const Checker check(*this, "prepare_batchnorm");
+  if (max_input.rank != 4 && max_input.rank != 2) {
+    check.fail("expected an (N, C, H, W) or (N, C) input, got " + max_input.str());
+  }
+  for (int i = 0; i < max_input.rank; ++i) {
+    if (max_input[i] < 1) check.fail("every dimension must be >= 1, got " + max_input.str());
+  }
+  prepare_batchnorm_impl(max_input, layout);
+}
+
 void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
   const Checker check(*this, "linear_forward");
   const LinearDims d = check_linear(check, x, w);

@@ -180,6 +180,7 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
   save_mean_ = ctx.arena.allocate({c_});
   save_invstd_ = ctx.arena.allocate({c_});
   stats_ = ctx.arena.allocate({4 * c_});
+  ctx.backend.prepare_batchnorm(input, l);
   return input;
 }
 

@@ -113,6 +113,8 @@ TEST_CASE("While a step is captured what needs the host is refused and discard r
   refused(error_of([&] { b->synchronize(); }), "synchronize");
   refused(error_of([&] { (void)b->allocate(64); }), "allocate");
   refused(error_of([&] { b->prepare_linear(2, 3, 4); }), "prepare_linear");
+  refused(error_of([&] { b->prepare_batchnorm({2, 3, 4, 4}, dp::Layout::nhwc); }),
+          "prepare_batchnorm");
   refused(error_of([&] {
             dp::ConvGeometry g;
             (void)b->plan_conv(g);

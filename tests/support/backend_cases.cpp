@@ -146,6 +146,10 @@ BackendCases::BackendCases(dp::Backend& backend)
       [=] { bk->batchnorm_forward_train(bx, c2, c2, c2, c2, 0.1f, 0.0f, c2, c2, by); });
   add("batchnorm_forward_train", "momentum above 1", {"momentum must be in [0, 1]"},
       [=] { bk->batchnorm_forward_train(bx, c2, c2, c2, c2, 1.5f, 1e-5f, c2, c2, by); });
+  add("prepare_batchnorm", "an input of rank 3", {"(N, C, H, W) or (N, C)", "(3, 2, 5)"},
+      [=] { bk->prepare_batchnorm({3, 2, 5}, Layout::nchw); });
+  add("prepare_batchnorm", "an empty dimension", {"must be >= 1", "(3, 0, 5, 5)"},
+      [=] { bk->prepare_batchnorm({3, 0, 5, 5}, Layout::nhwc); });
   add("batchnorm_forward_infer", "gamma of the wrong length", {"gamma has shape (5)"},
       [=] { bk->batchnorm_forward_infer(bx, lb, c2, c2, c2, 1e-5f, by); });
   add("batchnorm_backward", "dy in another layout", {"dy is nhwc but x is nchw"},

@@ -204,7 +204,8 @@ class Backend {
   /// are recorded with their arguments and replayed in order, which proves on any machine what a
   /// graph needs: that the step reads everything that changes between steps from device memory
   /// (StepRow). While capturing, what needs the host is refused with an error naming it:
-  /// upload, download, synchronize, allocate, plan_conv, prepare_linear, a second begin_capture.
+  /// upload, download, synchronize, allocate, plan_conv, prepare_linear, prepare_batchnorm, a
+  /// second begin_capture.
   /// release() must not be called either (it cannot throw: a recorded op would use freed
   /// memory, a CUDA capture is invalidated). After any error, discard_capture() ends the
   /// capture and the backend works as before.
@@ -256,6 +257,11 @@ class Backend {
   // of the separate ops: y = relu(bn(x) + residual) computed as bn(x) rounded to f32, plus the
   // residual rounded to f32, then max(., 0) (NaN stays NaN), which is what batch norm, add and
   // relu_forward compute one after the other.
+  /// Declares, at setup, a batch norm's largest input ((N, C, H, W) or (N, C)) in its layout, so
+  /// a backend that needs scratch for it (the cuda backend's channels-last kernels) reserves it
+  /// before the step loop. Optional: a larger call than declared still works, preparing then,
+  /// but not while a step is being captured.
+  void prepare_batchnorm(const Shape& max_input, Layout layout);
   /// Training: normalise with this batch's mean and biased variance; update running stats as
   /// PyTorch does (running = (1-momentum)*running + momentum*stat, the variance unbiased by
   /// n/(n-1) where n = N*H*W, which must be > 1); save_mean, save_invstd (C) = mean and
@@ -401,6 +407,7 @@ class Backend {
   virtual std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) = 0;
   /// Nothing to prepare by default.
   virtual void prepare_linear_impl(int64_t /*max_batch*/, int64_t /*in*/, int64_t /*out*/) {}
+  virtual void prepare_batchnorm_impl(const Shape& /*max_input*/, Layout /*layout*/) {}
   virtual void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                                  const Tensor& y) = 0;
   virtual void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,

@@ -46,9 +46,9 @@ class Conv2d : public Module {
 ///
 /// What follows it can be fused into the same pass (Backend's BnEpilogue): a ReLU, and a
 /// residual added before that ReLU (a residual block's bn2 -> + shortcut -> ReLU). Fused or not,
-/// the values are those of the separate layers; fused, the CPU backend's forward writes the
-/// output in the same pass that normalises (the CUDA backend still runs the add and the ReLU as
-/// passes of their own).
+/// the values are those of the separate layers; fused, the CPU backend and the CUDA backend in
+/// NHWC write the output in the same pass that normalises (the CUDA backend in NCHW runs cuDNN's
+/// batch norm, then the add and the ReLU as passes of their own).
 struct BatchNormFused {
   bool residual = false;  // out = bn(x) + residual: forward with forward(ctx, x, residual)
   bool relu = false;      // then max(., 0)

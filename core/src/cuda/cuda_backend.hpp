@@ -1,8 +1,9 @@
 #pragma once
 // The CUDA backend: one per replica, bound to one device. Every op is enqueued on the replica's
 // own non-blocking stream (cuDNN and cuBLAS handles are bound to it) and never waits for the
-// GPU; only upload/download/synchronize block. Convolutions and batch norm go to cuDNN (legacy
-// API), linear layers to cuBLAS, the rest to our kernels (kernels.cuh).
+// GPU; only upload/download/synchronize block. Convolutions go to cuDNN (legacy API), batch norm
+// to cuDNN in NCHW and to our channels-last kernels in NHWC (bn_nhwc.cu), linear layers to
+// cuBLAS, the rest to our kernels (kernels.cuh).
 //
 // Memory: allocate() is cudaMalloc, counted (in use, peak). The backend's own scratch (the cuDNN
 // workspace shared by all convolution plans, filter-transpose and reduction scratch) is grown
@@ -101,6 +102,7 @@ class CudaBackend final : public Backend {
   void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
                             const Tensor& dw, const Tensor* db) override;
 
+  void prepare_batchnorm_impl(const Shape& max_input, Layout layout) override;
   void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     const Tensor& running_mean, const Tensor& running_var,
                                     float momentum, float eps, const Tensor& save_mean,
@@ -163,6 +165,10 @@ class CudaBackend final : public Backend {
   void reserve_workspace(size_t bytes);
   void reserve_filter_scratch(size_t floats);
   void reserve_reduce_scratch(size_t floats);
+  /// The channels-last batch norm's scratch for (rows, c), grown now if it is smaller: at
+  /// prepare_batchnorm, or on first use of a larger shape, but never while capturing (`op` then
+  /// fails naming what was not prepared).
+  float* bn_scratch_for(int64_t rows, int64_t c, const char* op);
   /// The cuDNN state of one batch size of a plan (descriptors; algorithms chosen per direction),
   /// created on first use. `direction` is chosen now if it was not yet: at plan time within
   /// kMaxWorkspaceBytes (the workspace then grows to fit), later within the workspace already
@@ -219,6 +225,8 @@ class CudaBackend final : public Backend {
   size_t filter_scratch_floats_ = 0;
   float* reduce_scratch_ = nullptr;  // partial sums of the bias-gradient reduction
   size_t reduce_scratch_floats_ = 0;
+  float* bn_scratch_ = nullptr;  // the channels-last batch norm's partial sums and coefficients
+  size_t bn_scratch_floats_ = 0;
 
   cudnnTensorDescriptor_t bn_x_desc_ = nullptr;
   cudnnTensorDescriptor_t bn_param_desc_ = nullptr;

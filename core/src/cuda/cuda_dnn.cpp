@@ -1,8 +1,12 @@
-// Batch norm through cuDNN (CUDNN_BATCHNORM_SPATIAL, NCHW or NHWC) and linear layers through
-// cuBLAS. cuDNN's batch norm has PyTorch's semantics: exponentialAverageFactor is the momentum,
-// the running variance is updated with the unbiased variance, and it saves the batch mean and
-// 1/sqrt(var + eps) for the backward pass.
+// Batch norm and linear layers. Batch norm of NCHW (and (N, C)) activations goes through cuDNN
+// (CUDNN_BATCHNORM_SPATIAL), which has PyTorch's semantics: exponentialAverageFactor is the
+// momentum, the running variance is updated with the unbiased variance, and it saves the batch
+// mean and 1/sqrt(var + eps) for the backward pass. NHWC activations go to our channels-last
+// kernels (bn_nhwc.cu) with the same semantics and the epilogue fused: cuDNN's legacy batch norm
+// on an NHWC descriptor was 35.6 of ResNet-18's 44.7 ms per step on the H100. Linear layers go
+// through cuBLAS.
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "cuda/cuda_backend.hpp"
@@ -27,6 +31,29 @@ void CudaBackend::set_bn_descriptors(const Dims& d, Layout layout) {
   CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn_param_desc_, bn_x_desc_, CUDNN_BATCHNORM_SPATIAL));
 }
 
+void CudaBackend::prepare_batchnorm_impl(const Shape& max_input, Layout layout) {
+  if (max_input.rank != 4 || layout != Layout::nhwc) return;  // cuDNN needs no scratch
+  activate();
+  bn_scratch_for(max_input[0] * max_input[2] * max_input[3], max_input[1], "prepare_batchnorm");
+}
+
+float* CudaBackend::bn_scratch_for(int64_t rows, int64_t c, const char* op) {
+  const size_t floats = kernels::bn_nhwc_scratch_floats(rows, c);
+  if (floats <= bn_scratch_floats_) return bn_scratch_;
+  if (capturing()) {
+    fail(op, "a batch norm of " + std::to_string(c) + " channels over " + std::to_string(rows) +
+                 " rows needs more scratch than was prepared, which cannot be allocated while a "
+                 "step is being captured: declare it at setup with prepare_batchnorm");
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use the old buffer
+  release(bn_scratch_);
+  bn_scratch_ = nullptr;
+  bn_scratch_floats_ = 0;
+  bn_scratch_ = static_cast<float*>(allocate(floats * sizeof(float)));
+  bn_scratch_floats_ = floats;
+  return bn_scratch_;
+}
+
 void CudaBackend::apply_epilogue(const Tensor& y, const BnEpilogue& epilogue) {
   if (epilogue.residual != nullptr) add_impl(y, *epilogue.residual, y);
   if (epilogue.relu) relu_forward_impl(y, y);
@@ -44,6 +71,15 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
                                                const Tensor& save_mean, const Tensor& save_invstd,
                                                const Tensor& y, const BnEpilogue& epilogue) {
   activate();
+  if (is_nhwc(x)) {
+    const Dims d = dims_of(x);
+    kernels::bn_nhwc_forward_train(
+        x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), momentum, eps,
+        save_mean.f32(), save_invstd.f32(),
+        epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, y.f32(),
+        d.n * d.hw(), d.c, bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_train"), stream_);
+    return;
+  }
   set_bn_descriptors(dims_of(x), layout_of(x));
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
@@ -58,6 +94,14 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
                                                const Tensor& running_var, float eps,
                                                const Tensor& y, const BnEpilogue& epilogue) {
   activate();
+  if (is_nhwc(x)) {
+    const Dims d = dims_of(x);
+    kernels::bn_nhwc_forward_infer(
+        x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps,
+        epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, y.f32(),
+        d.n * d.hw(), d.c, bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_infer"), stream_);
+    return;
+  }
   set_bn_descriptors(dims_of(x), layout_of(x));
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
@@ -72,6 +116,16 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
                                           float eps, const Tensor& dx, const Tensor& dgamma,
                                           const Tensor& dbeta, const BnEpilogueGrad& epilogue) {
   activate();
+  if (is_nhwc(x)) {
+    const Dims d = dims_of(x);
+    const bool relu = epilogue.y != nullptr;
+    kernels::bn_nhwc_backward(x.f32(), dy.f32(), relu ? epilogue.y->f32() : nullptr,
+                              relu ? epilogue.dz->f32() : nullptr, gamma.f32(), save_mean.f32(),
+                              save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32(),
+                              d.n * d.hw(), d.c,
+                              bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_backward"), stream_);
+    return;
+  }
   const Tensor& g = epilogue_gradient(dy, epilogue);
   set_bn_descriptors(dims_of(x), layout_of(x));
   const float one = 1.0f, zero = 0.0f;

@@ -5,6 +5,7 @@
 // logical (N, C, H, W); `nhwc` says the memory order.
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace dp::cuda::kernels {
@@ -98,6 +99,33 @@ void bn_backward_sums(const float* x, const float* dy, const float* save_mean,
 void bn_backward_apply(const float* x, const float* dy, const float* gamma, const float* save_mean,
                        const float* save_invstd, const float* sums, int64_t count, float* dx,
                        int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream);
+
+// ---- batch norm over channels-last activations (bn_nhwc.cu); x is rows = N*H*W rows of c ----
+/// Row groups of the two-level reductions: a function of the rows alone, so the sums are made in
+/// the same order on every device.
+int64_t bn_nhwc_groups(int64_t rows);
+/// Scratch floats every bn_nhwc_* call of `rows` rows of `c` channels needs.
+size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c);
+/// Training: the batch's mean and biased variance, save_mean, save_invstd = 1/sqrt(var + eps),
+/// the running statistics (PyTorch's update), and y = relu?((x - mean) * gamma * invstd + beta
+/// (+ residual)). rows > 1. residual may be null; y must not alias x or residual.
+void bn_nhwc_forward_train(const float* x, const float* gamma, const float* beta,
+                           float* running_mean, float* running_var, float momentum, float eps,
+                           float* save_mean, float* save_invstd, const float* residual, bool relu,
+                           float* y, int64_t rows, int64_t c, float* scratch, cudaStream_t stream);
+/// Inference: y = relu?((x - running_mean) * gamma / sqrt(running_var + eps) + beta
+/// (+ residual)). rows may be 0.
+void bn_nhwc_forward_infer(const float* x, const float* gamma, const float* beta,
+                           const float* running_mean, const float* running_var, float eps,
+                           const float* residual, bool relu, float* y, int64_t rows, int64_t c,
+                           float* scratch, cudaStream_t stream);
+/// Gradients of the training forward: with y (the epilogue's output, ReLU) the gradient taken is
+/// g = y > 0 ? dy : 0, written to dz; else g = dy (y and dz null). dbeta = sum g, dgamma =
+/// sum g xhat, dx = gamma invstd / M (M g - dbeta - xhat dgamma).
+void bn_nhwc_backward(const float* x, const float* dy, const float* y, float* dz,
+                      const float* gamma, const float* save_mean, const float* save_invstd,
+                      float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t c,
+                      float* scratch, cudaStream_t stream);
 
 // ---- pooling (pool.cu) ----------------------------------------------------------------------
 struct PoolShape {

@@ -1,0 +1,316 @@
+// Batch norm over channels-last activations: x is M = N*H*W rows of C channels (NHWC), our own
+// kernels. cuDNN's legacy batch norm on an NHWC descriptor runs a strided NCHW kernel: on the
+// H100 it took 35.6 of ResNet-18's 44.7 ms per step (bench/results/2026-11-25-...-9060f00.md).
+// The epilogue (residual add, ReLU) is applied where y is written, and the ReLU's mask where the
+// gradient is first read, so a residual block's bn -> add -> ReLU reads and writes once.
+//
+// Reductions are two-level and deterministic: block (32 channel lanes x 8 row lanes), grid
+// (channel tiles, row groups); each thread sums its rows of one channel in fp32 (at most a few
+// hundred values), the 8 row lanes are added in a fixed order, and one thread per channel adds
+// the groups' partial sums in double. The groups depend on M alone, never on the device. The
+// statistics are sums of x - pivot (the channel's first value), so the variance does not lose
+// its digits to a large mean.
+#include <cstdint>
+
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.cuh"
+#include "cuda/launch.cuh"
+
+namespace dp::cuda::kernels {
+namespace {
+
+constexpr int kLanes = 32;        // channels per block (one warp across a row: coalesced)
+constexpr int kRowLanes = 8;      // rows per block step
+constexpr int64_t kRowsPerGroup = 128;
+constexpr int64_t kMaxGroups = 512;
+
+dim3 reduce_grid(int64_t c, int64_t groups) {
+  return dim3(static_cast<unsigned>((c + kLanes - 1) / kLanes), static_cast<unsigned>(groups));
+}
+
+/// The rows [begin, end) of group g.
+__device__ __forceinline__ void group_rows(int64_t rows, int64_t groups, int64_t g,
+                                           int64_t& begin, int64_t& end) {
+  const int64_t per = (rows + groups - 1) / groups;
+  begin = g * per;
+  end = begin + per < rows ? begin + per : rows;
+}
+
+/// Adds the block's row lanes of (a, b) in a fixed order and writes them at [g * c + ch].
+__device__ __forceinline__ void write_partial(float a, float b, int64_t ch, int64_t c, int64_t g,
+                                              float* out_a, float* out_b) {
+  __shared__ float sa[kRowLanes][kLanes], sb[kRowLanes][kLanes];
+  sa[threadIdx.y][threadIdx.x] = a;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && ch < c) {
+    float ta = 0.0f, tb = 0.0f;
+    for (int k = 0; k < kRowLanes; ++k) {
+      ta += sa[k][threadIdx.x];
+      tb += sb[k][threadIdx.x];
+    }
+    out_a[g * c + ch] = ta;
+    out_b[g * c + ch] = tb;
+  }
+}
+
+// Partial sums of d = x - x[0, ch] and d^2 per (group, channel).
+__global__ void stats_partial_kernel(const float* x, int64_t rows, int64_t c, int64_t groups,
+                                     float* s1, float* s2) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  const int64_t g = blockIdx.y;
+  float a1 = 0.0f, a2 = 0.0f;
+  if (ch < c) {
+    const float pivot = x[ch];
+    int64_t begin = 0, end = 0;
+    group_rows(rows, groups, g, begin, end);
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
+      const float d = x[r * c + ch] - pivot;
+      a1 += d;
+      a2 += d * d;
+    }
+  }
+  write_partial(a1, a2, ch, c, g, s1, s2);
+}
+
+// Per channel: the batch's mean and biased variance from the partials, save_mean, save_invstd,
+// the running statistics (PyTorch's update, the variance unbiased by M / (M - 1)) and
+// scale = gamma * invstd.
+__global__ void stats_finalize_kernel(const float* x, const float* s1, const float* s2,
+                                      int64_t rows, int64_t c, int64_t groups, const float* gamma,
+                                      float* running_mean, float* running_var, float momentum,
+                                      float eps, float* save_mean, float* save_invstd,
+                                      float* scale) {
+  DP_GRID_STRIDE(ch, c) {
+    double t1 = 0.0, t2 = 0.0;
+    for (int64_t g = 0; g < groups; ++g) {
+      t1 += s1[g * c + ch];
+      t2 += s2[g * c + ch];
+    }
+    const double m = static_cast<double>(rows);
+    const double shift = t1 / m;
+    double var = t2 / m - shift * shift;
+    if (var < 0.0) var = 0.0;
+    const double mean = static_cast<double>(x[ch]) + shift;
+    const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
+    save_mean[ch] = static_cast<float>(mean);
+    save_invstd[ch] = static_cast<float>(invstd);
+    const double mom = momentum;
+    running_mean[ch] = static_cast<float>((1.0 - mom) * running_mean[ch] + mom * mean);
+    running_var[ch] = static_cast<float>((1.0 - mom) * running_var[ch] + mom * var * m / (m - 1.0));
+    scale[ch] = static_cast<float>(static_cast<double>(gamma[ch]) * invstd);
+  }
+}
+
+// Inference: scale = gamma / sqrt(running_var + eps).
+__global__ void infer_scale_kernel(const float* gamma, const float* running_var, float eps,
+                                   float* scale, int64_t c) {
+  DP_GRID_STRIDE(ch, c) {
+    scale[ch] = static_cast<float>(static_cast<double>(gamma[ch]) /
+                                   sqrt(static_cast<double>(running_var[ch]) + eps));
+  }
+}
+
+template <bool kResidual, bool kRelu>
+__device__ __forceinline__ float normalised(float x, float mean, float scale, float beta,
+                                            float residual) {
+  float v = (x - mean) * scale + beta;
+  if (kResidual) v = v + residual;
+  if (kRelu) v = v < 0.0f ? 0.0f : v;  // NaN stays NaN, as relu_forward
+  return v;
+}
+
+// y = epilogue((x - mean) * scale + beta), one element per thread step.
+template <bool kResidual, bool kRelu>
+__global__ void apply_kernel(const float* x, const float* mean, const float* scale,
+                             const float* beta, const float* residual, float* y, int64_t total,
+                             int64_t c) {
+  DP_GRID_STRIDE(i, total) {
+    const int64_t ch = i % c;
+    y[i] = normalised<kResidual, kRelu>(x[i], mean[ch], scale[ch], beta[ch],
+                                        kResidual ? residual[i] : 0.0f);
+  }
+}
+
+// The same with 16-byte loads and stores: C a multiple of 4 and every pointer 16-byte aligned.
+template <bool kResidual, bool kRelu>
+__global__ void apply4_kernel(const float4* x, const float* mean, const float* scale,
+                              const float* beta, const float4* residual, float4* y, int64_t total4,
+                              int64_t c) {
+  DP_GRID_STRIDE(i, total4) {
+    const int64_t ch = (4 * i) % c;
+    const float4 v = x[i];
+    const float4 r = kResidual ? residual[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 out;
+    out.x = normalised<kResidual, kRelu>(v.x, mean[ch], scale[ch], beta[ch], r.x);
+    out.y = normalised<kResidual, kRelu>(v.y, mean[ch + 1], scale[ch + 1], beta[ch + 1], r.y);
+    out.z = normalised<kResidual, kRelu>(v.z, mean[ch + 2], scale[ch + 2], beta[ch + 2], r.z);
+    out.w = normalised<kResidual, kRelu>(v.w, mean[ch + 3], scale[ch + 3], beta[ch + 3], r.w);
+    y[i] = out;
+  }
+}
+
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <bool kResidual, bool kRelu>
+void launch_apply(const float* x, const float* mean, const float* scale, const float* beta,
+                  const float* residual, float* y, int64_t total, int64_t c, cudaStream_t stream) {
+  if (c % 4 == 0 && aligned16(x) && aligned16(residual) && aligned16(y)) {
+    const int64_t total4 = total / 4;
+    apply4_kernel<kResidual, kRelu><<<grid_for(total4), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(x), mean, scale, beta,
+        reinterpret_cast<const float4*>(residual), reinterpret_cast<float4*>(y), total4, c);
+    CUDA_CHECK_LAUNCH(apply4_kernel);
+  } else {
+    apply_kernel<kResidual, kRelu>
+        <<<grid_for(total), kThreads, 0, stream>>>(x, mean, scale, beta, residual, y, total, c);
+    CUDA_CHECK_LAUNCH(apply_kernel);
+  }
+}
+
+void apply(const float* x, const float* mean, const float* scale, const float* beta,
+           const float* residual, bool relu, float* y, int64_t total, int64_t c,
+           cudaStream_t stream) {
+  if (total == 0) return;
+  if (residual != nullptr) {
+    if (relu) {
+      launch_apply<true, true>(x, mean, scale, beta, residual, y, total, c, stream);
+    } else {
+      launch_apply<true, false>(x, mean, scale, beta, residual, y, total, c, stream);
+    }
+  } else if (relu) {
+    launch_apply<false, true>(x, mean, scale, beta, residual, y, total, c, stream);
+  } else {
+    launch_apply<false, false>(x, mean, scale, beta, residual, y, total, c, stream);
+  }
+}
+
+// Partial sums of g and g * (x - mean) per (group, channel), g = dy, or with the ReLU epilogue
+// g = y > 0 ? dy : 0, written to dz.
+template <bool kRelu>
+__global__ void backward_partial_kernel(const float* x, const float* dy, const float* y, float* dz,
+                                        const float* mean, int64_t rows, int64_t c, int64_t groups,
+                                        float* sg, float* sgx) {
+  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
+  const int64_t g = blockIdx.y;
+  float a1 = 0.0f, a2 = 0.0f;
+  if (ch < c) {
+    const float m = mean[ch];
+    int64_t begin = 0, end = 0;
+    group_rows(rows, groups, g, begin, end);
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
+      const int64_t i = r * c + ch;
+      float gv = dy[i];
+      if (kRelu) {
+        gv = y[i] > 0.0f ? gv : 0.0f;
+        dz[i] = gv;
+      }
+      a1 += gv;
+      a2 += gv * (x[i] - m);
+    }
+  }
+  write_partial(a1, a2, ch, c, g, sg, sgx);
+}
+
+// Per channel: dbeta = sum g, dgamma = sum g * xhat, and the coefficients of
+// dx = A g + B + Cc (x - mean): A = gamma * invstd, B = -A sum g / M,
+// Cc = -A invstd^2 sum g (x - mean) / M.
+__global__ void backward_finalize_kernel(const float* sg, const float* sgx, int64_t rows,
+                                         int64_t c, int64_t groups, const float* gamma,
+                                         const float* save_invstd, float* dgamma, float* dbeta,
+                                         float* coef) {
+  DP_GRID_STRIDE(ch, c) {
+    double t1 = 0.0, t2 = 0.0;
+    for (int64_t g = 0; g < groups; ++g) {
+      t1 += sg[g * c + ch];
+      t2 += sgx[g * c + ch];
+    }
+    const double m = static_cast<double>(rows);
+    const double invstd = save_invstd[ch];
+    const double a = static_cast<double>(gamma[ch]) * invstd;
+    dbeta[ch] = static_cast<float>(t1);
+    dgamma[ch] = static_cast<float>(t2 * invstd);
+    coef[ch] = static_cast<float>(a);
+    coef[c + ch] = static_cast<float>(-a * t1 / m);
+    coef[2 * c + ch] = static_cast<float>(-a * invstd * invstd * t2 / m);
+  }
+}
+
+__global__ void backward_apply_kernel(const float* x, const float* g, const float* mean,
+                                      const float* coef, float* dx, int64_t total, int64_t c) {
+  DP_GRID_STRIDE(i, total) {
+    const int64_t ch = i % c;
+    dx[i] = coef[ch] * g[i] + coef[c + ch] + coef[2 * c + ch] * (x[i] - mean[ch]);
+  }
+}
+
+}  // namespace
+
+int64_t bn_nhwc_groups(int64_t rows) {
+  const int64_t groups = (rows + kRowsPerGroup - 1) / kRowsPerGroup;
+  return groups < 1 ? 1 : (groups > kMaxGroups ? kMaxGroups : groups);
+}
+
+size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c) {
+  return static_cast<size_t>(2 * bn_nhwc_groups(rows) * c + 3 * c);
+}
+
+void bn_nhwc_forward_train(const float* x, const float* gamma, const float* beta,
+                           float* running_mean, float* running_var, float momentum, float eps,
+                           float* save_mean, float* save_invstd, const float* residual, bool relu,
+                           float* y, int64_t rows, int64_t c, float* scratch,
+                           cudaStream_t stream) {
+  if (rows <= 0 || c <= 0) return;
+  const int64_t groups = bn_nhwc_groups(rows);
+  float* s1 = scratch;
+  float* s2 = scratch + groups * c;
+  float* scale = scratch + 2 * groups * c;
+  stats_partial_kernel<<<reduce_grid(c, groups), dim3(kLanes, kRowLanes), 0, stream>>>(
+      x, rows, c, groups, s1, s2);
+  CUDA_CHECK_LAUNCH(stats_partial_kernel);
+  stats_finalize_kernel<<<grid_for(c), kThreads, 0, stream>>>(
+      x, s1, s2, rows, c, groups, gamma, running_mean, running_var, momentum, eps, save_mean,
+      save_invstd, scale);
+  CUDA_CHECK_LAUNCH(stats_finalize_kernel);
+  apply(x, save_mean, scale, beta, residual, relu, y, rows * c, c, stream);
+}
+
+void bn_nhwc_forward_infer(const float* x, const float* gamma, const float* beta,
+                           const float* running_mean, const float* running_var, float eps,
+                           const float* residual, bool relu, float* y, int64_t rows, int64_t c,
+                           float* scratch, cudaStream_t stream) {
+  if (rows <= 0 || c <= 0) return;
+  infer_scale_kernel<<<grid_for(c), kThreads, 0, stream>>>(gamma, running_var, eps, scratch, c);
+  CUDA_CHECK_LAUNCH(infer_scale_kernel);
+  apply(x, running_mean, scratch, beta, residual, relu, y, rows * c, c, stream);
+}
+
+void bn_nhwc_backward(const float* x, const float* dy, const float* y, float* dz,
+                      const float* gamma, const float* save_mean, const float* save_invstd,
+                      float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t c,
+                      float* scratch, cudaStream_t stream) {
+  if (rows <= 0 || c <= 0) return;
+  const int64_t groups = bn_nhwc_groups(rows);
+  float* sg = scratch;
+  float* sgx = scratch + groups * c;
+  float* coef = scratch + 2 * groups * c;
+  const bool relu = y != nullptr;
+  const dim3 grid = reduce_grid(c, groups), block(kLanes, kRowLanes);
+  if (relu) {
+    backward_partial_kernel<true>
+        <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
+  } else {
+    backward_partial_kernel<false>
+        <<<grid, block, 0, stream>>>(x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
+  }
+  CUDA_CHECK_LAUNCH(backward_partial_kernel);
+  backward_finalize_kernel<<<grid_for(c), kThreads, 0, stream>>>(sg, sgx, rows, c, groups, gamma,
+                                                                  save_invstd, dgamma, dbeta, coef);
+  CUDA_CHECK_LAUNCH(backward_finalize_kernel);
+  const int64_t total = rows * c;
+  backward_apply_kernel<<<grid_for(total), kThreads, 0, stream>>>(x, relu ? dz : dy, save_mean,
+                                                                   coef, dx, total, c);
+  CUDA_CHECK_LAUNCH(backward_apply_kernel);
+}
+
+}  // namespace dp::cuda::kernels
