@@ -1,16 +1,24 @@
 // GPU benchmark: LeNet and ResNet-18 training steps on one GPU through dp::Trainer (the same
-// path dprun uses), fp32 with TF32 allowed (as PyTorch's reference does for convolutions) and
-// strict fp32, NCHW and NHWC, and NHWC with every step a CUDA graph (TrainerOptions::graphs). Per
-// configuration: warm-up steps, then the median of timed steps (each step ends with a host
-// synchronisation: Trainer::step downloads the loss), projected seconds per epoch (ceil(60000 /
-// batch) steps), peak GPU memory the backend allocated, and optionally one real epoch of
-// Fashion-MNIST through Trainer::run_epoch (no per-step host sync). Builds without CUDA too and
-// then only says so.
+// path dprun uses) at batches 64, 256 and 1024: TF32 (as PyTorch's default for convolutions) in
+// NCHW and NHWC, strict fp32 in NCHW; at batch 256 also NHWC with cuDNN's batch norm instead of
+// ours (DPRUN_CUDA_NHWC_BN=cudnn, the comparison issue 21 asks for) and NHWC with every step a
+// CUDA graph (TrainerOptions::graphs). Per configuration: warm-up steps, then the median of timed
+// steps (each step ends with a host synchronisation: Trainer::step downloads the loss),
+// projected seconds per epoch (ceil(60000 / batch) steps), peak GPU memory the backend
+// allocated, and at batch 256 one real epoch of Fashion-MNIST through Trainer::run_epoch (no
+// per-step host sync). Builds without CUDA too and then only says so. bench/pytorch_gpu.py
+// measures PyTorch the same way in the same call (scripts/gpu-check).
 //
-//   bench_gpu [--steps N] [--warmup N] [--batch N] [--no-epoch] [--model lenet|resnet18]
-//             [--plugins DIR] [--data DIR] [--json FILE]
-// --json also writes the results, the device and the CUDA library versions as loaded, for the
-// machine-readable record scripts/gpu-check keeps (bench/results/).
+//   bench_gpu [--steps N] [--warmup N] [--batches 64,256,1024] [--no-epoch]
+//             [--model lenet|resnet18] [--config NAME,...] [--list] [--profile] [--plugins DIR]
+//             [--data DIR] [--json FILE]
+// --config runs the named configurations only (comma-separated, exact names such as
+// "resnet18-nhwc-tf32-b256"; --list prints them all). --profile runs each configuration's warm-up, then one step between
+// cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` (no timing, no
+// epoch). --json also writes the results, the device and the CUDA library versions as loaded,
+// for the machine-readable record scripts/gpu-check keeps (bench/results/): one row per
+// configuration with model, precision, layout, batch, graphs, bn, seconds_per_epoch (the real
+// epoch where one ran, else the projection) and peak_mb.
 // Plugins: --plugins, else $DPRUN_PLUGIN_DIR, else the usual search path. Data: --data, else
 // $DPRUN_DATA / the standard folder; without data a synthetic set of the same shape is used
 // (and no real epoch is run).
@@ -35,15 +43,44 @@
 namespace {
 
 struct Args {
-  int steps = 50;
+  int steps = 30;
   int warmup = 10;
-  int64_t batch = 256;
+  std::vector<int64_t> batches{64, 256, 1024};
   bool epoch = true;
-  std::string model;  // empty: both
+  bool profile = false;
+  std::string model;   // empty: both
+  std::string config;  // comma-separated names; empty: every configuration
+  bool list = false;
   std::string plugins;
   std::string data;
   std::string json;
 };
+
+[[noreturn]] void usage() {
+  std::fprintf(stderr,
+               "usage: bench_gpu [--steps N] [--warmup N] [--batches 64,256,1024] [--no-epoch] "
+               "[--model lenet|resnet18] [--config NAME,...] [--list] [--profile] [--plugins DIR] "
+               "[--data DIR] [--json FILE]\n");
+  std::exit(2);
+}
+
+std::vector<int64_t> parse_batches(const std::string& list) {
+  std::vector<int64_t> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, comma - at);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1) {
+      std::fprintf(stderr, "bench_gpu: --batches: '%s' is not a positive integer\n", item.c_str());
+      std::exit(2);
+    }
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
@@ -60,12 +97,18 @@ Args parse(int argc, char** argv) {
       a.steps = std::max(1, std::atoi(value().c_str()));
     } else if (s == "--warmup") {
       a.warmup = std::max(0, std::atoi(value().c_str()));
-    } else if (s == "--batch") {
-      a.batch = std::max(1, std::atoi(value().c_str()));
+    } else if (s == "--batches" || s == "--batch") {
+      a.batches = parse_batches(value());
     } else if (s == "--no-epoch") {
       a.epoch = false;
+    } else if (s == "--profile") {
+      a.profile = true;
     } else if (s == "--model") {
       a.model = value();
+    } else if (s == "--config") {
+      a.config = value();
+    } else if (s == "--list") {
+      a.list = true;
     } else if (s == "--plugins") {
       a.plugins = value();
     } else if (s == "--data") {
@@ -73,10 +116,7 @@ Args parse(int argc, char** argv) {
     } else if (s == "--json") {
       a.json = value();
     } else {
-      std::fprintf(stderr,
-                   "usage: bench_gpu [--steps N] [--warmup N] [--batch N] [--no-epoch] "
-                   "[--model lenet|resnet18] [--plugins DIR] [--data DIR] [--json FILE]\n");
-      std::exit(2);
+      usage();
     }
   }
   return a;
@@ -119,7 +159,18 @@ struct Config {
   dp::Layout layout;
   bool tf32;
   float lr;
+  int64_t batch = 256;
   bool graphs = false;
+  bool cudnn_bn = false;  // NHWC batch norm by cuDNN (DPRUN_CUDA_NHWC_BN=cudnn) instead of ours
+
+  const char* precision() const { return tf32 ? "tf32" : "fp32"; }
+  /// How NHWC or NCHW batch norm is computed: ours (bn_nhwc.cu) or cuDNN's.
+  const char* bn() const { return layout == dp::Layout::nhwc && !cudnn_bn ? "ours" : "cudnn"; }
+  /// "resnet18-nhwc-tf32-b256", "-graphs", "-cudnn-bn".
+  std::string name() const {
+    return model + "-" + dp::layout_name(layout) + "-" + precision() + "-b" +
+           std::to_string(batch) + (graphs ? "-graphs" : "") + (cudnn_bn ? "-cudnn-bn" : "");
+  }
 };
 
 struct Result {
@@ -129,6 +180,36 @@ struct Result {
   double epoch_s = -1, eval_s = -1, test_acc = -1;
   double peak_mb = 0;
   std::string error;
+  /// The real epoch where one ran, else the projection from the median step.
+  double seconds_per_epoch() const { return epoch_s >= 0 ? epoch_s : projected_s; }
+};
+
+/// Sets an environment variable for one scope (the CUDA backend reads DPRUN_CUDA_NHWC_BN when
+/// it is created).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (value == nullptr) return;
+    if (const char* old = std::getenv(name)) old_ = old;
+    had_ = std::getenv(name) != nullptr;
+    setenv(name, value, 1);
+    set_ = true;
+  }
+  ~ScopedEnv() {
+    if (!set_) return;
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false, set_ = false;
 };
 
 double median(std::vector<double> v) {
@@ -141,11 +222,12 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
   Result r;
   r.config = c;
   try {
+    const ScopedEnv bn("DPRUN_CUDA_NHWC_BN", c.cudnn_bn ? "cudnn" : nullptr);
     const dp::ModelFactory factory = find_model(c.model, args.plugins);
     const dp::ModelOptions options = dp::resolve_model_options(factory, {});
     dp::TrainerOptions o;
     o.backend = dp::BackendKind::cuda;
-    o.batch_size = args.batch;
+    o.batch_size = c.batch;
     o.epochs = 1;
     o.lr.base = c.lr;
     o.seed = 1;
@@ -156,12 +238,19 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
         o, [&] { return factory.build(options, factory.input); }, data.train, data.test);
     std::mt19937 rng(7);
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(data.train.count - 1));
-    std::vector<int32_t> indices(static_cast<size_t>(args.batch));
+    std::vector<int32_t> indices(static_cast<size_t>(c.batch));
     auto step = [&] {
       for (auto& i : indices) i = pick(rng);
       return trainer.step(indices);
     };
-    for (int i = 0; i < args.warmup; ++i) step();
+    for (int i = 0; i < std::max(1, args.warmup); ++i) step();
+    if (args.profile) {
+      dp::cuda_profiler_start();
+      step();
+      dp::cuda_profiler_stop();
+      r.peak_mb = static_cast<double>(trainer.peak_memory_bytes()) / (1024.0 * 1024.0);
+      return r;
+    }
     std::vector<double> ms;
     for (int i = 0; i < args.steps; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -171,9 +260,9 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
     }
     r.median_ms = median(ms);
     r.min_ms = *std::min_element(ms.begin(), ms.end());
-    const int64_t steps_per_epoch = (60000 + args.batch - 1) / args.batch;
+    const int64_t steps_per_epoch = (60000 + c.batch - 1) / c.batch;
     r.projected_s = r.median_ms * static_cast<double>(steps_per_epoch) / 1000.0;
-    if (args.epoch && real_data) {
+    if (args.epoch && real_data && c.batch == 256) {
       const dp::EpochReport e = trainer.run_epoch(1);
       r.epoch_s = e.seconds;
       r.eval_s = e.eval_seconds;
@@ -199,23 +288,27 @@ std::string to_json(const Args& args, bool real_data, const std::vector<Result>&
   Json out = Json::object();
   out.set("device", Json::string(dp::cuda_device_name(0)));
   out.set("versions", versions);
-  out.set("batch", Json::integer(args.batch));
   out.set("warmup_steps", Json::integer(args.warmup));
   out.set("timed_steps", Json::integer(args.steps));
   out.set("data", Json::string(real_data ? "fashion-mnist" : "synthetic"));
   Json rows = Json::array();
   for (const auto& r : results) {
+    const Config& c = r.config;
     Json row = Json::object();
-    row.set("model", Json::string(r.config.model));
-    row.set("layout", Json::string(dp::layout_name(r.config.layout)));
-    row.set("math", Json::string(r.config.tf32 ? "tf32" : "fp32"));
-    row.set("graphs", Json::boolean(r.config.graphs));
+    row.set("config", Json::string(c.name()));
+    row.set("model", Json::string(c.model));
+    row.set("precision", Json::string(c.precision()));
+    row.set("layout", Json::string(dp::layout_name(c.layout)));
+    row.set("batch", Json::integer(c.batch));
+    row.set("graphs", Json::boolean(c.graphs));
+    row.set("bn", Json::string(c.bn()));
     if (!r.error.empty()) {
       row.set("error", Json::string(r.error));
     } else {
       row.set("median_step_ms", Json::number(r.median_ms));
       row.set("min_step_ms", Json::number(r.min_ms));
       row.set("projected_s_per_epoch", Json::number(r.projected_s));
+      row.set("seconds_per_epoch", Json::number(r.seconds_per_epoch()));
       if (r.epoch_s >= 0) {
         row.set("epoch_s", Json::number(r.epoch_s));
         row.set("eval_s", Json::number(r.eval_s));
@@ -231,16 +324,42 @@ std::string to_json(const Args& args, bool real_data, const std::vector<Result>&
 
 }  // namespace
 
+/// Every configuration of the models and batches asked for, in the order they run.
+std::vector<Config> all_configs(const Args& args) {
+  std::vector<Config> configs;
+  for (const char* model : {"lenet", "resnet18"}) {
+    if (!args.model.empty() && args.model != model) continue;
+    const float lr = std::strcmp(model, "lenet") == 0 ? 0.2f : 0.1f;
+    for (int64_t batch : args.batches) {
+      configs.push_back({model, dp::Layout::nchw, true, lr, batch});
+      configs.push_back({model, dp::Layout::nhwc, true, lr, batch});
+      configs.push_back({model, dp::Layout::nchw, false, lr, batch});
+      if (batch == 256) {
+        // LeNet has no batch norm: ours and cuDNN's would be the same run.
+        if (std::strcmp(model, "resnet18") == 0) {
+          configs.push_back({model, dp::Layout::nhwc, true, lr, batch, false, true});
+        }
+        configs.push_back({model, dp::Layout::nhwc, true, lr, batch, true});
+      }
+    }
+  }
+  return configs;
+}
+
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
+  if (args.list) {
+    for (const Config& c : all_configs(args)) std::printf("%s\n", c.name().c_str());
+    return 0;
+  }
   if (!dp::cuda_compiled() || dp::cuda_device_count() == 0) {
     std::printf("bench_gpu: no CUDA device (built with CUDA: %s): nothing to measure\n",
                 dp::cuda_compiled() ? "yes" : "no");
     return 0;
   }
-  std::printf("bench_gpu: %s, batch %lld, %d warm-up + %d timed steps per configuration\n",
-              dp::cuda_device_name(0).c_str(), static_cast<long long>(args.batch), args.warmup,
-              args.steps);
+  std::printf("bench_gpu: %s, %d warm-up + %d timed steps per configuration%s\n",
+              dp::cuda_device_name(0).c_str(), args.warmup, args.steps,
+              args.profile ? " (profile: one step between cudaProfilerStart and Stop)" : "");
 
   dp::DatasetPair data;
   bool real_data = false;
@@ -255,34 +374,44 @@ int main(int argc, char** argv) {
     std::printf("data: synthetic (Fashion-MNIST not found: %s); no real epoch\n", e.what());
   }
 
-  std::vector<Config> configs;
-  for (const char* model : {"lenet", "resnet18"}) {
-    if (!args.model.empty() && args.model != model) continue;
-    const float lr = std::strcmp(model, "lenet") == 0 ? 0.2f : 0.1f;
-    configs.push_back({model, dp::Layout::nchw, true, lr});
-    configs.push_back({model, dp::Layout::nhwc, true, lr});
-    configs.push_back({model, dp::Layout::nchw, false, lr});
-    configs.push_back({model, dp::Layout::nhwc, true, lr, true});
+  std::vector<Config> configs = all_configs(args);
+  if (!args.config.empty()) {
+    std::vector<std::string> wanted;
+    for (size_t at = 0; at <= args.config.size();) {
+      const size_t comma = std::min(args.config.find(',', at), args.config.size());
+      wanted.push_back(args.config.substr(at, comma - at));
+      at = comma + 1;
+    }
+    std::vector<Config> chosen;
+    for (const Config& c : configs) {
+      if (std::find(wanted.begin(), wanted.end(), c.name()) != wanted.end()) chosen.push_back(c);
+    }
+    if (chosen.empty()) {
+      std::fprintf(stderr, "bench_gpu: --config %s names no configuration (bench_gpu --list)\n",
+                   args.config.c_str());
+      return 2;
+    }
+    configs = chosen;
   }
 
   std::vector<Result> results;
   for (const auto& c : configs) {
-    std::printf("running %s %s %s%s ...\n", c.model.c_str(), dp::layout_name(c.layout),
-                c.tf32 ? "tf32" : "fp32", c.graphs ? " graphs" : "");
+    std::printf("running %s ...\n", c.name().c_str());
     std::fflush(stdout);
     results.push_back(run(c, args, data, real_data));
   }
 
-  std::printf("\n%-9s %-6s %-5s %-6s %10s %10s %13s %10s %9s %9s %9s\n", "model", "layout", "math",
-              "graphs", "median ms", "min ms", "proj. s/ep", "epoch s", "eval s", "test acc",
-              "peak MB");
+  std::printf("\n%-9s %-6s %-5s %5s %-6s %-5s %10s %10s %13s %10s %9s %9s %9s\n", "model",
+              "layout", "math", "batch", "graphs", "bn", "median ms", "min ms", "proj. s/ep",
+              "epoch s", "eval s", "test acc", "peak MB");
   int failures = 0;
   for (const auto& r : results) {
+    const Config& c = r.config;
     if (!r.error.empty()) {
       ++failures;
-      std::printf("%-9s %-6s %-5s %-6s FAILED: %s\n", r.config.model.c_str(),
-                  dp::layout_name(r.config.layout), r.config.tf32 ? "tf32" : "fp32",
-                  r.config.graphs ? "yes" : "no", r.error.c_str());
+      std::printf("%-9s %-6s %-5s %5lld %-6s %-5s FAILED: %s\n", c.model.c_str(),
+                  dp::layout_name(c.layout), c.precision(), static_cast<long long>(c.batch),
+                  c.graphs ? "yes" : "no", c.bn(), r.error.c_str());
       continue;
     }
     char epoch[32] = "-", eval[32] = "-", acc[32] = "-";
@@ -291,14 +420,13 @@ int main(int argc, char** argv) {
       std::snprintf(eval, sizeof eval, "%.3f", r.eval_s);
       std::snprintf(acc, sizeof acc, "%.4f", r.test_acc);
     }
-    std::printf("%-9s %-6s %-5s %-6s %10.3f %10.3f %13.3f %10s %9s %9s %9.1f\n",
-                r.config.model.c_str(), dp::layout_name(r.config.layout),
-                r.config.tf32 ? "tf32" : "fp32", r.config.graphs ? "yes" : "no", r.median_ms,
+    std::printf("%-9s %-6s %-5s %5lld %-6s %-5s %10.3f %10.3f %13.3f %10s %9s %9s %9.1f\n",
+                c.model.c_str(), dp::layout_name(c.layout), c.precision(),
+                static_cast<long long>(c.batch), c.graphs ? "yes" : "no", c.bn(), r.median_ms,
                 r.min_ms, r.projected_s, epoch, eval, acc, r.peak_mb);
   }
-  std::printf(
-      "reference (PyTorch 2.11, H100, data on the GPU): ResNet-18 fp32/TF32 NCHW 2.81 s/epoch, "
-      "peak 1198 MB; LeNet fp32 0.385 s/epoch\n");
+  std::printf("PyTorch on this GPU, measured in the same call: bench/pytorch_gpu.py "
+              "(scripts/gpu-check's pytorch phase)\n");
   if (!args.json.empty()) {
     std::FILE* f = std::fopen(args.json.c_str(), "w");
     const std::string text = to_json(args, real_data, results);

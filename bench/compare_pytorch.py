@@ -44,59 +44,27 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEBIAN_PYTHON = "/usr/bin/python3"
 
-# The PyTorch side, run as `python3 -c TORCH_SCRIPT model threads examples_or_steps data`.
+# The PyTorch side, run as `python3 -c TORCH_SCRIPT model threads examples_or_steps data bench/`.
 # Prints one line "seconds <float>" (LeNet: the epoch; ResNet: per step) and "info <text>".
 TORCH_SCRIPT = textwrap.dedent(r'''
-    import gzip, sys, time
-    import numpy as np
+    import sys, time
+    sys.path.insert(0, sys.argv[5])  # bench/: the models (torch_models.py)
     import torch
     from torch import nn
-    from torch.nn import functional as F
+    from torch_models import lenet, load_fashion_mnist, resnet18
 
     model, threads, amount, data = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(threads)
     torch.manual_seed(0)
 
-    def load(prefix, count):
-        images = np.frombuffer(gzip.open(f"{data}/{prefix}-images-idx3-ubyte.gz").read(),
-                               np.uint8, offset=16).reshape(-1, 1, 28, 28)[:count]
-        labels = np.frombuffer(gzip.open(f"{data}/{prefix}-labels-idx1-ubyte.gz").read(),
-                               np.uint8, offset=8)[:count]
-        return (torch.from_numpy(images.astype(np.float32) / 255),
-                torch.from_numpy(labels.astype(np.int64)))
-
-    def init_lenet(net):
-        for m in net:
-            if isinstance(m, (nn.Conv2d, nn.Linear)):
-                nn.init.normal_(m.weight, 0, 0.01)
-                nn.init.zeros_(m.bias)
-
-    class Residual(nn.Module):  # d2l's
-        def __init__(self, i, o, use_1x1conv=False, strides=1):
-            super().__init__()
-            self.conv1 = nn.Conv2d(i, o, 3, padding=1, stride=strides)
-            self.conv2 = nn.Conv2d(o, o, 3, padding=1)
-            self.conv3 = nn.Conv2d(i, o, 1, stride=strides) if use_1x1conv else None
-            self.bn1, self.bn2 = nn.BatchNorm2d(o), nn.BatchNorm2d(o)
-
-        def forward(self, x):
-            y = F.relu(self.bn1(self.conv1(x)))
-            y = self.bn2(self.conv2(y))
-            if self.conv3:
-                x = self.conv3(x)
-            return F.relu(y + x)
-
-    def stage(i, o, n, first=False):
-        return nn.Sequential(*[Residual(i, o, True, 2) if k == 0 and not first
-                               else Residual(o, o) for k in range(n)])
+    def load(split, count):
+        images, labels = load_fashion_mnist(data, split, count)
+        return torch.from_numpy(images.astype("float32") / 255), torch.from_numpy(labels)
 
     loss_fn = nn.CrossEntropyLoss()
     if model == "lenet":
         X, Y = load("train", amount)
-        net = nn.Sequential(nn.Conv2d(1, 20, 3), nn.ReLU(), nn.AvgPool2d(2),
-                            nn.Conv2d(20, 50, 5), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(),
-                            nn.Linear(800, 128), nn.ReLU(), nn.Linear(128, 10))
-        init_lenet(net)
+        net = lenet()
         opt = torch.optim.SGD(net.parameters(), lr=0.2)
         start = time.perf_counter()
         perm = torch.randperm(len(X))
@@ -108,10 +76,7 @@ TORCH_SCRIPT = textwrap.dedent(r'''
         seconds = time.perf_counter() - start
     else:
         X, Y = load("train", 256)
-        net = nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(),
-                            stage(64, 64, 2, True), stage(64, 128, 2), stage(128, 256, 2),
-                            stage(256, 512, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                            nn.Linear(512, 10))
+        net = resnet18()
         opt = torch.optim.SGD(net.parameters(), lr=0.05)
         def step():
             opt.zero_grad()
@@ -188,7 +153,8 @@ def run_dprun(args, model, isa, layout):
 
 def run_torch(args, model, isa):
     amount = args.lenet_examples if model == "lenet" else args.resnet_steps
-    cmd = [DEBIAN_PYTHON, "-c", TORCH_SCRIPT, model, str(args.threads), str(amount), args.data]
+    cmd = [DEBIAN_PYTHON, "-c", TORCH_SCRIPT, model, str(args.threads), str(amount), args.data,
+           os.path.join(ROOT, "bench")]
     out = subprocess.run(cmd, capture_output=True, text=True, env=isa_env(isa, True))
     if out.returncode != 0:
         sys.exit(f"compare_pytorch: PyTorch {model} failed (apt-get install python3-torch?):\n"

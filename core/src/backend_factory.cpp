@@ -111,6 +111,18 @@ CudaVersions cuda_versions() {
 #endif
 }
 
+void cuda_profiler_start() {
+#ifdef DPRUN_WITH_CUDA
+  cuda::profiler(true);
+#endif
+}
+
+void cuda_profiler_stop() {
+#ifdef DPRUN_WITH_CUDA
+  cuda::profiler(false);
+#endif
+}
+
 std::string cuda_device_name(int index) {
 #ifdef DPRUN_WITH_CUDA
   return cuda::device_name(index);

@@ -120,6 +120,81 @@ path=$(cat "$T/out/ld_library_path" 2>/dev/null)
 check "an inherited path with empty entries is cleaned ($path)" \
   bash -c '[[ $1 == */opt/x && $1 != *::* && $1 != *: ]]' _ "$path"
 
+# 1c. bench, pytorch and profile: the same call measures dprun and PyTorch, the record compares
+#     them with the keys issue 21 names, and ncu's CSV is summed by category.
+mkdir -p "$T/repo/bench"
+cp "$SRC/bench/ncu_categories.py" "$T/repo/bench/"
+cat >"$T/repo/bench/pytorch_gpu.py" <<'PT'
+import json, sys
+out = sys.argv[sys.argv.index("--json") + 1]
+rows = []
+for precision, layout in (("tf32", "nchw"), ("tf32", "nhwc"), ("bf16", "nhwc")):
+    for bench in (False, True):
+        rows.append({"model": "resnet18", "precision": precision, "layout": layout, "batch": 256,
+                     "cudnn_benchmark": bench, "seconds_per_epoch": 3.0 - bench,
+                     "median_step_ms": 10.0, "peak_mb": 1200.0 + bench})
+json.dump({"device": "Stand-in GPU", "torch": "2.11", "cudnn": 91900, "results": rows},
+          open(out, "w"))
+print("pytorch_gpu: stand-in")
+PT
+cat >"$T/stage/bin/bench_gpu" <<'BG'
+#!/bin/bash
+json=""
+while (($#)); do [[ $1 == --json ]] && json=$2; shift; done
+echo "model ..."
+[[ -n $json ]] && cat >"$json" <<'J'
+{"device": "Stand-in GPU", "versions": {"cudnn": 91900}, "results": [
+ {"config": "resnet18-nchw-tf32-b256", "model": "resnet18", "precision": "tf32", "layout": "nchw", "batch": 256, "graphs": false, "bn": "cudnn", "seconds_per_epoch": 3.3, "peak_mb": 3113},
+ {"config": "resnet18-nhwc-tf32-b256", "model": "resnet18", "precision": "tf32", "layout": "nhwc", "batch": 256, "graphs": false, "bn": "ours", "seconds_per_epoch": 1.5, "peak_mb": 2000},
+ {"config": "resnet18-nhwc-tf32-b256-cudnn-bn", "model": "resnet18", "precision": "tf32", "layout": "nhwc", "batch": 256, "graphs": false, "bn": "cudnn", "seconds_per_epoch": 10.4, "peak_mb": 2000},
+ {"config": "resnet18-nhwc-tf32-b256-graphs", "model": "resnet18", "precision": "tf32", "layout": "nhwc", "batch": 256, "graphs": true, "bn": "ours", "seconds_per_epoch": 1.4, "peak_mb": 2000}]}
+J
+exit 0
+BG
+chmod +x "$T/stage/bin/bench_gpu"
+cat >"$T/bin/ncu" <<'NCU'
+#!/bin/sh
+echo "==PROF== Connected to process 1"
+echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+echo '"0","1","bench_gpu","h","sm90_xmma_fprop_implicit_gemm_tf32f32","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","1,500,000"'
+echo '"1","1","bench_gpu","h","void dp::cuda::kernels::(anonymous namespace)::stats_partial_kernel(...)","1","7","(32, 8, 1)","(2, 512, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","250"'
+echo '"2","1","bench_gpu","h","nchwToNhwcKernel","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","250000"'
+NCU
+chmod +x "$T/bin/ncu"
+pack
+rm -rf "$T/out"
+(cd "$T/repo" && env PATH="$T/bin:$PATH" PYTHONPATH="$T/py:$T/py2" OUT="$T/out" \
+  DPRUN_GPU_PREFIX="$T/prefix" bash scripts/gpu-check --phases bench,pytorch,profile >"$T/log" 2>&1)
+rc=$?
+check "bench, pytorch and profile pass on stand-ins (exit $rc)" test $rc -eq 0
+for phase in bench pytorch profile; do
+  check "the $phase phase writes its record" test -s "$T/out/record-$phase.json"
+done
+check "the profile sums one step by category" python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["result"]["resnet18-nhwc-tf32-b256"]
+cats = {c["category"]: c["ms"] for c in r["categories"]}
+assert r["kernels"] == 3 and abs(r["total_ms"] - 2.0) < 1e-9, r
+assert cats == {"convolution": 1.5, "batch norm": 0.25, "layout transpose": 0.25}, cats
+' "$T/out/record-profile.json"
+folded=$(python3 "$T/repo/scripts/gpu-record" fold "$T/out")
+check "the folded record compares dprun and PyTorch with the keys issue 21 names" python3 -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))["comparison"]
+keys = {"gpu", "commit", "model", "precision", "layout", "batch", "seconds_per_epoch", "peak_mb",
+        "pytorch_seconds_per_epoch", "pytorch_peak_mb"}
+assert rows and all(keys <= set(r) for r in rows), rows
+by = {(r["precision"], r["layout"]): r for r in rows}
+assert by[("tf32", "nhwc")]["seconds_per_epoch"] == 1.5, "graphs or cuDNN BN rows taken"
+assert by[("tf32", "nhwc")]["pytorch_seconds_per_epoch"] == 2.0, "not PyTorch best"
+assert by[("bf16", "nhwc")]["seconds_per_epoch"] is None, "bf16 has no dprun GPU path"
+assert by[("tf32", "nchw")]["commit"] == "abc1234"
+' "$folded"
+table=$(python3 "$T/repo/scripts/gpu-record" table "$folded" 2>&1)
+check "gpu-record prints the comparison" grep -q "| resnet18 | tf32 | nhwc | 256 | 1.500 | 2.000 | 0.75 |" <<<"$table"
+rm -f "$folded" "$T/bin/ncu"
+rm -rf "$T/repo/bench"
+
 # 2. An unresolved library is a failure, not a warning.
 if command -v cc >/dev/null; then
   printf 'int helper(void){return 1;}\n' >"$T/h.c"

@@ -581,5 +581,10 @@ struct CudaVersions {
   size_t cudnn = 0;
 };
 CudaVersions cuda_versions();
+/// Bracket the region a profiler started with `--profile-from-start off` records (nsys, ncu):
+/// cudaProfilerStart / cudaProfilerStop. No-ops in a build without CUDA; throw dp::Error when the
+/// runtime refuses.
+void cuda_profiler_start();
+void cuda_profiler_stop();
 
 }  // namespace dp

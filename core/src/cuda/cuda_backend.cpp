@@ -2,6 +2,8 @@
 // entry points the backend factory calls (cuda_entry.hpp).
 #include "cuda/cuda_backend.hpp"
 
+#include <cuda_profiler_api.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -79,6 +81,17 @@ CudaBackend::CudaBackend(const BackendOptions& options)
       measure_choices_ = how != "heuristic";
     } else {
       measure_choices_ = options.conv_choice == ConvChoice::measured;
+    }
+    // Which batch norm computes NHWC activations: ours (bn_nhwc.cu, the default) or cuDNN's
+    // legacy one, for benchmarks that compare them.
+    if (const char* bn = std::getenv("DPRUN_CUDA_NHWC_BN"); bn != nullptr && *bn != '\0') {
+      const std::string which = bn;
+      if (which != "ours" && which != "cudnn") {
+        throw Error("cuda backend: DPRUN_CUDA_NHWC_BN is '" + which +
+                    "'; use ours (dprun's channels-last kernels, the default) or cudnn (cuDNN's "
+                    "legacy batch norm)");
+      }
+      own_nhwc_bn_ = which == "ours";
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDNN_CHECK(cudnnCreate(&cudnn_));
@@ -429,6 +442,14 @@ CudaVersions versions() noexcept {
   }
   if (ncclGetVersion(&v.nccl) != ncclSuccess) v.nccl = 0;
   return v;
+}
+
+void profiler(bool start) {
+  if (start) {
+    CUDA_CHECK(cudaProfilerStart());
+  } else {
+    CUDA_CHECK(cudaProfilerStop());
+  }
 }
 
 std::string device_name(int index) {

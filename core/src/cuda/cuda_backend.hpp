@@ -225,6 +225,12 @@ class CudaBackend final : public Backend {
   size_t filter_scratch_floats_ = 0;
   float* reduce_scratch_ = nullptr;  // partial sums of the bias-gradient reduction
   size_t reduce_scratch_floats_ = 0;
+  /// NHWC batch norm by bn_nhwc.cu (true) or cuDNN (DPRUN_CUDA_NHWC_BN=cudnn, for comparisons).
+  bool own_nhwc_bn_ = true;
+  /// Whether x's batch norm goes to bn_nhwc.cu.
+  bool own_bn(const Tensor& x) const {
+    return own_nhwc_bn_ && x.shape.rank == 4 && x.layout == Layout::nhwc;
+  }
   float* bn_scratch_ = nullptr;  // the channels-last batch norm's partial sums and coefficients
   size_t bn_scratch_floats_ = 0;
 

@@ -32,7 +32,7 @@ void CudaBackend::set_bn_descriptors(const Dims& d, Layout layout) {
 }
 
 void CudaBackend::prepare_batchnorm_impl(const Shape& max_input, Layout layout) {
-  if (max_input.rank != 4 || layout != Layout::nhwc) return;  // cuDNN needs no scratch
+  if (max_input.rank != 4 || layout != Layout::nhwc || !own_nhwc_bn_) return;  // cuDNN: none
   activate();
   bn_scratch_for(max_input[0] * max_input[2] * max_input[3], max_input[1], "prepare_batchnorm");
 }
@@ -71,7 +71,7 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
                                                const Tensor& save_mean, const Tensor& save_invstd,
                                                const Tensor& y, const BnEpilogue& epilogue) {
   activate();
-  if (is_nhwc(x)) {
+  if (own_bn(x)) {
     const Dims d = dims_of(x);
     kernels::bn_nhwc_forward_train(
         x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), momentum, eps,
@@ -94,7 +94,7 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
                                                const Tensor& running_var, float eps,
                                                const Tensor& y, const BnEpilogue& epilogue) {
   activate();
-  if (is_nhwc(x)) {
+  if (own_bn(x)) {
     const Dims d = dims_of(x);
     kernels::bn_nhwc_forward_infer(
         x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps,
@@ -116,7 +116,7 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
                                           float eps, const Tensor& dx, const Tensor& dgamma,
                                           const Tensor& dbeta, const BnEpilogueGrad& epilogue) {
   activate();
-  if (is_nhwc(x)) {
+  if (own_bn(x)) {
     const Dims d = dims_of(x);
     const bool relu = epilogue.y != nullptr;
     kernels::bn_nhwc_backward(x.f32(), dy.f32(), relu ? epilogue.y->f32() : nullptr,

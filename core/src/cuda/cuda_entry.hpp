@@ -11,6 +11,7 @@ std::unique_ptr<Backend> make_backend(const BackendOptions& options);
 int device_count() noexcept;  // 0 on any error
 std::string device_name(int index);
 CudaVersions versions() noexcept;
+void profiler(bool start);  // cudaProfilerStart / cudaProfilerStop
 // dp/conv_contract.hpp's introspection (cuda_conv.cpp): refused for a backend that is not CUDA.
 std::vector<ConvAlgorithm> conv_algorithms(Backend& backend, ConvPlan& plan, ConvDirection d,
                                            int64_t batch);
