@@ -37,8 +37,8 @@
 #include "dp/error.hpp"
 #include "dp/plugin.hpp"
 #include "dp/trainer.hpp"
-#include "json.hpp"
-#include "plugin_loader.hpp"
+#include "base/json.hpp"
+#include "models/plugin_loader.hpp"
 
 namespace {
 

@@ -43,9 +43,9 @@
 #include "dp/params.hpp"
 #include "dp/process_group.hpp"
 #include "dp/trainer.hpp"
-#include "launch.hpp"
-#include "plugin_loader.hpp"
-#include "sweep_runner.hpp"
+#include "process/launch.hpp"
+#include "models/plugin_loader.hpp"
+#include "sweep/sweep_runner.hpp"
 
 namespace {
 

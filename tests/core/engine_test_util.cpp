@@ -8,7 +8,7 @@
 #include "dp/error.hpp"
 #include "dp/layers.hpp"
 #include "dp/random.hpp"
-#include "plugin_loader.hpp"
+#include "models/plugin_loader.hpp"
 #include "support/check.hpp"
 
 namespace enginetest {

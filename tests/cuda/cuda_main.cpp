@@ -8,7 +8,7 @@
 
 #include "cuda_test_util.hpp"
 #include "dp/backend.hpp"
-#include "plugin_loader.hpp"
+#include "models/plugin_loader.hpp"
 #include "support/check.hpp"
 
 namespace cudatest {

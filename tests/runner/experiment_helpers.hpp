@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "experiment.hpp"
+#include "experiment/experiment.hpp"
 
 namespace exptest {
 

@@ -2,7 +2,7 @@
 // The table of settings of a later dprun: today's rows plus settings the next issues will add
 // (one of each type), so tests can show what adding a setting does to files, hashes and
 // databases of today.
-#include "settings.hpp"
+#include "settings/settings.hpp"
 
 namespace settingstest {
 

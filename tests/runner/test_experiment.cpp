@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "experiment.hpp"
+#include "experiment/experiment.hpp"
 #include "experiment_helpers.hpp"
 
 namespace {

@@ -7,8 +7,8 @@
 #include <set>
 
 #include "experiment_helpers.hpp"
-#include "launch.hpp"
-#include "scheduler.hpp"
+#include "process/launch.hpp"
+#include "sweep/scheduler.hpp"
 #include "support/check.hpp"
 
 using Catch::Matchers::Contains;

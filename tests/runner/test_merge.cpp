@@ -10,8 +10,8 @@
 #include <filesystem>
 
 #include "cli_helpers.hpp"
-#include "merge.hpp"
-#include "settings.hpp"
+#include "slurm/merge.hpp"
+#include "settings/settings.hpp"
 #include "support/env_var.hpp"
 
 using Catch::Matchers::Contains;

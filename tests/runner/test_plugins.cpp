@@ -12,7 +12,7 @@
 #include "dp/params.hpp"
 #include "dp/plugin.hpp"
 #include "dp/version.hpp"
-#include "plugin_loader.hpp"
+#include "models/plugin_loader.hpp"
 #include "support/check.hpp"
 #include "support/env_var.hpp"
 

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "dpstore/store.hpp"
-#include "report.hpp"
-#include "settings.hpp"
+#include "report/report.hpp"
+#include "settings/settings.hpp"
 #include "support/check.hpp"
 
 namespace {

@@ -8,8 +8,8 @@
 
 #include "cli_helpers.hpp"
 #include "dp/process_group.hpp"
-#include "launch.hpp"
-#include "scheduler.hpp"
+#include "process/launch.hpp"
+#include "sweep/scheduler.hpp"
 
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;

@@ -3,11 +3,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "json.hpp"
-#include "report.hpp"
-#include "suggest.hpp"
-#include "sweep_runner.hpp"
-#include "trial_process.hpp"
+#include "base/json.hpp"
+#include "report/report.hpp"
+#include "base/suggest.hpp"
+#include "sweep/sweep_runner.hpp"
+#include "process/trial_process.hpp"
 
 using dprun::Json;
 

@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "later_settings.hpp"
-#include "plugin_loader.hpp"
-#include "settings.hpp"
-#include "sweep_runner.hpp"
+#include "models/plugin_loader.hpp"
+#include "settings/settings.hpp"
+#include "sweep/sweep_runner.hpp"
 
 using Catch::Matchers::Contains;
 using dprun::Setting;

@@ -5,9 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include "experiment_helpers.hpp"
-#include "launch.hpp"
-#include "slurm.hpp"
-#include "submission.hpp"
+#include "process/launch.hpp"
+#include "slurm/slurm.hpp"
+#include "slurm/submission.hpp"
 
 using Catch::Matchers::Contains;
 using dprun::SlurmConfig;

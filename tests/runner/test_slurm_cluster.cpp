@@ -22,10 +22,10 @@
 #include <thread>
 
 #include "cli_helpers.hpp"
-#include "command.hpp"
+#include "base/command.hpp"
 #include "dp/process_group.hpp"
-#include "launch.hpp"
-#include "slurm.hpp"
+#include "process/launch.hpp"
+#include "slurm/slurm.hpp"
 #include "support/env_var.hpp"
 
 using Catch::Matchers::Contains;

@@ -8,10 +8,10 @@
 #include <map>
 
 #include "cli_helpers.hpp"
-#include "experiment.hpp"
+#include "experiment/experiment.hpp"
 #include "later_settings.hpp"
-#include "plugin_loader.hpp"
-#include "sweep_runner.hpp"
+#include "models/plugin_loader.hpp"
+#include "sweep/sweep_runner.hpp"
 
 namespace fs = std::filesystem;
 using clitest::run;

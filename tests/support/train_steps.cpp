@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "plugin_loader.hpp"
+#include "models/plugin_loader.hpp"
 #include "support/check.hpp"
 
 namespace dptest {

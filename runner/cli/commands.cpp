@@ -1,0 +1,437 @@
+// What each command of the dprun command line does (the table itself is in cli.cpp).
+#include "cli/commands.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <cstdlib>
+#include <filesystem>
+#include <variant>
+
+#include "dp/error.hpp"
+#include "dp/plugin.hpp"
+#include "dp/process_group.hpp"
+#include "dpstore/store.hpp"
+#include "slurm/merge.hpp"
+#include "models/plugin_loader.hpp"
+#include "report/report.hpp"
+#include "settings/settings.hpp"
+#include "base/suggest.hpp"
+#include "sweep/sweep_runner.hpp"
+#include "trial/trial_main.hpp"
+#include "base/usage_error.hpp"
+
+namespace dprun::cli {
+
+namespace {
+
+// ---- values -------------------------------------------------------------------------------------
+
+int64_t int_option(const Args& a, const std::string& name, int64_t fallback, int64_t min) {
+  auto v = a.last(name);
+  if (!v) return fallback;
+  int64_t x = 0;
+  auto res = std::from_chars(v->data(), v->data() + v->size(), x);
+  if (res.ec != std::errc() || res.ptr != v->data() + v->size() || x < min)
+    throw UsageError(name + " " + *v + ": expected an integer >= " + std::to_string(min));
+  return x;
+}
+
+double double_option(const Args& a, const std::string& name, double fallback, double min) {
+  auto v = a.last(name);
+  if (!v) return fallback;
+  double x = 0;
+  auto res = std::from_chars(v->data(), v->data() + v->size(), x);
+  if (res.ec != std::errc() || res.ptr != v->data() + v->size() || !(x >= min))
+    throw UsageError(name + " " + *v + ": expected a number >= " + std::to_string(min));
+  return x;
+}
+
+std::string backend_option(const Args& a) {
+  auto v = a.last("--backend");
+  if (!v) return "";
+  if (*v != "auto" && *v != "cpu" && *v != "cuda")
+    throw UsageError("--backend " + *v + ": expected auto, cpu or cuda");
+  return *v;
+}
+
+std::pair<std::string, std::string> key_value(const std::string& option, const std::string& text) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UsageError(option + " " + text + ": expected KEY=VALUE");
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+// The number of processes the launcher started, from its environment; 0 when it does not say.
+int launcher_world_size() {
+  for (const char* v :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}) {
+    if (const char* s = std::getenv(v); s && *s) return std::atoi(s);
+  }
+  return 0;
+}
+
+}  // namespace
+
+SweepOptions sweep_options(const Invocation& in) {
+  const Args& a = in.args;
+  const std::string& name = in.command;
+  if (a.positional.size() != 1)
+    throw UsageError("dprun " + name + " needs one experiment file" +
+                     (a.positional.empty()
+                          ? ""
+                          : ", got " + std::to_string(a.positional.size()) + " arguments") +
+                     " (see dprun " + name + " --help)");
+  SweepOptions o;
+  o.file = a.positional[0];
+  o.db = a.last("--db").value_or("");
+  o.backend = backend_option(a);
+  o.dry_run = a.flag("--dry-run");
+  o.rerun = a.flag("--rerun");
+  o.restart = a.flag("--restart");
+  o.force = a.flag("--force");
+  o.oversubscribe = a.flag("--oversubscribe");
+  o.verbose = a.flag("--verbose");
+  for (const auto& f : a.all("--filter")) o.filters.push_back(key_value("--filter", f));
+  o.plugin_dirs = a.all("--plugins");
+  o.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
+  o.trial_timeout = double_option(a, "--trial-timeout", 0, 0);
+  if (auto jobs = a.last("--jobs")) {
+    int64_t n = 0;
+    auto res = std::from_chars(jobs->data(), jobs->data() + jobs->size(), n);
+    if (*jobs == "auto")
+      o.jobs = 0;  // as many as the devices allow
+    else if (res.ec == std::errc() && res.ptr == jobs->data() + jobs->size() && n >= 1 && n <= 4096)
+      o.jobs = static_cast<int>(n);
+    else
+      throw UsageError("--jobs " + *jobs + ": expected a positive integer or auto");
+  }
+  if (auto launcher = a.last("--launcher")) {
+    const auto& known = known_launchers();
+    if (std::find(known.begin(), known.end(), *launcher) == known.end())
+      throw UsageError("--launcher " + *launcher + ": expected mpirun or srun");
+    o.launch.launcher = *launcher;
+  }
+  if (auto hostfile = a.last("--hostfile")) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(*hostfile, ec))
+      throw UsageError("--hostfile " + *hostfile + ": no such file");
+    if (o.launch.launcher == "srun")
+      throw UsageError("--hostfile is for mpirun; srun runs on the nodes of its Slurm allocation");
+    o.launch.hostfile = *hostfile;
+  }
+  o.launch.args = a.all("--launch-arg");
+  std::string line = "dprun";
+  for (int i = 1; i < in.argc; ++i) line.append(" ").append(shell_quote(in.argv[i]));
+  o.command_line = line;
+  return o;
+}
+
+// ---- the handlers -------------------------------------------------------------------------------
+
+std::string results_database(const Args& a, const std::string& command) {
+  const std::string db = a.last("--db") ? *a.last("--db") : default_database(command);
+  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
+  return db;
+}
+
+int run_command(const Invocation& in) {
+  // The runner starts each trial's processes itself; started as several processes, each would
+  // run the whole sweep.
+  if (dp::under_mpi_launcher() && launcher_world_size() > 1)
+    throw UsageError(
+        "dprun run was started as " + std::to_string(launcher_world_size()) +
+        " processes by mpirun or srun: start it once, as one process (it launches the processes "
+        "of trials with processes > 1 itself, inside a Slurm allocation with srun); to run one "
+        "trial as the processes of your own launcher, use mpirun -np N dprun train ...");
+  return run_sweep(sweep_options(in));
+}
+
+int plan_command(const Invocation& in) { return plan_sweep(sweep_options(in)); }
+
+int plugins_command(const Invocation& in) {
+  const Args& a = in.args;
+  if (!a.positional.empty()) throw UsageError("dprun plugins takes no arguments");
+  PluginScan scan = scan_plugins(a.all("--plugins"));
+  for (const auto& [name, m] : scan.models) {
+    const dp::ModelFactory& f = m.factory;
+    std::printf("%s: %s\n", name.c_str(), f.description.c_str());
+    std::printf("  file: %s\n  ABI version %u, built with dprun %s; input %dx%dx%d, %d classes\n",
+                m.plugin_path.c_str(), m.abi_version, m.built_with.c_str(), f.input.channels,
+                f.input.height, f.input.width, f.input.classes);
+    if (f.options.empty()) {
+      std::printf("  options: none\n");
+    } else {
+      std::vector<std::vector<std::string>> rows{{"option", "type", "default", "help"}};
+      for (const auto& o : f.options)
+        rows.push_back({o.name, dp::option_type_name(o.default_value),
+                        dp::option_to_string(o.default_value), o.help});
+      std::fputs(format_aligned(rows, "    ").c_str(), stdout);
+    }
+    std::printf("\n");
+  }
+  if (scan.models.empty()) std::printf("no models found\n");
+  std::printf("searched:");
+  for (const auto& d : scan.searched) std::printf(" %s", d.c_str());
+  std::printf("%s\n", scan.searched.empty() ? " (no plugin folder exists)" : "");
+  for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: plugin error: %s\n", e.c_str());
+  for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
+  // Non-zero when something the user should fix was found (a plugin that did not load, a
+  // --plugins path that does not exist) or no model at all.
+  return scan.errors.empty() && !scan.models.empty() ? 0 : 1;
+}
+
+int query_command(const Invocation& in) {
+  const Args& a = in.args;
+  if (a.positional.size() != 1)
+    throw UsageError(
+        "dprun query needs one SQL statement in quotes, e.g. dprun query --db "
+        "results/x.db \"SELECT * FROM trial_summary\"");
+  QueryFormat format = QueryFormat::table;
+  if (auto f = a.last("--format")) {
+    if (*f == "table")
+      format = QueryFormat::table;
+    else if (*f == "csv")
+      format = QueryFormat::csv;
+    else if (*f == "json")
+      format = QueryFormat::json;
+    else
+      throw UsageError("--format " + *f + ": expected table, csv or json");
+  }
+  const std::string db = results_database(a, "query");
+  dps::Store store(db, dps::Store::Mode::read_only);
+  std::fputs(format_query(store.query(a.positional[0]), format).c_str(), stdout);
+  return 0;
+}
+
+int report_command(const Invocation& in) {
+  const Args& a = in.args;
+  if (!a.positional.empty()) throw UsageError("dprun report takes no arguments (use --db PATH)");
+  const std::string db = results_database(a, "report");
+  // Results of Slurm tasks that have ended are collected first.
+  merge_if_needed(db);
+  dps::Store store(db, dps::Store::Mode::read_only);
+  if (auto html = a.last("--html")) {
+    const std::string page = format_html_report(store);
+    std::FILE* f = *html == "-" ? stdout : std::fopen(html->c_str(), "w");
+    if (f == nullptr) throw UsageError("--html " + *html + ": cannot write it: " + std::strerror(errno));
+    const bool ok = std::fputs(page.c_str(), f) >= 0;
+    if (f != stdout && std::fclose(f) != 0) throw UsageError("--html " + *html + ": write failed");
+    if (!ok) throw UsageError("--html " + *html + ": write failed");
+    if (f != stdout) std::fprintf(stderr, "dprun: wrote %s (open it in a browser; it needs no network)\n", html->c_str());
+    return 0;
+  }
+  std::fputs(format_report(store).c_str(), stdout);
+  return 0;
+}
+
+namespace {
+
+// --option values take the type of the option's default, so "hidden=64" is an int.
+dp::OptionValue option_value(const dp::ModelFactory& f, const std::string& key,
+                             const std::string& text) {
+  for (const auto& spec : f.options) {
+    if (spec.name != key) continue;
+    const auto bad = [&](const char* what) {
+      return UsageError("--option " + key + "=" + text + ": expected " + what);
+    };
+    if (std::holds_alternative<bool>(spec.default_value)) {
+      if (text == "true" || text == "1") return true;
+      if (text == "false" || text == "0") return false;
+      throw bad("true or false");
+    }
+    if (std::holds_alternative<int64_t>(spec.default_value)) {
+      int64_t x = 0;
+      auto res = std::from_chars(text.data(), text.data() + text.size(), x);
+      if (res.ec != std::errc() || res.ptr != text.data() + text.size()) throw bad("an integer");
+      return x;
+    }
+    if (std::holds_alternative<double>(spec.default_value)) {
+      double x = 0;
+      auto res = std::from_chars(text.data(), text.data() + text.size(), x);
+      if (res.ec != std::errc() || res.ptr != text.data() + text.size()) throw bad("a number");
+      return x;
+    }
+    return text;
+  }
+  return text;  // undeclared: resolve_model_options names it and lists the known options
+}
+
+// `dprun train` takes every experiment-file key as an option: lr_scaling as --lr-scaling.
+std::string train_option_name(const Setting& setting) {
+  std::string name = "--" + (setting.key.empty() ? setting.column : setting.key);
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+std::string train_option_metavar(const Setting& setting) {
+  switch (setting.type) {
+    case SettingType::boolean:
+      return "true|false";
+    case SettingType::integer:
+      return "N";
+    case SettingType::number:
+      return "X";
+    case SettingType::numbers:
+      return "X,...";
+    case SettingType::choice: {
+      std::string m;
+      for (const auto& c : setting.choices) m += (m.empty() ? "" : "|") + c;
+      return m;
+    }
+    case SettingType::model:
+      return "NAME";
+    default:
+      return "TEXT";
+  }
+}
+
+// The settings `dprun train` takes: the experiment-file keys, and the dataset of [data].
+std::vector<const Setting*> train_settings() {
+  std::vector<const Setting*> out;
+  for (const Setting& s : builtin_settings().rows())
+    if (!s.key.empty() || s.column == "dataset") out.push_back(&s);
+  return out;
+}
+
+}  // namespace
+
+std::vector<Opt> train_options() {
+  std::vector<Opt> options;
+  for (const Setting* s : train_settings()) {
+    const std::string def =
+        s->default_doc.empty() ? setting_text(s->default_value) : s->default_doc;
+    // "(required)" stands for itself; a value is "the default".
+    const std::string note = def.empty()     ? ""
+                             : def[0] == '(' ? " " + def
+                                             : " (default " + def + ")";
+    options.push_back({train_option_name(*s), train_option_metavar(*s), s->help + note});
+  }
+  const Opt rest[] = {{"--data", "PATH", "folder with the dataset's IDX files"},
+                      {"--threads", "N", "CPU threads (default: all)"},
+                      {"--oversubscribe", "", "let replicas share GPUs"},
+                      {"--option", "KEY=VALUE", "a model option (see dprun plugins); repeatable"},
+                      {"--checkpoint-dir", "DIR",
+                       "write the checkpoints --checkpoint keeps here (default: none written)"},
+                      {"--plugins", "DIR", "also look for model plugins here; repeatable"}};
+  options.insert(options.end(), std::begin(rest), std::end(rest));
+  return options;
+}
+
+int train_command(const Invocation& in) {
+  const Args& a = in.args;
+  if (!a.positional.empty())
+    throw UsageError("dprun train takes options only, got " + a.positional[0] +
+                     " (to run an experiment file: dprun run FILE.toml)");
+  auto model = a.last("--model");
+  if (!model) throw UsageError("dprun train needs --model NAME (see dprun plugins)");
+  TrialRequest r;
+  r.plugin_dirs = a.all("--plugins");
+  PluginScan scan = scan_plugins(r.plugin_dirs);
+  auto found = scan.models.find(*model);
+  if (found == scan.models.end()) {
+    std::vector<std::string> names;
+    std::string known;
+    for (const auto& [n, m] : scan.models) {
+      names.push_back(n);
+      known += (known.empty() ? "" : ", ") + n;
+    }
+    std::string hint = did_you_mean(*model, names);
+    for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: plugin error: %s\n", e.c_str());
+    for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
+    throw UsageError("unknown model \"" + *model + "\"" +
+                     (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                     " (models found: " + (known.empty() ? "none" : known) + ")");
+  }
+  // The settings an experiment file with these [train] keys would give the trial.
+  std::map<std::string, SettingValue> given;
+  std::string dataset = "fashion-mnist";
+  for (const Setting* s : train_settings()) {
+    auto text = a.last(train_option_name(*s));
+    if (!text) continue;
+    SettingValue value;
+    try {
+      value = setting_from_text(*s, *text);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(train_option_name(*s) + " " + *text + ": " + e.what());
+    }
+    if (s->key.empty())
+      dataset = std::get<std::string>(value);
+    else
+      given[s->key] = value;
+  }
+  r.settings = settings_from_keys(builtin_settings(), given);
+  TrialSettings& s = r.settings;
+  s.set("dataset", dataset);
+  const int64_t gpus = s.integer("gpus"), batch_size = s.integer("batch_size");
+  if (batch_size < gpus)
+    throw UsageError("--batch-size " + std::to_string(batch_size) + " is smaller than --gpus " +
+                     std::to_string(gpus) + ": every replica needs at least one example");
+  r.backend = s.text("backend_request");
+  r.data_path = a.last("--data").value_or("");
+  // Under mpirun or srun, this process is one of the trial's processes; without a launcher,
+  // the trial is this process.
+  const int64_t processes = s.integer("processes");
+  const bool under_launcher = dp::under_mpi_launcher() && dp::mpi_compiled();
+  if (processes > 1 && !under_launcher)
+    throw UsageError("--processes " + std::to_string(processes) + ": start " +
+                     std::to_string(processes) +
+                     " processes of dprun train with a launcher, e.g. "
+                     "mpirun -np " +
+                     std::to_string(processes) +
+                     " dprun train ... (or srun "
+                     "--ntasks=" +
+                     std::to_string(processes) + " inside a Slurm allocation)" +
+                     (dp::mpi_compiled() ? ""
+                                         : "; this dprun was built without MPI: install "
+                                           "Open MPI (Debian: libopenmpi-dev openmpi-bin) "
+                                           "and rebuild"));
+  r.oversubscribe = a.flag("--oversubscribe");
+  r.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
+  // Without a database there is no folder of its own: checkpoints go where the user says.
+  if (auto dir = a.last("--checkpoint-dir")) {
+    if (s.text("checkpoint") == "none")
+      throw UsageError("--checkpoint-dir " + *dir + " with --checkpoint none: nothing would be "
+                       "written there");
+    r.checkpoint_dir = std::filesystem::absolute(*dir).lexically_normal().string();
+  } else if (a.last("--checkpoint") && s.text("checkpoint") != "none") {
+    throw UsageError("--checkpoint " + *a.last("--checkpoint") +
+                     ": dprun train writes checkpoints only with --checkpoint-dir DIR");
+  }
+  for (const auto& kv : a.all("--option")) {
+    auto [key, text] = key_value("--option", kv);
+    r.model_options[key] = option_value(found->second.factory, key, text);
+  }
+  // Unknown or mistyped options are command-line errors, found before any data is loaded.
+  try {
+    r.model_options = dp::resolve_model_options(found->second.factory, r.model_options);
+  } catch (const dp::Error& e) {
+    throw UsageError(e.what());
+  }
+  if (under_launcher) {
+    if (a.last("--processes")) {
+      // The launcher's process count decides; a different --processes is a mistake.
+      const int world = launcher_world_size();
+      if (world > 0 && world != processes)
+        throw UsageError("--processes " + std::to_string(processes) + " but the launcher started " +
+                         std::to_string(world) + " processes");
+    }
+    if (s.integer("gpus") % std::max(1, launcher_world_size()) != 0)
+      throw UsageError("--gpus " + std::to_string(s.integer("gpus")) + " is not divisible by the " +
+                       std::to_string(launcher_world_size()) +
+                       " processes the launcher started: each process runs gpus / processes "
+                       "replicas");
+    return run_train_processes(r);
+  }
+  return run_train(r);
+}
+
+int settings_command(const Invocation& in) {
+  if (!in.args.positional.empty()) throw UsageError("dprun settings takes no arguments");
+  std::fputs(settings_markdown(builtin_settings()).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace dprun::cli

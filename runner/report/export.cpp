@@ -1,0 +1,138 @@
+// `dprun export`: one trial's model checkpoint, copied out of the results after its sha256 is
+// checked against the database's record.
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <variant>
+
+#include "trial/checkpoint.hpp"
+#include "cli/commands.hpp"
+#include "dp/error.hpp"
+#include "dp/safetensors.hpp"
+#include "dpstore/store.hpp"
+#include "report/report.hpp"
+#include "base/usage_error.hpp"
+
+namespace dprun::cli {
+
+namespace {
+
+int64_t positive_integer(const std::string& what, const std::string& text) {
+  int64_t x = 0;
+  auto res = std::from_chars(text.data(), text.data() + text.size(), x);
+  if (res.ec != std::errc() || res.ptr != text.data() + text.size() || x < 1)
+    throw UsageError(what + " " + text + ": expected a positive integer");
+  return x;
+}
+
+std::string describe_kept(const std::vector<dps::CheckpointRow>& rows) {
+  std::string out;
+  for (const auto& c : rows)
+    out += (out.empty() ? "" : ", ") + c.role + " (epoch " + std::to_string(c.epoch) + ")";
+  return out.empty() ? "none" : out;
+}
+
+std::string setting_text(const dps::TrialRow& row, const std::string& column) {
+  auto it = row.settings.find(column);
+  if (it == row.settings.end()) return "";
+  if (const auto* s = std::get_if<std::string>(&it->second)) return *s;
+  if (const auto* i = std::get_if<int64_t>(&it->second)) return std::to_string(*i);
+  return "";
+}
+
+// The checkpoint the options ask for, or a UsageError that says what the trial kept.
+dps::CheckpointRow choose(const dps::TrialRow& trial, const std::vector<dps::CheckpointRow>& rows,
+                          const Args& a) {
+  const bool best = a.flag("--best");
+  const auto epoch_text = a.last("--epoch");
+  if (best && epoch_text) throw UsageError("--best and --epoch choose different checkpoints");
+  const std::string id = "trial " + std::to_string(trial.id);
+  if (rows.empty()) {
+    const std::string mode = setting_text(trial, "checkpoint");
+    std::string why;
+    if (mode == "none")
+      why = " (its checkpoint setting is \"none\"; set checkpoint = \"last\" and run it again)";
+    else if (trial.status == dps::TrialStatus::pending)
+      why = " (it has not run yet)";
+    else if (trial.epochs_done == 0)
+      why = " (it recorded no epoch)";
+    throw UsageError(id + " kept no checkpoint" + why);
+  }
+  auto found = rows.end();
+  std::string wanted;
+  if (epoch_text) {
+    const int64_t epoch = positive_integer("--epoch", *epoch_text);
+    wanted = "of epoch " + std::to_string(epoch);
+    found = std::find_if(rows.begin(), rows.end(),
+                         [&](const dps::CheckpointRow& c) { return c.epoch == epoch; });
+  } else {
+    const std::string role = best ? "best" : "last";
+    wanted = role == "best" ? "best (checkpoint = \"best\" keeps it)" : "last";
+    found = std::find_if(rows.begin(), rows.end(),
+                         [&](const dps::CheckpointRow& c) { return c.role == role; });
+  }
+  if (found == rows.end())
+    throw UsageError(id + " has no checkpoint " + wanted + "; it kept: " + describe_kept(rows));
+  return *found;
+}
+
+}  // namespace
+
+int export_command(const Invocation& in) {
+  const Args& a = in.args;
+  if (a.positional.size() != 1)
+    throw UsageError(
+        "dprun export needs one trial id (the id column of trials or trial_summary, e.g. dprun "
+        "query \"SELECT trial_id, model, gpus, status FROM trial_summary\")");
+  const int64_t trial_id = positive_integer("trial id", a.positional[0]);
+  const std::string db = results_database(a, "export");
+  dps::Store store(db, dps::Store::Mode::read_only);
+  const auto trial = store.get_trial(trial_id);
+  if (!trial) throw UsageError(db + " has no trial " + std::to_string(trial_id));
+  const dps::CheckpointRow c = choose(*trial, store.checkpoints(trial_id), a);
+  const std::string source = resolve_checkpoint_path(db, c.path);
+  const std::string output =
+      a.last("--output").value_or("trial-" + std::to_string(trial_id) + "-epoch-" +
+                                  std::to_string(c.epoch) + ".safetensors");
+  std::string bytes;
+  {
+    std::ifstream file(source, std::ios::binary);
+    if (!file) {
+      std::fprintf(stderr, "dprun: trial %lld's %s checkpoint %s is missing (moved or deleted?)\n",
+                   static_cast<long long>(trial_id), c.role.c_str(), source.c_str());
+      return 1;
+    }
+    bytes.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  }
+  const std::string sha = dps::sha256_hex(bytes);
+  if (sha != c.sha256) {
+    std::fprintf(stderr,
+                 "dprun: %s has sha256 %s, the database recorded %s: it changed after trial %lld "
+                 "wrote it; not exported\n",
+                 source.c_str(), sha.c_str(), c.sha256.c_str(), static_cast<long long>(trial_id));
+    return 1;
+  }
+  // A model file, readable as one (the record and the file agree, but say so before a user's
+  // PyTorch does).
+  const dp::SafeTensorsFile model = dp::decode_safetensors(bytes, source);
+  dp::write_bytes_atomically(output, bytes);
+  std::string acc;
+  for (const auto& e : store.epochs(trial_id))
+    if (e.epoch == c.epoch) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, ", test accuracy %.4f", e.test_acc);
+      acc = buf;
+    }
+  std::printf("wrote %s: trial %lld (%s, gpus %s), %s checkpoint of epoch %lld%s, %zu tensors, "
+              "sha256 %s\n",
+              output.c_str(), static_cast<long long>(trial_id),
+              setting_text(*trial, "model").c_str(), setting_text(*trial, "gpus").c_str(),
+              c.role.c_str(), static_cast<long long>(c.epoch), acc.c_str(), model.tensors.size(),
+              sha.c_str());
+  return 0;
+}
+
+}  // namespace dprun::cli

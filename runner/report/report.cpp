@@ -1,0 +1,267 @@
+#include "report/report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+
+#include "base/json.hpp"
+#include "base/usage_error.hpp"
+
+namespace dprun {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool looks_numeric(const std::string& s) {
+  static const std::regex number(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
+  return !s.empty() && std::regex_match(s, number);
+}
+
+// Display width in terminal columns: UTF-8 continuation bytes take no column.
+size_t width(const std::string& s) {
+  size_t w = 0;
+  for (unsigned char c : s)
+    if ((c & 0xC0) != 0x80) ++w;
+  return w;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string format_aligned(const std::vector<std::vector<std::string>>& rows,
+                           const std::string& indent) {
+  if (rows.empty()) return "";
+  size_t columns = 0;
+  for (const auto& r : rows) columns = std::max(columns, r.size());
+  std::vector<size_t> widths(columns, 0);
+  std::vector<bool> numeric(columns, true);
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t c = 0; c < rows[i].size(); ++c) {
+      widths[c] = std::max(widths[c], width(rows[i][c]));
+      if (i > 0 && !looks_numeric(rows[i][c]) && rows[i][c] != "-" && rows[i][c] != "NULL")
+        numeric[c] = false;
+    }
+  std::string out;
+  auto emit = [&](const std::vector<std::string>& r) {
+    std::string line = indent;
+    for (size_t c = 0; c < columns; ++c) {
+      const std::string cell = c < r.size() ? r[c] : "";
+      const std::string pad(widths[c] - width(cell), ' ');
+      if (c) line += "  ";
+      line += numeric[c] && rows.size() > 1 ? pad + cell : cell + pad;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  };
+  emit(rows[0]);
+  std::vector<std::string> rule;
+  for (size_t c = 0; c < columns; ++c) rule.push_back(std::string(widths[c], '-'));
+  emit(rule);
+  for (size_t i = 1; i < rows.size(); ++i) emit(rows[i]);
+  return out;
+}
+
+std::string format_query(const dps::QueryResult& result, QueryFormat format) {
+  switch (format) {
+    case QueryFormat::table: {
+      std::vector<std::vector<std::string>> rows;
+      rows.push_back(result.columns);
+      for (const auto& r : result.rows) {
+        std::vector<std::string> cells;
+        for (const auto& v : r) cells.push_back(v ? *v : "NULL");
+        rows.push_back(std::move(cells));
+      }
+      std::string out = format_aligned(rows);
+      out += '(';
+      out += std::to_string(result.rows.size());
+      out += result.rows.size() == 1 ? " row)\n" : " rows)\n";
+      return out;
+    }
+    case QueryFormat::csv: {
+      std::string out;
+      for (size_t c = 0; c < result.columns.size(); ++c)
+        out.append(c ? "," : "").append(csv_field(result.columns[c]));
+      out += "\r\n";
+      for (const auto& r : result.rows) {
+        for (size_t c = 0; c < r.size(); ++c)
+          out.append(c ? "," : "").append(csv_field(r[c].value_or("")));
+        out += "\r\n";
+      }
+      return out;
+    }
+    case QueryFormat::json: {
+      std::string out = "[";
+      for (size_t i = 0; i < result.rows.size(); ++i) {
+        Json o = Json::object();
+        const auto& r = result.rows[i];
+        for (size_t c = 0; c < result.columns.size() && c < r.size(); ++c) {
+          if (!r[c])
+            o.set(result.columns[c], Json());
+          else if (looks_numeric(*r[c]))
+            o.set(result.columns[c], Json::parse(*r[c]));
+          else
+            o.set(result.columns[c], Json::string(*r[c]));
+        }
+        out += (i ? ",\n " : "\n ") + o.dump();
+      }
+      out += result.rows.empty() ? "]\n" : "\n]\n";
+      return out;
+    }
+  }
+  return "";
+}
+
+std::string default_database(const std::string& command) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  if (fs::is_directory("results", ec))
+    for (const auto& e : fs::directory_iterator("results", ec))
+      if (e.path().extension() == ".db") found.push_back(e.path().string());
+  if (found.size() == 1) {
+    std::fprintf(stderr, "dprun: using %s (the only database in results/; pass --db to choose)\n",
+                 found[0].c_str());
+    return found[0];
+  }
+  std::string msg = "dprun " + command + " needs a database: pass --db PATH";
+  if (found.empty()) {
+    msg += " (no results/*.db in the current folder)";
+  } else {
+    std::sort(found.begin(), found.end());
+    msg += " (several in results/:";
+    for (const auto& f : found) msg += " " + f;
+    msg += ")";
+  }
+  throw UsageError(msg);
+}
+
+namespace {
+
+// Each recorded setting of a stored trial as (column, text), in table order; a setting the
+// database predates reads as its default.
+std::vector<std::pair<std::string, std::string>> setting_texts(const SettingTable& table,
+                                                               const dps::TrialRow& trial) {
+  const TrialSettings settings = settings_from_store(table, trial.settings);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t i = 0; i < table.recorded().size(); ++i)
+    out.emplace_back(table.recorded()[i]->column, setting_text(settings.at(i)));
+  return out;
+}
+
+std::string fixed(const std::optional<double>& v, const char* fmt) {
+  if (!v) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, fmt, *v);
+  return buf;
+}
+
+}  // namespace
+
+std::string ExperimentTrials::label(size_t i) const {
+  std::string out;
+  for (size_t c : shown) {
+    const auto& [name, text] = settings[i][c];
+    out += out.empty() ? (name == "model" ? text : name + "=" + text) : " " + name + "=" + text;
+  }
+  return out;
+}
+
+std::string ExperimentTrials::setting(size_t i, const std::string& column) const {
+  for (const auto& [name, text] : settings[i])
+    if (name == column) return text;
+  return "";
+}
+
+std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const SettingTable& table) {
+  std::vector<ExperimentTrials> out;
+  for (const auto& e : store.experiments()) {
+    ExperimentTrials x;
+    x.experiment = e;
+    x.trials = store.trial_summaries(e.id);
+    for (const auto& t : x.trials) x.settings.push_back(setting_texts(table, t.trial));
+    for (const Setting* row : table.recorded()) x.baseline_may_differ.push_back(row->baseline_may_differ);
+    if (!x.settings.empty()) {
+      for (size_t c = 0; c < x.settings[0].size(); ++c) {
+        std::set<std::string> distinct;
+        for (const auto& row : x.settings) distinct.insert(row[c].second);
+        const std::string& name = x.settings[0][c].first;
+        if (name == "model" || name == "gpus" || (distinct.size() > 1 && name != "data_path"))
+          x.shown.push_back(c);
+      }
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+std::string format_report(dps::Store& store, const SettingTable& table) {
+  const auto experiments = experiment_trials(store, table);
+  if (experiments.empty()) return "no experiments in " + store.path() + "\n";
+  std::string out;
+  for (const auto& x : experiments) {
+    const auto& e = x.experiment;
+    const auto& trials = x.trials;
+    const auto& settings = x.settings;
+    const auto& shown = x.shown;
+    out += "experiment " + e.name;
+    if (!e.description.empty()) out += ": " + e.description;
+    out +=
+        " (" + std::to_string(trials.size()) + " trial" + (trials.size() == 1 ? "" : "s") + ")\n";
+    if (trials.empty()) {
+      out += "\n";
+      continue;
+    }
+    std::vector<std::vector<std::string>> table;
+    std::vector<std::string> header;
+    for (size_t c : shown) header.push_back(settings[0][c].first);
+    for (const char* h :
+         {"status", "epochs", "final_acc", "best_acc", "s/epoch", "speedup", "backend"})
+      header.push_back(h);
+    table.push_back(header);
+    std::vector<std::string> errors;
+    for (size_t i = 0; i < trials.size(); ++i) {
+      const dps::TrialSummary& t = trials[i];
+      std::vector<std::string> cells;
+      for (size_t c : shown) cells.push_back(settings[i][c].second);
+      cells.push_back(dps::status_name(t.trial.status));
+      std::string epochs = "?";
+      for (const auto& [name, text] : settings[i])
+        if (name == "epochs") epochs = text;
+      cells.push_back(std::to_string(t.trial.epochs_done) + "/" + epochs);
+      cells.push_back(fixed(t.final_test_acc, "%.4f"));
+      cells.push_back(fixed(t.best_test_acc, "%.4f"));
+      cells.push_back(fixed(t.mean_seconds_per_epoch, "%.2f"));
+      cells.push_back(fixed(t.speedup, "%.2fx"));
+      cells.push_back(t.trial.backend.empty() ? "-" : t.trial.backend);
+      table.push_back(cells);
+      if (!t.trial.error.empty()) {
+        std::string label;
+        for (size_t c : shown)
+          label += (label.empty() ? "" : " ") + settings[i][c].first + "=" + settings[i][c].second;
+        errors.push_back(label + ": " + t.trial.error);
+      }
+    }
+    out += format_aligned(table, "  ");
+    for (const auto& err : errors) out += "  ! " + err + "\n";
+    out += "\n";
+  }
+  out +=
+      "speedup: seconds per epoch of the matching 1-GPU trial / this trial's (epoch 1, the "
+      "warm-up, excluded)\n";
+  return out;
+}
+
+}  // namespace dprun

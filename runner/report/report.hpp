@@ -1,0 +1,54 @@
+#pragma once
+// Formatting query results (`dprun query`) and the per-experiment summary (`dprun report`).
+#include <string>
+#include <vector>
+
+#include "dpstore/store.hpp"
+#include "settings/settings.hpp"
+
+namespace dprun {
+
+/// Rows of cells as aligned columns (the first row is the header, underlined); every line starts
+/// with `indent`. Numbers are right-aligned.
+std::string format_aligned(const std::vector<std::vector<std::string>>& rows,
+                           const std::string& indent = "");
+
+enum class QueryFormat { table, csv, json };
+
+/// table: aligned columns, NULL shown as NULL. csv: RFC 4180 (CRLF, fields with a comma, quote
+/// or line break quoted, quotes doubled; NULL as an empty field). json: an array of objects;
+/// values that are JSON numbers in their text form are emitted as numbers, NULL as null.
+std::string format_query(const dps::QueryResult& result, QueryFormat format);
+
+/// The database to use when --db is not given: the only results/*.db in the current folder.
+/// Throws UsageError telling to pass --db otherwise.
+std::string default_database(const std::string& command);
+
+/// One experiment's trials as the reports show them: each trial's settings as text, and which
+/// settings to show (the model and gpus always, every other one when it varies among the
+/// trials; never where the data lives).
+struct ExperimentTrials {
+  dps::ExperimentRow experiment;
+  std::vector<dps::TrialSummary> trials;
+  std::vector<std::vector<std::pair<std::string, std::string>>> settings;  // per trial, by column
+  std::vector<size_t> shown;                                             // indices into settings
+  /// Per setting column: whether the scaling view lets a trial's 1-GPU baseline differ in it.
+  std::vector<bool> baseline_may_differ;
+  /// "lenet gpus=2 lr=0.4": the shown settings of trial i, model first.
+  std::string label(size_t i) const;
+  /// A setting's text for trial i ("" when the table has no such column).
+  std::string setting(size_t i, const std::string& column) const;
+};
+std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const SettingTable& table);
+
+/// `dprun report`: per experiment, its trials (settings that vary, status, final and best test
+/// accuracy, s/epoch, speedup over 1 GPU). Returns the text.
+std::string format_report(dps::Store& store, const SettingTable& table = builtin_settings());
+
+/// `dprun report --html FILE`: one self-contained HTML page (no network requests, works from a
+/// file:// URL, prints): per experiment, learning curves (train loss and test accuracy per epoch,
+/// one line per trial), the scaling charts (seconds per epoch, speedup and efficiency against
+/// the GPU count, with the ideal lines) and the trial table. Charts are inline SVG.
+std::string format_html_report(dps::Store& store, const SettingTable& table = builtin_settings());
+
+}  // namespace dprun

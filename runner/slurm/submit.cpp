@@ -1,0 +1,291 @@
+// `dprun submit`: a sweep as Slurm job arrays. The trials a local run would run (new, failed,
+// interrupted, ... as `dprun plan` says) become the tasks of one array per resource shape; each
+// task gets its own database seeded with its trial's record (so a failed trial resumes from its
+// checkpoint), and everything is recorded in the experiment's database before sbatch is asked.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include "trial/checkpoint.hpp"
+#include "base/command.hpp"
+#include "cli/commands.hpp"
+#include "dp/error.hpp"
+#include "dp/safetensors.hpp"
+#include "slurm/merge.hpp"
+#include "report/report.hpp"
+#include "slurm/submission.hpp"
+#include "sweep/sweep_runner.hpp"
+
+namespace dprun::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// One array holds at most this many tasks: Slurm's default MaxArraySize is 1001 (indices 0-1000).
+constexpr size_t kMaxArrayTasks = 1000;
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("/proc/self/exe") : p.string();
+}
+
+// The folder of the next submission, created here (create_directory fails on one that exists,
+// so two submits at once never share a folder): <db folder>/<db stem>.tasks/s0001, s0002, ...
+fs::path new_submission_folder(const std::string& db) {
+  const fs::path db_path = fs::absolute(db).lexically_normal();
+  const fs::path base = db_path.parent_path() / (db_path.stem().string() + ".tasks");
+  fs::create_directories(base);
+  for (int n = 1;; ++n) {
+    char name[32];
+    std::snprintf(name, sizeof name, "s%04d", n);
+    if (fs::create_directory(base / name)) return base / name;
+  }
+}
+
+// The resources a trial asks of Slurm (tasks with the same shape share one array).
+TaskShape shape_of(const TrialSpec& spec, const SweepOptions& o, const SlurmConfig& config) {
+  const std::string backend = o.backend.empty() ? spec.settings.text("backend_request") : o.backend;
+  return task_shape(config, spec.settings.integer("gpus"), spec.settings.integer("processes"),
+                    backend == "cpu");
+}
+
+SubmissionManifest manifest_for(const Experiment& e, const SweepOptions& o) {
+  SubmissionManifest m;
+  m.experiment = e.name;
+  m.backend = o.backend;
+  for (const auto& d : o.plugin_dirs) m.plugin_dirs.push_back(fs::absolute(d).string());
+  m.threads = o.threads;
+  m.oversubscribe = o.oversubscribe;
+  m.rerun = o.rerun;
+  m.restart = o.restart;
+  m.verbose = o.verbose;
+  m.trial_timeout = o.trial_timeout;
+  m.launch = o.launch;
+  return m;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  dp::write_bytes_atomically(path.string(), text);
+}
+
+struct Group {
+  TaskShape shape;
+  std::vector<const PlannedTrial*> trials;
+};
+
+// The arrays to submit: one per shape, each at most kMaxArrayTasks tasks, in sweep order.
+std::vector<Group> arrays_of(const std::vector<const PlannedTrial*>& trials, const SweepOptions& o,
+                             const SlurmConfig& config) {
+  std::map<TaskShape, std::vector<const PlannedTrial*>> by_shape;
+  for (const auto* p : trials) by_shape[shape_of(*p->spec, o, config)].push_back(p);
+  std::vector<Group> groups;
+  for (const auto& [shape, list] : by_shape)
+    for (size_t i = 0; i < list.size(); i += kMaxArrayTasks)
+      groups.push_back(
+          {shape, {list.begin() + i, list.begin() + std::min(list.size(), i + kMaxArrayTasks)}});
+  return groups;
+}
+
+// Writes the submission's folder (the manifest, the file, the script, a seeded database per
+// task), records it, then asks sbatch. Returns the job id; throws dp::Error when sbatch refuses
+// (the submission is then forgotten and its folder removed).
+std::string submit_array(dps::Store& store, int64_t experiment_id, const Experiment& e,
+                         const SweepOptions& o, const SlurmConfig& config, const Group& group,
+                         const std::vector<std::string>& sbatch_args) {
+  const std::string& db = store.path();
+  const fs::path folder = new_submission_folder(db);
+  try {
+    write_text(folder / "experiment.toml", e.source);
+    SubmissionManifest m = manifest_for(e, o);
+    std::vector<dps::TaskRow> tasks;
+    for (size_t i = 0; i < group.trials.size(); ++i) {
+      const PlannedTrial& p = *group.trials[i];
+      const std::string stem = task_stem(static_cast<int64_t>(i));
+      const std::string task_db = (folder / (stem + ".db")).string();
+      // The trial as the experiment's database holds it, checkpoints named from the task's
+      // folder: a failed or interrupted trial resumes where it stopped.
+      dps::TrialState state = store.trial_state(p.row->id);
+      for (auto& c : state.checkpoints) {
+        c.path = rebase_checkpoint_path(db, c.path, task_db);
+        if (!c.optimizer_path.empty())
+          c.optimizer_path = rebase_checkpoint_path(db, c.optimizer_path, task_db);
+      }
+      {
+        dps::Store seed(task_db, dps::Store::Mode::read_write, e.settings->store_columns(),
+                        dps::Store::Journal::rollback);
+        seed.put_trial_state(seed.upsert_experiment(e.name, e.description, e.source), state);
+      }
+      m.tasks.push_back({static_cast<int64_t>(i), p.spec->config_hash, stem + ".db"});
+      dps::TaskRow row;
+      row.index = static_cast<int64_t>(i);
+      row.trial_id = p.row->id;
+      row.database = rebase_checkpoint_path(task_db, task_db, db);
+      row.base_attempts = state.trial.attempts;
+      tasks.push_back(row);
+    }
+    write_manifest(folder.string(), m);
+    const fs::path script = folder / "job.sh";
+    write_text(script, job_script(self_exe(), folder.string(), e.name, tasks.size()));
+    fs::permissions(script, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                                fs::perms::others_read | fs::perms::others_exec);
+    const auto cmd =
+        sbatch_command(config, group.shape, static_cast<int64_t>(tasks.size()), "dprun-" + e.name,
+                       folder.string(), sbatch_args, script.string());
+    dps::SubmissionRow sub;
+    sub.experiment_id = experiment_id;
+    sub.scheduler = "slurm";
+    sub.folder = rebase_checkpoint_path(db, folder.string(), db);
+    sub.command = command_text(cmd);
+    const int64_t id = store.add_submission(sub, tasks);
+    const CommandOutput r = run_captured(cmd, 120);
+    const std::string job = parse_sbatch_job_id(r.out);
+    if (!r.ok() || job.empty()) {
+      store.delete_submission(id);
+      throw dp::Error("sbatch refused the job array (" +
+                      (r.ok() ? "no job id in its answer: " + r.out : r.failure()) +
+                      "); the command was: " + command_text(cmd));
+    }
+    store.set_submission_job(id, job);
+    std::printf("submitted Slurm job %s: %zu trial%s (%s each), array 0-%zu%s\n  %s\n", job.c_str(),
+                tasks.size(), tasks.size() == 1 ? "" : "s", group.shape.text().c_str(),
+                tasks.size() - 1,
+                config.max_parallel > 0
+                    ? (", at most " + std::to_string(config.max_parallel) + " at once").c_str()
+                    : "",
+                folder.c_str());
+    return job;
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(folder, ec);
+    throw;
+  }
+}
+
+void print_dry_run(const Experiment& e, const SweepOptions& o, const SlurmConfig& config,
+                   const std::vector<std::string>& sbatch_args) {
+  const std::string db = database_path(e, o);
+  std::map<std::string, std::string> elsewhere;
+  const auto plan = plan_trials(e, stored_trials_read_only(db, e.name, elsewhere), o, elsewhere);
+  std::vector<const PlannedTrial*> to_run;
+  std::vector<std::vector<std::string>> table{{"#", "hash", "trial", "action"}};
+  for (const auto& p : plan) {
+    if (p.action == TrialAction::run) to_run.push_back(&p);
+    table.push_back({std::to_string(p.spec->ordinal + 1), p.spec->config_hash.substr(0, 10),
+                     trial_display_name(*p.spec), p.describe()});
+  }
+  std::printf("experiment %s: %zu trials, database %s\n", e.name.c_str(), plan.size(), db.c_str());
+  std::fputs(format_aligned(table).c_str(), stdout);
+  // The folder of each array is numbered when it is made; the dry run names it sNNNN.
+  const fs::path db_path = fs::absolute(db).lexically_normal();
+  const std::string folder =
+      (db_path.parent_path() / (db_path.stem().string() + ".tasks") / "sNNNN").string();
+  const auto groups = arrays_of(to_run, o, config);
+  for (const auto& g : groups)
+    std::printf(
+        "would submit %zu trial%s (%s each):\n  %s\n", g.trials.size(),
+        g.trials.size() == 1 ? "" : "s", g.shape.text().c_str(),
+        command_text(sbatch_command(config, g.shape, static_cast<int64_t>(g.trials.size()),
+                                    "dprun-" + e.name, folder, sbatch_args, folder + "/job.sh"))
+            .c_str());
+  if (groups.empty()) {
+    std::printf("nothing to submit\n");
+    return;
+  }
+  std::printf("with %s/job.sh:\n%s", folder.c_str(),
+              job_script(self_exe(), folder, e.name, groups.front().trials.size()).c_str());
+}
+
+}  // namespace
+
+int submit_command(const Invocation& in) {
+  const Args& a = in.args;
+  const bool slurm = a.flag("--slurm");
+  std::vector<std::string> sbatch_args = a.all("--slurm");
+  // "--slurm -- --time=10": the "--" only separates; sbatch would end its options there.
+  if (!sbatch_args.empty() && sbatch_args.front() == "--") sbatch_args.erase(sbatch_args.begin());
+  if (a.positional.empty())
+    for (const auto& s : sbatch_args)
+      if (s.size() > 5 && s.substr(s.size() - 5) == ".toml")
+        throw UsageError(
+            "dprun submit: give the experiment file before --slurm (everything after "
+            "--slurm goes to sbatch): dprun submit " +
+            s + " --slurm ...");
+  if (const std::string problem = sbatch_args_problem(sbatch_args); !problem.empty())
+    throw UsageError("--slurm: " + problem);
+  SweepOptions o = sweep_options(in);
+  const Experiment e = load_sweep(o);
+  if (!slurm && !e.slurm.given)
+    throw UsageError("dprun submit needs --slurm [sbatch options] or a [launch.slurm] table in " +
+                     o.file +
+                     " (e.g. [launch.slurm] partition = \"gpu\", time = \"2:00:00\"); "
+                     "Slurm is the scheduler dprun submits to");
+  SlurmConfig config = e.slurm;
+  if (auto n = a.last("--max-parallel")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(n->c_str(), &end, 10);
+    if (n->empty() || *end != '\0' || v < 1)
+      throw UsageError("--max-parallel " + *n + ": expected a positive integer");
+    config.max_parallel = v;
+  }
+  if (o.dry_run) {
+    print_dry_run(e, o, config, sbatch_args);
+    return 0;
+  }
+  if (find_executable("sbatch").empty())
+    throw UsageError(
+        "sbatch is not on PATH: dprun submit hands the sweep to Slurm, so run it where Slurm's "
+        "commands are (a cluster's login node; Debian: slurm-client), or run the sweep here with "
+        "dprun run " +
+        o.file);
+
+  const std::string db = database_path(e, o);
+  dps::Store store(db, dps::Store::Mode::read_write, e.settings->store_columns());
+  const int64_t experiment_id = store.upsert_experiment(e.name, e.description, e.source);
+  store.recover_stale(experiment_id, o.stale_seconds);
+  const auto elsewhere = merge_before_running(store, experiment_id);
+  std::map<std::string, dps::TrialRow> stored;
+  for (const TrialSpec& spec : e.trials)
+    stored[spec.config_hash] =
+        store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, to_store(spec.settings));
+  const auto plan = plan_trials(e, stored, o, elsewhere);
+  std::vector<const PlannedTrial*> to_run;
+  std::map<std::string, int> skipped;
+  for (const auto& p : plan) {
+    if (p.action == TrialAction::run)
+      to_run.push_back(&p);
+    else
+      ++skipped[p.why.substr(0, p.why.find(':'))];
+  }
+  std::string skip_text;
+  for (const auto& [why, n] : skipped)
+    skip_text += (skip_text.empty() ? "" : ", ") + std::to_string(n) + " " + why;
+  std::printf("experiment %s: %zu trials, %zu to submit%s; database %s\n", e.name.c_str(),
+              plan.size(), to_run.size(), skip_text.empty() ? "" : (" (" + skip_text + ")").c_str(),
+              db.c_str());
+  if (to_run.empty()) {
+    std::printf("nothing to submit\n");
+    return 0;
+  }
+  size_t submitted = 0;
+  try {
+    for (const auto& g : arrays_of(to_run, o, config)) {
+      submit_array(store, experiment_id, e, o, config, g, sbatch_args);
+      submitted += g.trials.size();
+    }
+  } catch (const dp::Error& err) {
+    std::fprintf(stderr, "dprun: %s\n", err.what());
+    // Nothing submitted: most often an sbatch option or a [launch.slurm] value Slurm refuses.
+    if (submitted == 0) return 2;
+    std::fprintf(stderr,
+                 "dprun: %zu of %zu trials were submitted; submit again to retry the rest\n",
+                 submitted, to_run.size());
+    return 1;
+  }
+  std::printf("follow it with: dprun status %s\n", shell_quote(o.file).c_str());
+  return 0;
+}
+
+}  // namespace dprun::cli

@@ -1,0 +1,259 @@
+// Planning a sweep: loading the experiment, filters, and what a run would do with each trial
+// (`dprun plan`, `dprun run --dry-run`). Running it is sweep_runner.cpp.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "models/plugin_loader.hpp"
+#include "report/report.hpp"
+#include "base/suggest.hpp"
+#include "sweep/sweep_runner.hpp"
+
+namespace dprun {
+
+namespace fs = std::filesystem;
+
+// ---- settings as text, filters
+// -------------------------------------------------------------------
+
+namespace {
+
+std::string num(double d) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, d);
+  return std::string(buf, res.ptr);
+}
+
+std::optional<double> as_number(const std::string& s) {
+  double d = 0;
+  auto res = std::from_chars(s.data(), s.data() + s.size(), d);
+  if (res.ec != std::errc() || res.ptr != s.data() + s.size()) return std::nullopt;
+  return d;
+}
+
+bool same_value(const std::string& stored, const std::string& wanted) {
+  auto a = as_number(stored), b = as_number(wanted);
+  if (a && b) return std::fabs(*a - *b) <= 1e-12 * std::max({1.0, std::fabs(*a), std::fabs(*b)});
+  return stored == wanted;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec) {
+  std::map<std::string, std::string> v;
+  const auto& recorded = spec.settings.table().recorded();
+  for (size_t i = 0; i < recorded.size(); ++i) {
+    // A setting answers to its column and to its key where they differ (bn_mode and bn).
+    const std::string text = setting_text(spec.settings.at(i));
+    v[recorded[i]->column] = text;
+    if (!recorded[i]->key.empty()) v[recorded[i]->key] = text;
+  }
+  for (const auto& [name, value] : spec.model_options)
+    v["option." + name] = std::holds_alternative<double>(value) ? num(std::get<double>(value))
+                                                                : dp::option_to_string(value);
+  return v;
+}
+
+bool trial_matches(const TrialSpec& spec,
+                   const std::vector<std::pair<std::string, std::string>>& filters) {
+  if (filters.empty()) return true;
+  const auto values = trial_setting_values(spec);
+  std::map<std::string, bool> matched;  // per key: any of its values matched
+  for (const auto& [key, wanted] : filters) {
+    auto it = values.find(key);
+    if (it == values.end() && key.rfind("option.", 0) != 0) {
+      std::vector<std::string> known;
+      for (const Setting* row : spec.settings.table().recorded())
+        known.push_back(row->key.empty() ? row->column : row->key);
+      const std::string hint = did_you_mean(key, known);
+      std::string list;
+      for (const auto& k : known) list += k + ", ";
+      throw UsageError("--filter " + key + "=" + wanted + ": unknown setting \"" + key + "\"" +
+                       (hint.empty() ? "" : "; did you mean " + hint + "?") + " (known: " + list +
+                       "option.NAME for a model option)");
+    }
+    bool ok = it != values.end() && same_value(it->second, wanted);
+    matched[key] = matched[key] || ok;
+  }
+  return std::all_of(matched.begin(), matched.end(), [](const auto& kv) { return kv.second; });
+}
+
+std::string trial_display_name(const TrialSpec& spec) {
+  const std::string& model = spec.settings.text("model");
+  if (spec.label.empty()) return model;
+  if (spec.label.find("model=") != std::string::npos) return spec.label;
+  return model + " " + spec.label;
+}
+
+std::string database_path(const Experiment& experiment, const SweepOptions& options) {
+  if (!options.db.empty()) return options.db;
+  if (!experiment.database.empty()) return experiment.database;
+  return "results/" + experiment.name + ".db";
+}
+
+// ---- plan
+// ----------------------------------------------------------------------------------------
+
+std::string PlannedTrial::describe() const {
+  if (action == TrialAction::run) return why == "new" ? "run" : why;
+  return "skip: " + why;
+}
+
+namespace {
+
+// A failed or interrupted trial continues from its last checkpoint when it kept one (the runner
+// checks the files before it does; see TrialRun::prepare_checkpoints).
+bool resumes(const TrialSpec& spec, const dps::TrialRow& row, const SweepOptions& options) {
+  return !options.restart && row.last_checkpoint_epoch > 0 &&
+         spec.settings.text("checkpoint") != "none";
+}
+
+std::string resume_text(const dps::TrialRow& row) {
+  return "resume after epoch " + std::to_string(row.last_checkpoint_epoch) + ": ";
+}
+
+}  // namespace
+
+std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
+                                      const std::map<std::string, dps::TrialRow>& stored,
+                                      const SweepOptions& options,
+                                      const std::map<std::string, std::string>& elsewhere) {
+  std::vector<PlannedTrial> plan;
+  for (const TrialSpec& spec : experiment.trials) {
+    PlannedTrial p;
+    p.spec = &spec;
+    if (auto it = stored.find(spec.config_hash); it != stored.end()) p.row = it->second;
+    if (!trial_matches(spec, options.filters)) {
+      p.action = TrialAction::skip;
+      p.why = "filtered out";
+    } else if (auto task = elsewhere.find(spec.config_hash); task != elsewhere.end()) {
+      p.action = TrialAction::skip;
+      p.why = "submitted: " + task->second;
+    } else if (!p.row) {
+      p.why = "new";
+    } else {
+      using S = dps::TrialStatus;
+      switch (p.row->status) {
+        case S::pending:
+          p.why = "run";
+          break;
+        case S::done:
+          if (options.rerun) {
+            p.why = "rerun: done (--rerun)";
+          } else {
+            p.action = TrialAction::skip;
+            p.why = "done";
+          }
+          break;
+        case S::failed:
+          p.why = resumes(spec, *p.row, options) ? resume_text(*p.row) + "failed" : "rerun: failed";
+          break;
+        case S::diverged:
+          p.why = "rerun: diverged";
+          break;
+        case S::interrupted:
+          p.why = resumes(spec, *p.row, options) ? resume_text(*p.row) + "interrupted"
+                                                 : "restart: interrupted";
+          break;
+        case S::skipped:
+          p.why = "rerun: skipped before";
+          break;
+        case S::running:
+          // After recover_stale, a trial still running belongs to a live dprun elsewhere.
+          p.action = TrialAction::skip;
+          p.why = "running in another dprun (pid " + std::to_string(p.row->runner_pid) +
+                  (p.row->host.empty() ? "" : " on " + p.row->host) + ")";
+          break;
+      }
+    }
+    plan.push_back(std::move(p));
+  }
+  return plan;
+}
+
+// ---- loading
+// -------------------------------------------------------------------------------------
+
+Experiment load_sweep(const SweepOptions& options) {
+  if (!options.backend.empty() && options.backend != "auto" && options.backend != "cpu" &&
+      options.backend != "cuda")
+    throw UsageError("--backend " + options.backend + ": expected auto, cpu or cuda");
+  PluginScan scan = scan_plugins(options.plugin_dirs);
+  for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: warning: %s\n", e.c_str());
+  for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
+  ModelCatalog catalog;
+  for (const auto& [name, m] : scan.models) catalog.models[name] = m.factory;
+  ParseOptions parse;
+  parse.force = options.force;
+  if (options.settings) parse.settings = options.settings;
+  Experiment experiment = load_experiment(options.file, catalog, parse);
+  // Unknown filter keys are command-line errors, found before anything runs.
+  if (!experiment.trials.empty()) trial_matches(experiment.trials.front(), options.filters);
+  // option.NAME must be an option of a model of this sweep: a misspelt one would silently
+  // filter out every trial.
+  std::set<std::string> option_names;
+  for (const TrialSpec& spec : experiment.trials)
+    for (const auto& [name, value] : spec.model_options) option_names.insert(name);
+  for (const auto& [key, wanted] : options.filters) {
+    if (key.rfind("option.", 0) != 0) continue;
+    const std::string name = key.substr(7);
+    if (option_names.count(name)) continue;
+    std::vector<std::string> names(option_names.begin(), option_names.end());
+    std::string known, hint = did_you_mean(name, names);
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + ("option." + n);
+    throw UsageError("--filter " + key + "=" + wanted +
+                     ": no model of this sweep has an option \"" + name + "\"" +
+                     (hint.empty() ? "" : "; did you mean option." + hint + "?") +
+                     " (options: " + (known.empty() ? "none" : known) + ")");
+  }
+  return experiment;
+}
+
+std::map<std::string, dps::TrialRow> stored_trials_read_only(
+    const std::string& db, const std::string& experiment,
+    std::map<std::string, std::string>& submitted) {
+  std::map<std::string, dps::TrialRow> rows;
+  if (!fs::exists(db)) return rows;
+  dps::Store store(db, dps::Store::Mode::read_only);
+  const auto found = store.find_experiment(experiment);
+  if (!found) return rows;
+  for (auto& row : store.trials(found->id)) rows[row.config_hash] = row;
+  for (const auto& t : store.tasks(found->id, true))
+    submitted[t.config_hash] = "Slurm job " + (t.job_id.empty() ? "?" : t.job_id) + "_" +
+                               std::to_string(t.index) + ", not collected yet (dprun status)";
+  return rows;
+}
+
+namespace {
+
+void print_plan(const Experiment& experiment, const std::string& db,
+                const std::vector<PlannedTrial>& plan) {
+  std::printf("experiment %s: %zu trial%s, database %s%s\n", experiment.name.c_str(), plan.size(),
+              plan.size() == 1 ? "" : "s", db.c_str(), fs::exists(db) ? "" : " (not created yet)");
+  std::vector<std::vector<std::string>> table;
+  table.push_back({"#", "hash", "trial", "action"});
+  for (const auto& p : plan)
+    table.push_back({std::to_string(p.spec->ordinal + 1), p.spec->config_hash.substr(0, 10),
+                     trial_display_name(*p.spec), p.describe()});
+  std::fputs(format_aligned(table).c_str(), stdout);
+  size_t to_run = std::count_if(plan.begin(), plan.end(),
+                                [](const PlannedTrial& p) { return p.action == TrialAction::run; });
+  std::printf("%zu to run, %zu to skip\n", to_run, plan.size() - to_run);
+}
+
+}  // namespace
+
+int plan_sweep(const SweepOptions& options) {
+  Experiment experiment = load_sweep(options);
+  const std::string db = database_path(experiment, options);
+  std::map<std::string, std::string> elsewhere;
+  auto plan = plan_trials(experiment, stored_trials_read_only(db, experiment.name, elsewhere),
+                          options, elsewhere);
+  print_plan(experiment, db, plan);
+  return 0;
+}
+
+}  // namespace dprun

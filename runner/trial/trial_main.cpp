@@ -1,0 +1,512 @@
+#include "trial/trial_main.hpp"
+
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "trial/checkpoint.hpp"
+#include "dp/data.hpp"
+#include "dp/error.hpp"
+#include "process/launch.hpp"
+#include "models/plugin_loader.hpp"
+
+namespace dprun {
+
+namespace {
+
+// ---- DPRUN_FAULT -----------------------------------------------------------------------------
+
+struct Fault {
+  enum class Kind { none, kill, abort, throw_, nan, hang, garble };
+  Kind kind = Kind::none;
+  int64_t epoch = 0;
+  int64_t ordinal = -1;  // -1: every trial
+};
+
+// "KIND@EPOCH[#ORDINAL][:RANK]". Bad values are errors: a test that sets a fault must not
+// silently run without it. The fault applies to this process when its trial and its rank (its
+// place among the trial's processes) match.
+Fault parse_fault(const char* env, int64_t ordinal, int rank) {
+  Fault f;
+  if (!env || !*env) return f;
+  const std::string text = env;
+  auto bad = [&]() -> Fault {
+    throw dp::Error("DPRUN_FAULT=\"" + text +
+                    "\": expected KIND@EPOCH[#TRIAL][:PROCESS] with KIND one of kill, abort, "
+                    "throw, nan, hang, garble (e.g. kill@1, nan@2#0 or kill@1:1)");
+  };
+  const auto at = text.find('@');
+  if (at == std::string::npos) return bad();
+  const std::string kind = text.substr(0, at);
+  std::string rest = text.substr(at + 1);
+  // A whole non-negative number, else the error.
+  auto number = [&](const std::string& digits) {
+    try {
+      size_t used = 0;
+      const int64_t n = std::stoll(digits, &used);
+      if (used == digits.size() && n >= 0) return n;
+    } catch (const std::exception&) {
+    }
+    bad();
+    return int64_t{0};
+  };
+  // The optional parts, from the end: ":PROCESS", then "#TRIAL".
+  auto suffix = [&](char mark) -> int64_t {
+    const auto pos = rest.find(mark);
+    if (pos == std::string::npos) return -1;
+    const int64_t n = number(rest.substr(pos + 1));
+    rest = rest.substr(0, pos);
+    return n;
+  };
+  const int64_t target_rank = suffix(':');
+  const int64_t target = suffix('#');
+  f.epoch = number(rest);
+  if (f.epoch < 1) return bad();
+  if (kind == "kill")
+    f.kind = Fault::Kind::kill;
+  else if (kind == "abort")
+    f.kind = Fault::Kind::abort;
+  else if (kind == "throw")
+    f.kind = Fault::Kind::throw_;
+  else if (kind == "nan")
+    f.kind = Fault::Kind::nan;
+  else if (kind == "hang")
+    f.kind = Fault::Kind::hang;
+  else if (kind == "garble")
+    f.kind = Fault::Kind::garble;
+  else
+    return bad();
+  f.ordinal = target;
+  if (target >= 0 && target != ordinal) f.kind = Fault::Kind::none;
+  if (target_rank >= 0 && target_rank != rank) f.kind = Fault::Kind::none;
+  return f;
+}
+
+void act_on_fault(const Fault& f, int64_t epoch) {
+  if (f.kind == Fault::Kind::none || f.epoch != epoch) return;
+  switch (f.kind) {
+    case Fault::Kind::kill:
+      raise(SIGKILL);
+      break;
+    case Fault::Kind::abort:
+      std::abort();
+    case Fault::Kind::throw_:
+      throw dp::Error("injected fault DPRUN_FAULT: throw after epoch " + std::to_string(epoch));
+    case Fault::Kind::hang:
+      for (;;) pause();  // until a signal ends the process
+    default:
+      break;
+  }
+}
+
+// ---- backend resolution ------------------------------------------------------------------------
+
+struct BackendChoice {
+  dp::BackendKind kind = dp::BackendKind::cpu;
+  bool oversubscribed = false;
+  std::string skip_reason;  // non-empty: the trial cannot run on this machine
+};
+
+BackendChoice choose_backend(const TrialRequest& r) {
+  BackendChoice c;
+  const std::string& req = r.backend;
+  if (req == "cpu") return c;
+  if (req != "auto" && req != "cuda")
+    throw dp::Error("backend \"" + req + "\": expected auto, cpu or cuda");
+  if (req == "cuda" && !dp::cuda_compiled())
+    throw dp::Error(
+        "backend cuda was requested but this dprun was built without CUDA; use --backend cpu "
+        "or rebuild with -DDPRUN_CUDA=ON");
+  // This is the only place CUDA is initialised: in the trial process, never in the runner.
+  const int devices = dp::cuda_device_count();
+  if (devices == 0) {
+    if (req == "cuda")
+      throw dp::Error(
+          "backend cuda was requested but no CUDA device is visible; use --backend "
+          "cpu or check nvidia-smi and CUDA_VISIBLE_DEVICES");
+    return c;  // auto without a GPU: the CPU backend
+  }
+  c.kind = dp::BackendKind::cuda;
+  const int64_t gpus = r.settings.integer("gpus");
+  if (gpus > devices) {
+    if (!r.oversubscribe) {
+      c.skip_reason = "trial needs " + std::to_string(gpus) + " GPUs, this machine has " +
+                      std::to_string(devices) + " (use --oversubscribe to share GPUs)";
+    } else {
+      c.oversubscribed = true;
+    }
+  }
+  return c;
+}
+
+std::string loss_problem(double loss) { return std::isnan(loss) ? "NaN" : "infinite"; }
+
+// Every process's value of `mine`, in rank order (one broadcast per process: a few short strings
+// once per trial).
+std::vector<std::string> gather_all(dp::ProcessGroup* group, const std::string& mine) {
+  if (!group) return {mine};
+  std::vector<std::string> all(static_cast<size_t>(group->size()));
+  for (int p = 0; p < group->size(); ++p) {
+    std::string value = p == group->rank() ? mine : std::string();
+    group->broadcast(value, p);
+    all[static_cast<size_t>(p)] = std::move(value);
+  }
+  return all;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
+// The CPU cores this process may run on.
+int affinity_count() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::ProcessGroup* group) {
+  const TrialSettings& s = r.settings;
+  const int processes = static_cast<int>(s.integer("processes"));
+  const int rank = group ? group->rank() : 0;
+  const Fault fault = parse_fault(std::getenv("DPRUN_FAULT"), r.ordinal, rank);
+  const std::string& model_name = s.text("model");
+  const std::string& precision = s.text("precision");
+  const std::string& bn_mode = s.text("bn_mode");
+  const std::string& optimizer = s.text("optimizer");
+  const std::string& layout_name = s.text("layout");
+  const CheckpointMode checkpoint_mode = parse_checkpoint_mode(s.text("checkpoint"));
+
+  // Settings the engine does not implement are refused before anything is loaded.
+  if (precision != "fp32" && precision != "bf16")
+    return {TrialRecord::Kind::error, "precision \"" + precision + "\": expected fp32 or bf16"};
+  const dp::Precision arithmetic = precision == "bf16" ? dp::Precision::bf16 : dp::Precision::fp32;
+  // Before the device is looked for, so the reason is the same on a machine without a GPU. A
+  // trial on backend auto that lands on a GPU is refused by the backend itself.
+  if (arithmetic == dp::Precision::bf16 && r.backend == "cuda")
+    return {TrialRecord::Kind::error,
+            dp::precision_unsupported(dp::BackendKind::cuda, dp::Precision::bf16)};
+  if (bn_mode != "per-replica" && bn_mode != "sync")
+    return {TrialRecord::Kind::error, "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
+  dp::OptimizerOptions optimizer_options;
+  optimizer_options.name = optimizer;
+  optimizer_options.weight_decay = static_cast<float>(s.number("weight_decay"));
+  optimizer_options.momentum = static_cast<float>(s.number("momentum"));
+  optimizer_options.nesterov = s.boolean("nesterov");
+  optimizer_options.beta1 = static_cast<float>(s.numbers("betas").at(0));
+  optimizer_options.beta2 = static_cast<float>(s.numbers("betas").at(1));
+  optimizer_options.eps = static_cast<float>(s.number("eps"));
+  (void)dp::make_optimizer(optimizer_options);  // an unknown name or bad options: an error now
+  dp::LrSchedule schedule;
+  schedule.kind = dp::parse_schedule_kind(s.text("lr_schedule"));
+  schedule.base = s.number("lr");
+  schedule.warmup_epochs = s.number("warmup_epochs");
+  schedule.step_epochs = s.integer("lr_step_epochs");
+  schedule.gamma = s.number("lr_gamma");
+  dp::Layout layout = dp::Layout::nchw;
+  if (layout_name == "nhwc")
+    layout = dp::Layout::nhwc;
+  else if (layout_name != "nchw")
+    return {TrialRecord::Kind::error, "layout \"" + layout_name + "\": expected nchw or nhwc"};
+  const int world = group ? group->size() : 1;
+  if (world != processes)
+    return {
+        TrialRecord::Kind::error,
+        "the trial has processes = " + std::to_string(processes) + " but runs as " +
+            std::to_string(world) + " process" + (world == 1 ? "" : "es") +
+            (processes > 1 ? ": start it with `mpirun -np " + std::to_string(processes) +
+                                 "` (dprun run does), or srun --ntasks=" + std::to_string(processes)
+                           : "")};
+  if (s.integer("gpus") % processes != 0)
+    return {TrialRecord::Kind::error, "gpus " + std::to_string(s.integer("gpus")) +
+                                          " is not divisible by processes " +
+                                          std::to_string(processes)};
+
+  PluginScan scan = scan_plugins(r.plugin_dirs);
+  auto found = scan.models.find(model_name);
+  if (found == scan.models.end()) {
+    std::string msg = "unknown model \"" + model_name + "\"; models found:";
+    for (const auto& [name, m] : scan.models) msg += " " + name;
+    if (scan.models.empty()) msg += " none";
+    msg += " (searched:";
+    for (const auto& d : scan.searched) msg += " " + d;
+    msg += ")";
+    for (const auto& e : scan.errors) msg += "; " + e;
+    for (const auto& s : scan.skipped) msg += "; " + s;
+    return {TrialRecord::Kind::error, msg};
+  }
+  const LoadedModel& model = found->second;
+  const dp::ModelOptions options = dp::resolve_model_options(model.factory, r.model_options);
+
+  // Every process decides alone whether it can run; the trial runs only if all can.
+  BackendChoice backend = choose_backend(r);
+  const auto skip_reasons = gather_all(group, backend.skip_reason);
+  for (size_t p = 0; p < skip_reasons.size(); ++p) {
+    if (skip_reasons[p].empty()) continue;
+    return {TrialRecord::Kind::skipped,
+            p == 0 ? skip_reasons[p]
+                   : "process " + std::to_string(p) + " of the trial: " + skip_reasons[p]};
+  }
+
+  const std::string data_path = !r.data_path.empty() ? r.data_path : s.text("data_path");
+  dp::DatasetPair data = dp::load_dataset(s.text("dataset"), data_path);
+  const int64_t train_limit = s.integer("train_limit"), test_limit = s.integer("test_limit");
+  if (train_limit > 0 && train_limit < data.train.count) data.train = data.train.head(train_limit);
+  if (test_limit > 0 && test_limit < data.test.count) data.test = data.test.head(test_limit);
+
+  dp::TrainerOptions t;
+  t.replicas = static_cast<int>(s.integer("gpus")) / processes;
+  t.processes = processes > 1 ? group : nullptr;
+  t.backend = backend.kind;
+  t.oversubscribe = r.oversubscribe;
+  t.batch_size = s.integer("batch_size");
+  t.eval_batch_size = s.integer("eval_batch_size");
+  t.epochs = static_cast<int>(s.integer("epochs"));
+  t.lr = schedule;
+  t.optimizer = optimizer_options;
+  t.seed = static_cast<uint64_t>(s.integer("seed"));
+  // The processes of a host share its threads (or the trial's --threads) equally.
+  t.cpu_threads = r.threads;
+  if (processes > 1) {
+    const int budget = r.threads > 0 ? r.threads : affinity_count();
+    t.cpu_threads = std::max(1, budget / std::max(1, group->local_size()));
+  }
+  t.layout = layout;
+  t.precision = arithmetic;
+  t.allow_tf32 = s.boolean("allow_tf32");
+  t.conv_choice = s.text("conv_choice") == "heuristic" ? dp::ConvChoice::heuristic
+                                                        : dp::ConvChoice::measured;
+  if (const char* env = std::getenv("DPRUN_CUDNN_CHOICE");
+      env != nullptr && *env != '\0' && s.text("conv_choice") != env) {
+    std::fprintf(stderr,
+                 "dprun: warning: DPRUN_CUDNN_CHOICE=%s does not apply to trials: the trial's "
+                 "conv_choice = \"%s\" decides (it is part of the trial's identity)\n",
+                 env, s.text("conv_choice").c_str());
+  }
+  t.graphs = s.boolean("graphs");
+  t.sync_bn = bn_mode == "sync";
+
+  // The model is built for the data it will see, whatever input it was designed for.
+  const dp::ModelInput input{data.train.channels, data.train.height, data.train.width,
+                             data.train.classes};
+  const dp::ModelFactory& factory = model.factory;
+  dp::Trainer trainer(
+      t, [&] { return factory.build(options, input); }, data.train, data.test);
+
+  dps::TrialStart start;
+  start.backend = trainer.backend_name();
+  const auto rank_hosts = gather_all(group, group ? group->host() : host_name());
+  const auto rank_devices = gather_all(group, trainer.devices());
+  start.hosts = group_hosts(rank_hosts);
+  start.devices = rank_devices[0];
+  if (processes > 1) {
+    const bool same = std::all_of(rank_devices.begin(), rank_devices.end(),
+                                  [&](const auto& d) { return d == rank_devices[0]; });
+    if (same) {
+      start.devices += " in each of " + std::to_string(processes) + " processes";
+    } else {
+      start.devices.clear();
+      for (size_t p = 0; p < rank_devices.size(); ++p)
+        start.devices += (p ? "; " : "") + std::to_string(p) + ": " + rank_devices[p];
+    }
+  }
+  start.plugin_path = model.plugin_path;
+  start.plugin_sha256 = file_sha256(model.plugin_path);
+  start.oversubscribed = backend.oversubscribed;
+  sink.start(start, rank_hosts);
+
+  // A trial that resumes continues after its checkpoint's epoch, in the state it left.
+  int first_epoch = 1;
+  if (r.resume.epoch > 0) {
+    load_resume_point(trainer, r.resume, group);
+    first_epoch = static_cast<int>(r.resume.epoch) + 1;
+  }
+  // Process 0 writes the checkpoints (every process holds the same model after a step).
+  CheckpointWriter checkpoints(checkpoint_mode, rank == 0 ? r.checkpoint_dir : std::string(),
+                               r.resume);
+
+  TrialResult result;
+  trainer.fit(
+      [&](const dp::EpochReport& report) {
+        double loss = report.train_loss;
+        bool finite = report.finite && std::isfinite(loss);
+        if (fault.kind == Fault::Kind::nan && fault.epoch == report.epoch) {
+          loss = std::nan("");
+          finite = false;
+        }
+        if (!finite) {
+          result = {TrialRecord::Kind::diverged, "loss became " + loss_problem(loss) +
+                                                     " at epoch " + std::to_string(report.epoch)};
+          return false;
+        }
+        dps::EpochRow row;
+        row.epoch = report.epoch;
+        row.train_loss = loss;
+        row.train_acc = report.train_acc;
+        row.test_acc = report.test_acc;
+        row.seconds = report.seconds;
+        row.examples_per_second = report.examples_per_second;
+        row.lr = report.lr;  // the epoch's last step's (schedules change it per step)
+        row.eval_seconds = report.eval_seconds;
+        row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
+        if (fault.kind == Fault::Kind::garble && fault.epoch == report.epoch)
+          sink.corrupt_epoch();
+        else
+          sink.epoch(row, report);
+        // After the epoch's record: a crash in between leaves the epoch recorded and the
+        // checkpoint of the one before, from which the epoch is trained again.
+        for (const dps::CheckpointRow& c : checkpoints.after_epoch(trainer, report))
+          sink.checkpoint(c);
+        act_on_fault(fault, report.epoch);
+        return true;
+      },
+      first_epoch);
+  return result;
+}
+
+}  // namespace
+
+// ---- sinks -------------------------------------------------------------------------------------
+
+void RecordSink::start(const dps::TrialStart& start, const std::vector<std::string>& rank_hosts) {
+  TrialRecord r;
+  r.kind = TrialRecord::Kind::start;
+  r.start = start;
+  r.rank_hosts = rank_hosts;
+  w_.write(r);
+}
+
+void RecordSink::epoch(const dps::EpochRow& row, const dp::EpochReport&) {
+  TrialRecord r;
+  r.kind = TrialRecord::Kind::epoch;
+  r.epoch = row;
+  w_.write(r);
+}
+
+void RecordSink::checkpoint(const dps::CheckpointRow& row) {
+  TrialRecord r;
+  r.kind = TrialRecord::Kind::checkpoint;
+  r.checkpoint = row;
+  w_.write(r);
+}
+
+void RecordSink::corrupt_epoch() { w_.write_line("{\"kind\": \"epoch\", \"epoch\": "); }
+
+void PrintSink::checkpoint(const dps::CheckpointRow& row) {
+  std::printf("       checkpoint (%s): %s\n", row.role.c_str(), row.path.c_str());
+  std::fflush(stdout);
+}
+
+void PrintSink::start(const dps::TrialStart& start, const std::vector<std::string>& rank_hosts) {
+  std::printf("%s on %s: %s%s (plugin %s)\n", r_.settings.text("model").c_str(),
+              start.backend.c_str(), start.devices.c_str(),
+              start.oversubscribed ? ", oversubscribed" : "", start.plugin_path.c_str());
+  if (rank_hosts.size() > 1) std::printf("processes on %s\n", start.hosts.c_str());
+  std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc", "test_acc",
+              "seconds", "examples/s");
+  std::fflush(stdout);
+}
+
+void PrintSink::epoch(const dps::EpochRow& row, const dp::EpochReport&) {
+  std::printf("%5lld  %10.4f  %9.4f  %8.4f  %8.2f  %12.0f\n", static_cast<long long>(row.epoch),
+              row.train_loss, row.train_acc, row.test_acc, row.seconds, row.examples_per_second);
+  std::fflush(stdout);
+}
+
+TrialResult run_trial(const TrialRequest& request, TrialSink& sink, dp::ProcessGroup* group) {
+  try {
+    return run_trial_unchecked(request, sink, group);
+  } catch (const std::exception& e) {
+    return {TrialRecord::Kind::error, e.what()};
+  } catch (...) {
+    return {TrialRecord::Kind::error, "unknown exception"};
+  }
+}
+
+int trial_child_main(const std::vector<std::string>& args) {
+  int fd = -1;
+  bool on_stdout = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--record-fd" && i + 1 < args.size()) fd = std::atoi(args[++i].c_str());
+    if (args[i] == "--records" && i + 1 < args.size()) on_stdout = args[++i] == "stdout";
+  }
+  if (on_stdout) return trial_process_of_many();
+  if (fd < 0) {
+    std::fprintf(stderr,
+                 "dprun: __trial is internal: it runs one trial for `dprun run` and needs "
+                 "--record-fd N (or --records stdout under a launcher) and a trial request "
+                 "(JSON) on stdin\n");
+    return 2;
+  }
+  RecordWriter writer(fd);
+  TrialRecord final_record;
+  try {
+    std::ostringstream in;
+    in << std::cin.rdbuf();
+    const TrialRequest request = request_from_json(Json::parse(in.str()));
+    RecordSink sink(writer);
+    TrialResult result = run_trial(request, sink);
+    final_record.kind = result.kind;
+    final_record.message = result.message;
+  } catch (const std::exception& e) {
+    final_record.kind = TrialRecord::Kind::error;
+    final_record.message = std::string("bad trial request: ") + e.what();
+  }
+  try {
+    writer.write(final_record);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dprun: %s\n", e.what());
+    return 1;
+  }
+  if (final_record.kind == TrialRecord::Kind::error) {
+    std::fprintf(stderr, "dprun: %s\n", final_record.message.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int run_train(const TrialRequest& request) {
+  PrintSink sink(request);
+  TrialResult result = run_trial(request, sink);
+  switch (result.kind) {
+    case TrialRecord::Kind::done:
+      return 0;
+    case TrialRecord::Kind::diverged:
+      std::fprintf(stderr, "dprun: diverged: %s\n", result.message.c_str());
+      return 1;
+    case TrialRecord::Kind::skipped:
+      std::fprintf(stderr, "dprun: skipped: %s\n", result.message.c_str());
+      return 1;
+    default:
+      std::fprintf(stderr, "dprun: %s\n", result.message.c_str());
+      return 1;
+  }
+}
+
+const char* fault_help() {
+  return "Testing:\n"
+         "  DPRUN_FAULT=KIND@EPOCH[#TRIAL][:PROCESS] makes the trial process fail on purpose\n"
+         "  after it has reported epoch EPOCH (only in the trial with 0-based sweep position\n"
+         "  TRIAL when given, and only in process PROCESS of a trial of several processes when\n"
+         "  given; DPRUN_COMM_TIMEOUT_S sets how long the others wait for it). KIND is one of:\n"
+         "    kill   the trial process sends itself SIGKILL\n"
+         "    abort  it calls abort() (SIGABRT)\n"
+         "    throw  it throws an exception (recorded as an error)\n"
+         "    nan    the loss of that epoch is reported as NaN (the trial diverges)\n"
+         "    hang   it sleeps forever (see --trial-timeout)\n"
+         "    garble its record of that epoch is not valid (the runner must fail the trial)\n";
+}
+
+}  // namespace dprun
