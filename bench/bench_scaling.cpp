@@ -43,6 +43,7 @@
 #include "dp/params.hpp"
 #include "dp/process_group.hpp"
 #include "dp/trainer.hpp"
+#include "base/os.hpp"
 #include "process/launch.hpp"
 #include "models/plugin_loader.hpp"
 #include "sweep/sweep_runner.hpp"

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "process/launch.hpp"
+#include "base/os.hpp"
 
 extern char** environ;
 

@@ -6,7 +6,7 @@
 namespace dprun {
 
 struct CommandOutput {
-  bool started = false;  // false: the program could not be started (see error)
+  bool started = false;    // false: the program could not be started (see error)
   bool not_found = false;  // it could not be started because it is not on PATH
   bool timed_out = false;
   int exit_code = -1;  // when it exited normally

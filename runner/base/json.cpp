@@ -1,12 +1,11 @@
 #include "base/json.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 
 namespace dprun {
 
@@ -239,7 +238,8 @@ Json from_library(const nlohmann::ordered_json& j) {
       return Json::integer(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const auto u = j.get<uint64_t>();
-      if (u > static_cast<uint64_t>(INT64_MAX)) throw JsonError("integer " + std::to_string(u) + " is out of range");
+      if (u > static_cast<uint64_t>(INT64_MAX))
+        throw JsonError("integer " + std::to_string(u) + " is out of range");
       return Json::integer(static_cast<int64_t>(u));
     }
     case nlohmann::ordered_json::value_t::number_float:

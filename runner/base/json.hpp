@@ -68,7 +68,6 @@ class Json {
   std::string text_;  // string value, or number text
   std::vector<Json> items_;
   std::vector<std::pair<std::string, Json>> members_;
-
 };
 
 /// `"text"` with JSON escapes.

@@ -11,6 +11,8 @@
 #include <optional>
 #include <variant>
 
+#include "base/suggest.hpp"
+#include "base/usage_error.hpp"
 #include "cli/commands.hpp"
 #include "dp/backend.hpp"
 #include "dp/conv_contract.hpp"
@@ -22,13 +24,11 @@
 #include "experiment/experiment.hpp"
 #include "models/plugin_loader.hpp"
 #include "report/report.hpp"
-#include "sweep/scheduler.hpp"
 #include "settings/settings.hpp"
 #include "slurm/slurm_task.hpp"
-#include "base/suggest.hpp"
+#include "sweep/scheduler.hpp"
 #include "sweep/sweep_runner.hpp"
 #include "trial/trial_main.hpp"
-#include "base/usage_error.hpp"
 
 namespace dprun {
 

@@ -1,15 +1,20 @@
-// `dprun status` and `dprun merge`: where a sweep submitted to Slurm stands, and collecting what
-// its tasks wrote (merge.hpp). `dprun submit` is submit.cpp.
+// The Slurm commands: `dprun submit` (the work is slurm/submit.cpp's), `dprun status` (where a
+// sweep submitted to Slurm stands) and `dprun merge` (collecting what its tasks wrote,
+// slurm/merge.hpp).
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
 #include <variant>
 
+#include "base/os.hpp"
+#include "base/text.hpp"
 #include "cli/commands.hpp"
-#include "slurm/merge.hpp"
 #include "report/report.hpp"
+#include "slurm/merge.hpp"
+#include "slurm/submit.hpp"
 #include "sweep/sweep_runner.hpp"
 
 namespace dprun::cli {
@@ -199,6 +204,49 @@ int status_command(const Invocation& in) {
   }
   std::printf("database: %s\n", t.db.c_str());
   return 0;
+}
+
+int submit_command(const Invocation& in) {
+  const Args& a = in.args;
+  const bool slurm = a.flag("--slurm");
+  std::vector<std::string> sbatch_args = a.all("--slurm");
+  // "--slurm -- --time=10": the "--" only separates; sbatch would end its options there.
+  if (!sbatch_args.empty() && sbatch_args.front() == "--") sbatch_args.erase(sbatch_args.begin());
+  if (a.positional.empty())
+    for (const auto& s : sbatch_args)
+      if (s.size() > 5 && s.substr(s.size() - 5) == ".toml")
+        throw UsageError(
+            "dprun submit: give the experiment file before --slurm (everything after "
+            "--slurm goes to sbatch): dprun submit " +
+            s + " --slurm ...");
+  if (const std::string problem = sbatch_args_problem(sbatch_args); !problem.empty())
+    throw UsageError("--slurm: " + problem);
+  SweepOptions o = sweep_options(in);
+  const Experiment e = load_sweep(o);
+  if (!slurm && !e.slurm.given)
+    throw UsageError("dprun submit needs --slurm [sbatch options] or a [launch.slurm] table in " +
+                     o.file +
+                     " (e.g. [launch.slurm] partition = \"gpu\", time = \"2:00:00\"); "
+                     "Slurm is the scheduler dprun submits to");
+  SlurmConfig config = e.slurm;
+  if (auto n = a.last("--max-parallel")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(n->c_str(), &end, 10);
+    if (n->empty() || *end != '\0' || v < 1)
+      throw UsageError("--max-parallel " + *n + ": expected a positive integer");
+    config.max_parallel = v;
+  }
+  if (o.dry_run) {
+    print_submission_plan(e, o, config, sbatch_args);
+    return 0;
+  }
+  if (find_executable("sbatch").empty())
+    throw UsageError(
+        "sbatch is not on PATH: dprun submit hands the sweep to Slurm, so run it where Slurm's "
+        "commands are (a cluster's login node; Debian: slurm-client), or run the sweep here with "
+        "dprun run " +
+        o.file);
+  return submit_sweep(e, o, config, sbatch_args);
 }
 
 }  // namespace dprun::cli

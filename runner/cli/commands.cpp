@@ -2,26 +2,28 @@
 #include "cli/commands.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <variant>
 
+#include "base/os.hpp"
+#include "base/suggest.hpp"
+#include "base/text.hpp"
+#include "base/usage_error.hpp"
 #include "dp/error.hpp"
 #include "dp/plugin.hpp"
 #include "dp/process_group.hpp"
 #include "dpstore/store.hpp"
-#include "slurm/merge.hpp"
 #include "models/plugin_loader.hpp"
 #include "report/report.hpp"
 #include "settings/settings.hpp"
-#include "base/suggest.hpp"
+#include "slurm/merge.hpp"
 #include "sweep/sweep_runner.hpp"
 #include "trial/trial_main.hpp"
-#include "base/usage_error.hpp"
 
 namespace dprun::cli {
 
@@ -131,12 +133,6 @@ SweepOptions sweep_options(const Invocation& in) {
 
 // ---- the handlers -------------------------------------------------------------------------------
 
-std::string results_database(const Args& a, const std::string& command) {
-  const std::string db = a.last("--db") ? *a.last("--db") : default_database(command);
-  if (!std::filesystem::exists(db)) throw UsageError(db + ": no such database");
-  return db;
-}
-
 int run_command(const Invocation& in) {
   // The runner starts each trial's processes itself; started as several processes, each would
   // run the whole sweep.
@@ -146,7 +142,12 @@ int run_command(const Invocation& in) {
         " processes by mpirun or srun: start it once, as one process (it launches the processes "
         "of trials with processes > 1 itself, inside a Slurm allocation with srun); to run one "
         "trial as the processes of your own launcher, use mpirun -np N dprun train ...");
-  return run_sweep(sweep_options(in));
+  const SweepOptions options = sweep_options(in);
+  if (options.dry_run) return plan_sweep(options);
+  const Experiment experiment = load_sweep(options);
+  // Trials submitted to Slurm: what their tasks finished is collected first; those still queued
+  // or running there are not run here as well.
+  return run_experiment(experiment, options, collect_before_run(experiment, options));
 }
 
 int plan_command(const Invocation& in) { return plan_sweep(sweep_options(in)); }
@@ -181,50 +182,6 @@ int plugins_command(const Invocation& in) {
   // Non-zero when something the user should fix was found (a plugin that did not load, a
   // --plugins path that does not exist) or no model at all.
   return scan.errors.empty() && !scan.models.empty() ? 0 : 1;
-}
-
-int query_command(const Invocation& in) {
-  const Args& a = in.args;
-  if (a.positional.size() != 1)
-    throw UsageError(
-        "dprun query needs one SQL statement in quotes, e.g. dprun query --db "
-        "results/x.db \"SELECT * FROM trial_summary\"");
-  QueryFormat format = QueryFormat::table;
-  if (auto f = a.last("--format")) {
-    if (*f == "table")
-      format = QueryFormat::table;
-    else if (*f == "csv")
-      format = QueryFormat::csv;
-    else if (*f == "json")
-      format = QueryFormat::json;
-    else
-      throw UsageError("--format " + *f + ": expected table, csv or json");
-  }
-  const std::string db = results_database(a, "query");
-  dps::Store store(db, dps::Store::Mode::read_only);
-  std::fputs(format_query(store.query(a.positional[0]), format).c_str(), stdout);
-  return 0;
-}
-
-int report_command(const Invocation& in) {
-  const Args& a = in.args;
-  if (!a.positional.empty()) throw UsageError("dprun report takes no arguments (use --db PATH)");
-  const std::string db = results_database(a, "report");
-  // Results of Slurm tasks that have ended are collected first.
-  merge_if_needed(db);
-  dps::Store store(db, dps::Store::Mode::read_only);
-  if (auto html = a.last("--html")) {
-    const std::string page = format_html_report(store);
-    std::FILE* f = *html == "-" ? stdout : std::fopen(html->c_str(), "w");
-    if (f == nullptr) throw UsageError("--html " + *html + ": cannot write it: " + std::strerror(errno));
-    const bool ok = std::fputs(page.c_str(), f) >= 0;
-    if (f != stdout && std::fclose(f) != 0) throw UsageError("--html " + *html + ": write failed");
-    if (!ok) throw UsageError("--html " + *html + ": write failed");
-    if (f != stdout) std::fprintf(stderr, "dprun: wrote %s (open it in a browser; it needs no network)\n", html->c_str());
-    return 0;
-  }
-  std::fputs(format_report(store).c_str(), stdout);
-  return 0;
 }
 
 namespace {
@@ -393,7 +350,8 @@ int train_command(const Invocation& in) {
   // Without a database there is no folder of its own: checkpoints go where the user says.
   if (auto dir = a.last("--checkpoint-dir")) {
     if (s.text("checkpoint") == "none")
-      throw UsageError("--checkpoint-dir " + *dir + " with --checkpoint none: nothing would be "
+      throw UsageError("--checkpoint-dir " + *dir +
+                       " with --checkpoint none: nothing would be "
                        "written there");
     r.checkpoint_dir = std::filesystem::absolute(*dir).lexically_normal().string();
   } else if (a.last("--checkpoint") && s.text("checkpoint") != "none") {

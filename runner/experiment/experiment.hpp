@@ -8,9 +8,8 @@
 #include <vector>
 
 #include "dp/plugin.hpp"
-#include "process/launch.hpp"
+#include "experiment/launch_tables.hpp"
 #include "settings/settings.hpp"
-#include "slurm/slurm.hpp"
 
 namespace dprun {
 

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "experiment/experiment_detail.hpp"
 #include "base/json.hpp"
 #include "base/suggest.hpp"
+#include "experiment/experiment_detail.hpp"
 
 namespace dprun::detail {
 

@@ -4,7 +4,7 @@
 #include <regex>
 
 #include "experiment/experiment_detail.hpp"
-#include "slurm/slurm.hpp"
+#include "experiment/launch_tables.hpp"
 
 namespace dprun::detail {
 

@@ -19,7 +19,7 @@ struct LoadedModel {
   dp::ModelFactory factory;
   std::string plugin_path;  // absolute path of the shared library
   uint32_t abi_version = 0;
-  std::string built_with;   // dprun version the plugin was built with
+  std::string built_with;  // dprun version the plugin was built with
 };
 
 /// The folders searched, in order: `extra` (--plugins, each may be a folder or a file), then
@@ -40,7 +40,7 @@ struct PluginScan {
   /// Shared libraries in a plugin folder that the scan did not load, each with the reason (a
   /// name that is not lib*dprun*.so): never silently ignored.
   std::vector<std::string> skipped;
-  std::vector<std::string> searched;          // folders searched
+  std::vector<std::string> searched;  // folders searched
 };
 
 /// Loads every lib*dprun*.so in the search path's folders, and any file given explicitly.

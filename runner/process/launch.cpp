@@ -9,14 +9,7 @@
 #include <regex>
 #include <set>
 
-#include "sweep/sweep_runner.hpp"
-
 namespace dprun {
-
-const std::vector<std::string>& known_launchers() {
-  static const std::vector<std::string> launchers = {"mpirun", "srun"};
-  return launchers;
-}
 
 std::string effective_launcher(const LaunchConfig& config, bool slurm_job) {
   if (!config.launcher.empty()) return config.launcher;
@@ -52,23 +45,6 @@ std::vector<std::string> exported_variables() {
   return names;
 }
 
-std::string find_executable(const std::string& name) {
-  if (name.empty()) return "";
-  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  for (size_t start = 0; start <= dirs.size();) {
-    size_t colon = dirs.find(':', start);
-    if (colon == std::string::npos) colon = dirs.size();
-    std::string dir = dirs.substr(start, colon - start);
-    if (dir.empty()) dir = ".";
-    const std::string candidate = dir + "/" + name;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-    start = colon + 1;
-  }
-  return "";
-}
-
 std::string launch_problem(int processes, bool mpi_compiled, const std::string& launcher,
                            const std::string& launcher_path) {
   const std::string what = "processes = " + std::to_string(processes);
@@ -86,15 +62,6 @@ std::string launch_problem(int processes, bool mpi_compiled, const std::string& 
            "launcher = \"srun\" inside a Slurm allocation";
   }
   return "";
-}
-
-std::string command_text(const std::vector<std::string>& words) {
-  std::string out;
-  for (const auto& w : words) {
-    if (!out.empty()) out += ' ';
-    out += shell_quote(w);
-  }
-  return out;
 }
 
 std::string group_hosts(const std::vector<std::string>& rank_hosts) {

@@ -8,18 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "experiment/launch_tables.hpp"
+
 namespace dprun {
-
-/// [launch] of an experiment file, with the command line's overrides. Not part of any trial's
-/// identity: where a trial runs does not change what it computes.
-struct LaunchConfig {
-  std::string launcher;           // "mpirun" | "srun" | "": see effective_launcher()
-  std::string hostfile;           // mpirun --hostfile; "": the launcher's default hosts
-  std::vector<std::string> args;  // more launcher arguments, before the program
-};
-
-/// The launchers dprun knows.
-const std::vector<std::string>& known_launchers();
 
 /// The launcher a trial uses: the configured one; else mpirun when a hostfile is given; else
 /// srun inside a Slurm allocation (slurm_job: SLURM_JOB_ID is set), where it uses the
@@ -42,17 +33,10 @@ std::vector<std::string> launch_command(const LaunchConfig& config, const std::s
 /// (DPRUN_COMM_TIMEOUT_S, DPRUN_DATA, DPRUN_FAULT, DPRUN_PLUGIN_PATH when set).
 std::vector<std::string> exported_variables();
 
-/// An executable's path: `name` itself when it contains a '/', else the first match on $PATH;
-/// "" when there is none.
-std::string find_executable(const std::string& name);
-
 /// Why a trial of `processes` processes cannot be launched here, "" when it can (a failed trial
 /// records this reason): a dprun built without MPI, a launcher that is not installed.
 std::string launch_problem(int processes, bool mpi_compiled, const std::string& launcher,
                            const std::string& launcher_path);
-
-/// The words of a command for a POSIX shell, joined (how the store records a launch).
-std::string command_text(const std::vector<std::string>& words);
 
 /// Hosts of the processes in rank order, grouped: "nodeA x2, nodeB x2"; one process: "nodeA".
 std::string group_hosts(const std::vector<std::string>& rank_hosts);

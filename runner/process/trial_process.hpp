@@ -5,7 +5,8 @@
 // never runs runner code: CUDA, OpenMP and BLAS thread pools are only ever set up after exec).
 // The trial request travels as one JSON object on the child's stdin. The child writes
 // newline-delimited JSON records to fd 3:
-//   {"type":"start","backend":"cpu","devices":"CPU (2 threads, oneDNN 2.6.3 avx2) x2","plugin_path":"...",
+//   {"type":"start","backend":"cpu","devices":"CPU (2 threads, oneDNN 2.6.3 avx2)
+//   x2","plugin_path":"...",
 //    "plugin_sha256":"...","oversubscribed":false,"hosts":"vm","rank_hosts":["vm"]}
 //   {"type":"epoch","epoch":1,"train_loss":0.9,"train_acc":0.6,"test_acc":0.7,"seconds":1.2,
 //    "examples_per_second":500,"lr":0.1,"eval_seconds":0.1,"peak_memory_bytes":123}   (each)
@@ -30,16 +31,16 @@
 #include <string>
 #include <vector>
 
+#include "base/json.hpp"
 #include "dp/plugin.hpp"
 #include "dpstore/store.hpp"
-#include "base/json.hpp"
 #include "settings/settings.hpp"
 
 namespace dprun {
 
 /// The checkpoint a trial continues from (see checkpoint.hpp).
 struct ResumePoint {
-  int64_t epoch = 0;  // 0: start from scratch
+  int64_t epoch = 0;                                                       // 0: start from scratch
   std::string model_path, model_sha256, optimizer_path, optimizer_sha256;  // absolute paths
   /// The best test accuracy of epochs 1..epoch and its epoch (checkpoint = "best": a later
   /// epoch replaces the best checkpoint only when it does better). best_epoch 0: none.
@@ -200,8 +201,5 @@ class TrialProcess {
   bool reaped_ = false;
   int wait_status_ = 0;
 };
-
-/// "SIGKILL" for 9, "SIGABRT" for 6, ...; "signal N" when unknown.
-std::string signal_name(int sig);
 
 }  // namespace dprun

@@ -1,32 +1,23 @@
 // `dprun export`: one trial's model checkpoint, copied out of the results after its sha256 is
-// checked against the database's record.
+// checked against the database's record (see export.hpp).
+#include "report/export.hpp"
+
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <variant>
 
-#include "trial/checkpoint.hpp"
-#include "cli/commands.hpp"
+#include "base/usage_error.hpp"
 #include "dp/error.hpp"
 #include "dp/safetensors.hpp"
 #include "dpstore/store.hpp"
-#include "report/report.hpp"
-#include "base/usage_error.hpp"
+#include "process/checkpoint_files.hpp"
 
-namespace dprun::cli {
+namespace dprun {
 
 namespace {
-
-int64_t positive_integer(const std::string& what, const std::string& text) {
-  int64_t x = 0;
-  auto res = std::from_chars(text.data(), text.data() + text.size(), x);
-  if (res.ec != std::errc() || res.ptr != text.data() + text.size() || x < 1)
-    throw UsageError(what + " " + text + ": expected a positive integer");
-  return x;
-}
 
 std::string describe_kept(const std::vector<dps::CheckpointRow>& rows) {
   std::string out;
@@ -43,12 +34,13 @@ std::string setting_text(const dps::TrialRow& row, const std::string& column) {
   return "";
 }
 
-// The checkpoint the options ask for, or a UsageError that says what the trial kept.
-dps::CheckpointRow choose(const dps::TrialRow& trial, const std::vector<dps::CheckpointRow>& rows,
-                          const Args& a) {
-  const bool best = a.flag("--best");
-  const auto epoch_text = a.last("--epoch");
-  if (best && epoch_text) throw UsageError("--best and --epoch choose different checkpoints");
+}  // namespace
+
+dps::CheckpointRow choose_checkpoint(const dps::TrialRow& trial,
+                                     const std::vector<dps::CheckpointRow>& rows,
+                                     const ExportChoice& which) {
+  const bool best = which.best;
+  if (best && which.epoch) throw UsageError("--best and --epoch choose different checkpoints");
   const std::string id = "trial " + std::to_string(trial.id);
   if (rows.empty()) {
     const std::string mode = setting_text(trial, "checkpoint");
@@ -63,8 +55,8 @@ dps::CheckpointRow choose(const dps::TrialRow& trial, const std::vector<dps::Che
   }
   auto found = rows.end();
   std::string wanted;
-  if (epoch_text) {
-    const int64_t epoch = positive_integer("--epoch", *epoch_text);
+  if (which.epoch) {
+    const int64_t epoch = *which.epoch;
     wanted = "of epoch " + std::to_string(epoch);
     found = std::find_if(rows.begin(), rows.end(),
                          [&](const dps::CheckpointRow& c) { return c.epoch == epoch; });
@@ -79,24 +71,17 @@ dps::CheckpointRow choose(const dps::TrialRow& trial, const std::vector<dps::Che
   return *found;
 }
 
-}  // namespace
-
-int export_command(const Invocation& in) {
-  const Args& a = in.args;
-  if (a.positional.size() != 1)
-    throw UsageError(
-        "dprun export needs one trial id (the id column of trials or trial_summary, e.g. dprun "
-        "query \"SELECT trial_id, model, gpus, status FROM trial_summary\")");
-  const int64_t trial_id = positive_integer("trial id", a.positional[0]);
-  const std::string db = results_database(a, "export");
+int export_checkpoint(const std::string& db, int64_t trial_id, const ExportChoice& which,
+                      const std::string& output_given) {
   dps::Store store(db, dps::Store::Mode::read_only);
   const auto trial = store.get_trial(trial_id);
   if (!trial) throw UsageError(db + " has no trial " + std::to_string(trial_id));
-  const dps::CheckpointRow c = choose(*trial, store.checkpoints(trial_id), a);
+  const dps::CheckpointRow c = choose_checkpoint(*trial, store.checkpoints(trial_id), which);
   const std::string source = resolve_checkpoint_path(db, c.path);
-  const std::string output =
-      a.last("--output").value_or("trial-" + std::to_string(trial_id) + "-epoch-" +
-                                  std::to_string(c.epoch) + ".safetensors");
+  const std::string output = !output_given.empty()
+                                 ? output_given
+                                 : "trial-" + std::to_string(trial_id) + "-epoch-" +
+                                       std::to_string(c.epoch) + ".safetensors";
   std::string bytes;
   {
     std::ifstream file(source, std::ios::binary);
@@ -126,13 +111,13 @@ int export_command(const Invocation& in) {
       std::snprintf(buf, sizeof buf, ", test accuracy %.4f", e.test_acc);
       acc = buf;
     }
-  std::printf("wrote %s: trial %lld (%s, gpus %s), %s checkpoint of epoch %lld%s, %zu tensors, "
-              "sha256 %s\n",
-              output.c_str(), static_cast<long long>(trial_id),
-              setting_text(*trial, "model").c_str(), setting_text(*trial, "gpus").c_str(),
-              c.role.c_str(), static_cast<long long>(c.epoch), acc.c_str(), model.tensors.size(),
-              sha.c_str());
+  std::printf(
+      "wrote %s: trial %lld (%s, gpus %s), %s checkpoint of epoch %lld%s, %zu tensors, "
+      "sha256 %s\n",
+      output.c_str(), static_cast<long long>(trial_id), setting_text(*trial, "model").c_str(),
+      setting_text(*trial, "gpus").c_str(), c.role.c_str(), static_cast<long long>(c.epoch),
+      acc.c_str(), model.tensors.size(), sha.c_str());
   return 0;
 }
 
-}  // namespace dprun::cli
+}  // namespace dprun

@@ -8,11 +8,6 @@
 
 namespace dprun {
 
-/// Rows of cells as aligned columns (the first row is the header, underlined); every line starts
-/// with `indent`. Numbers are right-aligned.
-std::string format_aligned(const std::vector<std::vector<std::string>>& rows,
-                           const std::string& indent = "");
-
 enum class QueryFormat { table, csv, json };
 
 /// table: aligned columns, NULL shown as NULL. csv: RFC 4180 (CRLF, fields with a comma, quote
@@ -31,7 +26,7 @@ struct ExperimentTrials {
   dps::ExperimentRow experiment;
   std::vector<dps::TrialSummary> trials;
   std::vector<std::vector<std::pair<std::string, std::string>>> settings;  // per trial, by column
-  std::vector<size_t> shown;                                             // indices into settings
+  std::vector<size_t> shown;                                               // indices into settings
   /// Per setting column: whether the scaling view lets a trial's 1-GPU baseline differ in it.
   std::vector<bool> baseline_may_differ;
   /// "lenet gpus=2 lr=0.4": the shown settings of trial i, model first.

@@ -13,8 +13,8 @@
 #include <variant>
 #include <vector>
 
-#include "dpstore/store.hpp"
 #include "base/json.hpp"
+#include "dpstore/store.hpp"
 
 namespace dprun {
 

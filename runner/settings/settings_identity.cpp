@@ -72,7 +72,8 @@ std::string canonical_settings(const TrialSettings& settings) {
     if (!row.identity || is_v1(row.column) || settings.at(i) == row.default_value) continue;
     later[row.column] = canonical_value(row, settings.at(i));
   }
-  for (const auto& [column, value] : later) out.append(column).append("=").append(value).append("\n");
+  for (const auto& [column, value] : later)
+    out.append(column).append("=").append(value).append("\n");
   return out;
 }
 

@@ -6,7 +6,8 @@
 #include <optional>
 #include <set>
 
-#include "trial/checkpoint.hpp"
+#include "base/os.hpp"
+#include "process/checkpoint_files.hpp"
 #include "slurm/slurm.hpp"
 
 namespace dprun {
@@ -255,6 +256,15 @@ void merge_if_needed(const std::string& db) {
                    m.merged + m.superseded + m.lost,
                    m.merged + m.superseded + m.lost == 1 ? "" : "s");
   }
+}
+
+std::map<std::string, std::string> collect_before_run(const Experiment& experiment,
+                                                      const SweepOptions& options) {
+  dps::Store store(database_path(experiment, options), dps::Store::Mode::read_write,
+                   experiment.settings->store_columns(), options.journal);
+  const int64_t id =
+      store.upsert_experiment(experiment.name, experiment.description, experiment.source);
+  return merge_before_running(store, id);
 }
 
 }  // namespace dprun

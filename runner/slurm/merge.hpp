@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dpstore/store.hpp"
+#include "sweep/sweep_runner.hpp"
 
 namespace dprun {
 
@@ -41,6 +42,12 @@ MergeSummary merge_tasks(dps::Store& store, int64_t experiment_id);
 /// whose task is still queued or running, by config hash ("Slurm job 12_3 (RUNNING)"): they must
 /// not run a second time elsewhere. Nothing is asked of Slurm when no task is open.
 std::map<std::string, std::string> merge_before_running(dps::Store& store, int64_t experiment_id);
+
+/// Before `dprun run` starts its sweep: opens the experiment's database (creating it, and the
+/// experiment in it, when new), merges what its Slurm tasks finished and returns the trials
+/// whose task is still queued or running (merge_before_running), which the sweep then skips.
+std::map<std::string, std::string> collect_before_run(const Experiment& experiment,
+                                                      const SweepOptions& options);
 
 /// Before reading a database (dprun report): when one of its experiments has tasks not collected
 /// yet, merges them (notes on stderr). A database without any is only read, never changed.

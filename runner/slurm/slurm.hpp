@@ -9,21 +9,9 @@
 #include <tuple>
 #include <vector>
 
-namespace dprun {
+#include "experiment/launch_tables.hpp"
 
-/// [launch.slurm] of an experiment file (or `[launch] slurm = {...}`): how `dprun submit` asks
-/// for the tasks' resources. Not part of any trial's identity.
-struct SlurmConfig {
-  bool given = false;        // the table is in the file
-  int64_t max_parallel = 0;  // tasks running at once (sbatch --array=...%P); 0: no cap
-  std::string partition, time, account, qos, mem;  // sbatch's options of those names; "": none
-  int64_t cpus_per_task = 0;  // per process; 0: one per replica on the CPU backend, else Slurm's
-  std::vector<std::string> args;  // more sbatch arguments, before those of the command line
-  /// How GPUs are asked for: false: --gpus-per-task=G (select/cons_tres); true: --gres=gpu:G,
-  /// which counts per node, so a trial of P > 1 processes also asks for --nodes=P
-  /// --ntasks-per-node=1 (clusters whose Slurm predates or does not use cons_tres).
-  bool gres = false;
-};
+namespace dprun {
 
 /// What every task of one array asks for: one job array per distinct shape.
 struct TaskShape {
@@ -53,14 +41,6 @@ std::vector<std::string> sbatch_command(const SlurmConfig& config, const TaskSha
                                         const std::string& folder,
                                         const std::vector<std::string>& extra,
                                         const std::string& script);
-
-/// Why sbatch arguments from the user cannot be used, "" when they can: dprun sets --array,
-/// --output, --ntasks and --parsable itself (its task databases and output files are named by
-/// array index), and refuses --wrap, --clusters, --error and --chdir (short forms and long
-/// abbreviations of 3 characters or more included). A bare word is accepted only as the value
-/// of a short option before it ("-p debug"): else it would become sbatch's script, so a long
-/// option's value is written --opt=value.
-std::string sbatch_args_problem(const std::vector<std::string>& args);
 
 /// The job id in sbatch --parsable's answer ("12" or "12;cluster"); "" when there is none.
 std::string parse_sbatch_job_id(const std::string& out);
@@ -103,8 +83,5 @@ std::string cause_from_state(const EndedTask& task);
 /// killed the job script ("the task was killed by SIGKILL (Slurm state FAILED, exit code 0:9)"),
 /// else Slurm's state and exit code.
 std::string ended_task_text(const EndedTask& task);
-
-/// The last `bytes` of a file ("" when it cannot be read).
-std::string file_tail(const std::string& path, size_t bytes = 65536);
 
 }  // namespace dprun

@@ -9,11 +9,12 @@
 #include <filesystem>
 #include <thread>
 
+#include "base/os.hpp"
 #include "dp/error.hpp"
+#include "process/trial_process.hpp"
 #include "slurm/slurm.hpp"
 #include "slurm/submission.hpp"
 #include "sweep/sweep_runner.hpp"
-#include "process/trial_process.hpp"
 
 namespace dprun {
 

@@ -6,9 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/json.hpp"
+#include "base/os.hpp"
 #include "dp/error.hpp"
 #include "dp/safetensors.hpp"
-#include "base/json.hpp"
 #include "sweep/sweep_runner.hpp"
 
 namespace dprun {

@@ -1,23 +1,23 @@
-// `dprun submit`: a sweep as Slurm job arrays. The trials a local run would run (new, failed,
-// interrupted, ... as `dprun plan` says) become the tasks of one array per resource shape; each
-// task gets its own database seeded with its trial's record (so a failed trial resumes from its
-// checkpoint), and everything is recorded in the experiment's database before sbatch is asked.
+// `dprun submit`: a sweep as Slurm job arrays (see submit.hpp).
+#include "slurm/submit.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 
-#include "trial/checkpoint.hpp"
 #include "base/command.hpp"
-#include "cli/commands.hpp"
+#include "base/os.hpp"
+#include "base/text.hpp"
 #include "dp/error.hpp"
 #include "dp/safetensors.hpp"
+#include "process/checkpoint_files.hpp"
 #include "slurm/merge.hpp"
-#include "report/report.hpp"
+#include "slurm/slurm.hpp"
 #include "slurm/submission.hpp"
 #include "sweep/sweep_runner.hpp"
 
-namespace dprun::cli {
+namespace dprun {
 
 namespace {
 
@@ -25,12 +25,6 @@ namespace fs = std::filesystem;
 
 // One array holds at most this many tasks: Slurm's default MaxArraySize is 1001 (indices 0-1000).
 constexpr size_t kMaxArrayTasks = 1000;
-
-std::string self_exe() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("/proc/self/exe") : p.string();
-}
 
 // The folder of the next submission, created here (create_directory fails on one that exists,
 // so two submits at once never share a folder): <db folder>/<db stem>.tasks/s0001, s0002, ...
@@ -164,8 +158,10 @@ std::string submit_array(dps::Store& store, int64_t experiment_id, const Experim
   }
 }
 
-void print_dry_run(const Experiment& e, const SweepOptions& o, const SlurmConfig& config,
-                   const std::vector<std::string>& sbatch_args) {
+}  // namespace
+
+void print_submission_plan(const Experiment& e, const SweepOptions& o, const SlurmConfig& config,
+                           const std::vector<std::string>& sbatch_args) {
   const std::string db = database_path(e, o);
   std::map<std::string, std::string> elsewhere;
   const auto plan = plan_trials(e, stored_trials_read_only(db, e.name, elsewhere), o, elsewhere);
@@ -198,49 +194,8 @@ void print_dry_run(const Experiment& e, const SweepOptions& o, const SlurmConfig
               job_script(self_exe(), folder, e.name, groups.front().trials.size()).c_str());
 }
 
-}  // namespace
-
-int submit_command(const Invocation& in) {
-  const Args& a = in.args;
-  const bool slurm = a.flag("--slurm");
-  std::vector<std::string> sbatch_args = a.all("--slurm");
-  // "--slurm -- --time=10": the "--" only separates; sbatch would end its options there.
-  if (!sbatch_args.empty() && sbatch_args.front() == "--") sbatch_args.erase(sbatch_args.begin());
-  if (a.positional.empty())
-    for (const auto& s : sbatch_args)
-      if (s.size() > 5 && s.substr(s.size() - 5) == ".toml")
-        throw UsageError(
-            "dprun submit: give the experiment file before --slurm (everything after "
-            "--slurm goes to sbatch): dprun submit " +
-            s + " --slurm ...");
-  if (const std::string problem = sbatch_args_problem(sbatch_args); !problem.empty())
-    throw UsageError("--slurm: " + problem);
-  SweepOptions o = sweep_options(in);
-  const Experiment e = load_sweep(o);
-  if (!slurm && !e.slurm.given)
-    throw UsageError("dprun submit needs --slurm [sbatch options] or a [launch.slurm] table in " +
-                     o.file +
-                     " (e.g. [launch.slurm] partition = \"gpu\", time = \"2:00:00\"); "
-                     "Slurm is the scheduler dprun submits to");
-  SlurmConfig config = e.slurm;
-  if (auto n = a.last("--max-parallel")) {
-    char* end = nullptr;
-    const long long v = std::strtoll(n->c_str(), &end, 10);
-    if (n->empty() || *end != '\0' || v < 1)
-      throw UsageError("--max-parallel " + *n + ": expected a positive integer");
-    config.max_parallel = v;
-  }
-  if (o.dry_run) {
-    print_dry_run(e, o, config, sbatch_args);
-    return 0;
-  }
-  if (find_executable("sbatch").empty())
-    throw UsageError(
-        "sbatch is not on PATH: dprun submit hands the sweep to Slurm, so run it where Slurm's "
-        "commands are (a cluster's login node; Debian: slurm-client), or run the sweep here with "
-        "dprun run " +
-        o.file);
-
+int submit_sweep(const Experiment& e, const SweepOptions& o, const SlurmConfig& config,
+                 const std::vector<std::string>& sbatch_args) {
   const std::string db = database_path(e, o);
   dps::Store store(db, dps::Store::Mode::read_write, e.settings->store_columns());
   const int64_t experiment_id = store.upsert_experiment(e.name, e.description, e.source);
@@ -288,4 +243,4 @@ int submit_command(const Invocation& in) {
   return 0;
 }
 
-}  // namespace dprun::cli
+}  // namespace dprun

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <set>
 
-#include "models/plugin_loader.hpp"
-#include "report/report.hpp"
 #include "base/suggest.hpp"
+#include "base/text.hpp"
+#include "models/plugin_loader.hpp"
 #include "sweep/sweep_runner.hpp"
 
 namespace dprun {

@@ -14,24 +14,15 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "slurm/merge.hpp"
+#include "base/os.hpp"
+#include "base/text.hpp"
 #include "sweep/progress.hpp"
-#include "report/report.hpp"
 #include "sweep/scheduler.hpp"
 #include "sweep/trial_run.hpp"
 
 namespace dprun {
 
 namespace fs = std::filesystem;
-
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                        "0123456789_-./=:,@+") == std::string::npos)
-    return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 // ---- running
 // -------------------------------------------------------------------------------------
@@ -122,13 +113,8 @@ DeviceNeed device_need(const TrialSpec& spec, const Experiment& experiment,
 
 }  // namespace
 
-int run_sweep(const SweepOptions& options) {
-  if (options.dry_run) return plan_sweep(options);
-  const Experiment experiment = load_sweep(options);
-  return run_experiment(experiment, options);
-}
-
-int run_experiment(const Experiment& experiment, const SweepOptions& options) {
+int run_experiment(const Experiment& experiment, const SweepOptions& options,
+                   const HeldElsewhere& elsewhere) {
   const std::string db = database_path(experiment, options);
 
   dps::Store store(db, dps::Store::Mode::read_write, experiment.settings->store_columns(),
@@ -139,9 +125,6 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options) {
     std::fprintf(stderr,
                  "dprun: %d trial%s left running by a dprun that is gone: now interrupted\n", n,
                  n == 1 ? "" : "s");
-  // Trials submitted to Slurm: what their tasks finished is collected first; those still queued
-  // or running there are not run here as well.
-  const auto elsewhere = merge_before_running(store, experiment_id);
   std::map<std::string, dps::TrialRow> stored;
   for (const TrialSpec& spec : experiment.trials) {
     stored[spec.config_hash] =

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "base/usage_error.hpp"
 #include "dpstore/store.hpp"
 #include "experiment/experiment.hpp"
-#include "base/usage_error.hpp"
 
 namespace dprun {
 
@@ -73,9 +73,6 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
 /// "bn" and "bn_mode" -> "per-replica", "option.hidden" -> "128"), for --filter.
 std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec);
 
-/// `s` as one word for a POSIX shell (unchanged when it needs no quoting), for the commands
-/// dprun prints for the user to run.
-std::string shell_quote(const std::string& s);
 /// True when the trial matches every filter key (several values for one key: any of them).
 /// Throws UsageError for a key that is not a setting name.
 bool trial_matches(const TrialSpec& spec,
@@ -91,11 +88,16 @@ std::string database_path(const Experiment& experiment, const SweepOptions& opti
 /// Throws ConfigErrors on a bad file.
 Experiment load_sweep(const SweepOptions& options);
 
-/// `dprun run`: returns the exit status (0, 1, 130 / 143 when interrupted). Bad files throw
-/// ConfigErrors, bad options UsageError, before any database is created.
-int run_sweep(const SweepOptions& options);
-/// The same for an experiment already loaded (a Slurm task keeps only its own trial of it).
-int run_experiment(const Experiment& experiment, const SweepOptions& options);
+/// Trials that run elsewhere, by config hash, with where ("Slurm job 12_3 (RUNNING)"): a run
+/// skips them. The sweep itself never asks a cluster: `dprun run` collects what its Slurm tasks
+/// finished, and names those still queued or running, before it starts the sweep
+/// (slurm/merge.hpp's collect_before_run).
+using HeldElsewhere = std::map<std::string, std::string>;
+
+/// Runs the trials of an experiment already loaded that need it (a Slurm task keeps only its
+/// own trial of it): returns the exit status (0, 1, 130 / 143 when interrupted).
+int run_experiment(const Experiment& experiment, const SweepOptions& options,
+                   const HeldElsewhere& elsewhere = {});
 
 /// The stored trials of an experiment by config hash; empty when the database or the experiment
 /// does not exist. Read-only: the trials of tasks not collected yet are listed in `submitted`

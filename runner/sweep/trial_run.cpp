@@ -8,9 +8,10 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "trial/checkpoint.hpp"
+#include "base/os.hpp"
 #include "dp/process_group.hpp"
 #include "dp/version.hpp"
+#include "process/checkpoint_files.hpp"
 #include "process/launch.hpp"
 
 namespace dprun {
@@ -19,12 +20,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "";
-  return buf;
 }
 
 std::string after_epoch(int64_t epoch) {
@@ -39,13 +34,6 @@ std::string tail_text(const std::deque<std::string>& tail, size_t lines) {
   std::string out;
   for (auto it = keep.rbegin(); it != keep.rend(); ++it) out += (out.empty() ? "" : " | ") + *it;
   return out;
-}
-
-// This dprun's executable, as the launcher must start it on every host.
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("/proc/self/exe") : p.string();
 }
 
 // How long a launcher gets to end its processes on every host before it is killed.

@@ -11,10 +11,10 @@
 
 #include "dpstore/store.hpp"
 #include "experiment/experiment.hpp"
+#include "process/trial_process.hpp"
 #include "sweep/progress.hpp"
 #include "sweep/scheduler.hpp"
 #include "sweep/sweep_runner.hpp"
-#include "process/trial_process.hpp"
 
 namespace dprun {
 

@@ -13,11 +13,12 @@
 #include <sstream>
 #include <thread>
 
-#include "trial/checkpoint.hpp"
+#include "base/os.hpp"
 #include "dp/data.hpp"
 #include "dp/error.hpp"
-#include "process/launch.hpp"
 #include "models/plugin_loader.hpp"
+#include "process/launch.hpp"
+#include "trial/checkpoint_writer.hpp"
 
 namespace dprun {
 
@@ -163,12 +164,6 @@ std::vector<std::string> gather_all(dp::ProcessGroup* group, const std::string& 
   return all;
 }
 
-std::string host_name() {
-  char name[256] = {};
-  if (gethostname(name, sizeof name - 1) != 0) return "localhost";
-  return name;
-}
-
 // The CPU cores this process may run on.
 int affinity_count() {
   cpu_set_t set;
@@ -286,8 +281,8 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   t.layout = layout;
   t.precision = arithmetic;
   t.allow_tf32 = s.boolean("allow_tf32");
-  t.conv_choice = s.text("conv_choice") == "heuristic" ? dp::ConvChoice::heuristic
-                                                        : dp::ConvChoice::measured;
+  t.conv_choice =
+      s.text("conv_choice") == "heuristic" ? dp::ConvChoice::heuristic : dp::ConvChoice::measured;
   if (const char* env = std::getenv("DPRUN_CUDNN_CHOICE");
       env != nullptr && *env != '\0' && s.text("conv_choice") != env) {
     std::fprintf(stderr,

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "experiment_helpers.hpp"
+#include "base/os.hpp"
 #include "process/launch.hpp"
 #include "sweep/scheduler.hpp"
 #include "support/check.hpp"

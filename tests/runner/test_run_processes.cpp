@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include "cli_helpers.hpp"
+#include "base/os.hpp"
 #include "dp/process_group.hpp"
 #include "process/launch.hpp"
 #include "sweep/scheduler.hpp"

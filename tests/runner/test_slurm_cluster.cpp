@@ -23,6 +23,7 @@
 
 #include "cli_helpers.hpp"
 #include "base/command.hpp"
+#include "base/os.hpp"
 #include "dp/process_group.hpp"
 #include "process/launch.hpp"
 #include "slurm/slurm.hpp"

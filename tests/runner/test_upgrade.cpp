@@ -131,7 +131,7 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
 
   // The run: nothing to do, and the database now has the new settings' columns, filled with
   // their defaults for the trials of 0.1.0, in the table and in both views.
-  REQUIRE(dprun::run_sweep(options) == 0);
+  REQUIRE(dprun::run_experiment(dprun::load_sweep(options), options) == 0);
   const auto trials = columns_of(u.db, "trials");
   for (const char* c : {"grad_accum", "checkpoint", "betas", "nesterov"}) {
     INFO(c);
@@ -175,7 +175,10 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
 TEST_CASE("upgrade: this dprun still runs nothing on a database a later dprun migrated",
           "[upgrade][cli]") {
   Upgrade u;
-  REQUIRE(dprun::run_sweep(later_dprun(u)) == 0);
+  {
+    const dprun::SweepOptions later = later_dprun(u);
+    REQUIRE(dprun::run_experiment(dprun::load_sweep(later), later) == 0);
+  }
   const std::string views =
       sql1(u.db, "SELECT group_concat(sql) FROM sqlite_schema WHERE type = 'view'");
   auto r = run({"plan", u.file, "--db", u.db}, u.dir.path());

@@ -1,12 +1,8 @@
-// A trial's checkpoints (see checkpoint.hpp).
-#include "trial/checkpoint.hpp"
+// Process 0's side of a trial's checkpoints (see checkpoint_writer.hpp).
+#include "trial/checkpoint_writer.hpp"
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "dp/error.hpp"
 #include "dp/safetensors.hpp"
@@ -16,27 +12,7 @@ namespace dprun {
 
 namespace fs = std::filesystem;
 
-CheckpointMode parse_checkpoint_mode(const std::string& text) {
-  if (text == "none") return CheckpointMode::none;
-  if (text == "last") return CheckpointMode::last;
-  if (text == "best") return CheckpointMode::best;
-  if (text == "every") return CheckpointMode::every;
-  throw dp::Error("checkpoint \"" + text + "\": expected none, last, best or every");
-}
-
 namespace {
-
-fs::path db_folder(const std::string& db_path) {
-  return fs::absolute(fs::path(db_path)).lexically_normal().parent_path();
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw dp::Error("cannot open " + path + ": " + std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw dp::Error("cannot read " + path + ": " + std::strerror(errno));
-  return bytes;
-}
 
 std::string number_text(double x) {
   char buf[40];
@@ -57,40 +33,6 @@ dps::CheckpointRow write_file(const std::string& path, const std::string& role, 
 }
 
 }  // namespace
-
-std::string trial_checkpoint_dir(const std::string& db_path, int64_t trial_id) {
-  const fs::path db = fs::path(db_path);
-  return (db_folder(db_path) / (db.stem().string() + ".checkpoints") /
-          ("trial-" + std::to_string(trial_id)))
-      .string();
-}
-
-std::string stored_checkpoint_path(const std::string& db_path, const std::string& absolute) {
-  const fs::path file = fs::path(absolute).lexically_normal();
-  const fs::path relative = file.lexically_relative(db_folder(db_path));
-  if (relative.empty() || *relative.begin() == "..") return file.string();
-  return relative.string();
-}
-
-std::string resolve_checkpoint_path(const std::string& db_path, const std::string& stored) {
-  const fs::path p(stored);
-  if (p.is_absolute()) return p.string();
-  return (db_folder(db_path) / p).lexically_normal().string();
-}
-
-std::string rebase_checkpoint_path(const std::string& from_db, const std::string& stored,
-                                   const std::string& to_db) {
-  const fs::path file(resolve_checkpoint_path(from_db, stored));
-  const fs::path relative = file.lexically_relative(db_folder(to_db));
-  int up = 0;
-  for (const auto& part : relative) up += part == "..";
-  if (relative.empty() || up > 2) return file.string();
-  return relative.string();
-}
-
-std::string checkpoint_file_sha256(const std::string& path) {
-  return dps::sha256_hex(read_bytes(path));
-}
 
 CheckpointWriter::CheckpointWriter(CheckpointMode mode, std::string dir, const ResumePoint& resume)
     : mode_(mode),
@@ -139,7 +81,7 @@ namespace {
 
 // Process 0's read of one file of the resume point, checked against its recorded sha256.
 std::string read_checked(const std::string& path, const std::string& sha256, const char* what) {
-  const std::string bytes = read_bytes(path);
+  const std::string bytes = read_checkpoint_file(path);
   const std::string found = dps::sha256_hex(bytes);
   if (found != sha256)
     throw dp::Error("the " + std::string(what) + " " + path + " has sha256 " + found +
