@@ -39,7 +39,7 @@ Target target_of(const Invocation& in) {
     SweepOptions o;
     o.file = a.positional[0];
     o.db = a.last("--db").value_or("");
-    o.plugin_dirs = a.all("--plugins");
+    o.run.plugin_dirs = a.all("--plugins");
     t.experiment = load_sweep(o);
     t.db = database_path(*t.experiment, o);
     if (!fs::exists(t.db))

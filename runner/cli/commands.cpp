@@ -89,17 +89,17 @@ SweepOptions sweep_options(const Invocation& in) {
   SweepOptions o;
   o.file = a.positional[0];
   o.db = a.last("--db").value_or("");
-  o.backend = backend_option(a);
+  o.run.backend = backend_option(a);
   o.dry_run = a.flag("--dry-run");
-  o.rerun = a.flag("--rerun");
-  o.restart = a.flag("--restart");
+  o.run.rerun = a.flag("--rerun");
+  o.run.restart = a.flag("--restart");
   o.force = a.flag("--force");
-  o.oversubscribe = a.flag("--oversubscribe");
-  o.verbose = a.flag("--verbose");
+  o.run.oversubscribe = a.flag("--oversubscribe");
+  o.run.verbose = a.flag("--verbose");
   for (const auto& f : a.all("--filter")) o.filters.push_back(key_value("--filter", f));
-  o.plugin_dirs = a.all("--plugins");
-  o.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
-  o.trial_timeout = double_option(a, "--trial-timeout", 0, 0);
+  o.run.plugin_dirs = a.all("--plugins");
+  o.run.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
+  o.run.trial_timeout = double_option(a, "--trial-timeout", 0, 0);
   if (auto jobs = a.last("--jobs")) {
     int64_t n = 0;
     auto res = std::from_chars(jobs->data(), jobs->data() + jobs->size(), n);
@@ -114,17 +114,17 @@ SweepOptions sweep_options(const Invocation& in) {
     const auto& known = known_launchers();
     if (std::find(known.begin(), known.end(), *launcher) == known.end())
       throw UsageError("--launcher " + *launcher + ": expected mpirun or srun");
-    o.launch.launcher = *launcher;
+    o.run.launch.launcher = *launcher;
   }
   if (auto hostfile = a.last("--hostfile")) {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(*hostfile, ec))
       throw UsageError("--hostfile " + *hostfile + ": no such file");
-    if (o.launch.launcher == "srun")
+    if (o.run.launch.launcher == "srun")
       throw UsageError("--hostfile is for mpirun; srun runs on the nodes of its Slurm allocation");
-    o.launch.hostfile = *hostfile;
+    o.run.launch.hostfile = *hostfile;
   }
-  o.launch.args = a.all("--launch-arg");
+  o.run.launch.args = a.all("--launch-arg");
   std::string line = "dprun";
   for (int i = 1; i < in.argc; ++i) line.append(" ").append(shell_quote(in.argv[i]));
   o.command_line = line;
@@ -285,8 +285,8 @@ int train_command(const Invocation& in) {
   auto model = a.last("--model");
   if (!model) throw UsageError("dprun train needs --model NAME (see dprun plugins)");
   TrialRequest r;
-  r.plugin_dirs = a.all("--plugins");
-  PluginScan scan = scan_plugins(r.plugin_dirs);
+  r.run.plugin_dirs = a.all("--plugins");
+  PluginScan scan = scan_plugins(r.run.plugin_dirs);
   auto found = scan.models.find(*model);
   if (found == scan.models.end()) {
     std::vector<std::string> names;
@@ -326,7 +326,7 @@ int train_command(const Invocation& in) {
   if (batch_size < gpus)
     throw UsageError("--batch-size " + std::to_string(batch_size) + " is smaller than --gpus " +
                      std::to_string(gpus) + ": every replica needs at least one example");
-  r.backend = s.text("backend_request");
+  r.run.backend = s.text("backend_request");
   r.data_path = a.last("--data").value_or("");
   // Under mpirun or srun, this process is one of the trial's processes; without a launcher,
   // the trial is this process.
@@ -345,8 +345,8 @@ int train_command(const Invocation& in) {
                                          : "; this dprun was built without MPI: install "
                                            "Open MPI (Debian: libopenmpi-dev openmpi-bin) "
                                            "and rebuild"));
-  r.oversubscribe = a.flag("--oversubscribe");
-  r.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
+  r.run.oversubscribe = a.flag("--oversubscribe");
+  r.run.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
   // Without a database there is no folder of its own: checkpoints go where the user says.
   if (auto dir = a.last("--checkpoint-dir")) {
     if (s.text("checkpoint") == "none")

@@ -77,12 +77,7 @@ Json request_to_json(const TrialRequest& r) {
   o.set("settings", settings_to_json(r.settings));
   o.set("model_options", model_options_to_json(r.model_options));
   o.set("data_path", Json::string(r.data_path));
-  Json dirs = Json::array();
-  for (const auto& d : r.plugin_dirs) dirs.push(Json::string(d));
-  o.set("plugin_dirs", dirs);
-  o.set("backend", Json::string(r.backend));
-  o.set("oversubscribe", Json::boolean(r.oversubscribe));
-  o.set("threads", Json::integer(r.threads));
+  o.set("run", run_options_to_json(r.run));
   o.set("checkpoint_dir", Json::string(r.checkpoint_dir));
   if (r.resume.epoch > 0) {
     Json resume = Json::object();
@@ -105,14 +100,7 @@ TrialRequest request_from_json(const Json& o) {
   r.model_options =
       field(o, "model_options", [](const Json& j) { return model_options_from_json(j); });
   r.data_path = field(o, "data_path", [](const Json& j) { return j.as_string(); });
-  r.plugin_dirs = field(o, "plugin_dirs", [](const Json& j) {
-    std::vector<std::string> dirs;
-    for (const auto& d : j.items()) dirs.push_back(d.as_string());
-    return dirs;
-  });
-  r.backend = field(o, "backend", [](const Json& j) { return j.as_string(); });
-  r.oversubscribe = field(o, "oversubscribe", [](const Json& j) { return j.as_bool(); });
-  r.threads = static_cast<int>(field(o, "threads", [](const Json& j) { return j.as_int(); }));
+  r.run = field(o, "run", [](const Json& j) { return run_options_from_json(j); });
   r.checkpoint_dir = field(o, "checkpoint_dir", [](const Json& j) { return j.as_string(); });
   if (o.has("resume")) {
     r.resume = field(o, "resume", [](const Json& j) {

@@ -34,6 +34,7 @@
 #include "base/json.hpp"
 #include "dp/plugin.hpp"
 #include "dpstore/store.hpp"
+#include "process/run_options.hpp"
 #include "settings/settings.hpp"
 
 namespace dprun {
@@ -53,11 +54,10 @@ struct TrialRequest {
   int64_t ordinal = 0;  // position in the sweep (selects DPRUN_FAULT targets)
   TrialSettings settings;
   dp::ModelOptions model_options;
-  std::string data_path;                 // "" : the default dataset search
-  std::vector<std::string> plugin_dirs;  // --plugins
-  std::string backend = "auto";          // auto | cpu | cuda (after any --backend override)
-  bool oversubscribe = false;
-  int threads = 0;  // CPU threads for the trial (0: all hardware threads)
+  std::string data_path;  // "" : the default dataset search
+  /// The runner's options; backend is the one this trial uses (auto | cpu | cuda, after any
+  /// --backend override), threads its CPU threads (0: all hardware threads).
+  RunOptions run = with_backend("auto");
   /// Where the trial's checkpoint files go (absolute; process 0 writes them); "": none, whatever
   /// the checkpoint setting says.
   std::string checkpoint_dir;

@@ -83,21 +83,13 @@ int slurm_task_main(const std::vector<std::string>& args) {
     SweepOptions o;
     o.file = (fs::path(folder) / m.file).string();
     o.db = (fs::path(folder) / task->database).string();
-    o.backend = m.backend;
-    o.plugin_dirs = m.plugin_dirs;
-    o.threads = m.threads;
+    o.run = m.run;
     // Without --threads, the CPUs Slurm gave the task (the machine may have many more).
-    if (o.threads == 0 && !env("SLURM_CPUS_PER_TASK").empty())
-      o.threads = std::max(1, std::atoi(env("SLURM_CPUS_PER_TASK").c_str()));
-    o.oversubscribe = m.oversubscribe;
-    o.rerun = m.rerun;
-    o.restart = m.restart;
-    o.verbose = m.verbose;
+    if (o.run.threads == 0 && !env("SLURM_CPUS_PER_TASK").empty())
+      o.run.threads = std::max(1, std::atoi(env("SLURM_CPUS_PER_TASK").c_str()));
     // Submitted with --force or not, the task keeps one trial of the sweep (by hash): a sweep
     // of any size must load here.
     o.force = true;
-    o.trial_timeout = m.trial_timeout;
-    o.launch = m.launch;
     o.journal = dps::Store::Journal::rollback;
     // This task is its database's only writer: a trial left `running` there is from an earlier
     // run of this same task (Slurm requeued it) and resumes.

@@ -16,18 +16,6 @@ namespace dprun {
 
 namespace {
 
-Json strings(const std::vector<std::string>& items) {
-  Json a = Json::array();
-  for (const auto& s : items) a.push(Json::string(s));
-  return a;
-}
-
-std::vector<std::string> strings_of(const Json& a) {
-  std::vector<std::string> out;
-  for (const auto& x : a.items()) out.push_back(x.as_string());
-  return out;
-}
-
 std::string manifest_path(const std::string& folder) {
   return (std::filesystem::path(folder) / "submission.json").string();
 }
@@ -60,17 +48,9 @@ void write_manifest(const std::string& folder, const SubmissionManifest& m) {
   j.set("version", Json::integer(kSubmissionFormatVersion));
   j.set("experiment", Json::string(m.experiment));
   j.set("file", Json::string(m.file));
-  j.set("backend", Json::string(m.backend));
-  j.set("plugin_dirs", strings(m.plugin_dirs));
-  j.set("threads", Json::integer(m.threads));
-  j.set("oversubscribe", Json::boolean(m.oversubscribe));
-  j.set("rerun", Json::boolean(m.rerun));
-  j.set("restart", Json::boolean(m.restart));
-  j.set("verbose", Json::boolean(m.verbose));
-  j.set("trial_timeout", Json::number(m.trial_timeout));
-  j.set("launcher", Json::string(m.launch.launcher));
-  j.set("hostfile", Json::string(m.launch.hostfile));
-  j.set("launch_args", strings(m.launch.args));
+  // The run options as members of the manifest itself (their names since format version 1).
+  const Json run = run_options_to_json(m.run);
+  for (const auto& [name, value] : run.members()) j.set(name, value);
   Json tasks = Json::array();
   for (const auto& t : m.tasks) {
     Json task = Json::object();
@@ -103,17 +83,7 @@ SubmissionManifest read_manifest(const std::string& folder) {
     SubmissionManifest m;
     m.experiment = j.at("experiment").as_string();
     m.file = j.at("file").as_string();
-    m.backend = j.at("backend").as_string();
-    m.plugin_dirs = strings_of(j.at("plugin_dirs"));
-    m.threads = static_cast<int>(j.at("threads").as_int());
-    m.oversubscribe = j.at("oversubscribe").as_bool();
-    m.rerun = j.at("rerun").as_bool();
-    m.restart = j.at("restart").as_bool();
-    m.verbose = j.at("verbose").as_bool();
-    m.trial_timeout = j.at("trial_timeout").as_double();
-    m.launch.launcher = j.at("launcher").as_string();
-    m.launch.hostfile = j.at("hostfile").as_string();
-    m.launch.args = strings_of(j.at("launch_args"));
+    m.run = run_options_from_json(j);
     for (const auto& t : j.at("tasks").items()) {
       SubmittedTrial task;
       task.index = t.at("index").as_int();

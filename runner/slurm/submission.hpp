@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "process/launch.hpp"
+#include "process/run_options.hpp"
 
 namespace dprun {
 
@@ -33,13 +33,8 @@ struct SubmittedTrial {
 struct SubmissionManifest {
   std::string experiment;                // its name
   std::string file = "experiment.toml";  // relative to the submission folder
-  // The options of `dprun submit` that decide how a trial runs (see SweepOptions).
-  std::string backend;
-  std::vector<std::string> plugin_dirs;  // absolute
-  int threads = 0;
-  bool oversubscribe = false, rerun = false, restart = false, verbose = false;
-  double trial_timeout = 0;
-  LaunchConfig launch;  // the command line's launcher overrides
+  RunOptions run;  // the options of `dprun submit` that decide how a trial runs (plugin folders
+                   // absolute)
   std::vector<SubmittedTrial> tasks;
 };
 

@@ -41,7 +41,7 @@ fs::path new_submission_folder(const std::string& db) {
 
 // The resources a trial asks of Slurm (tasks with the same shape share one array).
 TaskShape shape_of(const TrialSpec& spec, const SweepOptions& o, const SlurmConfig& config) {
-  const std::string backend = o.backend.empty() ? spec.settings.text("backend_request") : o.backend;
+  const std::string backend = backend_for(o.run, spec.settings);
   return task_shape(config, spec.settings.integer("gpus"), spec.settings.integer("processes"),
                     backend == "cpu");
 }
@@ -49,15 +49,9 @@ TaskShape shape_of(const TrialSpec& spec, const SweepOptions& o, const SlurmConf
 SubmissionManifest manifest_for(const Experiment& e, const SweepOptions& o) {
   SubmissionManifest m;
   m.experiment = e.name;
-  m.backend = o.backend;
-  for (const auto& d : o.plugin_dirs) m.plugin_dirs.push_back(fs::absolute(d).string());
-  m.threads = o.threads;
-  m.oversubscribe = o.oversubscribe;
-  m.rerun = o.rerun;
-  m.restart = o.restart;
-  m.verbose = o.verbose;
-  m.trial_timeout = o.trial_timeout;
-  m.launch = o.launch;
+  m.run = o.run;
+  // The tasks run from another folder, maybe on another host.
+  for (auto& d : m.run.plugin_dirs) d = fs::absolute(d).string();
   return m;
 }
 

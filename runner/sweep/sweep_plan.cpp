@@ -107,7 +107,7 @@ namespace {
 // A failed or interrupted trial continues from its last checkpoint when it kept one (the runner
 // checks the files before it does; see TrialRun::prepare_checkpoints).
 bool resumes(const TrialSpec& spec, const dps::TrialRow& row, const SweepOptions& options) {
-  return !options.restart && row.last_checkpoint_epoch > 0 &&
+  return !options.run.restart && row.last_checkpoint_epoch > 0 &&
          spec.settings.text("checkpoint") != "none";
 }
 
@@ -141,7 +141,7 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
           p.why = "run";
           break;
         case S::done:
-          if (options.rerun) {
+          if (options.run.rerun) {
             p.why = "rerun: done (--rerun)";
           } else {
             p.action = TrialAction::skip;
@@ -178,10 +178,10 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
 // -------------------------------------------------------------------------------------
 
 Experiment load_sweep(const SweepOptions& options) {
-  if (!options.backend.empty() && options.backend != "auto" && options.backend != "cpu" &&
-      options.backend != "cuda")
-    throw UsageError("--backend " + options.backend + ": expected auto, cpu or cuda");
-  PluginScan scan = scan_plugins(options.plugin_dirs);
+  if (!options.run.backend.empty() && options.run.backend != "auto" &&
+      options.run.backend != "cpu" && options.run.backend != "cuda")
+    throw UsageError("--backend " + options.run.backend + ": expected auto, cpu or cuda");
+  PluginScan scan = scan_plugins(options.run.plugin_dirs);
   for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: warning: %s\n", e.c_str());
   for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
   ModelCatalog catalog;

@@ -3,8 +3,6 @@
 // it arrives. Loading and planning: sweep_plan.cpp.
 #include "sweep/sweep_runner.hpp"
 
-#include <errno.h>
-#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,6 +14,7 @@
 
 #include "base/os.hpp"
 #include "base/text.hpp"
+#include "process/process_set.hpp"
 #include "sweep/progress.hpp"
 #include "sweep/scheduler.hpp"
 #include "sweep/trial_run.hpp"
@@ -83,8 +82,7 @@ DeviceInventory devices_for(const std::vector<const PlannedTrial*>& trials,
   if (options.jobs == 1) return inventory;
   inventory.cores = affinity_cores();
   const bool may_use_gpus = std::any_of(trials.begin(), trials.end(), [&](const auto* p) {
-    const std::string backend =
-        options.backend.empty() ? p->spec->settings.text("backend_request") : options.backend;
+    const std::string backend = backend_for(options.run, p->spec->settings);
     return backend != "cpu";
   });
   if (may_use_gpus) inventory.gpus = visible_gpus("/proc/self/exe");
@@ -97,26 +95,129 @@ DeviceInventory devices_for(const std::vector<const PlannedTrial*>& trials,
 DeviceNeed device_need(const TrialSpec& spec, const Experiment& experiment,
                        const SweepOptions& options, const DeviceInventory& inventory) {
   DeviceNeed need;
-  const std::string launcher =
-      !options.launch.launcher.empty() ? options.launch.launcher : experiment.launch.launcher;
-  const bool remote = !options.launch.hostfile.empty() || !experiment.launch.hostfile.empty() ||
+  const std::string launcher = !options.run.launch.launcher.empty() ? options.run.launch.launcher
+                                                                    : experiment.launch.launcher;
+  const bool remote = !options.run.launch.hostfile.empty() || !experiment.launch.hostfile.empty() ||
                       launcher == "srun" || (launcher.empty() && std::getenv("SLURM_JOB_ID"));
   need.exclusive = options.jobs == 1 || (spec.settings.integer("processes") > 1 && remote);
-  const std::string backend =
-      options.backend.empty() ? spec.settings.text("backend_request") : options.backend;
+  const std::string backend = backend_for(options.run, spec.settings);
   const int gpus = static_cast<int>(spec.settings.integer("gpus"));
   need.kind = backend == "cuda" || (backend == "auto" && !inventory.gpus.empty()) ? DeviceKind::gpu
                                                                                   : DeviceKind::cpu;
-  need.count = need.kind == DeviceKind::gpu ? gpus : options.threads > 0 ? options.threads : gpus;
+  need.count = need.kind == DeviceKind::gpu ? gpus
+               : options.run.threads > 0    ? options.run.threads
+                                            : gpus;
   return need;
 }
+
+}  // namespace
+
+namespace {
+
+/// The trials of a run that train, in plan order, and their epochs in all (for the ETA).
+struct Work {
+  std::vector<const PlannedTrial*> trials;
+  int64_t epochs = 0;
+};
+
+Work work_of(const std::vector<PlannedTrial>& plan) {
+  Work w;
+  for (const auto& p : plan)
+    if (p.action == TrialAction::run) {
+      w.trials.push_back(&p);
+      w.epochs += p.spec->settings.integer("epochs");
+    }
+  return w;
+}
+
+/// Runs the trials of `work`, as many at once as the scheduler lets, each a TrialRun waited on
+/// by one ProcessSet, until all ended or the runner got SIGINT/SIGTERM (then the running ones
+/// are stopped and recorded interrupted).
+class Runs {
+ public:
+  Runs(dps::Store& store, const Experiment& experiment, const SweepOptions& options,
+       Progress& progress, SignalPipe& signals, const Work& work)
+      : store_(store),
+        experiment_(experiment),
+        options_(options),
+        progress_(progress),
+        signals_(signals),
+        work_(work),
+        scheduler_(devices_for(work.trials, options), options.jobs),
+        running_(signals) {
+    for (size_t i = 0; i < work.trials.size(); ++i)
+      scheduler_.add(static_cast<int>(i), device_need(*work.trials[i]->spec, experiment, options,
+                                                      scheduler_.inventory()));
+  }
+
+  /// Returns the signal that stopped the run (0: every trial ended).
+  int run() {
+    try {
+      while (!interrupted_by_) {
+        if ((interrupted_by_ = signals_.received())) break;
+        start_what_fits();
+        if (running_.empty()) {
+          if (scheduler_.waiting() && scheduler_.running() == 0)
+            throw std::logic_error("the scheduler has trials waiting that fit nowhere");
+          if (!scheduler_.waiting()) break;
+          continue;  // the trials just started were taken or failed at once: start the next
+        }
+        // At least once a second, for the live line.
+        if (const int sig = running_.wait(1.0)) interrupted_by_ = sig;
+        for (auto& [i, run] : running_.take_finished()) ended(i, run->outcome());
+        progress_.tick();
+      }
+      for (auto& [i, run] : running_.take_all()) {
+        run->interrupt(interrupted_by_);
+        ended(i, run->outcome());
+      }
+    } catch (...) {
+      // The trial processes go with their TrialRuns; what was written stays.
+      running_.take_all();
+      throw;
+    }
+    return interrupted_by_;
+  }
+  bool any_failed() const { return any_failed_; }
+
+ private:
+  void start_what_fits() {
+    for (const auto& [i, devices] : scheduler_.start_now()) {
+      const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
+      auto run = std::make_unique<TrialRun>(store_, experiment_, options_, progress_, signals_,
+                                            *p.spec, *p.row, i + 1, devices);
+      if (run->claim()) run->start();
+      if (run->done())
+        ended(i, run->outcome());
+      else
+        running_.add(i, std::move(run));
+    }
+  }
+  // A trial that ended: its devices go to the next ones.
+  void ended(int i, const TrialOutcome& out) {
+    if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
+      any_failed_ = true;
+    if (out.interrupted_by && !interrupted_by_) interrupted_by_ = out.interrupted_by;
+    scheduler_.release(i);
+  }
+
+  dps::Store& store_;
+  const Experiment& experiment_;
+  const SweepOptions& options_;
+  Progress& progress_;
+  SignalPipe& signals_;
+  const Work& work_;
+  Scheduler scheduler_;
+  ProcessSet<TrialRun> running_;
+  bool any_failed_ = false;
+  int interrupted_by_ = 0;
+};
 
 }  // namespace
 
 int run_experiment(const Experiment& experiment, const SweepOptions& options,
                    const HeldElsewhere& elsewhere) {
   const std::string db = database_path(experiment, options);
-
   dps::Store store(db, dps::Store::Mode::read_write, experiment.settings->store_columns(),
                    options.journal);
   const int64_t experiment_id =
@@ -131,93 +232,23 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options,
         store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, to_store(spec.settings));
   }
   const auto plan = plan_trials(experiment, stored, options, elsewhere);
-
-  std::vector<const PlannedTrial*> to_run;
-  int64_t epochs_to_run = 0;
-  for (const auto& p : plan)
-    if (p.action == TrialAction::run) {
-      to_run.push_back(&p);
-      epochs_to_run += p.spec->settings.integer("epochs");
-    }
+  const Work work = work_of(plan);
   std::fprintf(stderr, "dprun: experiment %s: %zu trial%s, %zu to run, database %s\n",
-               experiment.name.c_str(), plan.size(), plan.size() == 1 ? "" : "s", to_run.size(),
-               db.c_str());
+               experiment.name.c_str(), plan.size(), plan.size() == 1 ? "" : "s",
+               work.trials.size(), db.c_str());
 
   // A child that dies while we write its request must not kill the runner.
   signal(SIGPIPE, SIG_IGN);
   SignalPipe signals;
-  const bool live = isatty(fileno(stderr));
-  Progress progress(stderr, live, static_cast<int>(to_run.size()), epochs_to_run);
-  Scheduler scheduler(devices_for(to_run, options), options.jobs);
-  for (size_t i = 0; i < to_run.size(); ++i)
-    scheduler.add(static_cast<int>(i),
-                  device_need(*to_run[i]->spec, experiment, options, scheduler.inventory()));
-  std::map<int, std::unique_ptr<TrialRun>> running;  // by position in to_run
-  bool any_failed = false;
+  Progress progress(stderr, isatty(fileno(stderr)), static_cast<int>(work.trials.size()),
+                    work.epochs);
+  Runs runs(store, experiment, options, progress, signals, work);
   int interrupted_by = 0;
-  // A trial that ended: its devices go to the next ones.
-  auto ended = [&](int i, const TrialOutcome& out) {
-    if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
-      any_failed = true;
-    if (out.interrupted_by && !interrupted_by) interrupted_by = out.interrupted_by;
-    scheduler.release(i);
-  };
   try {
-    while (!interrupted_by) {
-      if (int sig = signals.received()) {
-        interrupted_by = sig;
-        break;
-      }
-      for (const auto& [i, devices] : scheduler.start_now()) {
-        const PlannedTrial& p = *to_run[static_cast<size_t>(i)];
-        auto run = std::make_unique<TrialRun>(store, experiment, options, progress, signals,
-                                              *p.spec, *p.row, i + 1, devices);
-        if (run->claim()) run->start();
-        if (run->done())
-          ended(i, run->outcome());
-        else
-          running.emplace(i, std::move(run));
-      }
-      if (running.empty()) {
-        if (scheduler.waiting() && scheduler.running() == 0)
-          throw std::logic_error("the scheduler has trials waiting that fit nowhere");
-        if (!scheduler.waiting()) break;
-        continue;  // the trials just started were taken or failed at once: start the next ones
-      }
-      std::vector<pollfd> fds;
-      double wait = 1.0;  // at least once a second for the live line
-      for (const auto& [i, run] : running) {
-        for (int fd : run->poll_fds()) fds.push_back({fd, POLLIN, 0});
-        wait = std::min(wait, run->seconds_to_next_duty());
-      }
-      fds.push_back({signals.fd(), POLLIN, 0});
-      wait = std::max(wait, 0.0);
-      int rc = ::poll(fds.data(), fds.size(), static_cast<int>(wait * 1000) + 1);
-      if (rc < 0 && errno != EINTR) throw std::system_error(errno, std::generic_category(), "poll");
-      if (int sig = signals.received()) {
-        interrupted_by = sig;
-        break;
-      }
-      for (auto it = running.begin(); it != running.end();) {
-        it->second->pump();
-        if (it->second->done()) {
-          ended(it->first, it->second->outcome());
-          it = running.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      progress.tick();
-    }
-    for (auto& [i, run] : running) {
-      run->interrupt(interrupted_by);
-      ended(i, run->outcome());
-    }
-    running.clear();
+    interrupted_by = runs.run();
   } catch (const std::exception& e) {
-    // The store failed under us (disk full, file removed): the trial processes go with their
-    // TrialRuns; what was written stays, and a re-run recovers the trials left running.
-    running.clear();
+    // The store failed under us (disk full, file removed): a re-run recovers the trials left
+    // running.
     progress.finish();
     std::fprintf(stderr, "dprun: the sweep stopped: %s\n", e.what());
     return 1;
@@ -231,7 +262,7 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options,
                  signal_name(interrupted_by).c_str(), options.command_line.c_str());
     return 128 + interrupted_by;
   }
-  return any_failed ? 1 : 0;
+  return runs.any_failed() ? 1 : 0;
 }
 
 }  // namespace dprun

@@ -14,28 +14,21 @@
 #include "base/usage_error.hpp"
 #include "dpstore/store.hpp"
 #include "experiment/experiment.hpp"
+#include "process/run_options.hpp"
 
 namespace dprun {
 
 struct SweepOptions {
   std::string file;
-  std::string db;       // "" : [experiment].database, else results/<name>.db
-  std::string backend;  // "" : as the file says; else auto | cpu | cuda for every trial
+  std::string db;  // "" : [experiment].database, else results/<name>.db
+  /// How its trials run (also what a Slurm task takes over from a submission).
+  RunOptions run;
   bool dry_run = false;
-  bool rerun = false;    // run trials that are already done again
-  bool restart = false;  // failed and interrupted trials start at epoch 1, not at a checkpoint
-  bool force = false;    // allow more than 1000 trials
-  bool oversubscribe = false;
-  bool verbose = false;  // forward the trial processes' output to stderr
+  bool force = false;                                        // allow more than 1000 trials
   std::vector<std::pair<std::string, std::string>> filters;  // KEY=VALUE, see trial_matches
-  std::vector<std::string> plugin_dirs;
-  int threads = 0;           // CPU threads per trial (0: all)
-  double trial_timeout = 0;  // seconds; 0: none
   /// Trials at once, each on its own devices (scheduler.hpp); 0: as many as the devices allow
   /// (--jobs auto); 1: one after another, each with the whole machine.
   int jobs = 1;
-  /// --launcher and --hostfile replace [launch]'s when not empty; --launch-arg adds to its args.
-  LaunchConfig launch;
   double heartbeat_seconds = 10;
   double stale_seconds = 120;  // a `running` trial whose heartbeat is older is interrupted
   std::string command_line;    // how we were started, for the resume hint

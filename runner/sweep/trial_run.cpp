@@ -62,14 +62,11 @@ TrialRequest TrialRun::request() const {
   request.settings = spec_.settings;
   request.model_options = spec_.model_options;
   request.data_path = experiment_.data_path;
-  request.plugin_dirs = options_.plugin_dirs;
-  request.backend =
-      options_.backend.empty() ? spec_.settings.text("backend_request") : options_.backend;
-  request.oversubscribe = options_.oversubscribe;
-  request.threads = options_.threads;
+  request.run = options_.run;
+  request.run.backend = backend_for(options_.run, spec_.settings);
   // Cores given by --jobs: one thread each.
   if (!devices_.exclusive && devices_.kind == DeviceKind::cpu && !devices_.cores.empty())
-    request.threads = static_cast<int>(devices_.cores.size());
+    request.run.threads = static_cast<int>(devices_.cores.size());
   request.checkpoint_dir = checkpoint_dir_;
   request.resume = resume_;
   return request;
@@ -123,7 +120,7 @@ void TrialRun::prepare_checkpoints() {
   const bool resumable =
       row_.status == dps::TrialStatus::failed || row_.status == dps::TrialStatus::interrupted;
   const std::string name = "[" + std::to_string(index_) + "] " + trial_display_name(spec_);
-  if (mode != CheckpointMode::none && resumable && !options_.restart) {
+  if (mode != CheckpointMode::none && resumable && !options_.run.restart) {
     std::string problem;
     if (auto p = find_resume_point(problem)) {
       resume_ = *p;
@@ -174,7 +171,7 @@ void TrialRun::start() {
   prepare_checkpoints();
 
   SpawnOptions spawn;
-  if (options_.verbose)
+  if (options_.run.verbose)
     spawn.on_output_line = [this](const std::string& l) {
       progress_.note("  [" + std::to_string(index_) + "] | " + l);
     };
@@ -186,9 +183,10 @@ void TrialRun::start() {
   }
   if (processes > 1) {
     LaunchConfig config = experiment_.launch;
-    if (!options_.launch.launcher.empty()) config.launcher = options_.launch.launcher;
-    if (!options_.launch.hostfile.empty()) config.hostfile = options_.launch.hostfile;
-    config.args.insert(config.args.end(), options_.launch.args.begin(), options_.launch.args.end());
+    if (!options_.run.launch.launcher.empty()) config.launcher = options_.run.launch.launcher;
+    if (!options_.run.launch.hostfile.empty()) config.hostfile = options_.run.launch.hostfile;
+    config.args.insert(config.args.end(), options_.run.launch.args.begin(),
+                       options_.run.launch.args.end());
     const char* slurm = std::getenv("SLURM_JOB_ID");
     const std::string launcher = effective_launcher(config, slurm && *slurm);
     const std::string path = find_executable(launcher);
@@ -214,8 +212,8 @@ std::vector<int> TrialRun::poll_fds() const {
 
 double TrialRun::seconds_to_next_duty() const {
   double wait = options_.heartbeat_seconds - seconds_since(last_beat_);
-  if (options_.trial_timeout > 0)
-    wait = std::min(wait, options_.trial_timeout - seconds_since(started_at_));
+  if (options_.run.trial_timeout > 0)
+    wait = std::min(wait, options_.run.trial_timeout - seconds_since(started_at_));
   return wait;
 }
 
@@ -228,7 +226,7 @@ void TrialRun::pump() {
     last_beat_ = clock::now();
   }
   bool timed_out = false;
-  if (options_.trial_timeout > 0 && seconds_since(started_at_) >= options_.trial_timeout &&
+  if (options_.run.trial_timeout > 0 && seconds_since(started_at_) >= options_.run.trial_timeout &&
       !child_->streams_closed()) {
     timed_out = true;
     child_->terminate(child_->launched() ? kLauncherGrace : 0.0);
@@ -272,7 +270,7 @@ void TrialRun::finish(TrialOutcome out) {
   progress_.trial_finished(index_, out.status, out.message);
   // A crash leaves no error record: show what the process said last (its own error record
   // already carries the message).
-  if (child_ && out.status == dps::TrialStatus::failed && !final_ && !options_.verbose)
+  if (child_ && out.status == dps::TrialStatus::failed && !final_ && !options_.run.verbose)
     for (const auto& l : child_->stderr_tail())
       if (l.find_first_not_of('-') != std::string::npos) progress_.note("  | " + l);
   outcome_ = out;
@@ -286,8 +284,7 @@ void TrialRun::record_start(const TrialRecord* from_child) {
     s = from_child->start;
     rank_hosts_ = from_child->rank_hosts;
   } else {
-    s.backend =
-        options_.backend.empty() ? spec_.settings.text("backend_request") : options_.backend;
+    s.backend = backend_for(options_.run, spec_.settings);
   }
   s.host = host_name();
   s.dprun_version = dp::version();
@@ -388,7 +385,7 @@ void TrialRun::decide(bool timed_out, TrialOutcome& out) {
                               ? std::filesystem::path(child.program()).filename().string()
                               : std::string("trial process");
   if (timed_out) {
-    out.message = "timed out after " + Progress::duration(options_.trial_timeout) +
+    out.message = "timed out after " + Progress::duration(options_.run.trial_timeout) +
                   " (--trial-timeout), " + after_epoch(last_epoch_);
   } else if (!protocol_error_.empty()) {
     out.message = protocol_error_;

@@ -119,7 +119,7 @@ struct BackendChoice {
 
 BackendChoice choose_backend(const TrialRequest& r) {
   BackendChoice c;
-  const std::string& req = r.backend;
+  const std::string& req = r.run.backend;
   if (req == "cpu") return c;
   if (req != "auto" && req != "cuda")
     throw dp::Error("backend \"" + req + "\": expected auto, cpu or cuda");
@@ -139,7 +139,7 @@ BackendChoice choose_backend(const TrialRequest& r) {
   c.kind = dp::BackendKind::cuda;
   const int64_t gpus = r.settings.integer("gpus");
   if (gpus > devices) {
-    if (!r.oversubscribe) {
+    if (!r.run.oversubscribe) {
       c.skip_reason = "trial needs " + std::to_string(gpus) + " GPUs, this machine has " +
                       std::to_string(devices) + " (use --oversubscribe to share GPUs)";
     } else {
@@ -190,7 +190,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   const dp::Precision arithmetic = precision == "bf16" ? dp::Precision::bf16 : dp::Precision::fp32;
   // Before the device is looked for, so the reason is the same on a machine without a GPU. A
   // trial on backend auto that lands on a GPU is refused by the backend itself.
-  if (arithmetic == dp::Precision::bf16 && r.backend == "cuda")
+  if (arithmetic == dp::Precision::bf16 && r.run.backend == "cuda")
     return {TrialRecord::Kind::error,
             dp::precision_unsupported(dp::BackendKind::cuda, dp::Precision::bf16)};
   if (bn_mode != "per-replica" && bn_mode != "sync")
@@ -229,7 +229,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
                                           " is not divisible by processes " +
                                           std::to_string(processes)};
 
-  PluginScan scan = scan_plugins(r.plugin_dirs);
+  PluginScan scan = scan_plugins(r.run.plugin_dirs);
   auto found = scan.models.find(model_name);
   if (found == scan.models.end()) {
     std::string msg = "unknown model \"" + model_name + "\"; models found:";
@@ -265,7 +265,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   t.replicas = static_cast<int>(s.integer("gpus")) / processes;
   t.processes = processes > 1 ? group : nullptr;
   t.backend = backend.kind;
-  t.oversubscribe = r.oversubscribe;
+  t.oversubscribe = r.run.oversubscribe;
   t.batch_size = s.integer("batch_size");
   t.eval_batch_size = s.integer("eval_batch_size");
   t.epochs = static_cast<int>(s.integer("epochs"));
@@ -273,9 +273,9 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   t.optimizer = optimizer_options;
   t.seed = static_cast<uint64_t>(s.integer("seed"));
   // The processes of a host share its threads (or the trial's --threads) equally.
-  t.cpu_threads = r.threads;
+  t.cpu_threads = r.run.threads;
   if (processes > 1) {
-    const int budget = r.threads > 0 ? r.threads : affinity_count();
+    const int budget = r.run.threads > 0 ? r.run.threads : affinity_count();
     t.cpu_threads = std::max(1, budget / std::max(1, group->local_size()));
   }
   t.layout = layout;

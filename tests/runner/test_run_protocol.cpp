@@ -4,10 +4,10 @@
 #include <cmath>
 
 #include "base/json.hpp"
-#include "report/report.hpp"
 #include "base/suggest.hpp"
-#include "sweep/sweep_runner.hpp"
 #include "process/trial_process.hpp"
+#include "report/report.hpp"
+#include "sweep/sweep_runner.hpp"
 
 using dprun::Json;
 
@@ -71,10 +71,10 @@ TEST_CASE("trial request: every field survives the trip to the trial process", "
                      {"pool", std::string("max")},
                      {"bias", true}};
   r.data_path = "/data/fashion mnist";
-  r.plugin_dirs = {"/a", "/b"};
-  r.backend = "cpu";
-  r.oversubscribe = true;
-  r.threads = 3;
+  r.run.plugin_dirs = {"/a", "/b"};
+  r.run.backend = "cpu";
+  r.run.oversubscribe = true;
+  r.run.threads = 3;
   const auto back = dprun::request_from_json(Json::parse(dprun::request_to_json(r).dump()));
   CHECK(back.ordinal == 7);
   CHECK(back.settings.text("model") == "lenet");
@@ -93,14 +93,53 @@ TEST_CASE("trial request: every field survives the trip to the trial process", "
   CHECK(back.model_options == r.model_options);
   CHECK(std::holds_alternative<double>(back.model_options.at("init_std")));
   CHECK(back.data_path == r.data_path);
-  CHECK(back.plugin_dirs == r.plugin_dirs);
-  CHECK(back.backend == "cpu");
-  CHECK(back.oversubscribe);
-  CHECK(back.threads == 3);
+  CHECK(back.run.plugin_dirs == r.run.plugin_dirs);
+  CHECK(back.run.backend == "cpu");
+  CHECK(back.run.oversubscribe);
+  CHECK(back.run.threads == 3);
 
   Json broken = dprun::request_to_json(r);
-  broken.set("threads", Json::string("three"));
-  CHECK_THROWS_WITH(dprun::request_from_json(broken), Catch::Contains("\"threads\""));
+  Json run = broken.at("run");
+  run.set("threads", Json::string("three"));
+  broken.set("run", run);
+  CHECK_THROWS_WITH(dprun::request_from_json(broken),
+                    Catch::Contains("\"run\"") && Catch::Contains("\"threads\""));
+}
+
+TEST_CASE("run options: every option survives the codec, and a bad member is named", "[protocol]") {
+  dprun::RunOptions o;
+  o.backend = "cuda";
+  o.plugin_dirs = {"/p 1", "/p2"};
+  o.threads = 5;
+  o.oversubscribe = true;
+  o.rerun = true;
+  o.restart = true;
+  o.verbose = true;
+  o.trial_timeout = 12.5;
+  o.launch.launcher = "srun";
+  o.launch.hostfile = "/h";
+  o.launch.args = {"--mca", "x y"};
+  const Json j = Json::parse(dprun::run_options_to_json(o).dump());
+  // The names submission.json has had since its version 1.
+  for (const char* name : {"backend", "plugin_dirs", "threads", "oversubscribe", "rerun", "restart",
+                           "verbose", "trial_timeout", "launcher", "hostfile", "launch_args"})
+    CHECK(j.has(name));
+  const dprun::RunOptions back = dprun::run_options_from_json(j);
+  CHECK(back.backend == o.backend);
+  CHECK(back.plugin_dirs == o.plugin_dirs);
+  CHECK(back.threads == o.threads);
+  CHECK(back.oversubscribe);
+  CHECK(back.rerun);
+  CHECK(back.restart);
+  CHECK(back.verbose);
+  CHECK(back.trial_timeout == o.trial_timeout);
+  CHECK(back.launch.launcher == o.launch.launcher);
+  CHECK(back.launch.hostfile == o.launch.hostfile);
+  CHECK(back.launch.args == o.launch.args);
+  Json missing = Json::object();
+  for (const auto& [name, value] : j.members())
+    if (name != "rerun") missing.set(name, value);
+  CHECK_THROWS_WITH(dprun::run_options_from_json(missing), Catch::Contains("\"rerun\""));
 }
 
 TEST_CASE("records: encode and decode each kind", "[cli][protocol]") {
