@@ -140,14 +140,10 @@ std::string encode_record(const TrialRecord& r) {
     case TrialRecord::Kind::epoch:
       o.set("type", Json::string("epoch"));
       o.set("epoch", Json::integer(r.epoch.epoch));
-      o.set("train_loss", Json::number(r.epoch.train_loss));
-      o.set("train_acc", Json::number(r.epoch.train_acc));
-      o.set("test_acc", Json::number(r.epoch.test_acc));
-      o.set("seconds", Json::number(r.epoch.seconds));
-      o.set("examples_per_second", Json::number(r.epoch.examples_per_second));
-      o.set("lr", Json::number(r.epoch.lr));
-      o.set("eval_seconds", Json::number(r.epoch.eval_seconds));
-      o.set("peak_memory_bytes", Json::integer(r.epoch.peak_memory_bytes));
+      // Every measured value, as the store lists them (a NaN encodes as null).
+      for (const dps::EpochMetric& m : dps::epoch_metrics())
+        o.set(m.name, m.real != nullptr ? Json::number(r.epoch.*m.real)
+                                        : Json::integer(r.epoch.*m.integer));
       break;
     case TrialRecord::Kind::checkpoint:
       o.set("type", Json::string("checkpoint"));
@@ -194,14 +190,13 @@ TrialRecord decode_record(const std::string& line) {
   } else if (type == "epoch") {
     r.kind = TrialRecord::Kind::epoch;
     r.epoch.epoch = o.at("epoch").as_int();
-    r.epoch.train_loss = o.at("train_loss").as_double();
-    r.epoch.train_acc = o.at("train_acc").as_double();
-    r.epoch.test_acc = o.at("test_acc").as_double();
-    r.epoch.seconds = o.at("seconds").as_double();
-    r.epoch.examples_per_second = o.at("examples_per_second").as_double();
-    r.epoch.lr = o.at("lr").as_double();
-    r.epoch.eval_seconds = o.at("eval_seconds").as_double();
-    r.epoch.peak_memory_bytes = o.at("peak_memory_bytes").as_int();
+    for (const dps::EpochMetric& m : dps::epoch_metrics()) {
+      if (m.real != nullptr) {
+        r.epoch.*m.real = o.at(m.name).as_double();
+      } else {
+        r.epoch.*m.integer = o.at(m.name).as_int();
+      }
+    }
   } else if (type == "checkpoint") {
     r.kind = TrialRecord::Kind::checkpoint;
     r.checkpoint.role = o.at("role").as_string();

@@ -96,18 +96,18 @@ std::vector<ExperimentRow> Store::experiments() {
 }
 
 std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::string& config_hash) {
-  Stmt s(impl_->db,
-         detail::select_trials(impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
-                               "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
-             .c_str());
+  Stmt s(impl_->db, detail::select_trials(
+                        impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
+                        "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
+                        .c_str());
   s.bind(1, experiment_id).bind(2, config_hash);
   if (!s.step()) return std::nullopt;
   return detail::read_trial(impl_->setting_columns, s);
 }
 
 std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
-  Stmt s(impl_->db, detail::select_trials(impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
-                                          "WHERE trials.id = ?1")
+  Stmt s(impl_->db, detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+                                          impl_->has_checkpoints(), "WHERE trials.id = ?1")
                         .c_str());
   s.bind(1, trial_id);
   if (!s.step()) return std::nullopt;
@@ -115,10 +115,10 @@ std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
 }
 
 std::vector<TrialRow> Store::trials(int64_t experiment_id) {
-  Stmt s(impl_->db,
-         detail::select_trials(impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
-                               "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id")
-             .c_str());
+  Stmt s(impl_->db, detail::select_trials(
+                        impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
+                        "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id")
+                        .c_str());
   s.bind(1, experiment_id);
   std::vector<TrialRow> rows;
   while (s.step()) rows.push_back(detail::read_trial(impl_->setting_columns, s));
@@ -126,27 +126,11 @@ std::vector<TrialRow> Store::trials(int64_t experiment_id) {
 }
 
 std::vector<EpochRow> Store::epochs(int64_t trial_id) {
-  Stmt s(impl_->db,
-         "SELECT trial_id, epoch, train_loss, train_acc, test_acc, seconds, examples_per_second, "
-         "lr, eval_seconds, peak_memory_bytes, recorded_at FROM epochs WHERE trial_id = ?1 "
-         "ORDER BY epoch");
+  const std::string sql = detail::epoch_select_sql(impl_->db);
+  Stmt s(impl_->db, sql.c_str());
   s.bind(1, trial_id);
   std::vector<EpochRow> rows;
-  while (s.step()) {
-    EpochRow r;
-    r.trial_id = s.int64("trial_id");
-    r.epoch = s.int64("epoch");
-    r.train_loss = s.real("train_loss");
-    r.train_acc = s.real("train_acc");
-    r.test_acc = s.real("test_acc");
-    r.seconds = s.real("seconds");
-    r.examples_per_second = s.real("examples_per_second");
-    r.lr = s.real("lr");
-    r.eval_seconds = s.real("eval_seconds");
-    r.peak_memory_bytes = s.int64("peak_memory_bytes");
-    r.recorded_at = s.text("recorded_at");
-    rows.push_back(r);
-  }
+  while (s.step()) rows.push_back(detail::read_epoch(s));
   return rows;
 }
 

@@ -141,7 +141,7 @@ SqlValue Stmt::value(int col) const {
   }
 }
 
-int Stmt::column(const std::string& name) const {
+int Stmt::find_column(const std::string& name) const {
   if (names_.empty()) {
     for (int c = 0; c < sqlite3_column_count(stmt_); ++c) {
       const char* n = sqlite3_column_name(stmt_, c);
@@ -150,6 +150,11 @@ int Stmt::column(const std::string& name) const {
   }
   for (size_t c = 0; c < names_.size(); ++c)
     if (names_[c] == name) return static_cast<int>(c);
+  return -1;
+}
+
+int Stmt::column(const std::string& name) const {
+  if (const int c = find_column(name); c >= 0) return c;
   throw StoreError(db_name(db_) + ": no result column \"" + name + "\" in: " + sqlite3_sql(stmt_));
 }
 

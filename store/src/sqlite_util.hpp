@@ -60,6 +60,8 @@ class Stmt {
   /// The same by result column name (as the SELECT names it, alias included), so a reader does
   /// not depend on the order of a column list. StoreError naming the statement when absent.
   int column(const std::string& name) const;
+  /// The same, or -1 when the statement has no such column.
+  int find_column(const std::string& name) const;
   int64_t int64(const std::string& name) const { return int64(column(name)); }
   double real(const std::string& name) const { return real(column(name)); }
   std::string text(const std::string& name) const { return text(column(name)); }

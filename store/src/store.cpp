@@ -166,6 +166,7 @@ Store::Store(const std::string& path, Mode mode, const std::vector<SettingColumn
       }
       impl->user_version = detail::migrate(db, path);
       impl->setting_columns = detail::add_setting_columns(db, path, settings);
+      detail::add_epoch_columns(db);
     } else {
       if (version == 0) {
         throw StoreError(path + ": not a dprun database (it has no dprun schema)");
@@ -365,13 +366,9 @@ void Store::record_epoch(const EpochRow& row) {
     throw StoreError(impl_->path + ": record_epoch: no trial with id " +
                      std::to_string(row.trial_id));
   }
-  Stmt ins(db,
-           "INSERT OR REPLACE INTO epochs (trial_id, epoch, train_loss, train_acc, test_acc, "
-           "seconds, examples_per_second, lr, eval_seconds, peak_memory_bytes) "
-           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)");
-  ins.bind(1, row.trial_id).bind(2, row.epoch).bind(3, row.train_loss).bind(4, row.train_acc);
-  ins.bind(5, row.test_acc).bind(6, row.seconds).bind(7, row.examples_per_second);
-  ins.bind(8, row.lr).bind(9, row.eval_seconds).bind(10, row.peak_memory_bytes);
+  const std::string sql = detail::epoch_insert_sql(true, false);
+  Stmt ins(db, sql.c_str());
+  detail::bind_epoch(ins, row.trial_id, row);
   ins.run();
   txn.commit();
 }

@@ -46,6 +46,17 @@ int64_t put_trial_state(sqlite3* db, const std::string& path,
                         const std::vector<std::string>& setting_columns, bool has_checkpoints,
                         int64_t experiment_id, const TrialState& state);
 
+/// The epochs table's measured columns (dps::epoch_metrics, epoch_metrics.cpp): adds those a
+/// database lacks (read-write opens); the INSERT of an epoch with every metric (?1 trial_id,
+/// ?2 epoch, then the metrics in list order, then recorded_at when asked: NULL keeps now);
+/// binds a row to it (returns the next parameter index); the SELECT of a trial's epochs with the
+/// metrics the table has (?1 trial_id); and one row of it, by column name.
+void add_epoch_columns(sqlite3* db);
+std::string epoch_insert_sql(bool or_replace, bool with_recorded_at);
+int bind_epoch(Stmt& s, int64_t trial_id, const EpochRow& row);
+std::string epoch_select_sql(sqlite3* db);
+EpochRow read_epoch(const Stmt& s);
+
 }  // namespace detail
 
 }  // namespace dps

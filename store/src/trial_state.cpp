@@ -86,16 +86,10 @@ int64_t put_trial_state(sqlite3* db, const std::string& path,
   del_epochs.bind(1, id);
   del_epochs.run();
   // recorded_at keeps the time the epoch was first written, wherever that was.
-  Stmt ins_epoch(db,
-                 "INSERT INTO epochs (trial_id, epoch, train_loss, train_acc, test_acc, seconds, "
-                 "examples_per_second, lr, eval_seconds, peak_memory_bytes, recorded_at) "
-                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, "
-                 "COALESCE(?11, " DPS_NOW_SQL "))");
+  const std::string insert_epoch = epoch_insert_sql(false, true);
+  Stmt ins_epoch(db, insert_epoch.c_str());
   for (const EpochRow& e : state.epochs) {
-    ins_epoch.bind(1, id).bind(2, e.epoch).bind(3, e.train_loss).bind(4, e.train_acc);
-    ins_epoch.bind(5, e.test_acc).bind(6, e.seconds).bind(7, e.examples_per_second);
-    ins_epoch.bind(8, e.lr).bind(9, e.eval_seconds).bind(10, e.peak_memory_bytes);
-    ins_epoch.bind_text_or_null(11, e.recorded_at);
+    ins_epoch.bind_text_or_null(bind_epoch(ins_epoch, id, e), e.recorded_at);
     ins_epoch.run();
     sqlite3_reset(ins_epoch.get());
   }

@@ -349,6 +349,49 @@ TEST_CASE("a diverged epoch with NaN metrics is stored as NULL and read back as 
   CHECK(t.error == "train loss is NaN at epoch 1");
 }
 
+TEST_CASE(
+    "the epoch metrics list is the epochs table, and a metric a database lacks is added or read "
+    "as missing",
+    "[store]") {
+  ScratchDir dir;
+  const std::string path = dir.file("results.db");
+  int64_t id = 0;
+  {
+    Store store(path);
+    const int64_t exp = store.upsert_experiment("e", "", "");
+    id = store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1)).id;
+    store.start_trial(id, start_info(getpid()));
+    store.record_epoch(dpstest::epoch_row(id, 1, 0.7, 3.0));
+  }
+  // Every metric is a column, in list order after trial_id and epoch, and nothing else is.
+  std::string expected = "trial_id,epoch";
+  for (const dps::EpochMetric& m : dps::epoch_metrics()) expected += std::string(",") + m.name;
+  expected += ",recorded_at";
+  CHECK(dpstest::raw_scalar(path, "SELECT group_concat(name) FROM pragma_table_info('epochs')") ==
+        expected);
+  // A database of a dprun that had no eval_seconds yet.
+  dpstest::raw_exec(path, "ALTER TABLE epochs DROP COLUMN eval_seconds");
+  {
+    Store read_only(path, Store::Mode::read_only);
+    const auto rows = read_only.epochs(id);
+    REQUIRE(rows.size() == 1);
+    CHECK(rows[0].test_acc == 0.7);
+    CHECK(std::isnan(rows[0].eval_seconds));  // missing, not a measured 0
+  }
+  CHECK(dpstest::raw_scalar(path,
+                            "SELECT count(*) FROM pragma_table_info('epochs') WHERE name = "
+                            "'eval_seconds'") == "0");  // reading changed nothing
+  {
+    Store store(path);  // read-write: the column comes back, NULL for the epoch already there
+    dps::EpochRow second = dpstest::epoch_row(id, 2, 0.8, 2.0);
+    store.record_epoch(second);
+    const auto rows = store.epochs(id);
+    REQUIRE(rows.size() == 2);
+    CHECK(std::isnan(rows[0].eval_seconds));
+    CHECK(rows[1].eval_seconds == second.eval_seconds);
+  }
+}
+
 TEST_CASE("restarting a trial drops the partial epochs of the earlier attempt", "[store]") {
   ScratchDir dir;
   Store store(dir.file("results.db"));

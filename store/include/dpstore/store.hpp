@@ -61,10 +61,10 @@ struct TrialRow {
   std::string plugin_path, plugin_sha256;
   std::string created_at, started_at, finished_at, heartbeat_at;  // ISO 8601 UTC
   int64_t runner_pid = 0;
-  int64_t epochs_done = 0;  // rows in `epochs`
-  std::string hosts;        // the host of each process, grouped: "nodeA x8, nodeB x8"
-  std::string launch;       // the command that started the trial process
-  std::string device_set;   // the GPUs or cores --jobs gave it ("gpus 2,3"); "": the machine
+  int64_t epochs_done = 0;         // rows in `epochs`
+  std::string hosts;               // the host of each process, grouped: "nodeA x8, nodeB x8"
+  std::string launch;              // the command that started the trial process
+  std::string device_set;          // the GPUs or cores --jobs gave it ("gpus 2,3"); "": the machine
   int64_t resumed_from_epoch = 0;  // the checkpoint its last attempt continued from; 0: epoch 1
   int64_t last_checkpoint_epoch = 0;  // the epoch of its 'last' checkpoint; 0: none
 };
@@ -79,6 +79,20 @@ struct EpochRow {
   int64_t peak_memory_bytes = 0;
   std::string recorded_at;  // ISO 8601 UTC; read from the store, kept by put_trial_state
 };
+
+/// One measured value of an epoch: a column of the epochs table and a member of EpochRow (and, of
+/// the same name, of the runner's epoch record). The store's reads and writes and the runner's
+/// record codec go through this list, so a new epoch metric is one member of EpochRow and one row
+/// of epoch_metrics() (store/src/epoch_metrics.cpp), plus where it is measured. A database that
+/// lacks a metric's column gets it when opened read-write (NULL for the epochs already there); one
+/// opened read-only reads it as missing: NaN, or 0 for an integer.
+struct EpochMetric {
+  const char* name;
+  double EpochRow::*real = nullptr;  // exactly one of the two
+  int64_t EpochRow::*integer = nullptr;
+};
+/// Every measured column of the epochs table after trial_id and epoch, in table order.
+const std::vector<EpochMetric>& epoch_metrics();
 
 /// A model file a trial keeps (see the checkpoints table in schema.cpp).
 struct CheckpointRow {
