@@ -60,6 +60,17 @@ const char* conv_choice_name(ConvChoice c) {
   return "?";
 }
 
+const std::vector<std::string>& precision_names() {
+  static const std::vector<std::string> names = {"fp32", "bf16"};
+  return names;
+}
+
+Precision parse_precision(const std::string& name) {
+  for (Precision p : {Precision::fp32, Precision::bf16})
+    if (name == precision_name(p)) return p;
+  DP_THROW("precision \"" + name + "\": the known precisions are fp32, bf16");
+}
+
 std::string precision_unsupported(BackendKind kind, Precision p) {
   if (kind == BackendKind::cuda && p == Precision::bf16) {
     return "cuda backend: precision bf16: the CUDA backend's bf16 path is not built yet; "

@@ -85,6 +85,15 @@ const std::vector<OptimizerEntry>& optimizer_table() {
   return table;
 }
 
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const OptimizerEntry& e : optimizer_table()) out.emplace_back(e.name);
+    return out;
+  }();
+  return names;
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options) {
   std::string known;
   for (const OptimizerEntry& e : optimizer_table()) {
@@ -106,6 +115,11 @@ const char* schedule_kind_name(LrSchedule::Kind kind) {
       return "cosine";
   }
   return "?";
+}
+
+const std::vector<std::string>& schedule_kind_names() {
+  static const std::vector<std::string> names = {"constant", "step", "cosine"};
+  return names;
 }
 
 LrSchedule::Kind parse_schedule_kind(const std::string& name) {

@@ -26,6 +26,17 @@ const char* dtype_name(DType t) {
 
 const char* layout_name(Layout l) { return l == Layout::nchw ? "nchw" : "nhwc"; }
 
+const std::vector<std::string>& layout_names() {
+  static const std::vector<std::string> names = {"nchw", "nhwc"};
+  return names;
+}
+
+Layout parse_layout(const std::string& name) {
+  for (Layout l : {Layout::nchw, Layout::nhwc})
+    if (name == layout_name(l)) return l;
+  DP_THROW("layout \"" + name + "\": the known layouts are nchw, nhwc");
+}
+
 std::string Device::str() const {
   return kind == DeviceKind::cpu ? std::string("cpu") : "cuda:" + std::to_string(index);
 }

@@ -1,5 +1,6 @@
 // Sweep expansion: the validated bindings of an experiment file become an ordered list of
 // fully resolved trials (first axis outermost), each with its canonical settings and hash.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -122,30 +123,27 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     auto does_not_apply = [&](const char* key, const std::string& why) {
       if (const Val* where = t.get(key)) diag.add(where->pos, where->path, why);
     };
-    const std::string& optimizer = s.text("optimizer");
-    if (optimizer != "sgd") {
-      for (const char* key : {"momentum", "nesterov"})
-        does_not_apply(key, std::string(key) +
-                                " applies to optimizer \"sgd\"; this trial's "
-                                "optimizer is \"" +
-                                optimizer + "\" (it has betas and eps)");
+    // Settings that mean something only for some values of another (momentum: optimizer
+    // "sgd"), as the table says.
+    for (const Setting& row : v.settings->rows()) {
+      if (!row.applies_when || !t.get(row.key)) continue;
+      const AppliesWhen& when = *row.applies_when;
+      const std::string& actual = s.text(v.settings->by_key(when.key)->column);
+      if (std::find(when.values.begin(), when.values.end(), actual) != when.values.end()) continue;
+      std::vector<std::string> its_own;  // what does apply to this trial's value
+      for (const Setting& other : v.settings->rows())
+        if (other.applies_when && other.applies_when->key == when.key &&
+            std::find(other.applies_when->values.begin(), other.applies_when->values.end(),
+                      actual) != other.applies_when->values.end())
+          its_own.push_back(other.key);
+      does_not_apply(
+          row.key.c_str(),
+          row.key + " applies to " + when.key + " = " + join(when.values, " or ", true) +
+              "; this trial's " + when.key + " is " + quoted(actual) +
+              (its_own.empty() ? "" : " (its own keys: " + join(its_own, ", ", false) + ")"));
     }
-    if (optimizer != "adamw") {
-      for (const char* key : {"betas", "eps"})
-        does_not_apply(key, std::string(key) +
-                                " applies to optimizer \"adamw\"; this trial's "
-                                "optimizer is \"" +
-                                optimizer + "\"");
-    }
-    if (optimizer == "sgd" && s.boolean("nesterov") && s.number("momentum") == 0.0)
+    if (s.text("optimizer") == "sgd" && s.boolean("nesterov") && s.number("momentum") == 0.0)
       does_not_apply("nesterov", "nesterov = true needs momentum > 0 (as PyTorch's SGD)");
-    if (s.text("lr_schedule") != "step") {
-      for (const char* key : {"lr_step_epochs", "lr_gamma"})
-        does_not_apply(key, std::string(key) +
-                                " applies to lr_schedule = \"step\"; this "
-                                "trial's schedule is \"" +
-                                s.text("lr_schedule") + "\"");
-    }
     if (s.number("warmup_epochs") > static_cast<double>(s.integer("epochs")))
       does_not_apply("warmup_epochs", "warmup_epochs " + shortest(s.number("warmup_epochs")) +
                                           " is longer than the training (" +

@@ -107,6 +107,16 @@ SettingTable::SettingTable(std::vector<Setting> rows) : rows_(std::move(rows)) {
         bad_row(s, "the default is refused by the setting's own check: " + why);
     }
     if (s.help.empty()) bad_row(s, "needs a help line");
+    if (s.applies_when && s.key.empty()) bad_row(s, "a setting that applies sometimes needs a key");
+  }
+  for (const Setting& s : rows_) {
+    if (!s.applies_when) continue;
+    const Setting* on = by_key(s.applies_when->key);
+    if (on == nullptr || on->type != SettingType::choice || s.applies_when->values.empty())
+      bad_row(s, "applies_when names no choice setting, or no value of it");
+    for (const auto& v : s.applies_when->values)
+      if (std::find(on->choices.begin(), on->choices.end(), v) == on->choices.end())
+        bad_row(s, "applies_when: \"" + v + "\" is not a choice of " + on->key);
   }
   for (const Setting& s : rows_)
     if (!s.column.empty()) recorded_.push_back(&s);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -45,6 +46,14 @@ inline Range greater_than(double min) { return {min, true}; }
 inline Range from_to_below(double min, double max) { return {min, false, max, true}; }
 inline Range above_up_to(double min, double max) { return {min, true, max, false}; }
 
+/// When a setting means something: only for trials whose `key` setting (a choice) has one of
+/// `values` ("momentum" only with optimizer "sgd"). Given for another trial, it is a mistake the
+/// experiment file is told of, never silently ignored.
+struct AppliesWhen {
+  std::string key;
+  std::vector<std::string> values;
+};
+
 /// One row of the table.
 struct Setting {
   /// The key in [train] and [sweep]; "" for a setting the file sets elsewhere ([data], [model.X]).
@@ -69,6 +78,8 @@ struct Setting {
   /// The scaling view's 1-GPU baseline may have another value (the setting varies with the GPU
   /// count, like lr, or between repeats, like seed). Every other setting must match.
   bool baseline_may_differ = false;
+  /// Unset: it applies to every trial.
+  std::optional<AppliesWhen> applies_when = {};
   std::string help = {};  // one line for the README, `dprun settings` and `dprun train --help`
   std::string default_doc = {};  // the default as documented, when the value alone would mislead
 };

@@ -1,9 +1,14 @@
 // The settings of this dprun, one row each (see settings.hpp for what a row says). To add a
-// setting: add its row here, then the code that acts on its value (trial_main.cpp for what the
-// trainer does with it). The store adds its column to every database it opens, the README's
+// setting: add its row here, then the code that acts on its value (engine_options.cpp for what
+// the trainer does with it). The store adds its column to every database it opens, the README's
 // table is checked against these rows (test_settings.cpp), and trials stored before the setting
-// existed keep their identity as long as the default is what dprun did until then.
+// existed keep their identity as long as the default is what dprun did until then. The choices
+// of what the engine implements are the engine's own names (dp::layout_names(), ...), so the
+// table and the engine cannot disagree.
+#include "dp/backend.hpp"
 #include "dp/data.hpp"
+#include "dp/optimizer.hpp"
+#include "dp/tensor.hpp"
 #include "settings/settings.hpp"
 
 namespace dprun {
@@ -100,7 +105,7 @@ const SettingTable& builtin_settings() {
        .column = "optimizer",
        .type = T::choice,
        .default_value = "sgd"s,
-       .choices = {"sgd", "adamw"},
+       .choices = dp::optimizer_names(),
        .identity = true,
        .help = "PyTorch's SGD (momentum, nesterov, weight_decay) or AdamW (betas, eps, "
                "decoupled weight_decay)"},
@@ -111,12 +116,14 @@ const SettingTable& builtin_settings() {
        .range = from_to_below(0, 1),
        .identity = true,
        .baseline_may_differ = true,
+       .applies_when = AppliesWhen{"optimizer", {"sgd"}},
        .help = "SGD momentum"},
       {.key = "nesterov",
        .column = "nesterov",
        .type = T::boolean,
        .default_value = false,
        .identity = true,
+       .applies_when = AppliesWhen{"optimizer", {"sgd"}},
        .help = "SGD: Nesterov momentum (needs momentum > 0)"},
       {.key = "betas",
        .column = "betas",
@@ -125,6 +132,7 @@ const SettingTable& builtin_settings() {
        .range = from_to_below(0, 1),
        .count = 2,
        .identity = true,
+       .applies_when = AppliesWhen{"optimizer", {"adamw"}},
        .help = "AdamW: the moving averages' factors (beta1, beta2)"},
       {.key = "eps",
        .column = "eps",
@@ -132,6 +140,7 @@ const SettingTable& builtin_settings() {
        .default_value = 1e-8,
        .range = greater_than(0),
        .identity = true,
+       .applies_when = AppliesWhen{"optimizer", {"adamw"}},
        .help = "AdamW: added to the denominator"},
       {.key = "weight_decay",
        .column = "weight_decay",
@@ -145,7 +154,7 @@ const SettingTable& builtin_settings() {
        .column = "lr_schedule",
        .type = T::choice,
        .default_value = "constant"s,
-       .choices = {"constant", "step", "cosine"},
+       .choices = dp::schedule_kind_names(),
        .identity = true,
        .help = "the learning rate of every step after the warm-up: constant; step (× lr_gamma "
                "every lr_step_epochs epochs); cosine (to 0 at the end of training)"},
@@ -162,6 +171,7 @@ const SettingTable& builtin_settings() {
        .default_value = int64_t{30},
        .range = at_least(1),
        .identity = true,
+       .applies_when = AppliesWhen{"lr_schedule", {"step"}},
        .help = "lr_schedule = \"step\": epochs between decays"},
       {.key = "lr_gamma",
        .column = "lr_gamma",
@@ -169,12 +179,13 @@ const SettingTable& builtin_settings() {
        .default_value = 0.1,
        .range = above_up_to(0, 1),
        .identity = true,
+       .applies_when = AppliesWhen{"lr_schedule", {"step"}},
        .help = "lr_schedule = \"step\": the factor of each decay"},
       {.key = "precision",
        .column = "precision",
        .type = T::choice,
        .default_value = "fp32"s,
-       .choices = {"fp32", "bf16"},
+       .choices = dp::precision_names(),
        .identity = true,
        .help = "arithmetic of convolutions and linear layers: \"bf16\" rounds their inputs and "
                "outputs to bfloat16 and accumulates in fp32; master weights, optimizer, batch "
@@ -214,7 +225,7 @@ const SettingTable& builtin_settings() {
        .column = "layout",
        .type = T::choice,
        .default_value = "nchw"s,
-       .choices = {"nchw", "nhwc"},
+       .choices = dp::layout_names(),
        .identity = true,
        .help = "activation layout: \"nchw\" as PyTorch's default, \"nhwc\" channels last "
                "(both backends; checkpoints are PyTorch's either way)"},

@@ -18,6 +18,7 @@
 #include "dp/error.hpp"
 #include "models/plugin_loader.hpp"
 #include "process/launch.hpp"
+#include "settings/engine_options.hpp"
 #include "trial/checkpoint_writer.hpp"
 
 namespace dprun {
@@ -172,145 +173,83 @@ int affinity_count() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::ProcessGroup* group) {
-  const TrialSettings& s = r.settings;
-  const int processes = static_cast<int>(s.integer("processes"));
-  const int rank = group ? group->rank() : 0;
-  const Fault fault = parse_fault(std::getenv("DPRUN_FAULT"), r.ordinal, rank);
-  const std::string& model_name = s.text("model");
-  const std::string& precision = s.text("precision");
-  const std::string& bn_mode = s.text("bn_mode");
-  const std::string& optimizer = s.text("optimizer");
-  const std::string& layout_name = s.text("layout");
-  const CheckpointMode checkpoint_mode = parse_checkpoint_mode(s.text("checkpoint"));
-
-  // Settings the engine does not implement are refused before anything is loaded.
-  if (precision != "fp32" && precision != "bf16")
-    return {TrialRecord::Kind::error, "precision \"" + precision + "\": expected fp32 or bf16"};
-  const dp::Precision arithmetic = precision == "bf16" ? dp::Precision::bf16 : dp::Precision::fp32;
+// Why the trial cannot run as asked, before anything is loaded ("" when it can).
+std::string request_problem(const TrialRequest& r, const dp::TrainerOptions& t, int world) {
+  const int processes = static_cast<int>(r.settings.integer("processes"));
   // Before the device is looked for, so the reason is the same on a machine without a GPU. A
   // trial on backend auto that lands on a GPU is refused by the backend itself.
-  if (arithmetic == dp::Precision::bf16 && r.run.backend == "cuda")
-    return {TrialRecord::Kind::error,
-            dp::precision_unsupported(dp::BackendKind::cuda, dp::Precision::bf16)};
-  if (bn_mode != "per-replica" && bn_mode != "sync")
-    return {TrialRecord::Kind::error, "bn_mode \"" + bn_mode + "\": expected per-replica or sync"};
-  dp::OptimizerOptions optimizer_options;
-  optimizer_options.name = optimizer;
-  optimizer_options.weight_decay = static_cast<float>(s.number("weight_decay"));
-  optimizer_options.momentum = static_cast<float>(s.number("momentum"));
-  optimizer_options.nesterov = s.boolean("nesterov");
-  optimizer_options.beta1 = static_cast<float>(s.numbers("betas").at(0));
-  optimizer_options.beta2 = static_cast<float>(s.numbers("betas").at(1));
-  optimizer_options.eps = static_cast<float>(s.number("eps"));
-  (void)dp::make_optimizer(optimizer_options);  // an unknown name or bad options: an error now
-  dp::LrSchedule schedule;
-  schedule.kind = dp::parse_schedule_kind(s.text("lr_schedule"));
-  schedule.base = s.number("lr");
-  schedule.warmup_epochs = s.number("warmup_epochs");
-  schedule.step_epochs = s.integer("lr_step_epochs");
-  schedule.gamma = s.number("lr_gamma");
-  dp::Layout layout = dp::Layout::nchw;
-  if (layout_name == "nhwc")
-    layout = dp::Layout::nhwc;
-  else if (layout_name != "nchw")
-    return {TrialRecord::Kind::error, "layout \"" + layout_name + "\": expected nchw or nhwc"};
-  const int world = group ? group->size() : 1;
+  if (t.precision == dp::Precision::bf16 && r.run.backend == "cuda")
+    return dp::precision_unsupported(dp::BackendKind::cuda, dp::Precision::bf16);
   if (world != processes)
-    return {
-        TrialRecord::Kind::error,
-        "the trial has processes = " + std::to_string(processes) + " but runs as " +
-            std::to_string(world) + " process" + (world == 1 ? "" : "es") +
-            (processes > 1 ? ": start it with `mpirun -np " + std::to_string(processes) +
-                                 "` (dprun run does), or srun --ntasks=" + std::to_string(processes)
-                           : "")};
-  if (s.integer("gpus") % processes != 0)
-    return {TrialRecord::Kind::error, "gpus " + std::to_string(s.integer("gpus")) +
-                                          " is not divisible by processes " +
-                                          std::to_string(processes)};
+    return "the trial has processes = " + std::to_string(processes) + " but runs as " +
+           std::to_string(world) + " process" + (world == 1 ? "" : "es") +
+           (processes > 1 ? ": start it with `mpirun -np " + std::to_string(processes) +
+                                "` (dprun run does), or srun --ntasks=" + std::to_string(processes)
+                          : "");
+  if (r.settings.integer("gpus") % processes != 0)
+    return "gpus " + std::to_string(r.settings.integer("gpus")) +
+           " is not divisible by processes " + std::to_string(processes);
+  return "";
+}
 
-  PluginScan scan = scan_plugins(r.run.plugin_dirs);
-  auto found = scan.models.find(model_name);
-  if (found == scan.models.end()) {
-    std::string msg = "unknown model \"" + model_name + "\"; models found:";
-    for (const auto& [name, m] : scan.models) msg += " " + name;
-    if (scan.models.empty()) msg += " none";
-    msg += " (searched:";
-    for (const auto& d : scan.searched) msg += " " + d;
-    msg += ")";
-    for (const auto& e : scan.errors) msg += "; " + e;
-    for (const auto& s : scan.skipped) msg += "; " + s;
-    return {TrialRecord::Kind::error, msg};
-  }
-  const LoadedModel& model = found->second;
-  const dp::ModelOptions options = dp::resolve_model_options(model.factory, r.model_options);
+// The model's plugin; nullptr, with `why`, when no plugin provides it.
+const LoadedModel* find_model(const PluginScan& scan, const std::string& name, std::string& why) {
+  auto found = scan.models.find(name);
+  if (found != scan.models.end()) return &found->second;
+  why = "unknown model \"" + name + "\"; models found:";
+  for (const auto& [n, m] : scan.models) why += " " + n;
+  if (scan.models.empty()) why += " none";
+  why += " (searched:";
+  for (const auto& d : scan.searched) why += " " + d;
+  why += ")";
+  for (const auto& e : scan.errors) why += "; " + e;
+  for (const auto& s : scan.skipped) why += "; " + s;
+  return nullptr;
+}
 
-  // Every process decides alone whether it can run; the trial runs only if all can.
-  BackendChoice backend = choose_backend(r);
-  const auto skip_reasons = gather_all(group, backend.skip_reason);
-  for (size_t p = 0; p < skip_reasons.size(); ++p) {
-    if (skip_reasons[p].empty()) continue;
-    return {TrialRecord::Kind::skipped,
-            p == 0 ? skip_reasons[p]
-                   : "process " + std::to_string(p) + " of the trial: " + skip_reasons[p]};
-  }
-
-  const std::string data_path = !r.data_path.empty() ? r.data_path : s.text("data_path");
-  dp::DatasetPair data = dp::load_dataset(s.text("dataset"), data_path);
+// The trial's data, with its limits.
+dp::DatasetPair trial_data(const TrialRequest& r) {
+  const TrialSettings& s = r.settings;
+  const std::string path = !r.data_path.empty() ? r.data_path : s.text("data_path");
+  dp::DatasetPair data = dp::load_dataset(s.text("dataset"), path);
   const int64_t train_limit = s.integer("train_limit"), test_limit = s.integer("test_limit");
   if (train_limit > 0 && train_limit < data.train.count) data.train = data.train.head(train_limit);
   if (test_limit > 0 && test_limit < data.test.count) data.test = data.test.head(test_limit);
+  return data;
+}
 
-  dp::TrainerOptions t;
-  t.replicas = static_cast<int>(s.integer("gpus")) / processes;
+// What the machine decides of the trainer's options: the backend, replicas per process, the
+// process group and threads (the processes of a host share its threads, or the trial's
+// --threads, equally).
+void machine_options(dp::TrainerOptions& t, const TrialRequest& r, const BackendChoice& backend,
+                     dp::ProcessGroup* group) {
+  const int processes = static_cast<int>(r.settings.integer("processes"));
+  t.replicas = static_cast<int>(r.settings.integer("gpus")) / processes;
   t.processes = processes > 1 ? group : nullptr;
   t.backend = backend.kind;
   t.oversubscribe = r.run.oversubscribe;
-  t.batch_size = s.integer("batch_size");
-  t.eval_batch_size = s.integer("eval_batch_size");
-  t.epochs = static_cast<int>(s.integer("epochs"));
-  t.lr = schedule;
-  t.optimizer = optimizer_options;
-  t.seed = static_cast<uint64_t>(s.integer("seed"));
-  // The processes of a host share its threads (or the trial's --threads) equally.
   t.cpu_threads = r.run.threads;
   if (processes > 1) {
     const int budget = r.run.threads > 0 ? r.run.threads : affinity_count();
     t.cpu_threads = std::max(1, budget / std::max(1, group->local_size()));
   }
-  t.layout = layout;
-  t.precision = arithmetic;
-  t.allow_tf32 = s.boolean("allow_tf32");
-  t.conv_choice =
-      s.text("conv_choice") == "heuristic" ? dp::ConvChoice::heuristic : dp::ConvChoice::measured;
-  if (const char* env = std::getenv("DPRUN_CUDNN_CHOICE");
-      env != nullptr && *env != '\0' && s.text("conv_choice") != env) {
-    std::fprintf(stderr,
-                 "dprun: warning: DPRUN_CUDNN_CHOICE=%s does not apply to trials: the trial's "
-                 "conv_choice = \"%s\" decides (it is part of the trial's identity)\n",
-                 env, s.text("conv_choice").c_str());
-  }
-  t.graphs = s.boolean("graphs");
-  t.sync_bn = bn_mode == "sync";
+}
 
-  // The model is built for the data it will see, whatever input it was designed for.
-  const dp::ModelInput input{data.train.channels, data.train.height, data.train.width,
-                             data.train.classes};
-  const dp::ModelFactory& factory = model.factory;
-  dp::Trainer trainer(
-      t, [&] { return factory.build(options, input); }, data.train, data.test);
-
+// The start record: where the trial runs, every process's devices, the plugin.
+dps::TrialStart start_record(const dp::Trainer& trainer, const LoadedModel& model,
+                             const BackendChoice& backend, dp::ProcessGroup* group,
+                             std::vector<std::string>& rank_hosts) {
   dps::TrialStart start;
   start.backend = trainer.backend_name();
-  const auto rank_hosts = gather_all(group, group ? group->host() : host_name());
+  rank_hosts = gather_all(group, group ? group->host() : host_name());
   const auto rank_devices = gather_all(group, trainer.devices());
   start.hosts = group_hosts(rank_hosts);
   start.devices = rank_devices[0];
-  if (processes > 1) {
+  if (rank_devices.size() > 1) {
     const bool same = std::all_of(rank_devices.begin(), rank_devices.end(),
                                   [&](const auto& d) { return d == rank_devices[0]; });
     if (same) {
-      start.devices += " in each of " + std::to_string(processes) + " processes";
+      start.devices += " in each of " + std::to_string(rank_devices.size()) + " processes";
     } else {
       start.devices.clear();
       for (size_t p = 0; p < rank_devices.size(); ++p)
@@ -320,8 +259,28 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   start.plugin_path = model.plugin_path;
   start.plugin_sha256 = file_sha256(model.plugin_path);
   start.oversubscribed = backend.oversubscribed;
-  sink.start(start, rank_hosts);
+  return start;
+}
 
+// One epoch's record.
+dps::EpochRow epoch_row(const dp::EpochReport& report, double loss, const dp::Trainer& trainer) {
+  dps::EpochRow row;
+  row.epoch = report.epoch;
+  row.train_loss = loss;
+  row.train_acc = report.train_acc;
+  row.test_acc = report.test_acc;
+  row.seconds = report.seconds;
+  row.examples_per_second = report.examples_per_second;
+  row.lr = report.lr;  // the epoch's last step's (schedules change it per step)
+  row.eval_seconds = report.eval_seconds;
+  row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
+  return row;
+}
+
+// Trains from the resume point on, reporting every epoch (and its checkpoints) to the sink.
+TrialResult train(dp::Trainer& trainer, const TrialRequest& r, TrialSink& sink, const Fault& fault,
+                  dp::ProcessGroup* group) {
+  const int rank = group ? group->rank() : 0;
   // A trial that resumes continues after its checkpoint's epoch, in the state it left.
   int first_epoch = 1;
   if (r.resume.epoch > 0) {
@@ -329,9 +288,8 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
     first_epoch = static_cast<int>(r.resume.epoch) + 1;
   }
   // Process 0 writes the checkpoints (every process holds the same model after a step).
-  CheckpointWriter checkpoints(checkpoint_mode, rank == 0 ? r.checkpoint_dir : std::string(),
-                               r.resume);
-
+  CheckpointWriter checkpoints(parse_checkpoint_mode(r.settings.text("checkpoint")),
+                               rank == 0 ? r.checkpoint_dir : std::string(), r.resume);
   TrialResult result;
   trainer.fit(
       [&](const dp::EpochReport& report) {
@@ -346,20 +304,10 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
                                                      " at epoch " + std::to_string(report.epoch)};
           return false;
         }
-        dps::EpochRow row;
-        row.epoch = report.epoch;
-        row.train_loss = loss;
-        row.train_acc = report.train_acc;
-        row.test_acc = report.test_acc;
-        row.seconds = report.seconds;
-        row.examples_per_second = report.examples_per_second;
-        row.lr = report.lr;  // the epoch's last step's (schedules change it per step)
-        row.eval_seconds = report.eval_seconds;
-        row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
         if (fault.kind == Fault::Kind::garble && fault.epoch == report.epoch)
           sink.corrupt_epoch();
         else
-          sink.epoch(row, report);
+          sink.epoch(epoch_row(report, loss, trainer), report);
         // After the epoch's record: a crash in between leaves the epoch recorded and the
         // checkpoint of the one before, from which the epoch is trained again.
         for (const dps::CheckpointRow& c : checkpoints.after_epoch(trainer, report))
@@ -369,6 +317,41 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
       },
       first_epoch);
   return result;
+}
+
+TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::ProcessGroup* group) {
+  const Fault fault = parse_fault(std::getenv("DPRUN_FAULT"), r.ordinal, group ? group->rank() : 0);
+  // Settings the engine does not implement are refused before anything is loaded.
+  dp::TrainerOptions t = trainer_options(r.settings);
+  if (std::string why = request_problem(r, t, group ? group->size() : 1); !why.empty())
+    return {TrialRecord::Kind::error, why};
+  const PluginScan scan = scan_plugins(r.run.plugin_dirs);
+  std::string why;
+  const LoadedModel* model = find_model(scan, r.settings.text("model"), why);
+  if (model == nullptr) return {TrialRecord::Kind::error, why};
+  const dp::ModelOptions options = dp::resolve_model_options(model->factory, r.model_options);
+
+  // Every process decides alone whether it can run; the trial runs only if all can.
+  const BackendChoice backend = choose_backend(r);
+  const auto skip_reasons = gather_all(group, backend.skip_reason);
+  for (size_t p = 0; p < skip_reasons.size(); ++p) {
+    if (skip_reasons[p].empty()) continue;
+    return {TrialRecord::Kind::skipped,
+            p == 0 ? skip_reasons[p]
+                   : "process " + std::to_string(p) + " of the trial: " + skip_reasons[p]};
+  }
+  const dp::DatasetPair data = trial_data(r);
+  machine_options(t, r, backend, group);
+  // The model is built for the data it will see, whatever input it was designed for.
+  const dp::ModelInput input{data.train.channels, data.train.height, data.train.width,
+                             data.train.classes};
+  const dp::ModelFactory& factory = model->factory;
+  dp::Trainer trainer(
+      t, [&] { return factory.build(options, input); }, data.train, data.test);
+  std::vector<std::string> rank_hosts;
+  const dps::TrialStart start = start_record(trainer, *model, backend, group, rank_hosts);
+  sink.start(start, rank_hosts);
+  return train(trainer, r, sink, fault, group);
 }
 
 }  // namespace

@@ -430,16 +430,16 @@ TEST_CASE("error: an optimizer or schedule key the trial does not use", "[experi
   };
   const Case cases[] = {
       {"betas = [0.9, 0.99]",
-       "t.toml:5:9: train.betas: betas applies to optimizer \"adamw\"; this trial's optimizer is "
-       "\"sgd\""},
+       "t.toml:5:9: train.betas: betas applies to optimizer = \"adamw\"; this trial's optimizer is "
+       "\"sgd\" (its own keys: momentum, nesterov)"},
       {"optimizer = \"adamw\"\nmomentum = 0.9",
-       "t.toml:6:12: train.momentum: momentum applies to optimizer \"sgd\"; this trial's optimizer "
-       "is \"adamw\" (it has betas and eps)"},
+       "t.toml:6:12: train.momentum: momentum applies to optimizer = \"sgd\"; this trial's "
+       "optimizer is \"adamw\" (its own keys: betas, eps)"},
       {"nesterov = true",
        "t.toml:5:12: train.nesterov: nesterov = true needs momentum > 0 (as PyTorch's SGD)"},
       {"lr_gamma = 0.5",
        "t.toml:5:12: train.lr_gamma: lr_gamma applies to lr_schedule = \"step\"; this trial's "
-       "schedule is \"constant\""},
+       "lr_schedule is \"constant\""},
       {"epochs = 2\nwarmup_epochs = 3",
        "t.toml:6:17: train.warmup_epochs: warmup_epochs 3 is longer than the training (2 epochs)"},
       {"lr_gamma = 1.5", "t.toml:5:12: train.lr_gamma: must be in (0, 1], got 1.5"},

@@ -4,9 +4,12 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "later_settings.hpp"
 #include "models/plugin_loader.hpp"
+#include "settings/engine_options.hpp"
 #include "settings/settings.hpp"
 #include "sweep/sweep_runner.hpp"
 
@@ -68,6 +71,12 @@ TEST_CASE("settings: a row that contradicts itself is refused", "[settings]") {
   };
   refused({.key = "gpus", .column = "gpus2", .help = "h"}, "the key is used twice");
   refused({.key = "x", .column = "bn_mode", .help = "h"}, "the column is used twice");
+  refused({.key = "x", .applies_when = dprun::AppliesWhen{"epochs", {"1"}}, .help = "h"},
+          "names no choice setting");
+  refused({.key = "x", .applies_when = dprun::AppliesWhen{"optimizer", {"lamb"}}, .help = "h"},
+          "\"lamb\" is not a choice of optimizer");
+  refused({.column = "x", .applies_when = dprun::AppliesWhen{"optimizer", {"sgd"}}, .help = "h"},
+          "needs a key");
   refused({.key = "x",
            .column = "x",
            .type = SettingType::number,
@@ -278,4 +287,58 @@ TEST_CASE("filters: every recorded setting by column or key, with a hint", "[set
   CHECK_THROWS_WITH(dprun::trial_matches(spec, F{{"proceses", "3"}}),
                     Contains("unknown setting \"proceses\"; did you mean processes?") &&
                         Contains("known: model, model_options, dataset, data_path, epochs"));
+}
+
+TEST_CASE("settings: the trainer's options come from the settings in one place", "[settings]") {
+  dprun::TrialSettings s;
+  s.set("model", std::string("lenet"));
+  s.set("layout", std::string("nhwc"));
+  s.set("bn_mode", std::string("sync"));
+  s.set("optimizer", std::string("adamw"));
+  s.set("betas", std::vector<double>{0.8, 0.95});
+  s.set("eps", 1e-6);
+  s.set("lr_schedule", std::string("step"));
+  s.set("lr_step_epochs", int64_t{7});
+  s.set("lr_gamma", 0.5);
+  s.set("precision", std::string("bf16"));
+  s.set("allow_tf32", false);
+  s.set("conv_choice", std::string("heuristic"));
+  s.set("graphs", true);
+  s.set("batch_size", int64_t{96});
+  s.set("epochs", int64_t{3});
+  s.set("seed", int64_t{11});
+  const dp::TrainerOptions t = dprun::trainer_options(s);
+  CHECK(t.layout == dp::Layout::nhwc);
+  CHECK(t.sync_bn);
+  CHECK(t.optimizer.name == "adamw");
+  CHECK(t.optimizer.beta1 == 0.8f);
+  CHECK(t.optimizer.beta2 == 0.95f);
+  CHECK(t.optimizer.eps == 1e-6f);
+  CHECK(t.lr.kind == dp::LrSchedule::Kind::step);
+  CHECK(t.lr.step_epochs == 7);
+  CHECK(t.lr.gamma == 0.5);
+  CHECK(t.precision == dp::Precision::bf16);
+  CHECK_FALSE(t.allow_tf32);
+  CHECK(t.conv_choice == dp::ConvChoice::heuristic);
+  CHECK(t.graphs);
+  CHECK(t.batch_size == 96);
+  CHECK(t.epochs == 3);
+  CHECK(t.seed == 11);
+  // The table's choices are the engine's names, so a value the table accepts is one the engine
+  // implements; anything else is refused by the engine's own parser, naming the value.
+  CHECK(dprun::builtin_settings().by_key("layout")->choices == dp::layout_names());
+  CHECK(dprun::builtin_settings().by_key("precision")->choices == dp::precision_names());
+  CHECK(dprun::builtin_settings().by_key("optimizer")->choices == dp::optimizer_names());
+  CHECK(dprun::builtin_settings().by_key("lr_schedule")->choices == dp::schedule_kind_names());
+  for (const auto& [column, value, message] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"layout", "nwhc", "the known layouts are nchw, nhwc"},
+           {"precision", "fp16", "the known precisions are fp32, bf16"},
+           {"bn_mode", "global", "expected per-replica or sync"},
+           {"lr_schedule", "linear", "constant, step, cosine"}}) {
+    dprun::TrialSettings bad = s;
+    bad.set(column, value);
+    INFO(column);
+    CHECK_THROWS_WITH(dprun::trainer_options(bad), Contains(value) && Contains(message));
+  }
 }

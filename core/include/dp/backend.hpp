@@ -528,6 +528,9 @@ const char* cpu_kernels_name(CpuKernels k);  // "automatic", "onednn", "blas"
 /// here; compare NaN with isnan only.
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);  // "fp32", "bf16"
+/// Every precision by its name; parse_precision throws dp::Error naming the known ones.
+const std::vector<std::string>& precision_names();
+Precision parse_precision(const std::string& name);
 /// Why backend `kind` cannot compute in precision `p`, for users; empty when it can. Asked by
 /// create_backend, and by the runner before it looks for a device.
 std::string precision_unsupported(BackendKind kind, Precision p);

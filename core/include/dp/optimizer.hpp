@@ -56,6 +56,8 @@ struct OptimizerEntry {
   std::unique_ptr<Optimizer> (*make)(const OptimizerOptions& options);
 };
 const std::vector<OptimizerEntry>& optimizer_table();
+/// The names of optimizer_table()'s rows, in its order.
+const std::vector<std::string>& optimizer_names();
 /// The optimizer of options.name; throws dp::Error listing the known names otherwise, or when
 /// the options do not fit it (nesterov without momentum).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options);
@@ -80,6 +82,7 @@ struct LrSchedule {
 };
 /// "constant", "step", "cosine"; parse_schedule_kind throws dp::Error naming the known kinds.
 const char* schedule_kind_name(LrSchedule::Kind kind);
+const std::vector<std::string>& schedule_kind_names();
 LrSchedule::Kind parse_schedule_kind(const std::string& name);
 
 }  // namespace dp

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace dp {
 
@@ -17,6 +18,10 @@ const char* dtype_name(DType t);
 /// layout says how it is laid out in memory (as cuDNN's tensor formats do).
 enum class Layout : uint8_t { nchw, nhwc };
 const char* layout_name(Layout l);
+/// "nchw", "nhwc": every layout by its name (a setting's choices); parse_layout throws dp::Error
+/// naming the known ones.
+const std::vector<std::string>& layout_names();
+Layout parse_layout(const std::string& name);
 
 enum class DeviceKind : uint8_t { cpu, cuda };
 

@@ -1,0 +1,16 @@
+#pragma once
+// Settings reach the engine in one place: what a trial's settings ask of dp::Trainer, each value
+// read with the engine's own parser (dp::parse_layout, dp::parse_precision, ...), whose names are
+// also the table's choices (settings_table.cpp).
+#include "dp/trainer.hpp"
+#include "settings/settings.hpp"
+
+namespace dprun {
+
+/// The trainer's options that follow from the settings alone. What the machine decides is the
+/// trial process's to set: the backend kind, the replicas per process and the process group,
+/// CPU threads, oversubscription. Throws dp::Error naming a value the engine does not implement
+/// (an optimizer whose options do not fit it included).
+dp::TrainerOptions trainer_options(const TrialSettings& settings);
+
+}  // namespace dprun
