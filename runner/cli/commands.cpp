@@ -322,15 +322,15 @@ int train_command(const Invocation& in) {
   r.settings = settings_from_keys(builtin_settings(), given);
   TrialSettings& s = r.settings;
   s.set("dataset", dataset);
-  const int64_t gpus = s.integer("gpus"), batch_size = s.integer("batch_size");
+  const int64_t gpus = s[key::gpus], batch_size = s[key::batch_size];
   if (batch_size < gpus)
     throw UsageError("--batch-size " + std::to_string(batch_size) + " is smaller than --gpus " +
                      std::to_string(gpus) + ": every replica needs at least one example");
-  r.run.backend = s.text("backend_request");
+  r.run.backend = s[key::backend_request];
   r.data_path = a.last("--data").value_or("");
   // Under mpirun or srun, this process is one of the trial's processes; without a launcher,
   // the trial is this process.
-  const int64_t processes = s.integer("processes");
+  const int64_t processes = s[key::processes];
   const bool under_launcher = dp::under_mpi_launcher() && dp::mpi_compiled();
   if (processes > 1 && !under_launcher)
     throw UsageError("--processes " + std::to_string(processes) + ": start " +
@@ -349,12 +349,12 @@ int train_command(const Invocation& in) {
   r.run.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
   // Without a database there is no folder of its own: checkpoints go where the user says.
   if (auto dir = a.last("--checkpoint-dir")) {
-    if (s.text("checkpoint") == "none")
+    if (s[key::checkpoint] == "none")
       throw UsageError("--checkpoint-dir " + *dir +
                        " with --checkpoint none: nothing would be "
                        "written there");
     r.checkpoint_dir = std::filesystem::absolute(*dir).lexically_normal().string();
-  } else if (a.last("--checkpoint") && s.text("checkpoint") != "none") {
+  } else if (a.last("--checkpoint") && s[key::checkpoint] != "none") {
     throw UsageError("--checkpoint " + *a.last("--checkpoint") +
                      ": dprun train writes checkpoints only with --checkpoint-dir DIR");
   }
@@ -376,8 +376,8 @@ int train_command(const Invocation& in) {
         throw UsageError("--processes " + std::to_string(processes) + " but the launcher started " +
                          std::to_string(world) + " processes");
     }
-    if (s.integer("gpus") % std::max(1, launcher_world_size()) != 0)
-      throw UsageError("--gpus " + std::to_string(s.integer("gpus")) + " is not divisible by the " +
+    if (s[key::gpus] % std::max(1, launcher_world_size()) != 0)
+      throw UsageError("--gpus " + std::to_string(s[key::gpus]) + " is not divisible by the " +
                        std::to_string(launcher_world_size()) +
                        " processes the launcher started: each process runs gpus / processes "
                        "replicas");

@@ -84,10 +84,10 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     TrialSettings s = settings_from_keys(*v.settings, given);
     s.set("dataset", v.dataset);
     s.set("data_path", v.data_path);
-    const std::string model = s.text("model");
-    const int64_t gpus = s.integer("gpus");
-    const int64_t batch_size = s.integer("batch_size");
-    const int64_t eval_batch_size = s.integer("eval_batch_size");
+    const std::string model = s[key::model];
+    const int64_t gpus = s[key::gpus];
+    const int64_t batch_size = s[key::batch_size];
+    const int64_t eval_batch_size = s[key::eval_batch_size];
 
     // Every replica needs at least one example of each batch.
     auto smaller_than_gpus = [&](const char* key, int64_t batch) {
@@ -101,7 +101,7 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     };
     if (batch_size < gpus) smaller_than_gpus("batch_size", batch_size);
     // Every process runs the same number of replicas.
-    if (const int64_t processes = s.integer("processes"); gpus % processes != 0) {
+    if (const int64_t processes = s[key::processes]; gpus % processes != 0) {
       const Val* where = t.get("processes");
       const Val* gpus_at = t.get("gpus");
       diag.add(where     ? where->pos
@@ -142,12 +142,12 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
               "; this trial's " + when.key + " is " + quoted(actual) +
               (its_own.empty() ? "" : " (its own keys: " + join(its_own, ", ", false) + ")"));
     }
-    if (s.text("optimizer") == "sgd" && s.boolean("nesterov") && s.number("momentum") == 0.0)
+    if (s[key::optimizer] == "sgd" && s[key::nesterov] && s[key::momentum] == 0.0)
       does_not_apply("nesterov", "nesterov = true needs momentum > 0 (as PyTorch's SGD)");
-    if (s.number("warmup_epochs") > static_cast<double>(s.integer("epochs")))
-      does_not_apply("warmup_epochs", "warmup_epochs " + shortest(s.number("warmup_epochs")) +
+    if (s[key::warmup_epochs] > static_cast<double>(s[key::epochs]))
+      does_not_apply("warmup_epochs", "warmup_epochs " + shortest(s[key::warmup_epochs]) +
                                           " is longer than the training (" +
-                                          std::to_string(s.integer("epochs")) + " epochs)");
+                                          std::to_string(s[key::epochs]) + " epochs)");
 
     // Plugin options: declared defaults, then the [model.<name>] table, then swept options.
     const dp::ModelFactory& factory = catalog.models.at(model);
@@ -169,9 +169,9 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     const Val* scaling = t.get("lr_scaling");
     const bool scaled = scaling && std::get<std::string>(scaling->value) == "linear";
     auto lr_text = [&] {
-      if (!scaled) return shortest(s.number("lr"));
+      if (!scaled) return shortest(s[key::lr]);
       char buf[32];  // a product: 0.1 * 768 / 256 shows as 0.3, not 0.30000000000000004
-      std::snprintf(buf, sizeof buf, "%.6g", s.number("lr"));
+      std::snprintf(buf, sizeof buf, "%.6g", s[key::lr]);
       return std::string(buf);
     };
     bool lr_shown = false;

@@ -64,7 +64,7 @@ const std::vector<Field>& fields() {
 }  // namespace
 
 std::string backend_for(const RunOptions& options, const TrialSettings& settings) {
-  return options.backend.empty() ? settings.text("backend_request") : options.backend;
+  return options.backend.empty() ? settings[key::backend_request] : options.backend;
 }
 
 Json run_options_to_json(const RunOptions& options) {

@@ -27,36 +27,36 @@ dp::ConvChoice conv_choice(const std::string& how) {
 
 dp::TrainerOptions trainer_options(const TrialSettings& s) {
   dp::TrainerOptions t;
-  t.batch_size = s.integer("batch_size");
-  t.eval_batch_size = s.integer("eval_batch_size");
-  t.epochs = static_cast<int>(s.integer("epochs"));
-  t.seed = static_cast<uint64_t>(s.integer("seed"));
-  t.lr.kind = dp::parse_schedule_kind(s.text("lr_schedule"));
-  t.lr.base = s.number("lr");
-  t.lr.warmup_epochs = s.number("warmup_epochs");
-  t.lr.step_epochs = s.integer("lr_step_epochs");
-  t.lr.gamma = s.number("lr_gamma");
-  t.optimizer.name = s.text("optimizer");
-  t.optimizer.weight_decay = static_cast<float>(s.number("weight_decay"));
-  t.optimizer.momentum = static_cast<float>(s.number("momentum"));
-  t.optimizer.nesterov = s.boolean("nesterov");
-  t.optimizer.beta1 = static_cast<float>(s.numbers("betas").at(0));
-  t.optimizer.beta2 = static_cast<float>(s.numbers("betas").at(1));
-  t.optimizer.eps = static_cast<float>(s.number("eps"));
+  t.batch_size = s[key::batch_size];
+  t.eval_batch_size = s[key::eval_batch_size];
+  t.epochs = static_cast<int>(s[key::epochs]);
+  t.seed = static_cast<uint64_t>(s[key::seed]);
+  t.lr.kind = dp::parse_schedule_kind(s[key::lr_schedule]);
+  t.lr.base = s[key::lr];
+  t.lr.warmup_epochs = s[key::warmup_epochs];
+  t.lr.step_epochs = s[key::lr_step_epochs];
+  t.lr.gamma = s[key::lr_gamma];
+  t.optimizer.name = s[key::optimizer];
+  t.optimizer.weight_decay = static_cast<float>(s[key::weight_decay]);
+  t.optimizer.momentum = static_cast<float>(s[key::momentum]);
+  t.optimizer.nesterov = s[key::nesterov];
+  t.optimizer.beta1 = static_cast<float>(s[key::betas].at(0));
+  t.optimizer.beta2 = static_cast<float>(s[key::betas].at(1));
+  t.optimizer.eps = static_cast<float>(s[key::eps]);
   (void)dp::make_optimizer(t.optimizer);  // an unknown name or bad options: an error now
-  t.precision = dp::parse_precision(s.text("precision"));
-  t.layout = dp::parse_layout(s.text("layout"));
-  t.allow_tf32 = s.boolean("allow_tf32");
-  t.conv_choice = conv_choice(s.text("conv_choice"));
+  t.precision = dp::parse_precision(s[key::precision]);
+  t.layout = dp::parse_layout(s[key::layout]);
+  t.allow_tf32 = s[key::allow_tf32];
+  t.conv_choice = conv_choice(s[key::conv_choice]);
   if (const char* env = std::getenv("DPRUN_CUDNN_CHOICE");
-      env != nullptr && *env != '\0' && s.text("conv_choice") != env) {
+      env != nullptr && *env != '\0' && s[key::conv_choice] != env) {
     std::fprintf(stderr,
                  "dprun: warning: DPRUN_CUDNN_CHOICE=%s does not apply to trials: the trial's "
                  "conv_choice = \"%s\" decides (it is part of the trial's identity)\n",
-                 env, s.text("conv_choice").c_str());
+                 env, s[key::conv_choice].c_str());
   }
-  t.graphs = s.boolean("graphs");
-  t.sync_bn = sync_bn(s.text("bn_mode"));
+  t.graphs = s[key::graphs];
+  t.sync_bn = sync_bn(s[key::bn_mode]);
   return t;
 }
 

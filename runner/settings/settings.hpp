@@ -16,6 +16,7 @@
 
 #include "base/json.hpp"
 #include "dpstore/store.hpp"
+#include "settings/keys.hpp"
 
 namespace dprun {
 
@@ -127,6 +128,16 @@ class TrialSettings {
 
   /// The value of recorded()[i] of the table.
   const SettingValue& at(size_t i) const { return values_[i]; }
+
+  /// Typed access by key (settings/keys.hpp): s[key::gpus] is an int64_t.
+  template <class T>
+  const T& operator[](SettingKey<T> k) const {
+    return std::get<T>(get(k.column));
+  }
+  template <class T>
+  void set(SettingKey<T> k, T value) {
+    set(k.column, SettingValue(std::move(value)));
+  }
 
  private:
   size_t index(std::string_view column) const;

@@ -42,7 +42,7 @@ fs::path new_submission_folder(const std::string& db) {
 // The resources a trial asks of Slurm (tasks with the same shape share one array).
 TaskShape shape_of(const TrialSpec& spec, const SweepOptions& o, const SlurmConfig& config) {
   const std::string backend = backend_for(o.run, spec.settings);
-  return task_shape(config, spec.settings.integer("gpus"), spec.settings.integer("processes"),
+  return task_shape(config, spec.settings[key::gpus], spec.settings[key::processes],
                     backend == "cpu");
 }
 

@@ -82,7 +82,7 @@ bool trial_matches(const TrialSpec& spec,
 }
 
 std::string trial_display_name(const TrialSpec& spec) {
-  const std::string& model = spec.settings.text("model");
+  const std::string& model = spec.settings[key::model];
   if (spec.label.empty()) return model;
   if (spec.label.find("model=") != std::string::npos) return spec.label;
   return model + " " + spec.label;
@@ -108,7 +108,7 @@ namespace {
 // checks the files before it does; see TrialRun::prepare_checkpoints).
 bool resumes(const TrialSpec& spec, const dps::TrialRow& row, const SweepOptions& options) {
   return !options.run.restart && row.last_checkpoint_epoch > 0 &&
-         spec.settings.text("checkpoint") != "none";
+         spec.settings[key::checkpoint] != "none";
 }
 
 std::string resume_text(const dps::TrialRow& row) {

@@ -57,11 +57,11 @@ void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& e
     std::string note = t.trial.error;
     if (auto nl = note.find('\n'); nl != std::string::npos) note = note.substr(0, nl);
     if (note.size() > 80) note = note.substr(0, 77) + "...";
-    table.push_back({trial_display_name(spec), dps::status_name(t.trial.status),
-                     std::to_string(t.trial.epochs_done) + "/" +
-                         std::to_string(spec.settings.integer("epochs")),
-                     fixed(t.final_test_acc, "%.4f"), fixed(t.mean_seconds_per_epoch, "%.2f"),
-                     devices_text(t.trial, spec.settings.integer("processes")), note});
+    table.push_back(
+        {trial_display_name(spec), dps::status_name(t.trial.status),
+         std::to_string(t.trial.epochs_done) + "/" + std::to_string(spec.settings[key::epochs]),
+         fixed(t.final_test_acc, "%.4f"), fixed(t.mean_seconds_per_epoch, "%.2f"),
+         devices_text(t.trial, spec.settings[key::processes]), note});
   }
   std::printf("\nexperiment %s:\n", experiment.name.c_str());
   std::fputs(format_aligned(table, "  ").c_str(), stdout);
@@ -99,9 +99,9 @@ DeviceNeed device_need(const TrialSpec& spec, const Experiment& experiment,
                                                                     : experiment.launch.launcher;
   const bool remote = !options.run.launch.hostfile.empty() || !experiment.launch.hostfile.empty() ||
                       launcher == "srun" || (launcher.empty() && std::getenv("SLURM_JOB_ID"));
-  need.exclusive = options.jobs == 1 || (spec.settings.integer("processes") > 1 && remote);
+  need.exclusive = options.jobs == 1 || (spec.settings[key::processes] > 1 && remote);
   const std::string backend = backend_for(options.run, spec.settings);
-  const int gpus = static_cast<int>(spec.settings.integer("gpus"));
+  const int gpus = static_cast<int>(spec.settings[key::gpus]);
   need.kind = backend == "cuda" || (backend == "auto" && !inventory.gpus.empty()) ? DeviceKind::gpu
                                                                                   : DeviceKind::cpu;
   need.count = need.kind == DeviceKind::gpu ? gpus
@@ -125,7 +125,7 @@ Work work_of(const std::vector<PlannedTrial>& plan) {
   for (const auto& p : plan)
     if (p.action == TrialAction::run) {
       w.trials.push_back(&p);
-      w.epochs += p.spec->settings.integer("epochs");
+      w.epochs += p.spec->settings[key::epochs];
     }
   return w;
 }

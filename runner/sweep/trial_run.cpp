@@ -114,7 +114,7 @@ std::optional<ResumePoint> TrialRun::find_resume_point(std::string& problem) {
 }
 
 void TrialRun::prepare_checkpoints() {
-  const CheckpointMode mode = parse_checkpoint_mode(spec_.settings.text("checkpoint"));
+  const CheckpointMode mode = parse_checkpoint_mode(spec_.settings[key::checkpoint]);
   const std::string dir = trial_checkpoint_dir(store_.path(), row_.id);
   if (mode != CheckpointMode::none) checkpoint_dir_ = dir;
   const bool resumable =
@@ -163,10 +163,9 @@ bool TrialRun::claim() {
 }
 
 void TrialRun::start() {
-  const int processes = static_cast<int>(spec_.settings.integer("processes"));
+  const int processes = static_cast<int>(spec_.settings[key::processes]);
   const std::string where = devices_.exclusive ? "" : devices_.text();
-  progress_.trial_started(index_, trial_display_name(spec_), spec_.settings.integer("epochs"),
-                          where);
+  progress_.trial_started(index_, trial_display_name(spec_), spec_.settings[key::epochs], where);
   started_at_ = last_beat_ = clock::now();
   prepare_checkpoints();
 
@@ -343,7 +342,7 @@ void TrialRun::handle(const TrialRecord& r) {
 void TrialRun::decide(bool timed_out, TrialOutcome& out) {
   using S = dps::TrialStatus;
   const TrialProcess& child = *child_;
-  const int processes = static_cast<int>(spec_.settings.integer("processes"));
+  const int processes = static_cast<int>(spec_.settings[key::processes]);
   // A record line that could not be read may have been an epoch: the trial's rows cannot be
   // trusted to be complete, whatever its final record says.
   if (protocol_error_.empty() && !child.protocol_error().empty())
@@ -371,7 +370,7 @@ void TrialRun::decide(bool timed_out, TrialOutcome& out) {
     out.message = final_->message;
     if (out.status == S::failed)
       out.message = explain_timeout(out.message, processes, child.failure_lines(), rank_hosts_);
-    const int64_t epochs = spec_.settings.integer("epochs");
+    const int64_t epochs = spec_.settings[key::epochs];
     if (out.status == S::done && last_epoch_ < epochs) {
       out.status = S::failed;
       out.message = "trial process reported done after " + std::to_string(last_epoch_) + " of " +

@@ -138,7 +138,7 @@ BackendChoice choose_backend(const TrialRequest& r) {
     return c;  // auto without a GPU: the CPU backend
   }
   c.kind = dp::BackendKind::cuda;
-  const int64_t gpus = r.settings.integer("gpus");
+  const int64_t gpus = r.settings[key::gpus];
   if (gpus > devices) {
     if (!r.run.oversubscribe) {
       c.skip_reason = "trial needs " + std::to_string(gpus) + " GPUs, this machine has " +
@@ -175,7 +175,7 @@ int affinity_count() {
 
 // Why the trial cannot run as asked, before anything is loaded ("" when it can).
 std::string request_problem(const TrialRequest& r, const dp::TrainerOptions& t, int world) {
-  const int processes = static_cast<int>(r.settings.integer("processes"));
+  const int processes = static_cast<int>(r.settings[key::processes]);
   // Before the device is looked for, so the reason is the same on a machine without a GPU. A
   // trial on backend auto that lands on a GPU is refused by the backend itself.
   if (t.precision == dp::Precision::bf16 && r.run.backend == "cuda")
@@ -186,9 +186,9 @@ std::string request_problem(const TrialRequest& r, const dp::TrainerOptions& t, 
            (processes > 1 ? ": start it with `mpirun -np " + std::to_string(processes) +
                                 "` (dprun run does), or srun --ntasks=" + std::to_string(processes)
                           : "");
-  if (r.settings.integer("gpus") % processes != 0)
-    return "gpus " + std::to_string(r.settings.integer("gpus")) +
-           " is not divisible by processes " + std::to_string(processes);
+  if (r.settings[key::gpus] % processes != 0)
+    return "gpus " + std::to_string(r.settings[key::gpus]) + " is not divisible by processes " +
+           std::to_string(processes);
   return "";
 }
 
@@ -210,9 +210,9 @@ const LoadedModel* find_model(const PluginScan& scan, const std::string& name, s
 // The trial's data, with its limits.
 dp::DatasetPair trial_data(const TrialRequest& r) {
   const TrialSettings& s = r.settings;
-  const std::string path = !r.data_path.empty() ? r.data_path : s.text("data_path");
-  dp::DatasetPair data = dp::load_dataset(s.text("dataset"), path);
-  const int64_t train_limit = s.integer("train_limit"), test_limit = s.integer("test_limit");
+  const std::string path = !r.data_path.empty() ? r.data_path : s[key::data_path];
+  dp::DatasetPair data = dp::load_dataset(s[key::dataset], path);
+  const int64_t train_limit = s[key::train_limit], test_limit = s[key::test_limit];
   if (train_limit > 0 && train_limit < data.train.count) data.train = data.train.head(train_limit);
   if (test_limit > 0 && test_limit < data.test.count) data.test = data.test.head(test_limit);
   return data;
@@ -223,8 +223,8 @@ dp::DatasetPair trial_data(const TrialRequest& r) {
 // --threads, equally).
 void machine_options(dp::TrainerOptions& t, const TrialRequest& r, const BackendChoice& backend,
                      dp::ProcessGroup* group) {
-  const int processes = static_cast<int>(r.settings.integer("processes"));
-  t.replicas = static_cast<int>(r.settings.integer("gpus")) / processes;
+  const int processes = static_cast<int>(r.settings[key::processes]);
+  t.replicas = static_cast<int>(r.settings[key::gpus]) / processes;
   t.processes = processes > 1 ? group : nullptr;
   t.backend = backend.kind;
   t.oversubscribe = r.run.oversubscribe;
@@ -288,7 +288,7 @@ TrialResult train(dp::Trainer& trainer, const TrialRequest& r, TrialSink& sink, 
     first_epoch = static_cast<int>(r.resume.epoch) + 1;
   }
   // Process 0 writes the checkpoints (every process holds the same model after a step).
-  CheckpointWriter checkpoints(parse_checkpoint_mode(r.settings.text("checkpoint")),
+  CheckpointWriter checkpoints(parse_checkpoint_mode(r.settings[key::checkpoint]),
                                rank == 0 ? r.checkpoint_dir : std::string(), r.resume);
   TrialResult result;
   trainer.fit(
@@ -327,7 +327,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
     return {TrialRecord::Kind::error, why};
   const PluginScan scan = scan_plugins(r.run.plugin_dirs);
   std::string why;
-  const LoadedModel* model = find_model(scan, r.settings.text("model"), why);
+  const LoadedModel* model = find_model(scan, r.settings[key::model], why);
   if (model == nullptr) return {TrialRecord::Kind::error, why};
   const dp::ModelOptions options = dp::resolve_model_options(model->factory, r.model_options);
 
@@ -388,7 +388,7 @@ void PrintSink::checkpoint(const dps::CheckpointRow& row) {
 }
 
 void PrintSink::start(const dps::TrialStart& start, const std::vector<std::string>& rank_hosts) {
-  std::printf("%s on %s: %s%s (plugin %s)\n", r_.settings.text("model").c_str(),
+  std::printf("%s on %s: %s%s (plugin %s)\n", r_.settings[key::model].c_str(),
               start.backend.c_str(), start.devices.c_str(),
               start.oversubscribed ? ", oversubscribed" : "", start.plugin_path.c_str());
   if (rank_hosts.size() > 1) std::printf("processes on %s\n", start.hosts.c_str());

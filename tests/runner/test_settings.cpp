@@ -342,3 +342,25 @@ TEST_CASE("settings: the trainer's options come from the settings in one place",
     CHECK_THROWS_WITH(dprun::trainer_options(bad), Contains(value) && Contains(message));
   }
 }
+
+namespace {
+
+template <class T>
+void check_key(const char* name, dprun::SettingKey<T> k) {
+  INFO("key::" << name);
+  CHECK(std::string(k.column) == name);
+  const Setting* row = dprun::builtin_settings().by_column(k.column);
+  REQUIRE(row != nullptr);
+  CHECK(std::holds_alternative<T>(row->default_value));
+  // The handle reads what the string-keyed accessors read.
+  const dprun::TrialSettings s;
+  CHECK(dprun::SettingValue(s[k]) == s.get(k.column));
+}
+
+}  // namespace
+
+TEST_CASE("settings: every typed key names a recorded setting of its type", "[settings]") {
+#define DPRUN_CHECK_SETTING_KEY(type, name) check_key<type>(#name, dprun::key::name);
+  DPRUN_SETTING_KEYS(DPRUN_CHECK_SETTING_KEY)
+#undef DPRUN_CHECK_SETTING_KEY
+}
