@@ -85,6 +85,16 @@ const std::vector<OptimizerEntry>& optimizer_table() {
   return table;
 }
 
+AdamWStep adamw_step(const AdamWParams& p) {
+  const auto t = static_cast<double>(p.step);
+  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
+  AdamWStep s;
+  s.step_size = p.lr / bias1;
+  s.decay = 1.0f - p.lr * p.weight_decay;
+  s.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
+  return s;
+}
+
 const std::vector<std::string>& optimizer_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;

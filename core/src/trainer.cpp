@@ -19,6 +19,7 @@
 #include <numeric>
 #include <thread>
 
+#include "capture.hpp"
 #include "dp/backend.hpp"
 #include "dp/comm.hpp"
 #include "dp/error.hpp"
@@ -75,51 +76,6 @@ Tensor upload_bytes(Backend& b, Arena& arena, const std::vector<uint8_t>& bytes,
 int64_t shard_offset(int64_t n, int64_t k, int64_t g) {
   return g * (n / k) + std::min<int64_t>(g, n % k);
 }
-
-// A communicator whose collectives are host work of the replica's backend (Backend::host_work):
-// run at once, or while the backend records a step, at that point of every replay. For backends
-// that record their ops (cpu), whose communicators sum on the host.
-class RecordedCommunicator final : public Communicator {
- public:
-  RecordedCommunicator(Communicator& inner, Backend& backend) : inner_(inner), backend_(backend) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string kind() const override { return inner_.kind(); }
-  void allreduce_sum(float* data, size_t count) override {
-    backend_.host_work([this, data, count] { inner_.allreduce_sum(data, count); });
-  }
-  void broadcast(float* data, size_t count, int root) override {
-    backend_.host_work([this, data, count, root] { inner_.broadcast(data, count, root); });
-  }
-  void barrier() override {
-    backend_.host_work([this] { inner_.barrier(); });
-  }
-  void abort() noexcept override { inner_.abort(); }
-  void launch_captured(const std::function<void()>& launch) override {
-    inner_.launch_captured(launch);
-  }
-
- private:
-  Communicator& inner_;
-  Backend& backend_;
-};
-
-// The same for a bucket launcher: launches and the wait for them are host work, recorded in
-// step order (the launcher's own thread then sums while the replay goes on, as in a live step).
-class RecordedLauncher final : public BucketLauncher {
- public:
-  RecordedLauncher(BucketLauncher& inner, Backend& backend) : inner_(inner), backend_(backend) {}
-  void launch(float* data, size_t count) override {
-    backend_.host_work([this, data, count] { inner_.launch(data, count); });
-  }
-  void wait() override {
-    backend_.host_work([this] { inner_.wait(); });
-  }
-
- private:
-  BucketLauncher& inner_;
-  Backend& backend_;
-};
 
 }  // namespace
 
@@ -465,10 +421,10 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     if (options.graphs && !rep.backend->native_capture()) {
       // The backend records its ops; the collectives, which its communicators run on the host,
       // are recorded with them.
-      s.recorded_comms.push_back(std::make_unique<RecordedCommunicator>(*rep.comm, *rep.backend));
+      s.recorded_comms.push_back(recorded(*rep.comm, *rep.backend));
       rep.comm = s.recorded_comms.back().get();
       s.recorded_launchers.push_back(
-          std::make_unique<RecordedLauncher>(*rep.launcher, *rep.backend));
+          recorded(*rep.launcher, *rep.backend));
       rep.launcher = s.recorded_launchers.back().get();
     }
     rep.buckets = std::make_unique<GradientBuckets>(*rep.params, options.bucket_bytes,

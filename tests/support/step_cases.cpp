@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dp/optimizer.hpp"
 #include "support/check.hpp"
 
 namespace dptest {

@@ -139,7 +139,7 @@ struct StepRow {
 struct AdamWStep {
   float step_size = 0.0f, decay = 1.0f, bias2_sqrt = 1.0f;
 };
-AdamWStep adamw_step(const AdamWParams& p);
+/// (adamw_step, which computes them, is the optimizer's: dp/optimizer.hpp.)
 
 /// A step recorded by Backend::end_capture, for Backend::replay on the same backend.
 class CapturedOps {

@@ -49,6 +49,10 @@ class Optimizer {
                          const std::vector<Tensor>& state, const StepRow& scalars) = 0;
 };
 
+/// The per-step scalars of one AdamW update (dp::AdamWStep, backend.hpp), as every backend and
+/// the optimizer compute them: double powers, then float.
+AdamWStep adamw_step(const AdamWParams& p);
+
 /// A row of the optimizer table.
 struct OptimizerEntry {
   const char* name;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cpu/cpu_backend.hpp"
+#include "dp/optimizer.hpp"
 
 namespace dp::cpu {
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "cuda/cuda_entry.hpp"
+#include "dp/optimizer.hpp"
 #include "cuda/kernels.cuh"
 #include "cuda/lib_check.hpp"
 #include "dp/error.hpp"

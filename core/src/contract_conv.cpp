@@ -1,0 +1,151 @@
+// The contracts of the convolution and linear ops of dp::Backend: every argument checked once
+// for every backend, then the backend's *_impl runs (the tiny-cuda-nn pattern).
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend_checker.hpp"
+
+namespace dp {
+
+using namespace checks;
+
+// ---- convolution --------------------------------------------------------------------------------
+
+std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUse& use) {
+  refuse_while_capturing("plan_conv");
+  const Checker check(*this, "plan_conv");
+  if (g.max_batch < 1 || g.in_channels < 1 || g.in_h < 1 || g.in_w < 1 || g.out_channels < 1 ||
+      g.kernel_h < 1 || g.kernel_w < 1 || g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 ||
+      g.pad_w < 0) {
+    check.fail("every size must be positive and padding non-negative, got " + g.str());
+  }
+  // out_h() >= 1 is not enough: the division truncates toward zero.
+  if (g.in_h + 2 * g.pad_h < g.kernel_h || g.in_w + 2 * g.pad_w < g.kernel_w) {
+    check.fail("the kernel is larger than the padded input in " + g.str());
+  }
+  for (const auto* list : {&use.train_batches, &use.infer_batches}) {
+    for (int64_t n : *list) {
+      if (n < 1 || n > g.max_batch) {
+        check.fail("batch size " + std::to_string(n) + " declared for " +
+                   (use.layer.empty() ? std::string("the plan") : use.layer) +
+                   " is outside [1, max_batch = " + std::to_string(g.max_batch) + "] of " +
+                   g.str());
+      }
+    }
+  }
+  std::unique_ptr<ConvPlan> plan = plan_conv_impl(g, use);
+  DP_ASSERT(plan != nullptr);
+  plan->owner_ = this;
+  return plan;
+}
+
+const ConvGeometry& Backend::check_plan(const ConvPlan& plan, const char* op) const {
+  if (plan.owner_ != this) {
+    throw Error(prefix(op) +
+                "the plan was made by another backend; make it with this backend's plan_conv");
+  }
+  return plan.geometry();
+}
+
+void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
+                           const Tensor& y) {
+  const char* op = "conv_forward";
+  const ConvGeometry& g = check_plan(plan, op);
+  const Checker check(*this, op);
+  const int64_t n = plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x");
+  check.f32(w, filter_shape(g), "w");
+  check.optional_f32(b, {g.out_channels}, "b");
+  check.f32(y, {n, g.out_channels, g.out_h(), g.out_w()}, "y");
+  plan_layout(check, g, y, "y");
+  if (n > 0) run([=, this, &plan, hb = Held(b)] { conv_forward_impl(plan, x, w, hb.get(), y); });
+}
+
+void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w,
+                                 const Tensor& dx) {
+  const char* op = "conv_backward_data";
+  const ConvGeometry& g = check_plan(plan, op);
+  const Checker check(*this, op);
+  const int64_t n = plan_activation(check, g, dy, g.out_channels, g.out_h(), g.out_w(), "dy");
+  check.f32(w, filter_shape(g), "w");
+  check.f32(dx, {n, g.in_channels, g.in_h, g.in_w}, "dx");
+  plan_layout(check, g, dx, "dx");
+  if (n > 0) run([=, this, &plan] { conv_backward_data_impl(plan, dy, w, dx); });
+}
+
+void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy,
+                                   const Tensor& dw, const Tensor* db) {
+  const char* op = "conv_backward_filter";
+  const ConvGeometry& g = check_plan(plan, op);
+  const Checker check(*this, op);
+  const int64_t n = plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x");
+  check.f32(dy, {n, g.out_channels, g.out_h(), g.out_w()}, "dy");
+  plan_layout(check, g, dy, "dy");
+  check.f32(dw, filter_shape(g), "dw");
+  check.optional_f32(db, {g.out_channels}, "db");
+  run([=, this, &plan, hdb = Held(db)] {
+    if (n > 0) {
+      conv_backward_filter_impl(plan, x, dy, dw, hdb.get());
+    } else {  // the sum over no examples
+      fill_impl(dw, 0.0f);
+      if (hdb.get() != nullptr) fill_impl(*hdb.get(), 0.0f);
+    }
+  });
+}
+
+// ---- linear -------------------------------------------------------------------------------------
+
+namespace {
+struct LinearDims {
+  int64_t n, in, out;
+};
+
+LinearDims check_linear(const Checker& check, const Tensor& x, const Tensor& w) {
+  check.tensor(x, DType::f32, "x");
+  check.tensor(w, DType::f32, "w");
+  if (x.shape.rank != 2 || w.shape.rank != 2 || x.shape[1] != w.shape[1]) {
+    check.fail("x has shape " + x.shape.str() + " and w has shape " + w.shape.str() +
+               ", expected x (N, IN) and w (OUT, IN) with the same IN (flatten x first)");
+  }
+  return {x.shape[0], x.shape[1], w.shape[0]};
+}
+}  // namespace
+
+void Backend::prepare_linear(int64_t max_batch, int64_t in, int64_t out) {
+  refuse_while_capturing("prepare_linear");
+  const Checker check(*this, "prepare_linear");
+  if (max_batch < 1 || in < 1 || out < 1) {
+    check.fail("max_batch, in and out must be >= 1, got " + std::to_string(max_batch) + ", " +
+               std::to_string(in) + ", " + std::to_string(out));
+  }
+  prepare_linear_impl(max_batch, in, out);
+}
+
+void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
+  const Checker check(*this, "linear_forward");
+  const LinearDims d = check_linear(check, x, w);
+  check.optional_f32(b, {d.out}, "b");
+  check.f32(y, {d.n, d.out}, "y");
+  if (d.n > 0) run([=, this, hb = Held(b)] { linear_forward_impl(x, w, hb.get(), y); });
+}
+
+void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
+                              const Tensor& dw, const Tensor* db) {
+  const Checker check(*this, "linear_backward");
+  const LinearDims d = check_linear(check, x, w);
+  check.f32(dy, {d.n, d.out}, "dy");
+  check.optional_f32(dx, {d.n, d.in}, "dx");
+  check.f32(dw, {d.out, d.in}, "dw");
+  check.optional_f32(db, {d.out}, "db");
+  run([=, this, hdx = Held(dx), hdb = Held(db), n = d.n] {
+    if (n > 0) {
+      linear_backward_impl(x, w, dy, hdx.get(), dw, hdb.get());
+    } else {  // sums over no examples
+      fill_impl(dw, 0.0f);
+      if (hdb.get() != nullptr) fill_impl(*hdb.get(), 0.0f);
+    }
+  });
+}
+
+}  // namespace dp

@@ -1,0 +1,89 @@
+// The contracts of dp::Backend's activation, elementwise and pooling ops.
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend_checker.hpp"
+
+namespace dp {
+
+using namespace checks;
+
+// ---- activation and elementwise -----------------------------------------------------------------
+
+void Backend::relu_forward(const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "relu_forward");
+  check.tensor(x, DType::f32, "x");
+  check.like(y, x, "y", "x");
+  if (x.numel() > 0) run([=, this] { relu_forward_impl(x, y); });
+}
+
+void Backend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  const Checker check(*this, "relu_backward");
+  check.tensor(y, DType::f32, "y");
+  check.like(dy, y, "dy", "y");
+  check.like(dx, y, "dx", "y");
+  if (y.numel() > 0) run([=, this] { relu_backward_impl(y, dy, dx); });
+}
+
+void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
+  const Checker check(*this, "add");
+  check.tensor(a, DType::f32, "a");
+  check.like(b, a, "b", "a");
+  check.like(y, a, "y", "a");
+  if (a.numel() > 0) run([=, this] { add_impl(a, b, y); });
+}
+
+void Backend::scale(const Tensor& t, float alpha) {
+  const Checker check(*this, "scale");
+  check.tensor(t, DType::f32, "t");
+  if (t.numel() > 0) run([=, this] { scale_impl(t, alpha); });
+}
+
+// ---- pooling ------------------------------------------------------------------------------------
+
+void Backend::avgpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "avgpool_forward");
+  check_pool(check, g, x, y, "x", "y");
+  if (x.numel() > 0) run([=, this] { avgpool_forward_impl(g, x, y); });
+}
+
+void Backend::avgpool_backward(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) {
+  const Checker check(*this, "avgpool_backward");
+  check_pool(check, g, dx, dy, "dx", "dy");
+  if (dx.numel() > 0) run([=, this] { avgpool_backward_impl(g, dy, dx); });
+}
+
+void Backend::maxpool_forward(const PoolGeometry& g, const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "maxpool_forward");
+  check_pool(check, g, x, y, "x", "y");
+  if (x.numel() > 0) run([=, this] { maxpool_forward_impl(g, x, y); });
+}
+
+void Backend::maxpool_backward(const PoolGeometry& g, const Tensor& x, const Tensor& y,
+                               const Tensor& dy, const Tensor& dx) {
+  const Checker check(*this, "maxpool_backward");
+  check_pool(check, g, x, y, "x", "y");
+  check.like(dy, y, "dy", "y");
+  check.like(dx, x, "dx", "x");
+  if (x.numel() > 0) run([=, this] { maxpool_backward_impl(g, x, y, dy, dx); });
+}
+
+void Backend::global_avgpool_forward(const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "global_avgpool_forward");
+  const Shape s = check.activation(x, "x");
+  check.f32(y, {s[0], s[1], 1, 1}, "y");
+  check.same_layout(y, x, "y", "x");
+  if (x.numel() > 0) run([=, this] { global_avgpool_forward_impl(x, y); });
+}
+
+void Backend::global_avgpool_backward(const Tensor& dy, const Tensor& dx) {
+  const Checker check(*this, "global_avgpool_backward");
+  const Shape s = check.activation(dx, "dx");
+  check.f32(dy, {s[0], s[1], 1, 1}, "dy");
+  check.same_layout(dy, dx, "dy", "dx");
+  if (dx.numel() > 0) run([=, this] { global_avgpool_backward_impl(dy, dx); });
+}
+
+}  // namespace dp
