@@ -4,30 +4,18 @@
 #include "cli/cli.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
-#include <map>
-#include <optional>
-#include <variant>
 
 #include "base/suggest.hpp"
 #include "base/usage_error.hpp"
 #include "cli/commands.hpp"
 #include "dp/backend.hpp"
 #include "dp/conv_contract.hpp"
-#include "dp/data.hpp"
-#include "dp/error.hpp"
-#include "dp/plugin.hpp"
 #include "dp/version.hpp"
-#include "dpstore/store.hpp"
 #include "experiment/experiment.hpp"
-#include "models/plugin_loader.hpp"
-#include "report/report.hpp"
-#include "settings/settings.hpp"
 #include "slurm/slurm_task.hpp"
 #include "sweep/scheduler.hpp"
-#include "sweep/sweep_runner.hpp"
 #include "trial/trial_main.hpp"
 
 namespace dprun {
@@ -148,6 +136,8 @@ const Opt kForceOpt{"--force", "", "allow a sweep of more than 1000 trials"};
 const Opt kResultsDbOpt{"--db", "PATH", "the database (default: the only results/*.db here)"};
 
 // A function-local table: the train row's options are built from the settings table.
+// long function: the command table, one row per command (ninja's kTools[]), so help and
+// dispatch cannot drift apart; splitting it would split the table.
 const std::vector<Command>& commands() {
   // `dprun train --help` ends with the GPU's precision contract (dp/conv_contract.hpp).
   static const std::string train_details =

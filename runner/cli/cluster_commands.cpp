@@ -98,6 +98,110 @@ int merge_command(const Invocation& in) {
   return 0;
 }
 
+namespace {
+
+// The trials of an experiment as (config hash, name): the file's in sweep order, else the
+// database's.
+std::vector<std::pair<std::string, std::string>> trials_of(dps::Store& store, int64_t experiment,
+                                                           const Target& t) {
+  std::vector<std::pair<std::string, std::string>> trials;
+  if (t.experiment) {
+    for (const auto& spec : t.experiment->trials)
+      trials.emplace_back(spec.config_hash, trial_display_name(spec));
+    return trials;
+  }
+  for (const auto& r : store.trials(experiment)) {
+    const auto model = r.settings.find("model");
+    trials.emplace_back(
+        r.config_hash,
+        "trial " + std::to_string(r.id) + " " +
+            (model != r.settings.end() && std::holds_alternative<std::string>(model->second)
+                 ? std::get<std::string>(model->second)
+                 : std::string()));
+  }
+  return trials;
+}
+
+// Where one stored trial stands: its epochs, and its state from its newest Slurm task (queued,
+// running, submitted but not collected, lost) or from its own status.
+TrialLine trial_line(const std::string& name, const dps::TrialRow& r,
+                     const std::map<int64_t, dps::TaskRow>& last_task, const MergeSummary& m) {
+  TrialLine line{name, "not run", "-", ""};
+  const auto setting = r.settings.find("epochs");
+  line.epochs = std::to_string(r.epochs_done) + "/" +
+                (setting != r.settings.end() && std::holds_alternative<int64_t>(setting->second)
+                     ? std::to_string(std::get<int64_t>(setting->second))
+                     : std::string("?"));
+  auto task = last_task.find(r.id);
+  if (task != last_task.end() && task->second.state == dps::TaskState::submitted) {
+    auto live = m.live.find({task->second.submission_id, task->second.index});
+    line.state = live != m.live.end() ? live_state(live->second) : "submitted";
+    line.why = task_name(task->second) +
+               (live != m.live.end() ? " " + live->second : ": result not collected yet");
+  } else if (r.status == dps::TrialStatus::pending && task != last_task.end() &&
+             task->second.state == dps::TaskState::lost) {
+    line.state = "lost";
+    line.why = task->second.error;
+  } else {
+    line.state = r.status == dps::TrialStatus::pending ? "not run" : dps::status_name(r.status);
+    line.why = r.error;
+  }
+  return line;
+}
+
+// One experiment's `dprun status`: collects what ended, counts the trials by state and lists
+// those not done.
+void print_status(dps::Store& store, const dps::ExperimentRow& e, const Target& t) {
+  static const std::vector<std::string> order = {"done",    "running",  "queued",      "submitted",
+                                                 "failed",  "diverged", "interrupted", "lost",
+                                                 "skipped", "not run"};
+  const MergeSummary m = merge_tasks(store, e.id);
+  std::map<std::string, dps::TrialRow> rows;
+  for (auto& r : store.trials(e.id)) rows[r.config_hash] = r;
+  // The newest task of each trial (tasks come oldest first).
+  std::map<int64_t, dps::TaskRow> last_task;
+  std::set<std::string> jobs;
+  for (const auto& task : store.tasks(e.id, false)) {
+    last_task[task.trial_id] = task;
+    if (!task.job_id.empty()) jobs.insert(task.job_id);
+  }
+  const auto trials = trials_of(store, e.id, t);
+  std::map<std::string, int> counts;
+  std::vector<TrialLine> not_done;
+  for (const auto& [hash, name] : trials) {
+    auto row = rows.find(hash);
+    const TrialLine line = row != rows.end() ? trial_line(name, row->second, last_task, m)
+                                             : TrialLine{name, "not run", "-", ""};
+    ++counts[line.state];
+    if (line.state != "done" && line.state != "running" && line.state != "queued")
+      not_done.push_back(line);
+  }
+  std::string count_text;
+  for (const auto& state : order)
+    if (counts[state] > 0)
+      count_text += (count_text.empty() ? "" : ", ") + std::to_string(counts[state]) + " " + state;
+  std::printf("experiment %s: %zu trial%s: %s\n", e.name.c_str(), trials.size(),
+              trials.size() == 1 ? "" : "s", count_text.c_str());
+  std::string job_list;
+  for (const auto& j : jobs) job_list += (job_list.empty() ? "" : ", ") + j;
+  if (!jobs.empty())
+    std::printf("Slurm job%s %s; %s\n", jobs.size() == 1 ? "" : "s", job_list.c_str(),
+                merge_line(m).c_str());
+  for (const auto& note : m.notes) std::printf("  note: %s\n", note.c_str());
+  if (not_done.empty()) return;
+  std::vector<std::vector<std::string>> table{{"trial", "state", "epochs", "why"}};
+  for (const auto& l : not_done) table.push_back({l.name, l.state, l.epochs, l.why});
+  std::printf("trials not done:\n");
+  std::fputs(format_aligned(table, "  ").c_str(), stdout);
+  if (t.experiment)
+    std::printf(
+        "to run them (failed and interrupted ones resume from their last checkpoint): "
+        "dprun submit %s\n",
+        shell_quote(t.experiment->file).c_str());
+}
+
+}  // namespace
+
 int status_command(const Invocation& in) {
   const Target t = target_of(in);
   dps::Store store = open_read_write(t);
@@ -114,94 +218,7 @@ int status_command(const Invocation& in) {
                 t.experiment->name.c_str(), t.db.c_str());
     return 0;
   }
-  static const std::vector<std::string> order = {"done",    "running",  "queued",      "submitted",
-                                                 "failed",  "diverged", "interrupted", "lost",
-                                                 "skipped", "not run"};
-  for (const auto& e : experiments) {
-    const MergeSummary m = merge_tasks(store, e.id);
-    std::map<std::string, dps::TrialRow> rows;
-    for (auto& r : store.trials(e.id)) rows[r.config_hash] = r;
-    // The newest task of each trial (tasks come oldest first).
-    std::map<int64_t, dps::TaskRow> last_task;
-    std::set<std::string> jobs;
-    for (const auto& task : store.tasks(e.id, false)) {
-      last_task[task.trial_id] = task;
-      if (!task.job_id.empty()) jobs.insert(task.job_id);
-    }
-    // The trials: the file's in sweep order, else the database's.
-    std::vector<std::pair<std::string, std::string>> trials;  // (config hash, name)
-    if (t.experiment) {
-      for (const auto& spec : t.experiment->trials)
-        trials.emplace_back(spec.config_hash, trial_display_name(spec));
-    } else {
-      for (const auto& r : store.trials(e.id)) {
-        const auto model = r.settings.find("model");
-        trials.emplace_back(
-            r.config_hash,
-            "trial " + std::to_string(r.id) + " " +
-                (model != r.settings.end() && std::holds_alternative<std::string>(model->second)
-                     ? std::get<std::string>(model->second)
-                     : std::string()));
-      }
-    }
-    std::map<std::string, int> counts;
-    std::vector<TrialLine> not_done;
-    for (const auto& [hash, name] : trials) {
-      TrialLine line{name, "not run", "-", ""};
-      auto row = rows.find(hash);
-      if (row != rows.end()) {
-        const dps::TrialRow& r = row->second;
-        const auto setting = r.settings.find("epochs");
-        line.epochs =
-            std::to_string(r.epochs_done) + "/" +
-            (setting != r.settings.end() && std::holds_alternative<int64_t>(setting->second)
-                 ? std::to_string(std::get<int64_t>(setting->second))
-                 : std::string("?"));
-        auto task = last_task.find(r.id);
-        if (task != last_task.end() && task->second.state == dps::TaskState::submitted) {
-          auto live = m.live.find({task->second.submission_id, task->second.index});
-          line.state = live != m.live.end() ? live_state(live->second) : "submitted";
-          line.why = task_name(task->second) +
-                     (live != m.live.end() ? " " + live->second : ": result not collected yet");
-        } else if (r.status == dps::TrialStatus::pending && task != last_task.end() &&
-                   task->second.state == dps::TaskState::lost) {
-          line.state = "lost";
-          line.why = task->second.error;
-        } else {
-          line.state =
-              r.status == dps::TrialStatus::pending ? "not run" : dps::status_name(r.status);
-          line.why = r.error;
-        }
-      }
-      ++counts[line.state];
-      if (line.state != "done" && line.state != "running" && line.state != "queued")
-        not_done.push_back(line);
-    }
-    std::string count_text;
-    for (const auto& state : order)
-      if (counts[state] > 0)
-        count_text +=
-            (count_text.empty() ? "" : ", ") + std::to_string(counts[state]) + " " + state;
-    std::printf("experiment %s: %zu trial%s: %s\n", e.name.c_str(), trials.size(),
-                trials.size() == 1 ? "" : "s", count_text.c_str());
-    std::string job_list;
-    for (const auto& j : jobs) job_list += (job_list.empty() ? "" : ", ") + j;
-    if (!jobs.empty())
-      std::printf("Slurm job%s %s; %s\n", jobs.size() == 1 ? "" : "s", job_list.c_str(),
-                  merge_line(m).c_str());
-    for (const auto& note : m.notes) std::printf("  note: %s\n", note.c_str());
-    if (!not_done.empty()) {
-      std::vector<std::vector<std::string>> table{{"trial", "state", "epochs", "why"}};
-      for (const auto& l : not_done) table.push_back({l.name, l.state, l.epochs, l.why});
-      std::printf("trials not done:\n");
-      std::fputs(format_aligned(table, "  ").c_str(), stdout);
-      if (t.experiment)
-        std::printf(
-            "to run them (failed and interrupted ones resume from their last checkpoint): "
-            "dprun submit %s\n",
-            shell_quote(t.experiment->file).c_str());
-    }
-  }
+  for (const auto& e : experiments) print_status(store, e, t);
   std::printf("database: %s\n", t.db.c_str());
   return 0;
 }

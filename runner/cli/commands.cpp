@@ -277,32 +277,29 @@ std::vector<Opt> train_options() {
   return options;
 }
 
-int train_command(const Invocation& in) {
-  const Args& a = in.args;
-  if (!a.positional.empty())
-    throw UsageError("dprun train takes options only, got " + a.positional[0] +
-                     " (to run an experiment file: dprun run FILE.toml)");
-  auto model = a.last("--model");
-  if (!model) throw UsageError("dprun train needs --model NAME (see dprun plugins)");
-  TrialRequest r;
-  r.run.plugin_dirs = a.all("--plugins");
-  PluginScan scan = scan_plugins(r.run.plugin_dirs);
-  auto found = scan.models.find(*model);
-  if (found == scan.models.end()) {
-    std::vector<std::string> names;
-    std::string known;
-    for (const auto& [n, m] : scan.models) {
-      names.push_back(n);
-      known += (known.empty() ? "" : ", ") + n;
-    }
-    std::string hint = did_you_mean(*model, names);
-    for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: plugin error: %s\n", e.c_str());
-    for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
-    throw UsageError("unknown model \"" + *model + "\"" +
-                     (hint.empty() ? "" : "; did you mean " + hint + "?") +
-                     " (models found: " + (known.empty() ? "none" : known) + ")");
+namespace {
+
+// The model of --model, from the plugins found; a UsageError naming the models found otherwise.
+const LoadedModel& train_model(const PluginScan& scan, const std::string& model) {
+  auto found = scan.models.find(model);
+  if (found != scan.models.end()) return found->second;
+  std::vector<std::string> names;
+  std::string known;
+  for (const auto& [n, m] : scan.models) {
+    names.push_back(n);
+    known += (known.empty() ? "" : ", ") + n;
   }
-  // The settings an experiment file with these [train] keys would give the trial.
+  std::string hint = did_you_mean(model, names);
+  for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: plugin error: %s\n", e.c_str());
+  for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
+  throw UsageError("unknown model \"" + model + "\"" +
+                   (hint.empty() ? "" : "; did you mean " + hint + "?") +
+                   " (models found: " + (known.empty() ? "none" : known) + ")");
+}
+
+// The settings an experiment file with these [train] keys (and [data] dataset) would give the
+// trial; a UsageError for a value a setting refuses.
+TrialSettings train_trial_settings(const Args& a) {
   std::map<std::string, SettingValue> given;
   std::string dataset = "fashion-mnist";
   for (const Setting* s : train_settings()) {
@@ -319,71 +316,89 @@ int train_command(const Invocation& in) {
     else
       given[s->key] = value;
   }
-  r.settings = settings_from_keys(builtin_settings(), given);
-  TrialSettings& s = r.settings;
+  TrialSettings s = settings_from_keys(builtin_settings(), given);
   s.set("dataset", dataset);
   const int64_t gpus = s[key::gpus], batch_size = s[key::batch_size];
   if (batch_size < gpus)
     throw UsageError("--batch-size " + std::to_string(batch_size) + " is smaller than --gpus " +
                      std::to_string(gpus) + ": every replica needs at least one example");
-  r.run.backend = s[key::backend_request];
-  r.data_path = a.last("--data").value_or("");
-  // Under mpirun or srun, this process is one of the trial's processes; without a launcher,
-  // the trial is this process.
-  const int64_t processes = s[key::processes];
-  const bool under_launcher = dp::under_mpi_launcher() && dp::mpi_compiled();
-  if (processes > 1 && !under_launcher)
-    throw UsageError("--processes " + std::to_string(processes) + ": start " +
-                     std::to_string(processes) +
-                     " processes of dprun train with a launcher, e.g. "
-                     "mpirun -np " +
-                     std::to_string(processes) +
-                     " dprun train ... (or srun "
-                     "--ntasks=" +
-                     std::to_string(processes) + " inside a Slurm allocation)" +
-                     (dp::mpi_compiled() ? ""
-                                         : "; this dprun was built without MPI: install "
-                                           "Open MPI (Debian: libopenmpi-dev openmpi-bin) "
-                                           "and rebuild"));
-  r.run.oversubscribe = a.flag("--oversubscribe");
-  r.run.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
-  // Without a database there is no folder of its own: checkpoints go where the user says.
+  return s;
+}
+
+// Without a database there is no folder of its own: checkpoints go where the user says.
+std::string train_checkpoint_dir(const Args& a, const TrialSettings& s) {
   if (auto dir = a.last("--checkpoint-dir")) {
     if (s[key::checkpoint] == "none")
       throw UsageError("--checkpoint-dir " + *dir +
-                       " with --checkpoint none: nothing would be "
-                       "written there");
-    r.checkpoint_dir = std::filesystem::absolute(*dir).lexically_normal().string();
-  } else if (a.last("--checkpoint") && s[key::checkpoint] != "none") {
+                       " with --checkpoint none: nothing would be written there");
+    return std::filesystem::absolute(*dir).lexically_normal().string();
+  }
+  if (a.last("--checkpoint") && s[key::checkpoint] != "none")
     throw UsageError("--checkpoint " + *a.last("--checkpoint") +
                      ": dprun train writes checkpoints only with --checkpoint-dir DIR");
-  }
+  return "";
+}
+
+// `dprun train --processes N` needs a launcher that started N processes of it.
+void check_train_processes(const Args& a, const TrialSettings& s, bool under_launcher) {
+  const int64_t processes = s[key::processes];
+  if (processes > 1 && !under_launcher)
+    throw UsageError(
+        "--processes " + std::to_string(processes) + ": start " + std::to_string(processes) +
+        " processes of dprun train with a launcher, e.g. mpirun -np " + std::to_string(processes) +
+        " dprun train ... (or srun --ntasks=" + std::to_string(processes) +
+        " inside a Slurm allocation)" +
+        (dp::mpi_compiled() ? ""
+                            : "; this dprun was built without MPI: install "
+                              "Open MPI (Debian: libopenmpi-dev openmpi-bin) "
+                              "and rebuild"));
+  if (!under_launcher) return;
+  const int world = launcher_world_size();
+  // The launcher's process count decides; a different --processes is a mistake.
+  if (a.last("--processes") && world > 0 && world != processes)
+    throw UsageError("--processes " + std::to_string(processes) + " but the launcher started " +
+                     std::to_string(world) + " processes");
+  if (s[key::gpus] % std::max(1, world) != 0)
+    throw UsageError("--gpus " + std::to_string(s[key::gpus]) + " is not divisible by the " +
+                     std::to_string(world) +
+                     " processes the launcher started: each process runs gpus / processes "
+                     "replicas");
+}
+
+}  // namespace
+
+int train_command(const Invocation& in) {
+  const Args& a = in.args;
+  if (!a.positional.empty())
+    throw UsageError("dprun train takes options only, got " + a.positional[0] +
+                     " (to run an experiment file: dprun run FILE.toml)");
+  auto model = a.last("--model");
+  if (!model) throw UsageError("dprun train needs --model NAME (see dprun plugins)");
+  TrialRequest r;
+  r.run.plugin_dirs = a.all("--plugins");
+  const PluginScan scan = scan_plugins(r.run.plugin_dirs);
+  const LoadedModel& found = train_model(scan, *model);
+  r.settings = train_trial_settings(a);
+  r.run.backend = r.settings[key::backend_request];
+  r.data_path = a.last("--data").value_or("");
+  // Under mpirun or srun, this process is one of the trial's processes; without a launcher,
+  // the trial is this process.
+  const bool under_launcher = dp::under_mpi_launcher() && dp::mpi_compiled();
+  check_train_processes(a, r.settings, under_launcher);
+  r.run.oversubscribe = a.flag("--oversubscribe");
+  r.run.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
+  r.checkpoint_dir = train_checkpoint_dir(a, r.settings);
   for (const auto& kv : a.all("--option")) {
     auto [key, text] = key_value("--option", kv);
-    r.model_options[key] = option_value(found->second.factory, key, text);
+    r.model_options[key] = option_value(found.factory, key, text);
   }
   // Unknown or mistyped options are command-line errors, found before any data is loaded.
   try {
-    r.model_options = dp::resolve_model_options(found->second.factory, r.model_options);
+    r.model_options = dp::resolve_model_options(found.factory, r.model_options);
   } catch (const dp::Error& e) {
     throw UsageError(e.what());
   }
-  if (under_launcher) {
-    if (a.last("--processes")) {
-      // The launcher's process count decides; a different --processes is a mistake.
-      const int world = launcher_world_size();
-      if (world > 0 && world != processes)
-        throw UsageError("--processes " + std::to_string(processes) + " but the launcher started " +
-                         std::to_string(world) + " processes");
-    }
-    if (s[key::gpus] % std::max(1, launcher_world_size()) != 0)
-      throw UsageError("--gpus " + std::to_string(s[key::gpus]) + " is not divisible by the " +
-                       std::to_string(launcher_world_size()) +
-                       " processes the launcher started: each process runs gpus / processes "
-                       "replicas");
-    return run_train_processes(r);
-  }
-  return run_train(r);
+  return under_launcher ? run_train_processes(r) : run_train(r);
 }
 
 int settings_command(const Invocation& in) {

@@ -32,6 +32,80 @@ bool is_slurm_memory(const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+// One value of [launch.slurm] (its key known), into `out`; false, reported, when it is wrong.
+bool read_slurm_number(const std::string& key, const toml::node& n, Pos at, const std::string& path,
+                       Diagnostics& diag, SlurmConfig& out) {
+  const auto* i = n.as_integer();
+  if (!i || i->get() < 1) {
+    diag.add(at, path,
+             std::string("expected a positive integer (") +
+                 (key == "max_parallel"
+                      ? "the most tasks of the array running at once, sbatch --array=...%N"
+                      : "CPUs for each process of a trial, sbatch --cpus-per-task") +
+                 "), got " + describe(n));
+    return false;
+  }
+  (key == "max_parallel" ? out.max_parallel : out.cpus_per_task) = i->get();
+  return true;
+}
+
+bool read_slurm_args(const toml::node& n, Pos at, const std::string& path, Diagnostics& diag,
+                     SlurmConfig& out) {
+  const auto* list = n.as_array();
+  const bool strings =
+      list && std::all_of(list->begin(), list->end(), [](auto& x) { return x.is_string(); });
+  if (!strings) {
+    diag.add(at, path,
+             "expected a list of strings (more sbatch arguments, e.g. [\"--constraint=a100\", "
+             "\"--exclusive\"]), got " +
+                 describe(n));
+    return false;
+  }
+  std::vector<std::string> args;
+  for (const auto& x : *list) args.push_back(x.as_string()->get());
+  if (const std::string problem = sbatch_args_problem(args); !problem.empty()) {
+    diag.add(at, path, problem);
+    return false;
+  }
+  out.args.insert(out.args.end(), args.begin(), args.end());
+  return true;
+}
+
+// partition, time, account, qos, mem: sbatch's options of those names.
+bool read_slurm_text(const std::string& key, const toml::node& n, Pos at, const std::string& path,
+                     Diagnostics& diag, SlurmConfig& out) {
+  const auto* s = n.as_string();
+  if (!s || s->get().empty()) {
+    diag.add(at, path, "expected a non-empty string (sbatch --" + key + "), got " + describe(n));
+    return false;
+  }
+  const std::string& v = s->get();
+  if (key == "time" && !is_slurm_time(v)) {
+    diag.add(at, path,
+             "expected a Slurm time limit (minutes, \"MM:SS\", \"HH:MM:SS\", \"D-HH\", "
+             "\"D-HH:MM:SS\" or \"UNLIMITED\"), got " +
+                 describe(n));
+    return false;
+  }
+  if (key == "mem" && !is_slurm_memory(v)) {
+    diag.add(at, path,
+             "expected memory per node as sbatch --mem takes it (a number with an optional "
+             "unit K, M, G or T, e.g. \"16G\"), got " +
+                 describe(n));
+    return false;
+  }
+  if (key == "partition") out.partition = v;
+  if (key == "time") out.time = v;
+  if (key == "account") out.account = v;
+  if (key == "qos") out.qos = v;
+  if (key == "mem") out.mem = v;
+  return true;
+}
+
+}  // namespace
+
 void read_slurm_table(const toml::node& node, Pos fallback, Diagnostics& diag, SlurmConfig& out) {
   const Pos pos = pos_of(node.source(), fallback);
   const auto* t = node.as_table();
@@ -52,20 +126,8 @@ void read_slurm_table(const toml::node& node, Pos fallback, Diagnostics& diag, S
       diag.add(pos_of(k->source(), at), path,
                "unknown key" + typo_hint(key, known) + " (known keys: " + join(known, ", ", false) +
                    "; other sbatch options go in args, e.g. args = [\"--constraint=a100\"])");
-      continue;
-    }
-    if (key == "max_parallel" || key == "cpus_per_task") {
-      const auto* i = n->as_integer();
-      if (!i || i->get() < 1) {
-        diag.add(at, path,
-                 std::string("expected a positive integer (") +
-                     (key == "max_parallel"
-                          ? "the most tasks of the array running at once, sbatch --array=...%N"
-                          : "CPUs for each process of a trial, sbatch --cpus-per-task") +
-                     "), got " + describe(*n));
-        continue;
-      }
-      (key == "max_parallel" ? out.max_parallel : out.cpus_per_task) = i->get();
+    } else if (key == "max_parallel" || key == "cpus_per_task") {
+      read_slurm_number(key, *n, at, path, diag, out);
     } else if (key == "gpus_as") {
       const auto* v = n->as_string();
       if (!v || (v->get() != "gpus-per-task" && v->get() != "gres")) {
@@ -73,54 +135,13 @@ void read_slurm_table(const toml::node& node, Pos fallback, Diagnostics& diag, S
                  "expected \"gpus-per-task\" (sbatch --gpus-per-task=G, the default) or \"gres\" "
                  "(--gres=gpu:G per node, one process per node), got " +
                      describe(*n));
-        continue;
+      } else {
+        out.gres = v->get() == "gres";
       }
-      out.gres = v->get() == "gres";
     } else if (key == "args") {
-      const auto* list = n->as_array();
-      const bool strings =
-          list && std::all_of(list->begin(), list->end(), [](auto& x) { return x.is_string(); });
-      if (!strings) {
-        diag.add(at, path,
-                 "expected a list of strings (more sbatch arguments, e.g. [\"--constraint=a100\", "
-                 "\"--exclusive\"]), got " +
-                     describe(*n));
-        continue;
-      }
-      std::vector<std::string> args;
-      for (const auto& x : *list) args.push_back(x.as_string()->get());
-      if (const std::string problem = sbatch_args_problem(args); !problem.empty()) {
-        diag.add(at, path, problem);
-        continue;
-      }
-      out.args.insert(out.args.end(), args.begin(), args.end());
+      read_slurm_args(*n, at, path, diag, out);
     } else {
-      const auto* s = n->as_string();
-      if (!s || s->get().empty()) {
-        diag.add(at, path,
-                 "expected a non-empty string (sbatch --" + key + "), got " + describe(*n));
-        continue;
-      }
-      const std::string& v = s->get();
-      if (key == "time" && !is_slurm_time(v)) {
-        diag.add(at, path,
-                 "expected a Slurm time limit (minutes, \"MM:SS\", \"HH:MM:SS\", \"D-HH\", "
-                 "\"D-HH:MM:SS\" or \"UNLIMITED\"), got " +
-                     describe(*n));
-        continue;
-      }
-      if (key == "mem" && !is_slurm_memory(v)) {
-        diag.add(at, path,
-                 "expected memory per node as sbatch --mem takes it (a number with an optional "
-                 "unit K, M, G or T, e.g. \"16G\"), got " +
-                     describe(*n));
-        continue;
-      }
-      if (key == "partition") out.partition = v;
-      if (key == "time") out.time = v;
-      if (key == "account") out.account = v;
-      if (key == "qos") out.qos = v;
-      if (key == "mem") out.mem = v;
+      read_slurm_text(key, *n, at, path, diag, out);
     }
   }
 }

@@ -94,14 +94,10 @@ std::vector<std::string> plugin_search_path(const std::vector<std::string>& extr
   return out;
 }
 
-std::vector<LoadedModel> load_plugin(const std::string& file) {
-  std::error_code fs_ec;
-  if (!fs::exists(file, fs_ec)) throw PluginError(file + ": no such plugin file");
-  if (fs::is_directory(file, fs_ec)) {
-    throw PluginError(file + ": is a folder, expected a plugin shared library (lib*.so)");
-  }
-  const std::string path = absolute_path(file);
+namespace {
 
+// Loads the library (kept loaded until the process ends, whatever follows).
+boost::dll::shared_library open_library(const std::string& path) {
   // rtld_now: a plugin with an unresolved symbol fails here, with the linker's message, rather
   // than in the middle of a training step.
   boost::dll::shared_library lib;
@@ -112,14 +108,16 @@ std::vector<LoadedModel> load_plugin(const std::string& file) {
     throw PluginError(path + ": cannot be loaded as a shared library: " +
                       (why ? std::string(why) : ec.message()));
   }
-  // Kept even when the checks below refuse it: its static initialisers have run, and what they
-  // registered must not point into unmapped code.
-  {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    r.libraries.push_back(lib);
-  }
+  // Kept even when the checks that follow refuse it: its static initialisers have run, and what
+  // they registered must not point into unmapped code.
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.libraries.push_back(lib);
+  return lib;
+}
 
+// The plugin's ABI record, checked before any function of it is called.
+const dp::PluginAbi& checked_abi(const boost::dll::shared_library& lib, const std::string& path) {
   if (!lib.has("dprun_plugin_abi")) {
     throw PluginError(path +
                       ": not a dprun plugin: it does not export dprun_plugin_abi (build it with "
@@ -137,16 +135,21 @@ std::vector<LoadedModel> load_plugin(const std::string& file) {
                       ", this dprun expects " + std::to_string(DPRUN_PLUGIN_ABI_VERSION) +
                       ": rebuild the plugin against this dprun");
   }
-  const std::string built_with = abi.built_with_dprun ? abi.built_with_dprun : "";
   if (!lib.has("dprun_plugin_models")) {
     throw PluginError(path +
                       ": exports dprun_plugin_abi but not dprun_plugin_models (export "
                       "the model list with DPRUN_PLUGIN(function) from dp/plugin.hpp)");
   }
+  return abi;
+}
+
+// The models the plugin's function returns, each with a name and a build function, no name
+// twice.
+std::vector<LoadedModel> models_of(boost::dll::shared_library& lib, const dp::PluginAbi& abi,
+                                   const std::string& path) {
   // Imported outside the try block below: only exceptions from the plugin's own code are
   // turned into "the plugin failed".
   auto& models_fn = lib.get_alias<dp::PluginModelsFn>("dprun_plugin_models");
-
   std::vector<dp::ModelFactory> factories;
   try {
     factories = models_fn();
@@ -158,7 +161,7 @@ std::vector<LoadedModel> load_plugin(const std::string& file) {
                       "std::exception");
   }
   if (factories.empty()) throw PluginError(path + ": dprun_plugin_models() returned no models");
-
+  const std::string built_with = abi.built_with_dprun ? abi.built_with_dprun : "";
   std::vector<LoadedModel> out;
   std::set<std::string> names;
   for (size_t i = 0; i < factories.size(); ++i) {
@@ -178,6 +181,20 @@ std::vector<LoadedModel> load_plugin(const std::string& file) {
     out.push_back(std::move(m));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<LoadedModel> load_plugin(const std::string& file) {
+  std::error_code fs_ec;
+  if (!fs::exists(file, fs_ec)) throw PluginError(file + ": no such plugin file");
+  if (fs::is_directory(file, fs_ec)) {
+    throw PluginError(file + ": is a folder, expected a plugin shared library (lib*.so)");
+  }
+  const std::string path = absolute_path(file);
+  boost::dll::shared_library lib = open_library(path);
+  const dp::PluginAbi& abi = checked_abi(lib, path);
+  return models_of(lib, abi, path);
 }
 
 PluginScan scan_plugins(const std::vector<std::string>& extra) {

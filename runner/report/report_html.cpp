@@ -88,40 +88,44 @@ std::string legend(const std::vector<Series>& series) {
   return out + "</div>";
 }
 
-std::string svg_chart(const Chart& c) {
-  const double width = 520, height = 300, left = 62, right = 16, top = 34, bottom = 46;
+// Where a chart's values land: its data's extent (padded) and the plot area's scales.
+struct Frame {
+  double width = 520, height = 300, left = 62, right = 16, top = 34, bottom = 46;
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  double pw() const { return width - left - right; }
+  double ph() const { return height - top - bottom; }
+  double sx(double x) const { return left + (x - x0) / (x1 - x0) * pw(); }
+  double sy(double y) const { return top + (1 - (y - y0) / (y1 - y0)) * ph(); }
+};
+
+// The frame of a chart's finite points; nullopt when it has none.
+std::optional<Frame> frame_of(const Chart& c) {
+  Frame f;
   for (const auto& s : c.series)
     for (const auto& [x, y] : s.points) {
       if (!std::isfinite(x) || !std::isfinite(y)) continue;
-      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
+      f.x0 = std::min(f.x0, x), f.x1 = std::max(f.x1, x);
+      f.y0 = std::min(f.y0, y), f.y1 = std::max(f.y1, y);
     }
-  std::string out = "<figure class=\"chart\"><svg role=\"img\" viewBox=\"0 0 " + num(width) + " " +
-                    num(height) + "\" xmlns=\"http://www.w3.org/2000/svg\"><title>" +
-                    escape(c.title) + "</title>";
-  out += "<text class=\"title\" x=\"" + num(left) + "\" y=\"20\">" + escape(c.title) + "</text>";
-  if (x0 > x1) {  // no data yet
-    out += "<text x=\"" + num(width / 2) + "\" y=\"" + num(height / 2) +
-           "\" text-anchor=\"middle\">no data</text></svg></figure>";
-    return out;
-  }
-  if (c.y_min) y0 = std::min(y0, *c.y_min);
-  if (x1 == x0) x0 -= 1, x1 += 1;
-  if (y1 == y0) y1 = y0 + (y0 == 0 ? 1 : std::fabs(y0) * 0.1);
-  const double pad = (y1 - y0) * 0.05;
-  y1 += pad;
-  if (!c.y_min) y0 -= pad;
-  const double pw = width - left - right, ph = height - top - bottom;
-  auto sx = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
-  auto sy = [&](double y) { return top + (1 - (y - y0) / (y1 - y0)) * ph; };
-  // Axes and grid.
-  out += "<g class=\"axes\">";
-  const double ystep = nice_step(y0, y1, 5);
-  for (double t = std::ceil(y0 / ystep) * ystep; t <= y1 + 1e-12; t += ystep) {
-    out += "<line class=\"grid\" x1=\"" + num(left) + "\" x2=\"" + num(width - right) + "\" y1=\"" +
-           num(sy(t)) + "\" y2=\"" + num(sy(t)) + "\"/><text x=\"" + num(left - 6) + "\" y=\"" +
-           num(sy(t) + 4) + "\" text-anchor=\"end\">" + num(std::fabs(t) < 1e-12 ? 0 : t) +
-           "</text>";
+  if (f.x0 > f.x1) return std::nullopt;
+  if (c.y_min) f.y0 = std::min(f.y0, *c.y_min);
+  if (f.x1 == f.x0) f.x0 -= 1, f.x1 += 1;
+  if (f.y1 == f.y0) f.y1 = f.y0 + (f.y0 == 0 ? 1 : std::fabs(f.y0) * 0.1);
+  const double pad = (f.y1 - f.y0) * 0.05;
+  f.y1 += pad;
+  if (!c.y_min) f.y0 -= pad;
+  return f;
+}
+
+// Axes, grid, ticks and labels.
+std::string svg_axes(const Chart& c, const Frame& f) {
+  std::string out = "<g class=\"axes\">";
+  const double ystep = nice_step(f.y0, f.y1, 5);
+  for (double t = std::ceil(f.y0 / ystep) * ystep; t <= f.y1 + 1e-12; t += ystep) {
+    out += "<line class=\"grid\" x1=\"" + num(f.left) + "\" x2=\"" + num(f.width - f.right) +
+           "\" y1=\"" + num(f.sy(t)) + "\" y2=\"" + num(f.sy(t)) + "\"/><text x=\"" +
+           num(f.left - 6) + "\" y=\"" + num(f.sy(t) + 4) + "\" text-anchor=\"end\">" +
+           num(std::fabs(t) < 1e-12 ? 0 : t) + "</text>";
   }
   std::vector<double> xticks;
   if (c.integer_x) {
@@ -131,44 +135,65 @@ std::string svg_chart(const Chart& c) {
     if (xs.size() <= 12) {
       xticks.assign(xs.begin(), xs.end());
     } else {
-      const double step = std::max(1.0, std::round(nice_step(x0, x1, 8)));
-      for (double t = std::ceil(x0 / step) * step; t <= x1; t += step) xticks.push_back(t);
+      const double step = std::max(1.0, std::round(nice_step(f.x0, f.x1, 8)));
+      for (double t = std::ceil(f.x0 / step) * step; t <= f.x1; t += step) xticks.push_back(t);
     }
   }
   for (double t : xticks) {
-    out += "<text x=\"" + num(sx(t)) + "\" y=\"" + num(height - bottom + 16) +
+    out += "<text x=\"" + num(f.sx(t)) + "\" y=\"" + num(f.height - f.bottom + 16) +
            "\" text-anchor=\"middle\">" + num(t, "%g") + "</text>";
   }
-  out += "<line class=\"axis\" x1=\"" + num(left) + "\" x2=\"" + num(left) + "\" y1=\"" + num(top) +
-         "\" y2=\"" + num(height - bottom) + "\"/><line class=\"axis\" x1=\"" + num(left) +
-         "\" x2=\"" + num(width - right) + "\" y1=\"" + num(height - bottom) + "\" y2=\"" +
-         num(height - bottom) + "\"/>";
-  out += "<text x=\"" + num(left + pw / 2) + "\" y=\"" + num(height - 8) +
+  out += "<line class=\"axis\" x1=\"" + num(f.left) + "\" x2=\"" + num(f.left) + "\" y1=\"" +
+         num(f.top) + "\" y2=\"" + num(f.height - f.bottom) + "\"/><line class=\"axis\" x1=\"" +
+         num(f.left) + "\" x2=\"" + num(f.width - f.right) + "\" y1=\"" + num(f.height - f.bottom) +
+         "\" y2=\"" + num(f.height - f.bottom) + "\"/>";
+  out += "<text x=\"" + num(f.left + f.pw() / 2) + "\" y=\"" + num(f.height - 8) +
          "\" text-anchor=\"middle\">" + escape(c.x_label) + "</text>";
-  out += "<text transform=\"translate(14 " + num(top + ph / 2) +
+  out += "<text transform=\"translate(14 " + num(f.top + f.ph() / 2) +
          ") rotate(-90)\" text-anchor=\"middle\">" + escape(c.y_label) + "</text></g>";
-  // Series: a polyline and a marker per point, each point with its value as a tooltip.
+  return out;
+}
+
+// Series: a polyline and a marker per point, each point with its value as a tooltip.
+std::string svg_series(const Chart& c, const Frame& f) {
+  std::string out;
   for (const auto& s : c.series) {
     out += "<g class=\"series" + std::string(s.trial.empty() ? " reference" : "") +
            "\" data-label=\"" + escape(s.label) + "\"" +
            (s.trial.empty() ? "" : " data-trial=\"" + s.trial + "\"") + ">";
     std::string points;
     for (const auto& [x, y] : s.points) {
-      if (std::isfinite(y)) points += num(sx(x)) + "," + num(sy(y)) + " ";
+      if (std::isfinite(y)) points += num(f.sx(x)) + "," + num(f.sy(y)) + " ";
     }
     out += "<polyline fill=\"none\" stroke=\"" + s.color + "\" stroke-width=\"2\"" +
            (s.dashed ? " stroke-dasharray=\"5 4\"" : "") + " points=\"" + points + "\"/>";
     if (!s.trial.empty()) {  // data has markers; reference lines do not
       for (const auto& [x, y] : s.points) {
         if (!std::isfinite(y)) continue;
-        out += "<circle cx=\"" + num(sx(x)) + "\" cy=\"" + num(sy(y)) + "\" r=\"3\" fill=\"" +
+        out += "<circle cx=\"" + num(f.sx(x)) + "\" cy=\"" + num(f.sy(y)) + "\" r=\"3\" fill=\"" +
                s.color + "\"><title>" + escape(s.label) + ": " + escape(c.x_label) + " " +
                num(x, "%g") + ", " + escape(c.y_label) + " " + num(y) + "</title></circle>";
       }
     }
     out += "</g>";
   }
-  return out + "</svg></figure>";
+  return out;
+}
+
+std::string svg_chart(const Chart& c) {
+  const Frame layout;
+  std::string out = "<figure class=\"chart\"><svg role=\"img\" viewBox=\"0 0 " + num(layout.width) +
+                    " " + num(layout.height) + "\" xmlns=\"http://www.w3.org/2000/svg\"><title>" +
+                    escape(c.title) + "</title>";
+  out += "<text class=\"title\" x=\"" + num(layout.left) + "\" y=\"20\">" + escape(c.title) +
+         "</text>";
+  const std::optional<Frame> f = frame_of(c);
+  if (!f) {  // no data yet
+    out += "<text x=\"" + num(layout.width / 2) + "\" y=\"" + num(layout.height / 2) +
+           "\" text-anchor=\"middle\">no data</text></svg></figure>";
+    return out;
+  }
+  return out + svg_axes(c, *f) + svg_series(c, *f) + "</svg></figure>";
 }
 
 const char* kStyle = R"(
@@ -195,15 +220,8 @@ tr.failed td, tr.diverged td { color: #b00020; } .error { color: #b00020; font-s
 
 std::string cell(const std::optional<double>& v, const char* fmt) { return v ? num(*v, fmt) : ""; }
 
-std::string experiment_section(dps::Store& store, const ExperimentTrials& x) {
-  std::string out = "<section class=\"experiment\" data-experiment=\"" + escape(x.experiment.name) +
-                    "\"><h2>" + escape(x.experiment.name) + "</h2>";
-  if (!x.experiment.description.empty()) out += "<p>" + escape(x.experiment.description) + "</p>";
-  out += "<p class=\"meta\">" + std::to_string(x.trials.size()) +
-         (x.trials.size() == 1 ? " trial" : " trials") + "</p>";
-  if (x.trials.empty()) return out + "</section>";
-
-  // Learning curves, one line per trial.
+// Learning curves, one line per trial.
+std::string learning_curves(dps::Store& store, const ExperimentTrials& x) {
   Chart loss{"Training loss", "epoch", "train loss", {}, true, std::nullopt};
   Chart acc{"Test accuracy", "epoch", "test accuracy", {}, true, 0.0};
   for (size_t i = 0; i < x.trials.size(); ++i) {
@@ -219,13 +237,15 @@ std::string experiment_section(dps::Store& store, const ExperimentTrials& x) {
     loss.series.push_back(std::move(l));
     acc.series.push_back(std::move(a));
   }
-  out += "<h3>Learning curves</h3><div class=\"charts\">" + svg_chart(loss) + svg_chart(acc) +
+  return "<h3>Learning curves</h3><div class=\"charts\">" + svg_chart(loss) + svg_chart(acc) +
          "</div>" + legend(loss.series);
+}
 
-  // Scaling, as the scaling view matches trials with their 1-GPU baseline: a group is the done
-  // trials that agree on every setting the baseline must share (all but gpus and those that may
-  // vary with the GPU count or between repeats). Several trials of a group with one GPU count
-  // (a seed or learning-rate sweep) are averaged, as the view averages baselines.
+// The scaling groups, as the scaling view matches trials with their 1-GPU baseline: a group is
+// the done trials that agree on every setting the baseline must share (all but gpus and those
+// that may vary with the GPU count or between repeats), by GPU count.
+std::map<std::string, std::map<double, std::vector<size_t>>> scaling_groups(
+    const ExperimentTrials& x) {
   std::map<std::string, std::map<double, std::vector<size_t>>> groups;
   for (size_t i = 0; i < x.trials.size(); ++i) {
     if (x.trials[i].trial.status != dps::TrialStatus::done) continue;
@@ -238,47 +258,56 @@ std::string experiment_section(dps::Store& store, const ExperimentTrials& x) {
     }
     groups[key][std::stod(x.setting(i, "gpus"))].push_back(i);
   }
+  return groups;
+}
+
+// Seconds per epoch, speedup and efficiency against the GPU count, one line per group; "" when
+// no group has several GPU counts. Several trials of a group with one GPU count (a seed or
+// learning-rate sweep) are averaged, as the view averages baselines.
+std::string scaling_charts(const ExperimentTrials& x) {
+  const auto groups = scaling_groups(x);
   bool several_gpu_counts = false;
   for (const auto& [key, by_gpus] : groups) several_gpu_counts |= by_gpus.size() > 1;
-  if (several_gpu_counts) {
-    Chart seconds{"Seconds per epoch", "GPUs", "s / epoch", {}, true, 0.0};
-    Chart speedup{"Speedup over 1 GPU", "GPUs", "speedup", {}, true, 0.0};
-    Chart efficiency{"Scaling efficiency", "GPUs", "efficiency", {}, true, 0.0};
-    double max_gpus = 1;
-    size_t g = 0;
-    auto mean = [&](const std::vector<size_t>& members, auto field) -> std::optional<double> {
-      double sum = 0;
-      int n = 0;
-      for (size_t i : members) {
-        if (const auto v = field(x.trials[i])) sum += *v, ++n;
-      }
-      return n ? std::optional<double>(sum / n) : std::nullopt;
-    };
-    for (const auto& [key, by_gpus] : groups) {
-      if (by_gpus.size() < 2) continue;
-      const std::string color = kColors[g++ % 10];
-      Series s{key, "group", color, {}, false}, sp = s, ef = s;
-      for (const auto& [gpus, members] : by_gpus) {
-        max_gpus = std::max(max_gpus, gpus);
-        if (auto v = mean(members, [](const auto& t) { return t.mean_seconds_per_epoch; }))
-          s.points.emplace_back(gpus, *v);
-        if (auto v = mean(members, [](const auto& t) { return t.speedup; }))
-          sp.points.emplace_back(gpus, *v);
-        if (auto v = mean(members, [](const auto& t) { return t.efficiency; }))
-          ef.points.emplace_back(gpus, *v);
-      }
-      seconds.series.push_back(s);
-      speedup.series.push_back(sp);
-      efficiency.series.push_back(ef);
+  if (!several_gpu_counts) return "";
+  Chart seconds{"Seconds per epoch", "GPUs", "s / epoch", {}, true, 0.0};
+  Chart speedup{"Speedup over 1 GPU", "GPUs", "speedup", {}, true, 0.0};
+  Chart efficiency{"Scaling efficiency", "GPUs", "efficiency", {}, true, 0.0};
+  double max_gpus = 1;
+  size_t g = 0;
+  auto mean = [&](const std::vector<size_t>& members, auto field) -> std::optional<double> {
+    double sum = 0;
+    int n = 0;
+    for (size_t i : members) {
+      if (const auto v = field(x.trials[i])) sum += *v, ++n;
     }
-    speedup.series.push_back({"ideal (linear)", "", "#999", {{1, 1}, {max_gpus, max_gpus}}, true});
-    efficiency.series.push_back({"ideal", "", "#999", {{1, 1}, {max_gpus, 1}}, true});
-    out += "<h3>Scaling</h3><div class=\"charts\">" + svg_chart(seconds) + svg_chart(speedup) +
-           svg_chart(efficiency) + "</div>" + legend(speedup.series);
+    return n ? std::optional<double>(sum / n) : std::nullopt;
+  };
+  for (const auto& [key, by_gpus] : groups) {
+    if (by_gpus.size() < 2) continue;
+    const std::string color = kColors[g++ % 10];
+    Series s{key, "group", color, {}, false}, sp = s, ef = s;
+    for (const auto& [gpus, members] : by_gpus) {
+      max_gpus = std::max(max_gpus, gpus);
+      if (auto v = mean(members, [](const auto& t) { return t.mean_seconds_per_epoch; }))
+        s.points.emplace_back(gpus, *v);
+      if (auto v = mean(members, [](const auto& t) { return t.speedup; }))
+        sp.points.emplace_back(gpus, *v);
+      if (auto v = mean(members, [](const auto& t) { return t.efficiency; }))
+        ef.points.emplace_back(gpus, *v);
+    }
+    seconds.series.push_back(s);
+    speedup.series.push_back(sp);
+    efficiency.series.push_back(ef);
   }
+  speedup.series.push_back({"ideal (linear)", "", "#999", {{1, 1}, {max_gpus, max_gpus}}, true});
+  efficiency.series.push_back({"ideal", "", "#999", {{1, 1}, {max_gpus, 1}}, true});
+  return "<h3>Scaling</h3><div class=\"charts\">" + svg_chart(seconds) + svg_chart(speedup) +
+         svg_chart(efficiency) + "</div>" + legend(speedup.series);
+}
 
-  // The trial table.
-  out += "<h3>Trials</h3><table><thead><tr><th>#</th>";
+// The trial table, then the errors of the trials that have one.
+std::string trial_table(const ExperimentTrials& x) {
+  std::string out = "<h3>Trials</h3><table><thead><tr><th>#</th>";
   for (size_t c : x.shown) out += "<th>" + escape(x.settings[0][c].first) + "</th>";
   out +=
       "<th>status</th><th>epochs</th><th>final acc</th><th>best acc</th><th>s/epoch</th>"
@@ -300,7 +329,17 @@ std::string experiment_section(dps::Store& store, const ExperimentTrials& x) {
       errors += "<p class=\"error\">trial " + std::to_string(t.trial.id) + " (" +
                 escape(x.label(i)) + "): " + escape(t.trial.error) + "</p>";
   }
-  return out + "</tbody></table>" + errors + "</section>";
+  return out + "</tbody></table>" + errors;
+}
+
+std::string experiment_section(dps::Store& store, const ExperimentTrials& x) {
+  std::string out = "<section class=\"experiment\" data-experiment=\"" + escape(x.experiment.name) +
+                    "\"><h2>" + escape(x.experiment.name) + "</h2>";
+  if (!x.experiment.description.empty()) out += "<p>" + escape(x.experiment.description) + "</p>";
+  out += "<p class=\"meta\">" + std::to_string(x.trials.size()) +
+         (x.trials.size() == 1 ? " trial" : " trials") + "</p>";
+  if (x.trials.empty()) return out + "</section>";
+  return out + learning_curves(store, x) + scaling_charts(x) + trial_table(x) + "</section>";
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 namespace dprun {
 
+// long function: the table of settings, one row per setting; splitting it would split the table.
 const SettingTable& builtin_settings() {
   using namespace std::string_literals;
   using T = SettingType;

@@ -91,6 +91,140 @@ bool generic_interruption(const std::string& error) {
 
 }  // namespace
 
+namespace {
+
+// A task whose database is not there (yet): left for later while Slurm lists it or its folder
+// cannot be read, else closed as lost with the cause Slurm gives.
+void task_without_database(dps::Store& store, const dps::TaskRow& t, const std::string& task_db,
+                           const std::string& output, SlurmView& slurm, MergeSummary& summary) {
+  const std::string name = task_name(t);
+  const fs::path folder = fs::path(task_db).parent_path();
+  std::error_code folder_ec;
+  if (!fs::is_directory(folder, folder_ec)) {
+    // Without its submission folder (not mounted here, moved, deleted) the task's end cannot be
+    // read: closing it lost would be final.
+    ++summary.waiting;
+    summary.notes.push_back(name + ": its submission folder " + folder.string() +
+                            (folder_ec ? " cannot be read (" + folder_ec.message() + ")"
+                                       : " is missing or not a folder") +
+                            "; left for a later merge: mount or restore it and merge again");
+    return;
+  }
+  if (!slurm.ended(t)) {
+    ++summary.waiting;
+    return;
+  }
+  std::string why = slurm.cause(t, output);
+  if (why.empty()) why = "Slurm no longer lists it";
+  const std::string said = last_line(output);
+  why = name + " ended before dprun started the trial: " + why +
+        (said.empty() ? "" : "; its output ends: " + said);
+  if (store.close_lost_task(t.submission_id, t.index, why)) {
+    ++summary.lost;
+    summary.notes.push_back(why);
+  }
+}
+
+// The task's trial as its database holds it, checkpoint paths rebased for the experiment's
+// database; nullopt (with a note) when it cannot be read.
+std::optional<dps::TrialState> read_task(const dps::TaskRow& t, const std::string& task_db,
+                                         const std::string& db, MergeSummary& summary) {
+  try {
+    dps::Store task(task_db, dps::Store::Mode::read_write, {}, dps::Store::Journal::rollback);
+    std::optional<dps::TrialRow> row;
+    for (const auto& e : task.experiments())
+      if (!row) row = task.find_trial(e.id, t.config_hash);
+    if (!row) throw dps::StoreError("it holds no trial " + t.config_hash.substr(0, 12) + "...");
+    dps::TrialState state = task.trial_state(row->id);
+    for (auto& c : state.checkpoints) {
+      c.path = rebase_checkpoint_path(task_db, c.path, db);
+      if (!c.optimizer_path.empty())
+        c.optimizer_path = rebase_checkpoint_path(task_db, c.optimizer_path, db);
+    }
+    return state;
+  } catch (const std::exception& e) {
+    ++summary.waiting;
+    summary.notes.push_back(task_name(t) + ": cannot read its database " + task_db + " (" +
+                            e.what() + "); left for a later merge");
+    return std::nullopt;
+  }
+}
+
+// Folds the task's trial into the experiment's database. A trial that did not record its end is
+// left for later while Slurm lists its task, else recorded interrupted (or the task closed as
+// lost when the trial never started) with the cause Slurm gives.
+void fold_task(dps::Store& store, const dps::TaskRow& t, dps::TrialState state,
+               const std::string& output, SlurmView& slurm, MergeSummary& summary) {
+  dps::TrialRow& trial = state.trial;
+  const bool started =
+      trial.attempts > t.base_attempts || trial.status == dps::TrialStatus::running;
+  if (!started || trial.status == dps::TrialStatus::running) {
+    if (!slurm.ended(t)) {
+      ++summary.waiting;
+      return;
+    }
+    const std::string why = slurm.cause(t, output);
+    if (!started) {
+      const std::string text =
+          task_name(t) + " ended before dprun started the trial" + (why.empty() ? "" : ": " + why);
+      if (store.close_lost_task(t.submission_id, t.index, text)) {
+        ++summary.lost;
+        summary.notes.push_back(text);
+      }
+      return;
+    }
+    trial.status = dps::TrialStatus::interrupted;
+    trial.error = (why.empty() ? "the Slurm task ended without recording the trial's end "
+                                 "(killed with SIGKILL, or its node failed)"
+                               : why) +
+                  ", " + after_epoch_text(static_cast<int64_t>(state.epochs.size()));
+  } else if (trial.status == dps::TrialStatus::interrupted && generic_interruption(trial.error) &&
+             slurm.ended(t)) {
+    if (const std::string why = slurm.cause(t, output); !why.empty())
+      trial.error = why + " (" + trial.error + ")";
+  }
+  switch (store.merge_task(t.submission_id, t.index, state)) {
+    case dps::MergeOutcome::applied:
+      ++summary.merged;
+      break;
+    case dps::MergeOutcome::superseded:
+      ++summary.superseded;
+      break;
+    case dps::MergeOutcome::closed:
+      break;  // another merge collected it meanwhile
+  }
+}
+
+// One task that has not been collected yet.
+void merge_one(dps::Store& store, const dps::TaskRow& t, SlurmView& slurm, MergeSummary& summary) {
+  if (std::string state = slurm.live_state(t); !state.empty()) {
+    summary.live[{t.submission_id, t.index}] = state;
+    ++summary.waiting;
+    return;
+  }
+  const std::string& db = store.path();
+  const std::string task_db = resolve_checkpoint_path(db, t.database);
+  const std::string output = fs::path(task_db).replace_extension(".out").string();
+  std::error_code ec;
+  const bool exists = fs::exists(task_db, ec);
+  if (ec) {
+    // An I/O or permission error says nothing of whether the task wrote its database.
+    ++summary.waiting;
+    summary.notes.push_back(task_name(t) + ": cannot tell whether its database " + task_db +
+                            " exists (" + ec.message() +
+                            "); left for a later merge: fix access to it and merge again");
+    return;
+  }
+  if (!exists) {
+    task_without_database(store, t, task_db, output, slurm, summary);
+    return;
+  }
+  if (auto state = read_task(t, task_db, db, summary))
+    fold_task(store, t, std::move(*state), output, slurm, summary);
+}
+
+}  // namespace
+
 MergeSummary merge_tasks(dps::Store& store, int64_t experiment_id) {
   MergeSummary summary;
   const auto open = store.tasks(experiment_id, true);
@@ -107,114 +241,7 @@ MergeSummary merge_tasks(dps::Store& store, int64_t experiment_id) {
                             " task(s) left for a later merge: merge again once squeue answers");
     return summary;
   }
-  const std::string& db = store.path();
-  for (const dps::TaskRow& t : open) {
-    const std::string name = task_name(t);
-    if (std::string state = slurm.live_state(t); !state.empty()) {
-      summary.live[{t.submission_id, t.index}] = state;
-      ++summary.waiting;
-      continue;
-    }
-    const std::string task_db = resolve_checkpoint_path(db, t.database);
-    const std::string output = fs::path(task_db).replace_extension(".out").string();
-    std::error_code ec;
-    const bool exists = fs::exists(task_db, ec);
-    if (ec) {
-      // An I/O or permission error says nothing of whether the task wrote its database.
-      ++summary.waiting;
-      summary.notes.push_back(name + ": cannot tell whether its database " + task_db + " exists (" +
-                              ec.message() +
-                              "); left for a later merge: fix access to it and merge again");
-      continue;
-    }
-    if (!exists) {
-      const fs::path folder = fs::path(task_db).parent_path();
-      std::error_code folder_ec;
-      if (!fs::is_directory(folder, folder_ec)) {
-        // Without its submission folder (not mounted here, moved, deleted) the task's end
-        // cannot be read: closing it lost would be final.
-        ++summary.waiting;
-        summary.notes.push_back(name + ": its submission folder " + folder.string() +
-                                (folder_ec ? " cannot be read (" + folder_ec.message() + ")"
-                                           : " is missing or not a folder") +
-                                "; left for a later merge: mount or restore it and merge again");
-        continue;
-      }
-      if (!slurm.ended(t)) {
-        ++summary.waiting;
-        continue;
-      }
-      std::string why = slurm.cause(t, output);
-      if (why.empty()) why = "Slurm no longer lists it";
-      const std::string said = last_line(output);
-      why = name + " ended before dprun started the trial: " + why +
-            (said.empty() ? "" : "; its output ends: " + said);
-      if (store.close_lost_task(t.submission_id, t.index, why)) {
-        ++summary.lost;
-        summary.notes.push_back(why);
-      }
-      continue;
-    }
-    dps::TrialState state;
-    try {
-      dps::Store task(task_db, dps::Store::Mode::read_write, {}, dps::Store::Journal::rollback);
-      std::optional<dps::TrialRow> row;
-      for (const auto& e : task.experiments())
-        if (!row) row = task.find_trial(e.id, t.config_hash);
-      if (!row) throw dps::StoreError("it holds no trial " + t.config_hash.substr(0, 12) + "...");
-      state = task.trial_state(row->id);
-      for (auto& c : state.checkpoints) {
-        c.path = rebase_checkpoint_path(task_db, c.path, db);
-        if (!c.optimizer_path.empty())
-          c.optimizer_path = rebase_checkpoint_path(task_db, c.optimizer_path, db);
-      }
-    } catch (const std::exception& e) {
-      ++summary.waiting;
-      summary.notes.push_back(name + ": cannot read its database " + task_db + " (" + e.what() +
-                              "); left for a later merge");
-      continue;
-    }
-    dps::TrialRow& trial = state.trial;
-    const bool started =
-        trial.attempts > t.base_attempts || trial.status == dps::TrialStatus::running;
-    if (!started || trial.status == dps::TrialStatus::running) {
-      // Not started, or stopped without recording its end: only Slurm can tell whether it is
-      // over.
-      if (!slurm.ended(t)) {
-        ++summary.waiting;
-        continue;
-      }
-      const std::string why = slurm.cause(t, output);
-      if (!started) {
-        const std::string text =
-            name + " ended before dprun started the trial" + (why.empty() ? "" : ": " + why);
-        if (store.close_lost_task(t.submission_id, t.index, text)) {
-          ++summary.lost;
-          summary.notes.push_back(text);
-        }
-        continue;
-      }
-      trial.status = dps::TrialStatus::interrupted;
-      trial.error = (why.empty() ? "the Slurm task ended without recording the trial's end "
-                                   "(killed with SIGKILL, or its node failed)"
-                                 : why) +
-                    ", " + after_epoch_text(static_cast<int64_t>(state.epochs.size()));
-    } else if (trial.status == dps::TrialStatus::interrupted && generic_interruption(trial.error) &&
-               slurm.ended(t)) {
-      if (const std::string why = slurm.cause(t, output); !why.empty())
-        trial.error = why + " (" + trial.error + ")";
-    }
-    switch (store.merge_task(t.submission_id, t.index, state)) {
-      case dps::MergeOutcome::applied:
-        ++summary.merged;
-        break;
-      case dps::MergeOutcome::superseded:
-        ++summary.superseded;
-        break;
-      case dps::MergeOutcome::closed:
-        break;  // another merge collected it meanwhile
-    }
-  }
+  for (const dps::TaskRow& t : open) merge_one(store, t, slurm, summary);
   if (!summary.slurm_known && summary.waiting > 0)
     summary.notes.push_back("Slurm cannot be asked (" + summary.slurm_problem +
                             "): " + std::to_string(summary.waiting) +
