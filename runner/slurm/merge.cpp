@@ -249,15 +249,25 @@ MergeSummary merge_tasks(dps::Store& store, int64_t experiment_id) {
   return summary;
 }
 
+namespace {
+
+// merge_tasks, its notes and how many results it collected said on stderr.
+MergeSummary merge_and_say(dps::Store& store, int64_t experiment_id) {
+  const MergeSummary m = merge_tasks(store, experiment_id);
+  for (const auto& note : m.notes) std::fprintf(stderr, "dprun: %s\n", note.c_str());
+  const int collected = m.merged + m.superseded + m.lost;
+  if (collected > 0)
+    std::fprintf(stderr, "dprun: collected the results of %d Slurm task%s\n", collected,
+                 collected == 1 ? "" : "s");
+  return m;
+}
+
+}  // namespace
+
 std::map<std::string, std::string> merge_before_running(dps::Store& store, int64_t experiment_id) {
   std::map<std::string, std::string> elsewhere;
   if (store.tasks(experiment_id, true).empty()) return elsewhere;
-  const MergeSummary m = merge_tasks(store, experiment_id);
-  for (const auto& note : m.notes) std::fprintf(stderr, "dprun: %s\n", note.c_str());
-  if (m.merged + m.superseded + m.lost > 0)
-    std::fprintf(stderr, "dprun: collected the results of %d Slurm task%s\n",
-                 m.merged + m.superseded + m.lost,
-                 m.merged + m.superseded + m.lost == 1 ? "" : "s");
+  const MergeSummary m = merge_and_say(store, experiment_id);
   for (const auto& t : store.tasks(experiment_id, true)) {
     auto live = m.live.find({t.submission_id, t.index});
     elsewhere[t.config_hash] =
@@ -276,12 +286,7 @@ void merge_if_needed(const std::string& db) {
   if (open.empty()) return;
   dps::Store store(db, dps::Store::Mode::read_write);
   for (int64_t id : open) {
-    const MergeSummary m = merge_tasks(store, id);
-    for (const auto& note : m.notes) std::fprintf(stderr, "dprun: %s\n", note.c_str());
-    if (m.merged + m.superseded + m.lost > 0)
-      std::fprintf(stderr, "dprun: collected the results of %d Slurm task%s\n",
-                   m.merged + m.superseded + m.lost,
-                   m.merged + m.superseded + m.lost == 1 ? "" : "s");
+    merge_and_say(store, id);
   }
 }
 

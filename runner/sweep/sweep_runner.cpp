@@ -135,26 +135,21 @@ Work work_of(const std::vector<PlannedTrial>& plan) {
 /// are stopped and recorded interrupted).
 class Runs {
  public:
-  Runs(dps::Store& store, const Experiment& experiment, const SweepOptions& options,
-       Progress& progress, SignalPipe& signals, const Work& work)
-      : store_(store),
-        experiment_(experiment),
-        options_(options),
-        progress_(progress),
-        signals_(signals),
+  Runs(const SweepContext& sweep, const Work& work)
+      : sweep_(sweep),
         work_(work),
-        scheduler_(devices_for(work.trials, options), options.jobs),
-        running_(signals) {
+        scheduler_(devices_for(work.trials, sweep.options), sweep.options.jobs),
+        running_(sweep.signals) {
     for (size_t i = 0; i < work.trials.size(); ++i)
-      scheduler_.add(static_cast<int>(i), device_need(*work.trials[i]->spec, experiment, options,
-                                                      scheduler_.inventory()));
+      scheduler_.add(static_cast<int>(i), device_need(*work.trials[i]->spec, sweep.experiment,
+                                                      sweep.options, scheduler_.inventory()));
   }
 
   /// Returns the signal that stopped the run (0: every trial ended).
   int run() {
     try {
       while (!interrupted_by_) {
-        if ((interrupted_by_ = signals_.received())) break;
+        if ((interrupted_by_ = sweep_.signals.received())) break;
         start_what_fits();
         if (running_.empty()) {
           if (scheduler_.waiting() && scheduler_.running() == 0)
@@ -165,7 +160,7 @@ class Runs {
         // At least once a second, for the live line.
         if (const int sig = running_.wait(1.0)) interrupted_by_ = sig;
         for (auto& [i, run] : running_.take_finished()) ended(i, run->outcome());
-        progress_.tick();
+        sweep_.progress.tick();
       }
       for (auto& [i, run] : running_.take_all()) {
         run->interrupt(interrupted_by_);
@@ -184,8 +179,7 @@ class Runs {
   void start_what_fits() {
     for (const auto& [i, devices] : scheduler_.start_now()) {
       const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
-      auto run = std::make_unique<TrialRun>(store_, experiment_, options_, progress_, signals_,
-                                            *p.spec, *p.row, i + 1, devices);
+      auto run = std::make_unique<TrialRun>(sweep_, *p.spec, *p.row, i + 1, devices);
       if (run->claim()) run->start();
       if (run->done())
         ended(i, run->outcome());
@@ -201,11 +195,7 @@ class Runs {
     scheduler_.release(i);
   }
 
-  dps::Store& store_;
-  const Experiment& experiment_;
-  const SweepOptions& options_;
-  Progress& progress_;
-  SignalPipe& signals_;
+  const SweepContext& sweep_;
   const Work& work_;
   Scheduler scheduler_;
   ProcessSet<TrialRun> running_;
@@ -242,7 +232,8 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options,
   SignalPipe signals;
   Progress progress(stderr, isatty(fileno(stderr)), static_cast<int>(work.trials.size()),
                     work.epochs);
-  Runs runs(store, experiment, options, progress, signals, work);
+  const SweepContext sweep{store, experiment, options, progress, signals};
+  Runs runs(sweep, work);
   int interrupted_by = 0;
   try {
     interrupted_by = runs.run();

@@ -41,14 +41,13 @@ constexpr double kLauncherGrace = 5.0;
 
 }  // namespace
 
-TrialRun::TrialRun(dps::Store& store, const Experiment& experiment, const SweepOptions& options,
-                   Progress& progress, SignalPipe& signals, const TrialSpec& spec,
-                   const dps::TrialRow& row, int index, DeviceSet devices)
-    : store_(store),
-      experiment_(experiment),
-      options_(options),
-      progress_(progress),
-      signals_(signals),
+TrialRun::TrialRun(const SweepContext& sweep, const TrialSpec& spec, const dps::TrialRow& row,
+                   int index, DeviceSet devices)
+    : store_(sweep.store),
+      experiment_(sweep.experiment),
+      options_(sweep.options),
+      progress_(sweep.progress),
+      signals_(sweep.signals),
       spec_(spec),
       row_(row),
       index_(index),

@@ -25,12 +25,21 @@ struct TrialOutcome {
   bool taken = false;      // another dprun claimed or finished it since the plan: not run here
 };
 
+/// What every trial of one run shares: the database, the experiment and the options, the
+/// progress display, and the runner's signal pipe.
+struct SweepContext {
+  dps::Store& store;
+  const Experiment& experiment;
+  const SweepOptions& options;
+  Progress& progress;
+  SignalPipe& signals;
+};
+
 class TrialRun {
  public:
   /// devices: what the scheduler gave the trial (exclusive: the whole machine, nothing set).
-  TrialRun(dps::Store& store, const Experiment& experiment, const SweepOptions& options,
-           Progress& progress, SignalPipe& signals, const TrialSpec& spec, const dps::TrialRow& row,
-           int index, DeviceSet devices);
+  TrialRun(const SweepContext& sweep, const TrialSpec& spec, const dps::TrialRow& row, int index,
+           DeviceSet devices);
   ~TrialRun();
   TrialRun(const TrialRun&) = delete;
   TrialRun& operator=(const TrialRun&) = delete;
@@ -69,7 +78,7 @@ class TrialRun {
   const Experiment& experiment_;
   const SweepOptions& options_;
   Progress& progress_;
-  SignalPipe& signals_;
+  SignalPipe& signals_;  // the parts of the SweepContext
   const TrialSpec& spec_;
   dps::TrialRow row_;
   int index_;
