@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "base/json_fields.hpp"
 #include "process/trial_process.hpp"
 
 namespace dprun {
@@ -59,9 +60,48 @@ dp::ModelOptions model_options_from_json(const Json& json) {
 
 namespace {
 
+// The members of each record type, named once for its encoder and its decoder.
+const JsonFields<dps::TrialStart>& start_fields() {
+  static const JsonFields<dps::TrialStart> f = {
+      field("backend", &dps::TrialStart::backend),
+      field("devices", &dps::TrialStart::devices),
+      field("plugin_path", &dps::TrialStart::plugin_path),
+      field("plugin_sha256", &dps::TrialStart::plugin_sha256),
+      field("oversubscribed", &dps::TrialStart::oversubscribed),
+      field("hosts", &dps::TrialStart::hosts),
+  };
+  return f;
+}
+
+const JsonFields<dps::CheckpointRow>& checkpoint_fields() {
+  static const JsonFields<dps::CheckpointRow> f = {
+      field("role", &dps::CheckpointRow::role),
+      field("epoch", &dps::CheckpointRow::epoch),
+      field("path", &dps::CheckpointRow::path),
+      field("sha256", &dps::CheckpointRow::sha256),
+      field("bytes", &dps::CheckpointRow::bytes),
+      field("optimizer_path", &dps::CheckpointRow::optimizer_path),
+      field("optimizer_sha256", &dps::CheckpointRow::optimizer_sha256),
+  };
+  return f;
+}
+
+const JsonFields<ResumePoint>& resume_fields() {
+  static const JsonFields<ResumePoint> f = {
+      field("epoch", &ResumePoint::epoch),
+      field("model_path", &ResumePoint::model_path),
+      field("model_sha256", &ResumePoint::model_sha256),
+      field("optimizer_path", &ResumePoint::optimizer_path),
+      field("optimizer_sha256", &ResumePoint::optimizer_sha256),
+      field("best_epoch", &ResumePoint::best_epoch),
+      field("best_test_acc", &ResumePoint::best_test_acc),
+  };
+  return f;
+}
+
 // Each field read names itself when it is missing or of the wrong type.
 template <class F>
-auto field(const Json& o, const std::string& key, F read) {
+auto request_member(const Json& o, const std::string& key, F read) {
   try {
     return read(o.at(key));
   } catch (const JsonError& e) {
@@ -79,39 +119,24 @@ Json request_to_json(const TrialRequest& r) {
   o.set("data_path", Json::string(r.data_path));
   o.set("run", run_options_to_json(r.run));
   o.set("checkpoint_dir", Json::string(r.checkpoint_dir));
-  if (r.resume.epoch > 0) {
-    Json resume = Json::object();
-    resume.set("epoch", Json::integer(r.resume.epoch));
-    resume.set("model_path", Json::string(r.resume.model_path));
-    resume.set("model_sha256", Json::string(r.resume.model_sha256));
-    resume.set("optimizer_path", Json::string(r.resume.optimizer_path));
-    resume.set("optimizer_sha256", Json::string(r.resume.optimizer_sha256));
-    resume.set("best_epoch", Json::integer(r.resume.best_epoch));
-    resume.set("best_test_acc", Json::number(r.resume.best_test_acc));
-    o.set("resume", resume);
-  }
+  if (r.resume.epoch > 0) o.set("resume", resume_fields().to_json(r.resume));
   return o;
 }
 
 TrialRequest request_from_json(const Json& o) {
   TrialRequest r;
-  r.ordinal = field(o, "ordinal", [](const Json& j) { return j.as_int(); });
-  r.settings = field(o, "settings", [](const Json& j) { return settings_from_json(j); });
+  r.ordinal = request_member(o, "ordinal", [](const Json& j) { return j.as_int(); });
+  r.settings = request_member(o, "settings", [](const Json& j) { return settings_from_json(j); });
   r.model_options =
-      field(o, "model_options", [](const Json& j) { return model_options_from_json(j); });
-  r.data_path = field(o, "data_path", [](const Json& j) { return j.as_string(); });
-  r.run = field(o, "run", [](const Json& j) { return run_options_from_json(j); });
-  r.checkpoint_dir = field(o, "checkpoint_dir", [](const Json& j) { return j.as_string(); });
+      request_member(o, "model_options", [](const Json& j) { return model_options_from_json(j); });
+  r.data_path = request_member(o, "data_path", [](const Json& j) { return j.as_string(); });
+  r.run = request_member(o, "run", [](const Json& j) { return run_options_from_json(j); });
+  r.checkpoint_dir =
+      request_member(o, "checkpoint_dir", [](const Json& j) { return j.as_string(); });
   if (o.has("resume")) {
-    r.resume = field(o, "resume", [](const Json& j) {
+    r.resume = request_member(o, "resume", [](const Json& j) {
       ResumePoint p;
-      p.epoch = j.at("epoch").as_int();
-      p.model_path = j.at("model_path").as_string();
-      p.model_sha256 = j.at("model_sha256").as_string();
-      p.optimizer_path = j.at("optimizer_path").as_string();
-      p.optimizer_sha256 = j.at("optimizer_sha256").as_string();
-      p.best_epoch = j.at("best_epoch").as_int();
-      p.best_test_acc = j.at("best_test_acc").as_double();
+      resume_fields().read(j, p, "resume point");
       return p;
     });
   }
@@ -125,12 +150,7 @@ std::string encode_record(const TrialRecord& r) {
   switch (r.kind) {
     case TrialRecord::Kind::start:
       o.set("type", Json::string("start"));
-      o.set("backend", Json::string(r.start.backend));
-      o.set("devices", Json::string(r.start.devices));
-      o.set("plugin_path", Json::string(r.start.plugin_path));
-      o.set("plugin_sha256", Json::string(r.start.plugin_sha256));
-      o.set("oversubscribed", Json::boolean(r.start.oversubscribed));
-      o.set("hosts", Json::string(r.start.hosts));
+      start_fields().write(r.start, o);
       {
         Json hosts = Json::array();
         for (const auto& h : r.rank_hosts) hosts.push(Json::string(h));
@@ -147,13 +167,7 @@ std::string encode_record(const TrialRecord& r) {
       break;
     case TrialRecord::Kind::checkpoint:
       o.set("type", Json::string("checkpoint"));
-      o.set("role", Json::string(r.checkpoint.role));
-      o.set("epoch", Json::integer(r.checkpoint.epoch));
-      o.set("path", Json::string(r.checkpoint.path));
-      o.set("sha256", Json::string(r.checkpoint.sha256));
-      o.set("bytes", Json::integer(r.checkpoint.bytes));
-      o.set("optimizer_path", Json::string(r.checkpoint.optimizer_path));
-      o.set("optimizer_sha256", Json::string(r.checkpoint.optimizer_sha256));
+      checkpoint_fields().write(r.checkpoint, o);
       break;
     case TrialRecord::Kind::done:
       o.set("type", Json::string("done"));
@@ -180,12 +194,7 @@ TrialRecord decode_record(const std::string& line) {
   const std::string& type = o.at("type").as_string();
   if (type == "start") {
     r.kind = TrialRecord::Kind::start;
-    r.start.backend = o.at("backend").as_string();
-    r.start.devices = o.at("devices").as_string();
-    r.start.plugin_path = o.at("plugin_path").as_string();
-    r.start.plugin_sha256 = o.at("plugin_sha256").as_string();
-    r.start.oversubscribed = o.at("oversubscribed").as_bool();
-    r.start.hosts = o.at("hosts").as_string();
+    start_fields().read(o, r.start, "start record");
     for (const Json& h : o.at("rank_hosts").items()) r.rank_hosts.push_back(h.as_string());
   } else if (type == "epoch") {
     r.kind = TrialRecord::Kind::epoch;
@@ -199,13 +208,7 @@ TrialRecord decode_record(const std::string& line) {
     }
   } else if (type == "checkpoint") {
     r.kind = TrialRecord::Kind::checkpoint;
-    r.checkpoint.role = o.at("role").as_string();
-    r.checkpoint.epoch = o.at("epoch").as_int();
-    r.checkpoint.path = o.at("path").as_string();
-    r.checkpoint.sha256 = o.at("sha256").as_string();
-    r.checkpoint.bytes = o.at("bytes").as_int();
-    r.checkpoint.optimizer_path = o.at("optimizer_path").as_string();
-    r.checkpoint.optimizer_sha256 = o.at("optimizer_sha256").as_string();
+    checkpoint_fields().read(o, r.checkpoint, "checkpoint record");
   } else if (type == "done") {
     r.kind = TrialRecord::Kind::done;
   } else if (type == "diverged") {

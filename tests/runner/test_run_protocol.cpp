@@ -232,3 +232,30 @@ TEST_CASE("did you mean", "[cli][protocol]") {
   CHECK(dprun::did_you_mean("lr_scale", {"lr", "lr_scaling", "base_batch"}) == "lr_scaling");
   CHECK(dprun::did_you_mean("vgg", {"lenet", "resnet18"}).empty());
 }
+
+TEST_CASE("records: a start or checkpoint record missing a member is refused, naming it",
+          "[protocol]") {
+  dprun::TrialRecord start;
+  start.kind = dprun::TrialRecord::Kind::start;
+  start.start.backend = "cpu";
+  start.start.devices = "CPU x2";
+  start.rank_hosts = {"h"};
+  Json j = Json::parse(dprun::encode_record(start));
+  CHECK(dprun::decode_record(j.dump()).start.devices == "CPU x2");
+  Json missing = Json::object();
+  for (const auto& [name, value] : j.members())
+    if (name != "devices") missing.set(name, value);
+  CHECK_THROWS_WITH(dprun::decode_record(missing.dump()),
+                    Catch::Contains("start record") && Catch::Contains("\"devices\""));
+
+  dprun::TrialRecord c;
+  c.kind = dprun::TrialRecord::Kind::checkpoint;
+  c.checkpoint.role = "last";
+  c.checkpoint.epoch = 3;
+  c.checkpoint.bytes = 1234567890123;
+  Json cj = Json::parse(dprun::encode_record(c));
+  CHECK(dprun::decode_record(cj.dump()).checkpoint.bytes == 1234567890123);
+  cj.set("epoch", Json::string("three"));
+  CHECK_THROWS_WITH(dprun::decode_record(cj.dump()),
+                    Catch::Contains("checkpoint record") && Catch::Contains("\"epoch\""));
+}
