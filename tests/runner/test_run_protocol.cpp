@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/json.hpp"
+#include "dpstore/store.hpp"
 #include "base/suggest.hpp"
 #include "process/trial_process.hpp"
 #include "report/report.hpp"
@@ -160,8 +161,30 @@ TEST_CASE("records: encode and decode each kind", "[cli][protocol]") {
 
   dprun::TrialRecord epoch;
   epoch.kind = K::epoch;
-  epoch.epoch = {0, 3, 0.25, 0.9, 0.875, 1.5, 40000, 0.1, 0.2, int64_t{1} << 40, ""};
+  epoch.epoch.epoch = 3;
+  // Every metric the store lists gets a value of its own, so a new one is covered too.
+  double next = 0.25;
+  for (const dps::EpochMetric& m : dps::epoch_metrics()) {
+    if (m.real != nullptr) {
+      epoch.epoch.*m.real = next;
+    } else {
+      epoch.epoch.*m.integer = (int64_t{1} << 40) + static_cast<int64_t>(next * 4);
+    }
+    next += 0.25;
+  }
+  epoch.epoch.train_loss = 0.25;
+  epoch.epoch.test_acc = 0.875;
+  epoch.epoch.examples_per_second = 40000;
+  epoch.epoch.peak_memory_bytes = int64_t{1} << 40;
   auto e = dprun::decode_record(dprun::encode_record(epoch));
+  for (const dps::EpochMetric& m : dps::epoch_metrics()) {
+    INFO(m.name);
+    if (m.real != nullptr) {
+      CHECK(e.epoch.*m.real == epoch.epoch.*m.real);
+    } else {
+      CHECK(e.epoch.*m.integer == epoch.epoch.*m.integer);
+    }
+  }
   CHECK(e.kind == K::epoch);
   CHECK(e.epoch.epoch == 3);
   CHECK(e.epoch.train_loss == 0.25);
