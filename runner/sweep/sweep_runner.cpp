@@ -150,12 +150,15 @@ class Runs {
     try {
       while (!interrupted_by_) {
         if ((interrupted_by_ = sweep_.signals.received())) break;
-        start_what_fits();
+        const int started = start_what_fits();
         if (running_.empty()) {
-          if (scheduler_.waiting() && scheduler_.running() == 0)
-            throw std::logic_error("the scheduler has trials waiting that fit nowhere");
           if (!scheduler_.waiting()) break;
-          continue;  // the trials just started were taken or failed at once: start the next
+          // The trials just started were taken by another dprun or failed at once: their devices
+          // are free again, so the next ones start. Only when nothing could start at all while
+          // nothing runs do waiting trials fit nowhere.
+          if (started == 0 && scheduler_.running() == 0)
+            throw std::logic_error("the scheduler has trials waiting that fit nowhere");
+          continue;
         }
         // At least once a second, for the live line.
         if (const int sig = running_.wait(1.0)) interrupted_by_ = sig;
@@ -176,8 +179,10 @@ class Runs {
   bool any_failed() const { return any_failed_; }
 
  private:
-  void start_what_fits() {
-    for (const auto& [i, devices] : scheduler_.start_now()) {
+  /// Starts the trials the scheduler lets start now; returns how many it let start.
+  int start_what_fits() {
+    const auto ready = scheduler_.start_now();
+    for (const auto& [i, devices] : ready) {
       const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
       auto run = std::make_unique<TrialRun>(sweep_, *p.spec, *p.row, i + 1, devices);
       if (run->claim()) run->start();
@@ -186,6 +191,7 @@ class Runs {
       else
         running_.add(i, std::move(run));
     }
+    return static_cast<int>(ready.size());
   }
   // A trial that ended: its devices go to the next ones.
   void ended(int i, const TrialOutcome& out) {

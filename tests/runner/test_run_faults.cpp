@@ -221,3 +221,27 @@ TEST_CASE("two runners on one database never run the same trial twice", "[cli]")
   CHECK(sql1(s.db, "SELECT attempts FROM trials WHERE gpus = 2") == "1");
   CHECK(s.epochs(2) == "2");
 }
+
+TEST_CASE("four runners started at once on one database share the work and all exit 0", "[cli]") {
+  // Trials another runner claimed are work shared, not an error: each runner goes on with what
+  // is left (one found 'the scheduler has trials waiting that fit nowhere' after skipping a
+  // claimed trial, and exited 1).
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/four.toml", db = dir.path() + "/four.db";
+  clitest::write_file(file, clitest::experiment_toml("four", data, "[1, 2]", 1) +
+                                "seed = [0, 1, 2, 3]\n");
+  const std::vector<std::string> args{"run", file, "--db", db, "--threads", "1"};
+  std::vector<std::unique_ptr<clitest::Dprun>> runners;
+  for (int i = 0; i < 4; ++i)
+    runners.push_back(std::make_unique<clitest::Dprun>(args, dir.path(),
+                                                       std::vector<std::string>{},
+                                                       "r" + std::to_string(i)));
+  for (auto& r : runners) {
+    auto result = r->wait();
+    DPRUN_CHECK_EXIT(result, 0);
+  }
+  CHECK(sql1(db, "SELECT COUNT(*) FROM trials") == "8");
+  CHECK(sql1(db, "SELECT COUNT(*) FROM trials WHERE status = 'done' AND attempts = 1") == "8");
+  CHECK(sql1(db, "SELECT COUNT(*) FROM epochs") == "8");
+}
