@@ -9,6 +9,7 @@
 
 #include "dp/trainer.hpp"
 #include "engine_test_util.hpp"
+#include "support/check.hpp"
 #include "support/train_steps.hpp"
 
 namespace {
@@ -91,7 +92,7 @@ void check_separation(const std::string& name) {
 
 bool have_data() {
   if (dptest::fashion_mnist_subset().ok) return true;
-  WARN("Fashion-MNIST not found (set DPRUN_DATA): skipping");
+  DPTEST_SKIPPED("Fashion-MNIST not found (set DPRUN_DATA): skipping a training-step test");
   return false;
 }
 

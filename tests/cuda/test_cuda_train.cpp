@@ -30,6 +30,7 @@
 
 #include "cuda_test_util.hpp"
 #include "dp/trainer.hpp"
+#include "support/check.hpp"
 #include "support/train_steps.hpp"
 
 namespace {
@@ -89,7 +90,7 @@ void check_cuda_equals_cpu(const std::string& name) {
 
 bool have_data() {
   if (dptest::fashion_mnist_subset().ok) return true;
-  WARN("Fashion-MNIST not found (set DPRUN_DATA): skipping");
+  DPTEST_SKIPPED("Fashion-MNIST not found (set DPRUN_DATA): skipping a training-step test");
   return false;
 }
 

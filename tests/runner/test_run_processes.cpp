@@ -6,8 +6,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "cli_helpers.hpp"
 #include "base/os.hpp"
+#include "cli_helpers.hpp"
 #include "dp/process_group.hpp"
 #include "process/launch.hpp"
 #include "sweep/scheduler.hpp"
@@ -70,17 +70,18 @@ struct Sweep {
 }  // namespace
 
 /// Skips the test case (with a message) where trials at once would run one at a time.
-#define DPRUN_NEED_TWO_CORES()                                                        \
-  if (dprun::affinity_cores().size() < 2) {                                           \
-    WARN("fewer than 2 CPU cores: --jobs 2 would run one trial at a time; skipping"); \
-    return;                                                                           \
+#define DPRUN_NEED_TWO_CORES()                                                                  \
+  if (dprun::affinity_cores().size() < 2) {                                                     \
+    DPTEST_SKIPPED("fewer than 2 CPU cores: --jobs 2 would run one trial at a time; skipping"); \
+    return;                                                                                     \
   }
 
 /// Skips the test case (with a message) where this dprun has no MPI or mpirun is missing.
-#define DPRUN_NEED_MPI()                                                                  \
-  if (!dp::mpi_compiled() || dprun::find_executable("mpirun").empty()) {                  \
-    WARN("dprun built without MPI, or no mpirun on PATH: skipping this end-to-end test"); \
-    return;                                                                               \
+#define DPRUN_NEED_MPI()                                                                 \
+  if (!dp::mpi_compiled() || dprun::find_executable("mpirun").empty()) {                 \
+    DPTEST_SKIPPED(                                                                      \
+        "dprun built without MPI, or no mpirun on PATH: skipping this end-to-end test"); \
+    return;                                                                              \
   }
 
 TEST_CASE("a trial of 2 processes runs under mpirun and records how it ran", "[cli][mpi]") {

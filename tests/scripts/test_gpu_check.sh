@@ -35,6 +35,10 @@ cat >"$T/stage/bin/test_cuda" <<'TC'
 #!/bin/sh
 echo "$LD_LIBRARY_PATH" >"$OUT/ld_library_path"
 echo "All tests passed (3 assertions in 1 test case)"
+# One GPU: the multi-GPU part is skipped (noted, exit 77), nothing failed.
+if [ -n "${STANDIN_ONE_GPU:-}" ] && [ "$1" = "[comm]" ]; then
+  echo "- nccl case: only 1 GPU: multi-GPU NCCL was NOT tested" >>"$DPRUN_SKIP_LOG"; exit 77
+fi
 TC
 chmod +x "$T/stage/bin/test_cuda"
 # test_core must be run with its CUDA passes required; it says whether it was.
@@ -92,6 +96,14 @@ table=$(python3 "$T/repo/scripts/gpu-record" table "$folded" 2>&1)
 check "gpu-record prints a table from it" grep -q "tests ops: All tests passed" <<<"$table"
 check "test_core ran with its CUDA passes required" grep -qx 1 "$T/out/require_cuda"
 check "the record has the test_core group" grep -q '"group": "core"' "$T/out/record-tests.json"
+
+# 1a. Exit 77 (nothing failed, a part skipped: one GPU) passes, and says what was skipped.
+rm -rf "$T/out"
+run LD_LIBRARY_PATH="" STANDIN_ONE_GPU=1
+rc=$?
+check "a run that skipped a part passes (exit $rc)" test $rc -eq 0
+check "the summary names the skipped part" grep -q "tests comm.*skipped: .*multi-GPU NCCL was NOT tested" "$T/log"
+check "the record names the skipped part" grep -q '"skipped": ".*multi-GPU NCCL' "$T/out/record-tests.json"
 
 # 1b. The sanitizer phase: four tools over both binaries, clean only when the tests pass too.
 sanitize() {

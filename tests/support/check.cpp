@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -216,7 +218,19 @@ std::vector<int32_t> DeviceBuffer::download_i32() const {
   return v;
 }
 
+namespace {
+std::atomic<int> skips{0};
+}  // namespace
+
+int skipped_count() { return skips.load(); }
+
+int session_exit_code(int catch_result) {
+  if (catch_result != 0) return 1;
+  return skipped_count() > 0 ? kSkipReturnCode : 0;
+}
+
 void note_skipped(const std::string& reason) {
+  ++skips;
   const char* log = std::getenv("DPRUN_SKIP_LOG");
   if (log == nullptr || *log == '\0') return;
   // One short line appended in one write: tests running in parallel do not interleave.

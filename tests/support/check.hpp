@@ -29,11 +29,11 @@ Comparison compare(const std::vector<double>& actual, const std::vector<double>&
                    double rel_tol, double abs_tol = 0.0, double rel_floor = 1.0);
 
 /// Catch2 helper: CHECK that compare(...) is ok, printing the message on failure.
-#define DP_CHECK_CLOSE(actual, expected, rel_tol)                              \
-  do {                                                                          \
-    auto dp_cmp_ = ::dptest::compare((actual), (expected), (rel_tol));          \
-    INFO(dp_cmp_.message);                                                      \
-    CHECK(dp_cmp_.ok);                                                          \
+#define DP_CHECK_CLOSE(actual, expected, rel_tol)                      \
+  do {                                                                 \
+    auto dp_cmp_ = ::dptest::compare((actual), (expected), (rel_tol)); \
+    INFO(dp_cmp_.message);                                             \
+    CHECK(dp_cmp_.ok);                                                 \
   } while (0)
 
 /// Deterministic random values in [lo, hi).
@@ -91,13 +91,25 @@ class DeviceBuffer {
 
 /// A part of a test that cannot run on this machine, with the reason: appended to the file
 /// $DPRUN_SKIP_LOG (ctest sets it and prints the file after the run, so the reason reaches
-/// ctest's normal output instead of hiding behind -V). Use DPTEST_SKIPPED, which also WARNs.
+/// ctest's normal output instead of hiding behind -V), and counted, so the test process exits
+/// with kSkipReturnCode and ctest reports the test skipped, not passed (session_exit_code).
+/// Use DPTEST_SKIPPED, which also WARNs.
 void note_skipped(const std::string& reason);
-#define DPTEST_SKIPPED(reason)                  \
-  do {                                          \
-    const std::string dptest_reason_ = (reason); \
-    WARN(dptest_reason_);                       \
-    ::dptest::note_skipped(dptest_reason_);     \
+/// How many skips this process noted.
+int skipped_count();
+
+/// The exit status ctest takes as "skipped" (SKIP_RETURN_CODE of every test entry).
+constexpr int kSkipReturnCode = 77;
+/// A test process's exit status from Catch2's (which counts failed assertions, up to 255, so
+/// it could itself be 77): 1 when anything failed, kSkipReturnCode when nothing failed but
+/// something was skipped, else 0.
+int session_exit_code(int catch_result);
+#define DPTEST_SKIPPED(reason)                                                     \
+  do {                                                                             \
+    const std::string dptest_reason_ = (reason);                                   \
+    WARN(dptest_reason_);                                                          \
+    ::dptest::note_skipped(Catch::getResultCapture().getCurrentTestName() + ": " + \
+                           dptest_reason_);                                        \
   } while (0)
 
 /// The folder of the model plugins: $DPRUN_PLUGIN_DIR (the GPU machine, where the build tree is
