@@ -28,7 +28,7 @@ namespace {
 // ---- DPRUN_FAULT -----------------------------------------------------------------------------
 
 struct Fault {
-  enum class Kind { none, kill, abort, throw_, nan, hang, garble };
+  enum class Kind { none, kill, abort, throw_, nan, inf, hang, garble };
   Kind kind = Kind::none;
   int64_t epoch = 0;
   int64_t ordinal = -1;  // -1: every trial
@@ -44,7 +44,7 @@ Fault parse_fault(const char* env, int64_t ordinal, int rank) {
   auto bad = [&]() -> Fault {
     throw dp::Error("DPRUN_FAULT=\"" + text +
                     "\": expected KIND@EPOCH[#TRIAL][:PROCESS] with KIND one of kill, abort, "
-                    "throw, nan, hang, garble (e.g. kill@1, nan@2#0 or kill@1:1)");
+                    "throw, nan, inf, hang, garble (e.g. kill@1, nan@2#0 or kill@1:1)");
   };
   const auto at = text.find('@');
   if (at == std::string::npos) return bad();
@@ -81,6 +81,8 @@ Fault parse_fault(const char* env, int64_t ordinal, int rank) {
     f.kind = Fault::Kind::throw_;
   else if (kind == "nan")
     f.kind = Fault::Kind::nan;
+  else if (kind == "inf")
+    f.kind = Fault::Kind::inf;
   else if (kind == "hang")
     f.kind = Fault::Kind::hang;
   else if (kind == "garble")
@@ -130,16 +132,15 @@ BackendChoice choose_backend(const TrialRequest& r) {
         "or rebuild with -DDPRUN_CUDA=ON");
   // This is the only place CUDA is initialised: in the trial process, never in the runner.
   const int devices = dp::cuda_device_count();
-  if (devices == 0) {
-    if (req == "cuda")
-      throw dp::Error(
-          "backend cuda was requested but no CUDA device is visible; use --backend "
-          "cpu or check nvidia-smi and CUDA_VISIBLE_DEVICES");
-    return c;  // auto without a GPU: the CPU backend
-  }
+  if (devices == 0 && req == "auto") return c;  // auto without a GPU: the CPU backend
   c.kind = dp::BackendKind::cuda;
   const int64_t gpus = r.settings[key::gpus];
-  if (gpus > devices) {
+  // More GPUs than this machine has (none at all included): skipped, the sweep goes on.
+  if (devices == 0) {
+    c.skip_reason = "trial needs " + std::to_string(gpus) +
+                    " GPUs (backend cuda), this machine has none visible (check nvidia-smi and "
+                    "CUDA_VISIBLE_DEVICES; --backend cpu runs it on the CPU)";
+  } else if (gpus > devices) {
     if (!r.run.oversubscribe) {
       c.skip_reason = "trial needs " + std::to_string(gpus) + " GPUs, this machine has " +
                       std::to_string(devices) + " (use --oversubscribe to share GPUs)";
@@ -295,8 +296,9 @@ TrialResult train(dp::Trainer& trainer, const TrialRequest& r, TrialSink& sink, 
       [&](const dp::EpochReport& report) {
         double loss = report.train_loss;
         bool finite = report.finite && std::isfinite(loss);
-        if (fault.kind == Fault::Kind::nan && fault.epoch == report.epoch) {
-          loss = std::nan("");
+        if ((fault.kind == Fault::Kind::nan || fault.kind == Fault::Kind::inf) &&
+            fault.epoch == report.epoch) {
+          loss = fault.kind == Fault::Kind::nan ? std::nan("") : HUGE_VAL;
           finite = false;
         }
         if (!finite) {
@@ -483,6 +485,7 @@ const char* fault_help() {
          "    abort  it calls abort() (SIGABRT)\n"
          "    throw  it throws an exception (recorded as an error)\n"
          "    nan    the loss of that epoch is reported as NaN (the trial diverges)\n"
+         "    inf    the loss of that epoch is reported as +infinity (the trial diverges)\n"
          "    hang   it sleeps forever (see --trial-timeout)\n"
          "    garble its record of that epoch is not valid (the runner must fail the trial)\n";
 }

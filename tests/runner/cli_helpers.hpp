@@ -19,8 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include "base/os.hpp"
+#include "dp/process_group.hpp"
 #include "dpstore/store.hpp"
 #include "support/check.hpp"
+#include "sweep/scheduler.hpp"
 
 extern char** environ;
 
@@ -57,10 +60,18 @@ class Dprun {
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
-    // The environment without any DPRUN_FAULT of our own, plus the extras.
+    // The environment without any DPRUN_FAULT of our own or any variable the extras set (the
+    // first of two entries would win), plus the extras.
+    auto overridden = [&](const std::string& entry) {
+      if (entry.rfind("DPRUN_FAULT=", 0) == 0) return true;
+      const std::string name = entry.substr(0, entry.find('=') + 1);
+      for (const auto& extra : env_extra)
+        if (extra.rfind(name, 0) == 0) return true;
+      return false;
+    };
     std::vector<std::string> env_s;
     for (char** e = environ; *e; ++e)
-      if (std::string(*e).rfind("DPRUN_FAULT=", 0) != 0) env_s.push_back(*e);
+      if (!overridden(*e)) env_s.push_back(*e);
     env_s.insert(env_s.end(), env_extra.begin(), env_extra.end());
     std::vector<char*> envp;
     for (auto& e : env_s) envp.push_back(e.data());
@@ -137,18 +148,24 @@ inline std::string describe(const Result& r) {
 
 /// Exit status checks that print the command's output on failure (and only for that check).
 /// `result` is evaluated once, so it may be the call that runs dprun.
-#define DPRUN_REQUIRE_EXIT(result, code)          \
-  do {                                            \
+#define DPRUN_REQUIRE_EXIT(result, code)               \
+  do {                                                 \
     const ::clitest::Result& dprun_result_ = (result); \
-    INFO(::clitest::describe(dprun_result_));     \
-    REQUIRE(dprun_result_.exit_code == (code));   \
+    INFO(::clitest::describe(dprun_result_));          \
+    REQUIRE(dprun_result_.exit_code == (code));        \
   } while (0)
-#define DPRUN_CHECK_EXIT(result, code)            \
-  do {                                            \
+#define DPRUN_CHECK_EXIT(result, code)                 \
+  do {                                                 \
     const ::clitest::Result& dprun_result_ = (result); \
-    INFO(::clitest::describe(dprun_result_));     \
-    CHECK(dprun_result_.exit_code == (code));     \
+    INFO(::clitest::describe(dprun_result_));          \
+    CHECK(dprun_result_.exit_code == (code));          \
   } while (0)
+
+/// For mpirun: Open MPI as root in CI containers needs consent; the shared-memory transport's
+/// single-copy mode needs ptrace rights containers often lack (as for ctest's mpi_np2/np3).
+inline const std::vector<std::string> kMpiEnv{"OMPI_ALLOW_RUN_AS_ROOT=1",
+                                              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                              "OMPI_MCA_btl_vader_single_copy_mechanism=none"};
 
 /// A small, fast experiment: LeNet on 512 training / 256 test examples, batch 64, CPU.
 inline std::string experiment_toml(const std::string& name, const std::string& data_dir,
@@ -249,6 +266,21 @@ inline std::vector<pid_t> descendants_of(pid_t root) {
 inline std::string data_dir() { return dptest::fashion_mnist_dir(); }
 
 }  // namespace clitest
+
+/// Skips the test case (with a message) where trials at once would run one at a time.
+#define DPRUN_NEED_TWO_CORES()                                                                  \
+  if (dprun::affinity_cores().size() < 2) {                                                     \
+    DPTEST_SKIPPED("fewer than 2 CPU cores: --jobs 2 would run one trial at a time; skipping"); \
+    return;                                                                                     \
+  }
+
+/// Skips the test case (with a message) where this dprun has no MPI or mpirun is missing.
+#define DPRUN_NEED_MPI()                                                                 \
+  if (!dp::mpi_compiled() || dprun::find_executable("mpirun").empty()) {                 \
+    DPTEST_SKIPPED(                                                                      \
+        "dprun built without MPI, or no mpirun on PATH: skipping this end-to-end test"); \
+    return;                                                                              \
+  }
 
 /// `var`: the folder with Fashion-MNIST; without it, the test case says so and returns.
 #define DPRUN_NEED_DATA(var)                                                           \

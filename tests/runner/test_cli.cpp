@@ -298,11 +298,16 @@ TEST_CASE("default database path, query without --db, --backend override", "[cli
   auto r = run({"cuda.toml", "--backend", "cuda", "--threads", "1"}, dir.path());
   const std::string db = dir.path() + "/results/cuda.db";
   REQUIRE(fs::exists(db));
-  if (!has_gpu) {
-    // Built without CUDA, or no device: the trial fails and says why; the sweep goes on.
+  if (!dp::cuda_compiled()) {
+    // Built without CUDA: the trial fails and says to rebuild; the sweep goes on.
     DPRUN_CHECK_EXIT(r, 1);
     CHECK(sql1(db, "SELECT status FROM trials") == "failed");
-    CHECK(sql1(db, "SELECT error FROM trials").find("CUDA") != std::string::npos);
+    CHECK(sql1(db, "SELECT error FROM trials").find("built without CUDA") != std::string::npos);
+  } else if (!has_gpu) {
+    // No device here: the trial is skipped with the reason (the machine cannot run it).
+    DPRUN_CHECK_EXIT(r, 0);
+    CHECK(sql1(db, "SELECT status FROM trials") == "skipped");
+    CHECK(sql1(db, "SELECT error FROM trials").find("none visible") != std::string::npos);
   } else {
     DPRUN_CHECK_EXIT(r, 0);
     CHECK(sql1(db, "SELECT backend FROM trials") == "cuda");
@@ -391,9 +396,10 @@ TEST_CASE("allow_tf32 is recorded with each trial and false is another trial", "
   CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "1");
 }
 
-TEST_CASE("conv_choice is recorded with each trial, heuristic is another trial, and the default "
-          "keeps a trial's identity",
-          "[cli]") {
+TEST_CASE(
+    "conv_choice is recorded with each trial, heuristic is another trial, and the default "
+    "keeps a trial's identity",
+    "[cli]") {
   // How cuDNN's algorithms are picked can change a GPU trial's bits, so a sweep over it runs both
   // trials. The CPU backend has no cuDNN algorithms: both train alike here.
   DPRUN_NEED_DATA(data);

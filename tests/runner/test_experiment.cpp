@@ -659,6 +659,24 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   }
   CHECK(scaling.trials[1].label == "model=lenet lr=0.4 gpus=2 batch_size=512");
 
+  // lr-scaling: 3 lrs x 3 replica counts x 2 warm-ups; 64 examples per replica and the lr
+  // scaled linearly from a base batch of 64.
+  auto lr = dprun::load_experiment(dir + "lr-scaling.toml", exptest::fake_catalog());
+  CHECK(lr.name == "lr-scaling");
+  CHECK(lr.database == "results/lr-scaling.db");
+  REQUIRE(lr.trials.size() == 18);
+  for (const auto& t : lr.trials) {
+    INFO(t.label);
+    const int64_t g = t.settings.integer("gpus");
+    CHECK((g == 1 || g == 2 || g == 4));
+    CHECK(t.settings.integer("batch_size") == 64 * g);
+    CHECK(t.settings.integer("epochs") == 4);
+    const double per_64 = t.settings.number("lr") / static_cast<double>(g);
+    CHECK((per_64 == Approx(0.05) || per_64 == Approx(0.1) || per_64 == Approx(0.2)));
+  }
+  CHECK(lr.trials[17].settings.number("lr") == Approx(0.8));
+  CHECK(lr.trials[17].settings.number("warmup_epochs") == 1.0);
+
   CHECK_THROWS_WITH(dprun::load_experiment(dir + "no-such-file.toml", exptest::fake_catalog()),
                     Catch::Contains("cannot read experiment file"));
 }

@@ -20,11 +20,7 @@ using clitest::sql1;
 
 namespace {
 
-// Open MPI as root in CI containers needs consent; the shared-memory transport's single-copy
-// mode needs ptrace rights containers often lack (as for ctest's mpi_np2/np3).
-const std::vector<std::string> kMpiEnv{"OMPI_ALLOW_RUN_AS_ROOT=1",
-                                       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                                       "OMPI_MCA_btl_vader_single_copy_mechanism=none"};
+using clitest::kMpiEnv;
 
 // kMpiEnv and more.
 std::vector<std::string> mpi_env(std::initializer_list<std::string> more) {
@@ -68,21 +64,6 @@ struct Sweep {
 };
 
 }  // namespace
-
-/// Skips the test case (with a message) where trials at once would run one at a time.
-#define DPRUN_NEED_TWO_CORES()                                                                  \
-  if (dprun::affinity_cores().size() < 2) {                                                     \
-    DPTEST_SKIPPED("fewer than 2 CPU cores: --jobs 2 would run one trial at a time; skipping"); \
-    return;                                                                                     \
-  }
-
-/// Skips the test case (with a message) where this dprun has no MPI or mpirun is missing.
-#define DPRUN_NEED_MPI()                                                                 \
-  if (!dp::mpi_compiled() || dprun::find_executable("mpirun").empty()) {                 \
-    DPTEST_SKIPPED(                                                                      \
-        "dprun built without MPI, or no mpirun on PATH: skipping this end-to-end test"); \
-    return;                                                                              \
-  }
 
 TEST_CASE("a trial of 2 processes runs under mpirun and records how it ran", "[cli][mpi]") {
   DPRUN_NEED_DATA(data);
