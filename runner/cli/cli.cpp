@@ -36,7 +36,7 @@ struct Command {
   const char* description;  // the paragraph under the usage in `dprun COMMAND --help`
   std::vector<Opt> options;
   const char* details;  // help text after the options; may be ""
-  bool runs_trials;     // its help ends with the DPRUN_FAULT section
+  bool runs_trials;     // its help ends with a pointer to `dprun help faults`
   int (*handler)(const Invocation&);
 };
 
@@ -112,7 +112,8 @@ std::string help_text(const Command& cmd) {
   for (const auto& [left, help] : lines)
     out += "  " + left + std::string(w + 2 - std::min(w, left.size()), ' ') + help + "\n";
   if (*cmd.details) out += std::string("\n") + cmd.details;
-  if (cmd.runs_trials) out += std::string("\n") + fault_help();
+  if (cmd.runs_trials)
+    out += "\ntesting: DPRUN_FAULT makes trial processes fail on purpose; see dprun help faults\n";
   return out;
 }
 
@@ -339,10 +340,10 @@ std::string main_help() {
            c.summary + "\n";
   out +=
       "\n  dprun COMMAND --help   options of a command\n"
+      "  dprun help faults      failures on purpose, for testing (DPRUN_FAULT)\n"
       "  dprun --version        the version\n\n"
       "exit status: 0 every trial done or skipped, 1 a trial failed or diverged, 2 a bad command\n"
-      "line or experiment file, 130/143 stopped by SIGINT/SIGTERM.\n\n";
-  out += fault_help();
+      "line or experiment file, 130/143 stopped by SIGINT/SIGTERM.\n";
   return out;
 }
 
@@ -382,8 +383,24 @@ int dispatch(int argc, char** argv) {
     return 0;
   }
   if (first == "help") {
-    const Command* c = args.size() > 1 ? find_command(args[1]) : nullptr;
-    std::fputs(c ? help_text(*c).c_str() : main_help().c_str(), stdout);
+    if (args.size() < 2) {
+      std::fputs(main_help().c_str(), stdout);
+      return 0;
+    }
+    if (args[1] == "faults") {
+      std::fputs(fault_help(), stdout);
+      return 0;
+    }
+    const Command* c = find_command(args[1]);
+    if (!c) {
+      std::vector<std::string> topics{"faults"};
+      for (const Command& command : commands()) topics.push_back(command.name);
+      const std::string hint = did_you_mean(args[1], topics);
+      throw UsageError("no help on '" + args[1] + "'" +
+                       (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
+                       " (dprun help COMMAND, or dprun help faults)");
+    }
+    std::fputs(help_text(*c).c_str(), stdout);
     return 0;
   }
 

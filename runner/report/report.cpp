@@ -140,6 +140,35 @@ std::string ExperimentTrials::setting(size_t i, const std::string& column) const
   return "";
 }
 
+std::string ExperimentTrials::no_speedup_reason(size_t i) const {
+  const dps::TrialSummary& t = trials[i];
+  if (t.speedup || t.trial.status != dps::TrialStatus::done) return "";
+  const std::string& backend = t.trial.backend;
+  // The done 1-GPU trials on the same backend, and for each the baseline settings it differs in.
+  std::vector<std::string> best;
+  bool any = false;
+  for (size_t j = 0; j < trials.size(); ++j) {
+    if (trials[j].trial.status != dps::TrialStatus::done || trials[j].trial.backend != backend ||
+        setting(j, "gpus") != "1")
+      continue;
+    std::vector<std::string> differ;
+    for (size_t c = 0; c < settings[i].size(); ++c) {
+      const auto& [name, text] = settings[i][c];
+      if (name == "gpus" || baseline_may_differ[c] || text == settings[j][c].second) continue;
+      differ.push_back(name + " is " + text + ", the 1-GPU trial's " + settings[j][c].second);
+    }
+    if (!any || differ.size() < best.size()) best = differ;
+    any = true;
+  }
+  if (!any) return "no done 1-GPU trial on " + backend + " in this experiment to compare with";
+  if (best.empty()) return "";  // a baseline exists (its seconds were not measured)
+  std::string out = "its ";
+  for (size_t k = 0; k < best.size(); ++k) out += (k ? "; its " : "") + best[k];
+  return out +
+         " (speedup compares trials that differ only in gpus, and in settings that may vary "
+         "with it, such as batch_size and lr)";
+}
+
 std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const SettingTable& table) {
   std::vector<ExperimentTrials> out;
   for (const auto& e : store.experiments()) {
@@ -187,7 +216,7 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
          {"status", "epochs", "final_acc", "best_acc", "s/epoch", "speedup", "backend"})
       header.push_back(h);
     table.push_back(header);
-    std::vector<std::string> errors;
+    std::vector<std::string> errors, no_speedup;
     for (size_t i = 0; i < trials.size(); ++i) {
       const dps::TrialSummary& t = trials[i];
       std::vector<std::string> cells;
@@ -203,6 +232,8 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
       cells.push_back(fixed(t.speedup, "%.2fx"));
       cells.push_back(t.trial.backend.empty() ? "-" : t.trial.backend);
       table.push_back(cells);
+      if (const std::string why = x.no_speedup_reason(i); !why.empty())
+        no_speedup.push_back(x.label(i) + ": no speedup: " + why);
       if (!t.trial.error.empty()) {
         std::string label;
         for (size_t c : shown)
@@ -212,6 +243,7 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
     }
     out += format_aligned(table, "  ");
     for (const auto& err : errors) out += "  ! " + err + "\n";
+    for (const auto& why : no_speedup) out += "  - " + why + "\n";
     out += "\n";
   }
   out +=

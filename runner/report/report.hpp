@@ -33,6 +33,11 @@ struct ExperimentTrials {
   std::string label(size_t i) const;
   /// A setting's text for trial i ("" when the table has no such column).
   std::string setting(size_t i, const std::string& column) const;
+  /// Why done trial i has no speedup, as the scaling view matches it with a 1-GPU baseline: no
+  /// done 1-GPU trial on its backend, or the closest one differs in a setting the baseline must
+  /// share ("its per_gpu_batch is 128, the 1-GPU trial's 256"). "" when it has a speedup or is
+  /// not done.
+  std::string no_speedup_reason(size_t i) const;
 };
 std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const SettingTable& table);
 

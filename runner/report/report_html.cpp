@@ -214,6 +214,7 @@ table { border-collapse: collapse; font-size: 12px; margin-top: 8px; }
 th, td { padding: 3px 8px; border-bottom: 1px solid #eee; text-align: left; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 tr.failed td, tr.diverged td { color: #b00020; } .error { color: #b00020; font-size: 12px; }
+.note { color: #555; font-size: 12px; }
 @media print { body { max-width: none; margin: 0; } section.experiment { break-before: page; }
   figure.chart { break-inside: avoid; } }
 )";
@@ -312,7 +313,7 @@ std::string trial_table(const ExperimentTrials& x) {
   out +=
       "<th>status</th><th>epochs</th><th>final acc</th><th>best acc</th><th>s/epoch</th>"
       "<th>speedup</th><th>devices</th></tr></thead><tbody>";
-  std::string errors;
+  std::string errors, notes;
   for (size_t i = 0; i < x.trials.size(); ++i) {
     const auto& t = x.trials[i];
     const std::string status = dps::status_name(t.trial.status);
@@ -323,13 +324,19 @@ std::string trial_table(const ExperimentTrials& x) {
            escape(x.setting(i, "epochs")) + "</td><td class=\"n\">" +
            cell(t.final_test_acc, "%.4f") + "</td><td class=\"n\">" +
            cell(t.best_test_acc, "%.4f") + "</td><td class=\"n\">" +
-           cell(t.mean_seconds_per_epoch, "%.2f") + "</td><td class=\"n\">" +
-           cell(t.speedup, "%.2fx") + "</td><td>" + escape(t.trial.devices) + "</td></tr>";
+           cell(t.mean_seconds_per_epoch, "%.2f") + "</td>";
+    const std::string no_speedup = x.no_speedup_reason(i);
+    out += no_speedup.empty() ? "<td class=\"n\">"
+                              : "<td class=\"n\" title=\"" + escape(no_speedup) + "\">";
+    out += cell(t.speedup, "%.2fx") + "</td><td>" + escape(t.trial.devices) + "</td></tr>";
+    if (!no_speedup.empty())
+      notes += "<p class=\"note\">trial " + std::to_string(t.trial.id) + " (" + escape(x.label(i)) +
+               "): no speedup: " + escape(no_speedup) + "</p>";
     if (!t.trial.error.empty())
       errors += "<p class=\"error\">trial " + std::to_string(t.trial.id) + " (" +
                 escape(x.label(i)) + "): " + escape(t.trial.error) + "</p>";
   }
-  return out + "</tbody></table>" + errors;
+  return out + "</tbody></table>" + errors + notes;
 }
 
 std::string experiment_section(dps::Store& store, const ExperimentTrials& x) {

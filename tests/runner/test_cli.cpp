@@ -2,6 +2,8 @@
 // plan / plugins / report / train commands and command-line errors. Failure paths (killed
 // trials, signals) are in test_run_faults.cpp.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -113,6 +115,10 @@ TEST_CASE("a sweep runs, a re-run skips done trials, --rerun and new trials", "[
   CHECK(r.out.find("experiment sweep") != std::string::npos);
   CHECK(r.out.find("speedup") != std::string::npos);
   CHECK(r.out.find("1.00x") != std::string::npos);  // the 1-GPU trial against itself
+  // The 2-GPU trial's dash says why: its per-GPU batch is not the 1-GPU trial's.
+  CHECK(r.out.find("lenet gpus=2 per_gpu_batch=32: no speedup: its per_gpu_batch is 32, the "
+                   "1-GPU trial's 64") != std::string::npos);
+  CHECK(r.out.find("gpus=1 per_gpu_batch=64: no speedup") == std::string::npos);
 
   // plan: all done now.
   r = run({"plan", file, "--db", db}, dir.path());
@@ -188,12 +194,26 @@ TEST_CASE("command line: help, version, unknown commands and options", "[cli]") 
   dptest::TempDir dir;
   auto r = run({"--help"}, dir.path());
   DPRUN_CHECK_EXIT(r, 0);
-  for (const char* word : {"run", "plan", "plugins", "query", "report", "train", "DPRUN_FAULT"})
+  for (const char* word : {"run", "plan", "plugins", "query", "report", "train", "help faults"})
     CHECK(r.out.find(word) != std::string::npos);
+  // The testing section has its own topic: the main help stays about using dprun.
+  CHECK(r.out.find("garble") == std::string::npos);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') < 30);
+  r = run({"help", "faults"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  for (const char* word : {"DPRUN_FAULT=KIND@EPOCH", "kill", "abort", "throw", "nan", "inf",
+                           "hang", "garble", "DPRUN_COMM_TIMEOUT_S"})
+    CHECK(r.out.find(word) != std::string::npos);
+  r = run({"help", "fault"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("no help on 'fault'; did you mean 'faults'?") != std::string::npos);
+  r = run({"help", "plan"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("usage: dprun plan") != std::string::npos);
   r = run({"run", "--help"}, dir.path());
   DPRUN_CHECK_EXIT(r, 0);
   for (const char* word : {"--db", "--dry-run", "--rerun", "--filter", "--oversubscribe",
-                           "--threads", "--trial-timeout", "kill", "hang"})
+                           "--threads", "--trial-timeout", "dprun help faults"})
     CHECK(r.out.find(word) != std::string::npos);
   r = run({"query", "--help"}, dir.path());
   DPRUN_CHECK_EXIT(r, 0);
