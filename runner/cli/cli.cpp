@@ -347,6 +347,29 @@ std::string main_help() {
   return out;
 }
 
+// `dprun help [TOPIC]`: the main help, a command's, or the testing topic (faults).
+int help_command(const std::vector<std::string>& args) {
+  if (args.size() < 2) {
+    std::fputs(main_help().c_str(), stdout);
+    return 0;
+  }
+  if (args[1] == "faults") {
+    std::fputs(fault_help(), stdout);
+    return 0;
+  }
+  const Command* c = find_command(args[1]);
+  if (!c) {
+    std::vector<std::string> topics{"faults"};
+    for (const Command& command : commands()) topics.push_back(command.name);
+    const std::string hint = did_you_mean(args[1], topics);
+    throw UsageError("no help on '" + args[1] + "'" +
+                     (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
+                     " (dprun help COMMAND, or dprun help faults)");
+  }
+  std::fputs(help_text(*c).c_str(), stdout);
+  return 0;
+}
+
 int dispatch(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
@@ -382,27 +405,7 @@ int dispatch(int argc, char** argv) {
 #endif
     return 0;
   }
-  if (first == "help") {
-    if (args.size() < 2) {
-      std::fputs(main_help().c_str(), stdout);
-      return 0;
-    }
-    if (args[1] == "faults") {
-      std::fputs(fault_help(), stdout);
-      return 0;
-    }
-    const Command* c = find_command(args[1]);
-    if (!c) {
-      std::vector<std::string> topics{"faults"};
-      for (const Command& command : commands()) topics.push_back(command.name);
-      const std::string hint = did_you_mean(args[1], topics);
-      throw UsageError("no help on '" + args[1] + "'" +
-                       (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
-                       " (dprun help COMMAND, or dprun help faults)");
-    }
-    std::fputs(help_text(*c).c_str(), stdout);
-    return 0;
-  }
+  if (first == "help") return help_command(args);
 
   const Command* cmd = find_command(first);
   std::vector<std::string> rest(args.begin() + 1, args.end());
