@@ -39,6 +39,19 @@ std::string find_executable(const std::string& name) {
   return "";
 }
 
+std::string command_name() {
+  const std::string self = self_exe();
+  std::error_code ec;
+  const std::string on_path = find_executable("dprun");
+  if (!on_path.empty() && std::filesystem::equivalent(on_path, self, ec)) return "dprun";
+  const auto cwd = std::filesystem::current_path(ec);
+  if (!ec) {
+    const auto rel = std::filesystem::path(self).lexically_relative(cwd);
+    if (!rel.empty() && *rel.begin() != "..") return rel.string();
+  }
+  return self;
+}
+
 std::string shell_quote(const std::string& s) {
   if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                         "0123456789_-./=:,@+") == std::string::npos)

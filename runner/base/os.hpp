@@ -19,6 +19,11 @@ std::string self_exe();
 /// "" when there is none.
 std::string find_executable(const std::string& name);
 
+/// How the user can start this dprun again, for the commands dprun suggests: "dprun" when the
+/// `dprun` on PATH is this executable, else this executable's path (relative to the current
+/// folder when inside it: "build/bin/dprun").
+std::string command_name();
+
 /// `s` as one word for a POSIX shell (unchanged when it needs no quoting), for the commands
 /// dprun prints for the user to run.
 std::string shell_quote(const std::string& s);

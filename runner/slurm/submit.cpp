@@ -233,7 +233,8 @@ int submit_sweep(const Experiment& e, const SweepOptions& o, const SlurmConfig& 
                  submitted, to_run.size());
     return 1;
   }
-  std::printf("follow it with: dprun status %s\n", shell_quote(o.file).c_str());
+  std::printf("follow it with: %s status %s\n", shell_quote(command_name()).c_str(),
+              shell_quote(o.file).c_str());
   return 0;
 }
 

@@ -66,10 +66,11 @@ void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& e
   std::printf("\nexperiment %s:\n", experiment.name.c_str());
   std::fputs(format_aligned(table, "  ").c_str(), stdout);
   std::printf("\ndatabase: %s\n", db.c_str());
+  // The command as it works here: "dprun" once installed, else the path of this one.
   std::printf(
-      "try: dprun query --db %s \"SELECT model, gpus, batch_size, lr, final_test_acc, "
+      "try: %s query --db %s \"SELECT model, gpus, batch_size, lr, final_test_acc, "
       "mean_seconds_per_epoch FROM trial_summary\"\n",
-      shell_quote(db).c_str());
+      shell_quote(command_name()).c_str(), shell_quote(db).c_str());
   std::fflush(stdout);
 }
 

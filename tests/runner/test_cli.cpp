@@ -1,9 +1,8 @@
 // End-to-end tests of the dprun binary: sweeps, reconciliation with the database, the query /
 // plan / plugins / report / train commands and command-line errors. Failure paths (killed
 // trials, signals) are in test_run_faults.cpp.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 
@@ -201,8 +200,8 @@ TEST_CASE("command line: help, version, unknown commands and options", "[cli]") 
   CHECK(std::count(r.out.begin(), r.out.end(), '\n') < 30);
   r = run({"help", "faults"}, dir.path());
   DPRUN_CHECK_EXIT(r, 0);
-  for (const char* word : {"DPRUN_FAULT=KIND@EPOCH", "kill", "abort", "throw", "nan", "inf",
-                           "hang", "garble", "DPRUN_COMM_TIMEOUT_S"})
+  for (const char* word : {"DPRUN_FAULT=KIND@EPOCH", "kill", "abort", "throw", "nan", "inf", "hang",
+                           "garble", "DPRUN_COMM_TIMEOUT_S"})
     CHECK(r.out.find(word) != std::string::npos);
   r = run({"help", "fault"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
@@ -474,4 +473,46 @@ TEST_CASE("AdamW with a warm-up and a cosine schedule: every epoch's learning ra
   CHECK(std::stod(lrs[0][0]) == Approx(0.002));
   CHECK(std::stod(lrs[1][0]) == Approx(0.002 * 0.5 * (1 + std::cos(M_PI * 3.0 / 8.0))));
   CHECK(std::stod(lrs[2][0]) == Approx(0.002 * 0.5 * (1 + std::cos(M_PI * 7.0 / 8.0))));
+}
+
+TEST_CASE("the command a run suggests works as printed, installed or not", "[cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  clitest::write_file(dir.path() + "/hint.toml", clitest::experiment_toml("hint", data, "[1]", 1));
+  const std::string bin = fs::path(DPRUN_TEST_EXE).parent_path().lexically_normal().string();
+  const char* inherited = std::getenv("PATH");
+  const std::string path = inherited ? inherited : "/usr/bin:/bin";
+  // The hint's line, run by a shell in the same folder with the same PATH: its exit status.
+  auto hint_of = [&](const clitest::Result& r) {
+    const auto at = r.out.find("try: ");
+    REQUIRE(at != std::string::npos);
+    return r.out.substr(at + 5, r.out.find('\n', at) - at - 5);
+  };
+  auto runs = [&](const std::string& command, const std::string& with_path) {
+    const std::string sh =
+        "cd " + dir.path() + " && PATH='" + with_path + "' " + command + " >/dev/null 2>&1";
+    return std::system(sh.c_str()) == 0;
+  };
+  SECTION("not on PATH: the hint names this dprun's path") {
+    std::string without;  // PATH without any folder that holds a dprun
+    for (std::string rest = path; !rest.empty();) {
+      const auto colon = rest.find(':');
+      const std::string d = rest.substr(0, colon);
+      rest = colon == std::string::npos ? "" : rest.substr(colon + 1);
+      if (!fs::exists(d + "/dprun")) without += (without.empty() ? "" : ":") + d;
+    }
+    auto r = run({"run", "hint.toml", "--threads", "1"}, dir.path(), {"PATH=" + without});
+    DPRUN_REQUIRE_EXIT(r, 0);
+    const std::string hint = hint_of(r);
+    CHECK_THAT(hint, Catch::StartsWith(fs::path(DPRUN_TEST_EXE).lexically_normal().string() +
+                                       " query --db results/hint.db"));
+    CHECK(runs(hint, without));
+  }
+  SECTION("on PATH: the hint says dprun") {
+    auto r = run({"run", "hint.toml", "--threads", "1"}, dir.path(), {"PATH=" + bin + ":" + path});
+    DPRUN_REQUIRE_EXIT(r, 0);
+    const std::string hint = hint_of(r);
+    CHECK_THAT(hint, Catch::StartsWith("dprun query --db results/hint.db"));
+    CHECK(runs(hint, bin + ":" + path));
+  }
 }

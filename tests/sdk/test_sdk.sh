@@ -15,6 +15,12 @@ for f in bin/dprun lib/libdpcore.so include/dp/plugin.hpp lib/cmake/dprun/dprunC
   lib/dprun/plugins/libdprun_lenet.so; do
   [[ -e $T/prefix/$f ]] || fail "the install lacks $f"
 done
+# Every installed library finds what it links on its own (its RUNPATH), as the user's own
+# program loading a plugin would need: not only inside a dprun that already loaded libdpcore.
+for lib in "$T"/prefix/lib/dprun/plugins/*.so "$T/prefix/bin/dprun"; do
+  missing=$(env -u LD_LIBRARY_PATH ldd "$lib" | grep "not found")
+  [[ -z $missing ]] || fail "$lib: unresolved libraries: $missing"
+done
 # Nothing of the build tree may leak into the installed files' search paths.
 if grep -rq "$BUILD" "$T/prefix/lib/cmake/dprun"; then fail "the CMake package names the build tree"; fi
 
