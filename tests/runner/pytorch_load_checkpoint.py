@@ -5,13 +5,20 @@ The model is written as d2l writes it (torch.nn.Sequential, d2l's Residual), not
 dprun: the load is load_state_dict(strict=True), so a missing, extra, misnamed or misshapen
 tensor fails. The checkpoint is the trial's last one, found in the dprun database with the
 test accuracy dprun recorded for its epoch; the accuracy PyTorch computes on the same test
-examples must agree within --tolerance.
+examples must agree within --tolerance, be at least --min-accuracy (a floor well above chance,
+0.10 on Fashion-MNIST's 10 balanced classes: agreement alone passes a model that predicts one
+class, whatever its weights), and the predictions must cover at least --min-classes distinct
+classes (such a model is caught directly).
 
 The file is read with safetensors.torch.load_file when the safetensors package is installed,
 else with the small reader below, written from the format's documentation (an 8-byte
 little-endian header length, a JSON header of dtype, shape and data_offsets, then the bytes).
 
-Exit status: 0 agreement, 1 disagreement or a failed load, 77 PyTorch missing.
+The last line of the output is for the test to read: "result: accuracy=A recorded=R classes=C
+examples=N".
+
+Exit status: 0 all checks hold, 1 a check fails (each failure says why on stderr) or the load
+fails, 77 PyTorch missing.
 """
 import argparse
 import gzip
@@ -144,7 +151,12 @@ def main():
     p.add_argument("--data", required=True, help="the Fashion-MNIST folder")
     p.add_argument("--model", choices=["lenet", "resnet18"], required=True)
     p.add_argument("--width", type=int, default=64, help="resnet18's width option")
-    p.add_argument("--tolerance", type=float, default=0.002)
+    p.add_argument("--tolerance", type=float, default=0.002,
+                   help="largest difference to dprun's recorded test accuracy")
+    p.add_argument("--min-accuracy", type=float, required=True,
+                   help="the floor of PyTorch's test accuracy")
+    p.add_argument("--min-classes", type=int, default=5,
+                   help="the fewest distinct classes the predictions may cover (of 10)")
     a = p.parse_args()
 
     db = sqlite3.connect(f"file:{a.db}?mode=ro", uri=True)
@@ -173,19 +185,37 @@ def main():
     n = test_limit if 0 < test_limit < len(labels) else len(labels)
     x = torch.from_numpy(images[:n].astype(np.float32) / 255.0).unsqueeze(1)  # as ToTensor()
     y = torch.from_numpy(labels[:n].astype(np.int64))
-    correct = 0
     with torch.no_grad():
-        for i in range(0, n, 500):
-            correct += (net(x[i:i + 500]).argmax(dim=1) == y[i:i + 500]).sum().item()
-    accuracy = correct / n
+        predicted = torch.cat([net(x[i:i + 500]).argmax(dim=1) for i in range(0, n, 500)])
+    accuracy = (predicted == y).sum().item() / n
+    counts = torch.bincount(predicted, minlength=10).tolist()
+    classes = sum(1 for c in counts if c > 0)
+    # Per class: how often it is predicted, and how often it is right (recall).
+    per_class = ", ".join(
+        f"{k}: {counts[k]} predicted, {((predicted == k) & (y == k)).sum().item()}/"
+        f"{(y == k).sum().item()} right" for k in range(10))
     print(f"{a.model} ({layout}) epoch {epoch}: {len(state)} tensors read with {reader}, loaded "
           f"strict; PyTorch {torch.__version__} test accuracy {accuracy:.4f} on {n} examples, "
-          f"dprun recorded {recorded:.4f}")
+          f"dprun recorded {recorded:.4f}; predictions cover {classes} of 10 classes "
+          f"({per_class})")
+    failures = []
     if abs(accuracy - recorded) > a.tolerance:
-        print(f"accuracies differ by {abs(accuracy - recorded):.4f} > {a.tolerance}",
-              file=sys.stderr)
-        return 1
-    return 0
+        failures.append(f"PyTorch's test accuracy {accuracy:.4f} and dprun's recorded "
+                        f"{recorded:.4f} differ by {abs(accuracy - recorded):.4f} > "
+                        f"{a.tolerance}: the checkpoint is not the model dprun evaluated")
+    if accuracy < a.min_accuracy:
+        failures.append(f"PyTorch's test accuracy {accuracy:.4f} is below the floor "
+                        f"{a.min_accuracy:.4f}: chance is 0.10 on 10 classes, and a model that "
+                        f"predicts one class gets about that, so agreeing with dprun says little")
+    if classes < a.min_classes:
+        failures.append(f"the predictions cover only {classes} of 10 classes (at least "
+                        f"{a.min_classes} expected), predicted counts per class {counts}: a "
+                        f"collapsed model")
+    for f in failures:
+        print(f"FAILED: {a.model} ({layout}): {f}", file=sys.stderr)
+    print(f"result: accuracy={accuracy:.6f} recorded={recorded:.6f} classes={classes} "
+          f"examples={n}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 // Checkpoints end to end: what each `checkpoint` mode keeps and records, a trial killed by
 // DPRUN_FAULT resuming to epochs bit-identical to an uninterrupted run, --restart, a changed
 // checkpoint file, `dprun export`, `dprun train --checkpoint-dir`, and Debian's PyTorch loading
-// the checkpoints into the d2l models with the accuracy dprun recorded.
+// the checkpoints into the d2l models with the accuracy dprun recorded, well above chance.
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -269,38 +271,82 @@ TEST_CASE("PyTorch loads the checkpoints into the d2l models and gets dprun's te
     const char* name;
     std::string train;
     std::vector<std::string> args;
+    int test_examples;    // the test set's examples it is evaluated on
+    double min_accuracy;  // PyTorch's test accuracy must reach it
   };
-  // Trained far enough to be well above chance (a model that predicts one class would agree
-  // whatever its weights): LeNet about 0.70 on the whole test set, ResNet-18 (width 16, so CI
-  // can afford it) about 0.48 on 500 examples. NHWC LeNet stores its first linear layer's
-  // columns in (H, W, C) order and its filters as PyTorch's (K, C, R, S): the checkpoint must be
-  // PyTorch's model all the same.
+  // Agreement with dprun alone would pass a model that predicts one class whatever its weights,
+  // so each case is trained well above chance and checked against a floor, and its predictions
+  // must cover several classes. Chance on Fashion-MNIST's 10 balanced classes is 0.10; a
+  // one-class model gets its class's share (0.10 of the whole test set, at most 0.13 of the
+  // first 500 examples).
+  //
+  // Measured (PyTorch's accuracy, always equal to dprun's): each configuration with seeds 0-4
+  // (the test runs seed 0), with oneDNN's AVX-512 kernels and capped to AVX2
+  // (ONEDNN_MAX_CPU_ISA=AVX2: other kernels, other rounding) and with 1 and 2 threads (the
+  // same bits either way):
+  // - LeNet, NCHW and NHWC: 0.674-0.719 on the whole test set over 15 runs (seed 0: 0.6924
+  //   NCHW, 0.7084 NHWC), every run predicting all 10 classes. Floor 0.50: 0.17 below the
+  //   lowest run, 0.40 above chance.
+  // - ResNet-18 (width 16, so CI can afford it) on 500 test examples: trained on 1024 examples
+  //   it ranged 0.19-0.60 over 10 runs (seed 0: 0.604 with AVX-512, 0.526 capped to AVX2), one
+  //   run collapsing to 3 classes, so no floor was both safe and meaningful; on 2048 examples
+  //   (about twice the time) 0.538-0.712 (seed 0: 0.594 and 0.686), 8-10 classes. Floor 0.35:
+  //   0.19 below the lowest run (the largest change a seed's numerics made was 0.09), 0.22
+  //   above a one-class model.
+  // - At least 6 distinct predicted classes: every trained run above covered 8 or more, the
+  //   collapsed one 3.
+  // NHWC LeNet stores its first linear layer's columns in (H, W, C) order and its filters as
+  // PyTorch's (K, C, R, S): the checkpoint must be PyTorch's model all the same.
   const Case cases[] = {
       {"lenet",
        "model = \"lenet\"\nepochs = 2\nbatch_size = 64\nlr = 0.1\ntrain_limit = 4096\n"
        "[model.lenet]\ninit_std = 0.1\n",
-       {"--model", "lenet"}},
+       {"--model", "lenet"},
+       10000,
+       0.50},
       {"lenet-nhwc",
        "model = \"lenet\"\nepochs = 2\nbatch_size = 64\nlr = 0.1\ntrain_limit = 4096\n"
        "layout = \"nhwc\"\n[model.lenet]\ninit_std = 0.1\n",
-       {"--model", "lenet"}},
+       {"--model", "lenet"},
+       10000,
+       0.50},
       {"resnet18",
-       "model = \"resnet18\"\nepochs = 2\nbatch_size = 32\nlr = 0.05\ntrain_limit = 1024\n"
+       "model = \"resnet18\"\nepochs = 2\nbatch_size = 32\nlr = 0.05\ntrain_limit = 2048\n"
        "test_limit = 500\n[model.resnet18]\nwidth = 16\n",
-       {"--model", "resnet18", "--width", "16"}},
+       {"--model", "resnet18", "--width", "16"},
+       500,
+       0.35},
   };
+  constexpr int min_classes = 6;
   for (const Case& c : cases) {
     INFO(c.name);
     Run trial(c.name, "[experiment]\nname = \"" + std::string(c.name) +
                           "\"\n[data]\ndataset = \"fashion-mnist\"\npath = \"" + data +
                           "\"\n[train]\nbackend = \"cpu\"\ngpus = 2\n" + c.train);
     DPRUN_REQUIRE_EXIT(trial({"--threads", "2"}), 0);
+    char floor[32];
+    std::snprintf(floor, sizeof floor, "%.4f", c.min_accuracy);
     std::vector<std::string> args{script, "--db", trial.db, "--trial", "1", "--data", data};
+    args.insert(args.end(),
+                {"--min-accuracy", floor, "--min-classes", std::to_string(min_classes)});
     args.insert(args.end(), c.args.begin(), c.args.end());
     const auto r = clitest::Dprun(args, trial.dir.path(), {}, "python", false, python).wait();
     INFO(clitest::describe(r));
+    // The script checks agreement, floor and classes itself (its stderr says which failed); its
+    // last line gives the numbers, checked here too so that each shows in a failure.
     CHECK(r.exit_code == 0);
     CHECK(r.out.find("loaded strict") != std::string::npos);
-    std::fputs(r.out.c_str(), stdout);  // the accuracies, for the log
+    double accuracy = -1, recorded = -1;
+    int classes = -1, examples = -1;
+    const size_t at = r.out.rfind("result: ");
+    REQUIRE(at != std::string::npos);
+    REQUIRE(std::sscanf(r.out.c_str() + at,
+                        "result: accuracy=%lf recorded=%lf classes=%d examples=%d", &accuracy,
+                        &recorded, &classes, &examples) == 4);
+    CHECK(std::fabs(accuracy - recorded) <= 0.002);
+    CHECK(accuracy >= c.min_accuracy);
+    CHECK(classes >= min_classes);
+    CHECK(examples == c.test_examples);
+    std::fputs(r.out.c_str(), stdout);  // the accuracies and predicted classes, for the log
   }
 }
