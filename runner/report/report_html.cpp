@@ -215,6 +215,7 @@ th, td { padding: 3px 8px; border-bottom: 1px solid #eee; text-align: left; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 tr.failed td, tr.diverged td { color: #b00020; } .error { color: #b00020; font-size: 12px; }
 .note { color: #555; font-size: 12px; }
+.scroll { overflow-x: auto; }
 @media print { body { max-width: none; margin: 0; } section.experiment { break-before: page; }
   figure.chart { break-inside: avoid; } }
 )";
@@ -308,7 +309,8 @@ std::string scaling_charts(const ExperimentTrials& x) {
 
 // The trial table, then the errors of the trials that have one.
 std::string trial_table(const ExperimentTrials& x) {
-  std::string out = "<h3>Trials</h3><table><thead><tr><th>#</th>";
+  // In a box that scrolls sideways: on a narrow window the table keeps its columns.
+  std::string out = "<h3>Trials</h3><div class=\"scroll\"><table><thead><tr><th>#</th>";
   for (size_t c : x.shown) out += "<th>" + escape(x.settings[0][c].first) + "</th>";
   out +=
       "<th>status</th><th>epochs</th><th>final acc</th><th>best acc</th><th>s/epoch</th>"
@@ -336,7 +338,7 @@ std::string trial_table(const ExperimentTrials& x) {
       errors += "<p class=\"error\">trial " + std::to_string(t.trial.id) + " (" +
                 escape(x.label(i)) + "): " + escape(t.trial.error) + "</p>";
   }
-  return out + "</tbody></table>" + errors + notes;
+  return out + "</tbody></table></div>" + errors + notes;
 }
 
 std::string experiment_section(dps::Store& store, const ExperimentTrials& x) {

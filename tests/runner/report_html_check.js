@@ -28,6 +28,17 @@
     return s;
   }
 
+  // An element that scrolls sideways on purpose (overflow-x auto or scroll): what it holds may
+  // be wider than it, and is reached by scrolling it, not the page.
+  function scrolls(el) {
+    var o = getComputedStyle(el).overflowX;
+    return o === "auto" || o === "scroll";
+  }
+  function insideScroller(el) {
+    for (var p = el.parentElement; p && p !== document.body; p = p.parentElement) if (scrolls(p)) return true;
+    return false;
+  }
+
   // (b) Nothing wider than its container or the window.
   function overflow(result) {
     var root = document.documentElement;
@@ -40,6 +51,7 @@
       if (el.closest("svg") && el.tagName.toLowerCase() !== "svg") continue; // charts(): inside
       var r = el.getBoundingClientRect();
       if (r.width === 0 && r.height === 0) continue; // not rendered (e.g. display: none)
+      if (insideScroller(el)) continue; // clipped by its scrolling box, reached by scrolling it
       if (r.left < -TOL || r.right > width + TOL)
         result.overflow.push(
           describe(el) + " spans x " + fmt(r.left) + ".." + fmt(r.right) + " outside the window 0.." + width
@@ -54,7 +66,7 @@
           );
       }
       // Content wider than the element's own box (clipped, scrolled or spilling out).
-      if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + TOL)
+      if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + TOL && !scrolls(el))
         result.overflow.push(
           describe(el) + ": content " + el.scrollWidth + " px wide in a box of " + el.clientWidth + " px"
         );

@@ -223,10 +223,11 @@ TEST_CASE("report --html renders in a real browser with every series in the DOM"
     }
     return out;
   };
-  // A desktop window and a narrow one (two charts a row, then one). The virtual time budget
+  // A desktop window, a narrow one (two charts a row, then one) and a phone's (the trial table
+  // scrolls in its own box). The virtual time budget
   // lets the page settle (load event, layout) before the DOM is dumped, whatever the machine's
   // speed.
-  for (int width : {1280, 800}) {
+  for (int width : {1280, 800, 500}) {
     INFO("window " << width << " px wide");
     const Json result =
         findings(run("--window-size=" + std::to_string(width) +
