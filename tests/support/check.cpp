@@ -233,8 +233,12 @@ void note_skipped(const std::string& reason) {
   ++skips;
   const char* log = std::getenv("DPRUN_SKIP_LOG");
   if (log == nullptr || *log == '\0') return;
-  // One short line appended in one write: tests running in parallel do not interleave.
-  const std::string line = "- " + reason + "\n";
+  // One short line appended in one write: tests running in parallel do not interleave. No ';'
+  // or line break in it: ctest's summary reads the file as a CMake list of lines.
+  std::string text = reason;
+  for (char& c : text)
+    if (c == ';' || c == '\n') c = c == ';' ? ',' : ' ';
+  const std::string line = "- " + text + "\n";
   if (std::FILE* f = std::fopen(log, "a")) {
     std::fwrite(line.data(), 1, line.size(), f);
     std::fclose(f);
