@@ -17,7 +17,7 @@ expect passes 0
 expect skips 77
 expect fails77 1
 expect skips-and-fails 1
-if grep -qx -- "- skip status: a case that skips a part: the planted skip of test_skip_status.sh" "$T/log"; then
+if grep -qx -- "- skip status: a case that skips a part: the planted skip of test_skip_status.sh, one line" "$T/log"; then
   echo "ok: the skip log names the test and the reason"
 else
   echo "FAILED: the skip log lacks the test and the reason:"; cat "$T/log"; fails=$((fails + 1))
