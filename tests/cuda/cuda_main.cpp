@@ -9,6 +9,7 @@
 #include "cuda_test_util.hpp"
 #include "dp/backend.hpp"
 #include "models/plugin_loader.hpp"
+#include "support/catch_run.hpp"
 #include "support/check.hpp"
 
 namespace cudatest {
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
   setenv("DPRUN_CACHE_DIR", choices.path().c_str(), 1);
   std::printf("test_cuda: cuDNN choices measured into %s (removed at exit)\n",
               choices.path().c_str());
-  const int rc = Catch::Session().run(argc, argv);
+  const int rc = dptest::run_catch(argc, argv);
   cudatest::backends_slot().reset();
   // 1 for any failure (Catch2 counts failed assertions: 77 of them would read as skipped).
   return dptest::session_exit_code(rc);

@@ -8,6 +8,7 @@
 #include "dp/error.hpp"
 #include "dp/process_group.hpp"
 #include "mpi_test_util.hpp"
+#include "support/catch_run.hpp"
 #include "support/check.hpp"
 
 namespace mpitest {
@@ -29,7 +30,7 @@ int main(int argc, char** argv) {
   }
   auto group = dp::make_mpi_process_group();
   mpitest::the_group = group.get();
-  const int failed = Catch::Session().run(argc, argv);
+  const int failed = dptest::run_catch(argc, argv);
   double failures = failed != 0 ? 1 : 0;
   try {
     group->allreduce_sum(&failures, 1);

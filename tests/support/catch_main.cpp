@@ -4,8 +4,9 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include "support/catch_run.hpp"
 #include "support/check.hpp"
 
 int main(int argc, char** argv) {
-  return dptest::session_exit_code(Catch::Session().run(argc, argv));
+  return dptest::session_exit_code(dptest::run_catch(argc, argv));
 }
