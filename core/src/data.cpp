@@ -2,6 +2,8 @@
 // and size before trusting a byte, since a truncated download is the usual failure.
 #include "dp/data.hpp"
 
+#include "dp/random.hpp"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -156,6 +158,46 @@ std::vector<std::string> missing_files(const std::string& dir) {
 }
 
 }  // namespace
+
+Dataset Dataset::select(const std::vector<int64_t>& indices, const std::string& new_name) const {
+  Dataset out;
+  out.name = new_name;
+  out.count = static_cast<int64_t>(indices.size());
+  out.channels = channels;
+  out.height = height;
+  out.width = width;
+  out.classes = classes;
+  const auto bytes = static_cast<size_t>(example_bytes());
+  out.images.reserve(indices.size() * bytes);
+  out.labels.reserve(indices.size());
+  for (const int64_t i : indices) {
+    DP_CHECK(i >= 0 && i < count, name + ": no example " + std::to_string(i) + " among " +
+                                      std::to_string(count));
+    const auto at = images.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(i) * bytes);
+    out.images.insert(out.images.end(), at, at + static_cast<std::ptrdiff_t>(bytes));
+    out.labels.push_back(labels[static_cast<size_t>(i)]);
+  }
+  return out;
+}
+
+Dataset hold_out(Dataset& train, int64_t count, uint64_t seed) {
+  DP_CHECK(count > 0 && count < train.count,
+           train.name + ": cannot hold out " + std::to_string(count) + " of " +
+               std::to_string(train.count) + " examples for validation (leave some to train on)");
+  // Its own stream: the split must not move when the trial's seed (init, shuffles) changes.
+  Rng rng = Rng(seed).fork(0x76616c6964ULL);  // "valid"
+  const std::vector<int32_t> order = permutation(train.count, rng);
+  std::vector<int64_t> held(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(count));
+  std::vector<bool> is_held(static_cast<size_t>(train.count), false);
+  for (const int64_t i : held) is_held[static_cast<size_t>(i)] = true;
+  std::vector<int64_t> kept;
+  kept.reserve(static_cast<size_t>(train.count - count));
+  for (int64_t i = 0; i < train.count; ++i)
+    if (!is_held[static_cast<size_t>(i)]) kept.push_back(i);
+  Dataset validation = train.select(held, train.name + ":validation");
+  train = train.select(kept, train.name);
+  return validation;
+}
 
 Dataset Dataset::head(int64_t n) const {
   DP_CHECK(n >= 0 && n <= count, name + ": cannot take the first " + std::to_string(n) +

@@ -49,6 +49,15 @@ std::string pair(int64_t v) {
   return s;
 }
 
+// A layer's step in the memory plan's walk: it reads its output gradient and writes its input
+// gradient, a planned buffer.
+BackwardSchedule::Handle schedule_leaf(BackwardSchedule& s, const BackwardSchedule::Handle& dy,
+                                       Tensor& dx) {
+  s.step();
+  s.read(dy);
+  return s.write(dx);
+}
+
 }  // namespace
 
 // ---- Conv2d -----------------------------------------------------------------------------------
@@ -111,7 +120,7 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   use.input_grad = ctx.input_grad;
   plan_ = ctx.backend.plan_conv(g, use);
   y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
-  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
 
@@ -126,6 +135,11 @@ Tensor Conv2d::do_forward(RunContext& ctx, const Tensor& x) {
     ctx.backend.conv_forward(*plan_, x, w, nullptr, y);
   }
   return y;
+}
+
+BackwardSchedule::Handle Conv2d::schedule_backward(BackwardSchedule& s,
+                                                const BackwardSchedule::Handle& dy) {
+  return schedule_leaf(s, dy, dx_);
 }
 
 Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -175,8 +189,8 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
   DP_CHECK(gamma_.valid(), "BatchNorm2d: setup() before declare()");
   const Layout l = layout_for(input, ctx.layout);
   y_ = ctx.arena.allocate(input, DType::f32, l);
-  dx_ = ctx.arena.allocate(input, DType::f32, l);
-  if (fused_.relu) dz_ = ctx.arena.allocate(input, DType::f32, l);
+  ctx.arena.allocate_planned(dx_, input, DType::f32, l);
+  if (fused_.relu) ctx.arena.allocate_planned(dz_, input, DType::f32, l);
   save_mean_ = ctx.arena.allocate({c_});
   save_invstd_ = ctx.arena.allocate({c_});
   stats_ = ctx.arena.allocate({4 * c_});
@@ -266,6 +280,16 @@ Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
+// One step: reads dy, writes dx and, with a fused ReLU, the masked gradient (read later by the
+// residual block's shortcut); without one the epilogue gradient is dy itself.
+BackwardSchedule::Handle BatchNorm2d::schedule_backward(BackwardSchedule& s,
+                                                        const BackwardSchedule::Handle& dy) {
+  s.step();
+  s.read(dy);
+  epilogue_handle_ = fused_.relu ? s.write(dz_) : dy;
+  return s.write(dx_);
+}
+
 Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   // The backend computes dx together with dgamma/dbeta, so dx is always written.
   epilogue_grad_ = Tensor();  // stays empty if this backward fails
@@ -290,7 +314,7 @@ Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx)
 Shape ReLU::do_setup(SetupContext& ctx, const Shape& input) {
   const Layout l = layout_for(input, ctx.layout);
   y_ = ctx.arena.allocate(input, DType::f32, l);
-  dx_ = ctx.arena.allocate(input, DType::f32, l);
+  ctx.arena.allocate_planned(dx_, input, DType::f32, l);
   return input;
 }
 
@@ -300,6 +324,11 @@ Tensor ReLU::do_forward(RunContext& ctx, const Tensor& x) {
   const Tensor y = y_.with_batch(x.shape[0]);
   ctx.backend.relu_forward(x, y);
   return y;
+}
+
+BackwardSchedule::Handle ReLU::schedule_backward(BackwardSchedule& s,
+                                                const BackwardSchedule::Handle& dy) {
+  return schedule_leaf(s, dy, dx_);
 }
 
 Tensor ReLU::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -352,7 +381,7 @@ void AvgPool2d::describe(std::ostream& os, int indent) const {
 Shape AvgPool2d::do_setup(SetupContext& ctx, const Shape& input) {
   const Shape out = pool_output(*this, g_, input);
   y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
-  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
 
@@ -361,6 +390,11 @@ Tensor AvgPool2d::do_forward(RunContext& ctx, const Tensor& x) {
   dx_.layout = x.layout;
   ctx.backend.avgpool_forward(g_, x, y);
   return y;
+}
+
+BackwardSchedule::Handle AvgPool2d::schedule_backward(BackwardSchedule& s,
+                                                const BackwardSchedule::Handle& dy) {
+  return schedule_leaf(s, dy, dx_);
 }
 
 Tensor AvgPool2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -380,7 +414,7 @@ void MaxPool2d::describe(std::ostream& os, int indent) const {
 Shape MaxPool2d::do_setup(SetupContext& ctx, const Shape& input) {
   const Shape out = pool_output(*this, g_, input);
   y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
-  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
 
@@ -389,6 +423,11 @@ Tensor MaxPool2d::do_forward(RunContext& ctx, const Tensor& x) {
   const Tensor y = view(y_, x.shape[0], x.layout);
   ctx.backend.maxpool_forward(g_, x, y);
   return y;
+}
+
+BackwardSchedule::Handle MaxPool2d::schedule_backward(BackwardSchedule& s,
+                                                const BackwardSchedule::Handle& dy) {
+  return schedule_leaf(s, dy, dx_);
 }
 
 Tensor MaxPool2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -404,7 +443,7 @@ Shape GlobalAvgPool::do_setup(SetupContext& ctx, const Shape& input) {
   check_rank4(*this, "GlobalAvgPool", input);
   const Shape out{input[0], input[1], 1, 1};
   y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
-  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
 
@@ -413,6 +452,11 @@ Tensor GlobalAvgPool::do_forward(RunContext& ctx, const Tensor& x) {
   dx_.layout = x.layout;
   ctx.backend.global_avgpool_forward(x, y);
   return y;
+}
+
+BackwardSchedule::Handle GlobalAvgPool::schedule_backward(BackwardSchedule& s,
+                                                const BackwardSchedule::Handle& dy) {
+  return schedule_leaf(s, dy, dx_);
 }
 
 Tensor GlobalAvgPool::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -484,7 +528,7 @@ Shape Linear::do_setup(SetupContext& ctx, const Shape& input) {
   const Shape out{input[0], out_};
   ctx.backend.prepare_linear(input[0], in_, out_);
   y_ = ctx.arena.allocate(out);
-  dx_ = ctx.arena.allocate(input);
+  ctx.arena.allocate_planned(dx_, input);
   return out;
 }
 
@@ -513,6 +557,11 @@ Tensor Linear::do_forward(RunContext& ctx, const Tensor& x) {
     ctx.backend.linear_forward(x, w, nullptr, y);
   }
   return y;
+}
+
+BackwardSchedule::Handle Linear::schedule_backward(BackwardSchedule& s,
+                                                const BackwardSchedule::Handle& dy) {
+  return schedule_leaf(s, dy, dx_);
 }
 
 Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {

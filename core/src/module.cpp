@@ -49,6 +49,31 @@ Tensor Arena::allocate(Shape shape, DType dtype, Layout layout) {
   return Tensor(allocate_bytes(bytes), shape, dtype, backend_.device(), layout);
 }
 
+void Arena::allocate_planned(Tensor& slot, Shape shape, DType dtype, Layout layout) {
+  if (!plan_on_) {
+    slot = allocate(shape, dtype, layout);
+    return;
+  }
+  DP_ASSERT(shape.numel() >= 0);
+  slot = Tensor(nullptr, shape, dtype, backend_.device(), layout);
+  pending_.push_back(&slot);
+}
+
+void Arena::discard_planned() { pending_.clear(); }
+
+void Arena::place_planned(const MemoryPlan& plan) {
+  DP_ASSERT(plan.offsets.size() == pending_.size());
+  char* base = plan.bytes > 0 ? static_cast<char*>(allocate_bytes(plan.bytes)) : nullptr;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    DP_ASSERT(plan.offsets[i] % kArenaAlign == 0 &&
+              plan.offsets[i] + pending_[i]->bytes() <= plan.bytes);
+    stats_.requested += round_up(pending_[i]->bytes());
+    pending_[i]->data = base + plan.offsets[i];
+  }
+  stats_.placed += plan.bytes;
+  pending_.clear();
+}
+
 // ---- Module -----------------------------------------------------------------------------------
 
 Shape Module::setup(SetupContext& ctx, const Shape& input) {
@@ -56,9 +81,35 @@ Shape Module::setup(SetupContext& ctx, const Shape& input) {
            std::string(type()) + ": setup needs an input shape with a batch of at least one, got " +
                input.str());
   input_ = input;
-  output_ = do_setup(ctx, input);
+  // The outermost setup plans what every module below it made with Arena::allocate_planned,
+  // once they all exist (a setup that throws leaves the depth as it found it).
+  struct Depth {
+    int& depth;
+    explicit Depth(int& d) : depth(d) { ++depth; }
+    ~Depth() { --depth; }
+  };
+  try {
+    const Depth nested(ctx.depth);
+    output_ = do_setup(ctx, input);
+  } catch (...) {
+    // The slots of a model that failed to set up may go with it: none is placed later.
+    if (ctx.depth == 0) ctx.arena.discard_planned();
+    throw;
+  }
+  if (ctx.depth == 0 && !ctx.arena.pending_planned().empty()) {
+    BackwardSchedule schedule(ctx.arena.pending_planned());
+    const BackwardSchedule::Handle dx = schedule_backward(schedule, {});
+    ctx.arena.place_planned(plan_memory(schedule.lifetimes(dx), kArenaAlign));
+  }
   last_batch_ = -1;
   return output_;
+}
+
+BackwardSchedule::Handle Module::schedule_backward(BackwardSchedule& s,
+                                                   const BackwardSchedule::Handle& dy) {
+  s.step();
+  s.read(dy);
+  return dy;
 }
 
 namespace {
@@ -168,6 +219,13 @@ Tensor Sequential::do_forward(RunContext& ctx, const Tensor& x) {
   Tensor t = x;
   for (auto& [name, m] : mods_) t = m->forward(ctx, t);
   return t;
+}
+
+BackwardSchedule::Handle Sequential::schedule_backward(BackwardSchedule& s,
+                                                       const BackwardSchedule::Handle& dy) {
+  BackwardSchedule::Handle g = dy;
+  for (size_t i = mods_.size(); i-- > 0;) g = mods_[i].second->schedule_backward(s, g);
+  return g;
 }
 
 Tensor Sequential::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {

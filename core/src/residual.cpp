@@ -64,8 +64,24 @@ Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
   DP_CHECK(shortcut == s, "Residual: the main branch gives " + s.str() +
                               " but the shortcut gives " + shortcut.str() + " for input " +
                               input.str());
-  dx_ = ctx.arena.allocate(input, DType::f32, ctx.layout);
+  ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return s;
+}
+
+// As do_backward runs: bn2, conv2, bn1, conv1, then the shortcut (conv3, reading bn2's epilogue
+// gradient), then the add of both input gradients into dx.
+BackwardSchedule::Handle Residual::schedule_backward(BackwardSchedule& s,
+                                                     const BackwardSchedule::Handle& dy) {
+  BackwardSchedule::Handle g = bn2_->schedule_backward(s, dy);
+  const BackwardSchedule::Handle dsum = bn2_->scheduled_epilogue();
+  g = conv2_->schedule_backward(s, g);
+  g = bn1_->schedule_backward(s, g);
+  const BackwardSchedule::Handle dx_main = conv1_->schedule_backward(s, g);
+  const BackwardSchedule::Handle dx_shortcut = conv3_ ? conv3_->schedule_backward(s, dsum) : dsum;
+  s.step();
+  s.read(dx_main);
+  s.read(dx_shortcut);
+  return s.write(dx_);
 }
 
 Tensor Residual::do_forward(RunContext& ctx, const Tensor& x) {

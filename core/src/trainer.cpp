@@ -95,15 +95,18 @@ std::vector<int64_t> Trainer::Impl::train_batches(int global_rank) const {
 }
 
 std::vector<int64_t> Trainer::Impl::eval_batches(int global_rank) const {
-  const int64_t part = split(test_meta.count, world())[static_cast<size_t>(global_rank)];
   const int64_t chunk = ceil_div(eval_batch, world());
   std::vector<int64_t> sizes;
-  add_unique(sizes, std::min(chunk, part));
-  add_unique(sizes, part % chunk);
+  for (const Dataset& set : eval_meta) {
+    const int64_t part = split(set.count, world())[static_cast<size_t>(global_rank)];
+    add_unique(sizes, std::min(chunk, part));
+    add_unique(sizes, part % chunk);
+  }
   return sizes;
 }
 
-void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Dataset& test) {
+void Trainer::Impl::setup_replica(Replica& r, const Dataset& train,
+                                  const std::vector<const Dataset*>& evals) {
   const int k = this->k();
   BackendOptions bo;
   bo.kind = options.backend;
@@ -123,6 +126,7 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   r.backend = create_backend(bo);
   Backend& b = *r.backend;
   r.arena = std::make_unique<Arena>(b);
+  r.arena->set_memory_plan(options.memory_plan);
   r.params = std::make_unique<ParamRegistry>();
   r.model->declare(*r.params, "");
   r.optimizer = make_optimizer(options.optimizer);
@@ -150,7 +154,6 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
   r.dlogits = a.allocate(out);
   r.loss_slots = a.allocate({steps_per_epoch}, DType::f32);
   r.correct_slots = a.allocate({steps_per_epoch}, DType::i32);
-  r.eval_slots = a.allocate({std::max<int64_t>(eval_steps, 1)}, DType::i32);
   {
     const int64_t width = r.optimizer->step_scalars();
     r.step_block = a.allocate({4 * (1 + steps_per_epoch * (1 + width))}, DType::u8);
@@ -161,30 +164,35 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train, const Datase
     r.step_scalars = Tensor(p + 1 + steps_per_epoch, {steps_per_epoch, width}, DType::f32, d);
   }
   r.eval_cursor = a.allocate({1}, DType::i32);
-  r.eval_start = a.allocate({std::max<int64_t>(eval_steps, 1), 1}, DType::i32);
 
   const Shape img{example[0], example[1], example[2]};
   r.train_images = upload_bytes(b, a, train.images, {train.count, img[0], img[1], img[2]});
   r.train_labels = upload_bytes(b, a, train.labels, {train.count});
   r.train_index = a.allocate({train.count}, DType::i32);
-  if (test.count > 0) {
-    r.test_images = upload_bytes(b, a, test.images, {test.count, img[0], img[1], img[2]});
-    r.test_labels = upload_bytes(b, a, test.labels, {test.count});
-    r.test_index = a.allocate({test.count}, DType::i32);
-    std::vector<int32_t> identity(static_cast<size_t>(test.count));
+  r.evals.resize(evals.size());
+  for (size_t e = 0; e < evals.size(); ++e) {
+    const Dataset& set = *evals[e];
+    Replica::Eval& ev = r.evals[e];
+    const int64_t steps = std::max<int64_t>(eval_steps[e], 1);
+    ev.start = a.allocate({steps, 1}, DType::i32);
+    ev.loss_slots = a.allocate({steps}, DType::f32);
+    ev.correct_slots = a.allocate({steps}, DType::i32);
+    if (set.count == 0) continue;
+    ev.images = upload_bytes(b, a, set.images, {set.count, img[0], img[1], img[2]});
+    ev.labels = upload_bytes(b, a, set.labels, {set.count});
+    ev.index = a.allocate({set.count}, DType::i32);
+    std::vector<int32_t> identity(static_cast<size_t>(set.count));
     std::iota(identity.begin(), identity.end(), 0);
-    b.upload(r.test_index.data, identity.data(), identity.size() * sizeof(int32_t));
-    // Evaluation reads this replica's part of the test set in chunks: the same every time.
-    const std::vector<int64_t> parts = split(test.count, world());
+    b.upload(ev.index.data, identity.data(), identity.size() * sizeof(int32_t));
+    // Evaluation reads this replica's part of the set in chunks: the same every time.
+    const std::vector<int64_t> parts = split(set.count, world());
     int64_t begin = 0;
     for (int q = 0; q < r.global_rank; ++q) begin += parts[static_cast<size_t>(q)];
     const int64_t part = parts[static_cast<size_t>(r.global_rank)];
     const int64_t chunk = ceil_div(eval_batch, world());
     std::vector<int32_t> starts;
     for (int64_t i = 0; i < part; i += chunk) starts.push_back(static_cast<int32_t>(begin + i));
-    if (!starts.empty()) {
-      b.upload(r.eval_start.data, starts.data(), starts.size() * sizeof(int32_t));
-    }
+    if (!starts.empty()) b.upload(ev.start.data, starts.data(), starts.size() * sizeof(int32_t));
   }
   b.synchronize();
 }
@@ -286,20 +294,24 @@ void Trainer::Impl::train_step_ops(Replica& r, int64_t n) {
   b.advance(r.cursor);
 }
 
-void Trainer::Impl::eval_chunk(Replica& r, int64_t m) {
-  run_captured(r, r.eval_graphs, m, false, [&] {
+void Trainer::Impl::eval_chunk(Replica& r, size_t set, int64_t m) {
+  Replica::Eval& ev = r.evals[set];
+  run_captured(r, ev.graphs, m, false, [&] {
     Backend& b = *r.backend;
     const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
-    const StepRow start{r.eval_start, r.eval_cursor};
-    b.gather_batch(r.test_images, r.test_labels, r.test_index, x, y, &start);
+    const StepRow start{ev.start, r.eval_cursor};
+    b.gather_batch(ev.images, ev.labels, ev.index, x, y, &start);
     RunContext ctx{b, *r.params, false, nullptr, 0, nullptr};
     const Tensor logits = r.model->forward(ctx, x);
-    b.count_correct(logits, y, r.eval_slots, &r.eval_cursor);
+    // The loss and the correct count in one pass; the gradient (scaled by 0) is not used.
+    b.softmax_cross_entropy(logits, y, 0.0f, r.dlogits.with_batch(m), ev.loss_slots,
+                            ev.correct_slots, &r.eval_cursor);
     b.advance(r.eval_cursor);
   });
 }
 
-void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
+void Trainer::Impl::evaluate_replica(Replica& r, std::vector<int64_t>& correct,
+                                     std::vector<double>& loss) {
   Backend& b = *r.backend;
   const int k = world();
   if (options.average_bn_buffers && buffers_differ && k > 1 && r.params->buffer_floats() > 0) {
@@ -307,26 +319,59 @@ void Trainer::Impl::evaluate_replica(Replica& r, int64_t& correct) {
     r.comm->allreduce_sum(bufs.f32(), static_cast<size_t>(bufs.numel()));
     b.scale(bufs, 1.0f / static_cast<float>(k));
   }
-  correct = 0;
-  if (test_meta.count == 0) return;
-  const int64_t part = split(test_meta.count, k)[static_cast<size_t>(r.global_rank)];
-  const int64_t chunk = ceil_div(eval_batch, k);
-  const int32_t zero = 0;
-  b.upload(r.eval_cursor.data, &zero, sizeof zero);
-  int64_t steps = 0;
-  for (int64_t i = 0; i < part; i += chunk, ++steps) eval_chunk(r, std::min(chunk, part - i));
-  std::vector<int32_t> counts(static_cast<size_t>(steps));
-  if (steps > 0) b.download(counts.data(), r.eval_slots.data, counts.size() * sizeof(int32_t));
-  int32_t cursor = 0;
-  b.download(&cursor, r.eval_cursor.data, sizeof cursor);
-  check_cursor(cursor, steps, "evaluation");
-  for (int32_t c : counts) correct += c;
+  correct.assign(eval_meta.size(), 0);
+  loss.assign(eval_meta.size(), 0.0);
+  for (size_t set = 0; set < eval_meta.size(); ++set) {
+    if (eval_meta[set].count == 0) continue;
+    const int64_t part = split(eval_meta[set].count, k)[static_cast<size_t>(r.global_rank)];
+    const int64_t chunk = ceil_div(eval_batch, k);
+    const int32_t zero = 0;
+    b.upload(r.eval_cursor.data, &zero, sizeof zero);
+    int64_t steps = 0;
+    for (int64_t i = 0; i < part; i += chunk, ++steps)
+      eval_chunk(r, set, std::min(chunk, part - i));
+    std::vector<int32_t> counts(static_cast<size_t>(steps));
+    std::vector<float> sums(static_cast<size_t>(steps));
+    if (steps > 0) {
+      b.download(counts.data(), r.evals[set].correct_slots.data, counts.size() * sizeof(int32_t));
+      b.download(sums.data(), r.evals[set].loss_slots.data, sums.size() * sizeof(float));
+    }
+    int32_t cursor = 0;
+    b.download(&cursor, r.eval_cursor.data, sizeof cursor);
+    check_cursor(cursor, steps, "evaluation");
+    for (int32_t c : counts) correct[set] += c;
+    for (float l : sums) loss[set] += l;
+  }
+}
+
+std::vector<Trainer::Impl::EvalResult> Trainer::Impl::evaluate_all() {
+  const size_t sets = eval_meta.size();
+  std::vector<std::vector<int64_t>> correct(static_cast<size_t>(k()));
+  std::vector<std::vector<double>> loss(static_cast<size_t>(k()));
+  run_all([&](Replica& r) {
+    evaluate_replica(r, correct[static_cast<size_t>(r.rank)], loss[static_cast<size_t>(r.rank)]);
+  });
+  buffers_differ = false;
+  // This process's replicas, then every process's (in process order: the same bits everywhere).
+  std::vector<double> totals(2 * sets, 0.0);
+  for (size_t q = 0; q < correct.size(); ++q)
+    for (size_t set = 0; set < sets; ++set) {
+      totals[2 * set] += static_cast<double>(correct[q][set]);
+      totals[2 * set + 1] += loss[q][set];
+    }
+  if (!totals.empty()) group->allreduce_sum(totals.data(), totals.size());
+  std::vector<EvalResult> out(sets);
+  for (size_t set = 0; set < sets; ++set) {
+    const auto n = static_cast<double>(eval_meta[set].count);
+    if (n > 0) out[set] = {totals[2 * set] / n, totals[2 * set + 1] / n};
+  }
+  return out;
 }
 
 // ---- Trainer ----------------------------------------------------------------------------------
 
 Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, const Dataset& train,
-                 const Dataset& test)
+                 const Dataset& test, const Dataset* validation)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.options = options;
@@ -345,19 +390,23 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   DP_CHECK(options.eval_batch_size >= 0, "eval batch size must be >= 0 (0: the batch size)");
   DP_CHECK(builder != nullptr, "Trainer: no model builder given");
   DP_CHECK(train.count >= 1, "the training set '" + train.name + "' is empty");
-  for (const Dataset* d : {&train, &test}) {
+  std::vector<const Dataset*> evals{&test};
+  if (validation != nullptr) evals.push_back(validation);
+  std::vector<const Dataset*> all{&train};
+  all.insert(all.end(), evals.begin(), evals.end());
+  for (const Dataset* d : all) {
     DP_CHECK(d->images.size() == static_cast<size_t>(d->count * d->example_bytes()) &&
                  d->labels.size() == static_cast<size_t>(d->count),
              "dataset '" + d->name + "': " + std::to_string(d->count) + " examples but " +
                  std::to_string(d->images.size()) + " image bytes and " +
                  std::to_string(d->labels.size()) + " labels");
   }
-  DP_CHECK(test.count == 0 || (test.channels == train.channels && test.height == train.height &&
-                               test.width == train.width && test.classes == train.classes),
-           "the test set '" + test.name +
-               "' has another example shape or class count than the "
-               "training set '" +
-               train.name + "'");
+  for (const Dataset* d : evals)
+    DP_CHECK(d->count == 0 || (d->channels == train.channels && d->height == train.height &&
+                               d->width == train.width && d->classes == train.classes),
+             "the " + std::string(d == &test ? "test" : "validation") + " set '" + d->name +
+                 "' has another example shape or class count than the training set '" +
+                 train.name + "'");
   if (options.backend == BackendKind::cuda) {
     DP_CHECK(cuda_compiled(), "the CUDA backend was requested but dprun was built without CUDA");
     const int devices = cuda_device_count();
@@ -374,13 +423,16 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   s.train_meta = train;
   s.train_meta.images.clear();
   s.train_meta.labels.clear();
-  s.test_meta = test;
-  s.test_meta.images.clear();
-  s.test_meta.labels.clear();
   s.eval_batch = options.eval_batch_size > 0 ? options.eval_batch_size : options.batch_size;
   s.max_shard = std::max(ceil_div(options.batch_size, world), ceil_div(s.eval_batch, world));
   s.steps_per_epoch = ceil_div(train.count, options.batch_size);
-  s.eval_steps = ceil_div(ceil_div(test.count, world), ceil_div(s.eval_batch, world));
+  for (const Dataset* d : evals) {
+    Dataset meta = *d;
+    meta.images.clear();
+    meta.labels.clear();
+    s.eval_meta.push_back(std::move(meta));
+    s.eval_steps.push_back(ceil_div(ceil_div(d->count, world), ceil_div(s.eval_batch, world)));
+  }
 
   s.replicas.resize(static_cast<size_t>(k));
   // The builder runs here, on the caller's thread, one replica after another: model code
@@ -398,7 +450,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   if (options.backend == BackendKind::cpu) (void)cpu_kernels();
   // Replicas are set up on their own threads (device contexts, parallel uploads); there are no
   // communicators yet, so a failure cannot leave anyone blocked.
-  s.run_all([&](Impl::Replica& r) { s.setup_replica(r, train, test); });
+  s.run_all([&](Impl::Replica& r) { s.setup_replica(r, train, evals); });
   std::vector<Backend*> backends;
   for (auto& r : s.replicas) backends.push_back(r.backend.get());
   s.replicas[0].model->parameter_orders(s.orders);
@@ -442,7 +494,11 @@ Trainer::~Trainer() {
   // destroyed before the replicas, and its work must be done before anything it uses goes.
   for (auto& r : impl_->replicas) {
     if (r.backend == nullptr) continue;
-    if (!r.train_graphs.empty() || !r.eval_graphs.empty()) {
+    const bool captured =
+        !r.train_graphs.empty() || std::any_of(r.evals.begin(), r.evals.end(), [](const auto& e) {
+          return !e.graphs.empty();
+        });
+    if (captured) {
       try {
         r.backend->synchronize();
       } catch (const std::exception& e) {
@@ -450,7 +506,7 @@ Trainer::~Trainer() {
       }
     }
     r.train_graphs.clear();
-    r.eval_graphs.clear();
+    for (auto& e : r.evals) e.graphs.clear();
   }
 }
 
@@ -506,7 +562,7 @@ EpochReport Trainer::run_epoch(int epoch) {
   report.lr = s.lr_at(s.steps_done - 1);
   report.seconds = seconds_since(t0);
   report.train_examples = count;
-  report.test_examples = s.test_meta.count;
+  report.test_examples = s.eval_meta[0].count;
   // This process's replicas, then every process's (in process order: the same bits everywhere).
   double totals[2] = {std::accumulate(loss.begin(), loss.end(), 0.0),
                       std::accumulate(correct.begin(), correct.end(), 0.0)};
@@ -518,7 +574,14 @@ EpochReport Trainer::run_epoch(int epoch) {
   report.examples_per_second =
       report.seconds > 0 ? static_cast<double>(count) / report.seconds : 0.0;
   const auto t1 = Clock::now();
-  report.test_acc = evaluate();
+  const std::vector<Impl::EvalResult> evals = s.evaluate_all();
+  report.test_acc = evals[0].acc;
+  report.test_loss = evals[0].loss;
+  if (evals.size() > 1) {
+    report.val_acc = evals[1].acc;
+    report.val_loss = evals[1].loss;
+    report.val_examples = s.eval_meta[1].count;
+  }
   report.eval_seconds = seconds_since(t1);
   return report;
 }
@@ -552,16 +615,7 @@ double Trainer::step(const std::vector<int32_t>& indices) {
   return total / static_cast<double>(n);
 }
 
-double Trainer::evaluate() {
-  Impl& s = *impl_;
-  std::vector<int64_t> correct(static_cast<size_t>(s.k()));
-  s.run_all([&](Impl::Replica& r) { s.evaluate_replica(r, correct[static_cast<size_t>(r.rank)]); });
-  s.buffers_differ = false;
-  if (s.test_meta.count == 0) return 0.0;
-  double total = static_cast<double>(std::accumulate(correct.begin(), correct.end(), int64_t{0}));
-  s.group->allreduce_sum(&total, 1);
-  return total / static_cast<double>(s.test_meta.count);
-}
+double Trainer::evaluate() { return impl_->evaluate_all()[0].acc; }
 
 int Trainer::replicas() const { return impl_->k(); }
 
@@ -624,8 +678,14 @@ std::string Trainer::communicator_kind() const { return impl_->comms[0]->kind();
 
 size_t Trainer::captured_steps() const {
   const auto& r = impl_->replicas[0];
-  return r.train_graphs.size() + r.eval_graphs.size();
+  size_t n = r.train_graphs.size();
+  for (const auto& e : r.evals) n += e.graphs.size();
+  return n;
 }
+
+Arena::PlanStats Trainer::memory_plan_stats() const { return impl_->replicas[0].arena->plan_stats(); }
+
+size_t Trainer::arena_bytes() const { return impl_->replicas[0].arena->bytes_used(); }
 
 size_t Trainer::peak_memory_bytes() const {
   size_t peak = 0;

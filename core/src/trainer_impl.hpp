@@ -34,13 +34,10 @@ struct Trainer::Impl {
     BucketLauncher* launcher = nullptr;
 
     Tensor train_images, train_labels;  // (M,C,H,W) u8, (M) u8
-    Tensor test_images, test_labels;
     Tensor train_index;    // (M_train) i32: this epoch's permutation, or step()'s indices
-    Tensor test_index;     // (M_test) i32: 0, 1, ... (evaluation reads the test set in order)
     Tensor x, y, dlogits;  // (per-replica max batch, ...)
     Tensor loss_slots;     // (steps per epoch) f32: loss sum of each step
     Tensor correct_slots;  // (steps per epoch) i32
-    Tensor eval_slots;     // (eval steps) i32
     // What changes from step to step lives in device memory and is read when the step's ops
     // run, so every step is the same ops with the same arguments (a captured step replays as
     // any step): tables uploaded once per epoch, and a cursor each step advances itself.
@@ -51,21 +48,40 @@ struct Trainer::Impl {
                           // train_index
     Tensor step_scalars;  // (steps per epoch, optimizer's step scalars) f32
     Tensor eval_cursor;   // (1) i32: the evaluation chunk, also its slot
-    Tensor eval_start;    // (eval steps, 1) i32: where each chunk starts in test_index
-    // With options.graphs: the captured training steps and evaluation chunks, by batch size.
-    // After the backend (destroyed first): they hold its graphs.
-    std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>> train_graphs, eval_graphs;
+    // With options.graphs: the captured training steps, by batch size. After the backend
+    // (destroyed first): they hold its graphs.
+    std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>> train_graphs;
+    /// One per evaluated set (Impl::evals): its examples on the device, read in order in
+    /// chunks, and each chunk's loss sum and correct count.
+    struct Eval {
+      Tensor images, labels;  // (M,C,H,W) u8, (M) u8
+      Tensor index;           // (M) i32: 0, 1, ...
+      Tensor start;           // (eval steps, 1) i32: where each chunk of this replica starts
+      Tensor loss_slots;      // (eval steps) f32
+      Tensor correct_slots;   // (eval steps) i32
+      // With options.graphs: its captured chunks, by size (each reads this set's tensors).
+      std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>> graphs;
+    };
+    std::vector<Eval> evals;
+  };
+
+  /// What an evaluation of one set found over every replica.
+  struct EvalResult {
+    double acc = 0, loss = 0;  // 0 for an empty set
   };
 
   TrainerOptions options;
   std::unique_ptr<ProcessGroup> own_group;  // when options.processes is null
   ProcessGroup* group = nullptr;            // never null after construction
-  Dataset train_meta, test_meta;  // shapes and counts only (the bytes live on the devices)
+  Dataset train_meta;  // shapes and counts only (the bytes live on the devices)
+  /// The sets evaluated after every epoch, shapes and counts only: the test set, then the
+  /// validation set when there is one.
+  std::vector<Dataset> eval_meta;
   int64_t eval_batch = 0;         // global
   int64_t max_shard = 0;          // largest per-replica batch (training or evaluation)
   int64_t steps_per_epoch = 0;
   int64_t steps_done = 0;  // optimizer steps so far (run_epoch(e) starts at (e - 1) * per epoch)
-  int64_t eval_steps = 0;  // per replica
+  std::vector<int64_t> eval_steps;  // per replica, per evaluated set
   std::vector<Replica> replicas;
   // Two communicator groups: gradient buckets may be summed on a communication thread while the
   // replica's thread runs synchronised batch norm's collectives, and one group's collectives
@@ -132,7 +148,7 @@ struct Trainer::Impl {
     std::rethrow_exception(e);
   }
 
-  void setup_replica(Replica& r, const Dataset& train, const Dataset& test);
+  void setup_replica(Replica& r, const Dataset& train, const std::vector<const Dataset*>& evals);
   // The per-replica batch sizes an epoch runs: training steps (full batches and the last partial
   // one; an empty shard runs no layer) and evaluation chunks. Layers prepare for exactly these
   // at setup (convolution algorithms), so nothing is planned mid-epoch.
@@ -146,8 +162,8 @@ struct Trainer::Impl {
   void train_step(Replica& r, int64_t n);
   // The ops of that step: everything that changes between steps is read at the cursor.
   void train_step_ops(Replica& r, int64_t n);
-  // One evaluation chunk of m examples at the evaluation cursor.
-  void eval_chunk(Replica& r, int64_t m);
+  // One evaluation chunk of m examples of set `set` at the evaluation cursor.
+  void eval_chunk(Replica& r, size_t set, int64_t m);
   // Runs ops(), or with options.graphs replays its capture for `size` (capturing it first);
   // `collectives`: the ops hold the replica's collectives (a training step), whose
   // communicators then launch the replay (Communicator::launch_captured).
@@ -158,7 +174,10 @@ struct Trainer::Impl {
   float lr_at(int64_t t) const {
     return static_cast<float>(options.lr.at(t, steps_per_epoch, std::max(options.epochs, 1)));
   }
-  void evaluate_replica(Replica& r, int64_t& correct);
+  // Evaluates every set on this replica: correct counts and loss sums, per set.
+  void evaluate_replica(Replica& r, std::vector<int64_t>& correct, std::vector<double>& loss);
+  // Every set over every replica and process.
+  std::vector<EvalResult> evaluate_all();
 };
 
 }  // namespace dp

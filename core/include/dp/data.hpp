@@ -18,7 +18,15 @@ struct Dataset {
   int64_t example_bytes() const { return int64_t{channels} * height * width; }
   /// The first n examples (n <= count), for quick runs and tests.
   Dataset head(int64_t n) const;
+  /// The examples at `indices`, in that order (each in [0, count)); name is the new set's.
+  Dataset select(const std::vector<int64_t>& indices, const std::string& new_name) const;
 };
+
+/// A validation split: `count` examples of `train` (0 < count < train.count), chosen by `seed`
+/// alone (the same examples for every trial that asks for the same count and seed, whatever its
+/// other settings), held out in the order they were drawn. `train` keeps the rest, in their
+/// order; the held-out set is returned, named "<train's name>:validation".
+Dataset hold_out(Dataset& train, int64_t count, uint64_t seed);
 
 struct DatasetPair {
   Dataset train, test;

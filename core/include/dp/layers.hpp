@@ -27,6 +27,9 @@ class Conv2d : public Module {
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
 
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
+
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
   Tensor do_forward(RunContext& ctx, const Tensor& x) override;
@@ -68,8 +71,16 @@ class BatchNorm2d : public Module {
   Tensor forward(RunContext& ctx, const Tensor& x, const Tensor& residual);
   /// After backward(): the gradient of bn(x) (+ residual), which is the residual's gradient:
   /// with a fused ReLU the masked gradient (this layer's buffer), else the gradient backward was
-  /// given (a view of the caller's tensor). Valid until the next backward.
+  /// given (a view of the caller's tensor). Valid until the next backward, and, with the memory
+  /// plan (Arena::allocate_planned), as long as the memory plan's walk says it is read (see
+  /// scheduled_epilogue()).
   Tensor epilogue_gradient() const { return epilogue_grad_; }
+  /// In the memory plan's walk, after this layer's schedule_backward: the planned buffers
+  /// epilogue_gradient() may live in (a residual block reads them in its shortcut's step).
+  const BackwardSchedule::Handle& scheduled_epilogue() const { return epilogue_handle_; }
+
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -92,6 +103,7 @@ class BatchNorm2d : public Module {
   Tensor dz_;                         // with a fused ReLU: the masked gradient
   const Tensor* residual_ = nullptr;  // during forward(ctx, x, residual) only
   Tensor epilogue_grad_;              // see epilogue_gradient()
+  BackwardSchedule::Handle epilogue_handle_;  // where epilogue_grad_ lives, for the memory plan
   Tensor stats_;            // (4C): mean, var, then the backward sums (2C), for the allreduces
   int64_t sync_count_ = 0;  // values per channel over every replica in the last sync forward
 };
@@ -99,6 +111,9 @@ class BatchNorm2d : public Module {
 class ReLU : public Module {
  public:
   const char* type() const override { return "ReLU"; }
+
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -114,6 +129,9 @@ class AvgPool2d : public Module {
   AvgPool2d(int64_t kernel, int64_t stride, int64_t padding = 0);
   const char* type() const override { return "AvgPool2d"; }
   void describe(std::ostream& os, int indent = 0) const override;
+
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -131,6 +149,9 @@ class MaxPool2d : public Module {
   const char* type() const override { return "MaxPool2d"; }
   void describe(std::ostream& os, int indent = 0) const override;
 
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
+
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
   Tensor do_forward(RunContext& ctx, const Tensor& x) override;
@@ -145,6 +166,9 @@ class MaxPool2d : public Module {
 class GlobalAvgPool : public Module {
  public:
   const char* type() const override { return "AdaptiveAvgPool2d"; }
+
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -182,6 +206,9 @@ class Linear : public Module {
   /// (H, W, C) order and are reported for permutation to PyTorch's (C, H, W).
   void parameter_orders(std::vector<ParamOrder>& out) override;
 
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
+
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
   Tensor do_forward(RunContext& ctx, const Tensor& x) override;
@@ -207,6 +234,9 @@ class Residual : public Module {
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
   std::vector<Module*> children() override;
+
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;

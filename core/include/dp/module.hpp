@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dp/backend.hpp"
+#include "dp/memory_plan.hpp"
 #include "dp/params.hpp"
 #include "dp/tensor.hpp"
 
@@ -35,6 +36,29 @@ class Arena {
   size_t bytes_used() const { return used_; }
   Backend& backend() { return backend_; }
 
+  /// A buffer that only backward uses (an input gradient, a fused epilogue's gradient), made in
+  /// `slot` (a member of the module that keeps it): its memory comes when the outermost
+  /// Module::setup has planned every such buffer of the model (memory_plan.hpp), shared with
+  /// those whose lifetimes in backward do not overlap; until then slot.data is null. With the
+  /// plan off (set_memory_plan(false)) it is allocated at once, as allocate() does.
+  void allocate_planned(Tensor& slot, Shape shape, DType dtype = DType::f32,
+                        Layout layout = Layout::nchw);
+  /// Whether allocate_planned defers to the plan (default true).
+  void set_memory_plan(bool on) { plan_on_ = on; }
+  /// The slots allocate_planned made that are not placed yet, in the order they were made.
+  const std::vector<Tensor*>& pending_planned() const { return pending_; }
+  /// Gives the pending slots their memory: one block of plan.bytes, slot i at plan.offsets[i].
+  void place_planned(const MemoryPlan& plan);
+  /// Forgets the pending slots (their model failed to set up).
+  void discard_planned();
+
+  /// What the plan saved: the bytes the planned buffers would take each on its own, and the
+  /// bytes of the blocks they were placed in (both 0 with the plan off).
+  struct PlanStats {
+    size_t requested = 0, placed = 0;
+  };
+  PlanStats plan_stats() const { return stats_; }
+
  private:
   Backend& backend_;
   size_t block_bytes_;
@@ -42,6 +66,9 @@ class Arena {
   char* cursor_ = nullptr;
   size_t left_ = 0;
   size_t used_ = 0;
+  bool plan_on_ = true;
+  std::vector<Tensor*> pending_;
+  PlanStats stats_;
 };
 
 /// How the features of a flat (N, F) activation made by Flatten are ordered: NHWC memory
@@ -74,6 +101,9 @@ struct SetupContext {
   bool input_grad = true;
   /// The order of the features Flatten produced for the next Linear (see FlatFeatures).
   FlatFeatures flat = {};
+  /// How deep in nested setup() calls we are: the outermost call (0) plans the memory of the
+  /// buffers its modules made with Arena::allocate_planned.
+  int depth = 0;
 };
 
 /// Told, during backward, that a parameter's gradient is final for this step: the trainer starts
@@ -131,6 +161,14 @@ class Module {
   virtual void parameter_orders(std::vector<ParamOrder>& out) {
     for (Module* c : children()) c->parameter_orders(out);
   }
+  /// The memory plan's walk of backward (see BackwardSchedule): called in backward order, with
+  /// the planned buffers this module's output gradient may live in; takes this module's steps,
+  /// saying which planned buffers it reads and writes, and returns those its input gradient may
+  /// live in. The default takes one step that reads dy and may return a view of it: right for
+  /// any module whose buffers come from Arena::allocate (a module that uses allocate_planned
+  /// overrides it, and so does a container whose children do).
+  virtual BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                                     const BackwardSchedule::Handle& dy);
 
  protected:
   virtual Shape do_setup(SetupContext& ctx, const Shape& input) = 0;
@@ -154,6 +192,8 @@ class Sequential : public Module {
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
   std::vector<Module*> children() override;
+  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
+                                             const BackwardSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;

@@ -6,6 +6,7 @@
 // one replica on the whole batch (up to float summation order, and per-replica BN statistics).
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,6 +67,10 @@ struct TrainerOptions {
   /// proves that a step reads everything that changes between steps from device memory.
   /// Replicas sharing one GPU cannot be captured (their collectives meet on the host).
   bool graphs = false;
+  /// Buffers that only backward uses (input gradients, fused-epilogue gradients) share memory
+  /// when their lifetimes in backward do not overlap (memory_plan.hpp); false: each its own, for
+  /// comparisons. The same results either way.
+  bool memory_plan = true;
 };
 
 struct EpochReport {
@@ -73,11 +78,16 @@ struct EpochReport {
   double train_loss = 0;  // mean over the epoch's training examples
   double train_acc = 0;
   double test_acc = 0;
+  double test_loss = 0;  // mean over the test set
+  /// On the validation set (held out of the training data), when the trainer has one; NaN
+  /// otherwise.
+  double val_acc = std::numeric_limits<double>::quiet_NaN();
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
   double seconds = 0;  // training time of the epoch (evaluation excluded)
   double eval_seconds = 0;
   double examples_per_second = 0;
   double lr = 0;  // the learning rate of the epoch's last step
-  int64_t train_examples = 0, test_examples = 0;
+  int64_t train_examples = 0, test_examples = 0, val_examples = 0;
   bool finite = true;  // false when the loss was NaN or infinite
 };
 
@@ -85,9 +95,10 @@ class Trainer {
  public:
   /// Builds `replicas` copies of the model (builder called once per replica), allocates every
   /// buffer, initialises parameters from options.seed identically on each replica and uploads
-  /// the datasets to every replica's device.
+  /// the datasets to every replica's device. With a validation set, every epoch evaluates it
+  /// too (EpochReport::val_acc, val_loss), after the test set.
   Trainer(const TrainerOptions& options, const ModelBuilder& builder, const Dataset& train,
-          const Dataset& test);
+          const Dataset& test, const Dataset* validation = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -140,6 +151,11 @@ class Trainer {
   std::string communicator_kind() const;
   /// Largest peak_memory() among the replicas' backends.
   size_t peak_memory_bytes() const;
+  /// Replica 0's memory plan: the bytes its backward-only buffers would take each on its own,
+  /// and the bytes the plan placed them in.
+  Arena::PlanStats memory_plan_stats() const;
+  /// Replica 0's arena: every buffer of its model, data and step state, in bytes.
+  size_t arena_bytes() const;
   /// With options.graphs: the training steps and evaluation chunks captured so far on replica
   /// 0, one per batch size met (full batches, the epoch's last one, evaluation chunks); 0
   /// without graphs.

@@ -1,0 +1,117 @@
+// Where a replica's memory goes, and what the memory plan saves (core/include/dp/memory_plan.hpp).
+// On the CPU backend (its arena holds what a GPU's would, without cuDNN's workspaces):
+//
+//   bench_memory [--model resnet18|lenet] [--batches 64,256,1024] [--layout nchw|nhwc]
+//
+// For each per-replica batch: one replica set up on a training set of one batch (so the data is
+// small and known), with the plan off and on. Prints the arena's bytes by kind: parameters,
+// gradients and optimizer state (the registry), the data and step tables, the backward-only
+// buffers each on its own and as the plan places them, and the rest (activations kept for
+// backward, the layers' scratch). Nothing is timed; the figures are exact byte counts.
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dp/trainer.hpp"
+#include "models/plugin_loader.hpp"
+
+namespace {
+
+struct Args {
+  std::string model = "resnet18";
+  std::vector<int64_t> batches = {64, 256, 1024};
+  dp::Layout layout = dp::Layout::nchw;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_memory: %s needs a value\n", k.c_str());
+      std::exit(2);
+    }
+    const std::string v = argv[++i];
+    if (k == "--model") {
+      a.model = v;
+    } else if (k == "--batches") {
+      a.batches.clear();
+      std::stringstream in(v);
+      for (std::string item; std::getline(in, item, ',');) a.batches.push_back(std::stoll(item));
+    } else if (k == "--layout") {
+      a.layout = v == "nhwc" ? dp::Layout::nhwc : dp::Layout::nchw;
+    } else {
+      std::fprintf(stderr, "bench_memory: unknown option %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+dp::Dataset blank(int64_t count) {
+  dp::Dataset d;
+  d.name = "blank";
+  d.count = count;
+  d.images.assign(static_cast<size_t>(count * d.example_bytes()), 0);
+  d.labels.assign(static_cast<size_t>(count), 0);
+  return d;
+}
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  const auto scan = dprun::scan_plugins({});
+  const auto found = scan.models.find(a.model);
+  if (found == scan.models.end()) {
+    std::fprintf(stderr, "bench_memory: no model %s among the plugins found\n", a.model.c_str());
+    return 2;
+  }
+  const dp::ModelFactory& factory = found->second.factory;
+  const dp::ModelOptions options = dp::resolve_model_options(factory, {});
+  std::printf("model %s, layout %s, one replica, CPU backend, SGD with momentum; MiB\n",
+              a.model.c_str(), a.layout == dp::Layout::nhwc ? "nhwc" : "nchw");
+  std::printf("%6s  %10s  %10s  %7s  %12s  %10s  %22s  %12s\n", "batch", "total off",
+              "total on", "saved", "params+grads", "data", "backward-only: apart/on",
+              "activations");
+  for (const int64_t batch : a.batches) {
+    size_t total[2] = {0, 0};
+    dp::Arena::PlanStats plan;
+    size_t registry = 0, data = 0, arena = 0;
+    for (int on = 0; on < 2; ++on) {
+      dp::TrainerOptions o;
+      o.batch_size = batch;
+      o.epochs = 1;
+      o.cpu_threads = 1;
+      o.layout = a.layout;
+      o.optimizer.momentum = 0.9f;
+      o.memory_plan = on == 1;
+      const dp::Dataset train = blank(batch), test = blank(batch);
+      dp::Trainer t(o, [&] { return factory.build(options, {1, 28, 28, 10}); }, train, test);
+      total[on] = t.peak_memory_bytes();
+      if (on == 0) continue;
+      plan = t.memory_plan_stats();
+      arena = t.arena_bytes();
+      const dp::ParamRegistry& r = t.registry();
+      // Parameters, gradients and one momentum buffer, and the BN buffers, all f32.
+      registry = (3 * r.parameter_floats() + r.buffer_floats()) * sizeof(float);
+      // Images and labels of both sets (u8) and their index tables (i32).
+      data = static_cast<size_t>(2 * batch * (train.example_bytes() + 1 + 4));
+    }
+    const size_t activations = arena - plan.placed - data;
+    char bwd[64];
+    std::snprintf(bwd, sizeof bwd, "%.1f / %.1f", mib(plan.requested), mib(plan.placed));
+    std::printf("%6lld  %10.1f  %10.1f  %6.1f%%  %12.1f  %10.1f  %22s  %12.1f\n",
+                static_cast<long long>(batch), mib(total[0]), mib(total[1]),
+                100.0 * (1.0 - static_cast<double>(total[1]) / static_cast<double>(total[0])),
+                mib(registry), mib(data), bwd, mib(activations));
+  }
+  std::printf("total: the backend's peak of allocated bytes (arena blocks, parameters, scratch);\n"
+              "activations: the rest of the arena (outputs kept for backward, the layers' own\n"
+              "buffers, the step tables)\n");
+  return 0;
+}
