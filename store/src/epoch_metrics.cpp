@@ -18,6 +18,9 @@ const std::vector<EpochMetric>& epoch_metrics() {
       {"lr", &EpochRow::lr},
       {"eval_seconds", &EpochRow::eval_seconds},
       {"peak_memory_bytes", nullptr, &EpochRow::peak_memory_bytes},
+      {"test_loss", &EpochRow::test_loss},
+      {"val_loss", &EpochRow::val_loss},
+      {"val_acc", &EpochRow::val_acc},
   };
   return metrics;
 }

@@ -157,6 +157,28 @@ std::vector<CheckpointRow> Store::checkpoints(int64_t trial_id) {
   return rows;
 }
 
+std::vector<AttemptRow> Store::attempts(int64_t trial_id) {
+  if (impl_->user_version < 5) return {};  // an older database opened read-only
+  Stmt s(impl_->db,
+         "SELECT trial_id, attempt, status, error, started_at, finished_at, resumed_from_epoch, "
+         "epochs_done FROM attempts WHERE trial_id = ?1 ORDER BY attempt");
+  s.bind(1, trial_id);
+  std::vector<AttemptRow> rows;
+  while (s.step()) {
+    AttemptRow r;
+    r.trial_id = s.int64("trial_id");
+    r.attempt = s.int64("attempt");
+    r.status = parse_status(s.text("status"));
+    r.error = s.text("error");
+    r.started_at = s.text("started_at");
+    r.finished_at = s.text("finished_at");
+    r.resumed_from_epoch = s.int64("resumed_from_epoch");
+    r.epochs_done = s.int64("epochs_done");
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
 std::vector<TrialSummary> Store::trial_summaries(int64_t experiment_id) {
   // The trial's own columns come from `trials`, its results from the views.
   const std::string sql = detail::select_trials(

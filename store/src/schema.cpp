@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <string>
 
@@ -237,12 +238,43 @@ CREATE INDEX tasks_by_trial ON tasks(trial_id);
 CREATE INDEX tasks_open ON tasks(state) WHERE state = 'submitted';
 )SQL";
 
-// Append new versions here ({5, kSchemaV5}, ...); applied ones are never edited.
+// Version 5 (sweeps that stop trials early, and retries):
+//   trials.status may also be 'stopped' (its stopping rule ended it before its last epoch: the
+//     reason is in error) and 'pruned' (a [search] scheduler did not promote it past the epoch
+//     it reached; a later run may promote it). SQLite cannot alter a CHECK constraint, so the
+//     statement in sqlite_schema is widened in place, as SQLite's documentation describes for
+//     constraint changes that no existing row can violate (lang_altertable.html, "Making Other
+//     Kinds Of Table Schema Changes"); the schema cookie is bumped so that other connections
+//     read the schema again (migrate()).
+//   attempts: one row per finished attempt at a trial (trials.attempts counts them): how it
+//     ended and why, when it ran, the checkpoint it continued from, the epochs it had then.
+constexpr const char* kSchemaV5 = R"SQL(
+PRAGMA writable_schema = ON;
+UPDATE sqlite_schema
+SET sql = replace(sql, '''interrupted'', ''skipped'')',
+                  '''interrupted'', ''skipped'', ''stopped'', ''pruned'')')
+WHERE type = 'table' AND name = 'trials';
+PRAGMA writable_schema = OFF;
+CREATE TABLE attempts (
+  trial_id           INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  attempt            INTEGER NOT NULL CHECK (attempt >= 1),
+  status             TEXT NOT NULL,
+  error              TEXT,
+  started_at         TEXT,
+  finished_at        TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+  resumed_from_epoch INTEGER,
+  epochs_done        INTEGER NOT NULL,
+  PRIMARY KEY (trial_id, attempt)
+);
+)SQL";
+
+// Append new versions here ({6, kSchemaV6}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
     {1, kSchemaV1},
     {2, kSchemaV2},
     {3, kSchemaV3},
     {4, kSchemaV4},
+    {5, kSchemaV5},
 };
 
 }  // namespace
@@ -285,6 +317,18 @@ int migrate(sqlite3* db, const std::string& path) {
   for (const Migration& m : kMigrations) {
     if (m.version <= found) continue;
     SQLITE_CHECK(db, sqlite3_exec(db, m.sql, nullptr, nullptr, nullptr));
+    // A migration that rewrote a statement in sqlite_schema (version 5) bumps the schema cookie,
+    // so that every connection parses the schema again.
+    if (std::strstr(m.sql, "writable_schema") != nullptr) {
+      int64_t cookie = 0;
+      {
+        Stmt read(db, "PRAGMA schema_version");
+        read.step();
+        cookie = read.int64(0);
+      }
+      const std::string bump = "PRAGMA schema_version = " + std::to_string(cookie + 1);
+      SQLITE_CHECK(db, sqlite3_exec(db, bump.c_str(), nullptr, nullptr, nullptr));
+    }
     // PRAGMA takes no bound parameters; the value is our own integer constant.
     const std::string set_version = "PRAGMA user_version = " + std::to_string(m.version);
     SQLITE_CHECK(db, sqlite3_exec(db, set_version.c_str(), nullptr, nullptr, nullptr));

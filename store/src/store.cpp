@@ -26,8 +26,9 @@ namespace {
 constexpr int kBusyTimeoutMs = 10000;
 
 const TrialStatus kAllStatuses[] = {
-    TrialStatus::pending,  TrialStatus::running,     TrialStatus::done,   TrialStatus::failed,
-    TrialStatus::diverged, TrialStatus::interrupted, TrialStatus::skipped};
+    TrialStatus::pending,  TrialStatus::running,     TrialStatus::done,    TrialStatus::failed,
+    TrialStatus::diverged, TrialStatus::interrupted, TrialStatus::skipped, TrialStatus::stopped,
+    TrialStatus::pruned};
 
 std::string this_host() {
   char name[256] = {};
@@ -85,6 +86,10 @@ const char* status_name(TrialStatus s) {
       return "interrupted";
     case TrialStatus::skipped:
       return "skipped";
+    case TrialStatus::stopped:
+      return "stopped";
+    case TrialStatus::pruned:
+      return "pruned";
   }
   return "unknown";
 }
@@ -95,7 +100,7 @@ TrialStatus parse_status(const std::string& s) {
   }
   throw StoreError("unknown trial status \"" + s +
                    "\": expected one of pending, running, done, failed, diverged, interrupted, "
-                   "skipped");
+                   "skipped, stopped, pruned");
 }
 
 Store::Impl::~Impl() {
@@ -400,6 +405,16 @@ void Store::finish_trial(int64_t trial_id, TrialStatus status, const std::string
   if (sqlite3_changes(db) == 0) {
     throw StoreError(impl_->path + ": finish_trial: no trial with id " + std::to_string(trial_id));
   }
+  // The attempt that ended, as the trial row now tells it (an attempt of a trial that never
+  // started, attempts 0, is not one).
+  Stmt attempt(db,
+               "INSERT OR REPLACE INTO attempts (trial_id, attempt, status, error, started_at, "
+               "  finished_at, resumed_from_epoch, epochs_done) "
+               "SELECT id, attempts, status, error, started_at, finished_at, resumed_from_epoch, "
+               "  (SELECT COUNT(*) FROM epochs WHERE trial_id = ?1) "
+               "FROM trials WHERE id = ?1 AND attempts >= 1");
+  attempt.bind(1, trial_id);
+  attempt.run();
   txn.commit();
 }
 

@@ -191,3 +191,27 @@ TEST_CASE("upgrade: this dprun still runs nothing on a database a later dprun mi
   CHECK(contains(columns_of(u.db, "trials"), "grad_accum"));
   CHECK(sql1(u.db, "SELECT group_concat(sql) FROM sqlite_schema WHERE type = 'view'") == views);
 }
+
+TEST_CASE("upgrade: schema 5 widens the status check in place and records attempts",
+          "[upgrade][store]") {
+  Upgrade u;
+  {
+    dps::Store store(u.db, dps::Store::Mode::read_write, dprun::builtin_settings().store_columns());
+    CHECK(store.user_version() == 5);
+    const auto exp = store.find_experiment("upgrade");
+    REQUIRE(exp);
+    const auto trials = store.trials(exp->id);
+    REQUIRE(trials.size() == 4);
+    // The trials of dprun 0.1.0 are still there, done, and a trial can now end as stopped.
+    const int64_t id = trials[0].id;
+    REQUIRE(store.claim_trial(id, dps::TrialStatus::done, 1, "h"));
+    store.start_trial(id, {});
+    store.finish_trial(id, dps::TrialStatus::stopped, "stopped after epoch 1: test");
+    CHECK(store.get_trial(id)->status == dps::TrialStatus::stopped);
+    const auto attempts = store.attempts(id);
+    REQUIRE(attempts.size() == 1);
+    CHECK(attempts[0].attempt == trials[0].attempts + 1);
+    CHECK(attempts[0].status == dps::TrialStatus::stopped);
+    CHECK(attempts[0].error == "stopped after epoch 1: test");
+  }
+}

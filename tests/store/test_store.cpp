@@ -53,8 +53,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
   Store store(path);
   CHECK(store.path() == path);
   CHECK(store.user_version() == dps::schema_version());
-  CHECK(dps::schema_version() == 4);
-  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "4");
+  CHECK(dps::schema_version() == 5);
+  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "5");
   CHECK(dpstest::raw_scalar(path, "PRAGMA journal_mode") == "wal");  // persistent in the file
   CHECK(dpstest::scalar(store, "PRAGMA foreign_keys") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA synchronous") == "1");  // NORMAL
@@ -64,9 +64,9 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
       "AND type IN ('table', 'view') ORDER BY 1");
   std::vector<std::string> names;
   for (auto& row : objects.rows) names.push_back(*row[0]);
-  CHECK(names == std::vector<std::string>{"table:checkpoints", "table:epochs", "table:experiments",
-                                          "table:submissions", "table:tasks", "table:trials",
-                                          "view:scaling", "view:trial_summary"});
+  CHECK(names == std::vector<std::string>{"table:attempts", "table:checkpoints", "table:epochs",
+                                          "table:experiments", "table:submissions", "table:tasks",
+                                          "table:trials", "view:scaling", "view:trial_summary"});
 
   // Every TrialSettings field is a column of trials under its documented name.
   std::set<std::string> columns;
@@ -131,7 +131,7 @@ TEST_CASE("reopening keeps the data and migrates nothing", "[store]") {
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store again(path);
-  CHECK(again.user_version() == 4);
+  CHECK(again.user_version() == 5);
   CHECK(again.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n") == exp);
   REQUIRE(again.trials(exp).size() == 1);
   // A second migration would have failed on "table experiments already exists"; also check the
@@ -143,10 +143,10 @@ TEST_CASE("a database from a newer dprun is refused", "[store]") {
   ScratchDir dir;
   const std::string path = dir.file("results.db");
   { Store store(path); }
-  dpstest::raw_exec(path, "PRAGMA user_version = 5");
+  dpstest::raw_exec(path, "PRAGMA user_version = 6");
   const std::string expected = path +
-                               ": database schema version 5 is newer than this dprun supports "
-                               "(4): upgrade dprun";
+                               ": database schema version 6 is newer than this dprun supports "
+                               "(5): upgrade dprun";
   REQUIRE_THROWS_AS(Store(path), StoreError);
   REQUIRE_THROWS_WITH(Store(path), expected);
   REQUIRE_THROWS_WITH(Store(path, Store::Mode::read_only), expected);
@@ -186,7 +186,7 @@ TEST_CASE("read-only stores cannot write, through query or the connection", "[st
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store ro(path, Store::Mode::read_only);
-  CHECK(ro.user_version() == 4);
+  CHECK(ro.user_version() == 5);
   REQUIRE(ro.trials(exp).size() == 1);
   CHECK(dpstest::scalar(ro, "SELECT name FROM experiments") == "e");
   REQUIRE_THROWS_WITH(ro.query("INSERT INTO experiments (name, toml_source, toml_sha256) "
@@ -655,4 +655,24 @@ TEST_CASE("moved-from stores hand over their connection", "[store]") {
   c = std::move(b);
   CHECK(c.path() == dir.file("results.db"));
   CHECK(c.upsert_experiment("e", "", "") == exp);
+}
+
+TEST_CASE("the status check takes the statuses of schema 5 and refuses others", "[store]") {
+  ScratchDir dir;
+  const std::string path = dir.file("results.db");
+  {
+    Store store(path);
+    const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+    store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
+  }
+  dpstest::raw_exec(path, "UPDATE trials SET status = 'pruned'");
+  dpstest::raw_exec(path, "UPDATE trials SET status = 'stopped'");
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  CHECK(sqlite3_exec(db, "UPDATE trials SET status = 'paused'", nullptr, nullptr, nullptr) ==
+        SQLITE_CONSTRAINT);
+  CHECK_THAT(std::string(sqlite3_errmsg(db)), Contains("CHECK constraint failed"));
+  sqlite3_close(db);
+  Store store(path);
+  CHECK(store.trials(store.find_experiment("e")->id)[0].status == TrialStatus::stopped);
 }

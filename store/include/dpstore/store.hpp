@@ -2,6 +2,7 @@
 // The SQLite store of dprun: experiments, trials and epochs. Knows nothing of training.
 // One file per database: WAL, foreign keys on, busy timeout; schema versioned with
 // PRAGMA user_version and migrated forward; a database from a newer dprun is refused.
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,7 +41,20 @@ struct SettingColumn {
   bool baseline_may_differ = false;
 };
 
-enum class TrialStatus { pending, running, done, failed, diverged, interrupted, skipped };
+/// stopped: its stopping rule (stop.patience, stop.target) ended it before its last epoch, the
+/// reason in its error. pruned: a [search] scheduler did not promote it past the epoch it
+/// reached (yet: a later run may).
+enum class TrialStatus {
+  pending,
+  running,
+  done,
+  failed,
+  diverged,
+  interrupted,
+  skipped,
+  stopped,
+  pruned
+};
 const char* status_name(TrialStatus s);
 TrialStatus parse_status(const std::string& s);  // throws StoreError on an unknown name
 
@@ -77,6 +91,9 @@ struct EpochRow {
   double lr = 0;
   double eval_seconds = 0;
   int64_t peak_memory_bytes = 0;
+  double test_loss = 0;  // mean over the test set
+  /// On the validation split (the validation setting); NaN (stored as NULL) without one.
+  double val_loss = std::nan(""), val_acc = std::nan("");
   std::string recorded_at;  // ISO 8601 UTC; read from the store, kept by put_trial_state
 };
 
@@ -93,6 +110,17 @@ struct EpochMetric {
 };
 /// Every measured column of the epochs table after trial_id and epoch, in table order.
 const std::vector<EpochMetric>& epoch_metrics();
+
+/// One finished attempt at a trial (schema 5).
+struct AttemptRow {
+  int64_t trial_id = 0;
+  int64_t attempt = 0;  // 1-based
+  TrialStatus status = TrialStatus::failed;
+  std::string error;
+  std::string started_at, finished_at;
+  int64_t resumed_from_epoch = 0;  // 0: it started at epoch 1
+  int64_t epochs_done = 0;         // the trial's epochs when it ended
+};
 
 /// A model file a trial keeps (see the checkpoints table in schema.cpp).
 struct CheckpointRow {
@@ -256,8 +284,11 @@ class Store {
   /// the heartbeat, in one transaction.
   void record_epoch(const EpochRow& row);
   void heartbeat(int64_t trial_id);
-  /// running -> done / failed / diverged / interrupted / skipped, with an error or reason.
+  /// running -> done / failed / diverged / interrupted / skipped / stopped / pruned, with an
+  /// error or reason; the attempt is recorded in `attempts` (see attempts()).
   void finish_trial(int64_t trial_id, TrialStatus status, const std::string& error = "");
+  /// The finished attempts at a trial, oldest first (empty on a database older than schema 5).
+  std::vector<AttemptRow> attempts(int64_t trial_id);
   /// Trials left `running` whose runner process is gone (pid not alive on this host) or whose
   /// heartbeat is older than `stale_seconds` become `interrupted`. Returns how many.
   int recover_stale(int64_t experiment_id, double stale_seconds);
