@@ -2,7 +2,8 @@
 // A struct as a JSON object by a list of its fields, so a record type's members are named once:
 //   const JsonFields<RunOptions>& f = {{field("threads", &RunOptions::threads), ...}};
 //   Json j = f.to_json(options);  RunOptions o = f.from_json(j, "run option");
-// Members of the types below only: string, bool, int, int64_t, double, vector<string>.
+// Members of the types below only: string, bool, int, int64_t, double, vector<string>,
+// vector<double>.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -24,6 +25,11 @@ inline Json encode(const std::vector<std::string>& v) {
   for (const auto& s : v) a.push(Json::string(s));
   return a;
 }
+inline Json encode(const std::vector<double>& v) {
+  Json a = Json::array();
+  for (const double d : v) a.push(Json::number(d));  // NaN: null
+  return a;
+}
 inline void decode(const Json& j, std::string& v) { v = j.as_string(); }
 inline void decode(const Json& j, bool& v) { v = j.as_bool(); }
 inline void decode(const Json& j, int& v) { v = static_cast<int>(j.as_int()); }
@@ -32,6 +38,10 @@ inline void decode(const Json& j, double& v) { v = j.as_double(); }
 inline void decode(const Json& j, std::vector<std::string>& v) {
   v.clear();
   for (const auto& s : j.items()) v.push_back(s.as_string());
+}
+inline void decode(const Json& j, std::vector<double>& v) {
+  v.clear();
+  for (const auto& d : j.items()) v.push_back(d.as_double());  // null: NaN
 }
 }  // namespace json_fields
 

@@ -131,6 +131,10 @@ const Opt kFilterOpt{
     "--filter", "KEY=VALUE",
     "only run trials whose setting KEY (model, gpus, batch_size, lr, seed, option.NAME, ...) "
     "equals VALUE; repeatable (one key several times: any of the values)"};
+const Opt kSetOpt{"--set", "KEY=VALUE",
+                  "replace a value of the file: train.epochs=2, model.lenet.hidden=64, "
+                  "sweep.lr=[0.1,0.2] (TOML; a bare word is a string); checked as the file's "
+                  "values, part of the trials' settings like them; repeatable"};
 const Opt kPluginsOpt{"--plugins", "DIR",
                       "also look for model plugins here (folder or file); repeatable"};
 const Opt kForceOpt{"--force", "", "allow a sweep of more than 1000 trials"};
@@ -164,6 +168,7 @@ const std::vector<Command>& commands() {
         kRerunOpt,
         kRestartOpt,
         kFilterOpt,
+        kSetOpt,
         kPluginsOpt,
         kForceOpt,
         {"--oversubscribe", "",
@@ -188,7 +193,8 @@ const std::vector<Command>& commands() {
        "Lists the trials of an experiment with a short config hash, their label and what a run "
        "would\ndo (run, skip: done, restart: interrupted, rerun: failed, resume after epoch 3: "
        "failed).\nReads the database if it exists; never creates or changes it.",
-       {kDbOpt, kBackendOpt, kRerunOpt, kRestartOpt, kFilterOpt, kPluginsOpt, kForceOpt},
+       {kDbOpt, kBackendOpt, kRerunOpt, kRestartOpt, kFilterOpt, kSetOpt, kPluginsOpt,
+        kForceOpt},
        "",
        false,
        plan_command},
@@ -256,6 +262,7 @@ const std::vector<Command>& commands() {
         kRerunOpt,
         kRestartOpt,
         kFilterOpt,
+        kSetOpt,
         kPluginsOpt,
         kForceOpt,
         {"--max-parallel", "N",

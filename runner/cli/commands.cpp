@@ -97,6 +97,7 @@ SweepOptions sweep_options(const Invocation& in) {
   o.run.oversubscribe = a.flag("--oversubscribe");
   o.run.verbose = a.flag("--verbose");
   for (const auto& f : a.all("--filter")) o.filters.push_back(key_value("--filter", f));
+  o.overrides = a.all("--set");
   o.run.plugin_dirs = a.all("--plugins");
   o.run.threads = static_cast<int>(int_option(a, "--threads", 0, 1));
   o.run.trial_timeout = double_option(a, "--trial-timeout", 0, 0);
@@ -220,6 +221,7 @@ dp::OptionValue option_value(const dp::ModelFactory& f, const std::string& key,
 std::string train_option_name(const Setting& setting) {
   std::string name = "--" + (setting.key.empty() ? setting.column : setting.key);
   std::replace(name.begin(), name.end(), '_', '-');
+  std::replace(name.begin(), name.end(), '.', '-');  // stop.patience: --stop-patience
   return name;
 }
 

@@ -1,6 +1,7 @@
 // Sweep expansion: the validated bindings of an experiment file become an ordered list of
 // fully resolved trials (first axis outermost), each with its canonical settings and hash.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -144,6 +145,15 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     }
     if (s[key::optimizer] == "sgd" && s[key::nesterov] && s[key::momentum] == 0.0)
       does_not_apply("nesterov", "nesterov = true needs momentum > 0 (as PyTorch's SGD)");
+    if (const double v = s[key::validation]; v >= 1 && v != std::floor(v))
+      does_not_apply("validation", "validation " + shortest(v) +
+                                       ": a count of examples is a whole number (a fraction of "
+                                       "the training set is below 1)");
+    if (const std::string& m = s[key::stop_metric];
+        (m == "val_acc" || m == "val_loss") && s[key::validation] == 0.0)
+      does_not_apply("stop.metric", "stop.metric " + quoted(m) +
+                                        " needs a validation split: set validation = N (examples "
+                                        "held out of the training set) or a fraction");
     if (s[key::warmup_epochs] > static_cast<double>(s[key::epochs]))
       does_not_apply("warmup_epochs", "warmup_epochs " + shortest(s[key::warmup_epochs]) +
                                           " is longer than the training (" +

@@ -1,6 +1,7 @@
 // Experiment files: read the TOML, validate every section against what dprun and the model
-// catalog know (single values: experiment_values.cpp), and hand the validated bindings to the
-// sweep expansion (sweep.cpp).
+// catalog know (single values and the error types: experiment_values.cpp; [search] and sampled
+// keys: sampling.cpp; --set: overrides.cpp), and hand the validated bindings to the sweep
+// expansion (expand.cpp).
 #include "experiment/experiment.hpp"
 
 #include <toml++/toml.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,37 +18,6 @@
 #include "experiment/experiment_detail.hpp"
 
 namespace dprun {
-
-namespace {
-
-std::string format_error(const std::string& file, int line, int column, const std::string& key,
-                         const std::string& message) {
-  std::string s = file + ":" + std::to_string(line) + ":" + std::to_string(column) + ": ";
-  if (!key.empty()) s += key + ": ";
-  return s + message;
-}
-
-std::string join_messages(const std::vector<ConfigError>& errors) {
-  std::string s;
-  for (const auto& e : errors) {
-    if (!s.empty()) s += "\n";
-    s += e.what();
-  }
-  return s;
-}
-
-}  // namespace
-
-ConfigError::ConfigError(const std::string& file, int line, int column, const std::string& key,
-                         const std::string& message)
-    : std::runtime_error(format_error(file, line, column, key, message)),
-      file_(file),
-      key_(key),
-      line_(line),
-      column_(column) {}
-
-ConfigErrors::ConfigErrors(std::vector<ConfigError> errors)
-    : std::runtime_error(join_messages(errors)), errors_(std::move(errors)) {}
 
 namespace {
 
@@ -68,8 +39,8 @@ class FileReader {
   FileReader(Validator& val, const toml::table& root) : val_(val), diag_(val.diag()), root_(root) {}
 
   detail::Validated read(Experiment& ex) {
-    static const std::vector<std::string> sections = {"experiment", "data",  "train",
-                                                      "model",      "sweep", "launch"};
+    static const std::vector<std::string> sections = {"experiment", "data",   "train", "model",
+                                                      "search",     "sweep", "launch"};
     for (auto [k, n] : in_file_order(root_)) {
       const std::string name(k->str());
       Pos pos = pos_of(k->source(), pos_of(n->source(), {}));
@@ -86,6 +57,7 @@ class FileReader {
     read_data();
     read_train();
     read_models();
+    read_search();
     read_sweep();
     read_launch(ex);
     check_whole();
@@ -186,22 +158,40 @@ class FileReader {
     if (!t) return;
     out_.train_pos = table_pos(t);
     for (auto [k, n] : in_file_order(*t)) {
-      std::string path = "train." + std::string(k->str());
-      Pos kpos = pos_of(k->source(), out_.train_pos);
-      const Setting* spec = val_.settings().by_key(std::string(k->str()));
-      if (!spec) {
-        const auto known = val_.settings().keys();
-        diag_.add(kpos, path,
-                  "unknown key" + typo_hint(std::string(k->str()), known) +
-                      " (known keys: " + join(known, ", ", false) + ")");
+      const std::string name(k->str());
+      // A group of settings (stop = {patience = 3, ...}, or stop.patience = 3): its keys.
+      if (is_group(name) && n->is_table()) {
+        for (auto [sk, sn] : in_file_order(*n->as_table()))
+          read_train_entry(name + "." + std::string(sk->str()), *sk, *sn);
         continue;
       }
-      given_.push_back({std::string(k->str()), path, kpos});
-      auto v = val_.read_train_value(*spec, *n, path, kpos, false);
-      if (!v) continue;
-      Binding b{std::string(k->str()), path, v->pos, kpos, -1, *v, {}};
-      out_.bindings[std::string(k->str())] = b;
+      read_train_entry(name, *k, *n);
     }
+  }
+
+  // True when `name` is the group of settings keyed "name.*" (stop: stop.patience, ...).
+  bool is_group(const std::string& name) const {
+    if (val_.settings().by_key(name) != nullptr) return false;
+    for (const std::string& key : val_.settings().keys())
+      if (key.rfind(name + ".", 0) == 0) return true;
+    return false;
+  }
+
+  void read_train_entry(const std::string& name, const toml::key& k, const toml::node& n) {
+    const std::string path = "train." + name;
+    const Pos kpos = pos_of(k.source(), out_.train_pos);
+    const Setting* spec = val_.settings().by_key(name);
+    if (!spec) {
+      const auto known = val_.settings().keys();
+      diag_.add(kpos, path,
+                "unknown key" + typo_hint(name, known) + " (known keys: " + join(known, ", ", false) +
+                    ")");
+      return;
+    }
+    given_.push_back({name, path, kpos});
+    auto v = val_.read_train_value(*spec, n, path, kpos, false);
+    if (!v) return;
+    out_.bindings[name] = Binding{name, path, v->pos, kpos, -1, *v, {}};
   }
 
   void read_models() {
@@ -284,11 +274,17 @@ class FileReader {
     }
   }
 
+  // [search]: how sweep keys given as distributions are sampled (sampling.cpp).
+  void read_search() {
+    if (auto* t = section("search")) detail::read_search_table(*t, diag_, out_.sampling);
+  }
+
   /// One key of [sweep] or of a zip group. Returns the binding (fixed or with points) or
   /// nothing when the key or a value is bad (reported).
   std::optional<Binding> sweep_entry(const toml::key& k, const toml::node& n,
-                                     const std::string& prefix, bool in_zip) {
-    const std::string key(k.str());
+                                     const std::string& prefix, bool in_zip,
+                                     const std::string& name = "") {
+    const std::string key = name.empty() ? std::string(k.str()) : name;
     std::string path = prefix + key;
     Pos kpos = pos_of(k.source(), pos_of(n.source(), out_.sweep_pos));
     Pos vpos = pos_of(n.source(), kpos);
@@ -321,7 +317,7 @@ class FileReader {
         return std::nullopt;
       }
       given_.push_back({key, path, kpos});
-      if (key == "model" && n.is_table()) {
+      if (key == "model" && n.is_table() && !detail::is_distribution(n)) {
         diag_.add(vpos, path,
                   "expected a list of model names, got a table; to sweep a model option, quote "
                   "the key: \"model.lenet.hidden\" = [64, 128]");
@@ -333,6 +329,11 @@ class FileReader {
                   : val_.read_option_value(*option, model, v, p, vpos, list);
     };
     if (option) given_.push_back({key, path, kpos});
+    if (n.is_table()) {
+      any_sampled_ = true;  // a wrong distribution is reported as such, not as nothing to sample
+      return detail::sampled_binding({key, path, vpos, kpos, spec, option, in_zip}, n,
+                                     out_.sampling, diag_, read);
+    }
     Binding b{key, path, vpos, kpos, -1, {}, {}};
     auto* arr = n.as_array();
     // A list-valued setting is one value when written as a list of numbers; its axis is a list
@@ -395,18 +396,26 @@ class FileReader {
     };
     std::vector<PendingAxis> pending;
     std::vector<Binding> fixed;
+    std::optional<size_t> sampled;  // the axis of the sampled keys, which advance together
     for (auto [k, n] : in_file_order(*t)) {
       if (std::string(k->str()) == "zip") {
         read_zip_groups(*n, pending);
         continue;
       }
+      // A group of settings (stop.patience = [2, 3] unquoted): each of its keys.
+      if (const std::string name(k->str());
+          is_group(name) && n->is_table() && !detail::is_distribution(*n)) {
+        for (auto [sk, sn] : in_file_order(*n->as_table())) {
+          auto b = sweep_entry(*sk, *sn, "sweep.", false, name + "." + std::string(sk->str()));
+          if (b && claim(*b)) add_sweep_binding(*b, pending, fixed, sampled);
+        }
+        continue;
+      }
       auto b = sweep_entry(*k, *n, "sweep.", false);
       if (!b || !claim(*b)) continue;
-      if (b->axis < 0)
-        fixed.push_back(*b);
-      else
-        pending.push_back({b->pos, {*b}});
+      add_sweep_binding(*b, pending, fixed, sampled);
     }
+    any_sampled_ = any_sampled_ || sampled.has_value();
     std::stable_sort(pending.begin(), pending.end(), [](const auto& a, const auto& b) {
       return std::make_pair(a.pos.line, a.pos.column) < std::make_pair(b.pos.line, b.pos.column);
     });
@@ -419,6 +428,23 @@ class FileReader {
         out_.bindings[b.key] = b;
       }
       out_.axes.push_back(axis);
+    }
+  }
+
+  // A [sweep] key's binding: fixed, its own axis, or one of the sampled keys' axis.
+  template <typename Pending>
+  static void add_sweep_binding(const Binding& b, std::vector<Pending>& pending,
+                                std::vector<Binding>& fixed, std::optional<size_t>& sampled) {
+    if (b.axis < 0) {
+      fixed.push_back(b);
+    } else if (b.sampled) {
+      if (!sampled) {
+        sampled = pending.size();
+        pending.push_back({b.pos, {}});
+      }
+      pending[*sampled].bindings.push_back(b);
+    } else {
+      pending.push_back({b.pos, {b}});
     }
   }
 
@@ -468,6 +494,10 @@ class FileReader {
 
   /// Checks that need the whole file.
   void check_whole() {
+    if (out_.sampling.samples > 0 && !any_sampled_)
+      diag_.add(out_.sampling.pos, "search.samples",
+                "no [sweep] key is a distribution, so there is nothing to sample; give one, "
+                "e.g. lr = {log_uniform = [0.001, 1.0]}");
     if (!out_.bindings.count("model") && !swept_.count("model")) {
       bool model_given = false;
       for (const auto& g : given_) model_given |= g.key == "model";
@@ -500,6 +530,7 @@ class FileReader {
   const toml::table& root_;
   detail::Validated out_;
   std::vector<Given> given_;                                  // every key set, in order
+  bool any_sampled_ = false;                                  // a [sweep] key is a distribution
   std::map<std::string, std::pair<std::string, Pos>> swept_;  // key -> (path, pos)
 };
 
@@ -519,6 +550,15 @@ Experiment parse_experiment(const std::string& file, const std::string& source,
                                     "TOML syntax error: " + std::string(e.description()))});
   }
   ex.settings = options.settings;
+  if (!options.overrides.empty()) {
+    detail::Diagnostics override_errors(file);
+    detail::apply_overrides(root, options.overrides, override_errors);
+    override_errors.throw_if_any();
+    // The stored source says how the file was run: the overrides follow as comments.
+    ex.source += "\n# dprun overrides (--set):\n";
+    for (const auto& o : options.overrides) ex.source += "#   " + o + "\n";
+    ex.overrides = options.overrides;
+  }
   Validator val(file, catalog, *options.settings);
   detail::Validated validated = FileReader(val, root).read(ex);
   validated.settings = options.settings;

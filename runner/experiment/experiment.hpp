@@ -66,11 +66,17 @@ struct Experiment {
   std::string data_path;  // [data].path ("" when absent)
   LaunchConfig launch;    // [launch]: how trials of several processes are started
   SlurmConfig slurm;      // [launch.slurm]: what `dprun submit` asks Slurm for
+  /// The --set overrides applied to the file (KEY=VALUE, in order); `source` ends with them as
+  /// comments.
+  std::vector<std::string> overrides;
   std::vector<TrialSpec> trials;
 };
 
 struct ParseOptions {
   bool force = false;  // allow more than 1000 trials
+  /// `--set KEY=VALUE`: values that replace the file's (see detail::apply_overrides), checked as
+  /// the file's are; a problem is reported at "--set KEY=VALUE".
+  std::vector<std::string> overrides;
   /// The settings a file may set (tests give a table with settings of a later dprun).
   const SettingTable* settings = &builtin_settings();
 };

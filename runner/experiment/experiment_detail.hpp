@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -15,9 +16,11 @@
 
 namespace dprun::detail {
 
-/// A place in the file (1-based), for messages.
+/// A place in the file (1-based), for messages; or a value given on the command line (origin
+/// "--set train.epochs=2", where line and column mean nothing).
 struct Pos {
   int line = 1, column = 1;
+  std::string origin = {};
 };
 
 /// Collects every problem found in one file; thrown together as ConfigErrors.
@@ -53,6 +56,7 @@ struct Binding {
   int axis = -1;            // -1: fixed
   Val fixed;                // axis < 0
   std::vector<Val> points;  // axis >= 0: one value per point of the axis
+  bool sampled = false;     // the points were drawn from a distribution ([search] samples)
 };
 
 /// One grid axis: a swept list, or a zip group whose lists advance together.
@@ -61,6 +65,49 @@ struct Axis {
   std::vector<std::string> keys;  // in file order
   size_t size = 0;
 };
+
+/// [search]: how many values each sampled key takes, and the seed of the draws.
+struct Sampling {
+  int64_t samples = 0;  // 0: no sampled keys allowed
+  uint64_t seed = 0;
+  Pos pos;  // of samples = N
+};
+
+/// What a sampled key's values are: integers, floats, or something else (choice only).
+enum class SampledType { integer, real, other };
+
+/// Draw `index` of `key` under `seed` as a number in [0, 1): a counter-based hash of the three,
+/// the same on every machine.
+double sample_unit(uint64_t seed, const std::string& key, int64_t index);
+/// True when a [sweep] value is a distribution table ({log_uniform = [...]}, ...).
+bool is_distribution(const toml::node& n);
+/// The values a distribution gives `key` (one per sample, as TOML values for the key's reader
+/// to check), or nothing when it is malformed (reported). uniform and log_uniform draws are
+/// rounded to 6 significant digits (log_uniform of an integer key: to the nearest integer);
+/// int_uniform [a, b] includes b; choice picks one of its values.
+std::optional<toml::array> draw_samples(const toml::node& n, const std::string& key,
+                                        const std::string& path, Pos pos, SampledType type,
+                                        const Sampling& sampling, Diagnostics& diag);
+
+/// Reads [search] (samples, seed) into `out`, reporting every problem.
+void read_search_table(const toml::table& t, Diagnostics& diag, Sampling& out);
+
+/// A [sweep] key given as a distribution, where it was written and what it is.
+struct SampledKey {
+  std::string key, path;
+  Pos value_pos, key_pos;
+  const Setting* setting;       // one of the two
+  const dp::OptionSpec* option;
+  bool in_zip;
+};
+/// Reads one value of a key (a draw) as its checks say; nothing when it is bad (reported).
+using ValueReader =
+    std::function<std::optional<Val>(const toml::node&, const std::string&, bool list)>;
+/// The binding of a sampled key: its points are the draws. Nothing when the distribution or a
+/// draw is bad (reported).
+std::optional<Binding> sampled_binding(const SampledKey& k, const toml::node& distribution,
+                                       const Sampling& sampling, Diagnostics& diag,
+                                       const ValueReader& read);
 
 /// Everything the expansion needs, validated.
 struct Validated {
@@ -72,6 +119,7 @@ struct Validated {
   /// [model.<name>] tables: plugin options given for each model.
   std::map<std::string, std::map<std::string, Val>> model_tables;
   Pos sweep_pos, train_pos;
+  Sampling sampling;
 };
 
 /// Expands the sweep into resolved trials (checks that need a whole trial, the trial limit).
@@ -88,8 +136,18 @@ std::string describe(const toml::node& n);
 std::string typo_hint(const std::string& word, const std::vector<std::string>& candidates);
 std::string join(const std::vector<std::string>& items, const std::string& sep, bool quote);
 
-/// The position of a source region, or `fallback` when TOML++ has none (implicit tables).
+/// The position of a source region, or `fallback` when TOML++ has none (implicit tables). A
+/// value from a --set override has its origin.
 Pos pos_of(const toml::source_region& r, Pos fallback);
+
+/// The source path TOML++ gives the values of one --set override ("--set KEY=VALUE").
+constexpr const char* kOverrideOrigin = "--set ";
+/// Applies `dprun run --set KEY=VALUE` overrides to the parsed file, in order, each replacing
+/// what the file (or an earlier override) gave at KEY (a TOML key: train.epochs,
+/// model.lenet.hidden, sweep.lr, sweep."model.lenet.hidden"). VALUE is TOML (2, 0.5, [1, 2],
+/// {log_uniform = [0.001, 1.0]}, "nhwc"), or else a string. Reports bad overrides to `diag`.
+void apply_overrides(toml::table& root, const std::vector<std::string>& overrides,
+                     Diagnostics& diag);
 /// Entries of a table in the order they appear in the file (toml::table sorts by key).
 std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t);
 

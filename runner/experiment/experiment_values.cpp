@@ -9,6 +9,43 @@
 #include "base/suggest.hpp"
 #include "experiment/experiment_detail.hpp"
 
+namespace dprun {
+
+namespace {
+
+std::string format_error(const std::string& file, int line, int column, const std::string& key,
+                         const std::string& message) {
+  // Line 0: not a place in a file but a value given elsewhere ("--set train.epochs=two").
+  std::string s = line == 0 ? file + ": "
+                            : file + ":" + std::to_string(line) + ":" + std::to_string(column) + ": ";
+  if (!key.empty()) s += key + ": ";
+  return s + message;
+}
+
+std::string join_messages(const std::vector<ConfigError>& errors) {
+  std::string s;
+  for (const auto& e : errors) {
+    if (!s.empty()) s += "\n";
+    s += e.what();
+  }
+  return s;
+}
+
+}  // namespace
+
+ConfigError::ConfigError(const std::string& file, int line, int column, const std::string& key,
+                         const std::string& message)
+    : std::runtime_error(format_error(file, line, column, key, message)),
+      file_(file),
+      key_(key),
+      line_(line),
+      column_(column) {}
+
+ConfigErrors::ConfigErrors(std::vector<ConfigError> errors)
+    : std::runtime_error(join_messages(errors)), errors_(std::move(errors)) {}
+
+}  // namespace dprun
+
 namespace dprun::detail {
 
 void Diagnostics::add(Pos pos, const std::string& key, const std::string& message) {
@@ -16,7 +53,10 @@ void Diagnostics::add(Pos pos, const std::string& key, const std::string& messag
   auto id = std::make_tuple(pos.line, pos.column, key, message);
   if (std::find(seen_.begin(), seen_.end(), id) != seen_.end()) return;
   seen_.push_back(id);
-  errors_.emplace_back(file_, pos.line, pos.column, key, message);
+  if (!pos.origin.empty())
+    errors_.emplace_back(pos.origin, 0, 0, key, message);
+  else
+    errors_.emplace_back(file_, pos.line, pos.column, key, message);
 }
 
 void Diagnostics::throw_if_any() const {
@@ -60,8 +100,9 @@ std::string type_name(const dp::OptionValue& v) {
 }  // namespace
 
 Pos pos_of(const toml::source_region& r, Pos fallback) {
+  if (r.path && r.path->rfind(kOverrideOrigin, 0) == 0) return {0, 0, *r.path};
   if (r.begin.line == 0) return fallback;
-  return {static_cast<int>(r.begin.line), static_cast<int>(r.begin.column)};
+  return {static_cast<int>(r.begin.line), static_cast<int>(r.begin.column), {}};
 }
 
 std::string describe(const toml::node& n) {

@@ -95,6 +95,7 @@ const JsonFields<ResumePoint>& resume_fields() {
       field("optimizer_sha256", &ResumePoint::optimizer_sha256),
       field("best_epoch", &ResumePoint::best_epoch),
       field("best_test_acc", &ResumePoint::best_test_acc),
+      field("stop_history", &ResumePoint::stop_history),
   };
   return f;
 }
@@ -180,6 +181,10 @@ std::string encode_record(const TrialRecord& r) {
       o.set("type", Json::string("skipped"));
       o.set("reason", Json::string(r.message));
       break;
+    case TrialRecord::Kind::stopped:
+      o.set("type", Json::string("stopped"));
+      o.set("reason", Json::string(r.message));
+      break;
     case TrialRecord::Kind::error:
       o.set("type", Json::string("error"));
       o.set("message", Json::string(r.message));
@@ -216,6 +221,9 @@ TrialRecord decode_record(const std::string& line) {
     r.message = o.at("reason").as_string();
   } else if (type == "skipped") {
     r.kind = TrialRecord::Kind::skipped;
+    r.message = o.at("reason").as_string();
+  } else if (type == "stopped") {
+    r.kind = TrialRecord::Kind::stopped;
     r.message = o.at("reason").as_string();
   } else if (type == "error") {
     r.kind = TrialRecord::Kind::error;

@@ -47,6 +47,9 @@ struct ResumePoint {
   /// epoch replaces the best checkpoint only when it does better). best_epoch 0: none.
   int64_t best_epoch = 0;
   double best_test_acc = 0;
+  /// The stopping rule's metric after epochs 1..epoch (stop_rule.hpp), so the resumed trial
+  /// stops where one that ran straight through stops; empty without a rule.
+  std::vector<double> stop_history;
 };
 
 /// Everything a trial process needs to run one trial.
@@ -77,7 +80,7 @@ inline constexpr const char* kRecordPrefix = "dprun-record ";
 
 /// One record of the protocol.
 struct TrialRecord {
-  enum class Kind { start, epoch, checkpoint, done, diverged, skipped, error };
+  enum class Kind { start, epoch, checkpoint, done, diverged, skipped, stopped, error };
   Kind kind = Kind::done;
   /// kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed, hosts.
   dps::TrialStart start;

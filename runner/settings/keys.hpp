@@ -49,7 +49,14 @@ struct SettingKey {
   X(int64_t, train_limit)       \
   X(int64_t, test_limit)        \
   X(std::string, checkpoint)    \
-  X(std::string, backend_request)
+  X(std::string, backend_request) \
+  X(double, validation)         \
+  X(int64_t, validation_seed)   \
+  X(std::string, stop_metric)   \
+  X(int64_t, stop_patience)     \
+  X(double, stop_min_delta)     \
+  X(double, stop_target)        \
+  X(int64_t, retries)
 
 namespace key {
 #define DPRUN_DECLARE_SETTING_KEY(type, name) inline constexpr SettingKey<type> name{#name};

@@ -50,6 +50,18 @@ bool is_identifier(const std::string& s) {
   });
 }
 
+// "stop.patience": identifiers joined by '.' (a key of a group of settings, written in a file as
+// stop = {patience = 3} or stop.patience = 3).
+bool is_dotted_identifier(const std::string& s) {
+  size_t begin = 0;
+  for (;;) {
+    const size_t dot = s.find('.', begin);
+    if (!is_identifier(s.substr(begin, dot - begin))) return false;
+    if (dot == std::string::npos) return true;
+    begin = dot + 1;
+  }
+}
+
 bool within(const Range& r, double d) {
   return (r.min_open ? d > r.min : d >= r.min) && (r.max_open ? d < r.max : d <= r.max);
 }
@@ -89,7 +101,8 @@ SettingTable::SettingTable(std::vector<Setting> rows) : rows_(std::move(rows)) {
   for (size_t i = 0; i < rows_.size(); ++i) {
     const Setting& s = rows_[i];
     if (s.key.empty() && s.column.empty()) bad_row(s, "needs a key, a column or both");
-    if (!s.key.empty() && !is_identifier(s.key)) bad_row(s, "the key must be [a-z][a-z0-9_]*");
+    if (!s.key.empty() && !is_dotted_identifier(s.key))
+      bad_row(s, "the key must be [a-z][a-z0-9_]*, or several joined by '.' (a group: stop.*)");
     if (!s.column.empty() && !is_identifier(s.column))
       bad_row(s, "the column must be [a-z][a-z0-9_]*");
     for (size_t j = 0; j < i; ++j) {

@@ -84,6 +84,7 @@ int slurm_task_main(const std::vector<std::string>& args) {
     o.file = (fs::path(folder) / m.file).string();
     o.db = (fs::path(folder) / task->database).string();
     o.run = m.run;
+    o.overrides = m.overrides;
     // Without --threads, the CPUs Slurm gave the task (the machine may have many more).
     if (o.run.threads == 0 && !env("SLURM_CPUS_PER_TASK").empty())
       o.run.threads = std::max(1, std::atoi(env("SLURM_CPUS_PER_TASK").c_str()));

@@ -48,6 +48,9 @@ void write_manifest(const std::string& folder, const SubmissionManifest& m) {
   j.set("version", Json::integer(kSubmissionFormatVersion));
   j.set("experiment", Json::string(m.experiment));
   j.set("file", Json::string(m.file));
+  Json overrides = Json::array();
+  for (const auto& o : m.overrides) overrides.push(Json::string(o));
+  j.set("overrides", std::move(overrides));
   // The run options as members of the manifest itself (their names since format version 1).
   const Json run = run_options_to_json(m.run);
   for (const auto& [name, value] : run.members()) j.set(name, value);
@@ -84,6 +87,9 @@ SubmissionManifest read_manifest(const std::string& folder) {
     m.experiment = j.at("experiment").as_string();
     m.file = j.at("file").as_string();
     m.run = run_options_from_json(j);
+    // Manifests written before --set existed have no overrides.
+    if (!j.get("overrides").is_null())
+      for (const auto& o : j.at("overrides").items()) m.overrides.push_back(o.as_string());
     for (const auto& t : j.at("tasks").items()) {
       SubmittedTrial task;
       task.index = t.at("index").as_int();

@@ -35,6 +35,9 @@ struct SubmissionManifest {
   std::string file = "experiment.toml";  // relative to the submission folder
   RunOptions run;  // the options of `dprun submit` that decide how a trial runs (plugin folders
                    // absolute)
+  /// The submission's --set overrides: the task applies them to the file as submit did, so it
+  /// finds its trial among the same trials.
+  std::vector<std::string> overrides;
   std::vector<SubmittedTrial> tasks;
 };
 

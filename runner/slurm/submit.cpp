@@ -50,6 +50,7 @@ SubmissionManifest manifest_for(const Experiment& e, const SweepOptions& o) {
   SubmissionManifest m;
   m.experiment = e.name;
   m.run = o.run;
+  m.overrides = o.overrides;
   // The tasks run from another folder, maybe on another host.
   for (auto& d : m.run.plugin_dirs) d = fs::absolute(d).string();
   return m;

@@ -161,6 +161,19 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
         case S::skipped:
           p.why = "rerun: skipped before";
           break;
+        case S::stopped:
+          // Its stopping rule ended it: as final as done (the rule is part of its identity).
+          if (options.run.rerun) {
+            p.why = "rerun: stopped (--rerun)";
+          } else {
+            p.action = TrialAction::skip;
+            p.why = "stopped";
+          }
+          break;
+        case S::pruned:
+          p.action = TrialAction::skip;
+          p.why = "pruned";
+          break;
         case S::running:
           // After recover_stale, a trial still running belongs to a live dprun elsewhere.
           p.action = TrialAction::skip;
@@ -188,6 +201,7 @@ Experiment load_sweep(const SweepOptions& options) {
   for (const auto& [name, m] : scan.models) catalog.models[name] = m.factory;
   ParseOptions parse;
   parse.force = options.force;
+  parse.overrides = options.overrides;
   if (options.settings) parse.settings = options.settings;
   Experiment experiment = load_experiment(options.file, catalog, parse);
   // Unknown filter keys are command-line errors, found before anything runs.
@@ -233,6 +247,7 @@ void print_plan(const Experiment& experiment, const std::string& db,
                 const std::vector<PlannedTrial>& plan) {
   std::printf("experiment %s: %zu trial%s, database %s%s\n", experiment.name.c_str(), plan.size(),
               plan.size() == 1 ? "" : "s", db.c_str(), fs::exists(db) ? "" : " (not created yet)");
+  for (const auto& o : experiment.overrides) std::printf("override: --set %s\n", o.c_str());
   std::vector<std::vector<std::string>> table;
   table.push_back({"#", "hash", "trial", "action"});
   for (const auto& p : plan)

@@ -185,7 +185,10 @@ class Runs {
     const auto ready = scheduler_.start_now();
     for (const auto& [i, devices] : ready) {
       const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
-      auto run = std::make_unique<TrialRun>(sweep_, *p.spec, *p.row, i + 1, devices);
+      // A retry starts from the trial as its failed attempt left it.
+      const auto again = retry_rows_.find(i);
+      const dps::TrialRow& row = again != retry_rows_.end() ? again->second : *p.row;
+      auto run = std::make_unique<TrialRun>(sweep_, *p.spec, row, i + 1, devices);
       if (run->claim()) run->start();
       if (run->done())
         ended(i, run->outcome());
@@ -196,10 +199,36 @@ class Runs {
   }
   // A trial that ended: its devices go to the next ones.
   void ended(int i, const TrialOutcome& out) {
-    if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
-      any_failed_ = true;
     if (out.interrupted_by && !interrupted_by_) interrupted_by_ = out.interrupted_by;
     scheduler_.release(i);
+    if (retry(i, out)) return;
+    if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
+      any_failed_ = true;
+  }
+  // A trial that failed (not diverged, stopped or taken by another dprun) waits to run again
+  // while its `retries` allow, from its last checkpoint where it kept one.
+  bool retry(int i, const TrialOutcome& out) {
+    if (out.status != dps::TrialStatus::failed || out.taken || out.interrupted_by ||
+        interrupted_by_)
+      return false;
+    const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
+    const int64_t allowed = p.spec->settings[key::retries];
+    int64_t& used = retries_used_[i];
+    if (used >= allowed) return false;
+    auto row = sweep_.store.get_trial(p.row->id);
+    if (!row || row->status != dps::TrialStatus::failed) return false;
+    ++used;
+    retry_rows_[i] = *row;
+    // Appended piece by piece: GCC 12 warns of an overlap (-Wrestrict) it imagines in a chain of
+    // string +'s starting with a short literal.
+    std::string note = std::to_string(i + 1);
+    note.insert(0, 1, '[');
+    note.append("] ").append(trial_display_name(*p.spec)).append(": failed; retry ");
+    note.append(std::to_string(used)).append(" of ").append(std::to_string(allowed));
+    sweep_.progress.note(note.append(" (retries)"));
+    scheduler_.add(i, device_need(*p.spec, sweep_.experiment, sweep_.options,
+                                  scheduler_.inventory()));
+    return true;
   }
 
   const SweepContext& sweep_;
@@ -208,6 +237,8 @@ class Runs {
   ProcessSet<TrialRun> running_;
   bool any_failed_ = false;
   int interrupted_by_ = 0;
+  std::map<int, int64_t> retries_used_;       // by work index
+  std::map<int, dps::TrialRow> retry_rows_;  // the row a retry starts from
 };
 
 }  // namespace

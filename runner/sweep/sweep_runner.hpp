@@ -26,6 +26,7 @@ struct SweepOptions {
   bool dry_run = false;
   bool force = false;                                        // allow more than 1000 trials
   std::vector<std::pair<std::string, std::string>> filters;  // KEY=VALUE, see trial_matches
+  std::vector<std::string> overrides;  // --set KEY=VALUE (ParseOptions::overrides)
   /// Trials at once, each on its own devices (scheduler.hpp); 0: as many as the devices allow
   /// (--jobs auto); 1: one after another, each with the whole machine.
   int jobs = 1;

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -13,6 +14,7 @@
 #include "dp/version.hpp"
 #include "process/checkpoint_files.hpp"
 #include "process/launch.hpp"
+#include "process/stop_rule.hpp"
 
 namespace dprun {
 
@@ -102,12 +104,22 @@ std::optional<ResumePoint> TrialRun::find_resume_point(std::string& problem) {
       return std::nullopt;
     }
   }
+  const std::vector<dps::EpochRow> epochs = store_.epochs(row_.id);
   if (best && best->epoch <= p.epoch) {
-    for (const auto& e : store_.epochs(row_.id))
+    for (const auto& e : epochs)
       if (e.epoch == best->epoch) {
         p.best_epoch = e.epoch;
         p.best_test_acc = e.test_acc;
       }
+  }
+  // What the stopping rule saw before the checkpoint (epochs 1..p.epoch, in order).
+  if (const StopRule rule = stop_rule(spec_.settings); rule.active()) {
+    for (int64_t e = 1; e <= p.epoch; ++e) {
+      double value = std::nan("");
+      for (const auto& row : epochs)
+        if (row.epoch == e) value = metric_value(row, rule.metric);
+      p.stop_history.push_back(value);
+    }
   }
   return p;
 }
@@ -361,6 +373,9 @@ void TrialRun::decide(bool timed_out, TrialOutcome& out) {
         break;
       case TrialRecord::Kind::skipped:
         out.status = S::skipped;
+        break;
+      case TrialRecord::Kind::stopped:
+        out.status = S::stopped;
         break;
       default:
         out.status = S::failed;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "models/plugin_loader.hpp"
 #include "process/launch.hpp"
 #include "settings/engine_options.hpp"
+#include "process/stop_rule.hpp"
 #include "trial/checkpoint_writer.hpp"
 
 namespace dprun {
@@ -208,14 +210,32 @@ const LoadedModel* find_model(const PluginScan& scan, const std::string& name, s
   return nullptr;
 }
 
-// The trial's data, with its limits.
-dp::DatasetPair trial_data(const TrialRequest& r) {
+// The trial's data: the validation split held out of the whole training set first (so every
+// trial of an experiment is selected on the same examples, whatever its train_limit), then the
+// limits.
+struct TrialData {
+  dp::DatasetPair sets;
+  std::optional<dp::Dataset> validation;
+};
+
+TrialData trial_data(const TrialRequest& r) {
   const TrialSettings& s = r.settings;
   const std::string path = !r.data_path.empty() ? r.data_path : s[key::data_path];
-  dp::DatasetPair data = dp::load_dataset(s[key::dataset], path);
+  TrialData data{dp::load_dataset(s[key::dataset], path), std::nullopt};
+  dp::Dataset& train = data.sets.train;
+  if (const double v = s[key::validation]; v > 0) {
+    const int64_t count = v < 1 ? std::llround(v * static_cast<double>(train.count))
+                                : static_cast<int64_t>(v);
+    if (count < 1 || count >= train.count)
+      throw dp::Error("validation " + setting_text(v) + " holds out " + std::to_string(count) +
+                      " of the " + std::to_string(train.count) + " training examples of " +
+                      s[key::dataset] + ": it must leave at least one on each side");
+    data.validation = dp::hold_out(train, count, static_cast<uint64_t>(s[key::validation_seed]));
+  }
   const int64_t train_limit = s[key::train_limit], test_limit = s[key::test_limit];
-  if (train_limit > 0 && train_limit < data.train.count) data.train = data.train.head(train_limit);
-  if (test_limit > 0 && test_limit < data.test.count) data.test = data.test.head(test_limit);
+  if (train_limit > 0 && train_limit < train.count) train = train.head(train_limit);
+  dp::Dataset& test = data.sets.test;
+  if (test_limit > 0 && test_limit < test.count) test = test.head(test_limit);
   return data;
 }
 
@@ -275,6 +295,9 @@ dps::EpochRow epoch_row(const dp::EpochReport& report, double loss, const dp::Tr
   row.lr = report.lr;  // the epoch's last step's (schedules change it per step)
   row.eval_seconds = report.eval_seconds;
   row.peak_memory_bytes = static_cast<int64_t>(trainer.peak_memory_bytes());
+  row.test_loss = report.test_loss;
+  row.val_loss = report.val_loss;
+  row.val_acc = report.val_acc;
   return row;
 }
 
@@ -288,6 +311,11 @@ TrialResult train(dp::Trainer& trainer, const TrialRequest& r, TrialSink& sink, 
     load_resume_point(trainer, r.resume, group);
     first_epoch = static_cast<int>(r.resume.epoch) + 1;
   }
+  // The stopping rule sees the epochs before the resume point as a straight run would have.
+  const StopRule rule = stop_rule(r.settings);
+  StopWatch watch(rule);
+  watch.replay(r.resume.stop_history);
+  const int64_t epochs = r.settings[key::epochs];
   // Process 0 writes the checkpoints (every process holds the same model after a step).
   CheckpointWriter checkpoints(parse_checkpoint_mode(r.settings[key::checkpoint]),
                                rank == 0 ? r.checkpoint_dir : std::string(), r.resume);
@@ -306,15 +334,24 @@ TrialResult train(dp::Trainer& trainer, const TrialRequest& r, TrialSink& sink, 
                                                      " at epoch " + std::to_string(report.epoch)};
           return false;
         }
+        const dps::EpochRow row = epoch_row(report, loss, trainer);
         if (fault.kind == Fault::Kind::garble && fault.epoch == report.epoch)
           sink.corrupt_epoch();
         else
-          sink.epoch(epoch_row(report, loss, trainer), report);
+          sink.epoch(row, report);
         // After the epoch's record: a crash in between leaves the epoch recorded and the
         // checkpoint of the one before, from which the epoch is trained again.
         for (const dps::CheckpointRow& c : checkpoints.after_epoch(trainer, report))
           sink.checkpoint(c);
         act_on_fault(fault, report.epoch);
+        // A rule met at the last epoch cuts nothing short: that trial is done.
+        if (rule.active() && report.epoch < epochs) {
+          const std::string why = watch.observe(report.epoch, metric_value(row, rule.metric));
+          if (!why.empty()) {
+            result = {TrialRecord::Kind::stopped, why};
+            return false;
+          }
+        }
         return true;
       },
       first_epoch);
@@ -342,14 +379,16 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
             p == 0 ? skip_reasons[p]
                    : "process " + std::to_string(p) + " of the trial: " + skip_reasons[p]};
   }
-  const dp::DatasetPair data = trial_data(r);
+  const TrialData data = trial_data(r);
+  const dp::Dataset& train_set = data.sets.train;
   machine_options(t, r, backend, group);
   // The model is built for the data it will see, whatever input it was designed for.
-  const dp::ModelInput input{data.train.channels, data.train.height, data.train.width,
-                             data.train.classes};
+  const dp::ModelInput input{train_set.channels, train_set.height, train_set.width,
+                             train_set.classes};
   const dp::ModelFactory& factory = model->factory;
   dp::Trainer trainer(
-      t, [&] { return factory.build(options, input); }, data.train, data.test);
+      t, [&] { return factory.build(options, input); }, train_set, data.sets.test,
+      data.validation ? &*data.validation : nullptr);
   std::vector<std::string> rank_hosts;
   const dps::TrialStart start = start_record(trainer, *model, backend, group, rank_hosts);
   sink.start(start, rank_hosts);
@@ -394,14 +433,23 @@ void PrintSink::start(const dps::TrialStart& start, const std::vector<std::strin
               start.backend.c_str(), start.devices.c_str(),
               start.oversubscribed ? ", oversubscribed" : "", start.plugin_path.c_str());
   if (rank_hosts.size() > 1) std::printf("processes on %s\n", start.hosts.c_str());
-  std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc", "test_acc",
-              "seconds", "examples/s");
+  if (r_.settings[key::validation] > 0)
+    std::printf("%5s  %10s  %9s  %8s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc",
+                "val_acc", "test_acc", "seconds", "examples/s");
+  else
+    std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc",
+                "test_acc", "seconds", "examples/s");
   std::fflush(stdout);
 }
 
 void PrintSink::epoch(const dps::EpochRow& row, const dp::EpochReport&) {
-  std::printf("%5lld  %10.4f  %9.4f  %8.4f  %8.2f  %12.0f\n", static_cast<long long>(row.epoch),
-              row.train_loss, row.train_acc, row.test_acc, row.seconds, row.examples_per_second);
+  if (r_.settings[key::validation] > 0)
+    std::printf("%5lld  %10.4f  %9.4f  %8.4f  %8.4f  %8.2f  %12.0f\n",
+                static_cast<long long>(row.epoch), row.train_loss, row.train_acc, row.val_acc,
+                row.test_acc, row.seconds, row.examples_per_second);
+  else
+    std::printf("%5lld  %10.4f  %9.4f  %8.4f  %8.2f  %12.0f\n", static_cast<long long>(row.epoch),
+                row.train_loss, row.train_acc, row.test_acc, row.seconds, row.examples_per_second);
   std::fflush(stdout);
 }
 
@@ -462,6 +510,9 @@ int run_train(const TrialRequest& request) {
   TrialResult result = run_trial(request, sink);
   switch (result.kind) {
     case TrialRecord::Kind::done:
+      return 0;
+    case TrialRecord::Kind::stopped:
+      std::fprintf(stderr, "dprun: %s\n", result.message.c_str());
       return 0;
     case TrialRecord::Kind::diverged:
       std::fprintf(stderr, "dprun: diverged: %s\n", result.message.c_str());

@@ -125,6 +125,9 @@ int run_train_processes(TrialRequest request) {
   switch (result.kind) {
     case TrialRecord::Kind::done:
       return 0;
+    case TrialRecord::Kind::stopped:
+      if (first) std::fprintf(stderr, "dprun: %s\n", result.message.c_str());
+      return 0;
     case TrialRecord::Kind::error:
       end_trial(*group, result.message);
     default:

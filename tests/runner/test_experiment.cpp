@@ -474,7 +474,7 @@ TEST_CASE("error: unknown sections, keys, models, options and datasets", "[exper
   auto section = error_of(kHead + "[train]\nmodel = \"lenet\"\n[trian]\nepochs = 1\n");
   CHECK(std::string(section.what()) ==
         "t.toml:5:2: trian: unknown section; did you mean \"train\"? (known sections: "
-        "experiment, data, train, model, sweep, launch)");
+        "experiment, data, train, model, search, sweep, launch)");
 
   auto key = error_of(kHead + "[train]\nmodel = \"lenet\"\nlr_scale = \"linear\"\n");
   CHECK(key.line() == 5);

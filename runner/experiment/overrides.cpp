@@ -1,0 +1,98 @@
+// `--set KEY=VALUE`: command-line values that replace the experiment file's, applied to the
+// parsed TOML before it is read, so they go through every check the file's values do. Their
+// values carry the override as their source, so a problem is reported at "--set KEY=VALUE".
+#include <algorithm>
+
+#include "experiment/experiment_detail.hpp"
+
+namespace dprun::detail {
+
+namespace {
+
+// `into` takes `from`'s entries: tables merge, anything else replaces. Moved, not copied: a
+// copied TOML++ node forgets where it came from, and the messages need that.
+void merge(toml::table& into, toml::table& from) {
+  for (auto&& [k, v] : from) {
+    auto* mine = into.get(k.str());
+    if (v.is_table() && mine != nullptr && mine->is_table()) {
+      merge(*mine->as_table(), *v.as_table());
+      continue;
+    }
+    v.visit([&, &key = k](auto& node) { into.insert_or_assign(key, std::move(node)); });
+  }
+}
+
+// The one path of keys an override document holds ("train" -> "epochs"), for messages.
+std::vector<std::string> key_path(const toml::table& doc) {
+  std::vector<std::string> path;
+  const toml::table* t = &doc;
+  while (t != nullptr && t->size() == 1) {
+    // The iterator must outlive the pair it gives: TOML++ hands out a proxy that lives in it.
+    const auto it = t->begin();
+    path.emplace_back(it->first.str());
+    t = it->second.as_table();
+  }
+  return path;
+}
+
+std::string toml_string(const std::string& text) {
+  std::string s = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') s += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;  // no control characters in a value
+    s += c;
+  }
+  return s + "\"";
+}
+
+}  // namespace
+
+void apply_overrides(toml::table& root, const std::vector<std::string>& overrides,
+                     Diagnostics& diag) {
+  for (const std::string& text : overrides) {
+    const std::string origin = kOverrideOrigin + text;
+    const Pos here{0, 0, origin};
+    const auto eq = text.find('=');
+    if (eq == std::string::npos || eq == 0 || text.find_first_not_of(" \t") == eq) {
+      diag.add(here, "",
+               "expected KEY=VALUE, e.g. --set train.epochs=2, --set model.lenet.hidden=64 or "
+               "--set sweep.lr=[0.1,0.2]");
+      continue;
+    }
+    const std::string key = text.substr(0, eq), value = text.substr(eq + 1);
+    toml::table doc;
+    try {
+      doc = toml::parse(key + " = " + value, std::string_view(origin));
+    } catch (const toml::parse_error&) {
+      // Not a TOML value: a bare word (--set train.model=lenet) is the string it spells.
+      try {
+        doc = toml::parse(key + " = " + toml_string(value), std::string_view(origin));
+      } catch (const toml::parse_error& e) {
+        diag.add(here, "",
+                 "not a TOML key: " + quoted(key) + " (" + std::string(e.description()) +
+                     "); keys are dotted paths such as train.epochs or sweep.\"model.lenet." +
+                     "hidden\"");
+        continue;
+      }
+    }
+    const std::vector<std::string> path = key_path(doc);
+    // A [train] value is replaced by a [sweep] one: an override of train.X the file sweeps
+    // would change nothing, so say where to put it.
+    if (path.size() == 2 && path[0] == "train") {
+      const toml::table* sweep = root["sweep"].as_table();
+      bool swept = sweep != nullptr && sweep->contains(path[1]);
+      if (const auto* zip = sweep ? (*sweep)["zip"].as_array() : nullptr)
+        for (const auto& group : *zip)
+          if (const auto* g = group.as_table(); g != nullptr && g->contains(path[1])) swept = true;
+      if (swept) {
+        diag.add(here, "train." + path[1],
+                 "the file sweeps " + path[1] + " in [sweep], which replaces [train]'s value: "
+                 "override the sweep instead, e.g. --set sweep." + path[1] + "=[...]");
+        continue;
+      }
+    }
+    merge(root, doc);
+  }
+}
+
+}  // namespace dprun::detail

@@ -1,0 +1,159 @@
+// End-to-end tests of the sweep tool's runtime: bounded retries (each attempt recorded), the
+// validation split's metrics, the stopping rule (status stopped, and a resumed trial stopping
+// where a straight one does), --set on the command line, and the drawn values in `dprun plan`.
+#include <catch2/catch.hpp>
+
+#include "cli_helpers.hpp"
+
+using clitest::run;
+using clitest::sql;
+using clitest::sql1;
+
+namespace {
+
+struct Sweep {
+  dptest::TempDir dir;
+  std::string file, db;
+  Sweep(const std::string& name, const std::string& data, const std::string& extra,
+        int epochs = 3) {
+    file = dir.path() + "/" + name + ".toml";
+    db = dir.path() + "/" + name + ".db";
+    std::string toml = clitest::experiment_toml(name, data, "[1]", epochs);
+    toml.insert(toml.find("[sweep]"), extra + "\n");
+    clitest::write_file(file, toml);
+  }
+  std::vector<std::string> args() const { return {"run", file, "--db", db, "--threads", "1"}; }
+  std::string one(const std::string& q) const { return sql1(db, q); }
+};
+
+}  // namespace
+
+TEST_CASE("retries: a failed trial runs again from its checkpoint, every attempt recorded",
+          "[cli][search]") {
+  DPRUN_NEED_DATA(data);
+  SECTION("the retry succeeds: exit 0") {
+    Sweep s("retry", data, "retries = 1");
+    auto r = run(s.args(), s.dir.path(), {"DPRUN_FAULT=kill@1#0"});
+    DPRUN_CHECK_EXIT(r, 0);
+    CHECK(r.err.find("failed; retry 1 of 1 (retries)") != std::string::npos);
+    CHECK(s.one("SELECT status FROM trials") == "done");
+    CHECK(s.one("SELECT attempts FROM trials") == "2");
+    CHECK(s.one("SELECT resumed_from_epoch FROM trials") == "1");
+    CHECK(s.one("SELECT COUNT(*) FROM epochs") == "3");
+    const auto attempts =
+        sql(s.db, "SELECT attempt, status, resumed_from_epoch, epochs_done FROM attempts ORDER BY attempt");
+    REQUIRE(attempts.size() == 2);
+    CHECK(attempts[0] == std::vector<std::string>{"1", "failed", "", "1"});
+    CHECK(attempts[1] == std::vector<std::string>{"2", "done", "1", "3"});
+    CHECK(s.one("SELECT error FROM attempts WHERE attempt = 1").find("SIGKILL") !=
+          std::string::npos);
+  }
+  SECTION("every retry fails: N + 1 attempts, then the sweep's exit status is 1") {
+    // Without checkpoints every attempt starts at epoch 1 and meets the fault again.
+    Sweep s("exhausted", data, "retries = 2\ncheckpoint = \"none\"");
+    auto r = run(s.args(), s.dir.path(), {"DPRUN_FAULT=throw@1#0"});
+    DPRUN_CHECK_EXIT(r, 1);
+    CHECK(s.one("SELECT status FROM trials") == "failed");
+    CHECK(s.one("SELECT attempts FROM trials") == "3");
+    CHECK(s.one("SELECT COUNT(*) FROM attempts WHERE status = 'failed'") == "3");
+    CHECK(r.err.find("retry 2 of 2") != std::string::npos);
+    CHECK(r.err.find("retry 3") == std::string::npos);
+  }
+  SECTION("a diverged trial is not retried") {
+    Sweep s("diverged", data, "retries = 3");
+    auto r = run(s.args(), s.dir.path(), {"DPRUN_FAULT=nan@1#0"});
+    DPRUN_CHECK_EXIT(r, 1);
+    CHECK(s.one("SELECT status FROM trials") == "diverged");
+    CHECK(s.one("SELECT attempts FROM trials") == "1");
+  }
+}
+
+TEST_CASE("validation: every epoch records val_loss and val_acc on held-out examples",
+          "[cli][search]") {
+  DPRUN_NEED_DATA(data);
+  Sweep s("validation", data, "validation = 200", 2);
+  auto r = run(s.args(), s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  const auto rows = sql(s.db, "SELECT val_acc, val_loss, test_loss FROM epochs ORDER BY epoch");
+  REQUIRE(rows.size() == 2);
+  for (const auto& row : rows) {
+    for (const auto& v : row) CHECK_FALSE(v.empty());
+    const double acc = std::stod(row[0]);
+    CHECK(acc >= 0.0);
+    CHECK(acc <= 1.0);
+    // Accuracy over 200 examples is a multiple of 1/200.
+    CHECK(std::fabs(acc * 200 - std::round(acc * 200)) < 1e-9);
+  }
+  CHECK(s.one("SELECT validation FROM trials") == "200.0");
+}
+
+TEST_CASE("the stopping rule ends a trial early as 'stopped', and a resumed trial stops alike",
+          "[cli][search]") {
+  DPRUN_NEED_DATA(data);
+  // No improvement can be larger than 1 (an accuracy): epoch 1 sets the best, epoch 2 is the
+  // one epoch of patience.
+  const std::string rule = "validation = 128\nstop = {patience = 1, min_delta = 1.0}";
+  Sweep straight("straight", data, rule, 4);
+  auto r = run(straight.args(), straight.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(straight.one("SELECT status FROM trials") == "stopped");
+  CHECK(straight.one("SELECT COUNT(*) FROM epochs") == "2");
+  const std::string why = straight.one("SELECT error FROM trials");
+  CHECK_THAT(why, Catch::StartsWith("stopped after epoch 2: val_acc has not improved"));
+  // A re-run leaves it as it is.
+  r = run(straight.args(), straight.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(straight.one("SELECT attempts FROM trials") == "1");
+
+  // Killed after epoch 1, resumed from its checkpoint: the rule remembers epoch 1.
+  Sweep resumed("resumed", data, rule, 4);
+  r = run(resumed.args(), resumed.dir.path(), {"DPRUN_FAULT=kill@1#0"});
+  DPRUN_CHECK_EXIT(r, 1);
+  r = run(resumed.args(), resumed.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(resumed.one("SELECT status FROM trials") == "stopped");
+  CHECK(resumed.one("SELECT resumed_from_epoch FROM trials") == "1");
+  CHECK(resumed.one("SELECT COUNT(*) FROM epochs") == "2");
+  CHECK(resumed.one("SELECT error FROM trials") == why);
+  // The same bits: the same metric values epoch by epoch.
+  CHECK(sql(resumed.db, "SELECT val_acc, test_acc, train_loss FROM epochs ORDER BY epoch") ==
+        sql(straight.db, "SELECT val_acc, test_acc, train_loss FROM epochs ORDER BY epoch"));
+}
+
+TEST_CASE("overrides (--set) on the command line: plan shows it, run records it, errors name it",
+          "[cli][search]") {
+  DPRUN_NEED_DATA(data);
+  Sweep s("overrides", data, "", 3);
+  auto r = run({"plan", s.file, "--db", s.db, "--set", "train.epochs=1", "--set",
+                "sweep.lr=[0.05, 0.1]"},
+               s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("override: --set train.epochs=1") != std::string::npos);
+  CHECK(r.out.find("2 to run") != std::string::npos);
+  r = run({"run", s.file, "--db", s.db, "--threads", "1", "--set", "train.epochs=1"},
+          s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(s.one("SELECT epochs FROM trials") == "1");
+  CHECK(s.one("SELECT toml_source FROM experiments").find("#   train.epochs=1") !=
+        std::string::npos);
+  r = run({"plan", s.file, "--db", s.db, "--set", "train.epochs=none"}, s.dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("--set train.epochs=none: train.epochs: expected a positive integer") !=
+        std::string::npos);
+}
+
+TEST_CASE("dprun plan shows the values a sampled search drew", "[cli][search]") {
+  DPRUN_NEED_DATA(data);
+  Sweep s("sampled", data, "", 1);
+  std::string toml = clitest::slurp(s.file);
+  toml.replace(toml.find("[sweep]\ngpus = [1]\n"), std::string::npos,
+               "[search]\nsamples = 4\n[sweep]\nlr = {log_uniform = [0.01, 0.5]}\n");
+  clitest::write_file(s.file, toml);
+  auto r = run({"plan", s.file, "--db", s.db}, s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("4 to run") != std::string::npos);
+  size_t shown = 0;
+  for (size_t at = r.out.find("lr="); at != std::string::npos; at = r.out.find("lr=", at + 1))
+    ++shown;
+  CHECK(shown == 4);
+}
