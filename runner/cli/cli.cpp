@@ -349,8 +349,9 @@ std::string main_help() {
       "\n  dprun COMMAND --help   options of a command\n"
       "  dprun help faults      failures on purpose, for testing (DPRUN_FAULT)\n"
       "  dprun --version        the version\n\n"
-      "exit status: 0 every trial done or skipped, 1 a trial failed or diverged, 2 a bad command\n"
-      "line or experiment file, 130/143 stopped by SIGINT/SIGTERM.\n";
+      "exit status: 0 every trial done, skipped, stopped by its rule or pruned by [search], 1 a\n"
+      "trial failed (its retries spent) or diverged, 2 a bad command line or experiment file,\n"
+      "130/143 stopped by SIGINT/SIGTERM.\n";
   return out;
 }
 

@@ -247,11 +247,12 @@ std::string train_option_metavar(const Setting& setting) {
   }
 }
 
-// The settings `dprun train` takes: the experiment-file keys, and the dataset of [data].
+// The settings `dprun train` takes: the experiment-file keys, and the dataset of [data]; not
+// retries, which the runner acts on (a failed `dprun train` is the user's to run again).
 std::vector<const Setting*> train_settings() {
   std::vector<const Setting*> out;
   for (const Setting& s : builtin_settings().rows())
-    if (!s.key.empty() || s.column == "dataset") out.push_back(&s);
+    if ((!s.key.empty() && s.key != "retries") || s.column == "dataset") out.push_back(&s);
   return out;
 }
 

@@ -276,7 +276,10 @@ class FileReader {
 
   // [search]: how sweep keys given as distributions are sampled (sampling.cpp).
   void read_search() {
-    if (auto* t = section("search")) detail::read_search_table(*t, diag_, out_.sampling);
+    if (auto* t = section("search")) {
+      out_.search_pos = table_pos(t);
+      detail::read_search_table(*t, diag_, out_.sampling, out_.search);
+    }
   }
 
   /// One key of [sweep] or of a zip group. Returns the binding (fixed or with points) or
@@ -565,6 +568,8 @@ Experiment parse_experiment(const std::string& file, const std::string& source,
   val.diag().throw_if_any();
   ex.data_path = validated.data_path;
   ex.trials = detail::expand(validated, catalog, options, val.diag());
+  ex.search = validated.search;
+  detail::check_search(ex.search, ex.trials, validated.search_pos, val.diag());
   val.diag().throw_if_any();
   return ex;
 }

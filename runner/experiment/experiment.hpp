@@ -56,6 +56,22 @@ struct TrialSpec {
   std::string label;
 };
 
+/// [search]: how the trials are searched beyond running each to its end.
+struct SearchConfig {
+  /// "none", or "asha": asynchronous successive halving. Each trial first runs to the first
+  /// rung (epoch min_epochs) and pauses (status pruned); a trial whose metric there is in the
+  /// top 1/eta of those that reached the rung is promoted to the next (epoch min_epochs * eta,
+  /// then * eta^2, ...) and finally to its own epochs, resuming from its checkpoint.
+  std::string scheduler = "none";
+  int64_t eta = 3;
+  int64_t min_epochs = 1;
+  /// What ranks trials at a rung: an epoch metric (an accuracy: higher is better; a loss: lower).
+  /// "auto" in the file becomes val_acc when every trial has a validation split, test_acc when
+  /// none has.
+  std::string metric = "auto";
+  bool asha() const { return scheduler == "asha"; }
+};
+
 struct Experiment {
   const SettingTable* settings = &builtin_settings();  // the settings its trials have
   std::string file;                                    // as given
@@ -69,6 +85,7 @@ struct Experiment {
   /// The --set overrides applied to the file (KEY=VALUE, in order); `source` ends with them as
   /// comments.
   std::vector<std::string> overrides;
+  SearchConfig search;  // [search]
   std::vector<TrialSpec> trials;
 };
 

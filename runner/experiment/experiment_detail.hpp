@@ -89,8 +89,14 @@ std::optional<toml::array> draw_samples(const toml::node& n, const std::string& 
                                         const std::string& path, Pos pos, SampledType type,
                                         const Sampling& sampling, Diagnostics& diag);
 
-/// Reads [search] (samples, seed) into `out`, reporting every problem.
-void read_search_table(const toml::table& t, Diagnostics& diag, Sampling& out);
+/// Reads [search] (samples, seed, scheduler, eta, min_epochs, metric) into `sampling` and
+/// `search`, reporting every problem.
+void read_search_table(const toml::table& t, Diagnostics& diag, Sampling& sampling,
+                       SearchConfig& search);
+/// The checks of [search] that need the expanded trials (asha needs checkpoints; metric "auto"
+/// resolved), reported at [search]'s keys.
+void check_search(SearchConfig& search, const std::vector<TrialSpec>& trials, Pos at,
+                  Diagnostics& diag);
 
 /// A [sweep] key given as a distribution, where it was written and what it is.
 struct SampledKey {
@@ -120,6 +126,8 @@ struct Validated {
   std::map<std::string, std::map<std::string, Val>> model_tables;
   Pos sweep_pos, train_pos;
   Sampling sampling;
+  SearchConfig search;
+  Pos search_pos;  // of [search]
 };
 
 /// Expands the sweep into resolved trials (checks that need a whole trial, the trial limit).

@@ -144,9 +144,11 @@ std::optional<toml::array> draw_samples(const toml::node& n, const std::string& 
   return draws;
 }
 
-void read_search_table(const toml::table& t, Diagnostics& diag, Sampling& out) {
+void read_search_table(const toml::table& t, Diagnostics& diag, Sampling& sampling,
+                       SearchConfig& search) {
   const Pos table_pos = pos_of(t.source(), {});
-  const std::vector<std::string> known = {"samples", "seed"};
+  const std::vector<std::string> known = {"samples", "seed", "scheduler", "eta", "min_epochs",
+                                          "metric"};
   for (auto [k, n] : in_file_order(t)) {
     const std::string name(k->str());
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
@@ -164,11 +166,66 @@ void read_search_table(const toml::table& t, Diagnostics& diag, Sampling& out) {
     }
     return n->as_integer()->get();
   };
+  auto choice = [&](const char* key, const std::vector<std::string>& values) {
+    const toml::node* n = t.get(key);
+    if (n == nullptr) return std::optional<std::string>();
+    const std::string got = n->is_string() ? n->as_string()->get() : "";
+    if (std::find(values.begin(), values.end(), got) == values.end()) {
+      diag.add(pos_of(n->source(), table_pos), std::string("search.") + key,
+               "expected one of " + join(values, ", ", true) + ", got " + describe(*n) +
+                   (got.empty() ? "" : typo_hint(got, values)));
+      return std::optional<std::string>();
+    }
+    return std::optional<std::string>(got);
+  };
   if (auto n = count("samples", 1)) {
-    out.samples = *n;
-    out.pos = pos_of(t.get("samples")->source(), table_pos);
+    sampling.samples = *n;
+    sampling.pos = pos_of(t.get("samples")->source(), table_pos);
   }
-  if (auto n = count("seed", 0)) out.seed = static_cast<uint64_t>(*n);
+  if (auto n = count("seed", 0)) sampling.seed = static_cast<uint64_t>(*n);
+  if (auto s = choice("scheduler", {"none", "asha"})) search.scheduler = *s;
+  if (auto n = count("eta", 2)) search.eta = *n;
+  if (auto n = count("min_epochs", 1)) search.min_epochs = *n;
+  if (auto m = choice("metric", {"auto", "val_acc", "val_loss", "test_acc", "test_loss",
+                                 "train_acc", "train_loss"}))
+    search.metric = *m;
+  for (const char* key : {"eta", "min_epochs", "metric"})
+    if (t.get(key) != nullptr && !search.asha())
+      diag.add(pos_of(t.get(key)->source(), table_pos), std::string("search.") + key,
+               std::string(key) + " is a setting of the asha scheduler; set scheduler = "
+                                  "\"asha\" or remove it");
+}
+
+void check_search(SearchConfig& search, const std::vector<TrialSpec>& trials, Pos at,
+                  Diagnostics& diag) {
+  if (!search.asha() || trials.empty()) return;
+  size_t with_validation = 0;
+  for (const TrialSpec& t : trials) {
+    if (t.settings[key::validation] > 0) ++with_validation;
+    if (t.settings[key::checkpoint] == "none") {
+      diag.add(at, "search.scheduler",
+               "asha resumes a promoted trial from its checkpoint, but trial " + t.label +
+                   " has checkpoint = \"none\"; keep at least \"last\"");
+      return;
+    }
+  }
+  if (search.metric == "auto") {
+    if (with_validation == trials.size()) {
+      search.metric = "val_acc";
+    } else if (with_validation == 0) {
+      search.metric = "test_acc";
+    } else {
+      diag.add(at, "search.metric",
+               "metric \"auto\" would rank some trials on validation and others on test (" +
+                   std::to_string(with_validation) + " of " + std::to_string(trials.size()) +
+                   " have a validation split): give every trial the same split, or set metric");
+    }
+  } else if ((search.metric == "val_acc" || search.metric == "val_loss") &&
+             with_validation < trials.size()) {
+    diag.add(at, "search.metric",
+             "metric " + quoted(search.metric) + " needs a validation split in every trial (" +
+                 std::to_string(trials.size() - with_validation) + " have none): set validation");
+  }
 }
 
 std::optional<Binding> sampled_binding(const SampledKey& k, const toml::node& distribution,

@@ -121,6 +121,7 @@ Json request_to_json(const TrialRequest& r) {
   o.set("run", run_options_to_json(r.run));
   o.set("checkpoint_dir", Json::string(r.checkpoint_dir));
   if (r.resume.epoch > 0) o.set("resume", resume_fields().to_json(r.resume));
+  if (r.stop_after_epoch > 0) o.set("stop_after_epoch", Json::integer(r.stop_after_epoch));
   return o;
 }
 
@@ -134,6 +135,9 @@ TrialRequest request_from_json(const Json& o) {
   r.run = request_member(o, "run", [](const Json& j) { return run_options_from_json(j); });
   r.checkpoint_dir =
       request_member(o, "checkpoint_dir", [](const Json& j) { return j.as_string(); });
+  if (o.has("stop_after_epoch"))
+    r.stop_after_epoch =
+        request_member(o, "stop_after_epoch", [](const Json& j) { return j.as_int(); });
   if (o.has("resume")) {
     r.resume = request_member(o, "resume", [](const Json& j) {
       ResumePoint p;
@@ -185,6 +189,10 @@ std::string encode_record(const TrialRecord& r) {
       o.set("type", Json::string("stopped"));
       o.set("reason", Json::string(r.message));
       break;
+    case TrialRecord::Kind::paused:
+      o.set("type", Json::string("paused"));
+      o.set("reason", Json::string(r.message));
+      break;
     case TrialRecord::Kind::error:
       o.set("type", Json::string("error"));
       o.set("message", Json::string(r.message));
@@ -224,6 +232,9 @@ TrialRecord decode_record(const std::string& line) {
     r.message = o.at("reason").as_string();
   } else if (type == "stopped") {
     r.kind = TrialRecord::Kind::stopped;
+    r.message = o.at("reason").as_string();
+  } else if (type == "paused") {
+    r.kind = TrialRecord::Kind::paused;
     r.message = o.at("reason").as_string();
   } else if (type == "error") {
     r.kind = TrialRecord::Kind::error;

@@ -65,6 +65,9 @@ struct TrialRequest {
   /// the checkpoint setting says.
   std::string checkpoint_dir;
   ResumePoint resume;
+  /// Stop after this epoch (a [search] scheduler's rung), reporting the trial paused; 0: run to
+  /// its epochs.
+  int64_t stop_after_epoch = 0;
 };
 
 Json request_to_json(const TrialRequest& request);
@@ -80,7 +83,7 @@ inline constexpr const char* kRecordPrefix = "dprun-record ";
 
 /// One record of the protocol.
 struct TrialRecord {
-  enum class Kind { start, epoch, checkpoint, done, diverged, skipped, stopped, error };
+  enum class Kind { start, epoch, checkpoint, done, diverged, skipped, stopped, paused, error };
   Kind kind = Kind::done;
   /// kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed, hosts.
   dps::TrialStart start;

@@ -133,19 +133,20 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
       p.action = TrialAction::skip;
       p.why = "submitted: " + task->second;
     } else if (!p.row) {
-      p.why = "new";
+      p.why = experiment.search.asha() ? "asha: run to the first rung" : "new";
     } else {
       using S = dps::TrialStatus;
       switch (p.row->status) {
         case S::pending:
-          p.why = "run";
+          p.why = experiment.search.asha() ? "asha: run to the first rung" : "run";
           break;
         case S::done:
+        case S::stopped:  // its stopping rule ended it: as final as done (the rule is identity)
           if (options.run.rerun) {
-            p.why = "rerun: done (--rerun)";
+            p.why = std::string("rerun: ") + dps::status_name(p.row->status) + " (--rerun)";
           } else {
             p.action = TrialAction::skip;
-            p.why = "done";
+            p.why = dps::status_name(p.row->status);
           }
           break;
         case S::failed:
@@ -161,18 +162,15 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
         case S::skipped:
           p.why = "rerun: skipped before";
           break;
-        case S::stopped:
-          // Its stopping rule ended it: as final as done (the rule is part of its identity).
-          if (options.run.rerun) {
-            p.why = "rerun: stopped (--rerun)";
+        case S::pruned:
+          // Paused at a rung: the [search] scheduler promotes it, or not, when the run gets there.
+          if (experiment.search.asha()) {
+            p.why = "asha: paused at rung " + std::to_string(p.row->rung) +
+                    ", promoted if in the top 1/" + std::to_string(experiment.search.eta);
           } else {
             p.action = TrialAction::skip;
-            p.why = "stopped";
+            p.why = "pruned";
           }
-          break;
-        case S::pruned:
-          p.action = TrialAction::skip;
-          p.why = "pruned";
           break;
         case S::running:
           // After recover_stale, a trial still running belongs to a live dprun elsewhere.

@@ -11,10 +11,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
+#include <set>
 
 #include "base/os.hpp"
 #include "base/text.hpp"
 #include "process/process_set.hpp"
+#include "sweep/asha.hpp"
 #include "sweep/progress.hpp"
 #include "sweep/scheduler.hpp"
 #include "sweep/trial_run.hpp"
@@ -136,14 +139,16 @@ Work work_of(const std::vector<PlannedTrial>& plan) {
 /// are stopped and recorded interrupted).
 class Runs {
  public:
-  Runs(const SweepContext& sweep, const Work& work)
+  /// asha: the [search] scheduler that says what runs next (null: every trial of the work, in
+  /// plan order, each to its end).
+  Runs(const SweepContext& sweep, const Work& work, AshaDriver* asha)
       : sweep_(sweep),
         work_(work),
+        asha_(asha),
         scheduler_(devices_for(work.trials, sweep.options), sweep.options.jobs),
         running_(sweep.signals) {
-    for (size_t i = 0; i < work.trials.size(); ++i)
-      scheduler_.add(static_cast<int>(i), device_need(*work.trials[i]->spec, sweep.experiment,
-                                                      sweep.options, scheduler_.inventory()));
+    if (asha_ != nullptr) return;
+    for (size_t i = 0; i < work.trials.size(); ++i) queue(static_cast<int>(i));
   }
 
   /// Returns the signal that stopped the run (0: every trial ended).
@@ -151,7 +156,7 @@ class Runs {
     try {
       while (!interrupted_by_) {
         if ((interrupted_by_ = sweep_.signals.received())) break;
-        const int started = start_what_fits();
+        const int started = feed_and_start();
         if (running_.empty()) {
           if (!scheduler_.waiting()) break;
           // The trials just started were taken by another dprun or failed at once: their devices
@@ -180,16 +185,53 @@ class Runs {
   bool any_failed() const { return any_failed_; }
 
  private:
+  void queue(int i) {
+    queued_.insert(i);
+    scheduler_.add(i, device_need(*work_.trials[static_cast<size_t>(i)]->spec, sweep_.experiment,
+                                  sweep_.options, scheduler_.inventory()));
+  }
+
+  /// Starts what fits; under a [search] scheduler, asks it for jobs while the devices take them.
+  int feed_and_start() {
+    int started = start_what_fits();
+    if (asha_ == nullptr) return started;
+    while (!scheduler_.waiting()) {
+      std::set<int> busy = queued_;
+      busy.insert(given_up_.begin(), given_up_.end());
+      const auto job = asha_->next(busy);
+      if (!job) break;
+      const int i = static_cast<int>(job->trial);
+      jobs_[i] = *job;
+      queue(i);
+      started += start_what_fits();
+    }
+    return started;
+  }
+
   /// Starts the trials the scheduler lets start now; returns how many it let start.
   int start_what_fits() {
     const auto ready = scheduler_.start_now();
     for (const auto& [i, devices] : ready) {
       const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
-      // A retry starts from the trial as its failed attempt left it.
+      // A retry starts from the trial as its failed attempt left it, a scheduler's job from the
+      // trial as the database has it now.
       const auto again = retry_rows_.find(i);
-      const dps::TrialRow& row = again != retry_rows_.end() ? again->second : *p.row;
-      auto run = std::make_unique<TrialRun>(sweep_, *p.spec, row, i + 1, devices);
-      if (run->claim()) run->start();
+      const auto job = jobs_.find(i);
+      std::optional<dps::TrialRow> now;
+      if (job != jobs_.end()) {
+        now = sweep_.store.get_trial(p.row->id);
+        // Claimed only if the trial is still as the decision saw it.
+        if (now) now->status = job->second.expected;
+      }
+      const dps::TrialRow& row = now                         ? *now
+                                 : again != retry_rows_.end() ? again->second
+                                                              : *p.row;
+      const int64_t stop_after = job != jobs_.end() ? job->second.stop_after : 0;
+      auto run = std::make_unique<TrialRun>(sweep_, *p.spec, row, i + 1, devices, stop_after);
+      if (run->claim()) {
+        if (job != jobs_.end()) start_job(i, job->second);
+        run->start();
+      }
       if (run->done())
         ended(i, run->outcome());
       else
@@ -197,11 +239,28 @@ class Runs {
     }
     return static_cast<int>(ready.size());
   }
+  // A claimed job of the [search] scheduler: the rung it may now run to, said once.
+  void start_job(int i, const AshaJob& job) {
+    const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
+    sweep_.store.set_rung(p.row->id, job.rung);
+    if (job.kind == AshaJob::Kind::promotion) {
+      std::string note = std::to_string(i + 1);
+      note.insert(0, 1, '[');
+      note.append("] ").append(trial_display_name(*p.spec)).append(": promoted to rung ");
+      note.append(std::to_string(job.rung)).append(" (to epoch ");
+      sweep_.progress.note(note.append(std::to_string(job.stop_after)).append(")"));
+    }
+  }
+
   // A trial that ended: its devices go to the next ones.
   void ended(int i, const TrialOutcome& out) {
     if (out.interrupted_by && !interrupted_by_) interrupted_by_ = out.interrupted_by;
     scheduler_.release(i);
     if (retry(i, out)) return;
+    queued_.erase(i);
+    jobs_.erase(i);
+    // The scheduler would send a failed trial back towards its rung: it has had its tries.
+    if (out.status == dps::TrialStatus::failed) given_up_.insert(i);
     if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
       any_failed_ = true;
   }
@@ -219,6 +278,7 @@ class Runs {
     if (!row || row->status != dps::TrialStatus::failed) return false;
     ++used;
     retry_rows_[i] = *row;
+    jobs_.erase(i);  // a scheduler's retry goes on towards its rung: the database says which
     // Appended piece by piece: GCC 12 warns of an overlap (-Wrestrict) it imagines in a chain of
     // string +'s starting with a short literal.
     std::string note = std::to_string(i + 1);
@@ -226,6 +286,11 @@ class Runs {
     note.append("] ").append(trial_display_name(*p.spec)).append(": failed; retry ");
     note.append(std::to_string(used)).append(" of ").append(std::to_string(allowed));
     sweep_.progress.note(note.append(" (retries)"));
+    if (asha_ != nullptr) {
+      // The scheduler resumes it towards its rung when it asks again.
+      queued_.erase(i);
+      return true;
+    }
     scheduler_.add(i, device_need(*p.spec, sweep_.experiment, sweep_.options,
                                   scheduler_.inventory()));
     return true;
@@ -233,12 +298,16 @@ class Runs {
 
   const SweepContext& sweep_;
   const Work& work_;
+  AshaDriver* asha_;
   Scheduler scheduler_;
   ProcessSet<TrialRun> running_;
   bool any_failed_ = false;
   int interrupted_by_ = 0;
   std::map<int, int64_t> retries_used_;       // by work index
   std::map<int, dps::TrialRow> retry_rows_;  // the row a retry starts from
+  std::set<int> queued_;                     // given to the scheduler and not yet ended
+  std::set<int> given_up_;                   // failed in this run, retries spent
+  std::map<int, AshaJob> jobs_;              // the [search] scheduler's jobs, by work index
 };
 
 }  // namespace
@@ -271,7 +340,9 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options,
   Progress progress(stderr, isatty(fileno(stderr)), static_cast<int>(work.trials.size()),
                     work.epochs);
   const SweepContext sweep{store, experiment, options, progress, signals};
-  Runs runs(sweep, work);
+  std::optional<AshaDriver> asha;
+  if (experiment.search.asha()) asha.emplace(store, experiment.search, plan, work.trials);
+  Runs runs(sweep, work, asha ? &*asha : nullptr);
   int interrupted_by = 0;
   try {
     interrupted_by = runs.run();

@@ -38,13 +38,33 @@ std::string tail_text(const std::deque<std::string>& tail, size_t lines) {
   return out;
 }
 
+// The status a trial process's final record gives its trial (paused: at a [search] rung).
+dps::TrialStatus status_of(TrialRecord::Kind kind) {
+  using K = TrialRecord::Kind;
+  using S = dps::TrialStatus;
+  switch (kind) {
+    case K::done:
+      return S::done;
+    case K::diverged:
+      return S::diverged;
+    case K::skipped:
+      return S::skipped;
+    case K::stopped:
+      return S::stopped;
+    case K::paused:
+      return S::pruned;
+    default:
+      return S::failed;
+  }
+}
+
 // How long a launcher gets to end its processes on every host before it is killed.
 constexpr double kLauncherGrace = 5.0;
 
 }  // namespace
 
 TrialRun::TrialRun(const SweepContext& sweep, const TrialSpec& spec, const dps::TrialRow& row,
-                   int index, DeviceSet devices)
+                   int index, DeviceSet devices, int64_t stop_after)
     : store_(sweep.store),
       experiment_(sweep.experiment),
       options_(sweep.options),
@@ -53,7 +73,8 @@ TrialRun::TrialRun(const SweepContext& sweep, const TrialSpec& spec, const dps::
       spec_(spec),
       row_(row),
       index_(index),
-      devices_(std::move(devices)) {}
+      devices_(std::move(devices)),
+      stop_after_(stop_after) {}
 
 TrialRun::~TrialRun() = default;
 
@@ -70,6 +91,7 @@ TrialRequest TrialRun::request() const {
     request.run.threads = static_cast<int>(devices_.cores.size());
   request.checkpoint_dir = checkpoint_dir_;
   request.resume = resume_;
+  request.stop_after_epoch = stop_after_;
   return request;
 }
 
@@ -128,8 +150,10 @@ void TrialRun::prepare_checkpoints() {
   const CheckpointMode mode = parse_checkpoint_mode(spec_.settings[key::checkpoint]);
   const std::string dir = trial_checkpoint_dir(store_.path(), row_.id);
   if (mode != CheckpointMode::none) checkpoint_dir_ = dir;
-  const bool resumable =
-      row_.status == dps::TrialStatus::failed || row_.status == dps::TrialStatus::interrupted;
+  // A pruned trial resumes when a [search] scheduler promotes it.
+  const bool resumable = row_.status == dps::TrialStatus::failed ||
+                         row_.status == dps::TrialStatus::interrupted ||
+                         row_.status == dps::TrialStatus::pruned;
   const std::string name = "[" + std::to_string(index_) + "] " + trial_display_name(spec_);
   if (mode != CheckpointMode::none && resumable && !options_.run.restart) {
     std::string problem;
@@ -364,23 +388,7 @@ void TrialRun::decide(bool timed_out, TrialOutcome& out) {
     return;
   }
   if (final_) {
-    switch (final_->kind) {
-      case TrialRecord::Kind::done:
-        out.status = S::done;
-        break;
-      case TrialRecord::Kind::diverged:
-        out.status = S::diverged;
-        break;
-      case TrialRecord::Kind::skipped:
-        out.status = S::skipped;
-        break;
-      case TrialRecord::Kind::stopped:
-        out.status = S::stopped;
-        break;
-      default:
-        out.status = S::failed;
-        break;
-    }
+    out.status = status_of(final_->kind);
     out.message = final_->message;
     if (out.status == S::failed)
       out.message = explain_timeout(out.message, processes, child.failure_lines(), rank_hosts_);

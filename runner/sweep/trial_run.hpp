@@ -38,8 +38,10 @@ struct SweepContext {
 class TrialRun {
  public:
   /// devices: what the scheduler gave the trial (exclusive: the whole machine, nothing set).
+  /// stop_after: the epoch a [search] scheduler lets it run to (0: its epochs); the trial then
+  /// ends pruned, to be promoted or not.
   TrialRun(const SweepContext& sweep, const TrialSpec& spec, const dps::TrialRow& row, int index,
-           DeviceSet devices);
+           DeviceSet devices, int64_t stop_after = 0);
   ~TrialRun();
   TrialRun(const TrialRun&) = delete;
   TrialRun& operator=(const TrialRun&) = delete;
@@ -83,6 +85,7 @@ class TrialRun {
   dps::TrialRow row_;
   int index_;
   DeviceSet devices_;
+  int64_t stop_after_ = 0;
   std::string launch_text_;     // the command that started the trial process
   std::string checkpoint_dir_;  // "": none kept
   ResumePoint resume_;          // epoch 0: from scratch

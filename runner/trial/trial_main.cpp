@@ -316,6 +316,15 @@ TrialResult train(dp::Trainer& trainer, const TrialRequest& r, TrialSink& sink, 
   StopWatch watch(rule);
   watch.replay(r.resume.stop_history);
   const int64_t epochs = r.settings[key::epochs];
+  // A scheduler's rung already reached (a promotion claimed, then the runner died): nothing to
+  // train before it pauses again.
+  const int64_t stop_after = r.stop_after_epoch;
+  auto paused = [&](int64_t epoch) {
+    return TrialResult{TrialRecord::Kind::paused,
+                       "paused after epoch " + std::to_string(epoch) + " (a rung of [search])"};
+  };
+  if (stop_after > 0 && stop_after < epochs && first_epoch > stop_after)
+    return paused(first_epoch - 1);
   // Process 0 writes the checkpoints (every process holds the same model after a step).
   CheckpointWriter checkpoints(parse_checkpoint_mode(r.settings[key::checkpoint]),
                                rank == 0 ? r.checkpoint_dir : std::string(), r.resume);
@@ -351,6 +360,10 @@ TrialResult train(dp::Trainer& trainer, const TrialRequest& r, TrialSink& sink, 
             result = {TrialRecord::Kind::stopped, why};
             return false;
           }
+        }
+        if (stop_after > 0 && report.epoch >= stop_after && report.epoch < epochs) {
+          result = paused(report.epoch);
+          return false;
         }
         return true;
       },
@@ -512,6 +525,7 @@ int run_train(const TrialRequest& request) {
     case TrialRecord::Kind::done:
       return 0;
     case TrialRecord::Kind::stopped:
+    case TrialRecord::Kind::paused:
       std::fprintf(stderr, "dprun: %s\n", result.message.c_str());
       return 0;
     case TrialRecord::Kind::diverged:

@@ -126,6 +126,7 @@ int run_train_processes(TrialRequest request) {
     case TrialRecord::Kind::done:
       return 0;
     case TrialRecord::Kind::stopped:
+    case TrialRecord::Kind::paused:
       if (first) std::fprintf(stderr, "dprun: %s\n", result.message.c_str());
       return 0;
     case TrialRecord::Kind::error:

@@ -56,6 +56,7 @@ TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt&
   r.launch = s.text("launch");
   r.device_set = s.text("device_set");
   r.resumed_from_epoch = s.int64("resumed_from_epoch");
+  r.rung = s.is_null("rung") ? -1 : s.int64("rung");
   r.last_checkpoint_epoch = s.int64("last_checkpoint_epoch");
   r.epochs_done = s.int64("epochs_done");
   return r;

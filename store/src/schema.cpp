@@ -245,10 +245,14 @@ CREATE INDEX tasks_open ON tasks(state) WHERE state = 'submitted';
 //     statement in sqlite_schema is widened in place, as SQLite's documentation describes for
 //     constraint changes that no existing row can violate (lang_altertable.html, "Making Other
 //     Kinds Of Table Schema Changes"); the schema cookie is bumped so that other connections
-//     read the schema again (migrate()).
+//     read the schema again (migrate()). The ALTER TABLE comes first: SQLite edits the
+//     statement's text at offsets it parsed before, which the rewrite would move.
 //   attempts: one row per finished attempt at a trial (trials.attempts counts them): how it
 //     ended and why, when it ran, the checkpoint it continued from, the epochs it had then.
+//   trials.rung: under a [search] scheduler (asha), the rung the trial may run to (0: the first
+//     rung's epoch; a promotion raises it); NULL outside a scheduler.
 constexpr const char* kSchemaV5 = R"SQL(
+ALTER TABLE trials ADD COLUMN rung INTEGER;
 PRAGMA writable_schema = ON;
 UPDATE sqlite_schema
 SET sql = replace(sql, '''interrupted'', ''skipped'')',
@@ -328,6 +332,11 @@ int migrate(sqlite3* db, const std::string& path) {
       }
       const std::string bump = "PRAGMA schema_version = " + std::to_string(cookie + 1);
       SQLITE_CHECK(db, sqlite3_exec(db, bump.c_str(), nullptr, nullptr, nullptr));
+      Stmt check(db, "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'trials'");
+      if (!check.step() || check.text(0).find("'pruned'") == std::string::npos)
+        throw StoreError(path + ": migrating to schema version " + std::to_string(m.version) +
+                         ": the trials table's status check is not the one dprun wrote, so it "
+                         "could not be widened; nothing was changed");
     }
     // PRAGMA takes no bound parameters; the value is our own integer constant.
     const std::string set_version = "PRAGMA user_version = " + std::to_string(m.version);
@@ -338,14 +347,14 @@ int migrate(sqlite3* db, const std::string& path) {
 }
 
 const std::vector<std::string>& own_trial_columns() {
-  // The columns of `trials` the store defines itself (schema versions 1 to 4); every other
+  // The columns of `trials` the store defines itself (schema versions 1 to 5); every other
   // column records a setting. A migration that adds a column of the store's own must add it here.
   static const std::vector<std::string> columns = {
       "id",         "experiment_id", "config_hash", "ordinal",       "status",
       "error",      "attempts",      "backend",     "devices",       "oversubscribed",
       "host",       "dprun_version", "plugin_path", "plugin_sha256", "runner_pid",
       "created_at", "started_at",    "finished_at", "heartbeat_at",  "hosts",
-      "launch",     "device_set",    "resumed_from_epoch"};
+      "launch",     "device_set",    "resumed_from_epoch", "rung"};
   return columns;
 }
 

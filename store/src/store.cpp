@@ -390,6 +390,23 @@ void Store::heartbeat(int64_t trial_id) {
   txn.commit();
 }
 
+namespace {
+
+// The attempt that just ended, as the trial row now tells it (an attempt of a trial that never
+// started, attempts 0, is not one). Inside the caller's transaction.
+void record_attempt(sqlite3* db, int64_t trial_id) {
+  Stmt attempt(db,
+               "INSERT OR REPLACE INTO attempts (trial_id, attempt, status, error, started_at, "
+               "  finished_at, resumed_from_epoch, epochs_done) "
+               "SELECT id, attempts, status, error, started_at, finished_at, resumed_from_epoch, "
+               "  (SELECT COUNT(*) FROM epochs WHERE trial_id = ?1) "
+               "FROM trials WHERE id = ?1 AND attempts >= 1");
+  attempt.bind(1, trial_id);
+  attempt.run();
+}
+
+}  // namespace
+
 void Store::finish_trial(int64_t trial_id, TrialStatus status, const std::string& error) {
   if (status == TrialStatus::pending || status == TrialStatus::running) {
     throw StoreError(impl_->path + ": finish_trial: " + status_name(status) +
@@ -405,17 +422,22 @@ void Store::finish_trial(int64_t trial_id, TrialStatus status, const std::string
   if (sqlite3_changes(db) == 0) {
     throw StoreError(impl_->path + ": finish_trial: no trial with id " + std::to_string(trial_id));
   }
-  // The attempt that ended, as the trial row now tells it (an attempt of a trial that never
-  // started, attempts 0, is not one).
-  Stmt attempt(db,
-               "INSERT OR REPLACE INTO attempts (trial_id, attempt, status, error, started_at, "
-               "  finished_at, resumed_from_epoch, epochs_done) "
-               "SELECT id, attempts, status, error, started_at, finished_at, resumed_from_epoch, "
-               "  (SELECT COUNT(*) FROM epochs WHERE trial_id = ?1) "
-               "FROM trials WHERE id = ?1 AND attempts >= 1");
-  attempt.bind(1, trial_id);
-  attempt.run();
+  record_attempt(db, trial_id);
   txn.commit();
+}
+
+void Store::set_rung(int64_t trial_id, int64_t rung) {
+  sqlite3* db = impl_->db;
+  Stmt up(db, "UPDATE trials SET rung = ?2 WHERE id = ?1");
+  up.bind(1, trial_id);
+  if (rung >= 0) {
+    up.bind(2, rung);
+  } else {
+    up.bind_null(2);
+  }
+  up.run();
+  if (sqlite3_changes(db) == 0)
+    throw StoreError(impl_->path + ": set_rung: no trial with id " + std::to_string(trial_id));
 }
 
 int Store::recover_stale(int64_t experiment_id, double stale_seconds) {
@@ -454,8 +476,10 @@ int Store::recover_stale(int64_t experiment_id, double stale_seconds) {
     up.bind(1, t.id).bind(2, "runner stopped without finishing this trial (pid " +
                                  std::to_string(t.pid) + ")" + t.reason);
     up.run();
-    count += sqlite3_changes(db);
+    const int changed = sqlite3_changes(db);
     sqlite3_reset(up.get());
+    if (changed > 0) record_attempt(db, t.id);
+    count += changed;
   }
   txn.commit();
   return count;

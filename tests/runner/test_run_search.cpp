@@ -157,3 +157,159 @@ TEST_CASE("dprun plan shows the values a sampled search drew", "[cli][search]") 
     ++shown;
   CHECK(shown == 4);
 }
+
+namespace {
+
+// Nine LeNet trials under asha (eta 3, the first rung at epoch 1, 3 epochs each) on a validation
+// split: every trial runs epoch 1, those in the top third there go on to epoch 3.
+const char* kAsha =
+    "validation = 128\n"
+    "[search]\nscheduler = \"asha\"\neta = 3\nmin_epochs = 1\n";
+const char* kLrs = "lr = [0.01, 0.03, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5]";
+
+struct AshaSweep : Sweep {
+  AshaSweep(const std::string& name, const std::string& data) : Sweep(name, data, kAsha, 3) {
+    std::string toml = clitest::slurp(file);
+    toml.replace(toml.find("gpus = [1]"), 10, kLrs);
+    clitest::write_file(file, toml);
+  }
+  // (ordinal, status, epochs recorded, rung) of every trial.
+  std::vector<std::vector<std::string>> trials() const {
+    return sql(db,
+               "SELECT t.ordinal, t.status, (SELECT COUNT(*) FROM epochs e WHERE e.trial_id = "
+               "t.id), t.rung FROM trials t ORDER BY t.ordinal");
+  }
+};
+
+// Every trial ran to the first rung; the top third there (by val_acc, the earlier trial on ties)
+// were promoted and ran to the end; the others stayed pruned with one epoch.
+void check_asha_outcome(const AshaSweep& s) {
+  const auto rows = s.trials();
+  REQUIRE(rows.size() == 9);
+  size_t done = 0;
+  for (const auto& r : rows) {
+    INFO("trial " << r[0] << ": " << r[1] << ", " << r[2] << " epochs, rung " << r[3]);
+    if (r[1] == "done") {
+      ++done;
+      CHECK(r[2] == "3");
+      CHECK(r[3] == "1");
+    } else {
+      CHECK(r[1] == "pruned");
+      CHECK(r[2] == "1");
+      CHECK(r[3] == "0");
+    }
+  }
+  CHECK(done >= 3);
+  CHECK(done < 9);
+  const auto top = sql(s.db,
+                       "SELECT t.status FROM trials t JOIN epochs e ON e.trial_id = t.id AND "
+                       "e.epoch = 1 ORDER BY e.val_acc DESC, t.ordinal LIMIT 3");
+  for (const auto& r : top) CHECK(r[0] == "done");
+}
+
+}  // namespace
+
+TEST_CASE("asha: trials pause at a rung, the best go on, and a promoted trial computes the bits "
+          "of a straight run",
+          "[cli][search][asha]") {
+  DPRUN_NEED_DATA(data);
+  AshaSweep s("asha", data);
+  auto r = run({"plan", s.file, "--db", s.db}, s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("asha: run to the first rung") != std::string::npos);
+  r = run(s.args(), s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  check_asha_outcome(s);
+  CHECK(r.err.find("promoted to rung 1 (to epoch 3)") != std::string::npos);
+  const std::string epochs = s.one("SELECT COUNT(*) FROM epochs");
+  CHECK(std::stoi(epochs) < 27);  // the budget of running every trial to the end
+
+  // A promoted trial resumed from its rung's checkpoint: the same epochs as running straight.
+  const std::string lr = s.one("SELECT lr FROM trials WHERE status = 'done' ORDER BY ordinal LIMIT 1");
+  const std::string id = s.one("SELECT id FROM trials WHERE status = 'done' ORDER BY ordinal LIMIT 1");
+  CHECK(s.one("SELECT resumed_from_epoch FROM trials WHERE id = " + id) == "1");
+  Sweep straight("straight", data, "validation = 128", 3);
+  std::string toml = clitest::slurp(straight.file);
+  toml.replace(toml.find("gpus = [1]"), 10, "lr = [" + lr + "]");
+  clitest::write_file(straight.file, toml);
+  r = run(straight.args(), straight.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(sql(s.db, "SELECT epoch, train_loss, val_acc, test_acc FROM epochs WHERE trial_id = " + id +
+                      " ORDER BY epoch") ==
+        sql(straight.db, "SELECT epoch, train_loss, val_acc, test_acc FROM epochs ORDER BY epoch"));
+
+  // A re-run has nothing left to decide.
+  r = run(s.args(), s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  INFO(r.err);
+  CHECK(r.err.find("promoted") == std::string::npos);
+  check_asha_outcome(s);
+}
+
+TEST_CASE("asha: kill -9 of the runner during a promotion, then a re-run: nothing promoted twice "
+          "or lost",
+          "[cli][search][asha]") {
+  DPRUN_NEED_DATA(data);
+  AshaSweep s("asha_kill", data);
+  // Only a promoted trial reaches epoch 2, where it hangs until the runner is killed.
+  clitest::Dprun runner(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@2"});
+  REQUIRE(runner.pid() > 0);
+  REQUIRE(clitest::wait_until([&] {
+    try {
+      return sql1(s.db, "SELECT COUNT(*) FROM epochs WHERE epoch = 2") == "1";
+    } catch (const std::exception&) {
+      return false;  // not created yet
+    }
+  }));
+  ::kill(runner.pid(), SIGKILL);
+  const auto killed = runner.wait();
+  CHECK(killed.term_signal == SIGKILL);
+  const std::string victim = s.one("SELECT trial_id FROM epochs WHERE epoch = 2");
+  CHECK(s.one("SELECT status FROM trials WHERE id = " + victim) == "running");
+  CHECK(s.one("SELECT rung FROM trials WHERE id = " + victim) == "1");
+
+  auto r = run(s.args(), s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  check_asha_outcome(s);
+  CHECK(s.one("SELECT status FROM trials WHERE id = " + victim) == "done");
+  CHECK(s.one("SELECT resumed_from_epoch FROM trials WHERE id = " + victim) == "2");
+  // Its attempts: to the first rung, the promotion the kill cut short, the resumed one.
+  CHECK(sql(s.db, "SELECT attempt, status, epochs_done FROM attempts WHERE trial_id = " + victim +
+                      " ORDER BY attempt") ==
+        std::vector<std::vector<std::string>>{
+            {"1", "pruned", "1"}, {"2", "interrupted", "2"}, {"3", "done", "3"}});
+  // Each promotion was made once: the promoted trials are the done ones, each announced once
+  // over both runs (the victim's continuation is a resume, not a second promotion).
+  const std::string both = killed.err + r.err;
+  size_t promotions = 0;
+  for (size_t at = both.find("promoted to rung"); at != std::string::npos;
+       at = both.find("promoted to rung", at + 1))
+    ++promotions;
+  CHECK(std::to_string(promotions) == s.one("SELECT COUNT(*) FROM trials WHERE status = 'done'"));
+}
+
+TEST_CASE("experiments/search.toml plans 16 sampled trials under asha", "[cli][search]") {
+  dptest::TempDir dir;
+  const std::string file = std::string(DPRUN_TEST_SOURCE_DIR) + "/experiments/search.toml";
+  auto r = run({"plan", file, "--db", dir.path() + "/search.db"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(r.out.find("experiment search: 16 trials") != std::string::npos);
+  CHECK(r.out.find("16 to run, 0 to skip") != std::string::npos);
+  CHECK(r.out.find("asha: run to the first rung") != std::string::npos);
+}
+
+TEST_CASE("asha: two runners on one database share the work, each promotion made once",
+          "[cli][search][asha]") {
+  DPRUN_NEED_DATA(data);
+  AshaSweep s("asha_two", data);
+  clitest::Dprun a(s.args(), s.dir.path(), {}, "a");
+  clitest::Dprun b(s.args(), s.dir.path(), {}, "b");
+  const auto ra = a.wait(), rb = b.wait();
+  DPRUN_CHECK_EXIT(ra, 0);
+  DPRUN_CHECK_EXIT(rb, 0);
+  check_asha_outcome(s);
+  // A trial is started to the first rung once and promoted at most once: one attempt per rung
+  // it was sent to (nothing was interrupted here).
+  for (const auto& row : sql(s.db, "SELECT attempts, rung FROM trials"))
+    CHECK(std::stoi(row[0]) == std::stoi(row[1]) + 1);
+}

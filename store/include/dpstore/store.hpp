@@ -81,6 +81,8 @@ struct TrialRow {
   std::string device_set;          // the GPUs or cores --jobs gave it ("gpus 2,3"); "": the machine
   int64_t resumed_from_epoch = 0;  // the checkpoint its last attempt continued from; 0: epoch 1
   int64_t last_checkpoint_epoch = 0;  // the epoch of its 'last' checkpoint; 0: none
+  /// Under a [search] scheduler (schema 5): the rung it may run to; -1: none (NULL).
+  int64_t rung = -1;
 };
 
 struct EpochRow {
@@ -289,6 +291,8 @@ class Store {
   void finish_trial(int64_t trial_id, TrialStatus status, const std::string& error = "");
   /// The finished attempts at a trial, oldest first (empty on a database older than schema 5).
   std::vector<AttemptRow> attempts(int64_t trial_id);
+  /// Sets the rung a trial may run to under a [search] scheduler (-1: none).
+  void set_rung(int64_t trial_id, int64_t rung);
   /// Trials left `running` whose runner process is gone (pid not alive on this host) or whose
   /// heartbeat is older than `stale_seconds` become `interrupted`. Returns how many.
   int recover_stale(int64_t experiment_id, double stale_seconds);
