@@ -363,7 +363,9 @@ std::vector<Trainer::Impl::EvalResult> Trainer::Impl::evaluate_all() {
   std::vector<EvalResult> out(sets);
   for (size_t set = 0; set < sets; ++set) {
     const auto n = static_cast<double>(eval_meta[set].count);
-    if (n > 0) out[set] = {totals[2 * set] / n, totals[2 * set + 1] / n};
+    // An empty set has no loss (NaN: no stopping rule may read it as perfect).
+    out[set] = n > 0 ? EvalResult{totals[2 * set] / n, totals[2 * set + 1] / n}
+                     : EvalResult{0.0, std::numeric_limits<double>::quiet_NaN()};
   }
   return out;
 }

@@ -67,7 +67,7 @@ struct Trainer::Impl {
 
   /// What an evaluation of one set found over every replica.
   struct EvalResult {
-    double acc = 0, loss = 0;  // 0 for an empty set
+    double acc = 0, loss = 0;  // an empty set: accuracy 0, loss NaN
   };
 
   TrainerOptions options;

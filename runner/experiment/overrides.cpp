@@ -14,7 +14,9 @@ namespace {
 void merge(toml::table& into, toml::table& from) {
   for (auto&& [k, v] : from) {
     auto* mine = into.get(k.str());
-    if (v.is_table() && mine != nullptr && mine->is_table()) {
+    // A distribution ({log_uniform = [...]}) is one value: it replaces, it does not merge.
+    if (v.is_table() && mine != nullptr && mine->is_table() && !is_distribution(v) &&
+        !is_distribution(*mine)) {
       merge(*mine->as_table(), *v.as_table());
       continue;
     }
@@ -33,6 +35,17 @@ std::vector<std::string> key_path(const toml::table& doc) {
     t = it->second.as_table();
   }
   return path;
+}
+
+// Whether a table of [sweep] (or a zip group) sets `key` ("lr", or "stop.patience": quoted, or
+// as nested tables).
+bool sets_key(const toml::table& t, const std::string& key) {
+  if (t.contains(key)) return true;
+  const auto dot = key.find('.');
+  if (dot == std::string::npos) return false;
+  const auto* inner = t.get(key.substr(0, dot));
+  return inner != nullptr && inner->is_table() && !is_distribution(*inner) &&
+         sets_key(*inner->as_table(), key.substr(dot + 1));
 }
 
 std::string toml_string(const std::string& text) {
@@ -78,16 +91,19 @@ void apply_overrides(toml::table& root, const std::vector<std::string>& override
     const std::vector<std::string> path = key_path(doc);
     // A [train] value is replaced by a [sweep] one: an override of train.X the file sweeps
     // would change nothing, so say where to put it.
-    if (path.size() == 2 && path[0] == "train") {
+    if (path.size() >= 2 && path[0] == "train") {
+      std::string key = path[1];  // a setting, or a group's (stop.patience)
+      for (size_t i = 2; i < path.size(); ++i) key += "." + path[i];
       const toml::table* sweep = root["sweep"].as_table();
-      bool swept = sweep != nullptr && sweep->contains(path[1]);
+      bool swept = sweep != nullptr && sets_key(*sweep, key);
       if (const auto* zip = sweep ? (*sweep)["zip"].as_array() : nullptr)
         for (const auto& group : *zip)
-          if (const auto* g = group.as_table(); g != nullptr && g->contains(path[1])) swept = true;
+          if (const auto* g = group.as_table(); g != nullptr && sets_key(*g, key)) swept = true;
       if (swept) {
-        diag.add(here, "train." + path[1],
-                 "the file sweeps " + path[1] + " in [sweep], which replaces [train]'s value: "
-                 "override the sweep instead, e.g. --set sweep." + path[1] + "=[...]");
+        const std::string as_sweep = key.find('.') == std::string::npos ? key : quoted(key);
+        diag.add(here, "train." + key,
+                 "the file sweeps " + key + " in [sweep], which replaces [train]'s value: "
+                 "override the sweep instead, e.g. --set 'sweep." + as_sweep + "=[...]'");
         continue;
       }
     }

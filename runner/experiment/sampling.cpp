@@ -26,8 +26,8 @@ uint64_t fnv1a64(const std::string& s) {
   return h;
 }
 
-// Six significant digits: what a draw is shown and stored as, and what keeps a draw the same
-// where two libraries' exp() or log() differ in the last bit.
+// Six significant digits: what a draw is shown and stored as. It also hides a last-bit difference
+// between two libraries' exp() or log(), except for a value that falls on a rounding boundary.
 double six_digits(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", x);

@@ -24,8 +24,8 @@ struct StopRule {
 /// The rule of a trial's settings, stop.metric "auto" resolved (val_acc with a validation split,
 /// else test_acc).
 StopRule stop_rule(const TrialSettings& settings);
-/// The metric that selects among trials (the report's best, [search] schedulers): the trial's
-/// stop.metric when set, else val_acc with a validation split, else test_acc.
+/// The metric a trial's stopping rule watches: its stop.metric when set, else val_acc with a
+/// validation split, else test_acc. (The report and the "best" checkpoint still go by test_acc.)
 std::string selection_metric(const TrialSettings& settings);
 /// Whether a larger value of this epoch metric is better (accuracies) or a smaller (losses).
 bool higher_is_better(const std::string& metric);

@@ -27,7 +27,13 @@ int64_t stop_epoch(const AshaTrial& t, int64_t rung, int64_t min_epochs, int64_t
 
 bool never_runs(dps::TrialStatus s) {
   using S = dps::TrialStatus;
-  return s == S::done || s == S::stopped || s == S::diverged || s == S::skipped;
+  return s == S::done || s == S::stopped;
+}
+
+// Runs again from the start, as a run without a scheduler does with them.
+bool starts_again(dps::TrialStatus s) {
+  using S = dps::TrialStatus;
+  return s == S::diverged || s == S::skipped;
 }
 
 }  // namespace
@@ -38,7 +44,9 @@ std::optional<AshaJob> next_asha_job(const std::vector<AshaTrial>& trials, int64
   // A trial sent to a rung that did not get there goes on towards it.
   for (size_t i = 0; i < trials.size(); ++i) {
     const AshaTrial& t = trials[i];
-    if (t.busy || t.rung < 0 || never_runs(t.status) || t.status == S::pruned) continue;
+    if (t.busy || t.rung < 0 || never_runs(t.status) || starts_again(t.status) ||
+        t.status == S::pruned)
+      continue;
     return AshaJob{i, t.rung, stop_epoch(t, t.rung, min_epochs, eta), AshaJob::Kind::resume,
                    t.status};
   }
@@ -66,10 +74,11 @@ std::optional<AshaJob> next_asha_job(const std::vector<AshaTrial>& trials, int64
                      AshaJob::Kind::promotion, t.status};
     }
   }
-  // A trial not started yet.
+  // A trial not started yet, or one that diverged or was skipped (from the start again).
   for (size_t i = 0; i < trials.size(); ++i) {
     const AshaTrial& t = trials[i];
-    if (t.busy || t.rung >= 0 || never_runs(t.status) || t.status == S::pruned) continue;
+    if (t.busy || never_runs(t.status) || t.status == S::pruned) continue;
+    if (t.rung >= 0 && !starts_again(t.status)) continue;
     return AshaJob{i, 0, stop_epoch(t, 0, min_epochs, eta), AshaJob::Kind::start, t.status};
   }
   return std::nullopt;

@@ -48,8 +48,9 @@ struct AshaJob {
 /// there (failed, interrupted) resumes towards it; then promotions, from the highest rung down:
 /// at rung k the trials with a value at its epoch are ranked (best first, earlier trial on ties),
 /// and a pruned trial at rung k among the first floor(n / eta) is promoted to k + 1; then the
-/// first trial never started starts towards rung 0. Done, stopped, diverged and skipped trials
-/// are never run, but their values count in the rankings.
+/// first trial never started, or diverged or skipped before (from the start again, as a run
+/// without a scheduler does), starts towards rung 0. Done and stopped trials are never run; the
+/// values of every trial count in the rankings.
 std::optional<AshaJob> next_asha_job(const std::vector<AshaTrial>& trials, int64_t min_epochs,
                                      int64_t eta, bool higher_is_better);
 

@@ -83,13 +83,33 @@ Scheduler::Scheduler(DeviceInventory inventory, int max_jobs)
       gpu_busy_(inventory_.gpus.size(), false),
       core_busy_(inventory_.cores.size(), false) {}
 
-void Scheduler::add(int id, DeviceNeed need) {
+DeviceNeed Scheduler::clamped(DeviceNeed need) const {
   const size_t have =
       need.kind == DeviceKind::gpu ? inventory_.gpus.size() : inventory_.cores.size();
   // A trial larger than the machine gets all of it, as it would without --jobs (a CUDA trial
   // then decides itself: skipped, or --oversubscribe).
   need.count =
       static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(need.count, 0)), have));
+  return need;
+}
+
+bool Scheduler::could_start_any() const {
+  if (max_jobs_ > 0 && running() >= max_jobs_) return false;
+  if (!running_.empty() && running_.front().second.exclusive) return false;
+  if (inventory_.gpus.empty() && inventory_.cores.empty()) return running_.empty();
+  return std::find(gpu_busy_.begin(), gpu_busy_.end(), false) != gpu_busy_.end() ||
+         std::find(core_busy_.begin(), core_busy_.end(), false) != core_busy_.end();
+}
+
+bool Scheduler::fits_now(const DeviceNeed& need) const {
+  if (max_jobs_ > 0 && running() >= max_jobs_) return false;
+  Scheduler trial = *this;  // take() marks devices busy: try it on a copy
+  DeviceSet set;
+  return trial.take(clamped(need), set);
+}
+
+void Scheduler::add(int id, DeviceNeed need) {
+  need = clamped(need);
   // Largest first; among equals, the order of the sweep (stable).
   auto size = [](const DeviceNeed& n) { return n.exclusive ? INT64_MAX : int64_t{n.count}; };
   auto at = std::find_if(waiting_.begin(), waiting_.end(),

@@ -53,6 +53,11 @@ class Scheduler {
   std::vector<std::pair<int, DeviceSet>> start_now();
   /// The trial ended (or never ran): its devices are free again.
   void release(int id);
+  /// Whether a trial could start now (a free job slot and a free device of some kind): a cheap
+  /// test before deciding what to run next.
+  bool could_start_any() const;
+  /// Whether a trial with this need would start now if added (nothing is taken).
+  bool fits_now(const DeviceNeed& need) const;
 
   bool waiting() const { return !waiting_.empty(); }
   int running() const { return static_cast<int>(running_.size()); }
@@ -64,6 +69,7 @@ class Scheduler {
     DeviceNeed need;
   };
   bool take(const DeviceNeed& need, DeviceSet& set);
+  DeviceNeed clamped(DeviceNeed need) const;
 
   DeviceInventory inventory_;
   int max_jobs_;

@@ -129,9 +129,11 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
     if (!trial_matches(spec, options.filters)) {
       p.action = TrialAction::skip;
       p.why = "filtered out";
+      p.eligible = false;
     } else if (auto task = elsewhere.find(spec.config_hash); task != elsewhere.end()) {
       p.action = TrialAction::skip;
       p.why = "submitted: " + task->second;
+      p.eligible = false;
     } else if (!p.row) {
       p.why = experiment.search.asha() ? "asha: run to the first rung" : "new";
     } else {
@@ -202,6 +204,13 @@ Experiment load_sweep(const SweepOptions& options) {
   parse.overrides = options.overrides;
   if (options.settings) parse.settings = options.settings;
   Experiment experiment = load_experiment(options.file, catalog, parse);
+  // Under asha a trial's epochs are the rungs' rankings: rerunning a done trial or restarting a
+  // paused one at epoch 1 would pull its values out of them while it runs.
+  if (experiment.search.asha() && (options.run.rerun || options.run.restart))
+    throw UsageError(std::string(options.run.rerun ? "--rerun" : "--restart") +
+                     " does not go with [search] scheduler = \"asha\" (" + options.file +
+                     "): its trials' epochs are the rungs' rankings; give the experiment another "
+                     "name to search again from scratch");
   // Unknown filter keys are command-line errors, found before anything runs.
   if (!experiment.trials.empty()) trial_matches(experiment.trials.front(), options.filters);
   // option.NAME must be an option of a model of this sweep: a misspelt one would silently

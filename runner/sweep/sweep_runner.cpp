@@ -124,10 +124,11 @@ struct Work {
   int64_t epochs = 0;
 };
 
-Work work_of(const std::vector<PlannedTrial>& plan) {
+/// asha: every trial the scheduler may run (it decides, from the database, what runs).
+Work work_of(const std::vector<PlannedTrial>& plan, bool asha) {
   Work w;
   for (const auto& p : plan)
-    if (p.action == TrialAction::run) {
+    if (asha ? p.eligible : p.action == TrialAction::run) {
       w.trials.push_back(&p);
       w.epochs += p.spec->settings[key::epochs];
     }
@@ -191,16 +192,21 @@ class Runs {
                                   sweep_.options, scheduler_.inventory()));
   }
 
-  /// Starts what fits; under a [search] scheduler, asks it for jobs while the devices take them.
+  /// Starts what fits; under a [search] scheduler, asks it for a job whenever a device is free,
+  /// and starts it at once: a decision is never parked to run later on stale rankings.
   int feed_and_start() {
     int started = start_what_fits();
     if (asha_ == nullptr) return started;
-    while (!scheduler_.waiting()) {
+    while (!scheduler_.waiting() && scheduler_.could_start_any()) {
       std::set<int> busy = queued_;
       busy.insert(given_up_.begin(), given_up_.end());
       const auto job = asha_->next(busy);
       if (!job) break;
       const int i = static_cast<int>(job->trial);
+      const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
+      if (!scheduler_.fits_now(device_need(*p.spec, sweep_.experiment, sweep_.options,
+                                           scheduler_.inventory())))
+        break;  // decided again when devices are free
       jobs_[i] = *job;
       queue(i);
       started += start_what_fits();
@@ -259,8 +265,11 @@ class Runs {
     if (retry(i, out)) return;
     queued_.erase(i);
     jobs_.erase(i);
-    // The scheduler would send a failed trial back towards its rung: it has had its tries.
-    if (out.status == dps::TrialStatus::failed) given_up_.insert(i);
+    // The scheduler would send a failed trial back towards its rung, and start a diverged or
+    // skipped one again: once per run is what a run without it does too.
+    if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged ||
+        out.status == dps::TrialStatus::skipped)
+      given_up_.insert(i);
     if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
       any_failed_ = true;
   }
@@ -329,10 +338,14 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options,
         store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, to_store(spec.settings));
   }
   const auto plan = plan_trials(experiment, stored, options, elsewhere);
-  const Work work = work_of(plan);
-  std::fprintf(stderr, "dprun: experiment %s: %zu trial%s, %zu to run, database %s\n",
+  const Work work = work_of(plan, experiment.search.asha());
+  const auto to_run = std::count_if(plan.begin(), plan.end(), [](const PlannedTrial& p) {
+    return p.action == TrialAction::run;
+  });
+  std::fprintf(stderr, "dprun: experiment %s: %zu trial%s, %zu to run%s, database %s\n",
                experiment.name.c_str(), plan.size(), plan.size() == 1 ? "" : "s",
-               work.trials.size(), db.c_str());
+               static_cast<size_t>(to_run),
+               experiment.search.asha() ? " (asha decides how far)" : "", db.c_str());
 
   // A child that dies while we write its request must not kill the runner.
   signal(SIGPIPE, SIG_IGN);

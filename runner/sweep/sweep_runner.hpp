@@ -50,6 +50,9 @@ struct PlannedTrial {
   std::optional<dps::TrialRow> row;  // the stored trial, when there is one
   TrialAction action = TrialAction::run;
   std::string why;  // "new", "done", "failed", "filtered out", ...
+  /// Not filtered out and not held by a Slurm task: a [search] scheduler may run it (whatever
+  /// the action, which is what a run without a scheduler would do).
+  bool eligible = true;
   /// "run", "skip: done", "restart: interrupted", "rerun: failed", "resume after epoch 3:
   /// failed", ...
   std::string describe() const;

@@ -318,6 +318,9 @@ int migrate(sqlite3* db, const std::string& path) {
                        "schema version); give a new file name or an existing dprun database");
     }
   }
+  // Version 5 edits sqlite_schema, which SQLite's defensive mode (off by default, but a build
+  // may turn it on) forbids; this connection is dprun's own.
+  SQLITE_CHECK(db, sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 0, nullptr));
   for (const Migration& m : kMigrations) {
     if (m.version <= found) continue;
     SQLITE_CHECK(db, sqlite3_exec(db, m.sql, nullptr, nullptr, nullptr));

@@ -393,10 +393,12 @@ void Store::heartbeat(int64_t trial_id) {
 namespace {
 
 // The attempt that just ended, as the trial row now tells it (an attempt of a trial that never
-// started, attempts 0, is not one). Inside the caller's transaction.
+// started, attempts 0, is not one). Inside the caller's transaction. An attempt already recorded
+// stays as it is: a runner that died between claiming a trial and starting its attempt leaves
+// the attempt count of the one before, whose row must not be overwritten.
 void record_attempt(sqlite3* db, int64_t trial_id) {
   Stmt attempt(db,
-               "INSERT OR REPLACE INTO attempts (trial_id, attempt, status, error, started_at, "
+               "INSERT OR IGNORE INTO attempts (trial_id, attempt, status, error, started_at, "
                "  finished_at, resumed_from_epoch, epochs_done) "
                "SELECT id, attempts, status, error, started_at, finished_at, resumed_from_epoch, "
                "  (SELECT COUNT(*) FROM epochs WHERE trial_id = ?1) "

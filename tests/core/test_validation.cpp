@@ -68,6 +68,7 @@ TEST_CASE("the trainer evaluates a validation set as it evaluates the test set",
           "[trainer][validation]") {
   const auto train = enginetest::synthetic_dataset(200, 41);
   const auto test = enginetest::synthetic_dataset(77, 42);
+  const auto validation = enginetest::synthetic_dataset(53, 43);
   dp::TrainerOptions o;
   o.replicas = 2;
   o.batch_size = 50;
@@ -78,37 +79,37 @@ TEST_CASE("the trainer evaluates a validation set as it evaluates the test set",
   o.lr.base = 0.1;
   SECTION("eager") {}
   SECTION("graphs") { o.graphs = true; }
-  // The test set given as the validation set too: the same numbers, bit for bit.
-  dp::Trainer t(o, enginetest::small_bn_net, train, test, &test);
-  std::vector<dp::EpochReport> reports;
-  t.fit([&](const dp::EpochReport& e) {
-    reports.push_back(e);
-    return true;
-  });
-  REQUIRE(reports.size() == 2);
-  for (const auto& e : reports) {
-    CHECK(e.val_acc == e.test_acc);
-    CHECK(e.val_loss == e.test_loss);
-    CHECK(e.val_examples == 77);
-    CHECK(e.test_loss > 0);
-    CHECK(std::isfinite(e.test_loss));
+  auto fit = [&](const dp::Dataset& test_set, const dp::Dataset* validation_set) {
+    dp::Trainer t(o, enginetest::small_bn_net, train, test_set, validation_set);
+    std::vector<dp::EpochReport> reports;
+    t.fit([&](const dp::EpochReport& e) {
+      reports.push_back(e);
+      return true;
+    });
+    return reports;
+  };
+  const auto both = fit(test, &validation);
+  // The validation set as a trainer's test set: its numbers must be those reported as val_*.
+  const auto as_test = fit(validation, nullptr);
+  const auto plain = fit(test, nullptr);
+  REQUIRE(both.size() == 2);
+  REQUIRE(as_test.size() == 2);
+  REQUIRE(plain.size() == 2);
+  for (size_t e = 0; e < both.size(); ++e) {
+    INFO("epoch " << e + 1);
+    CHECK(both[e].val_acc == as_test[e].test_acc);
+    CHECK(both[e].val_loss == as_test[e].test_loss);
+    CHECK(both[e].val_examples == 53);
+    // The test set's numbers do not change with a validation set beside it.
+    CHECK(both[e].test_acc == plain[e].test_acc);
+    CHECK(both[e].test_loss == plain[e].test_loss);
+    CHECK(both[e].train_loss == plain[e].train_loss);
+    CHECK(std::isnan(plain[e].val_acc));
+    CHECK(std::isnan(plain[e].val_loss));
+    CHECK(both[e].test_loss > 0);
   }
   // Learning shows in the loss the evaluation computes.
-  CHECK(reports[1].test_loss < reports[0].test_loss);
-
-  // Without a validation set: NaN, and the test numbers do not change.
-  dp::Trainer plain(o, enginetest::small_bn_net, train, test);
-  std::vector<dp::EpochReport> plain_reports;
-  plain.fit([&](const dp::EpochReport& e) {
-    plain_reports.push_back(e);
-    return true;
-  });
-  for (size_t i = 0; i < plain_reports.size(); ++i) {
-    CHECK(std::isnan(plain_reports[i].val_acc));
-    CHECK(std::isnan(plain_reports[i].val_loss));
-    CHECK(plain_reports[i].test_acc == reports[i].test_acc);
-    CHECK(plain_reports[i].test_loss == reports[i].test_loss);
-  }
+  CHECK(both[1].test_loss < both[0].test_loss);
 }
 
 TEST_CASE("a validation set of another shape is refused", "[trainer][validation]") {

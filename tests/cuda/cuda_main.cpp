@@ -48,7 +48,9 @@ int main(int argc, char** argv) {
   setenv("DPRUN_CACHE_DIR", choices.path().c_str(), 1);
   std::printf("test_cuda: cuDNN choices measured into %s (removed at exit)\n",
               choices.path().c_str());
-  const int rc = dptest::run_catch(argc, argv);
+  const dptest::CatchRun run = dptest::run_catch(argc, argv);
+  if (run.listing) return run.result;
+  const int rc = run.result;
   cudatest::backends_slot().reset();
   // 1 for any failure (Catch2 counts failed assertions: 77 of them would read as skipped).
   return dptest::session_exit_code(rc);

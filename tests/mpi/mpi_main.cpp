@@ -30,7 +30,9 @@ int main(int argc, char** argv) {
   }
   auto group = dp::make_mpi_process_group();
   mpitest::the_group = group.get();
-  const int failed = dptest::run_catch(argc, argv);
+  const dptest::CatchRun run = dptest::run_catch(argc, argv);
+  if (run.listing) return run.result;
+  const int failed = run.result;
   double failures = failed != 0 ? 1 : 0;
   try {
     group->allreduce_sum(&failures, 1);

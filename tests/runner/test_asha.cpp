@@ -106,6 +106,13 @@ TEST_CASE("asha: a trial sent to a rung that failed or was interrupted resumes f
   CHECK(job->trial == 2);  // 4 reached rung 0: top 1 is the done trial, so no promotion
   CHECK(job->kind == AshaJob::Kind::start);
   t[2].busy = true;
+  // A diverged trial starts again from the start, as a run without a scheduler does.
+  job = dprun::next_asha_job(t, 1, 3, true);
+  REQUIRE(job);
+  CHECK(job->trial == 3);
+  CHECK(job->rung == 0);
+  CHECK(job->expected == S::diverged);
+  t[3].busy = true;
   CHECK_FALSE(dprun::next_asha_job(t, 1, 3, true));
 }
 

@@ -95,7 +95,20 @@ TEST_CASE("overrides (--set) are checked as the file's, and errors name the over
   errors = override_errors(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\nlr = [0.1, 0.2]\n",
                            {"train.lr=0.3"});
   REQUIRE(errors.size() == 1);
-  CHECK_THAT(errors[0].what(), Catch::Contains("override the sweep instead, e.g. --set sweep.lr"));
+  CHECK_THAT(errors[0].what(), Catch::Contains("override the sweep instead, e.g. --set 'sweep.lr"));
+  // The same for a key of a group of settings, however the file writes it.
+  errors = override_errors(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\n\"stop.patience\" = [1, 2]\n",
+                           {"train.stop.patience=3"});
+  REQUIRE(errors.size() == 1);
+  CHECK_THAT(errors[0].what(), Catch::Contains("the file sweeps stop.patience"));
+  // A distribution given by --set replaces the file's, it is not merged into it.
+  const dprun::Experiment swapped = parse(
+      kHead + "[train]\nmodel = \"lenet\"\n[search]\nsamples = 4\n[sweep]\n"
+              "lr = {log_uniform = [0.001, 1.0]}\n",
+      with_sets({"sweep.lr={choice=[0.1, 0.2]}"}));
+  REQUIRE(swapped.trials.size() == 2);  // 4 draws of two values: the two trials
+  for (const auto& t : swapped.trials)
+    CHECK((t.settings.number("lr") == 0.1 || t.settings.number("lr") == 0.2));
 }
 
 // ---- sampled search ---------------------------------------------------------------------------

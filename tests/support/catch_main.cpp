@@ -8,5 +8,6 @@
 #include "support/check.hpp"
 
 int main(int argc, char** argv) {
-  return dptest::session_exit_code(dptest::run_catch(argc, argv));
+  const dptest::CatchRun run = dptest::run_catch(argc, argv);
+  return run.listing ? run.result : dptest::session_exit_code(run.result);
 }

@@ -5,19 +5,23 @@
 
 namespace dptest {
 
-/// Catch::Session().run(argc, argv), except that a listing (--list-tests,
-/// --list-test-names-only, --list-tags, --list-reporters) gives 0: Catch2 2 returns the number
-/// of entries it listed, which session_exit_code would read as a failure (and `.ci/run`, which
-/// lists the [mpi] cases under `set -o pipefail`, stopped there).
-inline int run_catch(int argc, char** argv) {
+/// What Catch::Session().run(argc, argv) gave, and whether it only listed (--list-tests,
+/// --list-test-names-only, --list-tags, --list-reporters). A listing's result is the number of
+/// entries listed, as Catch2 2 (and CMake's catch_discover_tests) expect: a main returns it as
+/// it is, never through session_exit_code, which would read a count as failures.
+struct CatchRun {
+  int result = 0;
+  bool listing = false;
+};
+
+inline CatchRun run_catch(int argc, char** argv) {
   Catch::Session session;
   const int bad_command_line = session.applyCommandLine(argc, argv);
-  if (bad_command_line != 0) return bad_command_line;
+  if (bad_command_line != 0) return {bad_command_line, false};
   const Catch::ConfigData& config = session.configData();
   const bool listing =
       config.listTests || config.listTestNamesOnly || config.listTags || config.listReporters;
-  const int result = session.run();
-  return listing ? 0 : result;
+  return {session.run(), listing};
 }
 
 }  // namespace dptest
