@@ -313,3 +313,26 @@ TEST_CASE("asha: two runners on one database share the work, each promotion made
   for (const auto& row : sql(s.db, "SELECT attempts, rung FROM trials"))
     CHECK(std::stoi(row[0]) == std::stoi(row[1]) + 1);
 }
+
+TEST_CASE("asha: a later run ranks, and promotes, the trials an earlier run paused",
+          "[cli][search][asha]") {
+  DPRUN_NEED_DATA(data);
+  AshaSweep s("asha_later", data);
+  // The first run sees three trials (--filter), the second all nine: the trials the first run
+  // paused are ranked with the new ones, and promoted when they are in the top third.
+  std::vector<std::string> first = s.args();
+  for (const char* lr : {"0.01", "0.03", "0.05"}) {
+    first.push_back("--filter");
+    first.push_back(std::string("lr=") + lr);
+  }
+  auto r = run(first, s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  CHECK(s.one("SELECT COUNT(*) FROM epochs WHERE epoch = 1") == "3");
+  r = run(s.args(), s.dir.path());
+  DPRUN_CHECK_EXIT(r, 0);
+  check_asha_outcome(s);
+  // --rerun and --restart would pull trials' epochs out of the rankings: refused.
+  r = run({"run", s.file, "--db", s.db, "--rerun"}, s.dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK(r.err.find("--rerun does not go with [search] scheduler = \"asha\"") != std::string::npos);
+}
