@@ -240,13 +240,6 @@ int submit_command(const Invocation& in) {
     throw UsageError("--slurm: " + problem);
   SweepOptions o = sweep_options(in);
   const Experiment e = load_sweep(o);
-  // A Slurm array's tasks run their trials to the end on their own; promotions need a runner
-  // that sees every trial's rungs as they are reached.
-  if (e.search.asha())
-    throw UsageError(o.file +
-                     ": [search] scheduler = \"asha\" is run by dprun run (with --jobs N for "
-                     "several trials at once, and several runners on one database); dprun submit "
-                     "cannot promote trials between Slurm tasks yet");
   if (!slurm && !e.slurm.given)
     throw UsageError("dprun submit needs --slurm [sbatch options] or a [launch.slurm] table in " +
                      o.file +

@@ -85,6 +85,8 @@ int slurm_task_main(const std::vector<std::string>& args) {
     o.db = (fs::path(folder) / task->database).string();
     o.run = m.run;
     o.overrides = m.overrides;
+    o.task_rung = task->rung;
+    o.task_stop_after = task->stop_after;
     // Without --threads, the CPUs Slurm gave the task (the machine may have many more).
     if (o.run.threads == 0 && !env("SLURM_CPUS_PER_TASK").empty())
       o.run.threads = std::max(1, std::atoi(env("SLURM_CPUS_PER_TASK").c_str()));

@@ -60,6 +60,10 @@ void write_manifest(const std::string& folder, const SubmissionManifest& m) {
     task.set("index", Json::integer(t.index));
     task.set("config_hash", Json::string(t.config_hash));
     task.set("database", Json::string(t.database));
+    if (t.rung >= 0) {
+      task.set("rung", Json::integer(t.rung));
+      task.set("stop_after", Json::integer(t.stop_after));
+    }
     tasks.push(std::move(task));
   }
   j.set("tasks", std::move(tasks));
@@ -95,6 +99,11 @@ SubmissionManifest read_manifest(const std::string& folder) {
       task.index = t.at("index").as_int();
       task.config_hash = t.at("config_hash").as_string();
       task.database = t.at("database").as_string();
+      // Tasks of a submission without a [search] scheduler (and of older dprun) have neither.
+      if (!t.get("rung").is_null()) {
+        task.rung = t.at("rung").as_int();
+        task.stop_after = t.at("stop_after").as_int();
+      }
       m.tasks.push_back(std::move(task));
     }
     return m;

@@ -27,6 +27,10 @@ struct SubmittedTrial {
   int64_t index = 0;        // the array index
   std::string config_hash;  // which trial of the experiment file
   std::string database;     // the task's database, relative to the submission folder
+  /// Under [search] scheduler = "asha": the rung the task runs its trial to, and that rung's
+  /// epoch (the trial's epochs for the last). -1 / 0: no scheduler.
+  int64_t rung = -1;
+  int64_t stop_after = 0;
 };
 
 /// submission.json: what every task of the array needs besides its own database.

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 
 #include "base/command.hpp"
 #include "base/os.hpp"
@@ -15,6 +17,7 @@
 #include "slurm/merge.hpp"
 #include "slurm/slurm.hpp"
 #include "slurm/submission.hpp"
+#include "sweep/asha.hpp"
 #include "sweep/sweep_runner.hpp"
 
 namespace dprun {
@@ -65,6 +68,36 @@ struct Group {
   std::vector<const PlannedTrial*> trials;
 };
 
+// Under [search] scheduler = "asha", each submitted trial's job: the rung it runs to.
+using Jobs = std::map<const PlannedTrial*, AshaJob>;
+
+// What asha starts or promotes now, decided on what the database holds: the results merged so
+// far (the trials whose tasks are still out are held elsewhere, so busy). Every job at once, each
+// trial decided busy for the next: a submission is one round of successive halving. store null
+// (no database yet): every trial starts towards the first rung.
+Jobs asha_jobs(dps::Store* store, const Experiment& e, const std::vector<PlannedTrial>& plan) {
+  Jobs jobs;
+  std::vector<const PlannedTrial*> work;
+  for (const auto& p : plan)
+    if (p.eligible) work.push_back(&p);
+  if (store == nullptr) {
+    for (const PlannedTrial* p : work) {
+      const int64_t epochs = p->spec->settings[key::epochs];
+      const auto rungs = rung_epochs(e.search.min_epochs, e.search.eta, epochs);
+      jobs[p] = AshaJob{0, 0, rungs.empty() ? epochs : rungs.front(), AshaJob::Kind::start,
+                        dps::TrialStatus::pending};
+    }
+    return jobs;
+  }
+  AshaDriver driver(*store, e.search, plan, work);
+  std::set<int> busy;
+  while (const auto job = driver.next(busy)) {
+    busy.insert(static_cast<int>(job->trial));
+    jobs[work[job->trial]] = *job;
+  }
+  return jobs;
+}
+
 // The arrays to submit: one per shape, each at most kMaxArrayTasks tasks, in sweep order.
 std::vector<Group> arrays_of(const std::vector<const PlannedTrial*>& trials, const SweepOptions& o,
                              const SlurmConfig& config) {
@@ -83,7 +116,7 @@ std::vector<Group> arrays_of(const std::vector<const PlannedTrial*>& trials, con
 // (the submission is then forgotten and its folder removed).
 std::string submit_array(dps::Store& store, int64_t experiment_id, const Experiment& e,
                          const SweepOptions& o, const SlurmConfig& config, const Group& group,
-                         const std::vector<std::string>& sbatch_args) {
+                         const std::vector<std::string>& sbatch_args, const Jobs& jobs) {
   const std::string& db = store.path();
   const fs::path folder = new_submission_folder(db);
   try {
@@ -107,7 +140,12 @@ std::string submit_array(dps::Store& store, int64_t experiment_id, const Experim
                         dps::Store::Journal::rollback);
         seed.put_trial_state(seed.upsert_experiment(e.name, e.description, e.source), state);
       }
-      m.tasks.push_back({static_cast<int64_t>(i), p.spec->config_hash, stem + ".db"});
+      SubmittedTrial task{static_cast<int64_t>(i), p.spec->config_hash, stem + ".db"};
+      if (const auto job = jobs.find(&p); job != jobs.end()) {
+        task.rung = job->second.rung;
+        task.stop_after = job->second.stop_after;
+      }
+      m.tasks.push_back(task);
       dps::TaskRow row;
       row.index = static_cast<int64_t>(i);
       row.trial_id = p.row->id;
@@ -160,12 +198,22 @@ void print_submission_plan(const Experiment& e, const SweepOptions& o, const Slu
   const std::string db = database_path(e, o);
   std::map<std::string, std::string> elsewhere;
   const auto plan = plan_trials(e, stored_trials_read_only(db, e.name, elsewhere), o, elsewhere);
+  std::optional<dps::Store> store;
+  if (e.search.asha() && fs::exists(db)) store.emplace(db, dps::Store::Mode::read_only);
+  const Jobs jobs = e.search.asha() ? asha_jobs(store ? &*store : nullptr, e, plan) : Jobs{};
   std::vector<const PlannedTrial*> to_run;
   std::vector<std::vector<std::string>> table{{"#", "hash", "trial", "action"}};
   for (const auto& p : plan) {
-    if (p.action == TrialAction::run) to_run.push_back(&p);
+    const auto job = jobs.find(&p);
+    if (e.search.asha() ? job != jobs.end() : p.action == TrialAction::run) to_run.push_back(&p);
+    std::string action = p.describe();
+    if (job != jobs.end())
+      action = "asha: to rung " + std::to_string(job->second.rung) + " (epoch " +
+               std::to_string(job->second.stop_after) + ")";
+    else if (e.search.asha() && p.eligible)
+      action = "asha: not now";
     table.push_back({std::to_string(p.spec->ordinal + 1), p.spec->config_hash.substr(0, 10),
-                     trial_display_name(*p.spec), p.describe()});
+                     trial_display_name(*p.spec), action});
   }
   std::printf("experiment %s: %zu trials, database %s\n", e.name.c_str(), plan.size(), db.c_str());
   std::fputs(format_aligned(table).c_str(), stdout);
@@ -201,13 +249,16 @@ int submit_sweep(const Experiment& e, const SweepOptions& o, const SlurmConfig& 
     stored[spec.config_hash] =
         store.ensure_trial(experiment_id, spec.config_hash, spec.ordinal, to_store(spec.settings));
   const auto plan = plan_trials(e, stored, o, elsewhere);
+  // Under asha a submission is one round: what it starts or promotes on the results so far.
+  const Jobs jobs = e.search.asha() ? asha_jobs(&store, e, plan) : Jobs{};
   std::vector<const PlannedTrial*> to_run;
   std::map<std::string, int> skipped;
   for (const auto& p : plan) {
-    if (p.action == TrialAction::run)
+    if (e.search.asha() ? jobs.count(&p) > 0 : p.action == TrialAction::run)
       to_run.push_back(&p);
     else
-      ++skipped[p.why.substr(0, p.why.find(':'))];
+      ++skipped[e.search.asha() && p.eligible ? std::string("not now (asha)")
+                                              : p.why.substr(0, p.why.find(':'))];
   }
   std::string skip_text;
   for (const auto& [why, n] : skipped)
@@ -222,7 +273,7 @@ int submit_sweep(const Experiment& e, const SweepOptions& o, const SlurmConfig& 
   size_t submitted = 0;
   try {
     for (const auto& g : arrays_of(to_run, o, config)) {
-      submit_array(store, experiment_id, e, o, config, g, sbatch_args);
+      submit_array(store, experiment_id, e, o, config, g, sbatch_args, jobs);
       submitted += g.trials.size();
     }
   } catch (const dp::Error& err) {
@@ -236,6 +287,9 @@ int submit_sweep(const Experiment& e, const SweepOptions& o, const SlurmConfig& 
   }
   std::printf("follow it with: %s status %s\n", shell_quote(command_name()).c_str(),
               shell_quote(o.file).c_str());
+  if (e.search.asha())
+    std::printf("asha: submit again when these tasks have ended, to promote the best of them "
+                "(each submit is one round)\n");
   return 0;
 }
 

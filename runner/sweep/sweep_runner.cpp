@@ -149,7 +149,14 @@ class Runs {
         scheduler_(devices_for(work.trials, sweep.options), sweep.options.jobs),
         running_(sweep.signals) {
     if (asha_ != nullptr) return;
-    for (size_t i = 0; i < work.trials.size(); ++i) queue(static_cast<int>(i));
+    for (size_t i = 0; i < work.trials.size(); ++i) {
+      // A Slurm task's asha job, decided by its submission.
+      if (sweep.options.task_rung >= 0)
+        jobs_[static_cast<int>(i)] =
+            AshaJob{i, sweep.options.task_rung, sweep.options.task_stop_after,
+                    AshaJob::Kind::start, work.trials[i]->row->status};
+      queue(static_cast<int>(i));
+    }
   }
 
   /// Returns the signal that stopped the run (0: every trial ended).
@@ -354,7 +361,8 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options,
                     work.epochs);
   const SweepContext sweep{store, experiment, options, progress, signals};
   std::optional<AshaDriver> asha;
-  if (experiment.search.asha()) asha.emplace(store, experiment.search, plan, work.trials);
+  if (experiment.search.asha() && options.task_rung < 0)
+    asha.emplace(store, experiment.search, plan, work.trials);
   Runs runs(sweep, work, asha ? &*asha : nullptr);
   int interrupted_by = 0;
   try {

@@ -38,6 +38,10 @@ struct SweepOptions {
   /// How the database journals its writes: rollback for a Slurm task's own database, which is
   /// on a cluster's shared file system (see dps::Store::Journal).
   dps::Store::Journal journal = dps::Store::Journal::wal;
+  /// A Slurm task's asha job: the rung its one trial runs to and that rung's epoch (the
+  /// submission decided it; the task does not decide again). rung -1: none.
+  int64_t task_rung = -1;
+  int64_t task_stop_after = 0;
   /// The error of a trial stopped because the runner got `sig`; unset: "interrupted by SIGTERM".
   /// A Slurm task asks Slurm why it was stopped (cancelled, time limit, preemption).
   std::function<std::string(int sig)> interruption_cause;

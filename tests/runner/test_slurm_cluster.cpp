@@ -356,6 +356,49 @@ TEST_CASE("slurm cluster: a sweep as a job array, merged, cancelled mid-run and 
   CHECK_THAT(exported.out, Contains("last checkpoint of epoch 2"));
 }
 
+TEST_CASE("slurm cluster: asha as rounds of submissions, each promoting the best so far",
+          "[slurm][cluster][asha]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  SlurmCluster cluster(dir.path() + "/slurm");
+  if (!cluster.problem.empty()) {
+    DPTEST_SKIPPED("skipping the Slurm cluster test: " + cluster.problem);
+    return;
+  }
+  const std::string file = dir.path() + "/sw.toml";
+  const std::string db = dir.path() + "/results/sw.db";
+  const auto all_ended = [] { return SlurmCluster::queue().empty(); };
+  // Three trials, 2 epochs each, the first rung at epoch 1: each runs to epoch 1, the best one
+  // (eta 3) goes on to epoch 2.
+  std::string toml = sweep_toml(data, "[0.1, 0.05, 0.02]");
+  toml.insert(toml.find("[launch.slurm]"),
+              "[search]\nscheduler = \"asha\"\neta = 3\nmin_epochs = 1\n");
+  clitest::write_file(file, toml);
+  const auto first = clitest::run({"submit", file, "--slurm", "--time=10"}, dir.path());
+  DPRUN_REQUIRE_EXIT(first, 0);
+  CHECK_THAT(first.out, Contains("3 to submit") && Contains("submit again when these tasks"));
+  REQUIRE(poll(all_ended, kSweepSeconds));
+  // The second round merges the three results and submits the promotion of the best.
+  const auto second = clitest::run({"submit", file, "--slurm"}, dir.path());
+  DPRUN_REQUIRE_EXIT(second, 0);
+  CHECK_THAT(second.out, Contains("1 to submit") && Contains("2 not now (asha)"));
+  REQUIRE(poll(all_ended, kSweepSeconds));
+  DPRUN_REQUIRE_EXIT(clitest::run({"merge", file}, dir.path()), 0);
+  CHECK(sql(db,
+            "SELECT status, rung, ifnull(resumed_from_epoch, 0), (SELECT COUNT(*) FROM epochs "
+            "WHERE trial_id = id) FROM trials ORDER BY status, ordinal") ==
+        std::vector<std::vector<std::string>>{{"done", "1", "1", "2"},
+                                              {"pruned", "0", "0", "1"},
+                                              {"pruned", "0", "0", "1"}});
+  // The promoted trial was the best at the rung.
+  CHECK(sql1(db, "SELECT t.status FROM trials t JOIN epochs e ON e.trial_id = t.id AND "
+                 "e.epoch = 1 ORDER BY e.test_acc DESC, t.ordinal LIMIT 1") == "done");
+  // Nothing is left to decide.
+  const auto third = clitest::run({"submit", file, "--slurm"}, dir.path());
+  DPRUN_REQUIRE_EXIT(third, 0);
+  CHECK_THAT(third.out, Contains("nothing to submit"));
+}
+
 TEST_CASE("slurm cluster: a trial of 2 processes runs them with srun inside its task",
           "[slurm][cluster]") {
   DPRUN_NEED_DATA(data);

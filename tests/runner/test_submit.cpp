@@ -147,3 +147,24 @@ TEST_CASE("submit: a command line or file it cannot use is refused with exit sta
   CHECK(s.sbatch_calls().empty());
   CHECK_FALSE(fs::exists(s.db));
 }
+
+TEST_CASE("submit: under asha each task carries the rung it runs to, and a task stops there",
+          "[submit][asha]") {
+  DPRUN_NEED_DATA(data);
+  Submitter s(clitest::experiment_toml("sw", data, "[1]", 3) +
+              "[search]\nscheduler = \"asha\"\neta = 3\nmin_epochs = 1\n");
+  auto dry = s({"--dry-run", "--slurm"});
+  DPRUN_REQUIRE_EXIT(dry, 0);
+  CHECK_THAT(dry.out, Contains("asha: to rung 0 (epoch 1)"));
+  const auto r = s({"--slurm"});
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK_THAT(r.out, Contains("1 to submit") && Contains("submit again when these tasks"));
+  const std::string folder = s.dir.path() + "/results/sw.tasks/s0001";
+  CHECK_THAT(clitest::slurp(folder + "/submission.json"),
+             Contains("\"rung\":0,\"stop_after\":1"));
+  // The task, run by hand as Slurm would, runs its trial to the rung and pauses it there.
+  const auto task = run({"__slurm-task", folder, "--index", "0"}, s.dir.path());
+  DPRUN_CHECK_EXIT(task, 0);
+  CHECK(sql1(folder + "/t0000.db", "SELECT status || ' ' || rung FROM trials") == "pruned 0");
+  CHECK(sql1(folder + "/t0000.db", "SELECT COUNT(*) FROM epochs") == "1");
+}
