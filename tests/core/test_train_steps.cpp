@@ -167,7 +167,7 @@ TEST_CASE("derived tolerances separate rounding from bugs: ResNet-18 batch 16",
 }
 
 TEST_CASE("derived tolerances: k replicas with synchronised batch norm pass as one replica",
-          "[cpu][train][tolerance]") {
+          "[cpu][train][tolerance][scale]") {
   // The CPU twin of the [cuda] sync-BN test: 2 and 3 replicas against one replica on the whole
   // batch, under the tolerance derived from the one replica's rounding sensitivity; and the
   // same replicas with per-replica statistics (a different function) fail.

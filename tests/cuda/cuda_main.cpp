@@ -1,7 +1,5 @@
 // The [cuda] tests' own main: without a CUDA build or a visible GPU it says so and exits 77,
 // which ctest reports as skipped (SKIP_RETURN_CODE 77).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <string>

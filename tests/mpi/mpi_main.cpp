@@ -1,8 +1,6 @@
 // The main of test_mpi, run by ctest under mpirun (-np 2 and -np 3): one MPI process group for
 // the whole run, Catch2 on every process, and one verdict for all (a failure on any process
 // fails every process, so mpirun's exit status tells).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdio>
 
 #include "dp/error.hpp"

@@ -1,8 +1,6 @@
 // Catch2's main for the test executables, with one change: the exit status says skipped
 // (kSkipReturnCode, which ctest reports as skipped) when a test case skipped a part it cannot run
 // here, and 1, never a count that could read as a skip, when anything failed.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 
 #include "support/catch_run.hpp"
 #include "support/check.hpp"

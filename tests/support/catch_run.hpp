@@ -1,7 +1,6 @@
 #pragma once
-// For the test mains only, after #define CATCH_CONFIG_RUNNER and <catch2/catch.hpp> (where
-// Catch::Session is declared).
-#include <catch2/catch.hpp>
+// For the test mains: Catch2's session, run once. Its implementation (and Catch2's, which is
+// large) is compiled once, in catch_run.cpp, not in every main.
 
 namespace dptest {
 
@@ -14,14 +13,6 @@ struct CatchRun {
   bool listing = false;
 };
 
-inline CatchRun run_catch(int argc, char** argv) {
-  Catch::Session session;
-  const int bad_command_line = session.applyCommandLine(argc, argv);
-  if (bad_command_line != 0) return {bad_command_line, false};
-  const Catch::ConfigData& config = session.configData();
-  const bool listing =
-      config.listTests || config.listTestNamesOnly || config.listTags || config.listReporters;
-  return {session.run(), listing};
-}
+CatchRun run_catch(int argc, char** argv);
 
 }  // namespace dptest
