@@ -267,6 +267,33 @@ TEST_CASE("dprun train under mpirun is one trial of that many processes", "[cli]
   CHECK_THAT(alone.err, Contains("mpirun -np 2 dprun train"));
 }
 
+TEST_CASE("dprun train under mpirun: a diverged run exits 1 saying so, a failing process ends all",
+          "[cli][mpi]") {
+  DPRUN_NEED_DATA(data);
+  DPRUN_NEED_MPI();
+  dptest::TempDir dir;
+  auto train = [&](const std::string& fault) {
+    std::vector<std::string> args{"-np", "2", "--oversubscribe", DPRUN_TEST_EXE, "train",
+                                  "--model", "lenet", "--gpus", "2", "--epochs", "2",
+                                  "--batch-size", "64", "--train-limit", "256", "--test-limit",
+                                  "128", "--backend", "cpu", "--data", data, "--threads", "2"};
+    return clitest::Dprun(args, dir.path(), mpi_env({"DPRUN_FAULT=" + fault}), "mpirun", false,
+                          dprun::find_executable("mpirun"))
+        .wait();
+  };
+  // A NaN loss in epoch 1 on every process: process 0 says diverged, every process exits 1.
+  auto diverged = train("nan@1");
+  DPRUN_CHECK_EXIT(diverged, 1);
+  CHECK_THAT(diverged.err, Contains("dprun: diverged: "));
+  CHECK_THAT(diverged.out, !Contains("\n    2  "));
+  // Process 1 throws after epoch 1: it names itself and ends process 0 too (no epoch 2).
+  auto failed = train("throw@1:1");
+  CHECK(failed.exit_code != 0);
+  CHECK_THAT(failed.err, Contains("process 1 of 2 on " + this_host() +
+                                  ": injected fault DPRUN_FAULT: throw after epoch 1"));
+  CHECK_THAT(failed.out, !Contains("\n    2  "));
+}
+
 TEST_CASE("two trials at once (jobs 2) on their own cores, each recorded once", "[cli][jobs]") {
   DPRUN_NEED_DATA(data);
   DPRUN_NEED_TWO_CORES();
