@@ -254,20 +254,31 @@ std::string dump(const std::string& db) {
   return out;
 }
 
-}  // namespace
+// Whether Slurm's queue is empty: every task submitted has ended.
+bool all_ended() { return SlurmCluster::queue().empty(); }
 
-TEST_CASE("slurm cluster: a sweep as a job array, merged, cancelled mid-run and resubmitted",
-          "[slurm][cluster]") {
-  DPRUN_NEED_DATA(data);
+// The sweep tests' set-up: a folder, a cluster started in it, the experiment file and its
+// database.
+struct ClusterSweep {
   dptest::TempDir dir;
-  SlurmCluster cluster(dir.path() + "/slurm");
-  if (!cluster.problem.empty()) {
-    DPTEST_SKIPPED("skipping the Slurm cluster test: " + cluster.problem);
-    return;
-  }
+  SlurmCluster cluster{dir.path() + "/slurm"};
   const std::string file = dir.path() + "/sw.toml";
   const std::string db = dir.path() + "/results/sw.db";
-  const auto all_ended = [] { return SlurmCluster::queue().empty(); };
+  /// True, with the reason noted, when the cluster could not start (the test then returns).
+  bool skipped() const {
+    if (cluster.problem.empty()) return false;
+    DPTEST_SKIPPED("skipping the Slurm cluster test: " + cluster.problem);
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE_METHOD(ClusterSweep,
+                 "slurm cluster: a sweep as a job array, merged, cancelled mid-run and resubmitted",
+                 "[slurm][cluster]") {
+  DPRUN_NEED_DATA(data);
+  if (skipped()) return;
 
   // Phase 1: two trials, one array; every trial done once with all its epochs.
   clitest::write_file(file, sweep_toml(data, "[0.1, 0.05]"));
@@ -356,18 +367,11 @@ TEST_CASE("slurm cluster: a sweep as a job array, merged, cancelled mid-run and 
   CHECK_THAT(exported.out, Contains("last checkpoint of epoch 2"));
 }
 
-TEST_CASE("slurm cluster: asha as rounds of submissions, each promoting the best so far",
-          "[slurm][cluster][asha]") {
+TEST_CASE_METHOD(ClusterSweep,
+                 "slurm cluster: asha as rounds of submissions, each promoting the best so far",
+                 "[slurm][cluster][asha]") {
   DPRUN_NEED_DATA(data);
-  dptest::TempDir dir;
-  SlurmCluster cluster(dir.path() + "/slurm");
-  if (!cluster.problem.empty()) {
-    DPTEST_SKIPPED("skipping the Slurm cluster test: " + cluster.problem);
-    return;
-  }
-  const std::string file = dir.path() + "/sw.toml";
-  const std::string db = dir.path() + "/results/sw.db";
-  const auto all_ended = [] { return SlurmCluster::queue().empty(); };
+  if (skipped()) return;
   // Three trials, 2 epochs each, the first rung at epoch 1: each runs to epoch 1, the best one
   // (eta 3) goes on to epoch 2.
   std::string toml = sweep_toml(data, "[0.1, 0.05, 0.02]");
@@ -436,7 +440,7 @@ TEST_CASE("slurm cluster: a trial of 2 processes runs them with srun inside its 
   const auto submitted = clitest::run({"submit", file, "--slurm"}, dir.path());
   DPRUN_REQUIRE_EXIT(submitted, 0);
   CHECK_THAT(submitted.out, Contains("1 trial (2 processes x 1 CPU each)"));
-  REQUIRE(poll([] { return SlurmCluster::queue().empty(); }, kSweepSeconds));
+  REQUIRE(poll(all_ended, kSweepSeconds));
   const auto merged = clitest::run({"merge", file}, dir.path());
   DPRUN_REQUIRE_EXIT(merged, 0);
   INFO(clitest::slurp(dir.path() + "/results/mp.tasks/s0001/t0000.out"));
