@@ -98,6 +98,12 @@ Jobs asha_jobs(dps::Store* store, const Experiment& e, const std::vector<Planned
   return jobs;
 }
 
+// Whether a submission runs the trial: under asha, when asha gave it a job this round; else when
+// the plan runs it.
+bool submits(const PlannedTrial& p, const Experiment& e, const Jobs& jobs) {
+  return e.search.asha() ? jobs.count(&p) > 0 : p.action == TrialAction::run;
+}
+
 // The arrays to submit: one per shape, each at most kMaxArrayTasks tasks, in sweep order.
 std::vector<Group> arrays_of(const std::vector<const PlannedTrial*>& trials, const SweepOptions& o,
                              const SlurmConfig& config) {
@@ -205,7 +211,7 @@ void print_submission_plan(const Experiment& e, const SweepOptions& o, const Slu
   std::vector<std::vector<std::string>> table{{"#", "hash", "trial", "action"}};
   for (const auto& p : plan) {
     const auto job = jobs.find(&p);
-    if (e.search.asha() ? job != jobs.end() : p.action == TrialAction::run) to_run.push_back(&p);
+    if (submits(p, e, jobs)) to_run.push_back(&p);
     std::string action = p.describe();
     if (job != jobs.end())
       action = "asha: to rung " + std::to_string(job->second.rung) + " (epoch " +
@@ -254,7 +260,7 @@ int submit_sweep(const Experiment& e, const SweepOptions& o, const SlurmConfig& 
   std::vector<const PlannedTrial*> to_run;
   std::map<std::string, int> skipped;
   for (const auto& p : plan) {
-    if (e.search.asha() ? jobs.count(&p) > 0 : p.action == TrialAction::run)
+    if (submits(p, e, jobs))
       to_run.push_back(&p);
     else
       ++skipped[e.search.asha() && p.eligible ? std::string("not now (asha)")
