@@ -9,7 +9,22 @@
 
 #include "dp/error.hpp"
 
+#ifdef DPRUN_GCOV_DUMP
+extern "C" void __gcov_dump(void);  // libgcov (gcc --coverage)
+#endif
+
 namespace dp {
+
+void write_coverage_counts() {
+#ifdef DPRUN_GCOV_DUMP
+  __gcov_dump();
+#endif
+}
+
+void exit_now(int exit_code) {
+  write_coverage_counts();
+  std::_Exit(exit_code);
+}
 
 namespace {
 
@@ -39,7 +54,7 @@ class SingleProcessGroup final : public ProcessGroup {
   [[noreturn]] void abort(int exit_code, const std::string& why) override {
     std::fprintf(stderr, "dprun: %s\n", why.c_str());
     std::fflush(stderr);
-    std::_Exit(exit_code);
+    exit_now(exit_code);
   }
 };
 

@@ -37,7 +37,7 @@ constexpr auto kReportGrace = std::chrono::seconds(2);
   std::fflush(stderr);
   std::this_thread::sleep_for(kReportGrace);
   group.abort(1, "ending the trial's processes after the error above");
-  std::_Exit(1);  // abort() does not return; the compiler cannot see that through the call
+  dp::exit_now(1);  // abort() does not return; the compiler cannot see that through the call
 }
 
 // The rank the launcher gave this process, before MPI is up (to know who writes the record

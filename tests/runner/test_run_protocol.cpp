@@ -9,6 +9,9 @@
 #include "process/trial_process.hpp"
 #include "report/report.hpp"
 #include "sweep/sweep_runner.hpp"
+#include "trial/trial_main.hpp"
+#include "support/check.hpp"
+#include "dp/process_group.hpp"
 
 using dprun::Json;
 
@@ -281,4 +284,88 @@ TEST_CASE("records: a start or checkpoint record missing a member is refused, na
   cj.set("epoch", Json::string("three"));
   CHECK_THROWS_WITH(dprun::decode_record(cj.dump()),
                     Catch::Contains("checkpoint record") && Catch::Contains("\"epoch\""));
+}
+
+namespace {
+
+// A sink that counts what reached it: a refused request reaches nothing.
+struct CountingSink : dprun::TrialSink {
+  int calls = 0;
+  void start(const dps::TrialStart&, const std::vector<std::string>&) override { ++calls; }
+  void epoch(const dps::EpochRow&, const dp::EpochReport&) override { ++calls; }
+  void checkpoint(const dps::CheckpointRow&) override { ++calls; }
+};
+
+// Process 0 of a group of `n` that never communicates: run_trial must refuse a request whose
+// processes do not divide its gpus before any collective.
+struct SilentGroup final : dp::ProcessGroup {
+  explicit SilentGroup(int n) : n_(n) {}
+  std::string kind() const override { return "test"; }
+  int rank() const override { return 0; }
+  int size() const override { return n_; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return n_; }
+  std::string host() const override { return "localhost"; }
+  void allreduce_sum(float*, size_t) override { FAIL("a refused request communicated"); }
+  void allreduce_sum(double*, size_t) override { FAIL("a refused request communicated"); }
+  void broadcast(std::string&, int) override { FAIL("a refused request communicated"); }
+  void barrier() override { FAIL("a refused request communicated"); }
+  std::unique_ptr<dp::ProcessGroup> duplicate() const override {
+    return std::make_unique<SilentGroup>(n_);
+  }
+  bool concurrent_collectives() const override { return true; }
+  [[noreturn]] void abort(int, const std::string& why) override {
+    FAIL("a refused request aborted the group: " << why);
+    std::abort();
+  }
+
+ private:
+  int n_;
+};
+
+}  // namespace
+
+// `dprun run` and `dprun train` check these before they start a trial; the trial process checks
+// again, because a request can also come from another runner (a Slurm task, a launcher).
+TEST_CASE("trial process: a request it cannot run is refused before anything is loaded, saying why",
+          "[protocol]") {
+  dprun::TrialRequest r;
+  r.settings.set("model", std::string("lenet"));
+  CountingSink sink;
+
+  SECTION("processes other than the processes it runs as") {
+    r.settings.set("processes", int64_t{2});
+    r.settings.set("gpus", int64_t{2});
+    const dprun::TrialResult res = dprun::run_trial(r, sink);
+    CHECK(res.kind == dprun::TrialRecord::Kind::error);
+    CHECK_THAT(res.message, Catch::Contains("processes = 2 but runs as 1 process:") &&
+                                Catch::Contains("mpirun -np 2"));
+  }
+  SECTION("gpus that its processes do not divide") {
+    r.settings.set("processes", int64_t{2});
+    r.settings.set("gpus", int64_t{3});
+    SilentGroup group(2);
+    const dprun::TrialResult res = dprun::run_trial(r, sink, &group);
+    CHECK(res.kind == dprun::TrialRecord::Kind::error);
+    CHECK(res.message == "gpus 3 is not divisible by processes 2");
+  }
+  SECTION("bf16 on the CUDA backend, on any machine (before a GPU is looked for)") {
+    r.settings.set("precision", std::string("bf16"));
+    r.run.backend = "cuda";
+    const dprun::TrialResult res = dprun::run_trial(r, sink);
+    CHECK(res.kind == dprun::TrialRecord::Kind::error);
+    CHECK_THAT(res.message, Catch::Contains("bf16") && Catch::Contains("backend = \"cpu\""));
+  }
+  SECTION("a model no plugin provides: the models found and the folders searched (the given ones,"
+          " then the installed plugins)") {
+    dptest::TempDir empty;
+    r.settings.set("model", std::string("nosuch"));
+    r.run.plugin_dirs = {empty.path()};
+    const dprun::TrialResult res = dprun::run_trial(r, sink);
+    CHECK(res.kind == dprun::TrialRecord::Kind::error);
+    CHECK_THAT(res.message, Catch::StartsWith("unknown model \"nosuch\"; models found: lenet "
+                                              "resnet18 (searched: " + empty.path() + " ") &&
+                                Catch::EndsWith(")"));
+  }
+  CHECK(sink.calls == 0);
 }

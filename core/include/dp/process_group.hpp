@@ -44,6 +44,14 @@ class ProcessGroup {
   [[noreturn]] virtual void abort(int exit_code, const std::string& why) = 0;
 };
 
+/// Ends this process at once with `exit_code`, without exit()'s handlers (std::_Exit). In a
+/// coverage build (DPRUN_GCOV_DUMP defined) it first writes the gcov counts, which only exit()
+/// would otherwise write, so the paths that end a process count as run.
+[[noreturn]] void exit_now(int exit_code);
+/// Coverage builds: writes the gcov counts now (before MPI_Abort, which ends the process
+/// without exit()). A no-op in every other build.
+void write_coverage_counts();
+
 /// The group of this process alone (every collective is a no-op).
 std::unique_ptr<ProcessGroup> make_single_process_group();
 

@@ -148,8 +148,9 @@ class MpiProcessGroup final : public ProcessGroup {
     std::fprintf(stderr, "dprun: process %d of %d on %s: %s\n", rank_, size_, host_.c_str(),
                  why.c_str());
     std::fflush(stderr);
+    write_coverage_counts();
     MPI_Abort(comm_ != MPI_COMM_NULL ? comm_ : MPI_COMM_WORLD, exit_code);
-    std::_Exit(exit_code);  // MPI_Abort does not return; should it, leave anyway
+    exit_now(exit_code);  // MPI_Abort does not return; should it, leave anyway
   }
 
  private:
