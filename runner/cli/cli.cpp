@@ -221,12 +221,21 @@ const std::vector<Command>& commands() {
        query_command},
       {"report",
        "summarise the experiments of a results database",
-       "dprun report [--db PATH] [--html FILE]",
+       "dprun report [--db PATH] [--html FILE [--metric NAME] [--refresh SECONDS]]",
        "Summarises every experiment in a database: settings, status, final and best test "
        "accuracy,\nseconds per epoch and speedup over the 1-GPU trial. --html writes one "
-       "self-contained page\ninstead (learning curves, scaling charts, the trials; no network "
-       "needed, prints well).",
-       {kResultsDbOpt, {"--html", "FILE", "write an HTML report to FILE (- for stdout)"}},
+       "self-contained page\ninstead (learning curves, scaling charts, hyperparameter views: "
+       "parallel coordinates with\nbrushing, the metric against each swept setting, the best "
+       "trials; the trials with their\nthroughput; no network needed, prints well).",
+       {kResultsDbOpt,
+        {"--html", "FILE", "write an HTML report to FILE (- for stdout)"},
+        {"--metric", "NAME",
+         "what the HTML report's hyperparameter views rank and colour trials by: best_ or final_ "
+         "of val_acc, test_acc, train_acc, val_loss, test_loss, train_loss (default: best_val_acc "
+         "with a validation split, else best_test_acc)"},
+        {"--refresh", "SECONDS",
+         "with --html FILE: rewrite FILE every SECONDS while a sweep of the database runs (the "
+         "page reloads itself as often), then once more and stop"}},
        "",
        false,
        report_command},

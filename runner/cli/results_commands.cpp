@@ -1,10 +1,18 @@
 // The commands that read a results database: `dprun query`, `dprun report` and `dprun export`.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
+#include "base/os.hpp"
 #include "base/usage_error.hpp"
 #include "cli/commands.hpp"
 #include "dpstore/store.hpp"
@@ -22,6 +30,80 @@ int64_t positive_integer(const std::string& what, const std::string& text) {
   if (res.ec != std::errc() || res.ptr != text.data() + text.size() || x < 1)
     throw UsageError(what + " " + text + ": expected a positive integer");
   return x;
+}
+
+// Writes `text` to `path` whole: a browser reloading the page never reads half of it.
+void write_whole(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr)
+    throw UsageError("--html " + path + ": cannot write " + tmp + ": " + std::strerror(errno));
+  const bool ok = std::fputs(text.c_str(), f) >= 0;
+  if (std::fclose(f) != 0 || !ok) {
+    std::remove(tmp.c_str());
+    throw UsageError("--html " + path + ": write failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw UsageError("--html " + path + ": cannot replace it: " + why);
+  }
+}
+
+// Whether a sweep of the database is still going: a trial running under a runner that is alive
+// (on this host: its pid; on another host it cannot be told, so it counts), or a Slurm task
+// submitted and not collected yet.
+bool sweep_running(dps::Store& store) {
+  const std::string here = host_name();
+  for (const auto& e : store.experiments()) {
+    if (!store.tasks(e.id, true).empty()) return true;
+    for (const auto& t : store.trials(e.id)) {
+      if (t.status != dps::TrialStatus::running) continue;
+      if (t.host != here || t.runner_pid <= 0) return true;
+      if (kill(static_cast<pid_t>(t.runner_pid), 0) == 0 || errno == EPERM) return true;
+    }
+  }
+  return false;
+}
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) { g_interrupted = true; }
+
+// `dprun report --html FILE --refresh SECONDS`: rewrites FILE every SECONDS while the sweep runs
+// (the page reloads itself as often), then once more without the reload, and returns. Ctrl-C
+// stops watching the same way.
+int refresh_report(const std::string& db, const std::string& path, const HtmlReportOptions& base) {
+  struct sigaction sa{};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::fprintf(stderr,
+               "dprun: writing %s every %d s while the sweep runs (open it in a browser: it "
+               "reloads itself); Ctrl-C stops\n",
+               path.c_str(), base.refresh_seconds);
+  for (int written = 0;; ++written) {
+    merge_if_needed(db);
+    bool running = false;
+    std::string page;
+    {
+      dps::Store store(db, dps::Store::Mode::read_only);
+      running = sweep_running(store) && !g_interrupted;
+      HtmlReportOptions o = base;
+      if (!running) o.refresh_seconds = 0;
+      page = format_html_report(store, builtin_settings(), o);
+    }
+    write_whole(path, page);
+    if (!running) {
+      std::fprintf(stderr, "dprun: %s: wrote %s (%d update%s); it no longer reloads\n",
+                   g_interrupted ? "stopped watching" : "the sweep has nothing running",
+                   path.c_str(), written + 1, written == 0 ? "" : "s");
+      return 0;
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(base.refresh_seconds);
+    while (!g_interrupted && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 }  // namespace
@@ -61,9 +143,26 @@ int report_command(const Invocation& in) {
   const std::string db = results_database(a, "report");
   // Results of Slurm tasks that have ended are collected first.
   merge_if_needed(db);
+  HtmlReportOptions options;
+  if (auto metric = a.last("--metric")) {
+    if (const std::string why = report_metric_problem(*metric); !why.empty())
+      throw UsageError("--metric: " + why);
+    options.metric = *metric;
+  }
+  const auto refresh = a.last("--refresh");
+  const auto html = a.last("--html");
+  if (!html && (refresh || options.metric.size()))
+    throw UsageError(std::string(refresh ? "--refresh" : "--metric") +
+                     " applies to the HTML report: add --html FILE");
+  if (refresh) {
+    options.refresh_seconds = static_cast<int>(positive_integer("--refresh", *refresh));
+    if (*html == "-")
+      throw UsageError("--refresh rewrites a file while the sweep runs: give --html FILE, not -");
+    return refresh_report(db, *html, options);
+  }
   dps::Store store(db, dps::Store::Mode::read_only);
-  if (auto html = a.last("--html")) {
-    const std::string page = format_html_report(store);
+  if (html) {
+    const std::string page = format_html_report(store, builtin_settings(), options);
     std::FILE* f = *html == "-" ? stdout : std::fopen(html->c_str(), "w");
     if (f == nullptr)
       throw UsageError("--html " + *html + ": cannot write it: " + std::strerror(errno));

@@ -45,10 +45,29 @@ std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const Setting
 /// accuracy, s/epoch, speedup over 1 GPU). Returns the text.
 std::string format_report(dps::Store& store, const SettingTable& table = builtin_settings());
 
+/// The trial metrics the HTML report ranks trials by (--metric): best_ or final_ (the trial's
+/// best epoch, or its last) of train_loss, train_acc, test_loss, test_acc, val_loss, val_acc.
+/// An accuracy ranks higher first, a loss lower first.
+const std::vector<std::string>& report_metric_names();
+/// Why `name` is not a report metric ("" when it is), with the names it could be.
+std::string report_metric_problem(const std::string& name);
+
+struct HtmlReportOptions {
+  /// What the hyperparameter views rank and colour trials by; "": per experiment, the best
+  /// available accuracy (best_val_acc when its trials have a validation split, else best_test_acc).
+  std::string metric;
+  /// > 0: the page reloads itself every so many seconds (`--refresh`, while a sweep runs) and
+  /// says when it was written.
+  int refresh_seconds = 0;
+};
+
 /// `dprun report --html FILE`: one self-contained HTML page (no network requests, works from a
 /// file:// URL, prints): per experiment, learning curves (train loss and test accuracy per epoch,
 /// one line per trial), the scaling charts (seconds per epoch, speedup and efficiency against
-/// the GPU count, with the ideal lines) and the trial table. Charts are inline SVG.
-std::string format_html_report(dps::Store& store, const SettingTable& table = builtin_settings());
+/// the GPU count, with the ideal lines), the hyperparameter views (parallel coordinates with
+/// brushing, the metric against each swept setting, the best trials) and the trial table with
+/// each trial's throughput. Charts are inline SVG; the page's one script (brushing) is inline.
+std::string format_html_report(dps::Store& store, const SettingTable& table = builtin_settings(),
+                               const HtmlReportOptions& options = {});
 
 }  // namespace dprun

@@ -8,7 +8,18 @@
 //   charts:   per chart its experiment and title, whether it is empty ("no data"), the data edges
 //             of its plot area read through its own axis ticks, its series with their drawn
 //             length and their vertices read back into data values through those axes (as a
-//             reader of the chart would read them), and the problems found in its drawing
+//             reader of the chart would read them), and the problems found in its drawing.
+//             Scatter charts (g.series.scatter: points, no line) are read the same way, with a
+//             log x axis (svg data-xscale="log") read on log10 of its ticks, and a category x
+//             axis (data-xscale="category") not read at all
+//   pcoords:  per parallel-coordinates chart its axes (name, scale), its lines (each must have a
+//             vertex on every axis, in axis order, inside the axis' span) and their problems
+//   brushing: when the test set window.dprunBrushes (a list of {axis, from, to} in data values,
+//             to: "top" for the axis' top end; or {axis, clear: true}), each is done with pointer
+//             events on that axis' brush area, in order, and after each: how many lines, trial
+//             table rows, scatter points and learning curves are still shown, and how long the
+//             update took (ms)
+//   timing:   ms from navigation start to this check (parsing, layout, the page's script)
 //
 // The chart geometry mirrors runner/report/report_html.cpp: a plot area framed by two
 // line.axis, y ticks as line.grid followed by their label, x ticks as numeric labels centred on
@@ -200,7 +211,18 @@
       if (b.y < plot.bottom) c.problems.push("x tick label " + t.textContent + " is not below the x axis");
       xticks.push({ pos: b.x + b.width / 2, value: parseFloat(t.textContent) });
     });
-    var X = fit(xticks, c.problems, "x"), Y = fit(yticks, c.problems, "y");
+    var xscale = svg.getAttribute("data-xscale") || "linear";
+    c.xscale = xscale;
+    var X = null;
+    if (xscale === "category") {
+      X = function () { return null; };
+    } else if (xscale === "log") {
+      var L = fit(xticks.map(function (t) { return { pos: t.pos, value: Math.log10(t.value) }; }), c.problems, "x (log)");
+      if (L) X = function (pos) { return Math.pow(10, L(pos)); };
+    } else {
+      X = fit(xticks, c.problems, "x");
+    }
+    var Y = fit(yticks, c.problems, "y");
     if (!X || !Y) return c;
     c.x = [X(plot.left), X(plot.right)];
     c.y = [Y(plot.bottom), Y(plot.top)];
@@ -210,6 +232,20 @@
       var label = g.getAttribute("data-label") || "";
       var s = { label: label, reference: g.classList.contains("reference"), points: [] };
       c.series.push(s);
+      if (g.classList.contains("scatter")) {
+        s.scatter = true;
+        g.querySelectorAll("circle").forEach(function (m, k) {
+          var mb = userBox(m, svg);
+          var cx = mb.x + mb.width / 2, cy = mb.y + mb.height / 2;
+          if (!(mb.width > 0) || !visible(m)) c.problems.push("series " + label + ": point " + k + " is not drawn");
+          if (cx < plot.left - TOL || cx > plot.right + TOL || cy < plot.top - TOL || cy > plot.bottom + TOL)
+            c.problems.push("series " + label + ": point " + fmt(cx) + "," + fmt(cy) + " is outside the plot area");
+          all.top = Math.min(all.top, cy);
+          all.bottom = Math.max(all.bottom, cy);
+          s.points.push([X(cx), Y(cy)]);
+        });
+        return;
+      }
       var line = g.querySelector("polyline, path");
       if (!line) {
         c.problems.push("series " + label + ": no line");
@@ -246,7 +282,9 @@
       });
       // Data series mark every point, on the line.
       var markers = g.querySelectorAll("circle");
-      if (!s.reference && markers.length !== vertices.length)
+      s.dense = g.classList.contains("dense");
+      if (s.dense && markers.length > 0) c.problems.push("series " + label + ": a dense series with markers");
+      if (!s.reference && !s.dense && markers.length !== vertices.length)
         c.problems.push("series " + label + ": " + markers.length + " markers for " + vertices.length + " points");
       for (var k = 0; k < markers.length && k < vertices.length; ++k) {
         var mb = userBox(markers[k], svg);
@@ -263,22 +301,138 @@
     // The data fill the plot area: x is not padded (first and last x at its edges); y is padded
     // by 5% of the data's range (4.8% of the height) at the top, and at the bottom unless the
     // axis starts at 0.
-    if (Math.abs(all.left - plot.left) > TOL || Math.abs(all.right - plot.right) > TOL)
+    var scatter = c.series.some(function (s) { return s.scatter; });
+    if (!scatter && (Math.abs(all.left - plot.left) > TOL || Math.abs(all.right - plot.right) > TOL))
       c.problems.push("the series span x " + fmt(all.left) + ".." + fmt(all.right) + ", not the plot area's " + fmt(plot.left) + ".." + fmt(plot.right));
-    if (all.top - plot.top > 0.06 * ph)
+    // (One value throughout: nothing to fill, it is drawn where its axis says.)
+    var flat = all.bottom - all.top < TOL;
+    if (!flat && all.top - plot.top > 0.06 * ph)
       c.problems.push("the highest point is " + fmt(all.top - plot.top) + " below the top of a plot area " + fmt(ph) + " high");
-    if (plot.bottom - all.bottom > 0.06 * ph && Math.abs(c.y[0]) > 0.005 * (c.y[1] - c.y[0]))
+    if (!flat && plot.bottom - all.bottom > 0.06 * ph && Math.abs(c.y[0]) > 0.005 * (c.y[1] - c.y[0]))
       c.problems.push("the lowest point is " + fmt(plot.bottom - all.bottom) + " above the bottom of a plot area " + fmt(ph) + " high, which is at " + c.y[0] + ", not 0");
     return c;
   }
 
+  // A parallel-coordinates chart: every line meets every axis, in order, within its span.
+  function pcoords(fig) {
+    var svg = fig.querySelector("svg");
+    var section = fig.closest("section.experiment");
+    var p = { experiment: section ? section.getAttribute("data-experiment") : "", axes: [], lines: 0, problems: [] };
+    var axes = Array.prototype.slice.call(svg.querySelectorAll("g.pc-axis"));
+    var spans = axes.map(function (g) {
+      var b = userBox(g.querySelector("line.axis"), svg);
+      p.axes.push({ name: g.getAttribute("data-name"), scale: g.getAttribute("data-scale"), ticks: g.querySelectorAll("text.tick").length });
+      if (!g.querySelector("rect.brush-area")) p.problems.push("axis " + g.getAttribute("data-name") + ": no brush area");
+      return b;
+    });
+    svg.querySelectorAll("g.pc-lines polyline").forEach(function (l) {
+      ++p.lines;
+      var id = l.getAttribute("data-trial");
+      var m = toUser(l, svg);
+      if (l.points.numberOfItems !== axes.length) {
+        p.problems.push("trial " + id + ": " + l.points.numberOfItems + " vertices for " + axes.length + " axes");
+        return;
+      }
+      if (!visible(l) || getComputedStyle(l).stroke === "none") p.problems.push("trial " + id + ": its line is not visible");
+      for (var k = 0; k < axes.length; ++k) {
+        var q = new DOMPoint(l.points.getItem(k).x, l.points.getItem(k).y).matrixTransform(m);
+        var a = spans[k];
+        if (Math.abs(q.x - a.x) > TOL || q.y < a.y - TOL || q.y > a.bottom + TOL)
+          p.problems.push("trial " + id + ": vertex " + k + " at " + fmt(q.x) + "," + fmt(q.y) + " is off axis " + p.axes[k].name);
+      }
+    });
+    return p;
+  }
+
+  // The shown (not "out") trials of each kind in the section of `fig`.
+  function shown(fig) {
+    var section = fig.closest("section.experiment");
+    function count(sel) {
+      var n = 0;
+      section.querySelectorAll(sel).forEach(function (el) {
+        if (!el.classList.contains("out") && getComputedStyle(el).display !== "none") ++n;
+      });
+      return n;
+    }
+    return {
+      lines: count("g.pc-lines polyline"),
+      rows: count("table:not(.best) tbody tr[data-trial]"),
+      points: count("g.series.scatter circle"),
+      curves: count("g.series[data-trial]:not(.scatter)")
+    };
+  }
+
+  // Brushing as a user does it: pointer events on an axis' brush area.
+  function brushing(result) {
+    var fig = document.querySelector("figure.pcoords");
+    if (!fig) return result.brushing.push({ problem: "no parallel-coordinates chart to brush" });
+    var svg = fig.querySelector("svg");
+    function axisOf(name) {
+      var found = null;
+      svg.querySelectorAll("g.pc-axis").forEach(function (g) {
+        if (g.getAttribute("data-name") === name) found = g;
+      });
+      return found;
+    }
+    // The screen y of a data value on an axis, from its ticks (linear, or log10 for a log axis).
+    function screenY(g, value) {
+      var log = g.getAttribute("data-scale") === "log";
+      var ticks = [];
+      g.querySelectorAll("text.tick").forEach(function (t) {
+        var b = t.getBoundingClientRect();
+        var v = parseFloat(t.getAttribute("data-value"));
+        ticks.push({ pos: log ? Math.log10(v) : v, value: b.top + b.height / 2 });
+      });
+      var f = fit(ticks, [], "brush");
+      var area = g.querySelector("rect.brush-area").getBoundingClientRect();
+      if (value === "top") return area.top - 2; // the brush stops at the axis' end
+      return f(log ? Math.log10(value) : value);
+    }
+    function fire(el, type, x, y) {
+      el.dispatchEvent(new PointerEvent(type, { bubbles: true, cancelable: true, pointerId: 1, isPrimary: true, clientX: x, clientY: y, buttons: type === "pointerup" ? 0 : 1 }));
+    }
+    (window.dprunBrushes || []).forEach(function (b) {
+      var g = axisOf(b.axis);
+      var step = { axis: b.axis };
+      if (!g) {
+        step.problem = "no axis " + b.axis;
+        result.brushing.push(step);
+        return;
+      }
+      var area = g.querySelector("rect.brush-area");
+      var r = area.getBoundingClientRect();
+      var x = r.left + r.width / 2;
+      var y0 = b.clear ? r.top + r.height / 2 : screenY(g, b.from);
+      var y1 = b.clear ? y0 : screenY(g, b.to);
+      var t0 = performance.now();
+      fire(area, "pointerdown", x, y0);
+      fire(area, "pointermove", x, (y0 + y1) / 2);
+      fire(area, "pointermove", x, y1);
+      fire(area, "pointerup", x, y1);
+      document.body.getBoundingClientRect(); // the style and layout the update causes
+      step.ms = performance.now() - t0;
+      step.shown = shown(fig);
+      step.caption = fig.querySelector(".pc-count").textContent;
+      result.brushing.push(step);
+    });
+  }
+
   function check() {
-    var result = { errors: window.dprunTestErrors || ["report_html_errors.js did not run"], overflow: [], charts: [] };
+    var result = { errors: window.dprunTestErrors || ["report_html_errors.js did not run"], overflow: [], charts: [], pcoords: [], brushing: [] };
     try {
+      result.timing = performance.now();
       overflow(result);
       document.querySelectorAll("figure.chart svg").forEach(function (svg) {
         result.charts.push(chart(svg));
       });
+      document.querySelectorAll("figure.pcoords").forEach(function (fig) {
+        result.pcoords.push(pcoords(fig));
+      });
+      if (window.dprunBrushes) {
+        var before = document.querySelector("figure.pcoords");
+        if (before) result.before = shown(before);
+        brushing(result);
+      }
     } catch (e) {
       result.fatal = String(e && e.stack ? e.stack : e);
     }

@@ -18,6 +18,7 @@
 
 #include "base/json.hpp"
 #include "dpstore/store.hpp"
+#include "report/html_chart.hpp"
 #include "report/report.hpp"
 #include "settings/settings.hpp"
 #include "support/check.hpp"
@@ -92,7 +93,8 @@ TEST_CASE("report --html: curves, scaling and trials in one self-contained page"
   CHECK(count(html, "<tr class=\"done\"") == 3);
   CHECK(count(html, "<tr class=\"failed\"") == 1);
   CHECK(html.find("killed by SIGKILL &amp; &lt;lost&gt;") != std::string::npos);
-  CHECK(html.find("<script>") == std::string::npos);
+  CHECK(html.find("<script>alert") == std::string::npos);
+  CHECK(count(html, "<script>") == 1);  // the page's own: brushing
   CHECK(html.find("&lt;script&gt;alert(1)&lt;/script&gt;") != std::string::npos);
   // Self-contained: no script, stylesheet, image or font fetched from anywhere.
   CHECK_FALSE(std::regex_search(html, std::regex(R"((src|href)\s*=)")));
@@ -113,7 +115,7 @@ std::string read_file(const std::string& path) {
 
 /// The report with the test's scripts: report_html_errors.js first thing in <head> (before any
 /// script of the page could fail), report_html_check.js last in <body>.
-std::string instrument(std::string html) {
+std::string instrument(std::string html, const std::string& prelude = "") {
   const std::string dir = std::string(DPRUN_TEST_SOURCE_DIR) + "/tests/runner/";
   const std::string errors = read_file(dir + "report_html_errors.js");
   const std::string check = read_file(dir + "report_html_check.js");
@@ -124,7 +126,7 @@ std::string instrument(std::string html) {
   REQUIRE(head != std::string::npos);
   REQUIRE(body != std::string::npos);
   html.insert(body, "<script>" + check + "</script>");
-  html.insert(head + 6, "<script>" + errors + "</script>");
+  html.insert(head + 6, "<script>" + errors + prelude + "</script>");
   return html;
 }
 
@@ -180,12 +182,68 @@ void check_drawn(const Json& chart, const std::string& label, const Points& expe
   }
 }
 
+/// Debian's chromium, or "" (the caller skips, saying why).
+std::string chromium_path() {
+  for (const char* c : {"/usr/bin/chromium", "/usr/bin/chromium-browser"})
+    if (std::filesystem::exists(c)) return c;
+  return "";
+}
+
+/// Headless chromium on pages written into `dir`, as the machine's own browser test does:
+/// no sandbox (root in CI), no background networking (the network is closed), a fresh profile.
+struct Browser {
+  std::string exe, dir;
+  std::string run(const std::string& args) const {
+    const std::string flags =
+        " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run"
+        " --disable-background-networking --disable-component-update --disable-sync"
+        " --user-data-dir=" +
+        dir + "/profile";
+    const std::string cmd = "timeout 120 " + exe + flags + " " + args + " 2>/dev/null";
+    std::string out;
+    if (std::FILE* p = popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+      pclose(p);
+    }
+    return out;
+  }
+  /// What report_html_check.js found in the page at file `page`, in a window `width` px wide.
+  /// The virtual time budget lets the page settle (load event, layout) before the DOM is dumped,
+  /// whatever the machine's speed.
+  Json findings_of(const std::string& page, int width) const {
+    return findings(run("--window-size=" + std::to_string(width) +
+                        ",1000 --virtual-time-budget=5000 --dump-dom file://" + page));
+  }
+};
+
+/// What every page must pass in the browser: no script error, nothing overflowing, every chart
+/// and parallel-coordinates chart drawn without problems.
+void check_page(const Json& result, int width) {
+  INFO("report_html_check.js failed: " << result.get("fatal").dump());
+  REQUIRE(result.get("fatal").is_null());
+  // (c) No script error, console.error or failed load, from before the page's first element.
+  CHECK(lines(result.at("errors")) == "");
+  // (b) Nothing overflows: no horizontal scrollbar, every element inside its parent and the
+  // window, no element's content wider than its box.
+  const Json& p = result.at("page");
+  CHECK(p.at("window").as_int() == width);
+  CHECK(p.at("scroll").as_int() <= p.at("client").as_int());
+  CHECK(lines(result.at("overflow")) == "");
+  for (const auto& c : result.at("charts").items()) {
+    INFO(c.at("experiment").as_string() << ": " << c.at("title").as_string());
+    CHECK(lines(c.at("problems")) == "");
+  }
+  for (const auto& c : result.at("pcoords").items()) {
+    INFO(c.at("experiment").as_string() << ": parallel coordinates");
+    CHECK(lines(c.at("problems")) == "");
+  }
+}
+
 }  // namespace
 
 TEST_CASE("report --html renders in a real browser with every series in the DOM", "[report]") {
-  std::string chromium;
-  for (const char* c : {"/usr/bin/chromium", "/usr/bin/chromium-browser"})
-    if (std::filesystem::exists(c)) chromium = c;
+  const std::string chromium = chromium_path();
   if (chromium.empty()) {
     DPTEST_SKIPPED(
         "chromium not found (Debian: apt-get install chromium, or scripts/install-deps --tests): "
@@ -206,52 +264,22 @@ TEST_CASE("report --html renders in a real browser with every series in the DOM"
   // console and hidden <pre id="dprun-test-result"> show what the checks found.
   const std::string checked = std::string(DPRUN_TEST_BINARY_DIR) + "/report-html-test.html";
   std::ofstream(checked) << instrument(html);
-  // As the machine's own browser test does: headless, no sandbox (root in CI), no background
-  // networking (the network is closed), a fresh profile.
-  const std::string flags =
-      " --headless --no-sandbox --disable-gpu --disable-quic --no-first-run"
-      " --disable-background-networking --disable-component-update --disable-sync"
-      " --user-data-dir=" +
-      dir.path() + "/profile";
-  auto run = [&](const std::string& args) {
-    const std::string cmd = "timeout 120 " + chromium + flags + " " + args + " 2>/dev/null";
-    std::string out;
-    if (std::FILE* p = popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-      pclose(p);
-    }
-    return out;
-  };
+  const Browser browser{chromium, dir.path()};
+  auto run = [&](const std::string& args) { return browser.run(args); };
   // A desktop window, a narrow one (two charts a row, then one) and a phone's (the trial table
-  // scrolls in its own box). The virtual time budget
-  // lets the page settle (load event, layout) before the DOM is dumped, whatever the machine's
-  // speed.
+  // scrolls in its own box).
   for (int width : {1280, 800, 500}) {
     INFO("window " << width << " px wide");
-    const Json result =
-        findings(run("--window-size=" + std::to_string(width) +
-                     ",1000 --virtual-time-budget=5000 --dump-dom file://" + checked));
-    INFO("report_html_check.js failed: " << result.get("fatal").dump());
-    REQUIRE(result.get("fatal").is_null());
-    // (c) No script error, console.error or failed load, from before the page's first element.
-    CHECK(lines(result.at("errors")) == "");
-    // (b) Nothing overflows: no horizontal scrollbar, every element inside its parent and the
-    // window, no element's content wider than its box.
-    const Json& p = result.at("page");
-    CHECK(p.at("window").as_int() == width);
-    CHECK(p.at("scroll").as_int() <= p.at("client").as_int());
-    CHECK(lines(result.at("overflow")) == "");
-    // (a) Every chart drawn: 2 learning curves and 3 scaling charts for "scaling", the failed
-    // trial's 2 "no data" charts; each with visible lines of non-zero length inside the plot
-    // area, markers on them, the series spanning the plot area, readable axes.
-    REQUIRE(result.at("charts").items().size() == 7);
+    const Json result = browser.findings_of(checked, width);
+    check_page(result, width);
+    // (a) Every chart drawn: 2 learning curves, 3 scaling charts and a scatter per swept setting
+    // (gpus, batch_size) for "scaling", the failed trial's 2 "no data" charts; each with visible
+    // lines of non-zero length inside the plot area, markers on them, the series spanning the
+    // plot area, readable axes; and the parallel coordinates of "scaling".
+    REQUIRE(result.at("charts").items().size() == 9);
+    REQUIRE(result.at("pcoords").items().size() == 1);
     int empty = 0;
-    for (const auto& c : result.at("charts").items()) {
-      INFO(c.at("experiment").as_string() << ": " << c.at("title").as_string());
-      CHECK(lines(c.at("problems")) == "");
-      empty += c.at("empty").as_bool() ? 1 : 0;
-    }
+    for (const auto& c : result.at("charts").items()) empty += c.at("empty").as_bool() ? 1 : 0;
     CHECK(empty == 2);
     // ... and the lines are where the data says, read back through each chart's own axes.
     const Json* loss = chart_of(result, "scaling", "Training loss");
@@ -286,4 +314,252 @@ TEST_CASE("report --html renders in a real browser with every series in the DOM"
   run("--window-size=1200,1600 --screenshot=" + shot + " file://" + page);
   REQUIRE(std::filesystem::exists(shot));
   CHECK(std::filesystem::file_size(shot) > 20000);  // a rendered page, not a blank one
+}
+
+// ---- the hyperparameter views ----------------------------------------------------------------
+
+namespace {
+
+// A sweep of lr (5 values over two decades) x batch_size (4) x optimizer (2) x seed: each trial's
+// best test accuracy is 0.30 + 0.1 a + 0.015 b + 0.03 o + seed_step s (a, b, o, s: the indices of
+// its values), reached at its last of 3 epochs. The trials of one lr stay within 0.09 of each
+// other, so a value between two lr's groups (0.59: above every trial of the first three lrs,
+// below every one of the last two) splits them with a margin of 0.007 or more.
+struct SweepTrial {
+  size_t a, b, o, s;
+  double acc;
+};
+const double kLrs[] = {0.001, 0.003, 0.01, 0.03, 0.1};
+const int64_t kBatches[] = {64, 128, 256, 512};
+const char* const kOptimizers[] = {"sgd", "adamw"};
+
+std::vector<SweepTrial> fill_sweep(const std::string& path, size_t seeds,
+                                   const std::string& name = "sweep",
+                                   const std::string& description = "lr x batch_size") {
+  const auto& table = dprun::builtin_settings();
+  dps::Store store(path, dps::Store::Mode::read_write, table.store_columns());
+  const int64_t e = store.upsert_experiment(name, description, "toml");
+  std::vector<SweepTrial> out;
+  const double seed_step = 0.008 / static_cast<double>(seeds);
+  int64_t ordinal = 0;
+  for (size_t a = 0; a < 5; ++a)
+    for (size_t b = 0; b < 4; ++b)
+      for (size_t o = 0; o < 2; ++o)
+        for (size_t sd = 0; sd < seeds; ++sd) {
+          const double acc = 0.30 + 0.1 * a + 0.015 * b + 0.03 * o + seed_step * sd;
+          TrialSettings s(table);
+          s.set("model", std::string("lenet"));
+          s.set("lr", kLrs[a]);
+          s.set("batch_size", kBatches[b]);
+          s.set("per_gpu_batch", kBatches[b]);
+          s.set("optimizer", std::string(kOptimizers[o]));
+          s.set("seed", static_cast<int64_t>(sd));
+          s.set("epochs", int64_t{3});
+          dps::TrialState state;
+          state.trial.config_hash = std::to_string(ordinal);
+          state.trial.config_hash.insert(0, 1, 'h');
+          state.trial.ordinal = ordinal++;
+          state.trial.settings = dprun::to_store(s);
+          state.trial.status = dps::TrialStatus::done;
+          state.trial.attempts = 1;
+          state.trial.backend = "cpu";
+          state.trial.devices = "CPU (2 threads)";
+          for (int64_t ep = 1; ep <= 3; ++ep) {
+            dps::EpochRow row;
+            row.epoch = ep;
+            row.train_loss = 2.0 / static_cast<double>(ep);
+            row.test_acc = acc * (0.7 + 0.1 * static_cast<double>(ep));
+            row.seconds = 4.0;
+            row.examples_per_second = ep == 1 ? 1000 : 15000;
+            row.peak_memory_bytes = int64_t{48} << 20;
+            state.epochs.push_back(row);
+          }
+          state.trial.epochs_done = 3;
+          store.put_trial_state(e, state);
+          out.push_back({a, b, o, sd, acc});
+        }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("report --html: hyperparameter views, the best trials and each trial's throughput",
+          "[report]") {
+  dptest::TempDir dir;
+  const std::string db = dir.path() + "/r.db";
+  const auto trials = fill_sweep(db, 5);
+  REQUIRE(trials.size() == 200);
+  dps::Store store(db, dps::Store::Mode::read_only);
+  const std::string html = dprun::format_html_report(store);
+  // The default metric without a validation split: the best test accuracy.
+  CHECK(html.find("metric: <b>best_test_acc</b>") != std::string::npos);
+  // Parallel coordinates: an axis per swept setting (batch_size, per_gpu_batch, lr, optimizer,
+  // seed, in the settings' order) and the metric's, a line per trial.
+  CHECK(count(html, "<figure class=\"pcoords\" data-axes=\"6\">") == 1);
+  for (const char* axis : {"batch_size", "per_gpu_batch", "lr", "optimizer", "seed"})
+    CHECK(count(html, std::string("data-name=\"") + axis + "\"") == 1);
+  CHECK(html.find("data-name=\"lr\" data-scale=\"log\"") != std::string::npos);
+  CHECK(html.find("data-name=\"optimizer\" data-scale=\"category\"") != std::string::npos);
+  CHECK(html.find("data-name=\"batch_size\" data-scale=\"linear\"") != std::string::npos);
+  // The metric against each swept setting: 5 panels of 200 points.
+  CHECK(count(html, "<figure class=\"chart scatter\">") == 5);
+  CHECK(count(html, "<circle data-trial=") == 5 * 200);
+  // The best trials: ten, best first; the best is lr 0.1, batch 512, adamw, the last seed.
+  const size_t best = html.find("<table class=\"best\">");
+  REQUIRE(best != std::string::npos);
+  const std::string best_table = html.substr(best, html.find("</table>", best) - best);
+  CHECK(count(best_table, "<tr data-trial=") == 10);
+  CHECK(best_table.find("<b>" + dprun::html::num(0.30 + 0.4 + 0.045 + 0.03 + 0.0064, "%.4f") + "</b>") !=
+        std::string::npos);
+  // ... with the settings that differ from dprun's defaults (lr's default is 0.1: not shown).
+  CHECK(best_table.find(">optimizer=adamw</span>") != std::string::npos);
+  CHECK(best_table.find(">batch_size=512</span>") != std::string::npos);
+  CHECK(best_table.find(">lr=") == std::string::npos);
+  // Throughput: examples per second without the warm-up epoch, and the peak memory.
+  CHECK(count(html, "<td class=\"n\">15000</td><td class=\"n\">48 MiB</td>") == 200);
+  // Over 40 trials the learning curves are lines without markers or a legend.
+  CHECK(count(html, "<g class=\"series dense\"") == 2 * 200);
+
+  SECTION("--metric: a loss ranks the lowest first") {
+    dprun::HtmlReportOptions o;
+    o.metric = "final_train_loss";
+    const std::string loss = dprun::format_html_report(store, dprun::builtin_settings(), o);
+    CHECK(loss.find("metric: <b>final_train_loss</b>") != std::string::npos);
+    CHECK(loss.find("lower is better") != std::string::npos);
+  }
+  SECTION("--metric: a metric no trial has says so instead of drawing") {
+    dprun::HtmlReportOptions o;
+    o.metric = "best_val_acc";
+    const std::string none = dprun::format_html_report(store, dprun::builtin_settings(), o);
+    CHECK(none.find("0 of 200 trials have a value of best_val_acc") != std::string::npos);
+    CHECK(none.find("<figure class=\"pcoords\"") == std::string::npos);
+  }
+  SECTION("an unknown metric is refused, listing the metrics") {
+    dprun::HtmlReportOptions o;
+    o.metric = "best_acc";
+    CHECK_THROWS_WITH(dprun::format_html_report(store, dprun::builtin_settings(), o),
+                      Catch::Contains("unknown metric \"best_acc\"") &&
+                          Catch::Contains("best_val_acc, best_test_acc"));
+  }
+  SECTION("--refresh: the page reloads itself and says when it was written") {
+    dprun::HtmlReportOptions o;
+    o.refresh_seconds = 7;
+    const std::string live = dprun::format_html_report(store, dprun::builtin_settings(), o);
+    CHECK(live.find("<meta http-equiv=\"refresh\" content=\"7\">") != std::string::npos);
+    CHECK(live.find("reloads every 7 s") != std::string::npos);
+    CHECK(html.find("http-equiv") == std::string::npos);
+  }
+}
+
+namespace {
+
+// The brushes of the browser tests, as report_html_check.js reads them (window.dprunBrushes):
+// the metric from 0.59 to the top of its axis (the last two lrs), then lr around 0.03 (one lr),
+// then lr cleared, then the metric cleared.
+const char* kBrushes =
+    "window.dprunBrushes = [{axis: 'best_test_acc', from: 0.59, to: 'top'},"
+    " {axis: 'lr', from: 0.027, to: 0.033}, {axis: 'lr', clear: true},"
+    " {axis: 'best_test_acc', clear: true}];";
+
+}  // namespace
+
+TEST_CASE("report --html: brushing the parallel coordinates filters the trials, in a real browser",
+          "[report]") {
+  const std::string chromium = chromium_path();
+  if (chromium.empty()) {
+    DPTEST_SKIPPED(
+        "chromium not found (Debian: apt-get install chromium, or scripts/install-deps --tests): "
+        "the hyperparameter views were not rendered in a browser");
+    return;
+  }
+  dptest::TempDir dir;
+  const std::string db = dir.path() + "/r.db";
+  const auto trials = fill_sweep(db, 5, "sweep <&> \"lr\"", "<b>not bold</b> & escaped");
+  size_t above = 0, one_lr = 0;
+  for (const auto& t : trials) {
+    above += t.acc >= 0.59;
+    one_lr += t.acc >= 0.59 && t.a == 3;
+  }
+  REQUIRE(above == 80);
+  REQUIRE(one_lr == 40);
+  std::string html;
+  {
+    dps::Store store(db, dps::Store::Mode::read_only);
+    html = dprun::format_html_report(store);
+  }
+  const std::string checked = std::string(DPRUN_TEST_BINARY_DIR) + "/report-html-hparams-test.html";
+  std::ofstream(checked) << instrument(html, kBrushes);
+  const Browser browser{chromium, dir.path()};
+  for (int width : {1280, 500}) {
+    INFO("window " << width << " px wide");
+    const Json result = browser.findings_of(checked, width);
+    check_page(result, width);
+    // 2 learning curves and 5 scatter panels of 200 points; one parallel-coordinates chart with
+    // an axis per swept setting and the metric's, a line per trial.
+    REQUIRE(result.at("charts").items().size() == 7);
+    int scatter_points = 0;
+    for (const auto& c : result.at("charts").items())
+      for (const auto& s : c.at("series").items())
+        if (!s.get("scatter").is_null()) scatter_points += static_cast<int>(s.at("points").items().size());
+    CHECK(scatter_points == 5 * 200);
+    REQUIRE(result.at("pcoords").items().size() == 1);
+    const Json& pc = result.at("pcoords").items()[0];
+    std::vector<std::string> axes;
+    for (const auto& a : pc.at("axes").items()) axes.push_back(a.at("name").as_string());
+    CHECK(axes == std::vector<std::string>{"seed", "batch_size", "per_gpu_batch", "lr", "optimizer",
+                                           "best_test_acc"});
+    CHECK(pc.at("lines").as_int() == 200);
+    // Brushing: what stays shown after each brush, everywhere the section shows the trials.
+    const auto& steps = result.at("brushing").items();
+    REQUIRE(steps.size() == 4);
+    const size_t expected[] = {above, one_lr, above, 200};
+    for (size_t k = 0; k < 4; ++k) {
+      INFO("brush " << k << " on " << steps[k].at("axis").as_string() << ": "
+                    << steps[k].get("problem").dump() << " caption "
+                    << steps[k].get("caption").dump());
+      REQUIRE(steps[k].get("shown").is_object());
+      const Json& shown = steps[k].at("shown");
+      CHECK(shown.at("lines").as_int() == static_cast<int64_t>(expected[k]));
+      CHECK(shown.at("rows").as_int() == static_cast<int64_t>(expected[k]));
+      CHECK(shown.at("points").as_int() == static_cast<int64_t>(5 * expected[k]));
+      CHECK(shown.at("curves").as_int() == static_cast<int64_t>(2 * expected[k]));
+    }
+    CHECK(steps[1].at("caption").as_string() == std::to_string(one_lr) + " of 200 trials selected");
+  }
+}
+
+// A sweep of a few thousand trials: measured, not asserted (a test never times): the ms from
+// navigation to the check and per brush update are printed for the closing notes.
+TEST_CASE("report --html: 3000 trials in a real browser, with the time brushing takes",
+          "[report][scale]") {
+  const std::string chromium = chromium_path();
+  if (chromium.empty()) {
+    DPTEST_SKIPPED(
+        "chromium not found (Debian: apt-get install chromium, or scripts/install-deps --tests): "
+        "the 3000-trial report was not rendered in a browser");
+    return;
+  }
+  dptest::TempDir dir;
+  const std::string db = dir.path() + "/r.db";
+  const auto trials = fill_sweep(db, 75);
+  REQUIRE(trials.size() == 3000);
+  std::string html;
+  {
+    dps::Store store(db, dps::Store::Mode::read_only);
+    html = dprun::format_html_report(store);
+  }
+  const std::string checked = std::string(DPRUN_TEST_BINARY_DIR) + "/report-html-3000-test.html";
+  std::ofstream(checked) << instrument(html, kBrushes);
+  const Browser browser{chromium, dir.path()};
+  const Json result = browser.findings_of(checked, 1280);
+  check_page(result, 1280);
+  const auto& steps = result.at("brushing").items();
+  REQUIRE(steps.size() == 4);
+  CHECK(steps[0].at("shown").at("rows").as_int() == 1200);
+  CHECK(steps[3].at("shown").at("rows").as_int() == 3000);
+  std::printf("report --html, 3000 trials (%zu bytes): %.0f ms from navigation to the check;"
+              " brush updates",
+              html.size(), result.at("timing").as_double());
+  for (const auto& s : steps) std::printf(" %.1f", s.at("ms").as_double());
+  std::printf(" ms (chromium --headless, virtual time)\n");
 }
