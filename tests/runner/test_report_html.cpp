@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "base/json.hpp"
+#include "base/os.hpp"
+#include "cli_helpers.hpp"
 #include "dpstore/store.hpp"
 #include "report/html_chart.hpp"
 #include "report/report.hpp"
@@ -562,4 +564,119 @@ TEST_CASE("report --html: 3000 trials in a real browser, with the time brushing 
               html.size(), result.at("timing").as_double());
   for (const auto& s : steps) std::printf(" %.1f", s.at("ms").as_double());
   std::printf(" ms (chromium --headless, virtual time)\n");
+}
+
+// ---- dprun report --html FILE --refresh SECONDS -----------------------------------------------
+
+namespace {
+
+// A process standing in for a sweep's runner: alive until killed.
+pid_t start_sleeper() {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execlp("sleep", "sleep", "600", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+void end_sleeper(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+// The "written ..." time the live page states ("" when it says none).
+std::string written_at(const std::string& page) {
+  const size_t at = page.find("Live: written ");
+  return at == std::string::npos ? "" : page.substr(at + 14, 23);
+}
+
+}  // namespace
+
+TEST_CASE("report --refresh: the page reloads itself while a trial runs, then is written once more "
+          "without reloading",
+          "[report][cli]") {
+  dptest::TempDir dir;
+  const std::string db = dir.path() + "/r.db";
+  fill_sweep(db, 1);
+  const pid_t runner = start_sleeper();
+  REQUIRE(runner > 0);
+  {
+    const auto& table = dprun::builtin_settings();
+    dps::Store store(db, dps::Store::Mode::read_write, table.store_columns());
+    const auto trials = store.trials(store.experiments().at(0).id);
+    REQUIRE(store.claim_trial(trials.at(3).id, dps::TrialStatus::done, runner, dprun::host_name()));
+  }
+  const std::string page = dir.path() + "/live.html";
+  SECTION("until the sweep's runner has ended") {
+    clitest::Dprun report({"report", "--db", db, "--html", page, "--refresh", "1"}, dir.path());
+    std::string first;
+    // Rewritten while the trial runs: a reloading page, and a later one with a later time.
+    REQUIRE(clitest::wait_until([&] {
+      first = written_at(clitest::slurp(page));
+      return !first.empty();
+    }));
+    CHECK(clitest::slurp(page).find("<meta http-equiv=\"refresh\" content=\"1\">") !=
+          std::string::npos);
+    REQUIRE(clitest::wait_until([&] {
+      const std::string now = written_at(clitest::slurp(page));
+      return !now.empty() && now != first;
+    }));
+    end_sleeper(runner);
+    const clitest::Result r = report.wait();
+    DPRUN_REQUIRE_EXIT(r, 0);
+    CHECK_THAT(r.err, Catch::Contains("the sweep has nothing running") &&
+                          Catch::Contains("it no longer reloads"));
+    const std::string last = clitest::slurp(page);
+    CHECK(last.find("http-equiv") == std::string::npos);
+    CHECK(last.find("Live: written") == std::string::npos);
+    CHECK(last.find("<figure class=\"pcoords\"") != std::string::npos);
+    // Written whole each time: no temporary file left beside it.
+    int files = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path()))
+      files += f.path().filename().string().rfind("live.html", 0) == 0;
+    CHECK(files == 1);
+  }
+  SECTION("until Ctrl-C") {
+    clitest::Dprun report({"report", "--db", db, "--html", page, "--refresh", "1"}, dir.path());
+    REQUIRE(clitest::wait_until([&] { return !written_at(clitest::slurp(page)).empty(); }));
+    ::kill(report.pid(), SIGINT);
+    const clitest::Result r = report.wait();
+    end_sleeper(runner);
+    DPRUN_REQUIRE_EXIT(r, 0);
+    CHECK_THAT(r.err, Catch::Contains("stopped watching"));
+    CHECK(clitest::slurp(page).find("http-equiv") == std::string::npos);
+  }
+}
+
+TEST_CASE("report: --metric and --refresh are checked, saying what is wrong", "[report][cli]") {
+  dptest::TempDir dir;
+  const std::string db = dir.path() + "/r.db";
+  fill_sweep(db, 1);
+  const std::string page = dir.path() + "/p.html";
+  auto refused = [&](const std::vector<std::string>& args, const std::string& says) {
+    std::vector<std::string> all{"report", "--db", db};
+    all.insert(all.end(), args.begin(), args.end());
+    const clitest::Result r = clitest::run(all, dir.path());
+    DPRUN_CHECK_EXIT(r, 2);
+    CHECK_THAT(r.err, Catch::Contains(says));
+    CHECK_FALSE(std::filesystem::exists(page));
+  };
+  refused({"--html", page, "--metric", "best_acc"},
+          "--metric: unknown metric \"best_acc\"; the metrics are best_val_acc, best_test_acc");
+  refused({"--metric", "best_test_acc"}, "--metric applies to the HTML report: add --html FILE");
+  refused({"--refresh", "5"}, "--refresh applies to the HTML report: add --html FILE");
+  refused({"--html", page, "--refresh", "0"}, "--refresh 0: expected a positive integer");
+  refused({"--html", "-", "--refresh", "5"}, "give --html FILE, not -");
+  // Nothing running: one page, without the reload, at once.
+  const clitest::Result r =
+      clitest::run({"report", "--db", db, "--html", page, "--refresh", "5", "--metric",
+                    "final_test_loss"},
+                   dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  const std::string html = clitest::slurp(page);
+  CHECK(html.find("metric: <b>final_test_loss</b>") != std::string::npos);
+  CHECK(html.find("http-equiv") == std::string::npos);
 }
