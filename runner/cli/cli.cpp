@@ -130,7 +130,8 @@ const Opt kRestartOpt{"--restart", "",
 const Opt kFilterOpt{
     "--filter", "KEY=VALUE",
     "only run trials whose setting KEY (model, gpus, batch_size, lr, seed, option.NAME, ...) "
-    "equals VALUE; repeatable (one key several times: any of the values)"};
+    "equals VALUE, or with tag=NAME those given the tag (dprun tag); repeatable (one key several "
+    "times: any of the values)"};
 const Opt kSetOpt{"--set", "KEY=VALUE",
                   "replace a value of the file: train.epochs=2, model.lenet.hidden=64, "
                   "sweep.lr=[0.1,0.2] (TOML; a bare word is a string); checked as the file's "
@@ -256,6 +257,39 @@ const std::vector<Command>& commands() {
        "trial_summary\"\n",
        false,
        export_command},
+      {"tag",
+       "tag trials of a results database (or take a tag off)",
+       "dprun tag [--db PATH] [--remove] TRIAL_ID... NAME",
+       "Gives the trials the tag NAME (1 to 64 of A-Z a-z 0-9 _ . -), or takes it off with\n"
+       "--remove. dprun report shows the tags, trial_summary lists them (column tags), and\n"
+       "--filter tag=NAME runs, plans or submits only the trials that have the tag. Every id must\n"
+       "exist: an unknown one changes nothing.",
+       {kResultsDbOpt, {"--remove", "", "take the tag off the trials instead"}},
+       "Trial ids: dprun query \"SELECT trial_id, model, gpus, status, tags FROM trial_summary\"\n",
+       false,
+       tag_command},
+      {"note",
+       "write a note on a trial of a results database",
+       "dprun note [--db PATH] TRIAL_ID [--] \"TEXT\"",
+       "Sets the trial's note to TEXT (\"\" clears it). dprun report lists the notes under its\n"
+       "table; trial_summary has them in its column note.",
+       {kResultsDbOpt},
+       "",
+       false,
+       note_command},
+      {"forget",
+       "delete trials from a results database, with their checkpoint files",
+       "dprun forget [--db PATH] [--yes] TRIAL_ID...",
+       "Deletes the trials with their epochs, attempts, tags, notes and checkpoints, and their\n"
+       "checkpoint files, after listing them and asking. The next dprun run of their experiment\n"
+       "runs them again from scratch. A trial running under a live dprun, or held by a Slurm task\n"
+       "not collected yet, is refused.",
+       {kResultsDbOpt, {"--yes", "", "do not ask (needed when standard input is not a terminal)"}},
+       "Exit status: 0 forgotten, 1 answered no (nothing changed) or a file could not be removed\n"
+       "(the trials are forgotten; the message names it), 2 a bad id or a refused trial (nothing\n"
+       "changed).\n",
+       false,
+       forget_command},
       {"submit",
        "run an experiment file on a Slurm cluster: one job array, a task per trial",
        "dprun submit FILE.toml [options] [--slurm [sbatch options]]",

@@ -67,6 +67,10 @@ int settings_command(const Invocation& in);
 int submit_command(const Invocation& in);
 int status_command(const Invocation& in);
 int merge_command(const Invocation& in);
+// annotate_commands.cpp: the user's words about trials, and forgetting trials.
+int tag_command(const Invocation& in);
+int note_command(const Invocation& in);
+int forget_command(const Invocation& in);
 
 /// The database a results command reads: --db, else the only results/*.db here; a UsageError
 /// when it does not exist.

@@ -123,6 +123,31 @@ std::string fixed(const std::optional<double>& v, const char* fmt) {
   return buf;
 }
 
+std::string joined_tags(const dps::TrialRow& trial) {
+  std::string out;
+  for (const auto& tag : trial.tags) out += (out.empty() ? "" : ",") + tag;
+  return out.empty() ? "-" : out;
+}
+
+// A note as lines under the table: its own line breaks kept (indented under the first line),
+// every other control character escaped as \xNN, so a note cannot move the cursor or recolour
+// the terminal.
+std::string note_lines(const std::string& note, const std::string& indent) {
+  std::string out;
+  for (unsigned char c : note) {
+    if (c == '\n') {
+      out += "\n" + indent;
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\n";
+}
+
 }  // namespace
 
 std::string ExperimentTrials::label(size_t i) const {
@@ -215,8 +240,11 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
     for (const char* h :
          {"status", "epochs", "final_acc", "best_acc", "s/epoch", "speedup", "backend"})
       header.push_back(h);
+    const bool any_tags = std::any_of(trials.begin(), trials.end(),
+                                      [](const auto& t) { return !t.trial.tags.empty(); });
+    if (any_tags) header.push_back("tags");
     table.push_back(header);
-    std::vector<std::string> errors, no_speedup;
+    std::vector<std::string> errors, no_speedup, notes;
     for (size_t i = 0; i < trials.size(); ++i) {
       const dps::TrialSummary& t = trials[i];
       std::vector<std::string> cells;
@@ -231,7 +259,11 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
       cells.push_back(fixed(t.mean_seconds_per_epoch, "%.2f"));
       cells.push_back(fixed(t.speedup, "%.2fx"));
       cells.push_back(t.trial.backend.empty() ? "-" : t.trial.backend);
+      if (any_tags) cells.push_back(joined_tags(t.trial));
       table.push_back(cells);
+      if (!t.trial.note.empty())
+        notes.push_back("trial " + std::to_string(t.trial.id) + " (" + x.label(i) +
+                        "): " + note_lines(t.trial.note, "      "));
       if (const std::string why = x.no_speedup_reason(i); !why.empty())
         no_speedup.push_back(x.label(i) + ": no speedup: " + why);
       if (!t.trial.error.empty()) {
@@ -244,6 +276,8 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
     out += format_aligned(table, "  ");
     for (const auto& err : errors) out += "  ! " + err + "\n";
     for (const auto& why : no_speedup) out += "  - " + why + "\n";
+    if (!notes.empty()) out += "  notes:\n";
+    for (const auto& note : notes) out += "    " + note;
     out += "\n";
   }
   out +=

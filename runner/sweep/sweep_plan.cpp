@@ -58,22 +58,33 @@ std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec) {
 }
 
 bool trial_matches(const TrialSpec& spec,
-                   const std::vector<std::pair<std::string, std::string>>& filters) {
+                   const std::vector<std::pair<std::string, std::string>>& filters,
+                   const dps::TrialRow* stored) {
   if (filters.empty()) return true;
   const auto values = trial_setting_values(spec);
   std::map<std::string, bool> matched;  // per key: any of its values matched
   for (const auto& [key, wanted] : filters) {
+    // A tag lives in the database, not in the experiment file: it is asked of the stored trial.
+    if (key == "tag") {
+      if (const std::string problem = dps::tag_name_problem(wanted); !problem.empty())
+        throw UsageError("--filter tag=" + wanted + ": " + problem);
+      matched[key] = matched[key] || (stored && std::find(stored->tags.begin(), stored->tags.end(),
+                                                          wanted) != stored->tags.end());
+      continue;
+    }
     auto it = values.find(key);
     if (it == values.end() && key.rfind("option.", 0) != 0) {
       std::vector<std::string> known;
       for (const Setting* row : spec.settings.table().recorded())
         known.push_back(row->key.empty() ? row->column : row->key);
-      const std::string hint = did_you_mean(key, known);
+      std::vector<std::string> keys = known;
+      keys.push_back("tag");
+      const std::string hint = did_you_mean(key, keys);
       std::string list;
       for (const auto& k : known) list += k + ", ";
       throw UsageError("--filter " + key + "=" + wanted + ": unknown setting \"" + key + "\"" +
                        (hint.empty() ? "" : "; did you mean " + hint + "?") + " (known: " + list +
-                       "option.NAME for a model option)");
+                       "option.NAME for a model option, tag for a tag given with dprun tag)");
     }
     bool ok = it != values.end() && same_value(it->second, wanted);
     matched[key] = matched[key] || ok;
@@ -126,7 +137,7 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
     PlannedTrial p;
     p.spec = &spec;
     if (auto it = stored.find(spec.config_hash); it != stored.end()) p.row = it->second;
-    if (!trial_matches(spec, options.filters)) {
+    if (!trial_matches(spec, options.filters, p.row ? &*p.row : nullptr)) {
       p.action = TrialAction::skip;
       p.why = "filtered out";
       p.eligible = false;

@@ -75,9 +75,12 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
 std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec);
 
 /// True when the trial matches every filter key (several values for one key: any of them).
-/// Throws UsageError for a key that is not a setting name.
+/// Key `tag`: the stored trial has that tag (dprun tag); a trial the database does not hold
+/// (stored null) has none. Throws UsageError for a key that is not a setting name or `tag`, and
+/// for a value of `tag` that is not a tag name.
 bool trial_matches(const TrialSpec& spec,
-                   const std::vector<std::pair<std::string, std::string>>& filters);
+                   const std::vector<std::pair<std::string, std::string>>& filters,
+                   const dps::TrialRow* stored = nullptr);
 
 /// "lenet gpus=2 batch_size=512 lr=0.4": the model (unless the label names it) and the label.
 std::string trial_display_name(const TrialSpec& spec);

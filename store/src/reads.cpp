@@ -13,7 +13,8 @@ namespace detail {
 
 std::string select_trials(const std::vector<std::string>& setting_columns,
                           const std::vector<std::string>& absent, bool has_checkpoints,
-                          const std::string& where, const std::string& more_columns) {
+                          bool has_tags, const std::string& where,
+                          const std::string& more_columns) {
   // Qualified and named with AS: the statement may join other tables, and SQLite promises a
   // result column's name only when AS gives it. Setting columns are quoted identifiers.
   std::string sql = "SELECT ";
@@ -25,10 +26,15 @@ std::string select_trials(const std::vector<std::string>& setting_columns,
   sql += has_checkpoints ? "(SELECT MAX(c.epoch) FROM checkpoints c WHERE c.trial_id = trials.id "
                            "AND c.role = 'last')"
                          : "NULL";
-  return sql + " AS last_checkpoint_epoch, " +
+  // Tags never hold a comma (their CHECK), so the list splits back as it was.
+  sql += has_tags ? " AS last_checkpoint_epoch, (SELECT group_concat(g.tag, ',') FROM trial_tags g "
+                    "WHERE g.trial_id = trials.id)"
+                  : " AS last_checkpoint_epoch, NULL";
+  return sql + " AS tags, " +
          "(SELECT COUNT(*) FROM epochs WHERE epochs.trial_id = trials.id) AS epochs_done" +
          more_columns + " FROM trials " + where;
 }
+
 
 TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt& s) {
   TrialRow r;
@@ -59,6 +65,14 @@ TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt&
   r.rung = s.is_null("rung") ? -1 : s.int64("rung");
   r.last_checkpoint_epoch = s.int64("last_checkpoint_epoch");
   r.epochs_done = s.int64("epochs_done");
+  r.note = s.text("note");
+  const std::string tags = s.text("tags");
+  for (size_t begin = 0; begin < tags.size();) {
+    const size_t end = std::min(tags.find(',', begin), tags.size());
+    r.tags.push_back(tags.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  std::sort(r.tags.begin(), r.tags.end());
   return r;
 }
 
@@ -99,6 +113,7 @@ std::vector<ExperimentRow> Store::experiments() {
 std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::string& config_hash) {
   Stmt s(impl_->db, detail::select_trials(
                         impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
+                        impl_->has_tags(),
                         "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
                         .c_str());
   s.bind(1, experiment_id).bind(2, config_hash);
@@ -107,19 +122,21 @@ std::optional<TrialRow> Store::find_trial(int64_t experiment_id, const std::stri
 }
 
 std::optional<TrialRow> Store::get_trial(int64_t trial_id) {
-  Stmt s(impl_->db, detail::select_trials(impl_->setting_columns, impl_->absent_columns,
-                                          impl_->has_checkpoints(), "WHERE trials.id = ?1")
-                        .c_str());
+  Stmt s(impl_->db,
+         detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+                               impl_->has_checkpoints(), impl_->has_tags(), "WHERE trials.id = ?1")
+             .c_str());
   s.bind(1, trial_id);
   if (!s.step()) return std::nullopt;
   return detail::read_trial(impl_->setting_columns, s);
 }
 
 std::vector<TrialRow> Store::trials(int64_t experiment_id) {
-  Stmt s(impl_->db, detail::select_trials(
-                        impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
-                        "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id")
-                        .c_str());
+  Stmt s(impl_->db,
+         detail::select_trials(impl_->setting_columns, impl_->absent_columns,
+                               impl_->has_checkpoints(), impl_->has_tags(),
+                               "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id")
+             .c_str());
   s.bind(1, experiment_id);
   std::vector<TrialRow> rows;
   while (s.step()) rows.push_back(detail::read_trial(impl_->setting_columns, s));
@@ -183,7 +200,7 @@ std::vector<AttemptRow> Store::attempts(int64_t trial_id) {
 std::vector<TrialSummary> Store::trial_summaries(int64_t experiment_id) {
   // The trial's own columns come from `trials`, its results from the views.
   const std::string sql = detail::select_trials(
-      impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(),
+      impl_->setting_columns, impl_->absent_columns, impl_->has_checkpoints(), impl_->has_tags(),
       "JOIN trial_summary s ON s.trial_id = trials.id "
       "LEFT JOIN scaling c ON c.trial_id = trials.id "
       "WHERE trials.experiment_id = ?1 ORDER BY trials.ordinal, trials.id",

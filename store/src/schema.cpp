@@ -272,13 +272,34 @@ CREATE TABLE attempts (
 );
 )SQL";
 
-// Append new versions here ({6, kSchemaV6}, ...); applied ones are never edited.
+// Version 6 (the user's words about trials: dprun tag, dprun note, dprun forget):
+//   trial_tags: one row per tag of a trial, a name of 1 to 64 of A-Z a-z 0-9 _ . - (no commas,
+//     so the trial_summary view's comma-separated list reads back as it was). A table of its
+//     own, not a list in a column: a tag is added or removed without rewriting the others, one
+//     index finds the trials of a tag (--filter tag=NAME), and the pair is unique.
+//   trials.note: the trial's note, NULL for none. A column, not a table: a trial has at most one
+//     note, read with the rest of its row, and it goes when the trial goes.
+// Deleting a trial (forget) takes its tags along (ON DELETE CASCADE), as its epochs.
+constexpr const char* kSchemaV6 = R"SQL(
+ALTER TABLE trials ADD COLUMN note TEXT;
+CREATE TABLE trial_tags (
+  trial_id  INTEGER NOT NULL REFERENCES trials(id) ON DELETE CASCADE,
+  tag       TEXT NOT NULL
+            CHECK (length(tag) BETWEEN 1 AND 64 AND tag NOT GLOB '*[^-A-Za-z0-9_.]*'),
+  tagged_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),
+  PRIMARY KEY (trial_id, tag)
+);
+CREATE INDEX trial_tags_by_tag ON trial_tags(tag);
+)SQL";
+
+// Append new versions here ({7, kSchemaV7}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
     {1, kSchemaV1},
     {2, kSchemaV2},
     {3, kSchemaV3},
     {4, kSchemaV4},
     {5, kSchemaV5},
+    {6, kSchemaV6},
 };
 
 }  // namespace
@@ -350,14 +371,14 @@ int migrate(sqlite3* db, const std::string& path) {
 }
 
 const std::vector<std::string>& own_trial_columns() {
-  // The columns of `trials` the store defines itself (schema versions 1 to 5); every other
+  // The columns of `trials` the store defines itself (schema versions 1 to 6); every other
   // column records a setting. A migration that adds a column of the store's own must add it here.
   static const std::vector<std::string> columns = {
       "id",         "experiment_id", "config_hash", "ordinal",       "status",
       "error",      "attempts",      "backend",     "devices",       "oversubscribed",
       "host",       "dprun_version", "plugin_path", "plugin_sha256", "runner_pid",
       "created_at", "started_at",    "finished_at", "heartbeat_at",  "hosts",
-      "launch",     "device_set",    "resumed_from_epoch", "rung"};
+      "launch",     "device_set",    "resumed_from_epoch", "rung",   "note"};
   return columns;
 }
 

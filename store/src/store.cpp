@@ -30,19 +30,6 @@ const TrialStatus kAllStatuses[] = {
     TrialStatus::diverged, TrialStatus::interrupted, TrialStatus::skipped, TrialStatus::stopped,
     TrialStatus::pruned};
 
-std::string this_host() {
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
-}
-
-// True only when the process certainly does not exist: kill(pid, 0) can also fail with EPERM
-// for a live process of another user, which must not count as dead.
-bool process_is_gone(int64_t pid) {
-  if (pid <= 0 || pid > INT_MAX) return false;  // 0 / negative would address process groups
-  return kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH;
-}
-
 void exec(sqlite3* db, const char* sql) {
   detail::sqlite_check(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), db, "sqlite3_exec",
                        __FILE__, __LINE__, sql);
@@ -69,6 +56,23 @@ void enable_wal(sqlite3* db) {
 }
 
 }  // namespace
+
+namespace detail {
+
+std::string this_host() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
+
+// kill(pid, 0) can also fail with EPERM for a live process of another user, which must not
+// count as dead.
+bool process_is_gone(int64_t pid) {
+  if (pid <= 0 || pid > INT_MAX) return false;  // 0 / negative would address process groups
+  return kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH;
+}
+
+}  // namespace detail
 
 const char* status_name(TrialStatus s) {
   switch (s) {
@@ -265,7 +269,7 @@ TrialRow Store::ensure_trial(int64_t experiment_id, const std::string& config_ha
   for (const auto& [name, value] : settings) ins.bind(++n, value);
   ins.run();
   Stmt sel(db, detail::select_trials(impl_->setting_columns, impl_->absent_columns,
-                                     impl_->has_checkpoints(),
+                                     impl_->has_checkpoints(), impl_->has_tags(),
                                      "WHERE trials.experiment_id = ?1 AND trials.config_hash = ?2")
                    .c_str());
   sel.bind(1, experiment_id).bind(2, config_hash);
@@ -444,7 +448,7 @@ void Store::set_rung(int64_t trial_id, int64_t rung) {
 
 int Store::recover_stale(int64_t experiment_id, double stale_seconds) {
   sqlite3* db = impl_->db;
-  const std::string host = this_host();
+  const std::string host = detail::this_host();
   WriteTransaction txn(db);
   struct Stale {
     int64_t id, pid;
@@ -460,7 +464,7 @@ int Store::recover_stale(int64_t experiment_id, double stale_seconds) {
     while (s.step()) {
       const int64_t pid = s.int64(2);
       // The pid says something only on the host that started it.
-      const bool gone = !host.empty() && s.text(1) == host && process_is_gone(pid);
+      const bool gone = !host.empty() && s.text(1) == host && detail::process_is_gone(pid);
       const bool silent = s.is_null(3) || s.real(3) > stale_seconds;
       if (gone) {
         stale.push_back({s.int64(0), pid, ""});

@@ -27,6 +27,8 @@ struct Store::Impl {
   bool has_checkpoints() const { return user_version >= 3; }
   /// The submissions and tasks tables exist (schema 4 or later).
   bool has_tasks() const { return user_version >= 4; }
+  /// The trial_tags table exists (schema 6 or later).
+  bool has_tags() const { return user_version >= 6; }
 
   ~Impl();
 };
@@ -35,12 +37,18 @@ namespace detail {
 
 /// "SELECT <every column of a TrialRow>" + more_columns + " FROM trials " + where.
 /// absent: own columns the database lacks (an older schema opened read-only), read as NULL.
-/// has_checkpoints: the database has the checkpoints table (else last_checkpoint_epoch is NULL).
+/// has_checkpoints: the database has the checkpoints table (else last_checkpoint_epoch is NULL);
+/// has_tags: it has the trial_tags table (else the tags read as none).
 std::string select_trials(const std::vector<std::string>& setting_columns,
                           const std::vector<std::string>& absent, bool has_checkpoints,
-                          const std::string& where, const std::string& more_columns = "");
+                          bool has_tags, const std::string& where,
+                          const std::string& more_columns = "");
 /// The TrialRow of the current row of a statement made from select_trials (read by name).
 TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt& s);
+/// True only when the process certainly does not exist on this host.
+bool process_is_gone(int64_t pid);
+/// This host's name ("" when unknown).
+std::string this_host();
 /// Store::put_trial_state inside the caller's write transaction (path for messages).
 int64_t put_trial_state(sqlite3* db, const std::string& path,
                         const std::vector<std::string>& setting_columns, bool has_checkpoints,

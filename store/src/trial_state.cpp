@@ -54,6 +54,17 @@ int64_t put_trial_state(sqlite3* db, const std::string& path,
     for (const auto& [name, value] : t.settings) ins.bind(++n, value);
     ins.run();
     id = sqlite3_last_insert_rowid(db);
+    // The user's words come along with a trial new here; an existing trial keeps this
+    // database's (a merge must not undo a tag given while its task ran).
+    Stmt note(db, "UPDATE trials SET note = ?2 WHERE id = ?1");
+    note.bind(1, id).bind_text_or_null(2, t.note);
+    note.run();
+    Stmt tag(db, "INSERT OR IGNORE INTO trial_tags (trial_id, tag) VALUES (?1, ?2)");
+    for (const std::string& name : t.tags) {
+      tag.bind(1, id).bind(2, name);
+      tag.run();
+      sqlite3_reset(tag.get());
+    }
   }
   Stmt up(db,
           "UPDATE trials SET status = ?2, error = ?3, attempts = ?4, backend = ?5, devices = ?6, "

@@ -1,7 +1,8 @@
 // The views, generated from the setting columns: trial_summary lists every setting of a trial,
 // and scaling matches a trial with its 1-GPU baseline on every setting but those allowed to
 // differ. Their column names are a documented interface (users query them), so a generated view
-// keeps every column the views of schema version 1 had.
+// keeps every column the views of schema version 1 had. trial_summary reads trial_tags and
+// trials.note (schema 6): the views are generated only on databases migrated that far.
 #include "views.hpp"
 
 namespace dps::detail {
@@ -35,6 +36,8 @@ std::string trial_summary_view(const std::vector<std::string>& settings) {
 --     than one epoch, because epoch 1 includes warm-up (allocations, library autotuning, first
 --     touch of the data) and would bias timings and speedups; with a single epoch it is that
 --     epoch's seconds. total_seconds sums every epoch, warm-up included.
+--   tags: the trial's tags (dprun tag), sorted, separated by commas; note: its note (dprun note).
+--     NULL when it has none.
 SELECT
   e.name AS experiment, t.experiment_id, t.id AS trial_id, t.ordinal, t.config_hash,
 )SQL" + wrapped(settings, "t.", "  ") +
@@ -47,7 +50,10 @@ SELECT
   last.train_loss AS final_train_loss,
   a.total_seconds,
   t.backend, t.devices, t.oversubscribed, t.host, t.started_at, t.finished_at,
-  t.hosts, t.launch, t.device_set
+  t.hosts, t.launch, t.device_set,
+  (SELECT group_concat(tag, ',')
+   FROM (SELECT g.tag FROM trial_tags g WHERE g.trial_id = t.id ORDER BY g.tag)) AS tags,
+  t.note
 FROM trials t
 JOIN experiments e ON e.id = t.experiment_id
 LEFT JOIN (

@@ -197,7 +197,7 @@ TEST_CASE("upgrade: schema 5 widens the status check in place and records attemp
   Upgrade u;
   {
     dps::Store store(u.db, dps::Store::Mode::read_write, dprun::builtin_settings().store_columns());
-    CHECK(store.user_version() == 5);
+    CHECK(store.user_version() == dps::schema_version());
     const auto exp = store.find_experiment("upgrade");
     REQUIRE(exp);
     const auto trials = store.trials(exp->id);

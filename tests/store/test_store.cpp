@@ -53,8 +53,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
   Store store(path);
   CHECK(store.path() == path);
   CHECK(store.user_version() == dps::schema_version());
-  CHECK(dps::schema_version() == 5);
-  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "5");
+  CHECK(dps::schema_version() == 6);
+  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "6");
   CHECK(dpstest::raw_scalar(path, "PRAGMA journal_mode") == "wal");  // persistent in the file
   CHECK(dpstest::scalar(store, "PRAGMA foreign_keys") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA synchronous") == "1");  // NORMAL
@@ -66,7 +66,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
   for (auto& row : objects.rows) names.push_back(*row[0]);
   CHECK(names == std::vector<std::string>{"table:attempts", "table:checkpoints", "table:epochs",
                                           "table:experiments", "table:submissions", "table:tasks",
-                                          "table:trials", "view:scaling", "view:trial_summary"});
+                                          "table:trial_tags", "table:trials", "view:scaling",
+                                          "view:trial_summary"});
 
   // Every TrialSettings field is a column of trials under its documented name.
   std::set<std::string> columns;
@@ -115,7 +116,9 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
                         "hosts",
                         "launch",
                         "device_set",
-                        "resumed_from_epoch"}) {
+                        "resumed_from_epoch",
+                        "rung",
+                        "note"}) {
     INFO(c);
     CHECK(columns.count(c) == 1);
   }
@@ -131,7 +134,7 @@ TEST_CASE("reopening keeps the data and migrates nothing", "[store]") {
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store again(path);
-  CHECK(again.user_version() == 5);
+  CHECK(again.user_version() == 6);
   CHECK(again.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n") == exp);
   REQUIRE(again.trials(exp).size() == 1);
   // A second migration would have failed on "table experiments already exists"; also check the
@@ -143,10 +146,10 @@ TEST_CASE("a database from a newer dprun is refused", "[store]") {
   ScratchDir dir;
   const std::string path = dir.file("results.db");
   { Store store(path); }
-  dpstest::raw_exec(path, "PRAGMA user_version = 6");
+  dpstest::raw_exec(path, "PRAGMA user_version = 7");
   const std::string expected = path +
-                               ": database schema version 6 is newer than this dprun supports "
-                               "(5): upgrade dprun";
+                               ": database schema version 7 is newer than this dprun supports "
+                               "(6): upgrade dprun";
   REQUIRE_THROWS_AS(Store(path), StoreError);
   REQUIRE_THROWS_WITH(Store(path), expected);
   REQUIRE_THROWS_WITH(Store(path, Store::Mode::read_only), expected);
@@ -186,7 +189,7 @@ TEST_CASE("read-only stores cannot write, through query or the connection", "[st
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store ro(path, Store::Mode::read_only);
-  CHECK(ro.user_version() == 5);
+  CHECK(ro.user_version() == 6);
   REQUIRE(ro.trials(exp).size() == 1);
   CHECK(dpstest::scalar(ro, "SELECT name FROM experiments") == "e");
   REQUIRE_THROWS_WITH(ro.query("INSERT INTO experiments (name, toml_source, toml_sha256) "

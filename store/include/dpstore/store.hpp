@@ -83,7 +83,16 @@ struct TrialRow {
   int64_t last_checkpoint_epoch = 0;  // the epoch of its 'last' checkpoint; 0: none
   /// Under a [search] scheduler (schema 5): the rung it may run to; -1: none (NULL).
   int64_t rung = -1;
+  /// The user's words about it (schema 6; dprun tag, dprun note): its tags, sorted, and its note
+  /// ("": none). Empty on a database older than schema 6 opened read-only.
+  std::vector<std::string> tags;
+  std::string note;
 };
+
+/// Why `tag` is not a tag name, naming it ("" when it is one): a tag is 1 to 64 of the
+/// characters A-Z a-z 0-9 _ . - (no spaces or commas: the trial_summary view lists a trial's tags
+/// separated by commas).
+std::string tag_name_problem(const std::string& tag);
 
 struct EpochRow {
   int64_t trial_id = 0;
@@ -329,6 +338,29 @@ class Store {
   MergeOutcome merge_task(int64_t submission_id, int64_t index, const TrialState& state);
   /// Closes a task that ended without a result (why: the cause). False when it was closed.
   bool close_lost_task(int64_t submission_id, int64_t index, const std::string& why);
+
+  // The user's words about trials (schema 6): tags and notes; and forgetting trials. Each call
+  // is one transaction that checks every trial id first: an unknown one changes nothing.
+
+  /// Gives each trial the tag (a trial that has it keeps it). Returns how many trials gained it.
+  /// StoreError, changing nothing, for a bad tag name or trial ids the database does not have
+  /// (naming them all).
+  int64_t tag_trials(const std::vector<int64_t>& trial_ids, const std::string& tag);
+  /// Takes the tag from each trial that has it. Returns how many had it. Errors as tag_trials.
+  int64_t untag_trials(const std::vector<int64_t>& trial_ids, const std::string& tag);
+  /// Sets the trial's note; "" clears it. StoreError when there is no such trial.
+  void set_note(int64_t trial_id, const std::string& note);
+  /// Why the trial must not be forgotten now, "" when it may: it is running under a live runner
+  /// (its process exists on this host, or, on another host, its heartbeat is younger than
+  /// stale_seconds, as recover_stale judges), or a Slurm task holds it and was not collected yet.
+  /// StoreError when there is no such trial.
+  std::string forget_refusal(int64_t trial_id, double stale_seconds);
+  /// Deletes the trials with their epochs, attempts, checkpoint rows, tags and Slurm tasks (the
+  /// foreign keys cascade), in one transaction. Returns the checkpoint rows deleted: removing the
+  /// files is the caller's, after this returned, so no row ever names a missing file. StoreError,
+  /// changing nothing, for an unknown trial id or one forget_refusal refuses.
+  std::vector<CheckpointRow> forget_trials(const std::vector<int64_t>& trial_ids,
+                                           double stale_seconds);
 
   /// Runs one SQL statement with no side effects (the connection is opened read-only for
   /// read_only stores; for read_write stores sqlite3_stmt_readonly is checked). A statement
