@@ -192,3 +192,206 @@ TEST_CASE("status: the layout, bounded for sweeps of hundreds of trials", "[stat
   CHECK_THAT(narrow, Contains("val_acc"));
   for (const auto& line : lines_with(narrow, "")) CHECK(line.size() <= 60);
 }
+
+TEST_CASE("status: a database of trials running, stale and not run", "[status]") {
+  dptest::TempDir dir;
+  const std::string db = dir.path() + "/results/e.db";
+  {
+    Store store(db, Store::Mode::read_write, dprun::builtin_settings().store_columns());
+    const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+    // Running elsewhere (a host this dprun cannot look at): its 3rd epoch of 5.
+    const int64_t running = store.ensure_trial(exp, "h1", 0, settings(5, 1, 0.1)).id;
+    dps::TrialStart start;
+    start.backend = "cpu";
+    start.devices = "CPU (2 threads, oneDNN) x1";
+    start.host = "node7";
+    start.runner_pid = 1;
+    REQUIRE(store.claim_trial(running, TrialStatus::pending, 1, "node7"));
+    store.start_trial(running, start);
+    add_epochs(store, running, 1, 3, 0.4);
+    // Running on this host, but its runner (this test, not a dprun) is no runner.
+    const int64_t stale = store.ensure_trial(exp, "h2", 1, settings(5, 1, 0.2)).id;
+    REQUIRE(store.claim_trial(stale, TrialStatus::pending, getpid(), dprun::host_name()));
+    start.host = dprun::host_name();
+    start.runner_pid = getpid();
+    store.start_trial(stale, start);
+    add_epochs(store, stale, 1, 3, 0.4);
+    // Not run: the shape of the others (lr does not change it), which lend it their timing.
+    store.ensure_trial(exp, "h3", 2, settings(5, 1, 0.3));
+  }
+  const auto r = clitest::run({"status", "--db", db}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  INFO(r.out);
+  CHECK_THAT(r.out, Contains("experiment e: 3 trials: 1 running, 1 stale, 1 not run"));
+  // 2 epochs left of the running trial and 5 of the one not run, at 0.4 s (epoch 1 left out).
+  CHECK_THAT(r.out, Contains("progress: 6/15 epochs; ETA 3s for the 2 trials left"));
+  const auto running = lines_with(r.out, "lenet lr=0.1 ");
+  REQUIRE(running.size() == 1);
+  for (const char* cell :
+       {" 1  ", "running", "3/5", "0.3333", "0.5300", "0.40", "1s", "CPU x1 on node7"})
+    CHECK_THAT(running[0], Contains(cell));
+  const auto stale = lines_with(r.out, "lenet lr=0.2 ");
+  REQUIRE(stale.size() == 1);
+  CHECK_THAT(stale[0],
+             Contains("stale") && Contains("3/5") && Contains("is gone without recording its end"));
+  const auto next = lines_with(r.out, "lenet lr=0.3 ");
+  REQUIRE(next.size() == 1);
+  CHECK_THAT(next[0], Contains("not run") && Contains("0/5") && Contains("2s"));
+  // Read only: a local sweep's database is not written (its runner writes alone).
+  CHECK(clitest::sql1(db, "SELECT status FROM trials WHERE config_hash = 'h2'") == "running");
+
+  // Nothing runs here (the running trial is another host's; it may go on): --watch waits for
+  // it, and ends once it has ended.
+  {
+    Store store(db, Store::Mode::read_write, dprun::builtin_settings().store_columns());
+    store.finish_trial(1, TrialStatus::done);
+  }
+  const auto watched = clitest::run({"status", "--db", db, "--watch", "0.05"}, dir.path());
+  DPRUN_REQUIRE_EXIT(watched, 0);
+  CHECK_THAT(watched.out, EndsWith("nothing runs or waits to run any more: --watch ends\n"));
+  CHECK(lines_with(watched.out, "experiment e:").size() == 1);  // one snapshot: nothing active
+}
+
+TEST_CASE("status: a running Slurm task's database is read read-only before any merge",
+          "[status][slurm]") {
+  dptest::TempDir dir;
+  const std::string results = dir.path() + "/results";
+  const std::string db = results + "/e.db";
+  const std::string bin = dir.path() + "/bin";
+  fs::create_directories(bin);
+  const dptest::EnvVar path("PATH", bin + ":" + std::string(std::getenv("PATH")));
+  // Slurm lists both tasks: 0 runs, 1 is queued.
+  write_script(bin + "/squeue", "echo '42|0|RUNNING'\necho '42|1|PENDING'\n");
+  write_script(bin + "/scontrol", "true\n");
+  const std::string task_db = results + "/e.tasks/s0001/t0000.db";
+  {
+    Store store(db, Store::Mode::read_write, dprun::builtin_settings().store_columns());
+    const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+    const int64_t t0 = store.ensure_trial(exp, "h1", 0, settings(4, 2, 0.1)).id;
+    const int64_t t1 = store.ensure_trial(exp, "h2", 1, settings(4, 2, 0.2)).id;
+    fs::create_directories(results + "/e.tasks/s0001");
+    dps::SubmissionRow s;
+    s.experiment_id = exp;
+    s.scheduler = "slurm";
+    s.folder = "e.tasks/s0001";
+    s.command = "sbatch job.sh";
+    dps::TaskRow a, b;
+    a.index = 0;
+    a.trial_id = t0;
+    a.database = "e.tasks/s0001/t0000.db";
+    b.index = 1;
+    b.trial_id = t1;
+    b.database = "e.tasks/s0001/t0001.db";
+    store.set_submission_job(store.add_submission(s, {a, b}), "42");
+
+    // The task's own database, as the task writes it: its trial at epoch 2 of 4.
+    Store task(task_db, Store::Mode::read_write, dprun::builtin_settings().store_columns(),
+               Store::Journal::rollback);
+    const int64_t texp = task.upsert_experiment("e", "", "x = 1");
+    const int64_t id = task.ensure_trial(texp, "h1", 0, settings(4, 2, 0.1)).id;
+    dps::TrialStart start;
+    start.backend = "cpu";
+    start.devices = "cpu";
+    start.host = "node1";
+    start.hosts = "node1 x2";
+    task.start_trial(id, start);
+    add_epochs(task, id, 1, 2, 3.0);
+  }
+  const auto before = fs::last_write_time(task_db);
+  const auto size = fs::file_size(task_db);
+
+  const auto r = clitest::run({"status", "--db", db}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  INFO(r.out);
+  CHECK_THAT(r.out, Contains("experiment e: 2 trials: 1 running, 1 queued"));
+  CHECK_THAT(r.out, Contains("Slurm job 42; collected 0 task results; 2 task(s) still queued"));
+  const auto running = lines_with(r.out, "lenet lr=0.1 ");
+  REQUIRE(running.size() == 1);
+  for (const char* cell : {"running", "2/4", "0.5000", "0.5200", "3.00", "6s", "cpu on node1 x2",
+                           "Slurm job 42_0 RUNNING"})
+    CHECK_THAT(running[0], Contains(cell));
+  const auto queued = lines_with(r.out, "lenet lr=0.2 ");
+  REQUIRE(queued.size() == 1);
+  CHECK_THAT(queued[0],
+             Contains("queued") && Contains("0/4") && Contains("Slurm job 42_1 PENDING"));
+  // The queued trial has the running one's shape: the sweep's ETA is known.
+  CHECK_THAT(r.out, Contains("ETA 18s for the 2 trials left"));
+  // Neither database changed: the task's is only read, the main one not merged into.
+  CHECK(fs::last_write_time(task_db) == before);
+  CHECK(fs::file_size(task_db) == size);
+  CHECK(clitest::sql1(db, "SELECT COUNT(*) FROM epochs") == "0");
+  CHECK(clitest::sql1(db, "SELECT COUNT(*) FROM tasks WHERE state = 'submitted'") == "2");
+
+  // Read directly: a database not created yet, and one that is not a database (yet), are said
+  // to be so, not errors.
+  dps::TaskRow missing;
+  missing.database = "e.tasks/s0001/t0009.db";
+  missing.config_hash = "h9";
+  CHECK(dprun::cli::read_task_progress(db, missing).problem == "is not created yet");
+  clitest::write_file(results + "/e.tasks/s0001/t0008.db", "half written");
+  missing.database = "e.tasks/s0001/t0008.db";
+  const auto unreadable = dprun::cli::read_task_progress(db, missing);
+  CHECK_FALSE(unreadable.state);
+  CHECK_THAT(unreadable.problem, Contains("cannot be read now"));
+  dps::TaskRow t0;
+  t0.database = "e.tasks/s0001/t0000.db";
+  t0.config_hash = "h1";
+  const auto read = dprun::cli::read_task_progress(db, t0);
+  REQUIRE(read.state);
+  CHECK(read.state->epochs.size() == 2);
+  CHECK(read.state->trial.status == TrialStatus::running);
+
+  // Once Slurm no longer lists them, status merges as before: task 0 (its trial still running
+  // in its database) is interrupted, task 1 (never started) lost.
+  write_script(bin + "/squeue", "true\n");
+  const auto after = clitest::run({"status", "--db", db, "--watch"}, dir.path());
+  DPRUN_REQUIRE_EXIT(after, 0);
+  CHECK_THAT(after.out, Contains("2 trials: 1 interrupted, 1 lost") && Contains("--watch ends"));
+}
+
+TEST_CASE("status: a local sweep held at epoch 2 of 3, once and with --watch", "[status][cli]") {
+  DPRUN_NEED_DATA(data);
+  dptest::TempDir dir;
+  const std::string file = dir.path() + "/live.toml";
+  const std::string db = dir.path() + "/live.db";
+  clitest::write_file(file, clitest::experiment_toml("live", data, "[1, 2]", 3));
+  // The first trial (gpus 1) hangs after its 2nd epoch: it stays at 2/3 until stopped.
+  clitest::Dprun runner({"run", file, "--db", db, "--threads", "2"}, dir.path(),
+                        {"DPRUN_FAULT=hang@2#0"}, "runner");
+  REQUIRE(runner.pid() > 0);
+  REQUIRE(clitest::wait_for_epochs(db, 2));
+
+  const auto r = clitest::run({"status", file, "--db", db}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  INFO(r.out);
+  CHECK_THAT(r.out, Contains("experiment live: 2 trials: 1 running, 1 not run"));
+  // The other trial has 2 GPUs: another shape, no timing to lend.
+  CHECK_THAT(r.out, Contains("progress: 2/6 epochs; ETA unknown: 1 of the 2 trials left have no "
+                             "timing yet"));
+  const auto line = lines_with(r.out, "running");
+  REQUIRE(line.size() >= 1);
+  CHECK_THAT(line.back(), Contains("lenet gpus=1") && Contains("2/3"));
+  CHECK_THAT(lines_with(r.out, "gpus=2").at(0), Contains("not run") && Contains("0/3"));
+
+  // Two watches, whose output is not a terminal: snapshots apart by a blank line. One is stopped
+  // with Ctrl-C (SIGINT: exit 0); the other ends by itself once the sweep stopped.
+  clitest::Dprun stopped({"status", "--db", db, "--watch", "0.1"}, dir.path(), {}, "stopped");
+  clitest::Dprun watch({"status", "--watch", "0.1", file, "--db", db}, dir.path(), {}, "watch");
+  for (const char* tag : {"stopped", "watch"})
+    REQUIRE(clitest::wait_until([&] {
+      return clitest::slurp(dir.path() + "/" + tag + ".out").find("2/3") != std::string::npos;
+    }));
+  ::kill(stopped.pid(), SIGINT);
+  const auto s = stopped.wait();
+  DPRUN_CHECK_EXIT(s, 0);
+
+  ::kill(runner.pid(), SIGINT);  // the sweep stops: its trial is recorded interrupted
+  DPRUN_CHECK_EXIT(runner.wait(), 130);
+  REQUIRE(clitest::wait_until([&] { return !clitest::process_alive(watch.pid()); }, 60));
+  const auto w = watch.wait();
+  DPRUN_REQUIRE_EXIT(w, 0);
+  CHECK(w.out.rfind("experiment live: 2 trials: 1 running, 1 not run\n", 0) == 0);
+  CHECK_THAT(w.out, Contains("\n\nexperiment live: 2 trials: 1 interrupted, 1 not run\n") &&
+                        EndsWith("nothing runs or waits to run any more: --watch ends\n"));
+  CHECK(w.out.find('\x1b') == std::string::npos);  // no terminal codes
+}
