@@ -50,6 +50,36 @@ bool is_problem(const std::string& state) {
   return state == "failed" || state == "diverged" || state == "interrupted" || state == "lost";
 }
 
+// Display width in terminal columns (UTF-8: continuation bytes take none).
+size_t columns_of(const std::string& s) {
+  size_t w = 0;
+  for (unsigned char c : s)
+    if ((c & 0xC0) != 0x80) ++w;
+  return w;
+}
+
+// The reasons after an aligned table, one per line, where they may run long: outside the
+// table, so that the column of one long error does not widen its rule for every line.
+std::string with_reasons(const std::string& table, const std::vector<std::string>& reasons) {
+  std::vector<std::string> lines;
+  for (size_t start = 0, end; start < table.size(); start = end + 1) {
+    end = table.find('\n', start);
+    lines.push_back(table.substr(start, end - start));
+  }
+  const bool any = std::any_of(reasons.begin() + 2, reasons.end(),
+                               [](const std::string& r) { return !r.empty(); });
+  if (!any || lines.size() < 2) return table;
+  const size_t width = columns_of(lines[1]);  // the rule: no trailing spaces trimmed
+  std::string out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::string line = lines[i];
+    if (i < reasons.size() && !reasons[i].empty())
+      line += std::string(width - std::min(width, columns_of(line)), ' ') + "  " + reasons[i];
+    out += line + "\n";
+  }
+  return out;
+}
+
 // The states in the order the counts name them.
 const std::vector<std::string>& state_order() {
   static const std::vector<std::string> order = {
@@ -103,8 +133,7 @@ std::string progress_line(const SweepStatus& sweep) {
                      std::to_string(eta.epochs_total) + " epochs";
   const std::string left =
       std::to_string(eta.left) + " trial" + (eta.left == 1 ? "" : "s") + " left";
-  if (eta.left == 0) return line + "; nothing left to run";
-  if (!sweep.active) return line + "; nothing running now";
+  if (eta.left == 0 || !sweep.active) return line + "; nothing running now";
   if (!eta.seconds)
     return line + "; ETA unknown: " + std::to_string(eta.untimed) + " of the " + left +
            " have no timing yet, nor has a trial of their shape";
@@ -237,7 +266,8 @@ std::string format_status(const SweepStatus& sweep, const StatusLayout& layout) 
   std::vector<std::vector<std::string>> table{
       {"id", "trial", "state", "epoch", "train_loss", "test_acc"}};
   if (validation) table[0].push_back("val_acc");
-  for (const char* h : {"s/epoch", "ETA", "devices", "why"}) table[0].push_back(h);
+  for (const char* h : {"s/epoch", "ETA", "devices"}) table[0].push_back(h);
+  std::vector<std::string> why{"why", "---"};
   for (size_t i : shown) {
     const TrialProgress& t = trials[i];
     std::vector<std::string> row{
@@ -252,10 +282,10 @@ std::string format_status(const SweepStatus& sweep, const StatusLayout& layout) 
     const auto eta = trial_eta(t, by_shape);
     row.push_back(eta ? format_duration(*eta) : is_left(t.state) ? "?" : "-");
     row.push_back(t.devices.empty() ? "-" : shorten(t.devices, 28));
-    row.push_back(t.why);
+    why.push_back(t.why);
     table.push_back(std::move(row));
   }
-  if (!shown.empty()) out += format_aligned(table, "  ");
+  if (!shown.empty()) out += with_reasons(format_aligned(table, "  "), why);
   if (shown.size() < trials.size()) {
     std::set<size_t> listed(shown.begin(), shown.end());
     std::vector<size_t> hidden;
