@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "base/suggest.hpp"
@@ -86,6 +87,16 @@ Args parse_args(const Command& cmd, const std::vector<std::string>& argv) {
     if (opt->metavar.empty()) {
       if (has_value) throw UsageError(opt->name + " takes no value");
       args.values[opt->name];
+      continue;
+    }
+    if (opt->metavar.front() == '[' && !has_value) {
+      // An optional value (status --watch [SECONDS]): the next word only when it is a number,
+      // so that `--watch exp.toml` leaves the file positional.
+      auto& values = args.values[opt->name];
+      char* end = nullptr;
+      if (i + 1 < argv.size() && !argv[i + 1].empty() &&
+          (std::strtod(argv[i + 1].c_str(), &end), *end == '\0'))
+        values.push_back(argv[++i]);
       continue;
     }
     if (!has_value) {
@@ -333,13 +344,24 @@ const std::vector<Command>& commands() {
        false,
        submit_command},
       {"status",
-       "where a sweep submitted to Slurm stands (collects what its tasks finished)",
-       "dprun status [FILE.toml] [--db PATH]",
-       "Collects the results of the Slurm tasks that have ended (dprun merge), then counts the\n"
-       "trials by state (done, running, queued, failed, interrupted, lost, not run, ...) from\n"
-       "Slurm and the task databases, and lists the trials not done with the reason.",
-       {kDbOpt, kPluginsOpt},
-       "",
+       "where a sweep stands while it runs, local or on Slurm (--watch: live)",
+       "dprun status [FILE.toml] [--db PATH] [--watch [SECONDS]] [--all]",
+       "Counts the trials by state (done, running, queued, failed, interrupted, lost, not run,\n"
+       "...), says how many epochs are done and the ETA of the sweep, and lists the trials, one\n"
+       "line each: state, epoch k/n, the last epoch's train loss, test and validation accuracy,\n"
+       "seconds per epoch, ETA, devices and why it stopped. A local sweep's database is only\n"
+       "read. For Slurm it first collects the tasks that have ended (dprun merge), and reads\n"
+       "the running tasks' own databases (read only) for their epochs so far.",
+       {kDbOpt, kPluginsOpt,
+        {"--watch", "[SECONDS]",
+         "refresh every SECONDS (default 2) until nothing runs or is queued, or Ctrl-C"},
+        {"--all", "", "list every trial (default: at most 30, the running ones first)"}},
+       "ETA: a trial's remaining epochs x its mean seconds per epoch (epoch 1 left out when it\n"
+       "has more), else the mean of the trials of its shape (model, gpus, batch size, ...) that\n"
+       "timed an epoch; the sweep's is their sum over as many trials at a time as run now, and\n"
+       "unknown while a trial left has no timing. A `stale` trial is recorded running but its\n"
+       "dprun on this host is gone. --watch redraws in place on a terminal; elsewhere (a pipe,\n"
+       "a file) it prints a snapshot per refresh, separated by a blank line.\n",
        false,
        status_command},
       {"merge",

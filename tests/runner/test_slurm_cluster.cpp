@@ -323,6 +323,8 @@ TEST_CASE_METHOD(ClusterSweep,
   const auto running = clitest::run({"status", file}, dir.path());
   DPRUN_CHECK_EXIT(running, 0);
   CHECK_THAT(running.out, Contains("4 trials: 2 done, 2 running"));
+  // Their epochs so far, read from the tasks' own databases before any merge.
+  CHECK_THAT(running.out, Contains("running  1/2") && Contains("RUNNING"));
   const auto cancel = slurm_command({"scancel", job + "_0"});
   INFO(cancel.failure());
   REQUIRE(cancel.ok());
