@@ -272,7 +272,7 @@ std::string format_status(const SweepStatus& sweep, const StatusLayout& layout) 
     const TrialProgress& t = trials[i];
     std::vector<std::string> row{
         t.id > 0 ? std::to_string(t.id) : "-",
-        shorten(t.name, 28),
+        shorten(t.name, 44),
         t.state,
         std::to_string(t.epoch) + "/" + (t.epochs > 0 ? std::to_string(t.epochs) : "?"),
         fixed(t.train_loss, "%.4f"),

@@ -223,7 +223,8 @@ std::string parallel_coordinates(const ExperimentTrials& x, const std::vector<si
   std::vector<double> metric_values;
   for (size_t i : r.trials) metric_values.push_back(r.values[i]);
   axes.push_back(numeric_axis(metric.name, metric_values, false));
-  const double width = std::clamp(150.0 * static_cast<double>(axes.size()), 520.0, 1080.0);
+  // About the page's width in user units, so its text is drawn at the page's size on a desktop.
+  const double width = std::max(1000.0, 130.0 * static_cast<double>(axes.size()));
   const double height = 360, left = 56, right = 64, top = 46, bottom = 30;
   const double ph = height - top - bottom;
   const double gap = (width - left - right) / static_cast<double>(axes.size() - 1);
@@ -330,18 +331,36 @@ std::string scatter(const ExperimentTrials& x, size_t column, const Ranked& r,
   return out + "</g></svg></figure>";
 }
 
-// The best trials by the metric, with the settings in which each differs from dprun's defaults.
-std::string best_trials(const ExperimentTrials& x, const Ranked& r, const html::TrialMetric& metric,
+// The best trials by the metric: each with its value of every swept setting, after a line with
+// the settings every trial shares that differ from dprun's defaults (so each row shows all that
+// is not a default).
+std::string best_trials(const ExperimentTrials& x, const std::vector<size_t>& swept,
+                        const Ranked& r, const html::TrialMetric& metric,
                         const std::vector<std::vector<dps::EpochRow>>& epochs) {
   using html::escape;
   using html::num;
   const SettingTable& table = builtin_settings();
+  std::string shared;
+  for (size_t c = 0; c < x.settings[0].size(); ++c) {
+    const auto& [name, text] = x.settings[0][c];
+    const Setting* row = table.by_column(name);
+    if (row == nullptr || name == "data_path" || name == "model" ||
+        std::find(swept.begin(), swept.end(), c) != swept.end())
+      continue;
+    const std::string def = setting_text(row->default_value);
+    if (text != def)
+      shared += "<span title=\"default " + escape(def) + "\">" + escape(name) + "=" +
+                escape(text) + "</span> ";
+  }
   std::vector<size_t> order(r.trials.rbegin(), r.trials.rend());  // best first
   const size_t shown = std::min<size_t>(order.size(), 10);
-  std::string out = "<h3>Best trials by " + escape(metric.name) + "</h3><div class=\"scroll\">"
-                    "<table class=\"best\"><thead><tr><th>rank</th><th>#</th><th>" +
-                    escape(metric.name) + "</th><th>status</th><th>epoch</th><th>settings that "
-                    "differ from the defaults</th></tr></thead><tbody>";
+  std::string out = "<h3>Best trials by " + escape(metric.name) + "</h3>";
+  if (!shared.empty())
+    out += "<p class=\"meta shared\">Every trial also has, off dprun's defaults: " + shared + "</p>";
+  out += "<div class=\"scroll\"><table class=\"best\"><thead><tr><th>rank</th><th>#</th><th>" +
+         escape(metric.name) + "</th><th>status</th><th>epoch</th>";
+  for (size_t c : swept) out += "<th>" + escape(x.settings[0][c].first) + "</th>";
+  out += "<th>tags</th></tr></thead><tbody>";
   for (size_t k = 0; k < shown; ++k) {
     const size_t i = order[k];
     const auto& t = x.trials[i];
@@ -354,21 +373,15 @@ std::string best_trials(const ExperimentTrials& x, const Ranked& r, const html::
           break;
         }
     }
-    std::string differ;
-    for (size_t c = 0; c < x.settings[i].size(); ++c) {
-      const auto& [name, text] = x.settings[i][c];
-      const Setting* row = table.by_column(name);
-      if (row == nullptr || name == "data_path" || name == "model") continue;
-      const std::string def = setting_text(row->default_value);
-      if (text == def) continue;
-      differ += "<span title=\"default " + escape(def) + "\">" + escape(name) + "=" + escape(text) +
-                "</span> ";
-    }
     out += "<tr data-trial=\"" + std::to_string(t.trial.id) + "\"><td class=\"n\">" +
            std::to_string(k + 1) + "</td><td>" + std::to_string(t.trial.id) +
            "</td><td class=\"n\"><b>" + num(r.values[i], "%.4f") + "</b></td><td>" +
            dps::status_name(t.trial.status) + "</td><td class=\"n\">" + std::to_string(epoch) +
-           "</td><td>" + escape(x.setting(i, "model")) + " " + differ + "</td></tr>";
+           "</td>";
+    for (size_t c : swept) out += "<td>" + escape(x.settings[i][c].second) + "</td>";
+    out += "<td>";
+    for (const auto& tag : t.trial.tags) out += "<span class=\"tag\">" + escape(tag) + "</span>";
+    out += "</td></tr>";
   }
   out += "</tbody></table></div>";
   if (order.size() > shown)
@@ -410,7 +423,7 @@ std::string hyperparameter_views(const ExperimentTrials& x,
            " trial(s) without a value are not drawn";
   out += ")</p>" + parallel_coordinates(x, swept, r, metric) + "<div class=\"charts\">";
   for (size_t c : swept) out += scatter(x, c, r, metric);
-  return out + "</div>" + best_trials(x, r, metric, epochs);
+  return out + "</div>" + best_trials(x, swept, r, metric, epochs);
 }
 
 std::vector<std::string> metric_colors(const std::vector<std::vector<dps::EpochRow>>& epochs,
@@ -446,12 +459,14 @@ rect.brush-area { fill: transparent; cursor: crosshair; }
 rect.brush { fill: #4e79a7; fill-opacity: 0.18; stroke: #4e79a7; pointer-events: none; }
 circle.out { opacity: 0.12; } g.series.out { opacity: 0.12; }
 tr.out { display: none; }
-table.best td span { white-space: nowrap; }
+p.shared span { white-space: nowrap; }
 )";
 }
 
-const char* hparams_script() {
-  return R"JS(
+namespace {
+
+// The script, kept as it is read (JavaScript, not C++).
+const char* const kBrushingScript = R"JS(
 (function () {
   // Brushing in every parallel-coordinates chart: a selected range per axis; a trial stays when
   // its line passes through every selected range. The others get class "out" wherever the
@@ -537,7 +552,10 @@ const char* hparams_script() {
   document.querySelectorAll("figure.pcoords").forEach(init);
 })();
 )JS";
-}
+
+}  // namespace
+
+const char* hparams_script() { return kBrushingScript; }
 
 }  // namespace html
 

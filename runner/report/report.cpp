@@ -1,6 +1,7 @@
 #include "report/report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -194,6 +195,21 @@ std::string ExperimentTrials::no_speedup_reason(size_t i) const {
          "with it, such as batch_size and lr)";
 }
 
+TrialThroughput trial_throughput(const std::vector<dps::EpochRow>& epochs) {
+  TrialThroughput t;
+  double sum = 0, peak = 0;
+  int n = 0;
+  for (const auto& e : epochs) {
+    peak = std::max(peak, static_cast<double>(e.peak_memory_bytes));
+    if (epochs.size() > 1 && e.epoch == 1) continue;
+    if (std::isfinite(e.examples_per_second) && e.examples_per_second > 0)
+      sum += e.examples_per_second, ++n;
+  }
+  if (n > 0) t.examples_per_second = sum / n;
+  if (peak > 0) t.peak_memory_mib = peak / (1024.0 * 1024.0);
+  return t;
+}
+
 std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const SettingTable& table) {
   std::vector<ExperimentTrials> out;
   for (const auto& e : store.experiments()) {
@@ -235,10 +251,10 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
       continue;
     }
     std::vector<std::vector<std::string>> table;
-    std::vector<std::string> header;
+    std::vector<std::string> header{"#"};  // the trial id (dprun tag, note, export, forget)
     for (size_t c : shown) header.push_back(settings[0][c].first);
-    for (const char* h :
-         {"status", "epochs", "final_acc", "best_acc", "s/epoch", "speedup", "backend"})
+    for (const char* h : {"status", "epochs", "final_acc", "best_acc", "s/epoch", "ex/s", "memory",
+                          "speedup", "backend"})
       header.push_back(h);
     const bool any_tags = std::any_of(trials.begin(), trials.end(),
                                       [](const auto& t) { return !t.trial.tags.empty(); });
@@ -247,7 +263,7 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
     std::vector<std::string> errors, no_speedup, notes;
     for (size_t i = 0; i < trials.size(); ++i) {
       const dps::TrialSummary& t = trials[i];
-      std::vector<std::string> cells;
+      std::vector<std::string> cells{std::to_string(t.trial.id)};
       for (size_t c : shown) cells.push_back(settings[i][c].second);
       cells.push_back(dps::status_name(t.trial.status));
       std::string epochs = "?";
@@ -257,6 +273,9 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
       cells.push_back(fixed(t.final_test_acc, "%.4f"));
       cells.push_back(fixed(t.best_test_acc, "%.4f"));
       cells.push_back(fixed(t.mean_seconds_per_epoch, "%.2f"));
+      const TrialThroughput tp = trial_throughput(store.epochs(t.trial.id));
+      cells.push_back(fixed(tp.examples_per_second, "%.0f"));
+      cells.push_back(tp.peak_memory_mib ? fixed(tp.peak_memory_mib, "%.0f") + " MiB" : "-");
       cells.push_back(fixed(t.speedup, "%.2fx"));
       cells.push_back(t.trial.backend.empty() ? "-" : t.trial.backend);
       if (any_tags) cells.push_back(joined_tags(t.trial));

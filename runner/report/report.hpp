@@ -1,5 +1,6 @@
 #pragma once
 // Formatting query results (`dprun query`) and the per-experiment summary (`dprun report`).
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,15 @@ struct ExperimentTrials {
   std::string no_speedup_reason(size_t i) const;
 };
 std::vector<ExperimentTrials> experiment_trials(dps::Store& store, const SettingTable& table);
+
+/// A trial's throughput, as the trial_summary view computes it: the mean examples per second of
+/// its epochs (epoch 1, the warm-up, excluded when there are more) and the most memory one
+/// replica held in any epoch (GPU memory on CUDA); nullopt when not measured.
+struct TrialThroughput {
+  std::optional<double> examples_per_second;
+  std::optional<double> peak_memory_mib;
+};
+TrialThroughput trial_throughput(const std::vector<dps::EpochRow>& epochs);
 
 /// `dprun report`: per experiment, its trials (settings that vary, status, final and best test
 /// accuracy, s/epoch, speedup over 1 GPU). Returns the text.

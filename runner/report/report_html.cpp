@@ -43,7 +43,9 @@ table { border-collapse: collapse; font-size: 12px; margin-top: 8px; }
 th, td { padding: 3px 8px; border-bottom: 1px solid #eee; text-align: left; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 tr.failed td, tr.diverged td { color: #b00020; } .error { color: #b00020; font-size: 12px; }
-.note { color: #555; font-size: 12px; } .live { color: #1a6b2f; font-size: 12px; }
+.note { color: #555; font-size: 12px; } .trial-note { white-space: pre-wrap; }
+.tag { display: inline-block; background: #eef3f8; border: 1px solid #c9d6e3; border-radius: 3px;
+  padding: 0 4px; margin-right: 3px; font-size: 11px; } .live { color: #1a6b2f; font-size: 12px; }
 .scroll { overflow-x: auto; }
 /* A sweep of thousands of trials: the browser lays out the tables and charts out of view only when
    they come into view, so loading and brushing stay quick (measured in test_report_html.cpp). */
@@ -173,26 +175,6 @@ std::string scaling_charts(const ExperimentTrials& x) {
 }
 
 // The trial table, then the errors of the trials that have one.
-// A trial's throughput: mean examples per second (epoch 1, the warm-up, excluded when there
-// are more, as for seconds per epoch) and its peak memory per replica.
-struct Throughput {
-  std::optional<double> examples_per_second, peak_mib;
-};
-Throughput throughput(const std::vector<dps::EpochRow>& epochs) {
-  Throughput t;
-  double sum = 0, peak = 0;
-  int n = 0;
-  for (const auto& e : epochs) {
-    if (epochs.size() > 1 && e.epoch == 1) continue;
-    if (std::isfinite(e.examples_per_second) && e.examples_per_second > 0)
-      sum += e.examples_per_second, ++n;
-  }
-  for (const auto& e : epochs) peak = std::max(peak, static_cast<double>(e.peak_memory_bytes));
-  if (n) t.examples_per_second = sum / n;
-  if (peak > 0) t.peak_mib = peak / (1024.0 * 1024.0);
-  return t;
-}
-
 std::string trial_table(const ExperimentTrials& x, const Epochs& epochs) {
   // In a box that scrolls sideways: on a narrow window the table keeps its columns.
   std::string out = "<h3>Trials</h3><div class=\"scroll\"><table><thead><tr><th>#</th>";
@@ -200,7 +182,11 @@ std::string trial_table(const ExperimentTrials& x, const Epochs& epochs) {
   out +=
       "<th>status</th><th>epochs</th><th>final acc</th><th>best acc</th><th>s/epoch</th>"
       "<th>examples/s</th><th title=\"peak memory of one replica (GPU memory on CUDA)\">"
-      "memory</th><th>speedup</th><th>devices</th></tr></thead><tbody>";
+      "memory</th><th>speedup</th><th>devices</th>";
+  const bool any_tags = std::any_of(x.trials.begin(), x.trials.end(),
+                                    [](const auto& t) { return !t.trial.tags.empty(); });
+  if (any_tags) out += "<th>tags</th>";
+  out += "</tr></thead><tbody>";
   std::string errors, notes;
   for (size_t i = 0; i < x.trials.size(); ++i) {
     const auto& t = x.trials[i];
@@ -213,13 +199,22 @@ std::string trial_table(const ExperimentTrials& x, const Epochs& epochs) {
            cell(t.final_test_acc, "%.4f") + "</td><td class=\"n\">" +
            cell(t.best_test_acc, "%.4f") + "</td><td class=\"n\">" +
            cell(t.mean_seconds_per_epoch, "%.2f") + "</td>";
-    const Throughput tp = throughput(epochs[i]);
+    const TrialThroughput tp = trial_throughput(epochs[i]);
     out += "<td class=\"n\">" + cell(tp.examples_per_second, "%.0f") + "</td><td class=\"n\">" +
-           (tp.peak_mib ? num(*tp.peak_mib, "%.0f") + " MiB" : "") + "</td>";
+           (tp.peak_memory_mib ? num(*tp.peak_memory_mib, "%.0f") + " MiB" : "") + "</td>";
     const std::string no_speedup = x.no_speedup_reason(i);
     out += no_speedup.empty() ? "<td class=\"n\">"
                               : "<td class=\"n\" title=\"" + escape(no_speedup) + "\">";
-    out += cell(t.speedup, "%.2fx") + "</td><td>" + escape(t.trial.devices) + "</td></tr>";
+    out += cell(t.speedup, "%.2fx") + "</td><td>" + escape(t.trial.devices) + "</td>";
+    if (any_tags) {
+      out += "<td>";
+      for (const auto& tag : t.trial.tags) out += "<span class=\"tag\">" + escape(tag) + "</span>";
+      out += "</td>";
+    }
+    out += "</tr>";
+    if (!t.trial.note.empty())
+      notes += "<p class=\"note trial-note\">trial " + std::to_string(t.trial.id) + " (" +
+               escape(x.label(i)) + "): " + escape(t.trial.note) + "</p>";
     if (!no_speedup.empty())
       notes += "<p class=\"note\">trial " + std::to_string(t.trial.id) + " (" + escape(x.label(i)) +
                "): no speedup: " + escape(no_speedup) + "</p>";
@@ -241,8 +236,13 @@ std::string experiment_section(dps::Store& store, const ExperimentTrials& x,
   Epochs epochs;
   for (const auto& t : x.trials) epochs.push_back(store.epochs(t.trial.id));
   const TrialMetric metric = resolve_metric(options.metric, epochs);
-  return out + learning_curves(x, epochs, metric) + scaling_charts(x) +
-         hyperparameter_views(x, epochs, metric) + trial_table(x, epochs) + "</section>";
+  // Each part in its own box (class "part NAME"): a stylesheet or a screenshot can pick one.
+  auto part = [](const char* name, const std::string& html) {
+    return html.empty() ? html : "<div class=\"part " + std::string(name) + "\">" + html + "</div>";
+  };
+  return out + part("curves", learning_curves(x, epochs, metric)) +
+         part("scaling", scaling_charts(x)) + part("hparams", hyperparameter_views(x, epochs, metric)) +
+         part("trials", trial_table(x, epochs)) + "</section>";
 }
 
 // "2026-11-26 18:43:04 UTC"

@@ -36,6 +36,8 @@ std::string trial_summary_view(const std::vector<std::string>& settings) {
 --     than one epoch, because epoch 1 includes warm-up (allocations, library autotuning, first
 --     touch of the data) and would bias timings and speedups; with a single epoch it is that
 --     epoch's seconds. total_seconds sums every epoch, warm-up included.
+--   mean_examples_per_second: training throughput, epoch 1 excluded as for the seconds;
+--     peak_memory_bytes: the most memory one replica held (GPU memory on CUDA) in any epoch.
 --   tags: the trial's tags (dprun tag), sorted, separated by commas; note: its note (dprun note).
 --     NULL when it has none.
 SELECT
@@ -49,6 +51,8 @@ SELECT
   CASE WHEN a.n > 1 THEN a.mean_after_first ELSE a.mean_all END AS mean_seconds_per_epoch,
   last.train_loss AS final_train_loss,
   a.total_seconds,
+  CASE WHEN a.n > 1 THEN a.eps_after_first ELSE a.eps_all END AS mean_examples_per_second,
+  a.peak_memory_bytes,
   t.backend, t.devices, t.oversubscribed, t.host, t.started_at, t.finished_at,
   t.hosts, t.launch, t.device_set,
   (SELECT group_concat(tag, ',')
@@ -59,7 +63,9 @@ JOIN experiments e ON e.id = t.experiment_id
 LEFT JOIN (
   SELECT trial_id, COUNT(*) AS n, MAX(epoch) AS last_epoch, MAX(test_acc) AS best_test_acc,
          AVG(seconds) AS mean_all, AVG(CASE WHEN epoch > 1 THEN seconds END) AS mean_after_first,
-         SUM(seconds) AS total_seconds
+         SUM(seconds) AS total_seconds, AVG(examples_per_second) AS eps_all,
+         AVG(CASE WHEN epoch > 1 THEN examples_per_second END) AS eps_after_first,
+         MAX(peak_memory_bytes) AS peak_memory_bytes
   FROM epochs GROUP BY trial_id
 ) a ON a.trial_id = t.id
 LEFT JOIN epochs last ON last.trial_id = t.id AND last.epoch = a.last_epoch)SQL";
@@ -85,6 +91,8 @@ std::string scaling_view(const std::vector<std::string>& settings,
 -- setting but gpus and those that may legitimately vary with gpus or between repeats:
 )SQL" + wrapped(differ, "", "--   ") +
          R"SQL(.
+-- A 1-GPU trial is its own baseline (speedup 1), whatever the others of its kind took: in a
+-- sweep of batch sizes at one GPU, each would otherwise be compared with their mean.
 -- Several matching 1-GPU trials (e.g. a seed sweep) are averaged. speedup and efficiency are NULL
 -- when there is no such 1-GPU trial. Seconds are mean_seconds_per_epoch of trial_summary (epoch 1,
 -- the warm-up, excluded).
@@ -93,8 +101,10 @@ SELECT
 )SQL" + wrapped(settings, "s.", "  ") +
          R"SQL(,
   s.backend, s.mean_seconds_per_epoch,
-  b.base_seconds / s.mean_seconds_per_epoch AS speedup,
-  b.base_seconds / s.mean_seconds_per_epoch / s.gpus AS efficiency,
+  CASE WHEN s.gpus = 1 AND s.mean_seconds_per_epoch IS NOT NULL THEN 1.0
+       ELSE b.base_seconds / s.mean_seconds_per_epoch END AS speedup,
+  CASE WHEN s.gpus = 1 AND s.mean_seconds_per_epoch IS NOT NULL THEN 1.0
+       ELSE b.base_seconds / s.mean_seconds_per_epoch / s.gpus END AS efficiency,
   s.final_test_acc
 FROM trial_summary s
 LEFT JOIN (

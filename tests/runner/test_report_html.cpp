@@ -337,7 +337,8 @@ const char* const kOptimizers[] = {"sgd", "adamw"};
 
 std::vector<SweepTrial> fill_sweep(const std::string& path, size_t seeds,
                                    const std::string& name = "sweep",
-                                   const std::string& description = "lr x batch_size") {
+                                   const std::string& description = "lr x batch_size",
+                                   bool validation = false) {
   const auto& table = dprun::builtin_settings();
   dps::Store store(path, dps::Store::Mode::read_write, table.store_columns());
   const int64_t e = store.upsert_experiment(name, description, "toml");
@@ -371,6 +372,7 @@ std::vector<SweepTrial> fill_sweep(const std::string& path, size_t seeds,
             row.epoch = ep;
             row.train_loss = 2.0 / static_cast<double>(ep);
             row.test_acc = acc * (0.7 + 0.1 * static_cast<double>(ep));
+            if (validation) row.val_acc = row.test_acc - 0.01;
             row.seconds = 4.0;
             row.examples_per_second = ep == 1 ? 1000 : 15000;
             row.peak_memory_bytes = int64_t{48} << 20;
@@ -413,15 +415,45 @@ TEST_CASE("report --html: hyperparameter views, the best trials and each trial's
   CHECK(count(best_table, "<tr data-trial=") == 10);
   CHECK(best_table.find("<b>" + dprun::html::num(0.30 + 0.4 + 0.045 + 0.03 + 0.0064, "%.4f") + "</b>") !=
         std::string::npos);
-  // ... with the settings that differ from dprun's defaults (lr's default is 0.1: not shown).
-  CHECK(best_table.find(">optimizer=adamw</span>") != std::string::npos);
-  CHECK(best_table.find(">batch_size=512</span>") != std::string::npos);
-  CHECK(best_table.find(">lr=") == std::string::npos);
+  // ... with its value of each swept setting, after the settings every trial shares that differ
+  // from dprun's defaults.
+  CHECK(best_table.find("<th>seed</th><th>batch_size</th><th>per_gpu_batch</th><th>lr</th>"
+                        "<th>optimizer</th><th>tags</th>") != std::string::npos);
+  CHECK(best_table.find("<td>4</td><td>512</td><td>512</td><td>0.1</td><td>adamw</td>") !=
+        std::string::npos);
+  const size_t shared = html.find("<p class=\"meta shared\">");
+  REQUIRE(shared != std::string::npos);
+  CHECK(shared < best);
+  const std::string shared_line = html.substr(shared, html.find("</p>", shared) - shared);
+  CHECK(shared_line.find(">epochs=3</span>") != std::string::npos);  // dprun's default: 10
+  CHECK(shared_line.find("lr=") == std::string::npos);                // swept: in the table
   // Throughput: examples per second without the warm-up epoch, and the peak memory.
   CHECK(count(html, "<td class=\"n\">15000</td><td class=\"n\">48 MiB</td>") == 200);
   // Over 40 trials the learning curves are lines without markers or a legend.
   CHECK(count(html, "<g class=\"series dense\"") == 2 * 200);
 
+  SECTION("tags in the trial table and the best trials, notes under the table, as text") {
+    {
+      dps::Store rw(db, dps::Store::Mode::read_write, dprun::builtin_settings().store_columns());
+      const auto rows = rw.trials(rw.experiments().at(0).id);
+      rw.tag_trials({rows.at(0).id, rows.at(199).id}, "keep");  // 199: the best trial
+      rw.set_note(rows.at(0).id, "too slow <script>alert(1)</script>\nsecond line & more");
+    }
+    const std::string tagged = dprun::format_html_report(store);
+    CHECK(tagged.find("<th>tags</th>") != std::string::npos);
+    CHECK(count(tagged, "<span class=\"tag\">keep</span>") == 3);  // 2 rows + the best table
+    CHECK(tagged.find("too slow &lt;script&gt;alert(1)&lt;/script&gt;\nsecond line &amp; more") !=
+          std::string::npos);
+    CHECK(tagged.find("<script>alert") == std::string::npos);
+  }
+  SECTION("with a validation split the default metric is the best validation accuracy") {
+    const std::string db2 = dir.path() + "/val.db";
+    fill_sweep(db2, 1, "val", "", true);
+    dps::Store val(db2, dps::Store::Mode::read_only);
+    const std::string page = dprun::format_html_report(val);
+    CHECK(page.find("metric: <b>best_val_acc</b>") != std::string::npos);
+    CHECK(page.find("<table class=\"best\">") != std::string::npos);
+  }
   SECTION("--metric: a loss ranks the lowest first") {
     dprun::HtmlReportOptions o;
     o.metric = "final_train_loss";
@@ -484,6 +516,15 @@ TEST_CASE("report --html: brushing the parallel coordinates filters the trials, 
   }
   REQUIRE(above == 80);
   REQUIRE(one_lr == 40);
+  // Text of the user's that must reach the page as text: unescaped, this note would load an
+  // image (a failed load) and call console.error, each an error the page check reports.
+  {
+    dps::Store store(db, dps::Store::Mode::read_write, dprun::builtin_settings().store_columns());
+    const auto rows = store.trials(store.experiments().at(0).id);
+    store.tag_trials({rows.at(0).id, rows.at(199).id}, "look.at-this_1");
+    store.set_note(rows.at(199).id,
+                   "<img src=nothing.png onerror=\"console.error('not escaped')\"> & <b>x</b>");
+  }
   std::string html;
   {
     dps::Store store(db, dps::Store::Mode::read_only);
@@ -527,6 +568,11 @@ TEST_CASE("report --html: brushing the parallel coordinates filters the trials, 
       CHECK(shown.at("curves").as_int() == static_cast<int64_t>(2 * expected[k]));
     }
     CHECK(steps[1].at("caption").as_string() == std::to_string(one_lr) + " of 200 trials selected");
+    // The tags and the note as text (errors would have caught them as markup).
+    CHECK(html.find("<span class=\"tag\">look.at-this_1</span>") != std::string::npos);
+    CHECK(html.find("&lt;img src=nothing.png onerror=&quot;console.error(&#39;") == std::string::npos);
+    CHECK(html.find("&lt;img src=nothing.png onerror=&quot;console.error('not escaped')&quot;&gt; "
+                    "&amp; &lt;b&gt;x&lt;/b&gt;") != std::string::npos);
   }
 }
 
@@ -563,7 +609,7 @@ TEST_CASE("report --html: 3000 trials in a real browser, with the time brushing 
               " brush updates",
               html.size(), result.at("timing").as_double());
   for (const auto& s : steps) std::printf(" %.1f", s.at("ms").as_double());
-  std::printf(" ms (chromium --headless, virtual time)\n");
+  std::printf(" ms (headless chromium, as performance.now() counts them)\n");
 }
 
 // ---- dprun report --html FILE --refresh SECONDS -----------------------------------------------

@@ -126,8 +126,9 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
     CHECK(p.describe() == "skip: done");
   }
   CHECK_FALSE(contains(columns_of(u.db, "trials"), "grad_accum"));
-  const std::string speedups_before =
-      sql1(u.db, "SELECT group_concat(trial_id || ':' || round(speedup, 6)) FROM scaling");
+  const std::string speedups_before = sql1(
+      u.db, "SELECT group_concat(trial_id || ':' || round(speedup, 6)) FROM scaling WHERE gpus > 1");
+  CHECK(sql1(u.db, "SELECT COUNT(*) FROM scaling WHERE gpus = 1 AND speedup IS NOT NULL") == "2");
 
   // The run: nothing to do, and the database now has the new settings' columns, filled with
   // their defaults for the trials of 0.1.0, in the table and in both views.
@@ -150,9 +151,12 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
   for (const auto& row : sql(u.db, "SELECT config_hash FROM trials ORDER BY id"))
     hashes.push_back(row[0]);
   CHECK(hashes == kV1Hashes);
-  // Results and speedups are computed over the migrated views as before.
-  CHECK(sql1(u.db, "SELECT group_concat(trial_id || ':' || round(speedup, 6)) FROM scaling") ==
-        speedups_before);
+  // Results and speedups are computed over the migrated views as before, except that a 1-GPU
+  // trial is now its own baseline (speedup 1; 0.1.0's view compared it with the mean of the
+  // 1-GPU trials of its group).
+  CHECK(sql1(u.db, "SELECT group_concat(trial_id || ':' || round(speedup, 6)) FROM scaling "
+                   "WHERE gpus > 1") == speedups_before);
+  CHECK(sql1(u.db, "SELECT group_concat(DISTINCT speedup) FROM scaling WHERE gpus = 1") == "1.0");
   CHECK(sql1(u.db, "SELECT COUNT(*) FROM scaling WHERE speedup IS NOT NULL") == "2");
 
   // Still nothing to plan after the migration.

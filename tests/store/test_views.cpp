@@ -62,7 +62,7 @@ TEST_CASE("trial_summary: final and best accuracy, mean seconds without epoch 1"
   auto rows = by_trial(store.query(
       "SELECT trial_id, experiment, model, gpus, per_gpu_batch, status, error, epochs_done, "
       "final_test_acc, best_test_acc, mean_seconds_per_epoch, final_train_loss, total_seconds, "
-      "backend, devices FROM trial_summary"));
+      "mean_examples_per_second, peak_memory_bytes, backend, devices FROM trial_summary"));
   REQUIRE(rows.size() == 3);
   auto& t3 = rows[std::to_string(three)];
   CHECK(t3["experiment"] == "summary");
@@ -74,6 +74,9 @@ TEST_CASE("trial_summary: final and best accuracy, mean seconds without epoch 1"
   CHECK(num(t3["best_test_acc"]) == 0.90);
   CHECK(num(t3["mean_seconds_per_epoch"]) == 3.0);  // (2 + 4) / 2: epoch 1 left out
   CHECK(num(t3["total_seconds"]) == 16.0);
+  // Throughput without epoch 1 too: (1000/2 + 1000/4) / 2; the peak over every epoch.
+  CHECK(num(t3["mean_examples_per_second"]) == 375.0);
+  CHECK(num(t3["peak_memory_bytes"]) == 1 << 20);
   CHECK(num(t3["final_train_loss"]) == Approx(2.0 / 3.0));
   CHECK(t3["backend"] == "cpu");
   CHECK(t3["devices"] == "cpu:0");
@@ -81,6 +84,7 @@ TEST_CASE("trial_summary: final and best accuracy, mean seconds without epoch 1"
   auto& t1 = rows[std::to_string(one)];
   CHECK(t1["epochs_done"] == "1");
   CHECK(num(t1["mean_seconds_per_epoch"]) == 5.0);  // a single epoch counts as it is
+  CHECK(num(t1["mean_examples_per_second"]) == 200.0);
   CHECK(num(t1["final_test_acc"]) == 0.60);
 
   auto& t0 = rows[std::to_string(none)];
@@ -191,6 +195,14 @@ TEST_CASE("scaling: trials of another experiment or setting are not a baseline",
   run_trial(store, b, "b1-seed2", seed2, {{0.8, 9.0}, {0.8, 7.0}});
   rows = by_trial(store.query("SELECT trial_id, speedup FROM scaling"));
   CHECK(num(rows[std::to_string(b2)]["speedup"]) == 2.0);  // 6 s / 3 s
+  // Each 1-GPU trial is its own baseline: speedup 1, not its seconds against the mean of the
+  // 1-GPU trials (which would give 6/5 and 6/7 here).
+  rows = by_trial(store.query("SELECT trial_id, speedup, efficiency FROM scaling WHERE gpus = 1"));
+  REQUIRE(rows.size() == 4);
+  for (const auto& [id, row] : rows) {
+    CHECK(num(row.at("speedup")) == 1.0);
+    CHECK(num(row.at("efficiency")) == 1.0);
+  }
 }
 
 TEST_CASE("trial_summaries: each trial with its results, in sweep order", "[store]") {
