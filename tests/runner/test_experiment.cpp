@@ -677,6 +677,15 @@ TEST_CASE("the experiment files of the repository parse", "[experiment]") {
   CHECK(lr.trials[17].settings.number("lr") == Approx(0.8));
   CHECK(lr.trials[17].settings.number("warmup_epochs") == 1.0);
 
+  // lr-batch (the README's report screenshots): 5 lrs x 4 batch sizes, a validation split.
+  auto lb = dprun::load_experiment(dir + "lr-batch.toml", exptest::fake_catalog());
+  CHECK(lb.database == "results/lr-batch.db");
+  REQUIRE(lb.trials.size() == 20);
+  CHECK(lb.trials[0].settings.number("lr") == 0.003);
+  CHECK(lb.trials[19].settings.number("lr") == 0.3);
+  CHECK(lb.trials[19].settings.integer("batch_size") == 256);
+  CHECK(lb.trials[19].settings.number("validation") == 1000.0);
+
   CHECK_THROWS_WITH(dprun::load_experiment(dir + "no-such-file.toml", exptest::fake_catalog()),
                     Catch::Contains("cannot read experiment file"));
 }
