@@ -19,7 +19,8 @@
 //             events on that axis' brush area, in order, and after each: how many lines, trial
 //             table rows, scatter points and learning curves are still shown, and how long the
 //             update took (ms)
-//   timing:   ms from navigation start to this check (parsing, layout, the page's script)
+//   timing:   ms from navigation start to this check (parsing, layout, the page's script);
+//             with window.dprunTimingOnly set, the page is only timed and brushed, not checked
 //
 // The chart geometry mirrors runner/report/report_html.cpp: a plot area framed by two
 // line.axis, y ticks as line.grid followed by their label, x ticks as numeric labels centred on
@@ -347,16 +348,17 @@
   // The shown (not "out") trials of each kind in the section of `fig`.
   function shown(fig) {
     var section = fig.closest("section.experiment");
-    function count(sel) {
+    // Rows must be hidden by the stylesheet (their computed display); in charts the class dims.
+    function count(sel, computed) {
       var n = 0;
       section.querySelectorAll(sel).forEach(function (el) {
-        if (!el.classList.contains("out") && getComputedStyle(el).display !== "none") ++n;
+        if (!el.classList.contains("out") && (!computed || getComputedStyle(el).display !== "none")) ++n;
       });
       return n;
     }
     return {
       lines: count("g.pc-lines polyline"),
-      rows: count("table:not(.best) tbody tr[data-trial]"),
+      rows: count("table:not(.best) tbody tr[data-trial]", true),
       points: count("g.series.scatter circle"),
       curves: count("g.series[data-trial]:not(.scatter)")
     };
@@ -421,13 +423,17 @@
     var result = { errors: window.dprunTestErrors || ["report_html_errors.js did not run"], overflow: [], charts: [], pcoords: [], brushing: [] };
     try {
       result.timing = performance.now();
-      overflow(result);
-      document.querySelectorAll("figure.chart svg").forEach(function (svg) {
-        result.charts.push(chart(svg));
-      });
-      document.querySelectorAll("figure.pcoords").forEach(function (fig) {
-        result.pcoords.push(pcoords(fig));
-      });
+      // window.dprunTimingOnly (a big page, measured): no layout and geometry checks, which
+      // would lay out and measure every element of it.
+      if (!window.dprunTimingOnly) {
+        overflow(result);
+        document.querySelectorAll("figure.chart svg").forEach(function (svg) {
+          result.charts.push(chart(svg));
+        });
+        document.querySelectorAll("figure.pcoords").forEach(function (fig) {
+          result.pcoords.push(pcoords(fig));
+        });
+      }
       if (window.dprunBrushes) {
         var before = document.querySelector("figure.pcoords");
         if (before) result.before = shown(before);

@@ -597,10 +597,13 @@ TEST_CASE("report --html: 3000 trials in a real browser, with the time brushing 
     html = dprun::format_html_report(store);
   }
   const std::string checked = std::string(DPRUN_TEST_BINARY_DIR) + "/report-html-3000-test.html";
-  std::ofstream(checked) << instrument(html, kBrushes);
+  // The layout and geometry checks of the 200-trial test would lay out and measure all of it.
+  std::ofstream(checked) << instrument(html, std::string(kBrushes) + "window.dprunTimingOnly = true;");
   const Browser browser{chromium, dir.path()};
   const Json result = browser.findings_of(checked, 1280);
-  check_page(result, 1280);
+  INFO("report_html_check.js failed: " << result.get("fatal").dump());
+  REQUIRE(result.get("fatal").is_null());
+  CHECK(lines(result.at("errors")) == "");
   const auto& steps = result.at("brushing").items();
   REQUIRE(steps.size() == 4);
   CHECK(steps[0].at("shown").at("rows").as_int() == 1200);
