@@ -11,6 +11,7 @@
 
 #include "base/usage_error.hpp"
 #include "cli/commands.hpp"
+#include "cli/liveness.hpp"
 #include "dpstore/store.hpp"
 #include "process/checkpoint_files.hpp"
 #include "report/report.hpp"
@@ -68,13 +69,28 @@ struct Doomed {
   int64_t id = 0;
   std::string description;         // "experiment quick: lenet gpus=2 (done, 2/2 epochs)"
   std::vector<std::string> files;  // absolute
+  std::vector<std::string> kept;   // named by its checkpoint rows, outside its folder: not removed
 };
 
-std::vector<std::string> files_of(dps::Store& store, const std::string& db, int64_t id) {
+// Whether `path` lies in the trial's own checkpoint folder.
+bool in_trial_folder(const std::string& db, int64_t id, const std::string& path) {
+  const std::string own = fs::path(trial_checkpoint_dir(db, id)).lexically_normal().string() + "/";
+  return fs::path(path).lexically_normal().string().rfind(own, 0) == 0;
+}
+
+// The files forget removes: those in the trial's own folder. A checkpoint row naming a file
+// elsewhere (a database copied with absolute paths, a path edited by hand) is left alone: that
+// file may belong to another database's trial.
+std::vector<std::string> files_of(dps::Store& store, const std::string& db, int64_t id,
+                                  std::vector<std::string>& kept) {
   std::vector<std::string> files;
   std::set<std::string> seen;
   auto add = [&](const std::string& path) {
-    if (!path.empty() && seen.insert(path).second) files.push_back(path);
+    if (path.empty() || !seen.insert(path).second) return;
+    if (in_trial_folder(db, id, path))
+      files.push_back(path);
+    else
+      kept.push_back(path);
   };
   for (const dps::CheckpointRow& c : store.checkpoints(id)) {
     add(resolve_checkpoint_path(db, c.path));
@@ -106,7 +122,7 @@ std::vector<Doomed> describe_doomed(dps::Store& store, const std::string& db,
                       dps::status_name(t.status) + ", " + std::to_string(t.epochs_done) + "/" +
                       x.setting(i, "epochs") + " epochs" + (tags.empty() ? "" : ", tags " + tags) +
                       ")";
-      d.files = files_of(store, db, t.id);
+      d.files = files_of(store, db, t.id, d.kept);
       out.push_back(std::move(d));
     }
   }
@@ -134,10 +150,10 @@ size_t remove_files(const std::string& db, const std::vector<Doomed>& doomed,
   std::vector<std::string> files;
   for (const Doomed& d : doomed) files.insert(files.end(), d.files.begin(), d.files.end());
   // The rows deleted are what counts: a checkpoint recorded after the list was shown goes too.
-  for (const dps::CheckpointRow& c : forgotten) {
-    files.push_back(resolve_checkpoint_path(db, c.path));
-    if (!c.optimizer_path.empty()) files.push_back(resolve_checkpoint_path(db, c.optimizer_path));
-  }
+  for (const dps::CheckpointRow& c : forgotten)
+    for (const std::string& path : {c.path, c.optimizer_path})
+      if (!path.empty() && in_trial_folder(db, c.trial_id, resolve_checkpoint_path(db, path)))
+        files.push_back(resolve_checkpoint_path(db, path));
   size_t removed = 0;
   std::set<std::string> done;
   for (const std::string& f : files) {
@@ -223,6 +239,15 @@ int forget_command(const Invocation& in) {
   for (int64_t id : std::set<int64_t>(ids.begin(), ids.end()))
     if (const std::string why = store.forget_refusal(id, stale_seconds); !why.empty())
       refused += (refused.empty() ? "" : "; ") + ("trial " + std::to_string(id) + ": " + why);
+  // Nor while a dprun runs the trial's experiment: it holds the trial's row, and a forgotten
+  // trial's id may be given to a trial created meanwhile.
+  std::set<int64_t> experiments;
+  for (int64_t id : ids) experiments.insert(store.get_trial(id)->experiment_id);
+  for (int64_t e : experiments)
+    if (const std::string who = sweep_activity(store, e, stale_seconds); !who.empty())
+      refused += std::string(refused.empty() ? "" : "; ") +
+                 "trials of an experiment that is still being run (" + who +
+                 "): let it finish or stop it, then forget them";
   if (!refused.empty()) throw UsageError("cannot forget " + refused + "; nothing was forgotten");
 
   const std::vector<Doomed> doomed = describe_doomed(store, db, ids);
@@ -232,6 +257,9 @@ int forget_command(const Invocation& in) {
     std::printf("  trial %lld  %s\n", static_cast<long long>(d.id), d.description.c_str());
     if (d.files.empty()) std::printf("    no checkpoint files\n");
     for (const std::string& f : d.files) std::printf("    delete %s\n", f.c_str());
+    for (const std::string& f : d.kept)
+      std::printf("    keep %s (outside the trial's folder %s)\n", f.c_str(),
+                  trial_checkpoint_dir(db, d.id).c_str());
   }
   std::fflush(stdout);
   if (!a.flag("--yes") && !confirmed(doomed.size())) {

@@ -81,9 +81,10 @@ double watch_interval(const std::optional<std::string>& value) {
   if (!value) return 2;
   char* end = nullptr;
   const double seconds = std::strtod(value->c_str(), &end);
-  if (value->empty() || *end != '\0' || !(seconds > 0) || seconds > 86400)
+  // At least 0.5 s: each refresh reads every trial (and asks Slurm's squeue, when tasks are out).
+  if (value->empty() || *end != '\0' || !(seconds >= 0.5) || seconds > 86400)
     throw UsageError("--watch " + *value +
-                     ": expected the seconds between refreshes (e.g. 2 or 0.5)");
+                     ": expected the seconds between refreshes, 0.5 to 86400 (e.g. 2 or 0.5)");
   return seconds;
 }
 

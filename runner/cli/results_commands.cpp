@@ -15,6 +15,7 @@
 #include "base/os.hpp"
 #include "base/usage_error.hpp"
 #include "cli/commands.hpp"
+#include "cli/liveness.hpp"
 #include "dpstore/store.hpp"
 #include "report/export.hpp"
 #include "report/report.hpp"
@@ -50,19 +51,10 @@ void write_whole(const std::string& path, const std::string& text) {
   }
 }
 
-// Whether a sweep of the database is still going: a trial running under a runner that is alive
-// (on this host: its pid; on another host it cannot be told, so it counts), or a Slurm task
-// submitted and not collected yet.
+// Whether a sweep of the database is still going (liveness.hpp).
 bool sweep_running(dps::Store& store) {
-  const std::string here = host_name();
-  for (const auto& e : store.experiments()) {
-    if (!store.tasks(e.id, true).empty()) return true;
-    for (const auto& t : store.trials(e.id)) {
-      if (t.status != dps::TrialStatus::running) continue;
-      if (t.host != here || t.runner_pid <= 0) return true;
-      if (kill(static_cast<pid_t>(t.runner_pid), 0) == 0 || errno == EPERM) return true;
-    }
-  }
+  for (const auto& e : store.experiments())
+    if (!sweep_activity(store, e.id, SweepOptions{}.stale_seconds).empty()) return true;
   return false;
 }
 
@@ -75,6 +67,7 @@ extern "C" void on_interrupt(int) { g_interrupted = true; }
 int refresh_report(const std::string& db, const std::string& path, const HtmlReportOptions& base) {
   struct sigaction sa{};
   sa.sa_handler = on_interrupt;
+  sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends dprun at once, as it would without us
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
@@ -155,7 +148,10 @@ int report_command(const Invocation& in) {
     throw UsageError(std::string(refresh ? "--refresh" : "--metric") +
                      " applies to the HTML report: add --html FILE");
   if (refresh) {
-    options.refresh_seconds = static_cast<int>(positive_integer("--refresh", *refresh));
+    const int64_t seconds = positive_integer("--refresh", *refresh);
+    if (seconds > 86400)
+      throw UsageError("--refresh " + *refresh + ": at most 86400 (a day) between rewrites");
+    options.refresh_seconds = static_cast<int>(seconds);
     if (*html == "-")
       throw UsageError("--refresh rewrites a file while the sweep runs: give --html FILE, not -");
     return refresh_report(db, *html, options);

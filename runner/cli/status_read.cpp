@@ -19,6 +19,7 @@
 #include <variant>
 
 #include "base/os.hpp"
+#include "cli/liveness.hpp"
 #include "cli/status_view.hpp"
 #include "experiment/experiment.hpp"
 #include "process/checkpoint_files.hpp"
@@ -47,21 +48,6 @@ int64_t int_setting(const dps::SettingValues& settings, const char* name) {
   return it != settings.end() && std::holds_alternative<int64_t>(it->second)
              ? std::get<int64_t>(it->second)
              : 0;
-}
-
-// A dprun process of this host with that pid (a pid the system gave another program since does
-// not count; nor this process).
-bool dprun_alive(int64_t pid) {
-  if (pid <= 0 || pid == getpid()) return false;
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM) return false;
-  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/cmdline").c_str(), "r");
-  if (!f) return false;
-  char buf[4096] = {};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  // The name of argv[0] (an exited process, a zombie, has none).
-  const std::string program(buf, std::min(n, std::char_traits<char>::length(buf)));
-  return fs::path(program).filename().string().find("dprun") != std::string::npos;
 }
 
 // The trials of a database without its experiment file: the model and the settings that vary
@@ -243,17 +229,13 @@ SweepStatus read_status(dps::Store& store, const dps::ExperimentRow& experiment,
     auto found = by_hash.find(entry.hash);
     TrialProgress p = progress_of(store, entry, found != by_hash.end() ? found->second : nullptr,
                                   last_task, merge);
-    sweep.active =
-        sweep.active || p.state == "running" || p.state == "queued" || p.state == "submitted";
+    sweep.active = sweep.active || p.state == "queued" || p.state == "submitted";
     sweep.trials.push_back(std::move(p));
   }
   // Between two trials of a local sweep nothing runs for a moment: its dprun is what says the
-  // sweep goes on.
-  sweep.active = sweep.active || open_tasks;
-  std::set<int64_t> runners;
-  for (const auto& r : rows)
-    if (r.host == host_name()) runners.insert(r.runner_pid);
-  for (int64_t pid : runners) sweep.active = sweep.active || dprun_alive(pid);
+  // sweep goes on; a trial left running by a runner that crashed elsewhere does not (liveness.hpp).
+  sweep.active = sweep.active || open_tasks ||
+                 !sweep_activity(store, experiment.id, SweepOptions{}.stale_seconds).empty();
 
   if (!jobs.empty()) {
     std::string list;
@@ -363,6 +345,8 @@ void wait_interval(double seconds) {
 int watch(const std::string& db, const Experiment* file, double interval, bool all) {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
+  // A second Ctrl-C ends dprun at once, should a snapshot hang (a busy database, a slow squeue).
+  action.sa_flags = SA_RESETHAND;
   sigemptyset(&action.sa_mask);
   struct sigaction old_int {
   }, old_term{};

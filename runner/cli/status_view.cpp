@@ -37,6 +37,25 @@ std::string cut(const std::string& s, size_t columns) {
   return s;
 }
 
+// A reason as one line of text for the terminal: its control characters (a trial's stderr may
+// carry colours and cursor moves) shown as \xNN, line breaks as " | ".
+std::string printable(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\n') {
+      if (i + 1 < s.size()) out += " | ";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
 // At most `columns` columns, "..." at the end when cut.
 std::string shorten(const std::string& s, size_t columns) {
   const std::string head = cut(s, columns);
@@ -282,7 +301,7 @@ std::string format_status(const SweepStatus& sweep, const StatusLayout& layout) 
     const auto eta = trial_eta(t, by_shape);
     row.push_back(eta ? format_duration(*eta) : is_left(t.state) ? "?" : "-");
     row.push_back(t.devices.empty() ? "-" : shorten(t.devices, 28));
-    why.push_back(t.why);
+    why.push_back(printable(t.why));
     table.push_back(std::move(row));
   }
   if (!shown.empty()) out += with_reasons(format_aligned(table, "  "), why);

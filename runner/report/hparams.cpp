@@ -185,6 +185,16 @@ Axis setting_axis(const ExperimentTrials& x, size_t column, const std::vector<si
 
 std::string tick_text(double v) { return html::num(v, "%g"); }
 
+// At most `chars` characters of a label (UTF-8: never half a character), "…" when cut.
+std::string short_label(const std::string& s, size_t chars) {
+  size_t n = 0, i = 0;
+  for (; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) continue;
+    if (n++ == chars) break;
+  }
+  return i >= s.size() ? s : s.substr(0, i) + "\u2026";
+}
+
 // Viridis, from worst (dark purple) to best (yellow): readable on white, in grey scale, and by
 // the colour-blind.
 std::string metric_color(double t) {
@@ -270,7 +280,7 @@ std::string parallel_coordinates(const ExperimentTrials& x, const std::vector<si
       for (double v : a.tick_values) tick(a.pos(v), tick_text(v), tick_text(v));
     } else {
       for (const auto& cat : a.categories) {
-        const std::string label = cat.size() > 14 ? cat.substr(0, 13) + "\u2026" : cat;
+        const std::string label = short_label(cat, 14);
         tick(a.pos(cat), label, cat);
       }
     }
@@ -318,7 +328,7 @@ std::string scatter(const ExperimentTrials& x, size_t column, const Ranked& r,
     for (const auto& cat : a.categories)
       out += "<text class=\"category\" x=\"" + num(f->sx(a.pos(cat))) + "\" y=\"" +
              num(f->height - f->bottom + 16) + "\" text-anchor=\"middle\">" +
-             escape(cat.size() > 12 ? cat.substr(0, 11) + "\u2026" : cat) + "</text>";
+             escape(short_label(cat, 12)) + "</text>";
   }
   out += "</g><g class=\"series scatter\" data-label=\"trials\">";  // closes the axes
   for (size_t i : r.trials) {
@@ -486,7 +496,7 @@ const char* const kBrushingScript = R"JS(
       var id = el.getAttribute("data-trial");
       (members[id] = members[id] || []).push(el);
     });
-    var brushes = {}, state = {};
+    var brushes = {}, state = {}, shows = {};
     var count = fig.querySelector(".pc-count");
     function apply() {
       var keys = Object.keys(brushes), kept = {}, n = 0;
@@ -507,7 +517,10 @@ const char* const kBrushingScript = R"JS(
         members[id].forEach(function (el) { el.classList.toggle("out", out); });
       });
       count.textContent = keys.length ? n + " of " + lines.length + " trials selected" : lines.length + " trials";
+      // Kept for the page's next load: `dprun report --refresh` reloads it while a sweep runs.
+      try { sessionStorage.setItem(key, JSON.stringify(brushes)); } catch (err) { /* storage off */ }
     }
+    var key = "dprun-brushes:" + location.pathname + ":" + (section.getAttribute ? section.getAttribute("data-experiment") : "");
     function userY(e) {
       var p = svg.createSVGPoint();
       p.x = e.clientX, p.y = e.clientY;
@@ -518,6 +531,7 @@ const char* const kBrushingScript = R"JS(
       var area = g.querySelector("rect.brush-area"), rect = g.querySelector("rect.brush");
       var top = area.y.baseVal.value, bottom = top + area.height.baseVal.value;
       var y0 = null, pending = false;
+      shows[k] = show;
       function show(a, b) {
         var lo = Math.max(top, Math.min(a, b)), hi = Math.min(bottom, Math.max(a, b));
         rect.setAttribute("y", lo);
@@ -548,6 +562,14 @@ const char* const kBrushingScript = R"JS(
         apply();
       });
     });
+    var kept = null;
+    try { kept = JSON.parse(sessionStorage.getItem(key) || "null"); } catch (err) { kept = null; }
+    if (kept && typeof kept === "object") {
+      Object.keys(kept).forEach(function (k) {
+        if (shows[k] && kept[k] && kept[k].length === 2) shows[k](kept[k][0], kept[k][1]);
+      });
+      apply();
+    }
   }
   document.querySelectorAll("figure.pcoords").forEach(init);
 })();

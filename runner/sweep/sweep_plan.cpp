@@ -132,6 +132,19 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
                                       const std::map<std::string, dps::TrialRow>& stored,
                                       const SweepOptions& options,
                                       const std::map<std::string, std::string>& elsewhere) {
+  // A tag no trial of the experiment has would silently filter out every trial (a misspelling,
+  // or the tags of another database): an error that lists the tags it has.
+  for (const auto& [key, wanted] : options.filters) {
+    if (key != "tag") continue;
+    std::set<std::string> tags;
+    for (const auto& [hash, row] : stored) tags.insert(row.tags.begin(), row.tags.end());
+    if (tags.count(wanted)) continue;
+    std::string list;
+    for (const auto& t : tags) list += (list.empty() ? "" : ", ") + t;
+    throw UsageError("--filter tag=" + wanted + ": no trial of experiment " + experiment.name +
+                     " has that tag (its tags: " + (list.empty() ? "none" : list) +
+                     "; dprun tag adds one)");
+  }
   std::vector<PlannedTrial> plan;
   for (const TrialSpec& spec : experiment.trials) {
     PlannedTrial p;

@@ -225,10 +225,12 @@ TEST_CASE("filter: tag=NAME selects the trials with the tag", "[cli][annotate]")
   auto r = run({"plan", a.file, "--db", a.db, "--filter", "tag=pick"}, a.dir.path());
   DPRUN_REQUIRE_EXIT(r, 0);
   CHECK_THAT(r.out, Contains("1 to run, 1 to skip") && Contains("skip: filtered out"));
-  // A tag nobody has selects nothing; with a setting, both must hold; one key twice: either.
+  // A tag no trial has is a mistake, not an empty selection: exit 2, listing the tags there are.
   r = run({"run", a.file, "--db", a.db, "--dry-run", "--filter", "tag=nobody"}, a.dir.path());
-  DPRUN_CHECK_EXIT(r, 0);
-  CHECK_THAT(r.out, Contains("0 to run, 2 to skip"));
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK_THAT(r.err, Contains("--filter tag=nobody: no trial of experiment") &&
+                        Contains("has that tag (its tags: pick; dprun tag adds one)"));
+  // With a setting, both must hold; one key twice: either.
   r = run({"plan", a.file, "--db", a.db, "--filter", "tag=pick", "--filter", "gpus=1"},
           a.dir.path());
   CHECK_THAT(r.out, Contains("0 to run, 2 to skip"));
@@ -346,4 +348,51 @@ TEST_CASE("forget: the next run runs a forgotten trial again", "[cli][annotate]"
   CHECK(sql1(db, "SELECT status || ' ' || attempts FROM trials") == "done 1");
   CHECK(sql1(db, "SELECT COUNT(*) FROM epochs") == "1");
   check_sound(db);
+}
+
+TEST_CASE("forget: refuses while a dprun runs the trial's experiment, and keeps files outside the "
+          "trial's folder",
+          "[cli][annotate]") {
+  Annotated a;
+  SECTION("a live runner of the experiment, though the trial is done") {
+    // A process standing in for the sweep's dprun (liveness judges a runner by its pid and its
+    // program's name), recorded as the runner of trial 2.
+    const pid_t runner = fork();
+    if (runner == 0) {
+      execlp("sleep", "dprun-runner-stand-in", "600", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    REQUIRE(runner > 0);
+    {
+      dps::Store store(a.db);
+      REQUIRE(store.claim_trial(a.ids.at(1), dps::TrialStatus::pending, runner, dprun::host_name()));
+    }
+    const auto r = run(a.with_db({"forget", "--yes", a.id(0)}), a.dir.path());
+    ::kill(runner, SIGKILL);
+    waitpid(runner, nullptr, 0);
+    DPRUN_CHECK_EXIT(r, 2);
+    CHECK_THAT(r.err, Contains("still being run (dprun pid " + std::to_string(runner) +
+                               " on this host)") &&
+                          Contains("nothing was forgotten"));
+    for (const auto& f : a.files) CHECK(fs::exists(f));
+  }
+  SECTION("a checkpoint row naming a file elsewhere leaves that file alone") {
+    const std::string elsewhere = a.dir.path() + "/elsewhere.safetensors";
+    clitest::write_file(elsewhere, "another database's model");
+    {
+      dps::Store store(a.db);
+      dps::CheckpointRow c;
+      c.trial_id = a.ids.at(0);
+      c.role = "best";
+      c.epoch = 1;
+      c.path = elsewhere;
+      c.sha256 = "00";
+      store.record_checkpoint(c);
+    }
+    const auto r = run(a.with_db({"forget", "--yes", a.id(0)}), a.dir.path());
+    DPRUN_CHECK_EXIT(r, 0);
+    CHECK_THAT(r.out, Contains("keep " + elsewhere + " (outside the trial's folder"));
+    CHECK(fs::exists(elsewhere));
+    for (const auto& f : a.files) CHECK_FALSE(fs::exists(f));
+  }
 }

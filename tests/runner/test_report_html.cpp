@@ -570,7 +570,7 @@ TEST_CASE("report --html: brushing the parallel coordinates filters the trials, 
     CHECK(steps[1].at("caption").as_string() == std::to_string(one_lr) + " of 200 trials selected");
     // The tags and the note as text (errors would have caught them as markup).
     CHECK(html.find("<span class=\"tag\">look.at-this_1</span>") != std::string::npos);
-    CHECK(html.find("&lt;img src=nothing.png onerror=&quot;console.error(&#39;") == std::string::npos);
+    CHECK(html.find("<img src=nothing.png") == std::string::npos);  // not as markup
     CHECK(html.find("&lt;img src=nothing.png onerror=&quot;console.error('not escaped')&quot;&gt; "
                     "&amp; &lt;b&gt;x&lt;/b&gt;") != std::string::npos);
   }
@@ -623,7 +623,8 @@ namespace {
 pid_t start_sleeper() {
   pid_t pid = fork();
   if (pid == 0) {
-    execlp("sleep", "sleep", "600", static_cast<char*>(nullptr));
+    // argv[0] names dprun: liveness judges a runner by its pid and its program name.
+    execlp("sleep", "dprun-runner-stand-in", "600", static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;

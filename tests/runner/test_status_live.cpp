@@ -246,7 +246,7 @@ TEST_CASE("status: a database of trials running, stale and not run", "[status]")
     Store store(db, Store::Mode::read_write, dprun::builtin_settings().store_columns());
     store.finish_trial(1, TrialStatus::done);
   }
-  const auto watched = clitest::run({"status", "--db", db, "--watch", "0.05"}, dir.path());
+  const auto watched = clitest::run({"status", "--db", db, "--watch", "0.5"}, dir.path());
   DPRUN_REQUIRE_EXIT(watched, 0);
   CHECK_THAT(watched.out, EndsWith("nothing runs or waits to run any more: --watch ends\n"));
   CHECK(lines_with(watched.out, "experiment e:").size() == 1);  // one snapshot: nothing active
@@ -375,8 +375,8 @@ TEST_CASE("status: a local sweep held at epoch 2 of 3, once and with --watch", "
 
   // Two watches, whose output is not a terminal: snapshots apart by a blank line. One is stopped
   // with Ctrl-C (SIGINT: exit 0); the other ends by itself once the sweep stopped.
-  clitest::Dprun stopped({"status", "--db", db, "--watch", "0.1"}, dir.path(), {}, "stopped");
-  clitest::Dprun watch({"status", "--watch", "0.1", file, "--db", db}, dir.path(), {}, "watch");
+  clitest::Dprun stopped({"status", "--db", db, "--watch", "0.5"}, dir.path(), {}, "stopped");
+  clitest::Dprun watch({"status", "--watch", "0.5", file, "--db", db}, dir.path(), {}, "watch");
   for (const char* tag : {"stopped", "watch"})
     REQUIRE(clitest::wait_until([&] {
       return clitest::slurp(dir.path() + "/" + tag + ".out").find("2/3") != std::string::npos;
