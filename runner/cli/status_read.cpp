@@ -378,6 +378,16 @@ int watch(const std::string& db, const Experiment* file, double interval, bool a
     }
     if (!active) text += "nothing runs or waits to run any more: --watch ends\n";
     if (screen) {
+      // Never taller than the window (several experiments, Slurm notes): a frame that scrolls
+      // would spoil the next redraw, which starts from the top left corner.
+      if (auto size = terminal_size(); size && size->ws_row > 2) {
+        size_t lines = 0, at = 0;
+        for (; at < text.size() && lines + 1 < size->ws_row - 1u; ++at)
+          if (text[at] == '\n') ++lines;
+        if (at < text.size())
+          text = text.substr(0, at) + "... (more below: a taller window, or dprun status without " +
+                 "--watch, shows it)\n";
+      }
       screen->draw(text);
     } else {
       std::fputs(((first ? "" : "\n") + text).c_str(), stdout);

@@ -251,12 +251,17 @@ TEST_CASE("asha: kill -9 of the runner during a promotion, then a re-run: nothin
           "[cli][search][asha]") {
   DPRUN_NEED_DATA(data);
   AshaSweep s("asha_kill", data);
-  // Only a promoted trial reaches epoch 2, where it hangs until the runner is killed.
+  // Only a promoted trial reaches epoch 2, where it hangs until the runner is killed. The trial
+  // sends its epoch-2 record and then its epoch-2 checkpoint before it hangs, and the runner
+  // records them one after the other: the kill waits for both (killed in between, as happened
+  // once under the sanitizers, the trial resumes from an earlier checkpoint than this test's).
   clitest::Dprun runner(s.args(), s.dir.path(), {"DPRUN_FAULT=hang@2"});
   REQUIRE(runner.pid() > 0);
   REQUIRE(clitest::wait_until([&] {
     try {
-      return sql1(s.db, "SELECT COUNT(*) FROM epochs WHERE epoch = 2") == "1";
+      return sql1(s.db, "SELECT COUNT(*) FROM epochs WHERE epoch = 2") == "1" &&
+             sql1(s.db, "SELECT COUNT(*) FROM checkpoints WHERE role = 'last' AND epoch = 2") ==
+                 "1";
     } catch (const std::exception&) {
       return false;  // not created yet
     }
