@@ -60,21 +60,15 @@ std::string report_metric_problem(const std::string& name) {
 namespace html {
 
 std::optional<double> TrialMetric::of(const std::vector<dps::EpochRow>& epochs) const {
-  const bool best = name.rfind("best_", 0) == 0;
-  const std::string field_name = name.substr(best ? 5 : 6);
-  for (const auto& f : epoch_fields()) {
-    if (field_name != f.name) continue;
-    std::optional<double> out;
-    for (const auto& e : epochs) {
-      const double v = e.*f.field;
-      if (!std::isfinite(v)) continue;
-      if (!best || !out || (higher_better ? v > *out : v < *out)) out = v;
-    }
-    // final_: the last epoch's value, not the last finite one.
-    if (!best && !epochs.empty() && !std::isfinite(epochs.back().*f.field)) return std::nullopt;
-    return out;
+  std::optional<double> out;
+  for (const auto& e : epochs) {
+    const double v = e.*field;
+    if (!std::isfinite(v)) continue;
+    if (!best || !out || (higher_better ? v > *out : v < *out)) out = v;
   }
-  return std::nullopt;
+  // final_: the last epoch's value, not the last finite one.
+  if (!best && !epochs.empty() && !std::isfinite(epochs.back().*field)) return std::nullopt;
+  return out;
 }
 
 TrialMetric trial_metric(const std::string& name) {
@@ -84,7 +78,7 @@ TrialMetric trial_metric(const std::string& name) {
   const std::string field_name = name.substr(best ? 5 : 6);
   for (const auto& f : epoch_fields())
     if (field_name == f.name)
-      return {name, std::string(best ? "best " : "final ") + f.what, f.accuracy};
+      return {name, std::string(best ? "best " : "final ") + f.what, f.accuracy, best, f.field};
   throw std::invalid_argument("unknown metric " + name);
 }
 
@@ -376,9 +370,9 @@ std::string best_trials(const ExperimentTrials& x, const std::vector<size_t>& sw
     const auto& t = x.trials[i];
     // The epoch the metric comes from: the best epoch, or the last.
     int64_t epoch = epochs[i].empty() ? 0 : epochs[i].back().epoch;
-    if (metric.name.rfind("best_", 0) == 0) {
+    if (metric.best) {
       for (const auto& e : epochs[i])
-        if (metric.of({e}) == r.values[i]) {
+        if (e.*metric.field == r.values[i]) {
           epoch = e.epoch;
           break;
         }
@@ -389,9 +383,7 @@ std::string best_trials(const ExperimentTrials& x, const std::vector<size_t>& sw
            dps::status_name(t.trial.status) + "</td><td class=\"n\">" + std::to_string(epoch) +
            "</td>";
     for (size_t c : swept) out += "<td>" + escape(x.settings[i][c].second) + "</td>";
-    out += "<td>";
-    for (const auto& tag : t.trial.tags) out += "<span class=\"tag\">" + escape(tag) + "</span>";
-    out += "</td></tr>";
+    out += "<td>" + tag_spans(t.trial.tags) + "</td></tr>";
   }
   out += "</tbody></table></div>";
   if (order.size() > shown)
@@ -404,13 +396,14 @@ std::string best_trials(const ExperimentTrials& x, const std::vector<size_t>& sw
 
 std::string hyperparameter_views(const ExperimentTrials& x,
                                  const std::vector<std::vector<dps::EpochRow>>& epochs,
-                                 const TrialMetric& metric) {
+                                 const TrialMetric& metric,
+                                 const std::vector<std::optional<double>>& values) {
   const std::vector<size_t> swept = swept_settings(x);
   Ranked r;
   r.values.assign(x.trials.size(), std::nan(""));
   for (size_t i = 0; i < x.trials.size(); ++i)
-    if (auto v = metric.of(epochs[i])) {
-      r.values[i] = *v;
+    if (values[i]) {
+      r.values[i] = *values[i];
       r.trials.push_back(i);
     }
   std::string out = "<h3>Hyperparameters</h3>";
@@ -436,14 +429,25 @@ std::string hyperparameter_views(const ExperimentTrials& x,
   return out + "</div>" + best_trials(x, swept, r, metric, epochs);
 }
 
-std::vector<std::string> metric_colors(const std::vector<std::vector<dps::EpochRow>>& epochs,
-                                       const TrialMetric& metric) {
+std::vector<std::optional<double>> metric_values(
+    const std::vector<std::vector<dps::EpochRow>>& epochs, const TrialMetric& metric) {
   std::vector<std::optional<double>> values;
+  values.reserve(epochs.size());
+  for (const auto& e : epochs) values.push_back(metric.of(e));
+  return values;
+}
+
+std::string tag_spans(const std::vector<std::string>& tags) {
+  std::string out;
+  for (const auto& tag : tags) out += "<span class=\"tag\">" + escape(tag) + "</span>";
+  return out;
+}
+
+std::vector<std::string> metric_colors(const std::vector<std::optional<double>>& values,
+                                       const TrialMetric& metric) {
   double lo = 1e300, hi = -1e300;
-  for (const auto& e : epochs) {
-    values.push_back(metric.of(e));
-    if (values.back()) lo = std::min(lo, *values.back()), hi = std::max(hi, *values.back());
-  }
+  for (const auto& v : values)
+    if (v) lo = std::min(lo, *v), hi = std::max(hi, *v);
   std::vector<std::string> out;
   for (const auto& v : values) {
     if (!v) {

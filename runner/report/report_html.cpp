@@ -65,11 +65,12 @@ using Epochs = std::vector<std::vector<dps::EpochRow>>;
 
 // Learning curves, one line per trial.
 std::string learning_curves(const ExperimentTrials& x, const Epochs& epochs,
-                            const TrialMetric& metric) {
+                            const TrialMetric& metric,
+                            const std::vector<std::optional<double>>& values) {
   const bool dense = x.trials.size() > kDenseTrials;
   // Many trials: each line in its metric's colour, as in the hyperparameter views (ten colours
   // and dashes would repeat every twenty trials); the best drawn last, on top.
-  const std::vector<std::string> by_metric = dense ? metric_colors(epochs, metric)
+  const std::vector<std::string> by_metric = dense ? metric_colors(values, metric)
                                                    : std::vector<std::string>{};
   Chart loss{"Training loss", "epoch", "train loss", {}, true, std::nullopt, !dense};
   Chart acc{"Test accuracy", "epoch", "test accuracy", {}, true, 0.0, !dense};
@@ -91,7 +92,7 @@ std::string learning_curves(const ExperimentTrials& x, const Epochs& epochs,
     std::vector<size_t> order(x.trials.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     const auto goodness = [&](size_t i) {
-      const auto v = metric.of(epochs[i]);
+      const auto& v = values[i];
       return !v ? -1e300 : metric.higher_better ? *v : -*v;
     };
     std::stable_sort(order.begin(), order.end(),
@@ -206,11 +207,7 @@ std::string trial_table(const ExperimentTrials& x, const Epochs& epochs) {
     out += no_speedup.empty() ? "<td class=\"n\">"
                               : "<td class=\"n\" title=\"" + escape(no_speedup) + "\">";
     out += cell(t.speedup, "%.2fx") + "</td><td>" + escape(t.trial.devices) + "</td>";
-    if (any_tags) {
-      out += "<td>";
-      for (const auto& tag : t.trial.tags) out += "<span class=\"tag\">" + escape(tag) + "</span>";
-      out += "</td>";
-    }
+    if (any_tags) out += "<td>" + tag_spans(t.trial.tags) + "</td>";
     out += "</tr>";
     if (!t.trial.note.empty())
       notes += "<p class=\"note trial-note\">trial " + std::to_string(t.trial.id) + " (" +
@@ -236,12 +233,13 @@ std::string experiment_section(dps::Store& store, const ExperimentTrials& x,
   Epochs epochs;
   for (const auto& t : x.trials) epochs.push_back(store.epochs(t.trial.id));
   const TrialMetric metric = resolve_metric(options.metric, epochs);
+  const std::vector<std::optional<double>> values = metric_values(epochs, metric);
   // Each part in its own box (class "part NAME"): a stylesheet or a screenshot can pick one.
   auto part = [](const char* name, const std::string& html) {
     return html.empty() ? html : "<div class=\"part " + std::string(name) + "\">" + html + "</div>";
   };
-  return out + part("curves", learning_curves(x, epochs, metric)) +
-         part("scaling", scaling_charts(x)) + part("hparams", hyperparameter_views(x, epochs, metric)) +
+  return out + part("curves", learning_curves(x, epochs, metric, values)) +
+         part("scaling", scaling_charts(x)) + part("hparams", hyperparameter_views(x, epochs, metric, values)) +
          part("trials", trial_table(x, epochs)) + "</section>";
 }
 
