@@ -1,13 +1,11 @@
-// IDX (MNIST-format) dataset files: finding them, gunzipping, and checking every header field
-// and size before trusting a byte, since a truncated download is the usual failure.
+// Datasets: which files each known dataset has and where they are found; IDX (MNIST-format)
+// files: gunzipping, and checking every header field and size before trusting a byte, since a
+// truncated download is the usual failure. CIFAR-10's reader is data_cifar10.cpp.
 #include "dp/data.hpp"
-
-#include "dp/random.hpp"
 
 #include <zlib.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +14,9 @@
 #include <fstream>
 #include <future>
 
+#include "data_files.hpp"
 #include "dp/error.hpp"
+#include "dp/random.hpp"
 
 namespace dp {
 
@@ -29,10 +29,44 @@ constexpr uint32_t kLabelsMagic = 2049;  // 0x00000801: unsigned bytes, 1 dimens
 constexpr size_t kImagesHeader = 16;     // magic, count, rows, cols
 constexpr size_t kLabelsHeader = 8;      // magic, count
 
-// The four files of a dataset, without the optional ".gz".
-constexpr std::array<const char*, 4> kFileStems = {
-    "train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte"};
+enum class Format { idx, cifar10 };
+
+// One known dataset: its files and what the "not found" error tells the user.
+struct DatasetFiles {
+  std::string name;
+  Format format;
+  std::vector<std::string> stems;  // every file, without the optional ".gz"; train split first
+  size_t train_files;              // how many of `stems` are the train split
+  std::string archive_folder;      // the folder its official archive unpacks to ("" none)
+  std::string what;                // "the four IDX files", for "set DPRUN_DATA to a folder..."
+};
+
+// The table, in the order `known_datasets` lists the names. Built on first use: the settings
+// table may ask for the names while other translation units are still being initialised.
+const std::vector<DatasetFiles>& dataset_table() {
+  static const std::vector<DatasetFiles> table = [] {
+    const std::vector<std::string> idx = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                          "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+    return std::vector<DatasetFiles>{
+        {"cifar10",
+         Format::cifar10,
+         {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin", "data_batch_4.bin",
+          "data_batch_5.bin", "test_batch.bin"},
+         5,
+         "cifar-10-batches-bin",
+         "the six CIFAR-10 binary batches"},
+        {"fashion-mnist", Format::idx, idx, 2, "", "the four IDX files"},
+        {"mnist", Format::idx, idx, 2, "", "the four IDX files"},
+    };
+  }();
+  return table;
+}
+
+const DatasetFiles* find_dataset(const std::string& name) {
+  for (const auto& d : dataset_table())
+    if (d.name == name) return &d;
+  return nullptr;
+}
 
 uint32_t read_be32(const std::vector<uint8_t>& bytes, size_t offset) {
   return (uint32_t{bytes[offset]} << 24) | (uint32_t{bytes[offset + 1]} << 16) |
@@ -44,11 +78,6 @@ std::string hex32(uint32_t v) {
   std::snprintf(buf, sizeof buf, "0x%08X", v);
   return buf;
 }
-
-struct FileBytes {
-  std::vector<uint8_t> bytes;
-  bool gzip = false;
-};
 
 bool starts_with_gzip_magic(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
@@ -115,19 +144,6 @@ std::vector<uint8_t> read_gzip(const std::string& file) {
   return bytes;
 }
 
-FileBytes read_file_bytes(const std::string& file) {
-  if (!fs::exists(file)) DP_THROW(file + ": no such file");
-  if (fs::is_directory(file)) DP_THROW(file + ": is a folder, expected an IDX file");
-  FileBytes out;
-  out.gzip = starts_with_gzip_magic(file);
-  out.bytes = out.gzip ? read_gzip(file) : read_plain(file);
-  return out;
-}
-
-std::string size_note(const FileBytes& f) {
-  return std::to_string(f.bytes.size()) + " bytes" + (f.gzip ? " after gunzip" : "");
-}
-
 std::string magic_problem(uint32_t found, uint32_t expected, const char* expected_kind) {
   std::string m = "magic number " + std::to_string(found) + " (" + hex32(found) + "), expected " +
                   std::to_string(expected) + " (" + hex32(expected) + ") for an IDX " +
@@ -148,16 +164,38 @@ std::string find_file(const std::string& dir, const std::string& stem) {
   return "";
 }
 
-// The stems missing from `dir` (empty when it holds all four files).
-std::vector<std::string> missing_files(const std::string& dir) {
+// The stems missing from `dir` (empty when it holds all of them).
+std::vector<std::string> missing_files(const std::string& dir,
+                                       const std::vector<std::string>& stems) {
   std::vector<std::string> missing;
-  for (const char* stem : kFileStems) {
+  for (const auto& stem : stems) {
     if (find_file(dir, stem).empty()) missing.push_back(stem);
   }
   return missing;
 }
 
 }  // namespace
+
+namespace detail {
+
+FileBytes read_file_bytes(const std::string& file, const char* expected) {
+  if (!fs::exists(file)) DP_THROW(file + ": no such file");
+  if (fs::is_directory(file)) DP_THROW(file + ": is a folder, expected " + expected);
+  FileBytes out;
+  out.gzip = starts_with_gzip_magic(file);
+  out.bytes = out.gzip ? read_gzip(file) : read_plain(file);
+  return out;
+}
+
+std::string size_note(const FileBytes& f) {
+  return std::to_string(f.bytes.size()) + " bytes" + (f.gzip ? " after gunzip" : "");
+}
+
+}  // namespace detail
+
+using detail::FileBytes;
+using detail::read_file_bytes;
+using detail::size_note;
 
 Dataset Dataset::select(const std::vector<int64_t>& indices, const std::string& new_name) const {
   Dataset out;
@@ -216,7 +254,11 @@ Dataset Dataset::head(int64_t n) const {
 }
 
 const std::vector<std::string>& known_datasets() {
-  static const std::vector<std::string> names = {"fashion-mnist", "mnist"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& d : dataset_table()) out.push_back(d.name);
+    return out;
+  }();
   return names;
 }
 
@@ -305,10 +347,10 @@ Dataset read_idx(const std::string& images_file, const std::string& labels_file,
 }
 
 std::string resolve_dataset_directory(const std::string& dataset, const std::string& path) {
-  const auto& known = known_datasets();
-  if (std::find(known.begin(), known.end(), dataset) == known.end()) {
+  const DatasetFiles* spec = find_dataset(dataset);
+  if (spec == nullptr) {
     std::string list;
-    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+    for (const auto& k : known_datasets()) list += (list.empty() ? "" : ", ") + k;
     DP_THROW("unknown dataset \"" + dataset + "\": known datasets are " + list);
   }
 
@@ -316,59 +358,100 @@ std::string resolve_dataset_directory(const std::string& dataset, const std::str
   // replaced by $DPRUN_DATA or the default. Under $DPRUN_DATA the per-dataset subfolder comes
   // first because MNIST and Fashion-MNIST use the same file names: a DPRUN_DATA holding both
   // in subfolders must not hand the wrong one out.
-  std::vector<std::pair<std::string, std::string>> candidates;
+  std::vector<std::pair<std::string, std::string>> places;
+  const char* env = std::getenv("DPRUN_DATA");
+  const bool have_env = env != nullptr && *env != '\0';
   if (!path.empty()) {
-    candidates.push_back({path, "given path"});
-    candidates.push_back({(fs::path(path) / dataset).string(), "given path/<dataset>"});
+    places.push_back({path, "given path"});
+    places.push_back({(fs::path(path) / dataset).string(), "given path/<dataset>"});
   } else {
-    if (const char* env = std::getenv("DPRUN_DATA"); env && *env) {
-      candidates.push_back({(fs::path(env) / dataset).string(), "$DPRUN_DATA/<dataset>"});
-      candidates.push_back({env, "$DPRUN_DATA"});
+    if (have_env) {
+      places.push_back({(fs::path(env) / dataset).string(), "$DPRUN_DATA/<dataset>"});
+      places.push_back({env, "$DPRUN_DATA"});
     }
-    candidates.push_back({"/usr/share/datasets/" + dataset, "default"});
+    places.push_back({"/usr/share/datasets/" + dataset, "default"});
   }
 
   std::string tried;
-  for (const auto& [dir, why] : candidates) {
+  // Whether `dir` holds every file; notes it in `tried` when not.
+  auto holds_all = [&](const std::string& dir, const std::string& why) {
     std::string state;
     if (!fs::is_directory(dir)) {
       state = "no such folder";
     } else {
-      const auto missing = missing_files(dir);
-      if (missing.empty()) return dir;
+      const auto missing = missing_files(dir, spec->stems);
+      if (missing.empty()) return true;
       state = "missing";
       for (const auto& m : missing) state += " " + m + "[.gz]";
     }
     tried += "\n  " + dir + " (" + why + "): " + state;
+    return false;
+  };
+  for (const auto& [dir, why] : places) {
+    if (holds_all(dir, why)) return dir;
+    // The official archive unpacks to a folder of its own: looked into wherever it may have
+    // been unpacked (only inside folders that exist, so the list stays short).
+    if (!spec->archive_folder.empty() && fs::is_directory(dir)) {
+      const std::string unpacked = (fs::path(dir) / spec->archive_folder).string();
+      if (holds_all(unpacked, why + ", unpacked archive")) return unpacked;
+    }
+  }
+
+  std::string looked_for;
+  for (size_t i = 0; i < spec->stems.size(); ++i) {
+    looked_for += (i == 0                        ? ""
+                   : i + 1 == spec->stems.size() ? " and "
+                                                 : ", ") +
+                  spec->stems[i] + "[.gz]";
   }
   std::string fix = path.empty()
-                        ? "set DPRUN_DATA to a folder holding the four IDX files"
+                        ? "set DPRUN_DATA to a folder holding " + spec->what
                         : "fix the data path, or leave it empty to use $DPRUN_DATA or the default";
   if (dataset == "fashion-mnist") {
     fix += "; `apt install dataset-fashion-mnist` installs them in /usr/share/datasets/" + dataset;
   }
-  DP_THROW("dataset " + dataset + " not found; looked for train-images-idx3-ubyte[.gz], " +
-           "train-labels-idx1-ubyte[.gz], t10k-images-idx3-ubyte[.gz] and " +
-           "t10k-labels-idx1-ubyte[.gz] in:" + tried + "\n" + fix);
+  if (dataset == "cifar10") {
+    // Unpacked where it will be looked for: the given path, else $DPRUN_DATA, else the default.
+    const std::string into = !path.empty() ? path
+                             : have_env    ? std::string(env)
+                                           : "/usr/share/datasets/" + dataset;
+    fix +=
+        "; download the binary version and unpack it where dprun looks: curl -LO "
+        "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz && mkdir -p " +
+        into + " && tar xzf cifar-10-binary.tar.gz -C " + into + " (it unpacks to " +
+        spec->archive_folder + "/, which is looked in)";
+  }
+  DP_THROW("dataset " + dataset + " not found; looked for " + looked_for + " in:" + tried + "\n" +
+           fix);
 }
 
 DatasetPair load_dataset(const std::string& dataset, const std::string& path) {
   DatasetPair out;
   out.directory = resolve_dataset_directory(dataset, path);
-  std::array<std::string, 4> files;
-  for (size_t i = 0; i < files.size(); ++i) {
-    files[i] = find_file(out.directory, kFileStems[i]);
+  const DatasetFiles& spec = *find_dataset(dataset);
+  std::vector<std::string> files;
+  for (const auto& stem : spec.stems) {
+    files.push_back(find_file(out.directory, stem));
     // Only possible when a file vanished since resolve_dataset_directory looked.
-    if (files[i].empty()) {
-      DP_THROW((fs::path(out.directory) / kFileStems[i]).string() + "[.gz]: no such file");
+    if (files.back().empty()) {
+      DP_THROW((fs::path(out.directory) / stem).string() + "[.gz]: no such file");
     }
   }
+  const std::vector<std::string> train_files(
+      files.begin(), files.begin() + static_cast<std::ptrdiff_t>(spec.train_files));
+  const std::vector<std::string> test_files(
+      files.begin() + static_cast<std::ptrdiff_t>(spec.train_files), files.end());
+  auto read_split = [&](const std::vector<std::string>& split, const std::string& name) {
+    if (spec.format == Format::cifar10) return read_cifar10(split, name);
+    DP_ASSERT(split.size() == 2);  // images, labels
+    return read_idx(split[0], split[1], name);
+  };
   // The training split dominates (60000 images to inflate); the test split is read on a second
   // thread meanwhile. A std::async future waits in its destructor, so an exception from the
   // training split never leaves that thread running.
-  auto test = std::async(std::launch::async,
-                         [&] { return read_idx(files[2], files[3], dataset + "/test"); });
-  out.train = read_idx(files[0], files[1], dataset + "/train");
+  auto test =
+      std::async(std::launch::async, [&] { return read_split(test_files, dataset + "/test"); });
+  out.train = read_split(train_files, dataset + "/train");
   out.test = test.get();
   return out;
 }

@@ -1,6 +1,7 @@
 // The d2l from-scratch LeNet ("Training on Multiple GPUs"):
 //   conv 3x3 -> 20, ReLU, avg-pool 2, conv 5x5 -> 50, ReLU, avg-pool 2, flatten (800),
-//   linear 128, ReLU, linear 10. Weights N(0, 0.01^2), biases 0.
+//   linear 128, ReLU, linear 10. Weights N(0, 0.01^2), biases 0. Built for the data's shape: on
+//   CIFAR-10's 3x32x32 the first convolution takes 3 channels and the flatten gives 1250.
 // To add a model of your own, copy this folder, change the layers and the names, build, run.
 #include <memory>
 #include <string>
@@ -42,7 +43,7 @@ std::unique_ptr<dp::Module> build_lenet(const dp::ModelOptions& options,
 std::vector<dp::ModelFactory> models() {
   dp::ModelFactory lenet;
   lenet.name = "lenet";
-  lenet.description = "d2l LeNet: conv3x3-20, pool, conv5x5-50, pool, fc 800-128-10";
+  lenet.description = "d2l LeNet: conv3x3-20, pool, conv5x5-50, pool, fc 800-128-10 (on 1x28x28)";
   lenet.input = {1, 28, 28, 10};
   lenet.options = {
       {"hidden", int64_t{128}, "width of the hidden fully connected layer"},

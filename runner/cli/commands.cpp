@@ -160,9 +160,13 @@ int plugins_command(const Invocation& in) {
   for (const auto& [name, m] : scan.models) {
     const dp::ModelFactory& f = m.factory;
     std::printf("%s: %s\n", name.c_str(), f.description.c_str());
-    std::printf("  file: %s\n  ABI version %u, built with dprun %s; input %dx%dx%d, %d classes\n",
-                m.plugin_path.c_str(), m.abi_version, m.built_with.c_str(), f.input.channels,
-                f.input.height, f.input.width, f.input.classes);
+    // Every model is built for the data's shape (trial_main.cpp): the input it was designed
+    // for is a description, not a requirement.
+    std::printf(
+        "  file: %s\n  ABI version %u, built with dprun %s; designed for input %dx%dx%d, %d "
+        "classes; built for the shape and classes of the data it trains on\n",
+        m.plugin_path.c_str(), m.abi_version, m.built_with.c_str(), f.input.channels,
+        f.input.height, f.input.width, f.input.classes);
     if (f.options.empty()) {
       std::printf("  options: none\n");
     } else {
@@ -269,7 +273,7 @@ std::vector<Opt> train_options() {
                                              : " (default " + def + ")";
     options.push_back({train_option_name(*s), train_option_metavar(*s), s->help + note});
   }
-  const Opt rest[] = {{"--data", "PATH", "folder with the dataset's IDX files"},
+  const Opt rest[] = {{"--data", "PATH", "folder with the dataset's files (or a folder above it)"},
                       {"--threads", "N", "CPU threads (default: all)"},
                       {"--oversubscribe", "", "let replicas share GPUs"},
                       {"--option", "KEY=VALUE", "a model option (see dprun plugins); repeatable"},

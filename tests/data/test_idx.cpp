@@ -347,8 +347,9 @@ TEST_CASE("resolve_dataset_directory: given path, then DPRUN_DATA, then the defa
     CHECK_THAT(m, Contains("set DPRUN_DATA"));
   }
   SECTION("an unknown dataset lists the known ones") {
-    CHECK_THAT(error_of([&] { dp::resolve_dataset_directory("cifar10", given.path()); }),
-               Contains("unknown dataset \"cifar10\": known datasets are fashion-mnist, mnist"));
+    CHECK_THAT(error_of([&] { dp::resolve_dataset_directory("cifar100", given.path()); }),
+               Contains("unknown dataset \"cifar100\": known datasets are cifar10, "
+                        "fashion-mnist, mnist"));
   }
 }
 

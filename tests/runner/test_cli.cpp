@@ -8,6 +8,7 @@
 
 #include "cli_helpers.hpp"
 #include "dp/backend.hpp"
+#include "support/cifar10_files.hpp"
 
 namespace fs = std::filesystem;
 using clitest::run;
@@ -249,7 +250,7 @@ TEST_CASE("command line: help, version, unknown commands and options", "[cli]") 
   r = run({"train", "--help"}, dir.path());
   DPRUN_CHECK_EXIT(r, 0);
   for (const char* option : {"--per-gpu-batch N", "--lr-scaling none|linear", "--base-batch N",
-                             "--bn per-replica", "--dataset fashion-mnist|mnist"})
+                             "--bn per-replica", "--dataset cifar10|fashion-mnist|mnist"})
     CHECK(r.out.find(option) != std::string::npos);
   r = run({"train", "--model", "lenet", "--gpus", "0"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
@@ -306,6 +307,40 @@ TEST_CASE("train runs one model in process and prints one line per epoch", "[cli
     }
   }
   CHECK(epoch_lines == 2);
+}
+
+TEST_CASE("train runs LeNet on CIFAR-10 batches unpacked under --data", "[cli][cifar10]") {
+  dptest::TempDir dir;
+  // Batches of 16 records, as the archive unpacks them (its own folder under the given path).
+  dptest::write_cifar10_folder(dir.path() + "/cifar-10-batches-bin", 16, 64);
+  auto r = run({"train", "--model", "lenet", "--dataset", "cifar10", "--data", dir.path(),
+                "--epochs", "1", "--train-limit", "64", "--test-limit", "64", "--batch-size", "32",
+                "--backend", "cpu", "--threads", "1"},
+               dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(r.out.find("lenet on cpu") != std::string::npos);
+  std::istringstream lines(r.out);
+  int epoch_lines = 0;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    int epoch = 0;
+    double loss = 0, train_acc = 0, test_acc = 0, seconds = 0, rate = 0;
+    if (fields >> epoch >> loss >> train_acc >> test_acc >> seconds >> rate) {
+      ++epoch_lines;
+      CHECK(std::isfinite(loss));
+      CHECK(test_acc >= 0.0);
+      CHECK(test_acc <= 1.0);
+    }
+  }
+  CHECK(epoch_lines == 1);
+
+  // Without the files: the places tried and where to download them.
+  r = run({"train", "--model", "lenet", "--dataset", "cifar10", "--data", dir.path() + "/none",
+           "--epochs", "1", "--backend", "cpu"},
+          dir.path());
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("dataset cifar10 not found") != std::string::npos);
+  CHECK(r.err.find("cifar-10-binary.tar.gz") != std::string::npos);
 }
 
 TEST_CASE("default database path, query without --db, --backend override", "[cli]") {

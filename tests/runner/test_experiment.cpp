@@ -529,10 +529,10 @@ TEST_CASE("error: unknown sections, keys, models, options and datasets", "[exper
   CHECK(unused.key() == "sweep.model.resnet18.width");
   CHECK(std::string(unused.what()).find("no trial uses model resnet18") != std::string::npos);
 
-  auto dataset = error_of(kHead + "[data]\ndataset = \"cifar10\"\n[train]\nmodel = \"lenet\"\n");
+  auto dataset = error_of(kHead + "[data]\ndataset = \"imagenet\"\n[train]\nmodel = \"lenet\"\n");
   CHECK(std::string(dataset.what()) ==
-        "t.toml:4:11: data.dataset: unknown dataset \"cifar10\" (known datasets: fashion-mnist, "
-        "mnist)");
+        "t.toml:4:11: data.dataset: unknown dataset \"imagenet\" (known datasets: cifar10, "
+        "fashion-mnist, mnist)");
 
   auto sweep_key = error_of(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\ngpu = [1, 2]\n");
   CHECK(sweep_key.key() == "sweep.gpu");

@@ -1,6 +1,7 @@
 // Plugin loader: the two real plugins load and build their models; every broken plugin (built
 // from tests/plugins) is refused with a message that names the file and the problem.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -9,12 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "dp/data.hpp"
 #include "dp/params.hpp"
 #include "dp/plugin.hpp"
 #include "dp/version.hpp"
 #include "models/plugin_loader.hpp"
 #include "support/check.hpp"
+#include "support/cifar10_files.hpp"
 #include "support/env_var.hpp"
+#include "support/train_steps.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -48,29 +52,32 @@ const dp::OptionSpec* find_option(const dp::ModelFactory& f, const std::string& 
 
 // Trainable scalars of the model `factory` builds with `given` options (declarations only: no
 // backend needed).
-size_t parameter_count(const dp::ModelFactory& factory, const dp::ModelOptions& given) {
+size_t parameter_count(const dp::ModelFactory& factory, const dp::ModelOptions& given,
+                       const std::optional<dp::ModelInput>& input = std::nullopt) {
   const dp::ModelOptions options = dp::resolve_model_options(factory, given);
-  std::unique_ptr<dp::Module> model = factory.build(options, factory.input);
+  std::unique_ptr<dp::Module> model = factory.build(options, input.value_or(factory.input));
   REQUIRE(model != nullptr);
   dp::ParamRegistry registry;
   model->declare(registry, "");
   return registry.parameter_count();
 }
 
-// d2l LeNet: conv3x3 1->20, conv5x5 20->50, linear 800->hidden, linear hidden->10.
-size_t lenet_parameters(size_t hidden) {
-  return (1 * 20 * 9 + 20) + (20 * 50 * 25 + 50) + (800 * hidden + hidden) + (hidden * 10 + 10);
+// d2l LeNet: conv3x3 1->20, conv5x5 20->50, linear 800->hidden, linear hidden->10 on 1x28x28;
+// on 3x32x32 the first convolution takes 3 channels and 50x5x5 = 1250 values reach the linear.
+size_t lenet_parameters(size_t hidden, size_t channels = 1, size_t flat = 800) {
+  return (channels * 20 * 9 + 20) + (20 * 50 * 25 + 50) + (flat * hidden + hidden) +
+         (hidden * 10 + 10);
 }
 
 // d2l small-image ResNet-18 of first-stage width w: biased convolutions, BN weight and bias.
-size_t resnet18_parameters(size_t w) {
+size_t resnet18_parameters(size_t w, size_t channels = 1) {
   auto conv = [](size_t in, size_t out, size_t k) { return in * out * k * k + out; };
   auto bn = [](size_t c) { return 2 * c; };
   auto residual = [&](size_t in, size_t out, bool shortcut) {
     return conv(in, out, 3) + bn(out) + conv(out, out, 3) + bn(out) +
            (shortcut ? conv(in, out, 1) : 0);
   };
-  size_t n = conv(1, w, 3) + bn(w);
+  size_t n = conv(channels, w, 3) + bn(w);
   n += 2 * residual(w, w, false);
   for (size_t c = w; c < 8 * w; c *= 2)
     n += residual(c, 2 * c, true) + residual(2 * c, 2 * c, false);
@@ -121,6 +128,45 @@ TEST_CASE("the ResNet-18 plugin loads and builds its model", "[plugins]") {
   CHECK(resnet18_parameters(64) > 11'000'000);  // the formula itself: d2l's ~11.2M
   CHECK(parameter_count(f, {}) == resnet18_parameters(64));
   CHECK(parameter_count(f, {{"width", int64_t{4}}}) == resnet18_parameters(4));
+}
+
+TEST_CASE("LeNet and ResNet-18 are built for the data's shape: 3x32x32 (CIFAR-10) trains",
+          "[plugins][cifar10]") {
+  const dp::ModelInput cifar10{3, 32, 32, 10};
+  dptest::TempDir tmp;
+  const std::string batch = tmp.path() + "/data_batch_1.bin";
+  {
+    const std::vector<uint8_t> bytes = dptest::cifar10_batch(0, 4);
+    std::ofstream(batch, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+  }
+  const dp::Dataset data = dp::read_cifar10({batch}, "cifar10/train");
+  REQUIRE(data.count == 4);
+
+  struct Case {
+    std::string model;
+    dp::ModelOptions options;  // ResNet-18 narrowed to width 4: the same layers, a fast step
+    size_t parameters;
+  };
+  const Case cases[] = {{"lenet", {}, lenet_parameters(128, 3, 1250)},
+                        {"resnet18", {{"width", int64_t{4}}}, resnet18_parameters(4, 3)}};
+  for (const Case& c : cases) {
+    INFO(c.model);
+    const auto models = dprun::load_plugin(kPluginDir + "/libdprun_" + c.model + ".so");
+    REQUIRE(models.size() == 1);
+    const dp::ModelFactory& f = models[0].factory;
+    CHECK(parameter_count(f, c.options, cifar10) == c.parameters);
+    const dp::ModelOptions options = dp::resolve_model_options(f, c.options);
+    dp::TrainerOptions o;
+    o.batch_size = 4;
+    o.cpu_threads = 1;
+    const dptest::StepRun run =
+        dptest::run_steps(o, [&] { return f.build(options, cifar10); }, data, data, {{0, 1, 2, 3}});
+    REQUIRE(run.steps() == 1);
+    CHECK(std::isfinite(run.losses[0]));
+    CHECK(run.after[0] != run.before[0]);
+  }
 }
 
 TEST_CASE("loading a plugin twice gives the same models", "[plugins]") {
