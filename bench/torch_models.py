@@ -2,9 +2,9 @@
 
   lenet()     plugins/lenet/lenet.cpp: conv3x3-20, ReLU, avg-pool 2, conv5x5-50, ReLU, avg-pool 2,
               linear 800-128, ReLU, linear 10; weights N(0, 0.01^2), biases 0.
-  resnet18()  plugins/resnet18/resnet18.cpp, d2l's small-image ResNet-18: conv3x3-64, BN, ReLU,
-              four stages of two residual blocks (64..512 channels), global average pool,
-              linear 10.
+  resnet18(channels=1)  plugins/resnet18/resnet18.cpp, d2l's small-image ResNet-18: conv3x3-64,
+              BN, ReLU, four stages of two residual blocks (64..512 channels), global average
+              pool, linear 10; `channels` input planes (1 for Fashion-MNIST, 3 for CIFAR-10).
   load_fashion_mnist(folder, split, count)  the IDX files as uint8 images (N, 1, 28, 28) and
               int64 labels, as numpy arrays.
 """
@@ -48,8 +48,8 @@ def _stage(i, o, n, first=False):
                            for k in range(n)])
 
 
-def resnet18():
-    return nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(),
+def resnet18(channels=1):
+    return nn.Sequential(nn.Conv2d(channels, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(),
                          _stage(64, 64, 2, True), _stage(64, 128, 2), _stage(128, 256, 2),
                          _stage(256, 512, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                          nn.Linear(512, 10))
