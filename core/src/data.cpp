@@ -16,6 +16,7 @@
 
 #include "data_files.hpp"
 #include "dp/error.hpp"
+#include "dp/plugin.hpp"
 #include "dp/random.hpp"
 
 namespace dp {
@@ -346,13 +347,12 @@ Dataset read_idx(const std::string& images_file, const std::string& labels_file,
   return out;
 }
 
-std::string resolve_dataset_directory(const std::string& dataset, const std::string& path) {
-  const DatasetFiles* spec = find_dataset(dataset);
-  if (spec == nullptr) {
-    std::string list;
-    for (const auto& k : known_datasets()) list += (list.empty() ? "" : ", ") + k;
-    DP_THROW("unknown dataset \"" + dataset + "\": known datasets are " + list);
-  }
+namespace {
+
+// The folder that holds every file of `spec` (see resolve_dataset_directory).
+// long function: the places, the checks of each and the message that lists them, in order.
+std::string resolve_folder(const DatasetFiles* spec, const std::string& path) {
+  const std::string& dataset = spec->name;
 
   // (folder, why it was tried). An explicit path is the user's choice: it is never silently
   // replaced by $DPRUN_DATA or the default. Under $DPRUN_DATA the per-dataset subfolder comes
@@ -407,6 +407,7 @@ std::string resolve_dataset_directory(const std::string& dataset, const std::str
   std::string fix = path.empty()
                         ? "set DPRUN_DATA to a folder holding " + spec->what
                         : "fix the data path, or leave it empty to use $DPRUN_DATA or the default";
+  if (dataset == "arrays") fix += "; or name the files with [data.arrays] train = and test =";
   if (dataset == "fashion-mnist") {
     fix += "; `apt install dataset-fashion-mnist` installs them in /usr/share/datasets/" + dataset;
   }
@@ -425,7 +426,32 @@ std::string resolve_dataset_directory(const std::string& dataset, const std::str
            fix);
 }
 
+}  // namespace
+
+std::string resolve_dataset_directory(const std::string& dataset, const std::string& path) {
+  const DatasetFiles* spec = find_dataset(dataset);
+  if (spec == nullptr) {
+    std::string list;
+    for (const auto& k : known_datasets()) list += (list.empty() ? "" : ", ") + k;
+    DP_THROW("unknown dataset \"" + dataset + "\": known datasets are " + list);
+  }
+  return resolve_folder(spec, path);
+}
+
+std::string find_dataset_folder(const std::string& dataset, const std::vector<std::string>& files,
+                                const std::string& path) {
+  DP_CHECK(!files.empty(), "find_dataset_folder(" + dataset + "): no files to look for");
+  DatasetFiles spec{dataset, Format::idx, files, files.size(), "", ""};
+  for (size_t i = 0; i < files.size(); ++i)
+    spec.what += (i == 0 ? "" : i + 1 == files.size() ? " and " : ", ") + files[i];
+  return resolve_folder(&spec, path);
+}
+
 DatasetPair load_dataset(const std::string& dataset, const std::string& path) {
+  // A built-in dataset that is not a set of known files ("arrays"), with its default options.
+  if (find_dataset(dataset) == nullptr) {
+    if (const DatasetFactory* f = find_builtin_dataset(dataset)) return load_checked(*f, {}, path);
+  }
   DatasetPair out;
   out.directory = resolve_dataset_directory(dataset, path);
   const DatasetFiles& spec = *find_dataset(dataset);

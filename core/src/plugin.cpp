@@ -44,11 +44,13 @@ std::string option_to_string(const OptionValue& v) {
 
 namespace {
 
-std::string known_options(const ModelFactory& factory) {
-  if (factory.options.empty()) return "model '" + factory.name + "' takes no options";
-  std::string s = "known options of '" + factory.name + "': ";
-  for (size_t i = 0; i < factory.options.size(); ++i) {
-    const OptionSpec& o = factory.options[i];
+// kind: "model" or "dataset", for the messages.
+std::string known_options(const char* kind, const std::string& name,
+                          const std::vector<OptionSpec>& options) {
+  if (options.empty()) return std::string(kind) + " '" + name + "' takes no options";
+  std::string s = "known options of '" + name + "': ";
+  for (size_t i = 0; i < options.size(); ++i) {
+    const OptionSpec& o = options[i];
     if (i) s += ", ";
     s += o.name + " (" + option_type_name(o.default_value) + ", default " +
          option_to_string(o.default_value) + ")";
@@ -56,30 +58,41 @@ std::string known_options(const ModelFactory& factory) {
   return s;
 }
 
-}  // namespace
-
-ModelOptions resolve_model_options(const ModelFactory& factory, const ModelOptions& given) {
-  ModelOptions out;
-  for (const OptionSpec& o : factory.options) out[o.name] = o.default_value;
+std::map<std::string, OptionValue> resolve_options(const char* kind, const std::string& owner,
+                                                   const std::vector<OptionSpec>& specs,
+                                                   const std::map<std::string, OptionValue>& given) {
+  std::map<std::string, OptionValue> out;
+  for (const OptionSpec& o : specs) out[o.name] = o.default_value;
   for (const auto& [name, value] : given) {
     const OptionSpec* spec = nullptr;
-    for (const OptionSpec& o : factory.options)
+    for (const OptionSpec& o : specs)
       if (o.name == name) spec = &o;
     if (!spec)
-      throw Error("model '" + factory.name + "' has no option '" + name + "'; " +
-                  known_options(factory));
+      throw Error(std::string(kind) + " '" + owner + "' has no option '" + name + "'; " +
+                  known_options(kind, owner, specs));
     if (value.index() == spec->default_value.index()) {
       out[name] = value;
     } else if (std::holds_alternative<double>(spec->default_value) &&
                std::holds_alternative<int64_t>(value)) {
       out[name] = static_cast<double>(std::get<int64_t>(value));
     } else {
-      throw Error("model '" + factory.name + "': option '" + name + "' expects " +
+      throw Error(std::string(kind) + " '" + owner + "': option '" + name + "' expects " +
                   option_type_name(spec->default_value) + ", got " + option_type_name(value) + " " +
-                  option_to_string(value) + "; " + known_options(factory));
+                  option_to_string(value) + "; " + known_options(kind, owner, specs));
     }
   }
   return out;
+}
+
+}  // namespace
+
+ModelOptions resolve_model_options(const ModelFactory& factory, const ModelOptions& given) {
+  return resolve_options("model", factory.name, factory.options, given);
+}
+
+DatasetOptions resolve_dataset_options(const DatasetFactory& factory,
+                                       const DatasetOptions& given) {
+  return resolve_options("dataset", factory.name, factory.options, given);
 }
 
 }  // namespace dp

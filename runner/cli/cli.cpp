@@ -148,7 +148,8 @@ const Opt kSetOpt{"--set", "KEY=VALUE",
                   "sweep.lr=[0.1,0.2] (TOML; a bare word is a string); checked as the file's "
                   "values, part of the trials' settings like them; repeatable"};
 const Opt kPluginsOpt{"--plugins", "DIR",
-                      "also look for model plugins here (folder or file); repeatable"};
+                      "also look for plugins (models, datasets) here (folder or file); "
+                      "repeatable"};
 const Opt kForceOpt{"--force", "", "allow a sweep of more than 1000 trials"};
 const Opt kResultsDbOpt{"--db", "PATH", "the database (default: the only results/*.db here)"};
 
@@ -211,10 +212,11 @@ const std::vector<Command>& commands() {
        false,
        plan_command},
       {"plugins",
-       "list the models found, with their options",
+       "list the models and datasets found, with their options",
        "dprun plugins [--plugins DIR]...",
-       "Lists the model plugins found: model name, file, ABI version, description and options\n"
-       "(name, type, default, help), and plugins that failed to load.",
+       "Lists the models found: name, file, ABI version, description and options (name, type,\n"
+       "default, help); then the datasets, built in and from plugins: name, description, the\n"
+       "shape and classes they yield, and options; and plugins that failed to load.",
        {kPluginsOpt},
        "Search path: --plugins, then $DPRUN_PLUGIN_PATH (':'-separated), then "
        "<dprun>/../lib/dprun/plugins,\nthen the build tree's plugin folder.\n",

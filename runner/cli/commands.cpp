@@ -153,10 +153,48 @@ int run_command(const Invocation& in) {
 
 int plan_command(const Invocation& in) { return plan_sweep(sweep_options(in)); }
 
+namespace {
+
+void print_options(const std::vector<dp::OptionSpec>& options) {
+  if (options.empty()) {
+    std::printf("  options: none\n");
+    return;
+  }
+  std::vector<std::vector<std::string>> rows{{"option", "type", "default", "help"}};
+  for (const auto& o : options)
+    rows.push_back({o.name, dp::option_type_name(o.default_value),
+                    dp::option_to_string(o.default_value), o.help});
+  std::fputs(format_aligned(rows, "    ").c_str(), stdout);
+}
+
+// The datasets: built in first, then those of plugins, each with what it yields and how it is
+// chosen ([data] dataset = NAME, its options in [data.NAME]).
+void print_datasets(const PluginScan& scan) {
+  std::printf("datasets ([data] dataset = \"NAME\", options in [data.NAME]):\n\n");
+  for (const bool builtin : {true, false}) {
+    for (const auto& [name, d] : scan.datasets) {
+      if (d.plugin_path.empty() != builtin) continue;
+      const dp::DatasetFactory& f = d.factory;
+      std::printf("%s: %s\n", name.c_str(), f.description.c_str());
+      if (builtin)
+        std::printf("  built in\n");
+      else
+        std::printf("  file: %s\n  ABI version %u, built with dprun %s\n", d.plugin_path.c_str(),
+                    d.abi_version, d.built_with.c_str());
+      std::printf("  yields %s\n", dp::shape_text(f.shape).c_str());
+      print_options(f.options);
+      std::printf("\n");
+    }
+  }
+}
+
+}  // namespace
+
 int plugins_command(const Invocation& in) {
   const Args& a = in.args;
   if (!a.positional.empty()) throw UsageError("dprun plugins takes no arguments");
   PluginScan scan = scan_plugins(a.all("--plugins"));
+  if (!scan.models.empty()) std::printf("models ([train] model = \"NAME\", options in [model.NAME]):\n\n");
   for (const auto& [name, m] : scan.models) {
     const dp::ModelFactory& f = m.factory;
     std::printf("%s: %s\n", name.c_str(), f.description.c_str());
@@ -167,18 +205,11 @@ int plugins_command(const Invocation& in) {
         "classes; built for the shape and classes of the data it trains on\n",
         m.plugin_path.c_str(), m.abi_version, m.built_with.c_str(), f.input.channels,
         f.input.height, f.input.width, f.input.classes);
-    if (f.options.empty()) {
-      std::printf("  options: none\n");
-    } else {
-      std::vector<std::vector<std::string>> rows{{"option", "type", "default", "help"}};
-      for (const auto& o : f.options)
-        rows.push_back({o.name, dp::option_type_name(o.default_value),
-                        dp::option_to_string(o.default_value), o.help});
-      std::fputs(format_aligned(rows, "    ").c_str(), stdout);
-    }
+    print_options(f.options);
     std::printf("\n");
   }
-  if (scan.models.empty()) std::printf("no models found\n");
+  if (scan.models.empty()) std::printf("no models found\n\n");
+  print_datasets(scan);
   std::printf("searched:");
   for (const auto& d : scan.searched) std::printf(" %s", d.c_str());
   std::printf("%s\n", scan.searched.empty() ? " (no plugin folder exists)" : "");
@@ -192,12 +223,12 @@ int plugins_command(const Invocation& in) {
 namespace {
 
 // --option values take the type of the option's default, so "hidden=64" is an int.
-dp::OptionValue option_value(const dp::ModelFactory& f, const std::string& key,
-                             const std::string& text) {
-  for (const auto& spec : f.options) {
+dp::OptionValue option_value(const std::vector<dp::OptionSpec>& options, const std::string& key,
+                             const std::string& text, const char* flag = "--option") {
+  for (const auto& spec : options) {
     if (spec.name != key) continue;
     const auto bad = [&](const char* what) {
-      return UsageError("--option " + key + "=" + text + ": expected " + what);
+      return UsageError(std::string(flag) + " " + key + "=" + text + ": expected " + what);
     };
     if (std::holds_alternative<bool>(spec.default_value)) {
       if (text == "true" || text == "1") return true;
@@ -218,7 +249,7 @@ dp::OptionValue option_value(const dp::ModelFactory& f, const std::string& key,
     }
     return text;
   }
-  return text;  // undeclared: resolve_model_options names it and lists the known options
+  return text;  // undeclared: resolve_*_options names it and lists the known options
 }
 
 // `dprun train` takes every experiment-file key as an option: lr_scaling as --lr-scaling.
@@ -245,6 +276,7 @@ std::string train_option_metavar(const Setting& setting) {
       return m;
     }
     case SettingType::model:
+    case SettingType::dataset:
       return "NAME";
     default:
       return "TEXT";
@@ -277,9 +309,13 @@ std::vector<Opt> train_options() {
                       {"--threads", "N", "CPU threads (default: all)"},
                       {"--oversubscribe", "", "let replicas share GPUs"},
                       {"--option", "KEY=VALUE", "a model option (see dprun plugins); repeatable"},
+                      {"--data-option", "KEY=VALUE",
+                       "an option of the dataset, as in [data.NAME] (see dprun plugins); "
+                       "repeatable"},
                       {"--checkpoint-dir", "DIR",
                        "write the checkpoints --checkpoint keeps here (default: none written)"},
-                      {"--plugins", "DIR", "also look for model plugins here; repeatable"}};
+                      {"--plugins", "DIR",
+                       "also look for plugins (models, datasets) here; repeatable"}};
   options.insert(options.end(), std::begin(rest), std::end(rest));
   return options;
 }
@@ -330,6 +366,38 @@ TrialSettings train_trial_settings(const Args& a) {
     throw UsageError("--batch-size " + std::to_string(batch_size) + " is smaller than --gpus " +
                      std::to_string(gpus) + ": every replica needs at least one example");
   return s;
+}
+
+// The dataset of --dataset, from the built-in ones and the plugins' found; a UsageError naming
+// those known otherwise.
+const LoadedDataset& train_dataset(const PluginScan& scan, const std::string& dataset) {
+  auto found = scan.datasets.find(dataset);
+  if (found != scan.datasets.end()) return found->second;
+  std::vector<std::string> names;
+  for (const auto& [n, d] : scan.datasets) names.push_back(n);
+  const std::string hint = did_you_mean(dataset, names);
+  std::string known;
+  for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+  for (const auto& e : scan.errors) std::fprintf(stderr, "dprun: plugin error: %s\n", e.c_str());
+  throw UsageError("--dataset " + dataset + ": unknown dataset" +
+                   (hint.empty() ? "" : "; did you mean " + hint + "?") + " (known datasets: " +
+                   known + ")");
+}
+
+// The data_options setting from --data-option KEY=VALUE: the dataset's options resolved (its
+// defaults filled in), as the canonical JSON an experiment file's [data.NAME] would give.
+std::string train_data_options(const Args& a, const PluginScan& scan, const std::string& dataset) {
+  const dp::DatasetFactory& f = train_dataset(scan, dataset).factory;
+  dp::DatasetOptions given;
+  for (const auto& kv : a.all("--data-option")) {
+    auto [key, text] = key_value("--data-option", kv);
+    given[key] = option_value(f.options, key, text, "--data-option");
+  }
+  try {
+    return model_options_to_json(dp::resolve_dataset_options(f, given)).dump();
+  } catch (const dp::Error& e) {
+    throw UsageError(e.what());
+  }
 }
 
 // Without a database there is no folder of its own: checkpoints go where the user says.
@@ -397,7 +465,7 @@ int train_command(const Invocation& in) {
   r.checkpoint_dir = train_checkpoint_dir(a, r.settings);
   for (const auto& kv : a.all("--option")) {
     auto [key, text] = key_value("--option", kv);
-    r.model_options[key] = option_value(found.factory, key, text);
+    r.model_options[key] = option_value(found.factory.options, key, text);
   }
   // Unknown or mistyped options are command-line errors, found before any data is loaded.
   try {
@@ -405,6 +473,7 @@ int train_command(const Invocation& in) {
   } catch (const dp::Error& e) {
     throw UsageError(e.what());
   }
+  r.settings.set("data_options", train_data_options(a, scan, r.settings[key::dataset]));
   return under_launcher ? run_train_processes(r) : run_train(r);
 }
 

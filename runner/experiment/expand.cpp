@@ -70,6 +70,14 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     return {};
   }
 
+  // The dataset's options: its declared defaults, then [data.<dataset>] (one dataset per file).
+  std::string data_options = "{}";
+  if (auto d = catalog.datasets.find(v.dataset); d != catalog.datasets.end()) {
+    dp::DatasetOptions resolved;
+    for (const auto& o : d->second.options) resolved[o.name] = o.default_value;
+    for (const auto& [name, val] : v.data_options) resolved[name] = option_value(val.value);
+    data_options = options_json(resolved);
+  }
   std::vector<TrialSpec> trials;
   std::map<std::string, size_t> hashes;  // config hash -> index of its trial
   std::set<std::string> reported_merge;  // keys already reported as merging trials
@@ -85,6 +93,7 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     TrialSettings s = settings_from_keys(*v.settings, given);
     s.set("dataset", v.dataset);
     s.set("data_path", v.data_path);
+    s.set("data_options", data_options);
     const std::string model = s[key::model];
     const int64_t gpus = s[key::gpus];
     const int64_t batch_size = s[key::batch_size];

@@ -14,7 +14,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "dp/data.hpp"
 #include "experiment/experiment_detail.hpp"
 
 namespace dprun {
@@ -138,19 +137,7 @@ class FileReader {
   }
 
   void read_data() {
-    auto* t = section("data");
-    if (!t) return;
-    unknown_keys(*t, "data.", {"dataset", "path"});
-    if (auto d = string_at(*t, "dataset", "data.dataset")) {
-      const auto& known = dp::known_datasets();
-      if (std::find(known.begin(), known.end(), *d) == known.end()) {
-        diag_.add(pos_of(t->get("dataset")->source(), table_pos(t)), "data.dataset",
-                  "unknown dataset " + detail::quoted(*d) + typo_hint(*d, known) +
-                      " (known datasets: " + join(known, ", ", false) + ")");
-      }
-      out_.dataset = *d;
-    }
-    if (auto p = string_at(*t, "path", "data.path")) out_.data_path = *p;
+    if (auto* t = section("data")) detail::read_data_table(*t, val_, out_);
   }
 
   void read_train() {
@@ -572,6 +559,12 @@ Experiment parse_experiment(const std::string& file, const std::string& source,
   detail::check_search(ex.search, ex.trials, validated.search_pos, val.diag());
   val.diag().throw_if_any();
   return ex;
+}
+
+std::map<std::string, dp::DatasetFactory> builtin_dataset_catalog() {
+  std::map<std::string, dp::DatasetFactory> out;
+  for (const auto& f : dp::builtin_datasets()) out.emplace(f.name, f);
+  return out;
 }
 
 Experiment load_experiment(const std::string& file, const ModelCatalog& catalog,

@@ -39,10 +39,15 @@ class ConfigErrors : public std::runtime_error {
   std::vector<ConfigError> errors_;
 };
 
-/// What the parser needs to know about the models that exist (for "unknown model" errors and
-/// option validation). Filled by the plugin loader.
+/// dprun's built-in datasets by name (dp::builtin_datasets()).
+std::map<std::string, dp::DatasetFactory> builtin_dataset_catalog();
+
+/// What the parser needs to know about the models and datasets that exist (for "unknown model"
+/// and "unknown dataset" errors and option validation). Filled by the plugin loader.
 struct ModelCatalog {
   std::map<std::string, dp::ModelFactory> models;  // by name
+  /// By name: the built-in datasets, and those of plugins.
+  std::map<std::string, dp::DatasetFactory> datasets = builtin_dataset_catalog();
 };
 
 /// One trial after sweep expansion: every setting resolved.

@@ -120,6 +120,8 @@ struct Validated {
   const SettingTable* settings = nullptr;
   std::string dataset = "fashion-mnist";
   std::string data_path;
+  /// The [data.<dataset>] options given (checked against the dataset's declared options).
+  std::map<std::string, Val> data_options;
   std::map<std::string, Binding> bindings;  // by key; a [sweep] value replaces a [train] one
   std::vector<Axis> axes;                   // first axis outermost
   /// [model.<name>] tables: plugin options given for each model.
@@ -163,6 +165,11 @@ std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const 
 /// [launch] is, for a value TOML++ gives no position.
 void read_slurm_table(const toml::node& node, Pos fallback, Diagnostics& diag, SlurmConfig& out);
 
+class Validator;
+/// Reads [data] (dataset, path, and the [data.<dataset>] options table) into `out`, reporting
+/// every problem. The dataset must be known to the catalog (built in or from a plugin).
+void read_data_table(const toml::table& t, Validator& val, Validated& out);
+
 /// "an integer" / "a list of integers" for a plugin option of the type of `v`.
 std::string option_type(const dp::OptionValue& v, bool list);
 
@@ -189,9 +196,14 @@ class Validator {
   const dp::OptionSpec* find_option(const std::string& model, const std::string& option,
                                     const std::string& path, Pos pos);
   /// A plugin option value, typed by the option's default (an integer is accepted for a float).
+  /// `kind` names the owner in messages: "model" or "dataset".
   std::optional<Val> read_option_value(const dp::OptionSpec& spec, const std::string& model,
                                        const toml::node& n, const std::string& path, Pos fallback,
-                                       bool list);
+                                       bool list, const char* kind = "model");
+  /// "known datasets: arrays, cifar10, fashion-mnist, mnist".
+  std::string known_datasets() const;
+  /// The names of the datasets known (built in and from plugins).
+  std::vector<std::string> dataset_names() const;
 
  private:
   const ModelCatalog& catalog_;

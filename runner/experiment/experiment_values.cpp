@@ -162,6 +162,16 @@ Validator::Validator(const std::string& file, const ModelCatalog& catalog,
   for (const auto& [name, f] : catalog_.models) model_names_.push_back(name);
 }
 
+std::vector<std::string> Validator::dataset_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, f] : catalog_.datasets) names.push_back(name);
+  return names;
+}
+
+std::string Validator::known_datasets() const {
+  return "known datasets: " + join(dataset_names(), ", ", false);
+}
+
 std::string Validator::known_models() const {
   if (model_names_.empty()) return "known models: none (no model plugins were found)";
   return "known models: " + join(model_names_, ", ", false);
@@ -254,7 +264,8 @@ const dp::OptionSpec* Validator::find_option(const std::string& model, const std
 
 std::optional<Val> Validator::read_option_value(const dp::OptionSpec& spec,
                                                 const std::string& model, const toml::node& n,
-                                                const std::string& path, Pos fallback, bool list) {
+                                                const std::string& path, Pos fallback, bool list,
+                                                const char* kind) {
   Pos pos = pos_of(n.source(), fallback);
   Val v{{}, pos, path};
   bool ok = false;
@@ -281,7 +292,7 @@ std::optional<Val> Validator::read_option_value(const dp::OptionSpec& spec,
   if (!ok) {
     diag_.add(pos, path,
               "expected " + option_type(spec.default_value, list) + " (option " + spec.name +
-                  " of model " + model + " is " + type_name(spec.default_value) + "), got " +
+                  " of " + kind + " " + model + " is " + type_name(spec.default_value) + "), got " +
                   describe(n));
     return std::nullopt;
   }

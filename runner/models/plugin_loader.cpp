@@ -1,4 +1,4 @@
-// Loading model plugins. The ABI record is plain data read before any plugin code runs, so a
+// Loading plugins of models and datasets. The ABI record is plain data read before any plugin code runs, so a
 // plugin built against another dprun is refused with a message instead of crashing inside it.
 #include "models/plugin_loader.hpp"
 
@@ -135,31 +135,64 @@ const dp::PluginAbi& checked_abi(const boost::dll::shared_library& lib, const st
                       ", this dprun expects " + std::to_string(DPRUN_PLUGIN_ABI_VERSION) +
                       ": rebuild the plugin against this dprun");
   }
-  if (!lib.has("dprun_plugin_models")) {
+  if (!lib.has("dprun_plugin_models") && !lib.has("dprun_plugin_datasets")) {
     throw PluginError(path +
-                      ": exports dprun_plugin_abi but not dprun_plugin_models (export "
-                      "the model list with DPRUN_PLUGIN(function) from dp/plugin.hpp)");
+                      ": exports dprun_plugin_abi but not dprun_plugin_models nor "
+                      "dprun_plugin_datasets (export the lists with DPRUN_PLUGIN(models), "
+                      "DPRUN_DATASET_PLUGIN(datasets) or DPRUN_PLUGIN_MODELS_AND_DATASETS from "
+                      "dp/plugin.hpp)");
   }
   return abi;
+}
+
+// Calls one of the plugin's list functions, turning its exceptions into "the plugin failed".
+template <typename Fn>
+auto call_plugin(Fn& fn, const std::string& path, const char* what) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    throw PluginError(path + ": " + what + "() threw: " + e.what());
+  } catch (...) {
+    throw PluginError(path + ": " + what + "() threw an exception that is not a std::exception");
+  }
+}
+
+// The datasets the plugin's function returns, each with a name and a load function, no name
+// twice.
+std::vector<LoadedDataset> datasets_of(boost::dll::shared_library& lib, const dp::PluginAbi& abi,
+                                       const std::string& path) {
+  if (!lib.has("dprun_plugin_datasets")) return {};
+  // Imported outside call_plugin's try block: only the plugin's own exceptions are its failure.
+  auto& datasets_fn = lib.get_alias<dp::PluginDatasetsFn>("dprun_plugin_datasets");
+  std::vector<dp::DatasetFactory> factories =
+      call_plugin(datasets_fn, path, "dprun_plugin_datasets");
+  if (factories.empty())
+    throw PluginError(path + ": dprun_plugin_datasets() returned no datasets");
+  std::vector<LoadedDataset> out;
+  std::set<std::string> names;
+  for (size_t i = 0; i < factories.size(); ++i) {
+    auto& f = factories[i];
+    const std::string which = "dataset #" + std::to_string(i + 1) +
+                              (f.name.empty() ? std::string() : " \"" + f.name + "\"");
+    if (f.name.empty()) throw PluginError(path + ": " + which + " has an empty name");
+    if (!f.load) throw PluginError(path + ": " + which + " has no load function");
+    if (!names.insert(f.name).second)
+      throw PluginError(path + ": " + which + ": the plugin declares this name twice");
+    out.push_back({std::move(f), path, abi.abi_version,
+                   abi.built_with_dprun ? abi.built_with_dprun : ""});
+  }
+  return out;
 }
 
 // The models the plugin's function returns, each with a name and a build function, no name
 // twice.
 std::vector<LoadedModel> models_of(boost::dll::shared_library& lib, const dp::PluginAbi& abi,
                                    const std::string& path) {
-  // Imported outside the try block below: only exceptions from the plugin's own code are
+  if (!lib.has("dprun_plugin_models")) return {};  // a plugin of datasets only
+  // Imported outside call_plugin's try block: only exceptions from the plugin's own code are
   // turned into "the plugin failed".
   auto& models_fn = lib.get_alias<dp::PluginModelsFn>("dprun_plugin_models");
-  std::vector<dp::ModelFactory> factories;
-  try {
-    factories = models_fn();
-  } catch (const std::exception& e) {
-    throw PluginError(path + ": dprun_plugin_models() threw: " + e.what());
-  } catch (...) {
-    throw PluginError(path +
-                      ": dprun_plugin_models() threw an exception that is not a "
-                      "std::exception");
-  }
+  std::vector<dp::ModelFactory> factories = call_plugin(models_fn, path, "dprun_plugin_models");
   if (factories.empty()) throw PluginError(path + ": dprun_plugin_models() returned no models");
   const std::string built_with = abi.built_with_dprun ? abi.built_with_dprun : "";
   std::vector<LoadedModel> out;
@@ -185,7 +218,7 @@ std::vector<LoadedModel> models_of(boost::dll::shared_library& lib, const dp::Pl
 
 }  // namespace
 
-std::vector<LoadedModel> load_plugin(const std::string& file) {
+LoadedPlugin load_plugin_file(const std::string& file) {
   std::error_code fs_ec;
   if (!fs::exists(file, fs_ec)) throw PluginError(file + ": no such plugin file");
   if (fs::is_directory(file, fs_ec)) {
@@ -194,7 +227,21 @@ std::vector<LoadedModel> load_plugin(const std::string& file) {
   const std::string path = absolute_path(file);
   boost::dll::shared_library lib = open_library(path);
   const dp::PluginAbi& abi = checked_abi(lib, path);
-  return models_of(lib, abi, path);
+  LoadedPlugin out;
+  out.models = models_of(lib, abi, path);
+  out.datasets = datasets_of(lib, abi, path);
+  return out;
+}
+
+std::vector<LoadedModel> load_plugin(const std::string& file) {
+  return load_plugin_file(file).models;
+}
+
+std::map<std::string, LoadedDataset> builtin_dataset_map() {
+  std::map<std::string, LoadedDataset> out;
+  for (const dp::DatasetFactory& f : dp::builtin_datasets())
+    out.emplace(f.name, LoadedDataset{f, "", DPRUN_PLUGIN_ABI_VERSION, ""});
+  return out;
 }
 
 PluginScan scan_plugins(const std::vector<std::string>& extra) {
@@ -210,9 +257,19 @@ PluginScan scan_plugins(const std::vector<std::string>& extra) {
     const std::string a = absolute_path(file);
     if (!loaded.insert(a).second) return;
     try {
-      for (auto& m : load_plugin(a)) {
+      LoadedPlugin plugin = load_plugin_file(a);
+      for (auto& m : plugin.models) {
         const std::string name = m.factory.name;
         scan.models.emplace(name, std::move(m));  // the first one found wins
+      }
+      for (auto& d : plugin.datasets) {
+        const std::string name = d.factory.name;
+        if (dp::find_builtin_dataset(name) != nullptr)
+          scan.errors.push_back(a + ": dataset \"" + name +
+                                "\": dprun has a built-in dataset of this name, which a plugin "
+                                "cannot replace; rename the plugin's dataset");
+        else
+          scan.datasets.emplace(name, std::move(d));  // the first one found wins
       }
     } catch (const PluginError& err) {
       scan.errors.push_back(err.what());

@@ -21,6 +21,7 @@ struct SettingKey {
   X(std::string, model)         \
   X(std::string, model_options) \
   X(std::string, dataset)       \
+  X(std::string, data_options)  \
   X(std::string, data_path)     \
   X(int64_t, epochs)            \
   X(int64_t, seed)              \

@@ -27,13 +27,13 @@ size_t value_index(SettingType t) {
     case SettingType::numbers:
       return 4;
     default:
-      return 3;  // choice, model, text, json: a string
+      return 3;  // choice, model, text, json, dataset: a string
   }
 }
 
 const char* type_name(SettingType t) {
   static const char* names[] = {"boolean", "integer", "number", "numbers",
-                                "choice",  "model",   "text",   "json"};
+                                "choice",  "model",   "text",   "json", "dataset"};
   return names[static_cast<int>(t)];
 }
 
@@ -115,7 +115,7 @@ SettingTable::SettingTable(std::vector<Setting> rows) : rows_(std::move(rows)) {
       bad_row(s, "a numbers setting needs a count");
     if (s.type == SettingType::choice && s.choices.empty()) bad_row(s, "a choice needs choices");
     if (s.identity && s.column.empty()) bad_row(s, "an identity setting must be recorded");
-    if (s.type != SettingType::model) {
+    if (s.type != SettingType::model && s.type != SettingType::dataset) {
       if (auto why = check_setting_value(s, s.default_value); !why.empty())
         bad_row(s, "the default is refused by the setting's own check: " + why);
     }
@@ -360,6 +360,9 @@ std::string expected_text(const Setting& s, bool list) {
     case SettingType::model:
       one = "a model name", many = "a list of model names";
       break;
+    case SettingType::dataset:
+      one = "a dataset name", many = "a list of dataset names";
+      break;
     default:
       break;
   }
@@ -387,6 +390,8 @@ std::string type_text(const Setting& s) {
       return "string";
     case SettingType::json:
       return "JSON object";
+    case SettingType::dataset:
+      return "dataset name";
   }
   return "";
 }

@@ -33,6 +33,7 @@ enum class SettingType {
   model,    // the name of a model a plugin provides
   text,     // free text (where the data lives)
   json,     // a canonical JSON object (the plugin options)
+  dataset,  // the name of a dataset, built in or from a plugin
 };
 
 /// Bounds of an integer, number or numbers setting.

@@ -6,7 +6,6 @@
 // of what the engine implements are the engine's own names (dp::layout_names(), ...), so the
 // table and the engine cannot disagree.
 #include "dp/backend.hpp"
-#include "dp/data.hpp"
 #include "dp/optimizer.hpp"
 #include "dp/tensor.hpp"
 #include "settings/settings.hpp"
@@ -31,11 +30,17 @@ const SettingTable& builtin_settings() {
        .identity = true,
        .help = "the plugin's options with their defaults filled in ([model.NAME] tables)"},
       {.column = "dataset",
-       .type = T::choice,
+       .type = T::dataset,
        .default_value = "fashion-mnist"s,
-       .choices = dp::known_datasets(),
        .identity = true,
-       .help = "[data].dataset"},
+       .help = "[data].dataset: built in (arrays, cifar10, fashion-mnist, mnist) or from a "
+               "plugin (see `dprun plugins`)"},
+      {.column = "data_options",
+       .type = T::json,
+       .default_value = "{}"s,
+       .identity = true,
+       .help = "the dataset's options with their defaults filled in ([data.NAME] tables); {} for "
+               "a dataset without options"},
       {.column = "data_path",
        .type = T::text,
        .default_value = ""s,

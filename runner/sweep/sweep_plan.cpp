@@ -223,6 +223,7 @@ Experiment load_sweep(const SweepOptions& options) {
   for (const auto& s : scan.skipped) std::fprintf(stderr, "dprun: note: %s\n", s.c_str());
   ModelCatalog catalog;
   for (const auto& [name, m] : scan.models) catalog.models[name] = m.factory;
+  for (const auto& [name, d] : scan.datasets) catalog.datasets[name] = d.factory;
   ParseOptions parse;
   parse.force = options.force;
   parse.overrides = options.overrides;

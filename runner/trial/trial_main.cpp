@@ -210,6 +210,20 @@ const LoadedModel* find_model(const PluginScan& scan, const std::string& name, s
   return nullptr;
 }
 
+// The trial's dataset, built in or from a plugin; nullptr, with `why`, when none has the name.
+const LoadedDataset* find_dataset(const PluginScan& scan, const std::string& name,
+                                  std::string& why) {
+  auto found = scan.datasets.find(name);
+  if (found != scan.datasets.end()) return &found->second;
+  why = "unknown dataset \"" + name + "\"; datasets known:";
+  for (const auto& [n, d] : scan.datasets) why += " " + n;
+  why += " (plugins searched:";
+  for (const auto& d : scan.searched) why += " " + d;
+  why += ")";
+  for (const auto& e : scan.errors) why += "; " + e;
+  return nullptr;
+}
+
 // The trial's data: the validation split held out of the whole training set first (so every
 // trial of an experiment is selected on the same examples, whatever its train_limit), then the
 // limits.
@@ -218,10 +232,11 @@ struct TrialData {
   std::optional<dp::Dataset> validation;
 };
 
-TrialData trial_data(const TrialRequest& r) {
+TrialData trial_data(const TrialRequest& r, const LoadedDataset& dataset) {
   const TrialSettings& s = r.settings;
   const std::string path = !r.data_path.empty() ? r.data_path : s[key::data_path];
-  TrialData data{dp::load_dataset(s[key::dataset], path), std::nullopt};
+  const dp::DatasetOptions options = model_options_from_json(Json::parse(s[key::data_options]));
+  TrialData data{dp::load_checked(dataset.factory, options, path), std::nullopt};
   dp::Dataset& train = data.sets.train;
   if (const double v = s[key::validation]; v > 0) {
     const int64_t count = v < 1 ? std::llround(v * static_cast<double>(train.count))
@@ -382,6 +397,8 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   const LoadedModel* model = find_model(scan, r.settings[key::model], why);
   if (model == nullptr) return {TrialRecord::Kind::error, why};
   const dp::ModelOptions options = dp::resolve_model_options(model->factory, r.model_options);
+  const LoadedDataset* dataset = find_dataset(scan, r.settings[key::dataset], why);
+  if (dataset == nullptr) return {TrialRecord::Kind::error, why};
 
   // Every process decides alone whether it can run; the trial runs only if all can.
   const BackendChoice backend = choose_backend(r);
@@ -392,7 +409,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
             p == 0 ? skip_reasons[p]
                    : "process " + std::to_string(p) + " of the trial: " + skip_reasons[p]};
   }
-  const TrialData data = trial_data(r);
+  const TrialData data = trial_data(r, *dataset);
   const dp::Dataset& train_set = data.sets.train;
   machine_options(t, r, backend, group);
   // The model is built for the data it will see, whatever input it was designed for.

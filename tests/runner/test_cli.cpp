@@ -250,7 +250,7 @@ TEST_CASE("command line: help, version, unknown commands and options", "[cli]") 
   r = run({"train", "--help"}, dir.path());
   DPRUN_CHECK_EXIT(r, 0);
   for (const char* option : {"--per-gpu-batch N", "--lr-scaling none|linear", "--base-batch N",
-                             "--bn per-replica", "--dataset cifar10|fashion-mnist|mnist"})
+                             "--bn per-replica", "--dataset NAME", "arrays, cifar10, fashion-mnist, mnist"})
     CHECK(r.out.find(option) != std::string::npos);
   r = run({"train", "--model", "lenet", "--gpus", "0"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);

@@ -531,7 +531,7 @@ TEST_CASE("error: unknown sections, keys, models, options and datasets", "[exper
 
   auto dataset = error_of(kHead + "[data]\ndataset = \"imagenet\"\n[train]\nmodel = \"lenet\"\n");
   CHECK(std::string(dataset.what()) ==
-        "t.toml:4:11: data.dataset: unknown dataset \"imagenet\" (known datasets: cifar10, "
+        "t.toml:4:11: data.dataset: unknown dataset \"imagenet\" (known datasets: arrays, cifar10, "
         "fashion-mnist, mnist)");
 
   auto sweep_key = error_of(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\ngpu = [1, 2]\n");

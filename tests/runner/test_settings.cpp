@@ -286,7 +286,7 @@ TEST_CASE("filters: every recorded setting by column or key, with a hint", "[set
   CHECK(dprun::trial_matches(spec, F{{"betas", "[0.9, 0.999]"}}));
   CHECK_THROWS_WITH(dprun::trial_matches(spec, F{{"proceses", "3"}}),
                     Contains("unknown setting \"proceses\"; did you mean processes?") &&
-                        Contains("known: model, model_options, dataset, data_path, epochs"));
+                        Contains("known: model, model_options, dataset, data_options, data_path, epochs"));
 }
 
 TEST_CASE("settings: the trainer's options come from the settings in one place", "[settings]") {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The plugin SDK end to end: install dprun from this build tree into a temporary prefix, build
-# tests/sdk/mynet against the installed package (find_package(dprun) + dprun_add_plugin, as a
-# user would), and train it for one epoch with the installed dprun and --plugins.
+# tests/sdk/mynet (a model) and examples/dataset-plugin (a dataset) against the installed package
+# (find_package(dprun) + dprun_add_plugin, as a user would), list both with the installed dprun,
+# and train: mynet on Fashion-MNIST where it is installed, LeNet on the plugin's dataset always.
 # usage: test_sdk.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
 BUILD=$1 SRC=$2
@@ -42,4 +43,32 @@ if [[ -n ${DPRUN_TEST_DATA:-} ]]; then
 else
   echo "Fashion-MNIST not found: the plugin was built and listed, not trained"
 fi
+
+# The example dataset plugin: built the same way, listed, trained for an epoch.
+cmake -S "$SRC/examples/dataset-plugin" -B "$T/stripes" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$T/prefix" >"$T/configure-stripes.log" 2>&1 ||
+  { cat "$T/configure-stripes.log"; fail "configuring the dataset plugin"; }
+cmake --build "$T/stripes" >"$T/build-stripes.log" 2>&1 ||
+  { cat "$T/build-stripes.log"; fail "building the dataset plugin"; }
+[[ -f $T/stripes/libdprun_stripes.so ]] || fail "no libdprun_stripes.so"
+out=$("$T/prefix/bin/dprun" plugins --plugins "$T/stripes" 2>&1) ||
+  { echo "$out"; fail "dprun plugins (stripes)"; }
+grep -q "^stripes: example plugin" <<<"$out" || { echo "$out"; fail "stripes is not listed"; }
+grep -qF "yields 1x?x?, 3 classes" <<<"$out" || { echo "$out"; fail "what stripes yields is not said"; }
+grep -q "train_count" <<<"$out" || { echo "$out"; fail "the dataset's options are not listed"; }
+out=$("$T/prefix/bin/dprun" train --plugins "$T/stripes" --model lenet --dataset stripes \
+  --data-option train_count=256 --data-option test_count=128 --epochs 1 --batch-size 64 \
+  --lr 0.1 --backend cpu --threads 2 2>&1) || { echo "$out"; fail "training LeNet on stripes"; }
+grep -qE "^ +1 " <<<"$out" || { echo "$out"; fail "no epoch line (stripes)"; }
+echo "$out"
+# In an experiment file: [data] dataset = "stripes" with [data.stripes] options, recorded.
+printf '%s\n' '[experiment]' 'name = "stripes"' '[data]' 'dataset = "stripes"' '[data.stripes]' \
+  'train_count = 256' 'test_count = 128' '[train]' 'model = "lenet"' 'epochs = 1' \
+  'batch_size = 64' 'backend = "cpu"' >"$T/stripes.toml"
+out=$(cd "$T" && "$T/prefix/bin/dprun" run stripes.toml --plugins "$T/stripes" \
+  --db "$T/stripes.db" --threads 2 2>&1) || { echo "$out"; fail "dprun run on stripes"; }
+rows=$("$T/prefix/bin/dprun" query --db "$T/stripes.db" --format csv \
+  "SELECT status, dataset, data_options FROM trials" 2>&1)
+grep -q 'done,stripes,.*train_count.*256' <<<"$rows" ||
+  { echo "$rows"; fail "the stripes trial is not recorded done with its options"; }
 echo "the plugin SDK works"

@@ -1,8 +1,14 @@
 #pragma once
-// The model plugin contract. A plugin is a shared library that exports, with Boost.DLL:
+// The plugin contract. A plugin is a shared library that exports, with Boost.DLL:
 //   - `dprun_plugin_abi`: a PluginAbi record (plain data), checked before anything is called;
-//   - `dprun_plugin_models`: an alias to a function returning the models it provides.
-// Use DPRUN_PLUGIN(function) once in the plugin to export both.
+//   - `dprun_plugin_models`: an alias to a function returning the models it provides, and/or
+//   - `dprun_plugin_datasets`: an alias to a function returning the datasets it provides.
+// Export them with one of, once in the plugin:
+//   DPRUN_PLUGIN(models)                          models only (every plugin before datasets)
+//   DPRUN_DATASET_PLUGIN(datasets)                datasets only
+//   DPRUN_PLUGIN_MODELS_AND_DATASETS(models, datasets)
+// The datasets alias is optional and new types travel only through it, so the ABI version
+// stays 1: a model plugin built before datasets existed loads unchanged.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -11,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "dp/data.hpp"
 #include "dp/module.hpp"
 
 #define DPRUN_PLUGIN_ABI_VERSION 1u
@@ -24,9 +31,10 @@ struct PluginAbi {
   const char* built_with_dprun;  // dp::version() at build time
 };
 
-/// A model option's value: bool, integer, float or string.
+/// A model's or a dataset's option value: bool, integer, float or string.
 using OptionValue = std::variant<bool, int64_t, double, std::string>;
 using ModelOptions = std::map<std::string, OptionValue>;
+using DatasetOptions = std::map<std::string, OptionValue>;
 std::string option_type_name(const OptionValue& v);  // "bool", "int", "float", "string"
 std::string option_to_string(const OptionValue& v);
 
@@ -54,19 +62,69 @@ struct ModelFactory {
 
 using PluginModelsFn = std::vector<ModelFactory>();
 
+/// What a dataset yields: the shape of one example (channels x height x width) and the number
+/// of classes. 0 in a field: it depends on the options or the files (said in `note`).
+struct DatasetShape {
+  int channels = 0, height = 0, width = 0;
+  int classes = 0;
+  std::string note;  // how what is 0 above is decided, e.g. "from the files' images tensor"
+};
+/// "1x28x28, 10 classes", with "?" for what depends on the files, then the note; the note alone
+/// when every field depends on them.
+std::string shape_text(const DatasetShape& shape);
+
+struct DatasetFactory {
+  std::string name;         // "fashion-mnist": [data] dataset = "fashion-mnist"
+  std::string description;  // one line
+  DatasetShape shape;       // what it yields; the runner checks the loaded data against it
+  std::vector<OptionSpec> options;  // [data.NAME] keys
+  /// Loads the train and test splits. `options` holds every declared option (defaults filled
+  /// in); `path` is [data] path or --data ("" when not given): the folder to look in, which
+  /// find_dataset_folder turns into dprun's usual search. Throws dp::Error naming the file and
+  /// what is wrong with it.
+  std::function<DatasetPair(const DatasetOptions& options, const std::string& path)> load;
+};
+
+using PluginDatasetsFn = std::vector<DatasetFactory>();
+
 /// Fills the defaults of `spec` into `given`, checking that every given option is declared
 /// and of the declared type (an int is accepted for a float). Throws dp::Error naming the
 /// model, the option and the problem, listing the known options.
 ModelOptions resolve_model_options(const ModelFactory& factory, const ModelOptions& given);
+/// The same for a dataset's options ([data.NAME]); the messages name the dataset.
+DatasetOptions resolve_dataset_options(const DatasetFactory& factory, const DatasetOptions& given);
+
+/// The datasets dprun itself provides, in name order: "arrays" (safetensors files of images and
+/// labels), "cifar10", "fashion-mnist", "mnist". Plugins add to these; they cannot replace them.
+const std::vector<DatasetFactory>& builtin_datasets();
+/// The built-in dataset of that name, or nullptr.
+const DatasetFactory* find_builtin_dataset(const std::string& name);
+
+/// Loads `factory`'s data with `options` resolved against it, then checks what came back
+/// against its declared shape and against itself (counts, sizes, labels in range, the same
+/// shape and classes in both splits). Throws dp::Error naming the dataset and the problem.
+DatasetPair load_checked(const DatasetFactory& factory, const DatasetOptions& options,
+                         const std::string& path);
 
 }  // namespace dp
 
 #if defined(DPRUN_BUILDING_PLUGIN)
 #include <boost/dll/alias.hpp>
-/// Exports the ABI record and the model list function from a plugin.
-#define DPRUN_PLUGIN(models_function)                                                    \
+#define DPRUN_PLUGIN_ABI_RECORD_                                                         \
   extern "C" BOOST_SYMBOL_EXPORT const ::dp::PluginAbi dprun_plugin_abi;                 \
   extern "C" BOOST_SYMBOL_EXPORT const ::dp::PluginAbi dprun_plugin_abi = {              \
-      DPRUN_PLUGIN_MAGIC, DPRUN_PLUGIN_ABI_VERSION, DPRUN_VERSION_STRING};               \
+      DPRUN_PLUGIN_MAGIC, DPRUN_PLUGIN_ABI_VERSION, DPRUN_VERSION_STRING};
+/// Exports the ABI record and the model list function from a plugin.
+#define DPRUN_PLUGIN(models_function) \
+  DPRUN_PLUGIN_ABI_RECORD_            \
   BOOST_DLL_ALIAS(models_function, dprun_plugin_models)
+/// Exports the ABI record and the dataset list function from a plugin of datasets only.
+#define DPRUN_DATASET_PLUGIN(datasets_function) \
+  DPRUN_PLUGIN_ABI_RECORD_                      \
+  BOOST_DLL_ALIAS(datasets_function, dprun_plugin_datasets)
+/// Exports the ABI record, the model list and the dataset list functions.
+#define DPRUN_PLUGIN_MODELS_AND_DATASETS(models_function, datasets_function) \
+  DPRUN_PLUGIN_ABI_RECORD_                                                   \
+  BOOST_DLL_ALIAS(models_function, dprun_plugin_models)                      \
+  BOOST_DLL_ALIAS(datasets_function, dprun_plugin_datasets)
 #endif

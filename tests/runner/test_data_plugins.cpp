@@ -1,0 +1,195 @@
+// Datasets as factories in the runner: [data] dataset checked against the built-in datasets and
+// the plugins', [data.NAME] options read and checked as [model.NAME] ones are, the data_options
+// identity setting (absent from the identity of every trial that has no dataset options, so
+// trials stored before it keep their hash), `dprun plugins` listing the datasets, and trials
+// trained end to end on the "arrays" format.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+
+#include "cli_helpers.hpp"
+#include "experiment_helpers.hpp"
+#include "models/plugin_loader.hpp"
+#include "support/arrays_files.hpp"
+#include "support/check.hpp"
+
+using Catch::Contains;
+using exptest::error_of;
+using exptest::errors_of;
+using exptest::kHead;
+using exptest::parse;
+
+namespace {
+
+const std::string kTrain = "[train]\nmodel = \"lenet\"\n";
+
+}  // namespace
+
+TEST_CASE("[data.NAME]: the dataset's options, resolved into data_options", "[data-plugins]") {
+  auto ex = parse(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\ntrain = \"a.st\"\n"
+                          "classes = 3\n" +
+                  kTrain);
+  REQUIRE(ex.trials.size() == 1);
+  const auto& s = ex.trials[0].settings;
+  CHECK(s[dprun::key::dataset] == "arrays");
+  CHECK(s[dprun::key::data_options] ==
+        R"({"classes":3,"layout":"auto","test":"test.safetensors","train":"a.st"})");
+  CHECK_THAT(ex.trials[0].canonical,
+             Contains("\ndata_options={\"classes\":3,\"layout\":\"auto\",\"test\":"));
+
+  // A dataset without options: {} and nothing in the identity, which stays that of dprun 0.1.0.
+  for (const std::string dataset : {"fashion-mnist", "mnist", "cifar10"}) {
+    INFO(dataset);
+    auto plain = parse(kHead + "[data]\ndataset = \"" + dataset + "\"\n" + kTrain);
+    CHECK(plain.trials[0].settings[dprun::key::data_options] == "{}");
+    CHECK(plain.trials[0].canonical.find("data_options") == std::string::npos);
+    CHECK_THAT(plain.trials[0].canonical, Contains("dataset=\"" + dataset + "\"\n"));
+  }
+}
+
+TEST_CASE("identity: the canonical text of Fashion-MNIST, MNIST and CIFAR-10 trials is v1's",
+          "[data-plugins][identity]") {
+  // The text dprun 0.1.0 hashed, line for line: datasets becoming factories adds nothing to it
+  // (data_options is {} and left out), so no stored trial gets a new config hash. The stored
+  // hashes of an old database are checked in test_upgrade.cpp.
+  for (const std::string dataset : {"fashion-mnist", "mnist", "cifar10"}) {
+    INFO(dataset);
+    auto ex = parse(kHead + "[data]\ndataset = \"" + dataset + "\"\n" + kTrain);
+    CHECK(ex.trials[0].canonical ==
+          "dprun-trial-settings v1\ndataset=\"" + dataset +
+              "\"\nmodel=\"lenet\"\nmodel_options={\"hidden\":128,\"init_std\":0."
+              "01,\"pool\":\"avg\"}\ngpus=1\nbatch_size=256\nper_gpu_batch=256\nlr=0."
+              "10000000000000001\nepochs=10\nseed=0\noptimizer=\"sgd\"\nmomentum=0\nweight_"
+              "decay=0\nprecision=\"fp32\"\nlayout=\"nchw\"\nbn_mode=\"per-replica\"\neval_"
+              "batch_size=0\ntrain_limit=0\ntest_limit=0\n");
+    CHECK(ex.trials[0].config_hash == dps::sha256_hex(ex.trials[0].canonical));
+  }
+}
+
+TEST_CASE("[data.NAME] errors name file:line:column, the key and the value", "[data-plugins]") {
+  auto unknown = error_of(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\ntrian = \"x\"\n" +
+                          kTrain);
+  CHECK(unknown.key() == "data.arrays.trian");
+  CHECK(unknown.line() == 6);
+  CHECK(unknown.column() == 1);
+  CHECK_THAT(std::string(unknown.what()),
+             Contains("t.toml:6:1: data.arrays.trian: unknown option \"trian\" of dataset arrays; "
+                      "did you mean \"train\"? (known options: train: string = "
+                      "\"train.safetensors\""));
+
+  auto type = error_of(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\nclasses = \"ten\"\n" +
+                       kTrain);
+  CHECK(std::string(type.what()) ==
+        "t.toml:6:11: data.arrays.classes: expected an integer (option classes of dataset arrays "
+        "is int), got \"ten\"");
+
+  auto other = error_of(kHead + "[data]\ndataset = \"mnist\"\n[data.arrays]\nclasses = 3\n" +
+                        kTrain);
+  CHECK(other.key() == "data.arrays");
+  CHECK_THAT(std::string(other.what()),
+             Contains("options for dataset arrays, but the experiment trains on mnist"));
+
+  auto no_such = error_of(kHead + "[data.arays]\nclasses = 3\n" + kTrain);
+  CHECK_THAT(std::string(no_such.what()),
+             Contains("data.arays: unknown dataset \"arays\"; did you mean \"arrays\"? (known "
+                      "datasets: arrays, cifar10, fashion-mnist, mnist"));
+
+  auto dataset = error_of(kHead + "[data]\ndataset = \"mnsit\"\n" + kTrain);
+  CHECK(std::string(dataset.what()) ==
+        "t.toml:4:11: data.dataset: unknown dataset \"mnsit\"; did you mean \"mnist\"? (known "
+        "datasets: arrays, cifar10, fashion-mnist, mnist)");
+
+  auto key = error_of(kHead + "[data]\ndatset = \"mnist\"\n" + kTrain);
+  CHECK_THAT(std::string(key.what()),
+             Contains("t.toml:4:1: data.datset: unknown key; did you mean \"dataset\"?"));
+
+  auto no_options = error_of(kHead + "[data]\ndataset = \"mnist\"\n[data.mnist]\nx = 1\n" + kTrain);
+  CHECK_THAT(std::string(no_options.what()),
+             Contains("unknown option \"x\" of dataset mnist (the dataset takes no options)"));
+}
+
+TEST_CASE("a plugin's dataset is known to the parser through the catalog", "[data-plugins]") {
+  dprun::ModelCatalog catalog = exptest::fake_catalog();
+  dp::DatasetFactory mine;
+  mine.name = "mine";
+  mine.options = {{"rows", int64_t{100}, "how many"}};
+  mine.load = [](const dp::DatasetOptions&, const std::string&) { return dp::DatasetPair{}; };
+  catalog.datasets["mine"] = mine;
+  auto ex = dprun::parse_experiment(
+      "t.toml", kHead + "[data]\ndataset = \"mine\"\n[data.mine]\nrows = 7\n" + kTrain, catalog);
+  CHECK(ex.trials[0].settings[dprun::key::data_options] == R"({"rows":7})");
+  // The scan holds the built-in datasets even where no plugin is found.
+  const auto scan = dprun::scan_plugins({"/no/such/folder"});
+  CHECK(scan.datasets.count("fashion-mnist") == 1);
+  CHECK(scan.datasets.at("arrays").plugin_path.empty());
+}
+
+TEST_CASE("dprun plugins lists the datasets beside the models", "[data-plugins][cli]") {
+  dptest::TempDir dir;
+  auto r = clitest::run({"plugins"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK_THAT(r.out, Contains("datasets ([data] dataset = \"NAME\", options in [data.NAME]):"));
+  CHECK_THAT(r.out, Contains("fashion-mnist: Fashion-MNIST: 28x28 greyscale images of clothing"));
+  CHECK_THAT(r.out, Contains("  yields 1x28x28, 10 classes\n  options: none"));
+  CHECK_THAT(r.out, Contains("cifar10: CIFAR-10") && Contains("yields 3x32x32, 10 classes"));
+  CHECK_THAT(r.out, Contains("arrays: your own images and labels"));
+  CHECK_THAT(r.out, Contains("train    string  \"train.safetensors\""));
+  CHECK_THAT(r.out, Contains("lenet: d2l LeNet"));
+}
+
+TEST_CASE("a trial trains on the arrays format, and on damaged files fails naming the file",
+          "[data-plugins][cli]") {
+  dptest::TempDir dir;
+  dptest::ArraysSpec train, test;
+  train.count = 96;
+  test.count = 32;
+  train.channels = test.channels = 3;
+  train.height = test.height = train.width = test.width = 16;
+  train.nhwc = test.nhwc = true;
+  train.label_type = test.label_type = dp::SafeTensor::Type::u8;
+  train.classes = test.classes = 4;
+  dptest::write_arrays_file(dir.path() + "/mine-train.safetensors", train);
+  dptest::write_arrays_file(dir.path() + "/mine-test.safetensors", test);
+  const std::string toml =
+      "[experiment]\nname = \"arrays\"\n[data]\ndataset = \"arrays\"\npath = \"" + dir.path() +
+      "\"\n[data.arrays]\ntrain = \"mine-train.safetensors\"\ntest = \"mine-test.safetensors\"\n"
+      "[train]\nmodel = \"lenet\"\nepochs = 1\nbatch_size = 32\nbackend = \"cpu\"\n";
+  clitest::write_file(dir.path() + "/e.toml", toml);
+  const std::string db = dir.path() + "/e.db";
+  auto r = clitest::run({"run", "e.toml", "--db", db, "--threads", "1"}, dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK(clitest::sql1(db, "SELECT status FROM trials") == "done");
+  CHECK(clitest::sql1(db, "SELECT dataset FROM trials") == "arrays");
+  CHECK_THAT(clitest::sql1(db, "SELECT data_options FROM trials"),
+             Contains("\"train\":\"mine-train.safetensors\""));
+
+  // With classes = 4, a label 200 is out of range: the trial fails, saying where.
+  auto content = dptest::arrays_content(test);
+  content.tensors["labels"].u8[5] = 200;
+  dp::write_safetensors(dir.path() + "/mine-test.safetensors", content);
+  std::string classes = toml;
+  classes.replace(classes.find("[train]"), 0, "classes = 4\n");
+  clitest::write_file(dir.path() + "/e.toml", classes);
+  r = clitest::run({"run", "e.toml", "--db", db, "--threads", "1"}, dir.path());
+  CHECK(r.exit_code != 0);
+  CHECK_THAT(clitest::sql1(db, "SELECT error FROM trials WHERE status = 'failed'"),
+             Contains("mine-test.safetensors: tensor labels: label 200 of example 5 (offset ") &&
+                 Contains("expected 0..3 (option classes = 4)"));
+
+  // dprun train: --dataset and --data-option.
+  dptest::write_arrays_file(dir.path() + "/mine-test.safetensors", test);
+  r = clitest::run({"train", "--model", "lenet", "--dataset", "arrays", "--data", dir.path(),
+                    "--data-option", "train=mine-train.safetensors", "--data-option",
+                    "test=mine-test.safetensors", "--epochs", "1", "--batch-size", "32",
+                    "--backend", "cpu", "--threads", "1"},
+                   dir.path());
+  DPRUN_REQUIRE_EXIT(r, 0);
+  r = clitest::run({"train", "--model", "lenet", "--dataset", "arays"}, dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK_THAT(r.err, Contains("--dataset arays: unknown dataset; did you mean arrays?"));
+  r = clitest::run({"train", "--model", "lenet", "--dataset", "arrays", "--data-option",
+                    "classes=many"},
+                   dir.path());
+  DPRUN_CHECK_EXIT(r, 2);
+  CHECK_THAT(r.err, Contains("--data-option classes=many: expected an integer"));
+}
