@@ -33,13 +33,6 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Shard sizes allowing empty shards (the last, partial batch of an epoch may hold fewer
-// examples than there are replicas).
-std::vector<int64_t> split(int64_t n, int k) {
-  std::vector<int64_t> s(static_cast<size_t>(k), n / k);
-  for (int64_t r = 0; r < n % k; ++r) ++s[static_cast<size_t>(r)];
-  return s;
-}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
@@ -74,6 +67,14 @@ void check_augmentation(const Augmentation& a, int64_t channels) {
 }
 
 }  // namespace
+
+// Shard sizes allowing empty shards (the last, partial batch of an epoch may hold fewer
+// examples than there are replicas).
+std::vector<int64_t> split(int64_t n, int k) {
+  std::vector<int64_t> s(static_cast<size_t>(k), n / k);
+  for (int64_t r = 0; r < n % k; ++r) ++s[static_cast<size_t>(r)];
+  return s;
+}
 
 std::vector<int64_t> shard_sizes(int64_t n, int k) {
   DP_CHECK(k >= 1, "shard_sizes: the replica count must be positive, got " + std::to_string(k));

@@ -21,13 +21,6 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Shard sizes allowing empty shards, as the step loop cuts them.
-std::vector<int64_t> split(int64_t n, int k) {
-  std::vector<int64_t> s(static_cast<size_t>(k), n / k);
-  for (int64_t r = 0; r < n % k; ++r) ++s[static_cast<size_t>(r)];
-  return s;
-}
-
 int64_t shard_offset(int64_t n, int64_t k, int64_t g) {
   return g * (n / k) + std::min<int64_t>(g, n % k);
 }
@@ -95,13 +88,12 @@ void Trainer::Impl::setup_data(Replica& r, const Dataset& train,
                                     [owner](void* p) { owner->release_host(p); });
   }
   if (aug.draws() || !aug.mean.empty()) {
-    r.train_transform = std::make_unique<GatherTransform>(
-        GatherTransform{aug.crop_padding, aug.draws() ? &r.train_draws : nullptr, aug.mean,
-                        aug.std});
+    r.train_transform = std::make_unique<GatherTransform>(GatherTransform{
+        aug.crop_padding, aug.draws() ? &r.train_draws : nullptr, aug.mean, aug.std});
   }
   if (!aug.mean.empty())
-    r.eval_transform = std::make_unique<GatherTransform>(GatherTransform{0, nullptr, aug.mean,
-                                                                         aug.std});
+    r.eval_transform =
+        std::make_unique<GatherTransform>(GatherTransform{0, nullptr, aug.mean, aug.std});
   r.evals.resize(evals.size());
   for (size_t e = 0; e < evals.size(); ++e) {
     const Dataset& set = *evals[e];
@@ -269,8 +261,8 @@ void Trainer::Impl::stage_chunk(Replica& r, const StreamPlan& plan, const std::v
   b.upload_async(static_cast<uint8_t*>(r.train_images.data) + first_row * example, images,
                  rows * example);
   b.upload_async(static_cast<uint8_t*>(r.train_labels.data) + first_row, labels, rows);
-  r.stream.tickets[slot] = b.upload_async(r.train_draws.i32() + first_row, chunk_draws,
-                                          rows * sizeof(int32_t));
+  r.stream.tickets[slot] =
+      b.upload_async(r.train_draws.i32() + first_row, chunk_draws, rows * sizeof(int32_t));
 }
 
 }  // namespace dp

@@ -17,6 +17,10 @@
 
 namespace dp {
 
+/// Sizes of k shards of a batch of n, empty shards allowed (an epoch's last batch may hold fewer
+/// examples than there are replicas): the first n % k get one more (trainer.cpp).
+std::vector<int64_t> split(int64_t n, int k);
+
 struct Trainer::Impl {
   struct Replica {
     int rank = 0;         // in this process

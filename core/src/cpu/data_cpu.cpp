@@ -78,7 +78,7 @@ void CpuBackend::gather_transformed(const Tensor& images, const Tensor& labels,
   float* xp = x.f32();
   int32_t* yp = y.i32();
   const bool nhwc = x.layout == Layout::nhwc;
-#pragma omp parallel for num_threads(threads_for(n* c * h * w, threads_)) schedule(static)
+#pragma omp parallel for num_threads(threads_for(n* c* h* w, threads_)) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const uint8_t* src = ip + static_cast<int64_t>(index[i]) * c * h * w;
     const int32_t d = draws != nullptr ? draws[i] : pack_draw(pad, pad, false);
@@ -91,7 +91,8 @@ void CpuBackend::gather_transformed(const Tensor& images, const Tensor& labels,
           const bool inside = sr >= 0 && sr < h && sc >= 0 && sc < w;
           float v = (inside ? src[(ch * h + sr) * w + sc] : uint8_t{0}) / 255.0f;
           if (normalise) v = (v - t.mean[static_cast<size_t>(ch)]) / t.std[static_cast<size_t>(ch)];
-          const int64_t at = nhwc ? ((i * h + r) * w + col) * c + ch : ((i * c + ch) * h + r) * w + col;
+          const int64_t at =
+              nhwc ? ((i * h + r) * w + col) * c + ch : ((i * c + ch) * h + r) * w + col;
           xp[at] = v;
         }
     yp[i] = lp[index[i]];
