@@ -52,6 +52,11 @@ void Backend::wait_upload(uint64_t ticket) {
   wait_upload_impl(ticket);
 }
 
+void Backend::await_upload(uint64_t ticket) {
+  refuse_while_capturing("await_upload");
+  await_upload_impl(ticket);
+}
+
 void Backend::copy(void* dst, const void* src, size_t bytes) {
   Checker(*this, "copy").pointers(dst, src, bytes);
   if (bytes > 0 && dst != src) run([=, this] { copy_impl(dst, src, bytes); });

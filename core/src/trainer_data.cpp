@@ -227,6 +227,8 @@ void Trainer::Impl::stream_pass(Replica& r, const StreamPlan& plan, const std::v
     stage_chunk(r, plan, units, c, set, order, draws);
   size_t u = 0;
   for (size_t c = 0; c < chunks; ++c) {
+    // The steps of chunk c wait for its copy; until here it overlapped chunk c - 1's steps.
+    r.backend->await_upload(r.stream.tickets[c % 2]);
     for (; u < plan.chunk_end[c]; ++u) run_unit(u);
     // Queued after the steps that read slot c % 2: its copy waits for them, and runs while
     // the device computes chunk c + 1.

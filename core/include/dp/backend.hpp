@@ -195,15 +195,18 @@ class Backend {
   /// (cudaHostAlloc), plain on the cpu. Not counted in memory_in_use(). Throws on failure.
   void* allocate_host(size_t bytes);
   virtual void release_host(void* p) noexcept = 0;
-  /// Host -> device without waiting: ordered after every op called before it (so it may
-  /// overwrite what they read) and before every op called after it (which read the new bytes);
-  /// a GPU backend copies on a stream of its own, so the copy overlaps work queued before it
-  /// that does not use dst. host_src must come from allocate_host and stay unchanged until
-  /// wait_upload(the returned ticket) returns. Tickets complete in the order they were given.
-  /// cpu: copies at once. Refused while capturing (a copy from the host is not a step's op).
+  /// Host -> device without waiting: the copy starts after every op called before it (so it
+  /// may overwrite what they read), on a stream of its own on a GPU, so it overlaps the ops
+  /// called after it until await_upload(ticket) orders them after it. host_src must come from
+  /// allocate_host and stay unchanged until wait_upload(the returned ticket) returns. Tickets
+  /// complete in the order they were given. cpu: copies at once. upload_async, wait_upload and
+  /// await_upload are refused while capturing (host copies are not a step's ops).
   uint64_t upload_async(void* dst, const void* host_src, size_t bytes);
-  /// Blocks until the upload of `ticket` (and every one before it) has finished.
+  /// Blocks the host until the upload of `ticket` (and every one before it) has finished.
   void wait_upload(uint64_t ticket);
+  /// The ops called after this run after the upload of `ticket` (and every one before it) has
+  /// finished; the host does not wait. 0: nothing to wait for.
+  void await_upload(uint64_t ticket);
   /// Device -> device on this backend, asynchronous. dst == src is a no-op.
   void copy(void* dst, const void* src, size_t bytes);
   /// Every element of t = value (f32 or i32; for i32 value is converted).
@@ -496,6 +499,7 @@ class Backend {
   virtual void* allocate_host_impl(size_t bytes) = 0;
   virtual uint64_t upload_async_impl(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void wait_upload_impl(uint64_t ticket) = 0;
+  virtual void await_upload_impl(uint64_t ticket) = 0;
 
  protected:
   // For a backend's own public entry points beyond this interface (the CUDA backend's algorithm

@@ -122,7 +122,8 @@ class Trainer {
  public:
   /// Builds `replicas` copies of the model (builder called once per replica), allocates every
   /// buffer, initialises parameters from options.seed identically on each replica and uploads
-  /// the datasets to every replica's device. With a validation set, every epoch evaluates it
+  /// the datasets to every replica's device (or, beyond options.data_budget, keeps them on the
+  /// host to stream them: data_residence()). With a validation set, every epoch evaluates it
   /// too (EpochReport::val_acc, val_loss), after the test set.
   Trainer(const TrainerOptions& options, const ModelBuilder& builder, const Dataset& train,
           const Dataset& test, const Dataset* validation = nullptr);

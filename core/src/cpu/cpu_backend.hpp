@@ -246,6 +246,7 @@ class CpuBackend final : public Backend {
   void release_host(void* p) noexcept override;
   uint64_t upload_async_impl(void* dst, const void* host_src, size_t bytes) override;
   void wait_upload_impl(uint64_t /*ticket*/) override {}
+  void await_upload_impl(uint64_t /*ticket*/) override {}
 
   /// The shared scratch of this backend's plans, made anew when no plan holds it.
   std::shared_ptr<SharedScratch> shared_scratch();

@@ -232,16 +232,22 @@ uint64_t CudaBackend::upload_async_impl(void* dst, const void* host_src, size_t 
       CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   cudaEvent_t done = upload_events_[uploads_ % kUploadEvents];
-  // The copy waits for every op queued before it (they may read dst), and the ops queued after
-  // it wait for the copy; in between the copy engine runs beside the compute.
+  // The copy waits for every op queued before it (they may read dst); the ops queued after it
+  // wait only where await_upload says, so the copy engine runs beside the compute until then.
   CUDA_CHECK(cudaEventRecord(queued_event_, stream_));
   CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, queued_event_, 0));
   if (bytes > 0) {
     CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, copy_stream_));
   }
   CUDA_CHECK(cudaEventRecord(done, copy_stream_));
-  CUDA_CHECK(cudaStreamWaitEvent(stream_, done, 0));
   return ++uploads_;
+}
+
+void CudaBackend::await_upload_impl(uint64_t ticket) {
+  if (ticket == 0 || ticket > uploads_) return;
+  activate();
+  // As in wait_upload: a place recorded again since completes later, never earlier.
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, upload_events_[(ticket - 1) % kUploadEvents], 0));
 }
 
 void CudaBackend::wait_upload_impl(uint64_t ticket) {

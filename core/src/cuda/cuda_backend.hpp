@@ -164,6 +164,7 @@ class CudaBackend final : public Backend {
   void release_host(void* p) noexcept override;
   uint64_t upload_async_impl(void* dst, const void* host_src, size_t bytes) override;
   void wait_upload_impl(uint64_t ticket) override;
+  void await_upload_impl(uint64_t ticket) override;
 
   void teardown() noexcept;
   // Scratch shared by every plan, grown only at plan time (cuda_conv.cpp).
@@ -216,9 +217,8 @@ class CudaBackend final : public Backend {
   ConvContract contract_ = ConvContract::tf32;
   std::string description_;
   cudaStream_t stream_ = nullptr;
-  // upload_async: copies on a stream of their own, fenced against stream_ by events both ways
-  // (the copy waits for what was queued before it, what is queued after waits for the copy).
-  // Made on first use. A ticket's completion is the event of its ring place: a later upload
+  // upload_async: copies on a stream of their own, after what stream_ queued before them (an
+  // event); stream_ waits for a copy where await_upload says (its event). Made on first use. A ticket's completion is the event of its ring place: a later upload
   // that reused the place completes later, so waiting on it is later, never early.
   static constexpr int kUploadEvents = 8;
   cudaStream_t copy_stream_ = nullptr;
