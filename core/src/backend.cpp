@@ -36,6 +36,27 @@ void Backend::download(void* host_dst, const void* src, size_t bytes) {
   if (bytes > 0) download_impl(host_dst, src, bytes);
 }
 
+void* Backend::allocate_host(size_t bytes) {
+  refuse_while_capturing("allocate_host");
+  return allocate_host_impl(bytes);
+}
+
+uint64_t Backend::upload_async(void* dst, const void* host_src, size_t bytes) {
+  refuse_while_capturing("upload_async");
+  Checker(*this, "upload_async").pointers(dst, host_src, bytes);
+  return upload_async_impl(dst, host_src, bytes);
+}
+
+void Backend::wait_upload(uint64_t ticket) {
+  refuse_while_capturing("wait_upload");
+  wait_upload_impl(ticket);
+}
+
+void Backend::await_upload(uint64_t ticket) {
+  refuse_while_capturing("await_upload");
+  await_upload_impl(ticket);
+}
+
 void Backend::copy(void* dst, const void* src, size_t bytes) {
   Checker(*this, "copy").pointers(dst, src, bytes);
   if (bytes > 0 && dst != src) run([=, this] { copy_impl(dst, src, bytes); });

@@ -1,10 +1,12 @@
 // The contracts of dp::Backend's loss, metrics and batch-gathering ops.
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "backend_checker.hpp"
+#include "dp/augment.hpp"
 
 namespace dp {
 
@@ -42,8 +44,40 @@ void Backend::count_correct(const Tensor& logits, const Tensor& labels, const Te
 
 // ---- data ---------------------------------------------------------------------------------------
 
+namespace {
+
+// A transform's host values, and its draws table beside the index buffer.
+void check_transform(const Checker& check, const GatherTransform& t, const Tensor& indices,
+                     int64_t channels) {
+  if (t.crop_padding < 0 || t.crop_padding > kMaxCropPadding) {
+    check.fail("transform.crop_padding is " + std::to_string(t.crop_padding) +
+               ", expected 0 .. " + std::to_string(kMaxCropPadding));
+  }
+  if (t.draws != nullptr) {
+    check.tensor(*t.draws, DType::i32, "transform.draws");
+    check.shape(*t.draws, indices.shape, "transform.draws");
+  }
+  for (const auto* values : {&t.mean, &t.std}) {
+    const char* what = values == &t.mean ? "transform.mean" : "transform.std";
+    if (!values->empty() && static_cast<int64_t>(values->size()) != channels) {
+      check.fail(std::string(what) + " has " + std::to_string(values->size()) +
+                 " values, expected none or one per channel (" + std::to_string(channels) + ")");
+    }
+    for (float v : *values) check.finite(v, what);
+  }
+  if (t.mean.size() != t.std.size()) {
+    check.fail("transform.mean and transform.std must both be empty or both be given");
+  }
+  for (float v : t.std) {
+    if (!(v > 0.0f)) check.fail("transform.std holds " + std::to_string(v) + ", expected > 0");
+  }
+}
+
+}  // namespace
+
 void Backend::gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                           const Tensor& x, const Tensor& y, const StepRow* start) {
+                           const Tensor& x, const Tensor& y, const StepRow* start,
+                           const GatherTransform* transform) {
   const Checker check(*this, "gather_batch");
   check.tensor(images, DType::u8, "images");
   if (images.shape.rank != 4) {
@@ -74,9 +108,25 @@ void Backend::gather_batch(const Tensor& images, const Tensor& labels, const Ten
   check.shape(x, {n, s[1], s[2], s[3]}, "x");
   check.tensor(y, DType::i32, "y");
   check.shape(y, {n}, "y");
+  if (transform != nullptr) check_transform(check, *transform, indices, s[1]);
   if (n > 0) {
+    // The transform is copied into the op (a recorded step outlives the caller's), its draws
+    // table with it.
+    struct HeldTransform {
+      GatherTransform transform;
+      Tensor draws;
+    };
+    std::shared_ptr<HeldTransform> held;
+    if (transform != nullptr) {
+      held = std::make_shared<HeldTransform>(HeldTransform{*transform, Tensor()});
+      if (transform->draws != nullptr) {
+        held->draws = *transform->draws;
+        held->transform.draws = &held->draws;
+      }
+    }
     run([=, this, hs = Held(start)] {
-      gather_batch_impl(images, labels, indices, x, y, hs.get());
+      gather_batch_impl(images, labels, indices, x, y, hs.get(),
+                        held != nullptr ? &held->transform : nullptr);
     });
   }
 }

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "capture.hpp"
+#include "dp/augment.hpp"
 #include "dp/backend.hpp"
 #include "dp/comm.hpp"
 #include "dp/error.hpp"
@@ -32,13 +33,6 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Shard sizes allowing empty shards (the last, partial batch of an epoch may hold fewer
-// examples than there are replicas).
-std::vector<int64_t> split(int64_t n, int k) {
-  std::vector<int64_t> s(static_cast<size_t>(k), n / k);
-  for (int64_t r = 0; r < n % k; ++r) ++s[static_cast<size_t>(r)];
-  return s;
-}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
@@ -52,7 +46,35 @@ void check_cursor(int32_t cursor, int64_t steps, const char* what) {
                                 what + " steps the step cursor is at " + std::to_string(cursor));
 }
 
+// The settings' errors, for users: what is wrong and what is expected.
+void check_augmentation(const Augmentation& a, int64_t channels) {
+  DP_CHECK(a.crop_padding >= 0 && a.crop_padding <= kMaxCropPadding,
+           "augment.crop_padding is " + std::to_string(a.crop_padding) + ": expected 0 .. " +
+               std::to_string(kMaxCropPadding));
+  DP_CHECK(a.mean.size() == a.std.size(),
+           "augment.mean has " + std::to_string(a.mean.size()) + " values but augment.std has " +
+               std::to_string(a.std.size()) + ": give both, one value per channel, or neither");
+  DP_CHECK(a.mean.empty() || static_cast<int64_t>(a.mean.size()) == channels,
+           "augment.mean and augment.std have " + std::to_string(a.mean.size()) +
+               " values but the data has " + std::to_string(channels) +
+               " channels: give one value per channel");
+  for (size_t c = 0; c < a.mean.size(); ++c) {
+    DP_CHECK(std::isfinite(a.mean[c]) && std::isfinite(a.std[c]) && a.std[c] > 0.0f,
+             "augment: channel " + std::to_string(c) + " has mean " + std::to_string(a.mean[c]) +
+                 " and std " + std::to_string(a.std[c]) +
+                 ": expected finite values and std > 0");
+  }
+}
+
 }  // namespace
+
+// Shard sizes allowing empty shards (the last, partial batch of an epoch may hold fewer
+// examples than there are replicas).
+std::vector<int64_t> split(int64_t n, int k) {
+  std::vector<int64_t> s(static_cast<size_t>(k), n / k);
+  for (int64_t r = 0; r < n % k; ++r) ++s[static_cast<size_t>(r)];
+  return s;
+}
 
 std::vector<int64_t> shard_sizes(int64_t n, int k) {
   DP_CHECK(k >= 1, "shard_sizes: the replica count must be positive, got " + std::to_string(k));
@@ -64,18 +86,6 @@ std::vector<int64_t> shard_sizes(int64_t n, int k) {
 }
 
 namespace {
-
-Tensor upload_bytes(Backend& b, Arena& arena, const std::vector<uint8_t>& bytes, Shape shape) {
-  Tensor t = arena.allocate(shape, DType::u8);
-  DP_ASSERT(t.bytes() == bytes.size());
-  if (!bytes.empty()) b.upload(t.data, bytes.data(), bytes.size());
-  return t;
-}
-
-// Where replica g's shard of a global batch of n starts within it (as split() cuts it).
-int64_t shard_offset(int64_t n, int64_t k, int64_t g) {
-  return g * (n / k) + std::min<int64_t>(g, n % k);
-}
 
 }  // namespace
 
@@ -165,57 +175,8 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train,
   }
   r.eval_cursor = a.allocate({1}, DType::i32);
 
-  const Shape img{example[0], example[1], example[2]};
-  r.train_images = upload_bytes(b, a, train.images, {train.count, img[0], img[1], img[2]});
-  r.train_labels = upload_bytes(b, a, train.labels, {train.count});
-  r.train_index = a.allocate({train.count}, DType::i32);
-  r.evals.resize(evals.size());
-  for (size_t e = 0; e < evals.size(); ++e) {
-    const Dataset& set = *evals[e];
-    Replica::Eval& ev = r.evals[e];
-    const int64_t steps = std::max<int64_t>(eval_steps[e], 1);
-    ev.start = a.allocate({steps, 1}, DType::i32);
-    ev.loss_slots = a.allocate({steps}, DType::f32);
-    ev.correct_slots = a.allocate({steps}, DType::i32);
-    if (set.count == 0) continue;
-    ev.images = upload_bytes(b, a, set.images, {set.count, img[0], img[1], img[2]});
-    ev.labels = upload_bytes(b, a, set.labels, {set.count});
-    ev.index = a.allocate({set.count}, DType::i32);
-    std::vector<int32_t> identity(static_cast<size_t>(set.count));
-    std::iota(identity.begin(), identity.end(), 0);
-    b.upload(ev.index.data, identity.data(), identity.size() * sizeof(int32_t));
-    // Evaluation reads this replica's part of the set in chunks: the same every time.
-    const std::vector<int64_t> parts = split(set.count, world());
-    int64_t begin = 0;
-    for (int q = 0; q < r.global_rank; ++q) begin += parts[static_cast<size_t>(q)];
-    const int64_t part = parts[static_cast<size_t>(r.global_rank)];
-    const int64_t chunk = ceil_div(eval_batch, world());
-    std::vector<int32_t> starts;
-    for (int64_t i = 0; i < part; i += chunk) starts.push_back(static_cast<int32_t>(begin + i));
-    if (!starts.empty()) b.upload(ev.start.data, starts.data(), starts.size() * sizeof(int32_t));
-  }
+  setup_data(r, train, evals);
   b.synchronize();
-}
-
-void Trainer::Impl::upload_steps(Replica& r, int64_t steps, int64_t batch, int64_t count,
-                                 int64_t first) {
-  // The whole block in one upload (one wait for the device, which step() pays every step):
-  // the cursor at 0, then the rows of `steps` steps (the rest of the tables is not read).
-  const int64_t width = r.step_scalars.shape[1];
-  std::vector<int32_t> start(static_cast<size_t>(1 + steps_per_epoch), 0);
-  std::vector<float> scalars(static_cast<size_t>(steps_per_epoch * width), 0.0f);
-  for (int64_t t = 0; t < steps; ++t) {
-    const int64_t begin = t * batch, n = std::min(batch, count - begin);
-    start[static_cast<size_t>(1 + t)] =
-        static_cast<int32_t>(begin + shard_offset(n, world(), r.global_rank));
-    r.optimizer->fill_step_scalars(lr_at(first + t), first + t + 1,
-                                   &scalars[static_cast<size_t>(t * width)]);
-  }
-  std::vector<uint8_t> bytes(r.step_block.bytes());
-  std::memcpy(bytes.data(), start.data(), start.size() * sizeof(int32_t));
-  std::memcpy(bytes.data() + start.size() * sizeof(int32_t), scalars.data(),
-              scalars.size() * sizeof(float));
-  r.backend->upload(r.step_block.data, bytes.data(), bytes.size());
 }
 
 void Trainer::Impl::run_captured(
@@ -269,7 +230,8 @@ void Trainer::Impl::train_step_ops(Replica& r, int64_t n) {
   // part in the statistics' collectives, in the same order.
   if (m > 0 || options.sync_bn) {
     const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
-    b.gather_batch(r.train_images, r.train_labels, r.train_index, x, y, &start);
+    b.gather_batch(r.train_images, r.train_labels, r.train_index, x, y, &start,
+                   r.train_transform.get());
     RunContext ctx{b, *r.params, true, options.sync_bn ? r.comm : nullptr, n, r.buckets.get()};
     const Tensor logits = r.model->forward(ctx, x);
     const Tensor dlogits = r.dlogits.with_batch(m);
@@ -300,7 +262,7 @@ void Trainer::Impl::eval_chunk(Replica& r, size_t set, int64_t m) {
     Backend& b = *r.backend;
     const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
     const StepRow start{ev.start, r.eval_cursor};
-    b.gather_batch(ev.images, ev.labels, ev.index, x, y, &start);
+    b.gather_batch(ev.images, ev.labels, ev.index, x, y, &start, r.eval_transform.get());
     RunContext ctx{b, *r.params, false, nullptr, 0, nullptr};
     const Tensor logits = r.model->forward(ctx, x);
     // The loss and the correct count in one pass; the gradient (scaled by 0) is not used.
@@ -323,13 +285,9 @@ void Trainer::Impl::evaluate_replica(Replica& r, std::vector<int64_t>& correct,
   loss.assign(eval_meta.size(), 0.0);
   for (size_t set = 0; set < eval_meta.size(); ++set) {
     if (eval_meta[set].count == 0) continue;
-    const int64_t part = split(eval_meta[set].count, k)[static_cast<size_t>(r.global_rank)];
-    const int64_t chunk = ceil_div(eval_batch, k);
     const int32_t zero = 0;
     b.upload(r.eval_cursor.data, &zero, sizeof zero);
-    int64_t steps = 0;
-    for (int64_t i = 0; i < part; i += chunk, ++steps)
-      eval_chunk(r, set, std::min(chunk, part - i));
+    const int64_t steps = eval_pass(r, set);
     std::vector<int32_t> counts(static_cast<size_t>(steps));
     std::vector<float> sums(static_cast<size_t>(steps));
     if (steps > 0) {
@@ -436,6 +394,9 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     s.eval_steps.push_back(ceil_div(ceil_div(d->count, world), ceil_div(s.eval_batch, world)));
   }
 
+  check_augmentation(options.augment, train.channels);
+  s.plan_residence(train, evals);
+
   s.replicas.resize(static_cast<size_t>(k));
   // The builder runs here, on the caller's thread, one replica after another: model code
   // (plugins, tests) need not be thread-safe.
@@ -529,6 +490,12 @@ EpochReport Trainer::run_epoch(int epoch) {
     Rng rng = Rng(s.options.seed).fork(static_cast<uint64_t>(epoch));
     return permutation(count, rng);
   }();
+  // Each example's draw by its position in the epoch's order: the same on every replica.
+  const Augmentation& aug = s.options.augment;
+  const std::vector<int32_t> draws =
+      aug.draws() ? augment_draws(s.options.seed, static_cast<uint64_t>(epoch), 0, count,
+                                  aug.crop_padding, aug.flip)
+                  : std::vector<int32_t>{};
 
   std::vector<double> loss(static_cast<size_t>(s.k())), correct(static_cast<size_t>(s.k()));
   // The epoch's steps are numbered from its position, so an epoch computes the same whatever
@@ -537,11 +504,8 @@ EpochReport Trainer::run_epoch(int epoch) {
   const auto t0 = Clock::now();
   s.run_all([&](Impl::Replica& r) {
     Backend& b = *r.backend;
-    b.upload(r.train_index.data, perm.data(), perm.size() * sizeof(int32_t));
-    s.upload_steps(r, s.steps_per_epoch, batch, count, first);
-    for (int64_t step = 0; step < s.steps_per_epoch; ++step) {
-      s.train_step(r, std::min(batch, count - step * batch));
-    }
+    s.train_pass(r, perm, draws, s.train_units(r, s.steps_per_epoch, batch, count), batch, count,
+                 first);
     std::vector<float> l(static_cast<size_t>(s.steps_per_epoch));
     std::vector<int32_t> c(l.size());
     b.download(l.data(), r.loss_slots.data, l.size() * sizeof(float));
@@ -602,11 +566,16 @@ double Trainer::step(const std::vector<int32_t>& indices) {
     DP_CHECK(i >= 0 && i < s.train_meta.count, "step(): example index " + std::to_string(i) +
                                                    " is outside the training set of " +
                                                    std::to_string(s.train_meta.count));
+  // step()'s draws have streams of their own, by step: never an epoch's.
+  const Augmentation& aug = s.options.augment;
+  const std::vector<int32_t> draws =
+      aug.draws() ? augment_draws(s.options.seed,
+                                  (uint64_t{1} << 63) | static_cast<uint64_t>(s.steps_done), 0,
+                                  n, aug.crop_padding, aug.flip)
+                  : std::vector<int32_t>{};
   std::vector<float> loss(static_cast<size_t>(s.k()));
   s.run_all([&](Impl::Replica& r) {
-    r.backend->upload(r.train_index.data, indices.data(), indices.size() * sizeof(int32_t));
-    s.upload_steps(r, 1, n, n, s.steps_done);
-    s.train_step(r, n);
+    s.train_pass(r, indices, draws, s.train_units(r, 1, n, n), n, n, s.steps_done);
     r.backend->download(&loss[static_cast<size_t>(r.rank)], r.loss_slots.data, sizeof(float));
   });
   s.buffers_differ = true;
@@ -684,6 +653,8 @@ size_t Trainer::captured_steps() const {
   for (const auto& e : r.evals) n += e.graphs.size();
   return n;
 }
+
+const DataResidence& Trainer::data_residence() const { return impl_->residence; }
 
 Arena::PlanStats Trainer::memory_plan_stats() const { return impl_->replicas[0].arena->plan_stats(); }
 

@@ -17,6 +17,10 @@
 
 namespace dp {
 
+/// Sizes of k shards of a batch of n, empty shards allowed (an epoch's last batch may hold fewer
+/// examples than there are replicas): the first n % k get one more (trainer.cpp).
+std::vector<int64_t> split(int64_t n, int k);
+
 struct Trainer::Impl {
   struct Replica {
     int rank = 0;         // in this process
@@ -33,8 +37,24 @@ struct Trainer::Impl {
     std::unique_ptr<Optimizer> optimizer;
     BucketLauncher* launcher = nullptr;
 
+    // On the device path the training set and a table of M_train rows; streamed, views of the
+    // ring (2 slots of Stream::slot_rows examples each), which every set passes through.
     Tensor train_images, train_labels;  // (M,C,H,W) u8, (M) u8
-    Tensor train_index;    // (M_train) i32: this epoch's permutation, or step()'s indices
+    Tensor train_index;    // (M_train) i32: this epoch's permutation, or step()'s indices;
+                           // streamed: 0, 1, ... (the ring holds the examples in step order)
+    Tensor train_draws;    // (like train_index) i32, with augmentation draws: each example's
+                           // packed draw (dp/augment.hpp), read at its index's row
+    // What the training and evaluation gathers apply (options.augment); null when nothing.
+    // train_transform's draws point at train_draws.
+    std::unique_ptr<GatherTransform> train_transform, eval_transform;
+    /// Streamed data (options.data_budget): this replica's host staging, one buffer per ring
+    /// slot (images, labels, draws of a chunk), and the upload that last read each.
+    struct Stream {
+      int64_t slot_rows = 0;
+      std::vector<std::shared_ptr<void>> staging;  // released through the backend
+      uint64_t tickets[2] = {0, 0};
+    };
+    Stream stream;
     Tensor x, y, dlogits;  // (per-replica max batch, ...)
     Tensor loss_slots;     // (steps per epoch) f32: loss sum of each step
     Tensor correct_slots;  // (steps per epoch) i32
@@ -83,6 +103,11 @@ struct Trainer::Impl {
   int64_t steps_done = 0;  // optimizer steps so far (run_epoch(e) starts at (e - 1) * per epoch)
   std::vector<int64_t> eval_steps;  // per replica, per evaluated set
   std::vector<Replica> replicas;
+  /// Which data path runs, and with the streamed one the sets' bytes (train, then evals),
+  /// kept on the host; empty on the device path.
+  DataResidence residence;
+  std::vector<Dataset> host_sets;
+  bool streamed() const { return residence.path == "streamed"; }
   // Two communicator groups: gradient buckets may be summed on a communication thread while the
   // replica's thread runs synchronised batch norm's collectives, and one group's collectives
   // must never interleave. Destroyed before the replicas; the launchers (which may hold a
@@ -154,10 +179,47 @@ struct Trainer::Impl {
   // at setup (convolution algorithms), so nothing is planned mid-epoch.
   std::vector<int64_t> train_batches(int global_rank) const;
   std::vector<int64_t> eval_batches(int global_rank) const;
-  // Uploads the step tables of steps [0, steps) of the epoch (or of step()) that begins at
-  // optimizer step `first` (0-based), with global batch sizes batch (the last one what is left
-  // of `count`), and sets the cursor to 0.
-  void upload_steps(Replica& r, int64_t steps, int64_t batch, int64_t count, int64_t first);
+  // ---- data (trainer_data.cpp) -------------------------------------------------------------
+  /// One step's shard, or one evaluation chunk, of a replica: positions [begin, begin + size) of
+  /// its pass's order.
+  struct Unit {
+    int64_t begin = 0, size = 0;
+  };
+  /// Decides the data path from options.data_budget (residence), before the replicas exist.
+  void plan_residence(const Dataset& train, const std::vector<const Dataset*>& evals);
+  /// Allocates and uploads a replica's data: the sets, or the ring and staging.
+  void setup_data(Replica& r, const Dataset& train, const std::vector<const Dataset*>& evals);
+  /// This replica's shards of steps [0, steps) with global batches of `batch` (the last what is
+  /// left of `count`).
+  std::vector<Unit> train_units(const Replica& r, int64_t steps, int64_t batch,
+                                int64_t count) const;
+  std::vector<Unit> eval_units(const Replica& r, size_t set) const;
+  /// Trains the steps of `units` on the examples order[...] (draws parallel to it, or empty),
+  /// the first of them optimizer step `first` (0-based): uploads what the path needs, the
+  /// step tables, and runs train_step per unit.
+  void train_pass(Replica& r, const std::vector<int32_t>& order, const std::vector<int32_t>& draws,
+                  const std::vector<Unit>& units, int64_t batch, int64_t count, int64_t first);
+  /// Runs eval_chunk over set `set`'s chunks of this replica; returns how many ran.
+  int64_t eval_pass(Replica& r, size_t set);
+  /// Streamed: the ring row of each unit (chunk c in slot c % 2), and where each chunk's units
+  /// end.
+  struct StreamPlan {
+    std::vector<int64_t> rows;
+    std::vector<size_t> chunk_end;
+  };
+  StreamPlan plan_stream(const std::vector<Unit>& units, int64_t slot_rows) const;
+  /// Streamed: runs run_unit(u) for every unit, each chunk's examples (host set `set` at
+  /// order[position], or the position itself when order is null; draws likewise) staged and
+  /// uploaded into its slot two chunks ahead of use, after the steps that last read the slot.
+  void stream_pass(Replica& r, const StreamPlan& plan, const std::vector<Unit>& units, size_t set,
+                   const int32_t* order, const int32_t* draws,
+                   const std::function<void(size_t)>& run_unit);
+  void stage_chunk(Replica& r, const StreamPlan& plan, const std::vector<Unit>& units, size_t c,
+                   size_t set, const int32_t* order, const int32_t* draws);
+  // Uploads the step tables of units' steps (this replica's shard of each starting at starts[t]
+  // of the index buffer), the first of them optimizer step `first` (0-based), and sets the
+  // cursor to 0.
+  void upload_steps(Replica& r, const std::vector<int64_t>& starts, int64_t first);
   // One step of a global batch of n at the cursor (captured once per n with options.graphs).
   void train_step(Replica& r, int64_t n);
   // The ops of that step: everything that changes between steps is read at the cursor.

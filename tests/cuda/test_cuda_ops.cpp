@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "dp/augment.hpp"
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
 #include "support/backend_cases.hpp"
@@ -637,6 +638,93 @@ TEST_CASE("cuda gather_batch matches the cpu backend in both layouts", "[cuda]")
     B.gpu->gather_batch(img3.g(), lab.g(), indices.t.g(), x.g_(), y.t.g());
     CUDA_CHECK_CLOSE(x.gpu(), x.cpu(), 1e-6);
   }
+}
+
+TEST_CASE("cuda gather_batch with crop, flip and normalisation equals the cpu's bits", "[cuda]") {
+  // Every crop offset (the padding border included) and both flips, read through a StepRow
+  // window, in both layouts: the same float operations as the cpu backend, so the same bits.
+  auto& B = backends();
+  const int64_t m = 9, c = 3, h = 6, w = 5, pad = 2, span = 2 * pad + 1;
+  std::vector<uint8_t> images(static_cast<size_t>(m * c * h * w)), labels(static_cast<size_t>(m));
+  for (size_t i = 0; i < images.size(); ++i) images[i] = static_cast<uint8_t>(1 + i * 37 % 254);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<uint8_t>(i % 10);
+  Twin img({m, c, h, w}, DType::u8), lab({m}, DType::u8);
+  for (auto* t : {&img, &lab}) {
+    const auto& src = t == &img ? images : labels;
+    B.cpu->upload(t->c().data, src.data(), src.size());
+    B.gpu->upload(t->g().data, src.data(), src.size());
+  }
+  std::vector<int32_t> idx = {0, 0}, draws = {0, 0};  // the window starts at row 2
+  for (int64_t oy = 0; oy < span; ++oy)
+    for (int64_t ox = 0; ox < span; ++ox)
+      for (int flip = 0; flip < 2; ++flip) {
+        idx.push_back(static_cast<int32_t>((oy * 7 + ox * 3 + flip) % m));
+        draws.push_back(dp::pack_draw(oy, ox, flip != 0));
+      }
+  const auto rows = static_cast<int64_t>(idx.size()), n = rows - 2;
+  Flat indices({rows}, DType::i32), draw_table({rows}, DType::i32), table({1, 1}, DType::i32),
+      cursor({1}, DType::i32);
+  indices.set(idx);
+  draw_table.set(draws);
+  table.set(std::vector<int32_t>{2});
+  cursor.set(std::vector<int32_t>{0});
+  const dp::StepRow start_c{table.t.c(), cursor.t.c()}, start_g{table.t.g(), cursor.t.g()};
+  for (const bool normalise : {false, true}) {
+    dp::GatherTransform tc, tg;
+    tc.crop_padding = tg.crop_padding = pad;
+    tc.draws = &draw_table.t.c();
+    tg.draws = &draw_table.t.g();
+    if (normalise) {
+      tc.mean = tg.mean = {0.4914f, 0.4822f, 0.4465f};
+      tc.std = tg.std = {0.2470f, 0.2435f, 0.2616f};
+    }
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      INFO(name(layout) << (normalise ? ", normalised" : ""));
+      Act x(n, c, h, w, layout);
+      Flat y({n}, DType::i32);
+      B.cpu->gather_batch(img.c(), lab.c(), indices.t.c(), x.c_(), y.t.c(), &start_c, &tc);
+      B.gpu->gather_batch(img.g(), lab.g(), indices.t.g(), x.g_(), y.t.g(), &start_g, &tg);
+      CHECK(x.gpu() == x.cpu());
+      CHECK(y.t.gpu.download_i32() == y.t.cpu.download_i32());
+    }
+  }
+  // A draw outside [0, 2P] marks its example with NaN (a kernel cannot throw).
+  draws[2] = dp::pack_draw(2 * pad + 1, 0, false);
+  draw_table.set(draws);
+  dp::GatherTransform tg;
+  tg.crop_padding = pad;
+  tg.draws = &draw_table.t.g();
+  Act x(n, c, h, w, Layout::nchw);
+  Flat y({n}, DType::i32);
+  B.gpu->gather_batch(img.g(), lab.g(), indices.t.g(), x.g_(), y.t.g(), &start_g, &tg);
+  const auto got = x.gpu();
+  CHECK(std::isnan(got[0]));
+  CHECK(std::isfinite(got[static_cast<size_t>(c * h * w)]));
+}
+
+TEST_CASE("cuda upload_async from page-locked memory, ordered with the stream's ops", "[cuda]") {
+  // 12 rounds: more than the backend's ring of events, so reused places are waited on too.
+  auto& gpu = *backends().gpu;
+  const int64_t n = 1 << 20;
+  std::vector<float> expected(static_cast<size_t>(n));
+  void* host = gpu.allocate_host(static_cast<size_t>(n) * sizeof(float));
+  dptest::DeviceBuffer dst(gpu, {n});
+  auto* h = static_cast<float*>(host);
+  uint64_t last = 0;
+  for (int round = 0; round < 12; ++round) {
+    // The fill is queued before the copy: the copy must land after it, whatever the streams.
+    gpu.fill(dst.tensor(), -1.0f);
+    for (int64_t i = 0; i < n; ++i) h[i] = static_cast<float>(round * n + i);
+    const uint64_t ticket = gpu.upload_async(dst.tensor().data, host, static_cast<size_t>(n) * 4);
+    CHECK(ticket > last);
+    last = ticket;
+    gpu.await_upload(ticket);
+    gpu.scale(dst.tensor(), 2.0f);  // queued after the await: sees the copy
+    gpu.wait_upload(ticket);
+    for (int64_t i = 0; i < n; ++i) expected[static_cast<size_t>(i)] = 2.0f * h[i];
+    CHECK(dst.download_f32() == expected);
+  }
+  gpu.release_host(host);
 }
 
 // ---- memory and errors --------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 //    step in every model we build; Residual sums its branches explicitly).
 //  - Unless stated, outputs must not alias inputs.
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@
 namespace dp {
 
 class Backend;
+struct GatherTransform;  // dp/augment.hpp
 
 /// A 2-D convolution with its shapes fixed at setup. Output size follows PyTorch:
 /// P = (H + 2*pad_h - kernel_h) / stride_h + 1 (floor), Q likewise.
@@ -189,6 +191,22 @@ class Backend {
   void upload(void* dst, const void* host_src, size_t bytes);
   /// Device -> host, blocking: waits for all queued work first.
   void download(void* host_dst, const void* src, size_t bytes);
+  /// Host memory the device copies from asynchronously (upload_async): page-locked on a GPU
+  /// (cudaHostAlloc), plain on the cpu. Not counted in memory_in_use(). Throws on failure.
+  void* allocate_host(size_t bytes);
+  virtual void release_host(void* p) noexcept = 0;
+  /// Host -> device without waiting: the copy starts after every op called before it (so it
+  /// may overwrite what they read), on a stream of its own on a GPU, so it overlaps the ops
+  /// called after it until await_upload(ticket) orders them after it. host_src must come from
+  /// allocate_host and stay unchanged until wait_upload(the returned ticket) returns. Tickets
+  /// complete in the order they were given. cpu: copies at once. upload_async, wait_upload and
+  /// await_upload are refused while capturing (host copies are not a step's ops).
+  uint64_t upload_async(void* dst, const void* host_src, size_t bytes);
+  /// Blocks the host until the upload of `ticket` (and every one before it) has finished.
+  void wait_upload(uint64_t ticket);
+  /// The ops called after this run after the upload of `ticket` (and every one before it) has
+  /// finished; the host does not wait. 0: nothing to wait for.
+  void await_upload(uint64_t ticket);
   /// Device -> device on this backend, asynchronous. dst == src is a no-op.
   void copy(void* dst, const void* src, size_t bytes);
   /// Every element of t = value (f32 or i32; for i32 value is converted).
@@ -381,8 +399,13 @@ class Backend {
   /// in x.layout, y (n) i32 = label. With `start` (a StepRow of (steps, 1) i32), indices is a
   /// longer buffer (L) and the rows are indices[start .. start + n), the start read when the op
   /// runs; start + n beyond L is refused (cpu) or gives NaN images (cuda), as a bad index does.
+  /// With `transform` each example is cropped, flipped and normalised as dp/augment.hpp says,
+  /// its draw read at the same row as its index; a draw with an offset outside [0, 2P] is
+  /// refused (cpu) or gives a NaN image (cuda). Without it, or with a transform that asks for
+  /// nothing, x = image / 255 exactly.
   void gather_batch(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                    const Tensor& x, const Tensor& y, const StepRow* start = nullptr);
+                    const Tensor& x, const Tensor& y, const StepRow* start = nullptr,
+                    const GatherTransform* transform = nullptr);
 
  private:
   // The implementations. Called only after the public op's checks passed, so they may assume
@@ -470,7 +493,13 @@ class Backend {
                                  const StepRow* step_row) = 0;
   virtual void advance_impl(const Tensor& cursor) = 0;
   virtual void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                                 const Tensor& x, const Tensor& y, const StepRow* start) = 0;
+                                 const Tensor& x, const Tensor& y, const StepRow* start,
+                                 const GatherTransform* transform) = 0;
+  /// Page-locked host memory where the device has it (cudaHostAlloc), else plain host memory.
+  virtual void* allocate_host_impl(size_t bytes) = 0;
+  virtual uint64_t upload_async_impl(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void wait_upload_impl(uint64_t ticket) = 0;
+  virtual void await_upload_impl(uint64_t ticket) = 0;
 
  protected:
   // For a backend's own public entry points beyond this interface (the CUDA backend's algorithm

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dp/augment.hpp"
 #include "dp/backend.hpp"
 #include "dp/data.hpp"
 #include "dp/module.hpp"
@@ -71,6 +72,32 @@ struct TrainerOptions {
   /// when their lifetimes in backward do not overlap (memory_plan.hpp); false: each its own, for
   /// comparisons. The same results either way.
   bool memory_plan = true;
+  /// Random crop, horizontal flip and per-channel normalisation of the examples, applied on the
+  /// device by the batch gather, inside the step (and its graph). Each training example's draw
+  /// comes from (seed, epoch, its position in the epoch's global order) (dp/augment.hpp), so k
+  /// replicas compute one replica's step and a resumed run the uninterrupted one. The defaults
+  /// change nothing.
+  Augmentation augment;
+  /// Device memory, in bytes per replica, that the datasets may take (0: no limit). When the
+  /// training and evaluation sets together need more, they stay in host memory and every pass
+  /// streams the examples its steps read, in chunks, into a two-slot ring on the device (its
+  /// size is this budget, but at least two of the replica's largest batches); the next chunk is
+  /// copied while the device computes the current one. The same examples in the same order
+  /// give the same bits as the data on the device. Trainer::data_residence() says which ran.
+  size_t data_budget = 0;
+};
+
+/// Where a trainer keeps its datasets (Trainer::data_residence), for the record of a trial.
+struct DataResidence {
+  /// "device": every set uploaded once to each replica's device; "streamed": the sets stay in
+  /// host memory (page-locked staging on GPUs) and pass through a ring on the device.
+  std::string path = "device";
+  /// Per replica: the bytes the datasets take on the device (the sets, or the ring), and what
+  /// the sets would take there whole (images, labels, index and draw tables).
+  size_t device_bytes = 0, resident_bytes = 0;
+  /// Streamed: the examples one ring slot holds (each chunk: consecutive steps that fit); 0
+  /// on the device path.
+  int64_t chunk_examples = 0;
 };
 
 struct EpochReport {
@@ -95,7 +122,8 @@ class Trainer {
  public:
   /// Builds `replicas` copies of the model (builder called once per replica), allocates every
   /// buffer, initialises parameters from options.seed identically on each replica and uploads
-  /// the datasets to every replica's device. With a validation set, every epoch evaluates it
+  /// the datasets to every replica's device (or, beyond options.data_budget, keeps them on the
+  /// host to stream them: data_residence()). With a validation set, every epoch evaluates it
   /// too (EpochReport::val_acc, val_loss), after the test set.
   Trainer(const TrainerOptions& options, const ModelBuilder& builder, const Dataset& train,
           const Dataset& test, const Dataset* validation = nullptr);
@@ -160,6 +188,8 @@ class Trainer {
   /// 0, one per batch size met (full batches, the epoch's last one, evaluation chunks); 0
   /// without graphs.
   size_t captured_steps() const;
+  /// Which data path runs (options.data_budget) and the bytes it takes.
+  const DataResidence& data_residence() const;
 
  private:
   struct Impl;

@@ -151,6 +151,20 @@ size_t CpuBackend::peak_memory() const { return memory_->peak(); }
 void CpuBackend::upload_impl(void* dst, const void* host_src, size_t bytes) {
   std::memcpy(dst, host_src, bytes);
 }
+void* CpuBackend::allocate_host_impl(size_t bytes) {
+  void* p = std::malloc(std::max<size_t>(bytes, 1));
+  if (p == nullptr) {
+    DP_THROW("cpu backend: out of host memory allocating " + std::to_string(bytes) +
+             " bytes of staging memory for streamed data; use a smaller batch size");
+  }
+  return p;
+}
+void CpuBackend::release_host(void* p) noexcept { std::free(p); }
+// The cpu runs every op when it is called: the copy is in op order by being done now.
+uint64_t CpuBackend::upload_async_impl(void* dst, const void* host_src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host_src, bytes);
+  return ++uploads_;
+}
 void CpuBackend::download_impl(void* host_dst, const void* src, size_t bytes) {
   std::memcpy(host_dst, src, bytes);
 }

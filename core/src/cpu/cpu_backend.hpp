@@ -237,7 +237,16 @@ class CpuBackend final : public Backend {
   void advance_impl(const Tensor& cursor) override;
 
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                         const Tensor& x, const Tensor& y, const StepRow* start) override;
+                         const Tensor& x, const Tensor& y, const StepRow* start,
+                         const GatherTransform* transform) override;
+  void gather_transformed(const Tensor& images, const Tensor& labels, const int32_t* index,
+                          int64_t first, const Tensor& x, const Tensor& y,
+                          const GatherTransform& t);
+  void* allocate_host_impl(size_t bytes) override;
+  void release_host(void* p) noexcept override;
+  uint64_t upload_async_impl(void* dst, const void* host_src, size_t bytes) override;
+  void wait_upload_impl(uint64_t /*ticket*/) override {}
+  void await_upload_impl(uint64_t /*ticket*/) override {}
 
   /// The shared scratch of this backend's plans, made anew when no plan holds it.
   std::shared_ptr<SharedScratch> shared_scratch();
@@ -247,6 +256,7 @@ class CpuBackend final : public Backend {
                             const Tensor& dw, const Tensor* db);
 
   int threads_ = 1;
+  uint64_t uploads_ = 0;  // upload_async tickets given
   CpuKernels kernels_;               // resolved: onednn or blas
   std::string kernels_description_;  // "oneDNN 2.6.3 avx512_core_bf16", "OpenBLAS 0.3.21 SkylakeX"
   std::shared_ptr<OnednnContext> onednn_;  // with the oneDNN kernels only; plans share it

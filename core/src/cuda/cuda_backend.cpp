@@ -12,6 +12,7 @@
 #include "dp/optimizer.hpp"
 #include "cuda/kernels.cuh"
 #include "cuda/lib_check.hpp"
+#include "dp/augment.hpp"
 #include "dp/error.hpp"
 
 namespace dp::cuda {
@@ -122,6 +123,13 @@ void CudaBackend::teardown() noexcept {
   if (cublas_ != nullptr) CUBLAS_WARN(cublasDestroy(cublas_));
   if (cudnn_ != nullptr) CUDNN_WARN(cudnnDestroy(cudnn_));
   if (stream_ != nullptr) CUDA_WARN(cudaStreamDestroy(stream_));
+  if (copy_stream_ != nullptr) {
+    CUDA_WARN(cudaStreamSynchronize(copy_stream_));
+    CUDA_WARN(cudaStreamDestroy(copy_stream_));
+    CUDA_WARN(cudaEventDestroy(queued_event_));
+    for (cudaEvent_t e : upload_events_) CUDA_WARN(cudaEventDestroy(e));
+    copy_stream_ = nullptr;
+  }
   bn_x_desc_ = bn_param_desc_ = nullptr;
   cublas_ = nullptr;
   cudnn_ = nullptr;
@@ -196,6 +204,58 @@ void CudaBackend::download_impl(void* host_dst, const void* src, size_t bytes) {
   activate();
   CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void* CudaBackend::allocate_host_impl(size_t bytes) {
+  activate();
+  void* p = nullptr;
+  const cudaError_t status = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error("cuda backend: cannot allocate " + std::to_string(bytes >> 20) +
+                " MiB of page-locked host memory (" + cudaGetErrorString(status) +
+                ") for streamed data; use a smaller batch size or a larger data budget");
+  }
+  return p;
+}
+
+void CudaBackend::release_host(void* p) noexcept {
+  if (p != nullptr) CUDA_WARN(cudaFreeHost(p));
+}
+
+uint64_t CudaBackend::upload_async_impl(void* dst, const void* host_src, size_t bytes) {
+  activate();
+  if (copy_stream_ == nullptr) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&queued_event_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : upload_events_)
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  cudaEvent_t done = upload_events_[uploads_ % kUploadEvents];
+  // The copy waits for every op queued before it (they may read dst); the ops queued after it
+  // wait only where await_upload says, so the copy engine runs beside the compute until then.
+  CUDA_CHECK(cudaEventRecord(queued_event_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, queued_event_, 0));
+  if (bytes > 0) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+  }
+  CUDA_CHECK(cudaEventRecord(done, copy_stream_));
+  return ++uploads_;
+}
+
+void CudaBackend::await_upload_impl(uint64_t ticket) {
+  if (ticket == 0 || ticket > uploads_) return;
+  activate();
+  // As in wait_upload: a place recorded again since completes later, never earlier.
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, upload_events_[(ticket - 1) % kUploadEvents], 0));
+}
+
+void CudaBackend::wait_upload_impl(uint64_t ticket) {
+  if (ticket == 0 || ticket > uploads_) return;  // none given, or not one of ours
+  activate();
+  // Ticket t recorded upload_events_[(t - 1) % kUploadEvents]; a later upload may have recorded
+  // it again since, which completes later still (one copy stream, in order).
+  CUDA_CHECK(cudaEventSynchronize(upload_events_[(ticket - 1) % kUploadEvents]));
 }
 
 void CudaBackend::copy_impl(void* dst, const void* src, size_t bytes) {
@@ -406,11 +466,27 @@ void CudaBackend::adamw_update_impl(const Tensor& params, const Tensor& grads,
 
 void CudaBackend::gather_batch_impl(const Tensor& images, const Tensor& labels,
                                     const Tensor& indices, const Tensor& x, const Tensor& y,
-                                    const StepRow* start) {
+                                    const StepRow* start, const GatherTransform* transform) {
   const Dims d = dims_of(x);
   activate();
+  kernels::GatherAugment aug;
+  if (transform != nullptr) {
+    if (transform->mean.size() > static_cast<size_t>(kernels::kMaxNormChannels)) {
+      fail("gather_batch", "normalisation of " + std::to_string(transform->mean.size()) +
+                               " channels is not supported (at most " +
+                               std::to_string(kernels::kMaxNormChannels) + ")");
+    }
+    aug.active = true;
+    aug.pad = transform->crop_padding;
+    aug.draws = transform->draws != nullptr ? transform->draws->i32() : nullptr;
+    aug.channels = static_cast<int>(transform->mean.size());
+    for (size_t c = 0; c < transform->mean.size(); ++c) {
+      aug.mean[c] = transform->mean[c];
+      aug.std[c] = transform->std[c];
+    }
+  }
   kernels::gather_batch(images.u8(), labels.u8(), images.shape[0], indices.i32(), indices.shape[0],
-                        device_row(start), d.n, d.c, d.h, d.w, is_nhwc(x), x.f32(), y.i32(),
+                        device_row(start), d.n, d.c, d.h, d.w, is_nhwc(x), aug, x.f32(), y.i32(),
                         stream_);
 }
 

@@ -158,7 +158,13 @@ class CudaBackend final : public Backend {
   void advance_impl(const Tensor& cursor) override;
 
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
-                         const Tensor& x, const Tensor& y, const StepRow* start) override;
+                         const Tensor& x, const Tensor& y, const StepRow* start,
+                         const GatherTransform* transform) override;
+  void* allocate_host_impl(size_t bytes) override;
+  void release_host(void* p) noexcept override;
+  uint64_t upload_async_impl(void* dst, const void* host_src, size_t bytes) override;
+  void wait_upload_impl(uint64_t ticket) override;
+  void await_upload_impl(uint64_t ticket) override;
 
   void teardown() noexcept;
   // Scratch shared by every plan, grown only at plan time (cuda_conv.cpp).
@@ -211,6 +217,14 @@ class CudaBackend final : public Backend {
   ConvContract contract_ = ConvContract::tf32;
   std::string description_;
   cudaStream_t stream_ = nullptr;
+  // upload_async: copies on a stream of their own, after what stream_ queued before them (an
+  // event); stream_ waits for a copy where await_upload says (its event). Made on first use. A ticket's completion is the event of its ring place: a later upload
+  // that reused the place completes later, so waiting on it is later, never early.
+  static constexpr int kUploadEvents = 8;
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t queued_event_ = nullptr;
+  cudaEvent_t upload_events_[kUploadEvents] = {};
+  uint64_t uploads_ = 0;  // tickets given
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
 

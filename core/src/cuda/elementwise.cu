@@ -134,6 +134,48 @@ __global__ void gather_kernel(const uint8_t* images, const uint8_t* labels, int6
   }
 }
 
+// The transformed gather: the same rows and marks as gather_kernel, then per output element
+// the draw's crop (zero outside the image), flip and normalisation; the arithmetic is the cpu
+// backend's (v / 255, then (v - mean) / std: IEEE division, no contraction possible).
+template <bool kNhwc>
+__global__ void gather_augment_kernel(const uint8_t* images, const uint8_t* labels, int64_t m,
+                                      const int32_t* indices, int64_t index_count, DeviceRow start,
+                                      int64_t n, int64_t C, int64_t H, int64_t W, GatherAugment aug,
+                                      float* x, int32_t* y) {
+  int64_t first = 0;
+  if (start.table != nullptr) {
+    const int64_t at = row_index(start);
+    first = at >= 0 ? static_cast<const int32_t*>(start.table)[at] : -1;
+    if (first < 0 || first + n > index_count) first = -1;
+  }
+  const int64_t pad = aug.pad;
+  DP_GRID_STRIDE(i, n * C * H * W) {
+    int64_t b, c, h, w;
+    decode4<kNhwc>(i, C, H, W, b, c, h, w);
+    const int64_t idx = first >= 0 ? indices[first + b] : -1;
+    const int32_t d = first < 0 ? -1
+                      : aug.draws != nullptr
+                          ? aug.draws[first + b]
+                          : static_cast<int32_t>(pad | (pad << 12));
+    const int64_t oy = d & 0xfff, ox = (d >> 12) & 0xfff;
+    const bool flip = ((d >> 24) & 1) != 0;
+    const bool valid = idx >= 0 && idx < m && d >= 0 && oy <= 2 * pad && ox <= 2 * pad;
+    float v = __int_as_float(0x7fc00000);
+    if (valid) {
+      const int64_t sr = h + oy - pad, sc = (flip ? W - 1 - w : w) + ox - pad;
+      const bool inside = sr >= 0 && sr < H && sc >= 0 && sc < W;
+      v = static_cast<float>(inside ? images[idx * C * H * W + (c * H + sr) * W + sc] : 0) /
+          255.0f;
+      if (aug.channels > 0) v = (v - aug.mean[c]) / aug.std[c];
+    }
+    x[i] = v;
+  }
+  DP_GRID_STRIDE(j, n) {
+    const int64_t idx = first >= 0 ? indices[first + j] : -1;
+    y[j] = (idx >= 0 && idx < m) ? static_cast<int32_t>(labels[idx]) : -1;
+  }
+}
+
 __global__ void rank_sum_kernel(RankPointers ranks, int64_t begin, int64_t end) {
   DP_GRID_STRIDE(j, end - begin) {
     const int64_t i = begin + j;
@@ -239,9 +281,21 @@ void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
 
 void gather_batch(const uint8_t* images, const uint8_t* labels, int64_t m, const int32_t* indices,
                   int64_t index_count, DeviceRow start, int64_t n, int64_t c, int64_t h, int64_t w,
-                  bool nhwc, float* x, int32_t* y, cudaStream_t stream) {
+                  bool nhwc, const GatherAugment& aug, float* x, int32_t* y,
+                  cudaStream_t stream) {
   const int64_t total = n * c * h * w;
   if (n <= 0) return;
+  if (aug.active) {
+    if (nhwc) {
+      gather_augment_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(
+          images, labels, m, indices, index_count, start, n, c, h, w, aug, x, y);
+    } else {
+      gather_augment_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(
+          images, labels, m, indices, index_count, start, n, c, h, w, aug, x, y);
+    }
+    CUDA_CHECK_LAUNCH(gather_augment_kernel);
+    return;
+  }
   if (nhwc) {
     gather_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(
         images, labels, m, indices, index_count, start, n, c, h, w, x, y);

@@ -64,13 +64,26 @@ void adamw_update(float* params, const float* grads, float* exp_avg, float* exp_
                   float step_size, float decay, float beta1, float beta2, float eps,
                   float bias2_sqrt, DeviceRow step_row, cudaStream_t stream);
 
+/// A gather's transform (dp::GatherTransform) as a kernel takes it, by value.
+constexpr int kMaxNormChannels = 16;
+struct GatherAugment {
+  bool active = false;            // false: x = image / 255, nothing else
+  int64_t pad = 0;                // crop padding P
+  const int32_t* draws = nullptr;  // parallel to indices; null: centre crop, no flip
+  int channels = 0;               // normalised channels: 0 (none) or C
+  float mean[kMaxNormChannels] = {};
+  float std[kMaxNormChannels] = {};
+};
+
 /// images (M,C,H,W) u8, labels (M) u8, indices (n) i32 -> x (n,C,H,W) f32 = image / 255 in the
 /// given layout, y (n) i32. An index outside [0, M) writes NaN images and label -1 (visible, as
 /// a kernel cannot throw). With start.table (i32, width 1) the rows are indices[start ..
 /// start + n) of a buffer of index_count entries; a window outside it is marked the same way.
+/// With aug.active each example is cropped, flipped and normalised (dp/augment.hpp), its draw
+/// read at its index's row; a draw with an offset outside [0, 2P] gives a NaN image.
 void gather_batch(const uint8_t* images, const uint8_t* labels, int64_t m, const int32_t* indices,
                   int64_t index_count, DeviceRow start, int64_t n, int64_t c, int64_t h, int64_t w,
-                  bool nhwc, float* x, int32_t* y, cudaStream_t stream);
+                  bool nhwc, const GatherAugment& aug, float* x, int32_t* y, cudaStream_t stream);
 
 /// The most replicas the same-device allreduce sums in one kernel.
 constexpr int kMaxSameDeviceRanks = 16;
