@@ -163,6 +163,11 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
       does_not_apply("stop.metric", "stop.metric " + quoted(m) +
                                         " needs a validation split: set validation = N (examples "
                                         "held out of the training set) or a fraction");
+    if (s[key::augment_mean].size() != s[key::augment_std].size())
+      does_not_apply(t.get("augment.std") ? "augment.std" : "augment.mean",
+                     "augment.mean has " + std::to_string(s[key::augment_mean].size()) +
+                         " values and augment.std " + std::to_string(s[key::augment_std].size()) +
+                         ": give both, one value per channel of the data, or neither");
     if (s[key::warmup_epochs] > static_cast<double>(s[key::epochs]))
       does_not_apply("warmup_epochs", "warmup_epochs " + shortest(s[key::warmup_epochs]) +
                                           " is longer than the training (" +

@@ -69,6 +69,7 @@ const JsonFields<dps::TrialStart>& start_fields() {
       field("plugin_sha256", &dps::TrialStart::plugin_sha256),
       field("oversubscribed", &dps::TrialStart::oversubscribed),
       field("hosts", &dps::TrialStart::hosts),
+      field("data_residence", &dps::TrialStart::data_residence),
   };
   return f;
 }

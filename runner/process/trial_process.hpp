@@ -7,7 +7,8 @@
 // newline-delimited JSON records to fd 3:
 //   {"type":"start","backend":"cpu","devices":"CPU (2 threads, oneDNN 2.6.3 avx2)
 //   x2","plugin_path":"...",
-//    "plugin_sha256":"...","oversubscribed":false,"hosts":"vm","rank_hosts":["vm"]}
+//    "plugin_sha256":"...","oversubscribed":false,"hosts":"vm","data_residence":"device",
+//    "rank_hosts":["vm"]}
 //   {"type":"epoch","epoch":1,"train_loss":0.9,"train_acc":0.6,"test_acc":0.7,"seconds":1.2,
 //    "examples_per_second":500,"lr":0.1,"eval_seconds":0.1,"peak_memory_bytes":123}   (each)
 //   {"type":"checkpoint","role":"last","epoch":1,"path":"/abs/last.safetensors","sha256":"...",
@@ -85,7 +86,8 @@ inline constexpr const char* kRecordPrefix = "dprun-record ";
 struct TrialRecord {
   enum class Kind { start, epoch, checkpoint, done, diverged, skipped, stopped, paused, error };
   Kind kind = Kind::done;
-  /// kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed, hosts.
+  /// kind start: backend, devices, plugin_path, plugin_sha256, oversubscribed, hosts,
+  /// data_residence.
   dps::TrialStart start;
   std::vector<std::string> rank_hosts;  // kind start: the host of each process, in rank order
   dps::EpochRow epoch;                  // kind epoch (trial_id left 0)

@@ -56,6 +56,11 @@ dp::TrainerOptions trainer_options(const TrialSettings& s) {
                  env, s[key::conv_choice].c_str());
   }
   t.graphs = s[key::graphs];
+  t.augment.crop_padding = s[key::augment_crop_padding];
+  t.augment.flip = s[key::augment_flip];
+  for (double m : s[key::augment_mean]) t.augment.mean.push_back(static_cast<float>(m));
+  for (double d : s[key::augment_std]) t.augment.std.push_back(static_cast<float>(d));
+  t.data_budget = static_cast<size_t>(s[key::data_budget_mib] * 1048576.0);
   t.sync_bn = sync_bn(s[key::bn_mode]);
   return t;
 }

@@ -44,6 +44,11 @@ struct SettingKey {
   X(bool, allow_tf32)           \
   X(std::string, conv_choice)   \
   X(bool, graphs)               \
+  X(int64_t, augment_crop_padding) \
+  X(bool, augment_flip)         \
+  X(std::vector<double>, augment_mean) \
+  X(std::vector<double>, augment_std) \
+  X(double, data_budget_mib)    \
   X(std::string, layout)        \
   X(std::string, bn_mode)       \
   X(int64_t, eval_batch_size)   \

@@ -32,8 +32,8 @@ size_t value_index(SettingType t) {
 }
 
 const char* type_name(SettingType t) {
-  static const char* names[] = {"boolean", "integer", "number", "numbers",
-                                "choice",  "model",   "text",   "json", "dataset"};
+  static const char* names[] = {"boolean", "integer", "number", "numbers", "choice",
+                                "model",   "text",    "json",   "dataset"};
   return names[static_cast<int>(t)];
 }
 
@@ -267,7 +267,7 @@ std::string check_setting_value(const Setting& s, const SettingValue& v) {
       return check_number(std::get<double>(v));
     case SettingType::numbers: {
       const auto& list = std::get<std::vector<double>>(v);
-      if (list.size() != s.count)
+      if (s.count != kAnyCount && list.size() != s.count)
         return "expected " + std::to_string(s.count) + " numbers, got " +
                std::to_string(list.size());
       for (double d : list)
@@ -354,9 +354,10 @@ std::string expected_text(const Setting& s, bool list) {
     case SettingType::number:
       one = "a number", many = "a list of numbers";
       break;
-    case SettingType::numbers:
-      return list ? "a list of lists of " + std::to_string(s.count) + " numbers"
-                  : "a list of " + std::to_string(s.count) + " numbers";
+    case SettingType::numbers: {
+      const std::string n = s.count == kAnyCount ? "" : std::to_string(s.count) + " ";
+      return list ? "a list of lists of " + n + "numbers" : "a list of " + n + "numbers";
+    }
     case SettingType::model:
       one = "a model name", many = "a list of model names";
       break;
@@ -378,7 +379,8 @@ std::string type_text(const Setting& s) {
     case SettingType::number:
       return "float" + range_doc(s.range);
     case SettingType::numbers:
-      return std::to_string(s.count) + " floats" + range_doc(s.range);
+      return (s.count == kAnyCount ? std::string("floats") : std::to_string(s.count) + " floats") +
+             range_doc(s.range);
     case SettingType::choice: {
       std::string t;
       for (const auto& c : s.choices) t += (t.empty() ? "\"" : " | \"") + c + "\"";

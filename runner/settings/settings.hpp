@@ -28,7 +28,7 @@ enum class SettingType {
   boolean,  // true or false
   integer,  // within the range
   number,   // a finite float within the range (an integer is accepted)
-  numbers,  // exactly `count` finite floats, each within the range (e.g. Adam's betas)
+  numbers,  // `count` finite floats (or any number: kAnyCount), each within the range (betas)
   choice,   // one of `choices`
   model,    // the name of a model a plugin provides
   text,     // free text (where the data lives)
@@ -47,6 +47,7 @@ inline Range at_least(double min) { return {min, false}; }
 inline Range greater_than(double min) { return {min, true}; }
 inline Range from_to_below(double min, double max) { return {min, false, max, true}; }
 inline Range above_up_to(double min, double max) { return {min, true, max, false}; }
+inline Range from_to(double min, double max) { return {min, false, max, false}; }
 
 /// When a setting means something: only for trials whose `key` setting (a choice) has one of
 /// `values` ("momentum" only with optimizer "sgd"). Given for another trial, it is a mistake the
@@ -55,6 +56,9 @@ struct AppliesWhen {
   std::string key;
   std::vector<std::string> values;
 };
+
+/// Setting::count of a numbers setting whose length is not fixed (one value per channel).
+inline constexpr size_t kAnyCount = static_cast<size_t>(-1);
 
 /// One row of the table.
 struct Setting {
@@ -71,7 +75,7 @@ struct Setting {
   Range range = {};                                               // integer, number, numbers
   std::vector<std::string> choices = {};                          // choice: the accepted values
   std::vector<std::pair<std::string, std::string>> refused = {};  // choice: (value, why not yet)
-  size_t count = 0;                                               // numbers: how many
+  size_t count = 0;  // numbers: how many (kAnyCount: any number of them, none included)
   /// Part of the trial's identity (its config hash): a trial is the same trial, and is not run
   /// again, exactly when every identity setting has the same value. A setting enters the hash
   /// only when it differs from its default (the settings of dprun 0.1.0 always do, for the

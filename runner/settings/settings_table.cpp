@@ -261,6 +261,50 @@ const SettingTable& builtin_settings() {
        .range = at_least(0),
        .identity = true,
        .help = "evaluate on the first N examples only; 0: all"},
+      {.key = "augment.crop_padding",
+       .column = "augment_crop_padding",
+       .default_value = int64_t{0},
+       .range = from_to(0, 2047),
+       .identity = true,
+       .help = "training: a random crop of the image's size from the image zero-padded by this "
+               "many pixels on each side (torchvision's RandomCrop(size, padding)), applied on the "
+               "device, drawn per example from the seed, the epoch and the example's place in "
+               "it; 0: none"},
+      {.key = "augment.flip",
+       .column = "augment_flip",
+       .type = T::boolean,
+       .default_value = false,
+       .identity = true,
+       .help = "training: a horizontal flip of half the examples (after the crop, as "
+               "torchvision's RandomHorizontalFlip), drawn as the crop is"},
+      {.key = "augment.mean",
+       .column = "augment_mean",
+       .type = T::numbers,
+       .default_value = std::vector<double>{},
+       .count = kAnyCount,
+       .identity = true,
+       .help = "per-channel normalisation, training and evaluation: (pixel / 255 - mean) / std, "
+               "one value per channel of the data (torchvision's Normalize); [] (with std []): "
+               "none"},
+      {.key = "augment.std",
+       .column = "augment_std",
+       .type = T::numbers,
+       .default_value = std::vector<double>{},
+       .range = greater_than(0),
+       .count = kAnyCount,
+       .identity = true,
+       .help = "the normalisation's per-channel standard deviations, as many as augment.mean"},
+      {.key = "data_budget_mib",
+       .column = "data_budget_mib",
+       .type = T::number,
+       .default_value = 0.0,
+       .range = at_least(0),
+       // The same order and the same bits either way: where the data lives is not the trial.
+       .baseline_may_differ = true,
+       .help = "device memory for the datasets, per replica, in MiB; when the training, test "
+               "and validation sets need more, they stay in (page-locked) host memory and are "
+               "streamed to the device in chunks of steps, overlapped with compute (trials "
+               "record which: column data_residence); 0: no limit"},
       {.key = "validation",
        .column = "validation",
        .type = T::number,

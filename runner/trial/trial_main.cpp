@@ -19,8 +19,8 @@
 #include "dp/error.hpp"
 #include "models/plugin_loader.hpp"
 #include "process/launch.hpp"
-#include "settings/engine_options.hpp"
 #include "process/stop_rule.hpp"
+#include "settings/engine_options.hpp"
 #include "trial/checkpoint_writer.hpp"
 
 namespace dprun {
@@ -239,8 +239,8 @@ TrialData trial_data(const TrialRequest& r, const LoadedDataset& dataset) {
   TrialData data{dp::load_checked(dataset.factory, options, path), std::nullopt};
   dp::Dataset& train = data.sets.train;
   if (const double v = s[key::validation]; v > 0) {
-    const int64_t count = v < 1 ? std::llround(v * static_cast<double>(train.count))
-                                : static_cast<int64_t>(v);
+    const int64_t count =
+        v < 1 ? std::llround(v * static_cast<double>(train.count)) : static_cast<int64_t>(v);
     if (count < 1 || count >= train.count)
       throw dp::Error("validation " + setting_text(v) + " holds out " + std::to_string(count) +
                       " of the " + std::to_string(train.count) + " training examples of " +
@@ -295,6 +295,7 @@ dps::TrialStart start_record(const dp::Trainer& trainer, const LoadedModel& mode
   start.plugin_path = model.plugin_path;
   start.plugin_sha256 = file_sha256(model.plugin_path);
   start.oversubscribed = backend.oversubscribed;
+  start.data_residence = trainer.data_residence().path;
   return start;
 }
 
@@ -463,12 +464,17 @@ void PrintSink::start(const dps::TrialStart& start, const std::vector<std::strin
               start.backend.c_str(), start.devices.c_str(),
               start.oversubscribed ? ", oversubscribed" : "", start.plugin_path.c_str());
   if (rank_hosts.size() > 1) std::printf("processes on %s\n", start.hosts.c_str());
+  if (start.data_residence == "streamed")
+    std::printf(
+        "data: streamed from host memory in chunks (it needs more than data_budget_mib "
+        "= %g per replica)\n",
+        r_.settings[key::data_budget_mib]);
   if (r_.settings[key::validation] > 0)
     std::printf("%5s  %10s  %9s  %8s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc",
                 "val_acc", "test_acc", "seconds", "examples/s");
   else
-    std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc",
-                "test_acc", "seconds", "examples/s");
+    std::printf("%5s  %10s  %9s  %8s  %8s  %12s\n", "epoch", "train_loss", "train_acc", "test_acc",
+                "seconds", "examples/s");
   std::fflush(stdout);
 }
 

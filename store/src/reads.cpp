@@ -66,6 +66,7 @@ TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt&
   r.last_checkpoint_epoch = s.int64("last_checkpoint_epoch");
   r.epochs_done = s.int64("epochs_done");
   r.note = s.text("note");
+  r.data_residence = s.text("data_residence");
   const std::string tags = s.text("tags");
   for (size_t begin = 0; begin < tags.size();) {
     const size_t end = std::min(tags.find(',', begin), tags.size());

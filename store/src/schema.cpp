@@ -292,7 +292,16 @@ CREATE TABLE trial_tags (
 CREATE INDEX trial_tags_by_tag ON trial_tags(tag);
 )SQL";
 
-// Append new versions here ({7, kSchemaV7}, ...); applied ones are never edited.
+// Version 7 (data larger than the device's budget is streamed from host memory):
+//   trials.data_residence: where the attempt kept its datasets, "device" (uploaded once) or
+//     "streamed" (in host memory, copied to the device in chunks of steps: data_budget_mib); NULL
+//     before the trial ran, and for trials run by an older dprun (always on the device then).
+//     A fact of the run, not a setting: both paths compute the same bits.
+constexpr const char* kSchemaV7 = R"SQL(
+ALTER TABLE trials ADD COLUMN data_residence TEXT CHECK (data_residence IN ('device', 'streamed'));
+)SQL";
+
+// Append new versions here ({8, kSchemaV8}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
     {1, kSchemaV1},
     {2, kSchemaV2},
@@ -300,6 +309,7 @@ constexpr Migration kMigrations[] = {
     {4, kSchemaV4},
     {5, kSchemaV5},
     {6, kSchemaV6},
+    {7, kSchemaV7},
 };
 
 }  // namespace
@@ -371,14 +381,15 @@ int migrate(sqlite3* db, const std::string& path) {
 }
 
 const std::vector<std::string>& own_trial_columns() {
-  // The columns of `trials` the store defines itself (schema versions 1 to 6); every other
+  // The columns of `trials` the store defines itself (schema versions 1 to 7); every other
   // column records a setting. A migration that adds a column of the store's own must add it here.
   static const std::vector<std::string> columns = {
       "id",         "experiment_id", "config_hash", "ordinal",       "status",
       "error",      "attempts",      "backend",     "devices",       "oversubscribed",
       "host",       "dprun_version", "plugin_path", "plugin_sha256", "runner_pid",
       "created_at", "started_at",    "finished_at", "heartbeat_at",  "hosts",
-      "launch",     "device_set",    "resumed_from_epoch", "rung",   "note"};
+      "launch",     "device_set",    "resumed_from_epoch", "rung",   "note",
+      "data_residence"};
   return columns;
 }
 

@@ -26,9 +26,9 @@ namespace {
 constexpr int kBusyTimeoutMs = 10000;
 
 const TrialStatus kAllStatuses[] = {
-    TrialStatus::pending,  TrialStatus::running,     TrialStatus::done,    TrialStatus::failed,
-    TrialStatus::diverged, TrialStatus::interrupted, TrialStatus::skipped, TrialStatus::stopped,
-    TrialStatus::pruned};
+    TrialStatus::pending, TrialStatus::running,  TrialStatus::done,
+    TrialStatus::failed,  TrialStatus::diverged, TrialStatus::interrupted,
+    TrialStatus::skipped, TrialStatus::stopped,  TrialStatus::pruned};
 
 void exec(sqlite3* db, const char* sql) {
   detail::sqlite_check(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), db, "sqlite3_exec",
@@ -322,7 +322,7 @@ void Store::start_trial(int64_t trial_id, const TrialStart& start, int64_t resum
           ", finished_at = NULL, "
           "  backend = ?2, devices = ?3, host = ?4, dprun_version = ?5, plugin_path = ?6, "
           "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9, hosts = ?10, launch = ?11, "
-          "  device_set = ?12, resumed_from_epoch = ?13 "
+          "  device_set = ?12, resumed_from_epoch = ?13, data_residence = ?14 "
           "WHERE id = ?1");
   up.bind(1, trial_id);
   up.bind_text_or_null(2, start.backend).bind_text_or_null(3, start.devices);
@@ -330,7 +330,7 @@ void Store::start_trial(int64_t trial_id, const TrialStart& start, int64_t resum
   up.bind_text_or_null(6, start.plugin_path).bind_text_or_null(7, start.plugin_sha256);
   up.bind(8, int64_t{start.oversubscribed ? 1 : 0}).bind(9, start.runner_pid);
   up.bind_text_or_null(10, start.hosts).bind_text_or_null(11, start.launch);
-  up.bind_text_or_null(12, start.device_set);
+  up.bind_text_or_null(12, start.device_set).bind_text_or_null(14, start.data_residence);
   if (resume_epoch > 0) {
     up.bind(13, resume_epoch);
   } else {

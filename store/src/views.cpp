@@ -2,7 +2,8 @@
 // and scaling matches a trial with its 1-GPU baseline on every setting but those allowed to
 // differ. Their column names are a documented interface (users query them), so a generated view
 // keeps every column the views of schema version 1 had. trial_summary reads trial_tags and
-// trials.note (schema 6): the views are generated only on databases migrated that far.
+// trials.note (schema 6) and trials.data_residence (7): the views are generated only on databases
+// migrated that far.
 #include "views.hpp"
 
 namespace dps::detail {
@@ -54,7 +55,7 @@ SELECT
   CASE WHEN a.n > 1 THEN a.eps_after_first ELSE a.eps_all END AS mean_examples_per_second,
   a.peak_memory_bytes,
   t.backend, t.devices, t.oversubscribed, t.host, t.started_at, t.finished_at,
-  t.hosts, t.launch, t.device_set,
+  t.hosts, t.launch, t.device_set, t.data_residence,
   (SELECT group_concat(tag, ',')
    FROM (SELECT g.tag FROM trial_tags g WHERE g.trial_id = t.id ORDER BY g.tag)) AS tags,
   t.note

@@ -53,8 +53,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
   Store store(path);
   CHECK(store.path() == path);
   CHECK(store.user_version() == dps::schema_version());
-  CHECK(dps::schema_version() == 6);
-  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "6");
+  CHECK(dps::schema_version() == 7);
+  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "7");
   CHECK(dpstest::raw_scalar(path, "PRAGMA journal_mode") == "wal");  // persistent in the file
   CHECK(dpstest::scalar(store, "PRAGMA foreign_keys") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA synchronous") == "1");  // NORMAL
@@ -118,7 +118,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
                         "device_set",
                         "resumed_from_epoch",
                         "rung",
-                        "note"}) {
+                        "note",
+                        "data_residence"}) {
     INFO(c);
     CHECK(columns.count(c) == 1);
   }
@@ -134,7 +135,7 @@ TEST_CASE("reopening keeps the data and migrates nothing", "[store]") {
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store again(path);
-  CHECK(again.user_version() == 6);
+  CHECK(again.user_version() == 7);
   CHECK(again.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n") == exp);
   REQUIRE(again.trials(exp).size() == 1);
   // A second migration would have failed on "table experiments already exists"; also check the
@@ -189,7 +190,7 @@ TEST_CASE("read-only stores cannot write, through query or the connection", "[st
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store ro(path, Store::Mode::read_only);
-  CHECK(ro.user_version() == 6);
+  CHECK(ro.user_version() == 7);
   REQUIRE(ro.trials(exp).size() == 1);
   CHECK(dpstest::scalar(ro, "SELECT name FROM experiments") == "e");
   REQUIRE_THROWS_WITH(ro.query("INSERT INTO experiments (name, toml_source, toml_sha256) "

@@ -87,6 +87,9 @@ struct TrialRow {
   /// ("": none). Empty on a database older than schema 6 opened read-only.
   std::vector<std::string> tags;
   std::string note;
+  /// Where its last attempt kept the datasets (schema 7): "device" or "streamed" (beyond the
+  /// data_budget_mib setting); "": not started, or run by an older dprun (on the device).
+  std::string data_residence;
 };
 
 /// Why `tag` is not a tag name, naming it ("" when it is one): a tag is 1 to 64 of the
@@ -203,6 +206,7 @@ struct TrialStart {
   bool oversubscribed = false;
   int64_t runner_pid = 0;
   std::string hosts, launch, device_set;  // as in TrialRow ("" is stored as NULL)
+  std::string data_residence;             // as in TrialRow
 };
 
 /// One experiment of the database.
