@@ -6,12 +6,19 @@
 
 namespace dp {
 
-namespace {
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+uint64_t mix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
+}
+
+namespace {
+// The generator: the next output of the splitmix64 sequence whose state is x.
+uint64_t splitmix64(uint64_t& x) {
+  const uint64_t z = mix64(x);
+  x += 0x9E3779B97F4A7C15ull;
+  return z;
 }
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 }  // namespace

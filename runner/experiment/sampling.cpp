@@ -7,18 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "dp/random.hpp"
 #include "experiment/experiment_detail.hpp"
 
 namespace dprun::detail {
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 uint64_t fnv1a64(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -47,8 +42,8 @@ const std::vector<std::string>& kinds() {
 }  // namespace
 
 double sample_unit(uint64_t seed, const std::string& key, int64_t index) {
-  const uint64_t h = splitmix64(splitmix64(seed) ^ fnv1a64(key)) ^ static_cast<uint64_t>(index);
-  return static_cast<double>(splitmix64(h) >> 11) * 0x1.0p-53;
+  const uint64_t h = dp::mix64(dp::mix64(seed) ^ fnv1a64(key)) ^ static_cast<uint64_t>(index);
+  return static_cast<double>(dp::mix64(h) >> 11) * 0x1.0p-53;
 }
 
 bool is_distribution(const toml::node& n) {

@@ -147,10 +147,11 @@ TEST_CASE("a database from a newer dprun is refused", "[store]") {
   ScratchDir dir;
   const std::string path = dir.file("results.db");
   { Store store(path); }
-  dpstest::raw_exec(path, "PRAGMA user_version = 7");
-  const std::string expected = path +
-                               ": database schema version 7 is newer than this dprun supports "
-                               "(6): upgrade dprun";
+  const std::string newer = std::to_string(dps::schema_version() + 1);
+  dpstest::raw_exec(path, "PRAGMA user_version = " + newer);
+  const std::string expected = path + ": database schema version " + newer +
+                               " is newer than this dprun supports (" +
+                               std::to_string(dps::schema_version()) + "): upgrade dprun";
   REQUIRE_THROWS_AS(Store(path), StoreError);
   REQUIRE_THROWS_WITH(Store(path), expected);
   REQUIRE_THROWS_WITH(Store(path, Store::Mode::read_only), expected);

@@ -7,6 +7,11 @@
 
 namespace dp {
 
+/// splitmix64 of the state x: (x + 0x9E3779B97F4A7C15) through its finaliser, a bijection of 64
+/// bits whose output bits all depend on every input bit. The building block of the counter-based
+/// hashes (augmentation draws, sampled search), which need no generator state.
+uint64_t mix64(uint64_t x);
+
 class Rng {
  public:
   explicit Rng(uint64_t seed);
