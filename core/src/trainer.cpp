@@ -33,7 +33,6 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -58,11 +57,14 @@ void check_augmentation(const Augmentation& a, int64_t channels) {
            "augment.mean and augment.std have " + std::to_string(a.mean.size()) +
                " values but the data has " + std::to_string(channels) +
                " channels: give one value per channel");
+  DP_CHECK(static_cast<int64_t>(a.mean.size()) <= kMaxNormaliseChannels,
+           "augment.mean and augment.std have " + std::to_string(a.mean.size()) +
+               " values: normalisation takes at most " + std::to_string(kMaxNormaliseChannels) +
+               " channels (on every backend)");
   for (size_t c = 0; c < a.mean.size(); ++c) {
     DP_CHECK(std::isfinite(a.mean[c]) && std::isfinite(a.std[c]) && a.std[c] > 0.0f,
              "augment: channel " + std::to_string(c) + " has mean " + std::to_string(a.mean[c]) +
-                 " and std " + std::to_string(a.std[c]) +
-                 ": expected finite values and std > 0");
+                 " and std " + std::to_string(a.std[c]) + ": expected finite values and std > 0");
   }
 }
 
@@ -85,9 +87,7 @@ std::vector<int64_t> shard_sizes(int64_t n, int k) {
   return split(n, k);
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 namespace {
 void add_unique(std::vector<int64_t>& sizes, int64_t n) {
@@ -365,8 +365,8 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     DP_CHECK(d->count == 0 || (d->channels == train.channels && d->height == train.height &&
                                d->width == train.width && d->classes == train.classes),
              "the " + std::string(d == &test ? "test" : "validation") + " set '" + d->name +
-                 "' has another example shape or class count than the training set '" +
-                 train.name + "'");
+                 "' has another example shape or class count than the training set '" + train.name +
+                 "'");
   if (options.backend == BackendKind::cuda) {
     DP_CHECK(cuda_compiled(), "the CUDA backend was requested but dprun was built without CUDA");
     const int devices = cuda_device_count();
@@ -438,8 +438,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
       // are recorded with them.
       s.recorded_comms.push_back(recorded(*rep.comm, *rep.backend));
       rep.comm = s.recorded_comms.back().get();
-      s.recorded_launchers.push_back(
-          recorded(*rep.launcher, *rep.backend));
+      s.recorded_launchers.push_back(recorded(*rep.launcher, *rep.backend));
       rep.launcher = s.recorded_launchers.back().get();
     }
     rep.buckets = std::make_unique<GradientBuckets>(*rep.params, options.bucket_bytes,
@@ -458,9 +457,8 @@ Trainer::~Trainer() {
   for (auto& r : impl_->replicas) {
     if (r.backend == nullptr) continue;
     const bool captured =
-        !r.train_graphs.empty() || std::any_of(r.evals.begin(), r.evals.end(), [](const auto& e) {
-          return !e.graphs.empty();
-        });
+        !r.train_graphs.empty() || std::any_of(r.evals.begin(), r.evals.end(),
+                                               [](const auto& e) { return !e.graphs.empty(); });
     if (captured) {
       try {
         r.backend->synchronize();
@@ -569,10 +567,10 @@ double Trainer::step(const std::vector<int32_t>& indices) {
   // step()'s draws have streams of their own, by step: never an epoch's.
   const Augmentation& aug = s.options.augment;
   const std::vector<int32_t> draws =
-      aug.draws() ? augment_draws(s.options.seed,
-                                  (uint64_t{1} << 63) | static_cast<uint64_t>(s.steps_done), 0,
-                                  n, aug.crop_padding, aug.flip)
-                  : std::vector<int32_t>{};
+      aug.draws()
+          ? augment_draws(s.options.seed, (uint64_t{1} << 63) | static_cast<uint64_t>(s.steps_done),
+                          0, n, aug.crop_padding, aug.flip)
+          : std::vector<int32_t>{};
   std::vector<float> loss(static_cast<size_t>(s.k()));
   s.run_all([&](Impl::Replica& r) {
     s.train_pass(r, indices, draws, s.train_units(r, 1, n, n), n, n, s.steps_done);
@@ -656,7 +654,9 @@ size_t Trainer::captured_steps() const {
 
 const DataResidence& Trainer::data_residence() const { return impl_->residence; }
 
-Arena::PlanStats Trainer::memory_plan_stats() const { return impl_->replicas[0].arena->plan_stats(); }
+Arena::PlanStats Trainer::memory_plan_stats() const {
+  return impl_->replicas[0].arena->plan_stats();
+}
 
 size_t Trainer::arena_bytes() const { return impl_->replicas[0].arena->bytes_used(); }
 

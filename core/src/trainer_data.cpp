@@ -19,6 +19,10 @@ namespace dp {
 
 namespace {
 
+// The most steps one streamed chunk holds (a ring slot: at most this many of the replica's
+// largest batches).
+constexpr int64_t kChunkSteps = 16;
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t shard_offset(int64_t n, int64_t k, int64_t g) {
@@ -53,7 +57,9 @@ void Trainer::Impl::plan_residence(const Dataset& train, const std::vector<const
   const size_t row = example + 1 + 4 + 4;
   const auto fit = static_cast<int64_t>(options.data_budget / (2 * row));
   residence.path = "streamed";
-  residence.chunk_examples = std::max(max_shard, fit);
+  // A chunk of at most kChunkSteps steps, whatever the budget: the page-locked staging is a
+  // slot's size per replica, and each pass waits for its first two chunks before it starts.
+  residence.chunk_examples = std::max(max_shard, std::min(fit, kChunkSteps * max_shard));
   residence.device_bytes = 2 * static_cast<size_t>(residence.chunk_examples) * row;
   host_sets.push_back(train);
   for (const Dataset* d : evals) host_sets.push_back(*d);

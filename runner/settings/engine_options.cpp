@@ -1,6 +1,7 @@
 // Settings to the engine's options (see engine_options.hpp).
 #include "settings/engine_options.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -60,7 +61,9 @@ dp::TrainerOptions trainer_options(const TrialSettings& s) {
   t.augment.flip = s[key::augment_flip];
   for (double m : s[key::augment_mean]) t.augment.mean.push_back(static_cast<float>(m));
   for (double d : s[key::augment_std]) t.augment.std.push_back(static_cast<float>(d));
-  t.data_budget = static_cast<size_t>(s[key::data_budget_mib] * 1048576.0);
+  // Any positive budget is a budget: one below a byte is one byte (0 alone means no limit).
+  if (const double mib = s[key::data_budget_mib]; mib > 0)
+    t.data_budget = std::max<size_t>(1, static_cast<size_t>(mib * 1048576.0));
   t.sync_bn = sync_bn(s[key::bn_mode]);
   return t;
 }

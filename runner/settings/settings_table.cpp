@@ -298,13 +298,13 @@ const SettingTable& builtin_settings() {
        .column = "data_budget_mib",
        .type = T::number,
        .default_value = 0.0,
-       .range = at_least(0),
+       .range = from_to(0, 1048576),  // up to a TiB per replica
        // The same order and the same bits either way: where the data lives is not the trial.
        .baseline_may_differ = true,
        .help = "device memory for the datasets, per replica, in MiB; when the training, test "
-               "and validation sets need more, they stay in (page-locked) host memory and are "
-               "streamed to the device in chunks of steps, overlapped with compute (trials "
-               "record which: column data_residence); 0: no limit"},
+               "and validation sets need more, they stay in host memory and are streamed to the "
+               "device in chunks of steps through page-locked staging, overlapped with compute "
+               "(trials record which: column data_residence); 0: no limit"},
       {.key = "validation",
        .column = "validation",
        .type = T::number,

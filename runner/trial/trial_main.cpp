@@ -410,7 +410,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
             p == 0 ? skip_reasons[p]
                    : "process " + std::to_string(p) + " of the trial: " + skip_reasons[p]};
   }
-  const TrialData data = trial_data(r, *dataset);
+  TrialData data = trial_data(r, *dataset);
   const dp::Dataset& train_set = data.sets.train;
   machine_options(t, r, backend, group);
   // The model is built for the data it will see, whatever input it was designed for.
@@ -420,6 +420,9 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   dp::Trainer trainer(
       t, [&] { return factory.build(options, input); }, train_set, data.sets.test,
       data.validation ? &*data.validation : nullptr);
+  // The trainer holds what it needs (on its devices, or in host memory to stream it): the bytes
+  // loaded here are not read again, and a dataset larger than the device must not be held twice.
+  data = TrialData{};
   std::vector<std::string> rank_hosts;
   const dps::TrialStart start = start_record(trainer, *model, backend, group, rank_hosts);
   sink.start(start, rank_hosts);

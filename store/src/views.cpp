@@ -55,10 +55,10 @@ SELECT
   CASE WHEN a.n > 1 THEN a.eps_after_first ELSE a.eps_all END AS mean_examples_per_second,
   a.peak_memory_bytes,
   t.backend, t.devices, t.oversubscribed, t.host, t.started_at, t.finished_at,
-  t.hosts, t.launch, t.device_set, t.data_residence,
+  t.hosts, t.launch, t.device_set,
   (SELECT group_concat(tag, ',')
    FROM (SELECT g.tag FROM trial_tags g WHERE g.trial_id = t.id ORDER BY g.tag)) AS tags,
-  t.note
+  t.note, t.data_residence
 FROM trials t
 JOIN experiments e ON e.id = t.experiment_id
 LEFT JOIN (

@@ -324,6 +324,26 @@ TEST_CASE("settings: the trainer's options come from the settings in one place",
   CHECK(t.batch_size == 96);
   CHECK(t.epochs == 3);
   CHECK(t.seed == 11);
+  CHECK(t.data_budget == 0);  // the default: no limit
+  CHECK(t.augment.crop_padding == 0);
+  CHECK_FALSE(t.augment.flip);
+  CHECK(t.augment.mean.empty());
+  {
+    dprun::TrialSettings budget = s;
+    budget.set("data_budget_mib", 1.5);
+    CHECK(dprun::trainer_options(budget).data_budget == 1572864);
+    budget.set("data_budget_mib", 1e-9);  // below a byte is still a budget, not "no limit"
+    CHECK(dprun::trainer_options(budget).data_budget == 1);
+    budget.set("augment_crop_padding", int64_t{4});
+    budget.set("augment_flip", true);
+    budget.set("augment_mean", std::vector<double>{0.5, 0.25});
+    budget.set("augment_std", std::vector<double>{0.125, 2.0});
+    const dp::TrainerOptions a = dprun::trainer_options(budget);
+    CHECK(a.augment.crop_padding == 4);
+    CHECK(a.augment.flip);
+    CHECK(a.augment.mean == std::vector<float>{0.5f, 0.25f});
+    CHECK(a.augment.std == std::vector<float>{0.125f, 2.0f});
+  }
   // The table's choices are the engine's names, so a value the table accepts is one the engine
   // implements; anything else is refused by the engine's own parser, naming the value.
   CHECK(dprun::builtin_settings().by_key("layout")->choices == dp::layout_names());

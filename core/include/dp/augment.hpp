@@ -35,6 +35,8 @@ struct Augmentation {
 
 /// The largest crop padding gather_batch accepts (a draw's offsets are packed in 12 bits).
 constexpr int64_t kMaxCropPadding = 2047;
+/// The most channels normalisation takes (the CUDA kernel carries mean and std as arguments).
+constexpr int64_t kMaxNormaliseChannels = 16;
 
 /// One example's crop offsets (0 <= oy, ox <= 2P) and flip, packed in an i32 as a draws table
 /// holds them: oy | ox << 12 | flip << 24.

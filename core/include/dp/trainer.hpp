@@ -80,9 +80,10 @@ struct TrainerOptions {
   Augmentation augment;
   /// Device memory, in bytes per replica, that the datasets may take (0: no limit). When the
   /// training and evaluation sets together need more, they stay in host memory and every pass
-  /// streams the examples its steps read, in chunks, into a two-slot ring on the device (its
-  /// size is this budget, but at least two of the replica's largest batches); the next chunk is
-  /// copied while the device computes the current one. The same examples in the same order
+  /// streams the examples its steps read, in chunks, into a two-slot ring on the device (a
+  /// slot: what half this budget holds, at most 16 and at least one of the replica's largest
+  /// batches; the page-locked staging on the host is a slot's size); the next chunk is copied
+  /// while the device computes the current one. The same examples in the same order
   /// give the same bits as the data on the device. Trainer::data_residence() says which ran.
   size_t data_budget = 0;
 };

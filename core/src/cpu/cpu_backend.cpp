@@ -155,7 +155,8 @@ void* CpuBackend::allocate_host_impl(size_t bytes) {
   void* p = std::malloc(std::max<size_t>(bytes, 1));
   if (p == nullptr) {
     DP_THROW("cpu backend: out of host memory allocating " + std::to_string(bytes) +
-             " bytes of staging memory for streamed data; use a smaller batch size");
+             " bytes of staging memory for streamed data (a ring slot: at most 16 of the largest "
+             "batches per replica); a smaller batch size or data_budget_mib needs less");
   }
   return p;
 }

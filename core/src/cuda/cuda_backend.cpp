@@ -9,11 +9,11 @@
 #include <cstdlib>
 
 #include "cuda/cuda_entry.hpp"
-#include "dp/optimizer.hpp"
 #include "cuda/kernels.cuh"
 #include "cuda/lib_check.hpp"
 #include "dp/augment.hpp"
 #include "dp/error.hpp"
+#include "dp/optimizer.hpp"
 
 namespace dp::cuda {
 
@@ -212,9 +212,11 @@ void* CudaBackend::allocate_host_impl(size_t bytes) {
   const cudaError_t status = cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();
-    throw Error("cuda backend: cannot allocate " + std::to_string(bytes >> 20) +
-                " MiB of page-locked host memory (" + cudaGetErrorString(status) +
-                ") for streamed data; use a smaller batch size or a larger data budget");
+    throw Error(
+        "cuda backend: cannot allocate " + std::to_string(bytes >> 20) +
+        " MiB of page-locked host memory (" + cudaGetErrorString(status) +
+        ") for streamed data (a ring slot: at most 16 of the largest batches per replica); a "
+        "smaller batch size or data_budget_mib needs less");
   }
   return p;
 }
@@ -463,6 +465,9 @@ void CudaBackend::adamw_update_impl(const Tensor& params, const Tensor& grads,
 }
 
 // ---- data ---------------------------------------------------------------------------------------
+
+static_assert(kernels::kMaxNormChannels == kMaxNormaliseChannels,
+              "the kernel's normalisation arguments hold what the trainer accepts");
 
 void CudaBackend::gather_batch_impl(const Tensor& images, const Tensor& labels,
                                     const Tensor& indices, const Tensor& x, const Tensor& y,

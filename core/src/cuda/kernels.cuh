@@ -65,7 +65,7 @@ void adamw_update(float* params, const float* grads, float* exp_avg, float* exp_
                   float bias2_sqrt, DeviceRow step_row, cudaStream_t stream);
 
 /// A gather's transform (dp::GatherTransform) as a kernel takes it, by value.
-constexpr int kMaxNormChannels = 16;
+constexpr int kMaxNormChannels = 16;  // dp::kMaxNormaliseChannels (dp/augment.hpp)
 struct GatherAugment {
   bool active = false;            // false: x = image / 255, nothing else
   int64_t pad = 0;                // crop padding P
