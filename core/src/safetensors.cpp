@@ -247,14 +247,15 @@ SafeTensor decode_tensor(const std::string& path, const std::string& name,
   }
   const char* from = bytes.data() + t.file_offset;
   const auto n = static_cast<size_t>(count);
+  // An empty tensor (a zero in its shape) copies nothing: memcpy must not see its null data().
   switch (t.type) {
     case Type::f32:
       t.f32.resize(n);
-      std::memcpy(t.f32.data(), from, tensor_bytes);
+      if (n > 0) std::memcpy(t.f32.data(), from, tensor_bytes);
       break;
     case Type::i64:
       t.i64.resize(n);
-      std::memcpy(t.i64.data(), from, tensor_bytes);
+      if (n > 0) std::memcpy(t.i64.data(), from, tensor_bytes);
       break;
     case Type::u8:
       t.u8.assign(from, from + n);
