@@ -4,14 +4,25 @@
 // k > 1, with augmentation, with graphs, from a resumed epoch, with step()).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "dp/trainer.hpp"
 #include "engine_test_util.hpp"
 #include "support/check.hpp"
+#include "test_cpu_util.hpp"
 
 namespace {
+
+// DPRUN_CPU_DEFER_UPLOADS=1 while it lives: the cpu backend's uploads happen as late as the
+// contract allows (at wait_upload / await_upload, reading their source then).
+struct DeferredUploads {
+  DeferredUploads() { setenv("DPRUN_CPU_DEFER_UPLOADS", "1", 1); }
+  ~DeferredUploads() { unsetenv("DPRUN_CPU_DEFER_UPLOADS"); }
+  DeferredUploads(const DeferredUploads&) = delete;
+  DeferredUploads& operator=(const DeferredUploads&) = delete;
+};
 
 dp::ModelBuilder lenet() {
   return [] { return enginetest::build_model("libdprun_lenet.so", "lenet", {{"init_std", 0.1}}); };
@@ -207,6 +218,10 @@ TEST_CASE("streamed data computes the device path's bits", "[trainer][stream]") 
     CHECK(streamed.residence.device_bytes ==
           2 * static_cast<size_t>(streamed.residence.chunk_examples) * row);
     check_same_run(streamed, resident);
+    // Again with every copy as late as a GPU's copy stream may do it: a step that read a slot
+    // before its await_upload, or staging rewritten before its wait_upload, would change bits.
+    const DeferredUploads late;
+    check_same_run(fit(o, lenet(), train, test), resident);
   }
   o.data_budget = resident.residence.resident_bytes;  // fits exactly: on the device
   CHECK(fit(o, lenet(), train, test).residence.path == "device");
@@ -229,4 +244,35 @@ TEST_CASE("streamed data: step() computes the device path's bits", "[trainer][st
     params.push_back(t.parameters(0));
   }
   CHECK(params[0] == params[1]);
+}
+
+TEST_CASE("deferred cpu uploads happen at await_upload, reading their source then", "[stream]") {
+  // The mode the streamed tests use to put copies as late as a GPU may: it must really defer.
+  const DeferredUploads late;
+  auto backend = cputest::make_cpu(1);
+  void* host = backend->allocate_host(4 * sizeof(int32_t));
+  const dp::Tensor dst = [&] {
+    void* p = backend->allocate(4 * sizeof(int32_t));
+    return dp::Tensor(p, {4}, dp::DType::i32, backend->device());
+  }();
+  const int32_t zeros[4] = {0, 0, 0, 0};
+  backend->upload(dst.data, zeros, sizeof zeros);
+  auto* staging = static_cast<int32_t*>(host);
+  for (int i = 0; i < 4; ++i) staging[i] = i + 1;
+  const uint64_t first = backend->upload_async(dst.data, host, 4 * sizeof(int32_t));
+  staging[3] = 40;  // before the wait: the copy reads this
+  int32_t seen[4];
+  backend->download(seen, dst.data, sizeof seen);
+  CHECK(seen[0] == 0);  // not yet copied
+  backend->await_upload(first);
+  backend->download(seen, dst.data, sizeof seen);
+  CHECK(seen[0] == 1);
+  CHECK(seen[3] == 40);
+  const uint64_t second = backend->upload_async(dst.data, zeros, sizeof zeros);
+  CHECK(second == first + 1);
+  backend->wait_upload(second);
+  backend->download(seen, dst.data, sizeof seen);
+  CHECK(seen[0] == 0);
+  backend->release(dst.data);
+  backend->release_host(host);
 }

@@ -117,6 +117,8 @@ CpuBackend::CpuBackend(const BackendOptions& options)
            "cpu backend: cpu_threads must be >= 0 (0 = all hardware threads), got " +
                std::to_string(options.cpu_threads));
   threads_ = options.cpu_threads > 0 ? options.cpu_threads : omp_get_max_threads();
+  if (const char* defer = std::getenv("DPRUN_CPU_DEFER_UPLOADS"))
+    defer_uploads_ = std::string(defer) == "1";
   precision_ = options.precision;
   if (precision_ == Precision::bf16) bf16_scratch_ = std::make_unique<SharedScratch>(memory_);
   // The kernels' library is loaded now, so a missing one fails here, not in the first step.
@@ -161,10 +163,24 @@ void* CpuBackend::allocate_host_impl(size_t bytes) {
   return p;
 }
 void CpuBackend::release_host(void* p) noexcept { std::free(p); }
-// The cpu runs every op when it is called: the copy is in op order by being done now.
+// The cpu runs every op when it is called: the copy is in op order by being done now (or, for
+// tests, as late as the contract allows: see defer_uploads_).
 uint64_t CpuBackend::upload_async_impl(void* dst, const void* host_src, size_t bytes) {
-  if (bytes > 0) std::memcpy(dst, host_src, bytes);
-  return ++uploads_;
+  ++uploads_;
+  if (defer_uploads_) {
+    pending_uploads_.push_back({dst, host_src, bytes, uploads_});
+  } else if (bytes > 0) {
+    std::memcpy(dst, host_src, bytes);
+  }
+  return uploads_;
+}
+void CpuBackend::finish_uploads(uint64_t ticket) {
+  size_t done = 0;
+  for (; done < pending_uploads_.size() && pending_uploads_[done].ticket <= ticket; ++done) {
+    const PendingUpload& u = pending_uploads_[done];
+    if (u.bytes > 0) std::memcpy(u.dst, u.src, u.bytes);
+  }
+  pending_uploads_.erase(pending_uploads_.begin(), pending_uploads_.begin() + done);
 }
 void CpuBackend::download_impl(void* host_dst, const void* src, size_t bytes) {
   std::memcpy(host_dst, src, bytes);

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "dp/backend.hpp"
 #include "dp/tensor.hpp"
@@ -245,8 +246,11 @@ class CpuBackend final : public Backend {
   void* allocate_host_impl(size_t bytes) override;
   void release_host(void* p) noexcept override;
   uint64_t upload_async_impl(void* dst, const void* host_src, size_t bytes) override;
-  void wait_upload_impl(uint64_t /*ticket*/) override {}
-  void await_upload_impl(uint64_t /*ticket*/) override {}
+  void wait_upload_impl(uint64_t ticket) override { finish_uploads(ticket); }
+  void await_upload_impl(uint64_t ticket) override { finish_uploads(ticket); }
+  // Deferred uploads (DPRUN_CPU_DEFER_UPLOADS=1, for tests): copies in ticket order up to
+  // `ticket`, reading their sources now.
+  void finish_uploads(uint64_t ticket);
 
   /// The shared scratch of this backend's plans, made anew when no plan holds it.
   std::shared_ptr<SharedScratch> shared_scratch();
@@ -257,6 +261,19 @@ class CpuBackend final : public Backend {
 
   int threads_ = 1;
   uint64_t uploads_ = 0;  // upload_async tickets given
+  // With DPRUN_CPU_DEFER_UPLOADS=1, upload_async only records its copy, and wait_upload or
+  // await_upload does it, reading the source then: the latest a GPU's copy stream may. A
+  // caller that reads the destination before await_upload, or rewrites the source before
+  // wait_upload, then computes other bits, which the streamed-data tests would see (on a GPU
+  // it would be a race that may or may not show).
+  struct PendingUpload {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    uint64_t ticket;
+  };
+  bool defer_uploads_ = false;
+  std::vector<PendingUpload> pending_uploads_;
   CpuKernels kernels_;               // resolved: onednn or blas
   std::string kernels_description_;  // "oneDNN 2.6.3 avx512_core_bf16", "OpenBLAS 0.3.21 SkylakeX"
   std::shared_ptr<OnednnContext> onednn_;  // with the oneDNN kernels only; plans share it
