@@ -23,8 +23,6 @@ namespace {
 // largest batches).
 constexpr int64_t kChunkSteps = 16;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 int64_t shard_offset(int64_t n, int64_t k, int64_t g) {
   return g * (n / k) + std::min<int64_t>(g, n % k);
 }

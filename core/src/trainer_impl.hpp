@@ -20,6 +20,8 @@ namespace dp {
 /// Sizes of k shards of a batch of n, empty shards allowed (an epoch's last batch may hold fewer
 /// examples than there are replicas): the first n % k get one more (trainer.cpp).
 std::vector<int64_t> split(int64_t n, int k);
+/// a / b rounded up (a >= 0, b > 0).
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct Trainer::Impl {
   struct Replica {
