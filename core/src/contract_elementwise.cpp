@@ -27,12 +27,13 @@ void Backend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx)
   if (y.numel() > 0) run([=, this] { relu_backward_impl(y, dy, dx); });
 }
 
-void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y) {
+void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) {
   const Checker check(*this, "add");
   check.tensor(a, DType::f32, "a");
   check.like(b, a, "b", "a");
   check.like(y, a, "y", "a");
-  if (a.numel() > 0) run([=, this] { add_impl(a, b, y); });
+  if (!std::isfinite(alpha)) check.fail("alpha must be finite, got " + std::to_string(alpha));
+  if (a.numel() > 0) run([=, this] { add_impl(a, b, y, alpha); });
 }
 
 void Backend::scale(const Tensor& t, float alpha) {

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -369,6 +370,22 @@ TEST_CASE("cpu add (with aliasing) and scale", "[cpu][ops]") {
       backend->add(host_tensor(a3, s, layout), host_tensor(b3, s, layout),
                    host_tensor(b3, s, layout));
       CHECK(b3 == y);
+      // y = a + alpha * b, rounded once (fma); alpha = 1 is a + b exactly.
+      for (float alpha : {-1.0f, 0.1f, 0.0f}) {
+        INFO("alpha " << alpha);
+        fvec a4 = a, b4 = b, y4(a.size());
+        backend->add(host_tensor(a4, s, layout), host_tensor(b4, s, layout),
+                     host_tensor(y4, s, layout), alpha);
+        for (size_t i = 0; i < y4.size(); ++i)
+          CHECK(y4[i] == static_cast<float>(double{a[i]} + double{alpha} * b[i]));
+        backend->add(host_tensor(a4, s, layout), host_tensor(b4, s, layout),
+                     host_tensor(a4, s, layout), alpha);  // y aliases a
+        CHECK(a4 == y4);
+      }
+      fvec a5 = a, b5 = b;
+      backend->add(host_tensor(a5, s, layout), host_tensor(b5, s, layout),
+                   host_tensor(a5, s, layout), 1.0f);
+      CHECK(a5 == y);
       fvec t = a;
       backend->scale(host_tensor(t, s, layout), -2.5f);
       dvec scaled(a.size());
@@ -383,6 +400,12 @@ TEST_CASE("cpu add (with aliasing) and scale", "[cpu][ops]") {
                      host_tensor(y, {1, 4, 1, 1}));
       },
       {"add", "layout"});
+  check_error_mentions(
+      [&] {
+        backend->add(host_tensor(a, {1, 4, 1, 1}), host_tensor(b, {1, 4, 1, 1}),
+                     host_tensor(y, {1, 4, 1, 1}), std::numeric_limits<float>::quiet_NaN());
+      },
+      {"add", "alpha must be finite"});
 }
 
 // ---- loss and metrics --------------------------------------------------------------------------

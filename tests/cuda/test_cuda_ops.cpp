@@ -497,6 +497,10 @@ TEST_CASE("cuda relu, add, scale, fill match the cpu backend", "[cuda]") {
     B.cpu->add(y.t.c(), b.t.c(), y.t.c());
     B.gpu->add(y.t.g(), b.t.g(), y.t.g());
     CHECK(y.gpu() == y.cpu());
+    // y = y + alpha * b: one rounding (fma) on both.
+    B.cpu->add(y.t.c(), b.t.c(), y.t.c(), -0.3f);
+    B.gpu->add(y.t.g(), b.t.g(), y.t.g(), -0.3f);
+    CHECK(y.gpu() == y.cpu());
     B.cpu->scale(y.t.c(), -0.37f);
     B.gpu->scale(y.t.g(), -0.37f);
     CHECK(y.gpu() == y.cpu());

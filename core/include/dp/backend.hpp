@@ -355,8 +355,8 @@ class Backend {
   void global_avgpool_backward(const Tensor& dy, const Tensor& dx);
 
   // ---- elementwise (same shape and layout) ----------------------------------------------------
-  /// y = a + b; y may alias a or b.
-  void add(const Tensor& a, const Tensor& b, const Tensor& y);
+  /// y = a + alpha * b; y may alias a or b. With alpha = 1 (the default) exactly a + b.
+  void add(const Tensor& a, const Tensor& b, const Tensor& y, float alpha = 1.0f);
   /// t *= alpha.
   void scale(const Tensor& t, float alpha);
 
@@ -477,7 +477,7 @@ class Backend {
                                      const Tensor& dy, const Tensor& dx) = 0;
   virtual void global_avgpool_forward_impl(const Tensor& x, const Tensor& y) = 0;
   virtual void global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) = 0;
-  virtual void add_impl(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  virtual void add_impl(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) = 0;
   virtual void scale_impl(const Tensor& t, float alpha) = 0;
   virtual void softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels,
                                           float grad_scale, const Tensor& dlogits,

@@ -221,7 +221,7 @@ class CpuBackend final : public Backend {
   void global_avgpool_forward_impl(const Tensor& x, const Tensor& y) override;
   void global_avgpool_backward_impl(const Tensor& dy, const Tensor& dx) override;
 
-  void add_impl(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void add_impl(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) override;
   void scale_impl(const Tensor& t, float alpha) override;
 
   void softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,

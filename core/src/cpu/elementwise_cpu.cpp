@@ -1,6 +1,8 @@
 // Elementwise ops on the CPU: ReLU, add, scale. They see memory as a flat array, so they work in
 // every layout (both operands must share it). The loops are compiled per instruction set
 // (DP_CPU_LOOPS).
+#include <cmath>
+
 #include "cpu/cpu_backend.hpp"
 
 namespace dp::cpu {
@@ -18,9 +20,15 @@ DP_CPU_LOOPS void relu_backward_loop(int threads, const float* y, const float* d
   for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-DP_CPU_LOOPS void add_loop(int threads, const float* a, const float* b, float* y, int64_t n) {
+DP_CPU_LOOPS void add_loop(int threads, const float* a, const float* b, float* y, int64_t n,
+                          float alpha) {
+  if (alpha == 1.0f) {
 #pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+    for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+    return;
+  }
+#pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = std::fma(alpha, b[i], a[i]);
 }
 
 DP_CPU_LOOPS void scale_loop(int threads, float* p, float alpha, int64_t n) {
@@ -41,9 +49,10 @@ void CpuBackend::relu_backward_impl(const Tensor& y, const Tensor& dy, const Ten
   relu_backward_loop(threads_, y.f32(), dy.f32(), dx.f32(), y.numel());
 }
 
-// a, b -> y = a + b (same shape and layout); y may alias a or b.
-void CpuBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& y) {
-  add_loop(threads_, a.f32(), b.f32(), y.f32(), a.numel());
+// a, b -> y = a + alpha * b (same shape and layout), one rounding (fma, as the cuda kernel);
+// y may alias a or b.
+void CpuBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) {
+  add_loop(threads_, a.f32(), b.f32(), y.f32(), a.numel(), alpha);
 }
 
 // t *= alpha, any shape and layout.

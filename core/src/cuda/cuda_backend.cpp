@@ -364,9 +364,9 @@ void CudaBackend::relu_backward_impl(const Tensor& y, const Tensor& dy, const Te
   kernels::relu_backward(y.f32(), dy.f32(), dx.f32(), y.numel(), stream_);
 }
 
-void CudaBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& y) {
+void CudaBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) {
   activate();
-  kernels::add(a.f32(), b.f32(), y.f32(), a.numel(), stream_);
+  kernels::add(a.f32(), b.f32(), y.f32(), a.numel(), alpha, stream_);
 }
 
 void CudaBackend::scale_impl(const Tensor& t, float alpha) {

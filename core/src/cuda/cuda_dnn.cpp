@@ -55,7 +55,7 @@ float* CudaBackend::bn_scratch_for(int64_t rows, int64_t c, const char* op) {
 }
 
 void CudaBackend::apply_epilogue(const Tensor& y, const BnEpilogue& epilogue) {
-  if (epilogue.residual != nullptr) add_impl(y, *epilogue.residual, y);
+  if (epilogue.residual != nullptr) add_impl(y, *epilogue.residual, y, 1.0f);
   if (epilogue.relu) relu_forward_impl(y, y);
 }
 

@@ -30,7 +30,8 @@ void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream);
 /// dx = y > 0 ? dy : 0; dx may alias dy.
 void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream);
 /// y = a + b; y may alias a or b.
-void add(const float* a, const float* b, float* y, int64_t n, cudaStream_t stream);
+/// y = a + alpha * b (alpha = 1: exactly a + b).
+void add(const float* a, const float* b, float* y, int64_t n, float alpha, cudaStream_t stream);
 /// t *= alpha.
 void scale(float* t, int64_t n, float alpha, cudaStream_t stream);
 /// y (N,C,HW) += b (C) broadcast over n and hw. A row-major (N, C) matrix is nhwc with hw = 1.
