@@ -128,7 +128,7 @@ Tensor Conv2d::do_forward(RunContext& ctx, const Tensor& x) {
   x_ = x;
   const Tensor y = view(y_, x.shape[0], x.layout);
   const Tensor w = ctx.params.param(w_);
-  if (b_.valid()) {
+  if (b_.valid() && !bias_folded_) {
     const Tensor b = ctx.params.param(b_);
     ctx.backend.conv_forward(*plan_, x, w, &b, y);
   } else {
@@ -144,11 +144,14 @@ BackwardSchedule::Handle Conv2d::schedule_backward(BackwardSchedule& s,
 
 Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   const Tensor dw = ctx.params.grad(w_);
-  if (b_.valid()) {
+  if (b_.valid() && !bias_folded_) {
     const Tensor db = ctx.params.grad(b_);
     ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, &db);
   } else {
     ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr);
+    // Folded into the batch norm after it, which removes any per-channel constant: the bias's
+    // exact gradient is 0 (the unfolded reduction gives 0 up to rounding).
+    if (b_.valid()) ctx.backend.fill(ctx.params.grad(b_), 0.0f);
   }
   ctx.gradient_ready(w_);
   ctx.gradient_ready(b_);
@@ -174,9 +177,32 @@ void BatchNorm2d::declare(ParamRegistry& registry, const std::string& prefix) {
   var_ = registry.add_buffer(prefix + "running_var", {c_}, Init::ones());
 }
 
+void BatchNorm2d::fold_bias_of(Conv2d& conv) {
+  const std::string me = "BatchNorm2d(" + std::to_string(c_) + ")";
+  DP_CHECK(input_shape().rank == 0, me + ": fold_bias_of after setup; fold before");
+  DP_CHECK(bias_of_ == nullptr, me + " already adds a convolution's bias");
+  DP_CHECK(conv.opt_.bias, me + ": the convolution has no bias to fold");
+  DP_CHECK(!conv.bias_folded_, me + ": the convolution's bias is already folded elsewhere");
+  DP_CHECK(conv.out_ == c_, me + ": the convolution gives " + std::to_string(conv.out_) +
+                                " channels");
+  conv.bias_folded_ = true;
+  bias_of_ = &conv;
+}
+
+bool BatchNorm2d::fold_previous(Module& previous) {
+  auto* conv = dynamic_cast<Conv2d*>(&previous);
+  if (conv == nullptr || !conv->opt_.bias || conv->bias_folded_ || conv->out_ != c_ ||
+      bias_of_ != nullptr || input_shape().rank != 0) {
+    return false;
+  }
+  fold_bias_of(*conv);
+  return true;
+}
+
 void BatchNorm2d::describe(std::ostream& os, int indent) const {
   os << "BatchNorm2d(" << c_ << ", eps=" << detail::py_float(eps_)
      << ", momentum=" << detail::py_float(momentum_) << ", affine=True, track_running_stats=True)";
+  if (bias_of_ != nullptr) os << " + conv bias";
   if (fused_.residual) os << " + residual";
   if (fused_.relu) os << " + ReLU";
   detail::end_description(os, *this, indent);
@@ -194,6 +220,13 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
   save_mean_ = ctx.arena.allocate({c_});
   save_invstd_ = ctx.arena.allocate({c_});
   stats_ = ctx.arena.allocate({4 * c_});
+  if (bias_of_ != nullptr) {
+    DP_CHECK(input.rank == 4 && bias_of_->bias().valid(),
+             "BatchNorm2d(" + std::to_string(c_) +
+                 "): the folded convolution's bias is not declared, or the input is not (N, C, "
+                 "H, W)");
+    shifted_mean_ = ctx.arena.allocate({c_});
+  }
   ctx.backend.prepare_batchnorm(input, l);
   return input;
 }
@@ -224,6 +257,10 @@ Tensor BatchNorm2d::forward_synchronised(RunContext& ctx, const Tensor& x, const
   b.batchnorm_apply_stats(x, ctx.params.param(gamma_), ctx.params.param(beta_), mean, var,
                           ctx.params.buffer(mean_), ctx.params.buffer(var_), momentum_, eps_, count,
                           save_mean_, save_invstd_, y, epilogue);
+  if (bias_of_ != nullptr) {
+    b.add(ctx.params.buffer(mean_), ctx.params.param(bias_of_->bias()), ctx.params.buffer(mean_),
+          momentum_);
+  }
   sync_count_ = count;
   return y;
 }
@@ -274,6 +311,14 @@ Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
     sync_count_ = 0;
     ctx.backend.batchnorm_forward_train(x, gamma, beta, mean, var, momentum_, eps_, save_mean_,
                                         save_invstd_, y, epilogue);
+    // The statistics were of the input without the folded bias: its mean lacks the bias.
+    if (bias_of_ != nullptr) {
+      ctx.backend.add(mean, ctx.params.param(bias_of_->bias()), mean, momentum_);
+    }
+  } else if (bias_of_ != nullptr) {
+    // (x + bias) - running_mean = x - (running_mean - bias)
+    ctx.backend.add(mean, ctx.params.param(bias_of_->bias()), shifted_mean_, -1.0f);
+    ctx.backend.batchnorm_forward_infer(x, gamma, beta, shifted_mean_, var, eps_, y, epilogue);
   } else {
     ctx.backend.batchnorm_forward_infer(x, gamma, beta, mean, var, eps_, y, epilogue);
   }

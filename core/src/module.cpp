@@ -183,6 +183,7 @@ Sequential& Sequential::add(const std::string& name, std::unique_ptr<Module> m) 
            "Sequential::add: module name '" + name + "' must be non-empty and contain no '.'");
   for (const auto& [n, _] : mods_)
     DP_CHECK(n != name, "Sequential::add: a module named '" + name + "' already exists");
+  if (!mods_.empty()) m->fold_previous(*mods_.back().second);
   mods_.emplace_back(name, std::move(m));
   return *this;
 }

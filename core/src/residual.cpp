@@ -2,7 +2,8 @@
 // shortcut: x or conv3 (1x1, stride); out = ReLU(main + shortcut). The ReLUs and the add are
 // fused into the batch norms: bn1 + ReLU, and bn2 + shortcut + ReLU, which also gives back the
 // gradient of the sum (masked by the ReLU) that goes into the shortcut. Backward sends that
-// gradient into both branches and adds their input gradients.
+// gradient into both branches and adds their input gradients. conv1's and conv2's biases are
+// folded into bn1 and bn2 (see BatchNormFused).
 #include <ostream>
 
 #include "dp/error.hpp"
@@ -22,6 +23,9 @@ Residual::Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv, 
   if (use_1x1conv) conv3_ = std::make_unique<Conv2d>(in_channels, out_channels, 1, stride, 0);
   bn1_ = std::make_unique<BatchNorm2d>(out_channels, 1e-5f, 0.1f, BatchNorm2d::Fused{false, true});
   bn2_ = std::make_unique<BatchNorm2d>(out_channels, 1e-5f, 0.1f, BatchNorm2d::Fused{true, true});
+  // The batch norms add their convolution's bias (the same values, two passes fewer each).
+  bn1_->fold_bias_of(*conv1_);
+  bn2_->fold_bias_of(*conv2_);
 }
 
 // Declaration order follows d2l's attribute order, so the flat layout matches its state_dict.

@@ -570,8 +570,8 @@ TEST_CASE("describe() prints like PyTorch with output shapes", "[engine][layers]
         "  (conv2): Conv2d(4, 4, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1))\n"
         "  (conv3): Conv2d(3, 4, kernel_size=(1, 1), stride=(2, 2))\n"
         "  (bn1): BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)"
-        " + ReLU\n"
+        " + conv bias + ReLU\n"
         "  (bn2): BatchNorm2d(4, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)"
-        " + residual + ReLU\n"
+        " + conv bias + residual + ReLU\n"
         ")\n");
 }

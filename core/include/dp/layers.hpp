@@ -30,14 +30,23 @@ class Conv2d : public Module {
   BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
                                              const BackwardSchedule::Handle& dy) override;
 
+  int64_t out_channels() const { return out_; }
+  /// The bias parameter (after declare(); invalid without a bias).
+  ParamHandle bias() const { return b_; }
+  /// Whether the batch norm after it adds the bias instead (BatchNorm2d::fold_bias_of): then
+  /// forward leaves it out and backward writes its gradient as 0.
+  bool bias_folded() const { return bias_folded_; }
+
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
   Tensor do_forward(RunContext& ctx, const Tensor& x) override;
   Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
 
  private:
+  friend class BatchNorm2d;  // fold_bias_of sets bias_folded_
   int64_t in_, out_;
   Options opt_;
+  bool bias_folded_ = false;
   std::string name_;  // the dotted path, for the backend's messages ("resnet_block2.0.conv1")
   ParamHandle w_, b_;
   std::unique_ptr<ConvPlan> plan_;
@@ -52,6 +61,15 @@ class Conv2d : public Module {
 /// the values are those of the separate layers; fused, the CPU backend and the CUDA backend in
 /// NHWC write the output in the same pass that normalises (the CUDA backend in NCHW runs cuDNN's
 /// batch norm, then the add and the ReLU as passes of their own).
+///
+/// What comes before it can be folded in too: the bias of the convolution that feeds it
+/// (fold_bias_of; Sequential does it for a Conv2d followed by a BatchNorm2d, and Residual for
+/// its conv1/bn1 and conv2/bn2). In training, normalisation removes a per-channel constant, so
+/// the output, the input gradient and the convolution's weight gradient do not depend on that
+/// bias, and its exact gradient is 0: the convolution skips the bias add and the bias gradient's
+/// reduction (two passes over its output on the GPU), and the batch norm adds momentum * bias to
+/// the running mean, whose update saw the mean without it. In evaluation it normalises with
+/// running_mean - bias. Checkpoints keep the bias where PyTorch has it, with PyTorch's meaning.
 struct BatchNormFused {
   bool residual = false;  // out = bn(x) + residual: forward with forward(ctx, x, residual)
   bool relu = false;      // then max(., 0)
@@ -78,6 +96,13 @@ class BatchNorm2d : public Module {
   /// In the memory plan's walk, after this layer's schedule_backward: the planned buffers
   /// epilogue_gradient() may live in (a residual block reads them in its shortcut's step).
   const BackwardSchedule::Handle& scheduled_epilogue() const { return epilogue_handle_; }
+
+  /// Takes over the bias of `conv`, whose output only this layer reads (see BatchNormFused's
+  /// comment). Before setup; conv must have a bias not folded elsewhere and this layer's channel
+  /// count, and this layer no other folded bias. Throws dp::Error otherwise.
+  void fold_bias_of(Conv2d& conv);
+  /// A Conv2d with a bias that is not folded yet, of this layer's channel count: fold_bias_of.
+  bool fold_previous(Module& previous) override;
 
   BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
                                              const BackwardSchedule::Handle& dy) override;
@@ -106,6 +131,8 @@ class BatchNorm2d : public Module {
   BackwardSchedule::Handle epilogue_handle_;  // where epilogue_grad_ lives, for the memory plan
   Tensor stats_;            // (4C): mean, var, then the backward sums (2C), for the allreduces
   int64_t sync_count_ = 0;  // values per channel over every replica in the last sync forward
+  Conv2d* bias_of_ = nullptr;  // the convolution whose bias this layer adds (fold_bias_of)
+  Tensor shifted_mean_;        // (C) with bias_of_: running_mean - bias, for evaluation
 };
 
 class ReLU : public Module {
@@ -226,7 +253,7 @@ class Linear : public Module {
 /// The d2l residual block: y = ReLU(bn2(conv2(ReLU(bn1(conv1(x))))) + shortcut(x)) where
 /// shortcut is x, or conv3(x) (1x1, stride) when use_1x1conv. Children are named conv1, conv2,
 /// conv3, bn1, bn2 as in d2l's Residual. Both ReLUs and the add are fused into the batch norms
-/// (bn1 + ReLU; bn2 + shortcut + ReLU).
+/// (bn1 + ReLU; bn2 + shortcut + ReLU), and conv1's and conv2's biases into bn1 and bn2.
 class Residual : public Module {
  public:
   Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv = false, int64_t stride = 1);

@@ -169,6 +169,11 @@ class Module {
   /// overrides it, and so does a container whose children do).
   virtual BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
                                                      const BackwardSchedule::Handle& dy);
+  /// Asked by Sequential::add when this module is added right after `previous`, whose output
+  /// only this module reads: it may take over the last thing `previous` computes, with the same
+  /// values (a batch norm takes a convolution's bias: BatchNorm2d::fold_bias_of). Returns
+  /// whether it did. The default takes nothing.
+  virtual bool fold_previous(Module& previous) { return false; }
 
  protected:
   virtual Shape do_setup(SetupContext& ctx, const Shape& input) = 0;
