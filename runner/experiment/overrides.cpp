@@ -100,7 +100,7 @@ void apply_overrides(toml::table& root, const std::vector<std::string>& override
         for (const auto& group : *zip)
           if (const auto* g = group.as_table(); g != nullptr && sets_key(*g, key)) swept = true;
       if (swept) {
-        const std::string as_sweep = key.find('.') == std::string::npos ? key : quoted(key);
+        const std::string as_sweep = key.find('.') == std::string::npos ? key : detail::quoted(key);
         diag.add(here, "train." + key,
                  "the file sweeps " + key + " in [sweep], which replaces [train]'s value: "
                  "override the sweep instead, e.g. --set 'sweep." + as_sweep + "=[...]'");

@@ -218,7 +218,7 @@ void check_search(SearchConfig& search, const std::vector<TrialSpec>& trials, Po
   } else if ((search.metric == "val_acc" || search.metric == "val_loss") &&
              with_validation < trials.size()) {
     diag.add(at, "search.metric",
-             "metric " + quoted(search.metric) + " needs a validation split in every trial (" +
+             "metric " + detail::quoted(search.metric) + " needs a validation split in every trial (" +
                  std::to_string(trials.size() - with_validation) + " have none): set validation");
   }
 }

@@ -59,7 +59,10 @@ void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& e
     const dps::TrialSummary& t = found->second;
     std::string note = t.trial.error;
     if (auto nl = note.find('\n'); nl != std::string::npos) note = note.substr(0, nl);
-    if (note.size() > 80) note = note.substr(0, 77) + "...";
+    if (note.size() > 80) {
+      note.resize(77);  // not substr(0, 77) + "...", which GCC 12 -O3 warns falsely about
+      note += "...";
+    }
     table.push_back(
         {trial_display_name(spec), dps::status_name(t.trial.status),
          std::to_string(t.trial.epochs_done) + "/" + std::to_string(spec.settings[key::epochs]),

@@ -23,7 +23,9 @@ skip() {
 [[ -n $py ]] || skip "no python3 here imports torch and numpy (Debian: apt-get install python3-torch): bench/pytorch_gpu.py was not run"
 [[ -f $DATA/train-images-idx3-ubyte.gz ]] || skip "Fashion-MNIST not found in $DATA (set DPRUN_TEST_DATA): bench/pytorch_gpu.py was not run"
 
-"$py" "$SRC/bench/pytorch_gpu.py" --device cpu --data "$DATA" --batches 4,6 --steps 1 --warmup 1 \
+# One batch size: the loop over batches is the same code for each, and ResNet-18's bf16 steps on
+# the CPU take seconds each (half of this test's time went to a second batch size).
+"$py" "$SRC/bench/pytorch_gpu.py" --device cpu --data "$DATA" --batches 4 --steps 1 --warmup 1 \
   --json "$T/out.json" >"$T/log" 2>&1
 rc=$?
 cat "$T/log"
@@ -32,7 +34,7 @@ cat "$T/log"
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d["results"]
-want = {(m, p, l, b, c) for m in ("lenet", "resnet18") for b in (4, 6)
+want = {(m, p, l, b, c) for m in ("lenet", "resnet18") for b in (4,)
         for p, l in (("tf32", "nchw"), ("tf32", "nhwc"), ("fp32", "nchw"), ("bf16", "nhwc"))
         for c in (False, True)}
 got = {(r["model"], r["precision"], r["layout"], r["batch"], r["cudnn_benchmark"]) for r in rows}
