@@ -2,6 +2,8 @@
 // and its options in [data.<dataset>], each checked against what the dataset declares, as
 // [model.<model>] tables are against the model's plugin.
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "experiment/experiment_detail.hpp"
 
@@ -28,31 +30,43 @@ const dp::OptionSpec* find_data_option(const dp::DatasetFactory& f, const std::s
   return nullptr;
 }
 
-// [data.<name>]: its options, read into `out` when `name` is the dataset the file trains on.
-void read_options_table(const std::string& name, const toml::node& n, Pos key_pos,
-                        Validator& val, Validated& out, const std::string& chosen) {
+// Dataset `name`, whose options are given at `path` ([data.NAME] or a sweep key): null
+// (reported) when it is unknown or not `chosen`, the dataset the file trains on.
+const dp::DatasetFactory* options_dataset(const std::string& name, const std::string& path, Pos pos,
+                                          Validator& val, const std::string& chosen,
+                                          const char* how) {
   Diagnostics& diag = val.diag();
-  const std::string path = "data." + name;
   const auto& datasets = val.catalog().datasets;
   auto it = datasets.find(name);
   if (it == datasets.end()) {
-    diag.add(key_pos, path,
+    diag.add(pos, path,
              "unknown dataset " + quoted(name) + typo_hint(name, val.dataset_names()) + " (" +
-                 val.known_datasets() + "; [data.NAME] holds the options of dataset NAME)");
-    return;
+                 val.known_datasets() + "; " + how + ")");
+    return nullptr;
   }
   if (name != chosen) {
-    diag.add(key_pos, path,
+    diag.add(pos, path,
              "options for dataset " + name + ", but the experiment trains on " + chosen +
-                 " ([data] dataset = " + quoted(chosen) +
-                 "): set the dataset, or remove the table");
-    return;
+                 " ([data] dataset = " + quoted(chosen) + "): set the dataset, or remove " +
+                 (path.find('.', 5) == std::string::npos ? "the table" : "the key"));
+    return nullptr;
   }
+  return &it->second;
+}
+
+// [data.<name>]: its options, read into `out` when `name` is the dataset the file trains on.
+void read_options_table(const std::string& name, const toml::node& n, Pos key_pos, Validator& val,
+                        Validated& out, const std::string& chosen) {
+  Diagnostics& diag = val.diag();
+  const std::string path = "data." + name;
+  const dp::DatasetFactory* dataset = options_dataset(
+      name, path, key_pos, val, chosen, "[data.NAME] holds the options of dataset NAME");
+  if (dataset == nullptr) return;
   for (auto [ok, on] : in_file_order(*n.as_table())) {
     const std::string option(ok->str());
     const std::string opath = path + "." + option;
     const Pos opos = pos_of(ok->source(), key_pos);
-    const dp::OptionSpec* spec = find_data_option(it->second, option, opath, opos, diag);
+    const dp::OptionSpec* spec = find_data_option(*dataset, option, opath, opos, diag);
     if (!spec) continue;
     if (auto v = val.read_option_value(*spec, name, *on, opath, opos, false, "dataset"))
       out.data_options[option] = *v;
@@ -60,6 +74,35 @@ void read_options_table(const std::string& name, const toml::node& n, Pos key_po
 }
 
 }  // namespace
+
+const dp::OptionSpec* sweep_data_option(Validator& val, const std::string& key,
+                                        const std::string& path, Pos pos, const std::string& chosen,
+                                        std::string& dataset) {
+  if (key == "data") {  // data.arrays.classes = [...] unquoted: a table "data"
+    val.diag().add(pos, path,
+                   "to sweep a dataset option, quote the key: \"data." + chosen +
+                       ".<option>\" = [...] (a bare dotted key makes a table)");
+    return nullptr;
+  }
+  std::vector<std::string> parts(1);  // the key split at its dots
+  for (char ch : key) {
+    if (ch == '.')
+      parts.emplace_back();
+    else
+      parts.back() += ch;
+  }
+  if (parts.size() != 3 || parts[0] != "data" || parts[1].empty() || parts[2].empty()) {
+    val.diag().add(pos, path,
+                   "a dataset option axis is written \"data.<dataset>.<option>\", e.g. "
+                   "\"data.stripes.noise\" = [0.1, 0.3]");
+    return nullptr;
+  }
+  dataset = parts[1];
+  const std::string& option = parts[2];
+  const dp::DatasetFactory* f = options_dataset(
+      dataset, path, pos, val, chosen, "\"data.NAME.OPTION\" sweeps option OPTION of dataset NAME");
+  return f == nullptr ? nullptr : find_data_option(*f, option, path, pos, val.diag());
+}
 
 void read_data_table(const toml::table& t, Validator& val, Validated& out) {
   Diagnostics& diag = val.diag();

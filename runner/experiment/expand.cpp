@@ -70,14 +70,18 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     return {};
   }
 
-  // The dataset's options: its declared defaults, then [data.<dataset>] (one dataset per file).
-  std::string data_options = "{}";
-  if (auto d = catalog.datasets.find(v.dataset); d != catalog.datasets.end()) {
-    dp::DatasetOptions resolved;
-    for (const auto& o : d->second.options) resolved[o.name] = o.default_value;
-    for (const auto& [name, val] : v.data_options) resolved[name] = option_value(val.value);
-    data_options = options_json(resolved);
+  // The dataset's options: its declared defaults, then [data.<dataset>] (one dataset per file),
+  // then per trial its "data.<dataset>.<option>" sweep keys. "{}" for a dataset the catalog
+  // lacks (reported elsewhere).
+  const bool known_dataset = catalog.datasets.count(v.dataset) > 0;
+  dp::DatasetOptions file_data_options;
+  if (known_dataset) {
+    for (const auto& o : catalog.datasets.at(v.dataset).options)
+      file_data_options[o.name] = o.default_value;
+    for (const auto& [name, val] : v.data_options)
+      file_data_options[name] = option_value(val.value);
   }
+  const std::string data_prefix = "data." + v.dataset + ".";
   std::vector<TrialSpec> trials;
   std::map<std::string, size_t> hashes;  // config hash -> index of its trial
   std::set<std::string> reported_merge;  // keys already reported as merging trials
@@ -89,11 +93,15 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     // inputs imply; then those set outside [train] and [sweep].
     std::map<std::string, SettingValue> given;
     for (const auto& [key, b] : v.bindings)
-      if (key.rfind("model.", 0) != 0) given[key] = t.get(key)->value;
+      if (key.rfind("model.", 0) != 0 && key.rfind("data.", 0) != 0) given[key] = t.get(key)->value;
     TrialSettings s = settings_from_keys(*v.settings, given);
     s.set("dataset", v.dataset);
     s.set("data_path", v.data_path);
-    s.set("data_options", data_options);
+    dp::DatasetOptions data_options = file_data_options;
+    for (const auto& [key, b] : v.bindings)
+      if (key.rfind(data_prefix, 0) == 0)
+        data_options[key.substr(data_prefix.size())] = option_value(t.get(key)->value);
+    s.set("data_options", known_dataset ? options_json(data_options) : std::string("{}"));
     const std::string model = s[key::model];
     const int64_t gpus = s[key::gpus];
     const int64_t batch_size = s[key::batch_size];
@@ -215,7 +223,7 @@ std::vector<TrialSpec> expand(const Validated& v, const ModelCatalog& catalog,
     }
     if (scaled && !lr_shown && !v.axes.empty()) label += " lr=" + lr_text();
 
-    TrialSpec spec{0, s, resolved, "", "", ""};
+    TrialSpec spec{0, s, resolved, "", "", "", known_dataset ? data_options : dp::DatasetOptions{}};
     spec.canonical = canonical_settings(s);
     spec.config_hash = config_hash(s);
     spec.label = label;

@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "experiment/experiment_detail.hpp"
@@ -38,7 +38,7 @@ class FileReader {
   FileReader(Validator& val, const toml::table& root) : val_(val), diag_(val.diag()), root_(root) {}
 
   detail::Validated read(Experiment& ex) {
-    static const std::vector<std::string> sections = {"experiment", "data",   "train", "model",
+    static const std::vector<std::string> sections = {"experiment", "data",  "train", "model",
                                                       "search",     "sweep", "launch"};
     for (auto [k, n] : in_file_order(root_)) {
       const std::string name(k->str());
@@ -171,8 +171,8 @@ class FileReader {
     if (!spec) {
       const auto known = val_.settings().keys();
       diag_.add(kpos, path,
-                "unknown key" + typo_hint(name, known) + " (known keys: " + join(known, ", ", false) +
-                    ")");
+                "unknown key" + typo_hint(name, known) +
+                    " (known keys: " + join(known, ", ", false) + ")");
       return;
     }
     given_.push_back({name, path, kpos});
@@ -279,11 +279,16 @@ class FileReader {
     Pos kpos = pos_of(k.source(), pos_of(n.source(), out_.sweep_pos));
     Pos vpos = pos_of(n.source(), kpos);
     // A plugin option axis: "model.lenet.hidden" = [64, 128] (quoted: a bare dotted key
-    // would collide with the model list).
+    // would collide with the model list), or a dataset option axis: "data.stripes.noise".
     const Setting* spec = nullptr;
     const dp::OptionSpec* option = nullptr;
-    std::string model;
-    if (key.rfind("model.", 0) == 0) {
+    std::string model;           // the option's owner: a model, or the dataset
+    const char* kind = "model";  // which, for read_option_value's messages
+    if (key == "data" || key.rfind("data.", 0) == 0) {
+      kind = "dataset";
+      option = detail::sweep_data_option(val_, key, path, kpos, out_.dataset, model);
+      if (!option) return std::nullopt;
+    } else if (key.rfind("model.", 0) == 0) {
       auto dot = key.find('.', 6);
       if (dot == std::string::npos || dot == 6 || dot + 1 == key.size() ||
           key.find('.', dot + 1) != std::string::npos) {
@@ -302,7 +307,8 @@ class FileReader {
         if (!in_zip) known.push_back("zip");
         diag_.add(kpos, path,
                   "unknown key" + typo_hint(key, known) +
-                      "; a sweep takes the keys of [train], \"model.<model>.<option>\"" +
+                      "; a sweep takes the keys of [train], \"model.<model>.<option>\", "
+                      "\"data.<dataset>.<option>\"" +
                       (in_zip ? "" : " and [[sweep.zip]] groups"));
         return std::nullopt;
       }
@@ -316,7 +322,7 @@ class FileReader {
     }
     auto read = [&](const toml::node& v, const std::string& p, bool list) {
       return spec ? val_.read_train_value(*spec, v, p, vpos, list)
-                  : val_.read_option_value(*option, model, v, p, vpos, list);
+                  : val_.read_option_value(*option, model, v, p, vpos, list, kind);
     };
     if (option) given_.push_back({key, path, kpos});
     if (n.is_table()) {

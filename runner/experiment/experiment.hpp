@@ -59,6 +59,7 @@ struct TrialSpec {
   std::string canonical;           // the canonical serialisation (for debugging / plan)
   /// The axis values that vary in this sweep, "gpus=2 batch_size=512 lr=0.2", for display.
   std::string label;
+  dp::DatasetOptions data_options;  // resolved dataset options (as the data_options setting)
 };
 
 /// [search]: how the trials are searched beyond running each to its end.

@@ -102,7 +102,7 @@ void check_search(SearchConfig& search, const std::vector<TrialSpec>& trials, Po
 struct SampledKey {
   std::string key, path;
   Pos value_pos, key_pos;
-  const Setting* setting;       // one of the two
+  const Setting* setting;  // one of the two
   const dp::OptionSpec* option;
   bool in_zip;
 };
@@ -169,6 +169,13 @@ class Validator;
 /// Reads [data] (dataset, path, and the [data.<dataset>] options table) into `out`, reporting
 /// every problem. The dataset must be known to the catalog (built in or from a plugin).
 void read_data_table(const toml::table& t, Validator& val, Validated& out);
+/// The option of a dataset option axis, [sweep] key "data.<dataset>.<option>" at `path`, and
+/// its dataset in `dataset`: null (reported) when the key is not of that form (a bare "data":
+/// the key was not quoted), or the dataset
+/// is unknown, is not `chosen` (the one the experiment trains on) or declares no such option.
+const dp::OptionSpec* sweep_data_option(Validator& val, const std::string& key,
+                                        const std::string& path, Pos pos, const std::string& chosen,
+                                        std::string& dataset);
 
 /// "an integer" / "a list of integers" for a plugin option of the type of `v`.
 std::string option_type(const dp::OptionValue& v, bool list);

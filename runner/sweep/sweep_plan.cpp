@@ -51,9 +51,14 @@ std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec) {
     v[recorded[i]->column] = text;
     if (!recorded[i]->key.empty()) v[recorded[i]->key] = text;
   }
-  for (const auto& [name, value] : spec.model_options)
-    v["option." + name] = std::holds_alternative<double>(value) ? num(std::get<double>(value))
-                                                                : dp::option_to_string(value);
+  auto text = [](const dp::OptionValue& value) {
+    return std::holds_alternative<double>(value) ? num(std::get<double>(value))
+                                                 : dp::option_to_string(value);
+  };
+  for (const auto& [name, value] : spec.model_options) v["option." + name] = text(value);
+  // A dataset option answers to its sweep key, "data.<dataset>.<option>".
+  for (const auto& [name, value] : spec.data_options)
+    v["data." + spec.settings[key::dataset] + "." + name] = text(value);
   return v;
 }
 
@@ -84,7 +89,8 @@ bool trial_matches(const TrialSpec& spec,
       for (const auto& k : known) list += k + ", ";
       throw UsageError("--filter " + key + "=" + wanted + ": unknown setting \"" + key + "\"" +
                        (hint.empty() ? "" : "; did you mean " + hint + "?") + " (known: " + list +
-                       "option.NAME for a model option, tag for a tag given with dprun tag)");
+                       "option.NAME for a model option, data.DATASET.NAME for a dataset option, "
+                       "tag for a tag given with dprun tag)");
     }
     bool ok = it != values.end() && same_value(it->second, wanted);
     matched[key] = matched[key] || ok;

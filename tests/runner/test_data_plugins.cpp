@@ -6,12 +6,15 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli_helpers.hpp"
 #include "experiment_helpers.hpp"
 #include "models/plugin_loader.hpp"
 #include "support/arrays_files.hpp"
 #include "support/check.hpp"
+#include "sweep/sweep_runner.hpp"
 
 using Catch::Contains;
 using exptest::error_of;
@@ -26,8 +29,9 @@ const std::string kTrain = "[train]\nmodel = \"lenet\"\n";
 }  // namespace
 
 TEST_CASE("[data.NAME]: the dataset's options, resolved into data_options", "[data-plugins]") {
-  auto ex = parse(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\ntrain = \"a.st\"\n"
-                          "classes = 3\n" +
+  auto ex = parse(kHead +
+                  "[data]\ndataset = \"arrays\"\n[data.arrays]\ntrain = \"a.st\"\n"
+                  "classes = 3\n" +
                   kTrain);
   REQUIRE(ex.trials.size() == 1);
   const auto& s = ex.trials[0].settings;
@@ -67,8 +71,8 @@ TEST_CASE("identity: the canonical text of Fashion-MNIST, MNIST and CIFAR-10 tri
 }
 
 TEST_CASE("[data.NAME] errors name file:line:column, the key and the value", "[data-plugins]") {
-  auto unknown = error_of(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\ntrian = \"x\"\n" +
-                          kTrain);
+  auto unknown =
+      error_of(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\ntrian = \"x\"\n" + kTrain);
   CHECK(unknown.key() == "data.arrays.trian");
   CHECK(unknown.line() == 6);
   CHECK(unknown.column() == 1);
@@ -77,14 +81,14 @@ TEST_CASE("[data.NAME] errors name file:line:column, the key and the value", "[d
                       "did you mean \"train\"? (known options: train: string = "
                       "\"train.safetensors\""));
 
-  auto type = error_of(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\nclasses = \"ten\"\n" +
-                       kTrain);
+  auto type =
+      error_of(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\nclasses = \"ten\"\n" + kTrain);
   CHECK(std::string(type.what()) ==
         "t.toml:6:11: data.arrays.classes: expected an integer (option classes of dataset arrays "
         "is int), got \"ten\"");
 
-  auto other = error_of(kHead + "[data]\ndataset = \"mnist\"\n[data.arrays]\nclasses = 3\n" +
-                        kTrain);
+  auto other =
+      error_of(kHead + "[data]\ndataset = \"mnist\"\n[data.arrays]\nclasses = 3\n" + kTrain);
   CHECK(other.key() == "data.arrays");
   CHECK_THAT(std::string(other.what()),
              Contains("options for dataset arrays, but the experiment trains on mnist"));
@@ -106,6 +110,75 @@ TEST_CASE("[data.NAME] errors name file:line:column, the key and the value", "[d
   auto no_options = error_of(kHead + "[data]\ndataset = \"mnist\"\n[data.mnist]\nx = 1\n" + kTrain);
   CHECK_THAT(std::string(no_options.what()),
              Contains("unknown option \"x\" of dataset mnist (the dataset takes no options)"));
+}
+
+TEST_CASE("a sweep over the dataset's options: a trial per value, each with its own identity",
+          "[data-plugins][experiment]") {
+  auto ex = parse(kHead + "[data]\ndataset = \"arrays\"\n[data.arrays]\ntrain = \"a.st\"\n" +
+                  kTrain + "[sweep]\n\"data.arrays.classes\" = [3, 5]\nlr = [0.1, 0.2]\n");
+  REQUIRE(ex.trials.size() == 4);
+  CHECK(ex.trials[0].settings[dprun::key::data_options] ==
+        R"({"classes":3,"layout":"auto","test":"test.safetensors","train":"a.st"})");
+  CHECK(ex.trials[2].settings[dprun::key::data_options] ==
+        R"({"classes":5,"layout":"auto","test":"test.safetensors","train":"a.st"})");
+  CHECK(ex.trials[0].label == "data.arrays.classes=3 lr=0.1");
+  CHECK(ex.trials[3].label == "data.arrays.classes=5 lr=0.2");
+  CHECK(ex.trials[0].config_hash != ex.trials[2].config_hash);
+  CHECK(std::get<int64_t>(ex.trials[2].data_options.at("classes")) == 5);
+  // --filter answers to the sweep key.
+  using F = std::vector<std::pair<std::string, std::string>>;
+  CHECK(dprun::trial_matches(ex.trials[2], F{{"data.arrays.classes", "5"}}));
+  CHECK_FALSE(dprun::trial_matches(ex.trials[0], F{{"data.arrays.classes", "5"}}));
+  CHECK_THROWS_WITH(dprun::trial_matches(ex.trials[0], F{{"data.arrays.clases", "5"}}),
+                    Contains("data.DATASET.NAME for a dataset option"));
+
+  // In a zip group, beside a [train] key.
+  auto zip = parse(kHead + "[data]\ndataset = \"arrays\"\n" + kTrain +
+                   "[[sweep.zip]]\n\"data.arrays.layout\" = [\"nchw\", \"nhwc\"]\n"
+                   "batch_size = [64, 128]\n");
+  REQUIRE(zip.trials.size() == 2);
+  CHECK(std::get<std::string>(zip.trials[1].data_options.at("layout")) == "nhwc");
+  CHECK(zip.trials[1].settings[dprun::key::batch_size] == 128);
+
+  // Sampled, as a model option is.
+  auto sampled = parse(kHead + "[data]\ndataset = \"arrays\"\n" + kTrain +
+                       "[search]\nsamples = 6\n[sweep]\n"
+                       "\"data.arrays.classes\" = { int_uniform = [2, 9] }\n");
+  REQUIRE(sampled.trials.size() >= 2);  // equal draws are one trial
+  for (const auto& t : sampled.trials) {
+    const int64_t classes = std::get<int64_t>(t.data_options.at("classes"));
+    CHECK(classes >= 2);
+    CHECK(classes <= 9);
+    CHECK_THAT(t.settings[dprun::key::data_options],
+               Contains("\"classes\":" + std::to_string(classes) + ","));
+  }
+}
+
+TEST_CASE("dataset option axes: errors name file:line:column, the key and the value",
+          "[data-plugins][experiment]") {
+  const std::string head = kHead + "[data]\ndataset = \"arrays\"\n" + kTrain + "[sweep]\n";
+  auto other = error_of(head + "\"data.mnist.classes\" = [3, 5]\n");
+  CHECK(other.key() == "sweep.data.mnist.classes");
+  CHECK(other.line() == 8);
+  CHECK_THAT(std::string(other.what()),
+             Contains("options for dataset mnist, but the experiment trains on arrays") &&
+                 Contains("remove the key"));
+  auto option = error_of(head + "\"data.arrays.clases\" = [3, 5]\n");
+  CHECK_THAT(std::string(option.what()),
+             Contains("unknown option \"clases\" of dataset arrays; did you mean \"classes\"?"));
+  auto type = error_of(head + "\"data.arrays.classes\" = [3, \"five\"]\n");
+  CHECK_THAT(std::string(type.what()),
+             Contains("sweep.data.arrays.classes[1]: expected an integer (option classes of "
+                      "dataset arrays is int), got \"five\""));
+  auto shape = error_of(head + "\"data.arrays\" = [3, 5]\n");
+  CHECK_THAT(std::string(shape.what()),
+             Contains("a dataset option axis is written \"data.<dataset>.<option>\""));
+  auto bare = error_of(head + "data.arrays.classes = [3, 5]\n");
+  CHECK_THAT(std::string(bare.what()),
+             Contains("to sweep a dataset option, quote the key: \"data.arrays.<option>\""));
+  auto unknown = error_of(head + "\"data.arays.classes\" = [3, 5]\n");
+  CHECK_THAT(std::string(unknown.what()),
+             Contains("unknown dataset \"arays\"; did you mean \"arrays\"?"));
 }
 
 TEST_CASE("a plugin's dataset is known to the parser through the catalog", "[data-plugins]") {
@@ -178,18 +251,18 @@ TEST_CASE("a trial trains on the arrays format, and on damaged files fails namin
 
   // dprun train: --dataset and --data-option.
   dptest::write_arrays_file(dir.path() + "/mine-test.safetensors", test);
-  r = clitest::run({"train", "--model", "lenet", "--dataset", "arrays", "--data", dir.path(),
-                    "--data-option", "train=mine-train.safetensors", "--data-option",
-                    "test=mine-test.safetensors", "--epochs", "1", "--batch-size", "32",
-                    "--backend", "cpu", "--threads", "1"},
-                   dir.path());
+  r = clitest::run(
+      {"train", "--model", "lenet", "--dataset", "arrays", "--data", dir.path(), "--data-option",
+       "train=mine-train.safetensors", "--data-option", "test=mine-test.safetensors", "--epochs",
+       "1", "--batch-size", "32", "--backend", "cpu", "--threads", "1"},
+      dir.path());
   DPRUN_REQUIRE_EXIT(r, 0);
   r = clitest::run({"train", "--model", "lenet", "--dataset", "arays"}, dir.path());
   DPRUN_CHECK_EXIT(r, 2);
   CHECK_THAT(r.err, Contains("--dataset arays: unknown dataset; did you mean arrays?"));
-  r = clitest::run({"train", "--model", "lenet", "--dataset", "arrays", "--data-option",
-                    "classes=many"},
-                   dir.path());
+  r = clitest::run(
+      {"train", "--model", "lenet", "--dataset", "arrays", "--data-option", "classes=many"},
+      dir.path());
   DPRUN_CHECK_EXIT(r, 2);
   CHECK_THAT(r.err, Contains("--data-option classes=many: expected an integer"));
 }
