@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "data_files.hpp"
@@ -26,14 +28,14 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-const SafeTensor& tensor(const SafeTensorsFile& f, const std::string& file, const char* name,
-                         const char* expected) {
+SafeTensor& tensor(SafeTensorsFile& f, const std::string& file, const char* name,
+                   const char* expected) {
   auto it = f.tensors.find(name);
   if (it != f.tensors.end()) return it->second;
   std::string have;
   for (const auto& [n, t] : f.tensors) have += (have.empty() ? "" : ", ") + n;
-  DP_THROW(file + ": no tensor \"" + name + "\", expected " + expected + " (the file has: " +
-           (have.empty() ? "no tensors" : have) + ")");
+  DP_THROW(file + ": no tensor \"" + name + "\", expected " + expected +
+           " (the file has: " + (have.empty() ? "no tensors" : have) + ")");
 }
 
 // The layout of a 4-D images tensor (see read_arrays in data.hpp for the rule).
@@ -100,8 +102,8 @@ int classes_from_metadata(const std::string& file, const SafeTensorsFile& f) {
 
 // The labels as bytes, each checked against the classes (the option's, else the metadata's,
 // else the byte range); max_label: the largest.
-std::vector<uint8_t> checked_labels(const std::string& file, const SafeTensor& labels,
-                                    int classes, int from_meta, int& max_label) {
+std::vector<uint8_t> checked_labels(const std::string& file, const SafeTensor& labels, int classes,
+                                    int from_meta, int& max_label) {
   const int limit = classes > 0 ? classes : from_meta > 0 ? from_meta : 256;
   const size_t width = labels.type == SafeTensor::Type::u8    ? 1
                        : labels.type == SafeTensor::Type::i64 ? 8
@@ -149,13 +151,19 @@ namespace detail {
 // read_arrays, also saying whether the classes came from the file's metadata.
 Dataset read_arrays_split(const std::string& file, const std::string& name, ArraysLayout layout,
                           int classes, bool& classes_from_file) {
-  const FileBytes raw = read_file_bytes(file, "a safetensors file of images and labels");
-  const SafeTensorsFile f =
-      decode_safetensors(std::string(raw.bytes.begin(), raw.bytes.end()), file);
-  const SafeTensor& images = tensor(f, file, "images", "U8 images, N x H x W, N x C x H x W or N x H x W x C");
+  // At most twice the file in memory: its bytes and the tensors decoded from them, then the
+  // tensors alone (an NHWC file's images are transposed into a second copy after that).
+  SafeTensorsFile f;
+  {
+    const FileBytes raw = read_file_bytes(file, "a safetensors file of images and labels");
+    f = decode_safetensors(
+        std::string_view(reinterpret_cast<const char*>(raw.bytes.data()), raw.bytes.size()), file);
+  }
+  SafeTensor& images =
+      tensor(f, file, "images", "U8 images, N x H x W, N x C x H x W or N x H x W x C");
   const SafeTensor& labels = tensor(f, file, "labels", "integer labels, one per image");
-  const std::string at_images = file + ": tensor images (offset " +
-                                std::to_string(images.file_offset) + ")";
+  const std::string at_images =
+      file + ": tensor images (offset " + std::to_string(images.file_offset) + ")";
   if (images.type != SafeTensor::Type::u8)
     DP_THROW(at_images + ": dtype " + safetensors_dtype(images.type) +
              ", expected U8 (pixel bytes 0..255; numpy: images.astype(np.uint8))");
@@ -181,11 +189,12 @@ Dataset read_arrays_split(const std::string& file, const std::string& name, Arra
                " gives " + std::to_string(c) + " channels, expected at most " +
                std::to_string(kMaxChannels) + " (is the layout the other one?)");
   }
-  const std::string at_labels = file + ": tensor labels (offset " +
-                                std::to_string(labels.file_offset) + ")";
+  const std::string at_labels =
+      file + ": tensor labels (offset " + std::to_string(labels.file_offset) + ")";
   if (labels.type == SafeTensor::Type::f32)
-    DP_THROW(at_labels + ": dtype F32, expected an integer dtype (U8, I16, U16, I32 or I64; "
-                         "numpy: labels.astype(np.int64))");
+    DP_THROW(at_labels +
+             ": dtype F32, expected an integer dtype (U8, I16, U16, I32 or I64; "
+             "numpy: labels.astype(np.int64))");
   if (labels.shape.size() != 1 || labels.shape[0] != s[0])
     DP_THROW(at_labels + ": shape " + shape_text(labels.shape) + ", expected [" +
              std::to_string(s[0]) + "]: one label per image (images has " + std::to_string(s[0]) +
@@ -204,7 +213,7 @@ Dataset read_arrays_split(const std::string& file, const std::string& name, Arra
   out.width = w;
   classes_from_file = classes == 0 && from_meta > 0;
   out.classes = classes > 0 ? classes : from_meta > 0 ? from_meta : max_label + 1;
-  out.images = to_nchw(images.u8, decided, out.count, c, h, w);
+  out.images = to_nchw(std::move(images.u8), decided, out.count, c, h, w);
   out.labels = std::move(label_bytes);
   return out;
 }
@@ -231,7 +240,8 @@ DatasetPair load_arrays(const std::string& train_file, const std::string& test_f
     return fs::path(f).is_absolute() ? f : (fs::path(out.directory) / f).string();
   };
   bool train_meta = false, test_meta = false;
-  out.train = detail::read_arrays_split(full(train_file), "arrays/train", layout, classes, train_meta);
+  out.train =
+      detail::read_arrays_split(full(train_file), "arrays/train", layout, classes, train_meta);
   out.test = detail::read_arrays_split(full(test_file), "arrays/test", layout, classes, test_meta);
   if (classes == 0) {
     if (train_meta && test_meta && out.train.classes != out.test.classes)

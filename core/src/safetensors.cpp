@@ -217,8 +217,8 @@ int64_t checked_numel(const std::string& path, const std::string& name,
 // One tensor of the header, its values copied out of `bytes` (data_start: where the tensors'
 // bytes begin in the file; data_bytes: how many there are).
 SafeTensor decode_tensor(const std::string& path, const std::string& name,
-                         const nlohmann::json& entry, const std::string& bytes,
-                         uint64_t data_start, uint64_t data_bytes) {
+                         const nlohmann::json& entry, std::string_view bytes, uint64_t data_start,
+                         uint64_t data_bytes) {
   const std::string dtype = entry.at("dtype").get<std::string>();
   SafeTensor t;
   bool known = false;
@@ -228,7 +228,8 @@ SafeTensor decode_tensor(const std::string& path, const std::string& name,
       known = true;
     }
   }
-  if (!known) bad(path, "tensor " + name + " has dtype " + dtype + "; dprun reads " + known_dtypes());
+  if (!known)
+    bad(path, "tensor " + name + " has dtype " + dtype + "; dprun reads " + known_dtypes());
   t.shape = entry.at("shape").get<std::vector<int64_t>>();
   const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
   if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_bytes) {
@@ -240,8 +241,8 @@ SafeTensor decode_tensor(const std::string& path, const std::string& name,
   const uint64_t tensor_bytes = offsets[1] - offsets[0];
   t.file_offset = data_start + offsets[0];
   if (tensor_bytes != count * element_bytes(t.type)) {
-    bad(path, "tensor " + name + " (offset " + std::to_string(t.file_offset) + "): " +
-                  std::to_string(tensor_bytes) + " bytes for its shape of " +
+    bad(path, "tensor " + name + " (offset " + std::to_string(t.file_offset) +
+                  "): " + std::to_string(tensor_bytes) + " bytes for its shape of " +
                   std::to_string(count) + " " + dtype + " values (" +
                   std::to_string(count * element_bytes(t.type)) + " bytes)");
   }
@@ -275,7 +276,7 @@ SafeTensor decode_tensor(const std::string& path, const std::string& name,
 
 }  // namespace
 
-SafeTensorsFile decode_safetensors(const std::string& bytes, const std::string& path) {
+SafeTensorsFile decode_safetensors(std::string_view bytes, const std::string& path) {
   const uint64_t size = bytes.size();
   if (size < 8)
     bad(path, "shorter than its 8-byte header length (" + std::to_string(size) + " bytes)");
@@ -287,7 +288,7 @@ SafeTensorsFile decode_safetensors(const std::string& bytes, const std::string& 
     bad(path, "its header (offset 8) says " + std::to_string(length) + " bytes, the file has " +
                   std::to_string(size - 8) + " after the length (truncated?)");
   }
-  const std::string text = bytes.substr(8, static_cast<size_t>(length));
+  const std::string text(bytes.substr(8, static_cast<size_t>(length)));
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);

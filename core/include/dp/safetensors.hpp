@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dp {
@@ -49,7 +50,7 @@ SafeTensorsFile read_safetensors(const std::string& path);
 std::string encode_safetensors(const SafeTensorsFile& file);
 /// Reads the bytes of a safetensors file; `name` (a path, or where the bytes came from) is what
 /// the error messages say. Throws dp::Error as read_safetensors does.
-SafeTensorsFile decode_safetensors(const std::string& bytes, const std::string& name);
+SafeTensorsFile decode_safetensors(std::string_view bytes, const std::string& name);
 /// Writes bytes to path atomically (a temporary file in the same folder, then rename).
 void write_bytes_atomically(const std::string& path, const std::string& bytes);
 
