@@ -276,9 +276,17 @@ TEST_CASE("scan_plugins finds good plugins and reports bad ones", "[plugins]") {
   CHECK(reported("libdprun_bad_old_abi.so: plugin ABI version 0"));
   CHECK(reported("libdprun_bad_no_models.so: exports dprun_plugin_abi but not"));
   CHECK(reported("libdprun_bad_throws.so: dprun_plugin_models() threw"));
+  // A plugin's dataset cannot take a built-in's name; its other datasets still load.
+  CHECK(
+      reported("libdprun_bad_builtin_name.so: dataset \"cifar10\": dprun has a built-in "
+               "dataset of this name, which a plugin cannot replace"));
+  CHECK(scan.datasets.at("cifar10").plugin_path.empty());  // the built-in, still
+  REQUIRE(scan.datasets.count("not-builtin") == 1);
+  CHECK(scan.datasets.at("not-builtin").plugin_path ==
+        canonical(kBadPluginDir + "/libdprun_bad_builtin_name.so"));
   CHECK(reported(tmp.path() + "/missing-folder: no such plugin file or folder"));
   CHECK_FALSE(reported("notes.txt"));
-  CHECK(scan.errors.size() == 7);
+  CHECK(scan.errors.size() == 8);
   REQUIRE(scan.skipped.size() == 2);
   CHECK(scan.skipped[0].find(canonical(tmp.path() + "/libmynet.so") +
                              ": not loaded: a plugin's file name is lib*dprun*.so") == 0);
