@@ -2,6 +2,8 @@
 #include "base/text.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <regex>
 
 namespace dprun {
@@ -54,6 +56,13 @@ std::string format_aligned(const std::vector<std::vector<std::string>>& rows,
   emit(rule);
   for (size_t i = 1; i < rows.size(); ++i) emit(rows[i]);
   return out;
+}
+
+std::string number_cell(const std::optional<double>& v, const char* format, bool finite_only) {
+  if (!v || (finite_only && !std::isfinite(*v))) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, *v);
+  return buf;
 }
 
 }  // namespace dprun

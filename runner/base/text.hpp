@@ -1,5 +1,6 @@
 #pragma once
 // Text layouts shared by the commands that print tables.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,5 +13,10 @@ bool looks_numeric(const std::string& s);
 /// with `indent`. Numbers are right-aligned.
 std::string format_aligned(const std::vector<std::vector<std::string>>& rows,
                            const std::string& indent = "");
+
+/// A table cell: `v` printed with `format` (a printf format of one double, "%.4f"), or "-" when
+/// there is no value, or when it is not finite and `finite_only`.
+std::string number_cell(const std::optional<double>& v, const char* format,
+                        bool finite_only = false);
 
 }  // namespace dprun

@@ -20,13 +20,6 @@ const char* const kShapeKeys[] = {"model",      "model_options", "dataset",     
                                   "processes",  "batch_size",    "train_limit", "test_limit",
                                   "validation", "precision",     "layout",      "backend_request"};
 
-std::string fixed(const std::optional<double>& v, const char* format) {
-  if (!v || !std::isfinite(*v)) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, format, *v);
-  return buf;
-}
-
 // The first `columns` columns of a line (UTF-8: continuation bytes take none).
 std::string cut(const std::string& s, size_t columns) {
   size_t w = 0;
@@ -294,10 +287,10 @@ std::string format_status(const SweepStatus& sweep, const StatusLayout& layout) 
         shorten(t.name, 44),
         t.state,
         std::to_string(t.epoch) + "/" + (t.epochs > 0 ? std::to_string(t.epochs) : "?"),
-        fixed(t.train_loss, "%.4f"),
-        fixed(t.test_acc, "%.4f")};
-    if (validation) row.push_back(fixed(t.val_acc, "%.4f"));
-    row.push_back(fixed(t.seconds_per_epoch, "%.2f"));
+        number_cell(t.train_loss, "%.4f", true),
+        number_cell(t.test_acc, "%.4f", true)};
+    if (validation) row.push_back(number_cell(t.val_acc, "%.4f", true));
+    row.push_back(number_cell(t.seconds_per_epoch, "%.2f", true));
     const auto eta = trial_eta(t, by_shape);
     row.push_back(eta ? format_duration(*eta) : is_left(t.state) ? "?" : "-");
     row.push_back(t.devices.empty() ? "-" : shorten(t.devices, 28));

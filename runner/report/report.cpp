@@ -117,13 +117,6 @@ std::vector<std::pair<std::string, std::string>> setting_texts(const SettingTabl
   return out;
 }
 
-std::string fixed(const std::optional<double>& v, const char* fmt) {
-  if (!v) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, fmt, *v);
-  return buf;
-}
-
 std::string joined_tags(const dps::TrialRow& trial) {
   std::string out;
   for (const auto& tag : trial.tags) out += (out.empty() ? "" : ",") + tag;
@@ -270,13 +263,13 @@ std::string format_report(dps::Store& store, const SettingTable& table) {
       for (const auto& [name, text] : settings[i])
         if (name == "epochs") epochs = text;
       cells.push_back(std::to_string(t.trial.epochs_done) + "/" + epochs);
-      cells.push_back(fixed(t.final_test_acc, "%.4f"));
-      cells.push_back(fixed(t.best_test_acc, "%.4f"));
-      cells.push_back(fixed(t.mean_seconds_per_epoch, "%.2f"));
+      cells.push_back(number_cell(t.final_test_acc, "%.4f"));
+      cells.push_back(number_cell(t.best_test_acc, "%.4f"));
+      cells.push_back(number_cell(t.mean_seconds_per_epoch, "%.2f"));
       const TrialThroughput tp = trial_throughput(store.epochs(t.trial.id));
-      cells.push_back(fixed(tp.examples_per_second, "%.0f"));
-      cells.push_back(tp.peak_memory_mib ? fixed(tp.peak_memory_mib, "%.0f") + " MiB" : "-");
-      cells.push_back(fixed(t.speedup, "%.2fx"));
+      cells.push_back(number_cell(tp.examples_per_second, "%.0f"));
+      cells.push_back(tp.peak_memory_mib ? number_cell(tp.peak_memory_mib, "%.0f") + " MiB" : "-");
+      cells.push_back(number_cell(t.speedup, "%.2fx"));
       cells.push_back(t.trial.backend.empty() ? "-" : t.trial.backend);
       if (any_tags) cells.push_back(joined_tags(t.trial));
       table.push_back(cells);

@@ -45,12 +45,6 @@ void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& e
   std::map<std::string, dps::TrialSummary> by_hash;
   for (auto& t : store.trial_summaries(experiment_id)) by_hash[t.trial.config_hash] = t;
 
-  auto fixed = [](const std::optional<double>& v, const char* fmt) -> std::string {
-    if (!v) return "-";
-    char buf[32];
-    std::snprintf(buf, sizeof buf, fmt, *v);
-    return buf;
-  };
   std::vector<std::vector<std::string>> table;
   table.push_back({"trial", "status", "epochs", "test_acc", "s/epoch", "devices", "note"});
   for (const TrialSpec& spec : experiment.trials) {
@@ -66,7 +60,7 @@ void print_summary(dps::Store& store, int64_t experiment_id, const Experiment& e
     table.push_back(
         {trial_display_name(spec), dps::status_name(t.trial.status),
          std::to_string(t.trial.epochs_done) + "/" + std::to_string(spec.settings[key::epochs]),
-         fixed(t.final_test_acc, "%.4f"), fixed(t.mean_seconds_per_epoch, "%.2f"),
+         number_cell(t.final_test_acc, "%.4f"), number_cell(t.mean_seconds_per_epoch, "%.2f"),
          devices_text(t.trial, spec.settings[key::processes]), note});
   }
   std::printf("\nexperiment %s:\n", experiment.name.c_str());
@@ -156,8 +150,8 @@ class Runs {
       // A Slurm task's asha job, decided by its submission.
       if (sweep.options.task_rung >= 0)
         jobs_[static_cast<int>(i)] =
-            AshaJob{i, sweep.options.task_rung, sweep.options.task_stop_after,
-                    AshaJob::Kind::start, work.trials[i]->row->status};
+            AshaJob{i, sweep.options.task_rung, sweep.options.task_stop_after, AshaJob::Kind::start,
+                    work.trials[i]->row->status};
       queue(static_cast<int>(i));
     }
   }
@@ -214,8 +208,8 @@ class Runs {
       if (!job) break;
       const int i = static_cast<int>(job->trial);
       const PlannedTrial& p = *work_.trials[static_cast<size_t>(i)];
-      if (!scheduler_.fits_now(device_need(*p.spec, sweep_.experiment, sweep_.options,
-                                           scheduler_.inventory())))
+      if (!scheduler_.fits_now(
+              device_need(*p.spec, sweep_.experiment, sweep_.options, scheduler_.inventory())))
         break;  // decided again when devices are free
       jobs_[i] = *job;
       queue(i);
@@ -239,9 +233,7 @@ class Runs {
         // Claimed only if the trial is still as the decision saw it.
         if (now) now->status = job->second.expected;
       }
-      const dps::TrialRow& row = now                         ? *now
-                                 : again != retry_rows_.end() ? again->second
-                                                              : *p.row;
+      const dps::TrialRow& row = now ? *now : again != retry_rows_.end() ? again->second : *p.row;
       const int64_t stop_after = job != jobs_.end() ? job->second.stop_after : 0;
       auto run = std::make_unique<TrialRun>(sweep_, *p.spec, row, i + 1, devices, stop_after);
       if (run->claim()) {
@@ -310,8 +302,8 @@ class Runs {
       queued_.erase(i);
       return true;
     }
-    scheduler_.add(i, device_need(*p.spec, sweep_.experiment, sweep_.options,
-                                  scheduler_.inventory()));
+    scheduler_.add(i,
+                   device_need(*p.spec, sweep_.experiment, sweep_.options, scheduler_.inventory()));
     return true;
   }
 
@@ -322,7 +314,7 @@ class Runs {
   ProcessSet<TrialRun> running_;
   bool any_failed_ = false;
   int interrupted_by_ = 0;
-  std::map<int, int64_t> retries_used_;       // by work index
+  std::map<int, int64_t> retries_used_;      // by work index
   std::map<int, dps::TrialRow> retry_rows_;  // the row a retry starts from
   std::set<int> queued_;                     // given to the scheduler and not yet ended
   std::set<int> given_up_;                   // failed in this run, retries spent
@@ -349,9 +341,8 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options,
   }
   const auto plan = plan_trials(experiment, stored, options, elsewhere);
   const Work work = work_of(plan, experiment.search.asha());
-  const auto to_run = std::count_if(plan.begin(), plan.end(), [](const PlannedTrial& p) {
-    return p.action == TrialAction::run;
-  });
+  const auto to_run = std::count_if(
+      plan.begin(), plan.end(), [](const PlannedTrial& p) { return p.action == TrialAction::run; });
   std::fprintf(stderr, "dprun: experiment %s: %zu trial%s, %zu to run%s, database %s\n",
                experiment.name.c_str(), plan.size(), plan.size() == 1 ? "" : "s",
                static_cast<size_t>(to_run),

@@ -16,6 +16,7 @@
 #include "support/arrays_files.hpp"
 #include "support/check.hpp"
 #include "support/env_var.hpp"
+#include "support/error_message.hpp"
 
 namespace fs = std::filesystem;
 using Catch::Contains;
@@ -23,17 +24,6 @@ using dp::ArraysLayout;
 using Type = dp::SafeTensor::Type;
 
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const dp::Error& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected a dp::Error, none was thrown");
-  return "";
-}
 
 // Every pixel and label of `d` against the synthetic definition (CHW per example).
 void check_examples(const dp::Dataset& d, const dptest::ArraysSpec& s) {
@@ -48,7 +38,8 @@ void check_examples(const dp::Dataset& d, const dptest::ArraysSpec& s) {
     if (d.labels[static_cast<size_t>(n)] != dptest::arrays_label(n, s.classes)) ++wrong;
     for (int c = 0; c < s.channels; ++c)
       for (int y = 0; y < s.height; ++y)
-        for (int x = 0; x < s.width; ++x) wrong += d.images[i++] != dptest::arrays_pixel(n, c, y, x);
+        for (int x = 0; x < s.width; ++x)
+          wrong += d.images[i++] != dptest::arrays_pixel(n, c, y, x);
   }
   CHECK(wrong == 0);
 }
@@ -120,8 +111,9 @@ TEST_CASE("read_arrays reads N x C x H x W, N x H x W x C and N x H x W images",
   }
 }
 
-TEST_CASE("read_arrays: the layout is the option's, the metadata's, or the only one the shape allows",
-          "[data][arrays]") {
+TEST_CASE(
+    "read_arrays: the layout is the option's, the metadata's, or the only one the shape allows",
+    "[data][arrays]") {
   dptest::TempDir dir;
   const std::string file = dir.path() + "/a.safetensors";
   dptest::ArraysSpec s;
@@ -130,7 +122,8 @@ TEST_CASE("read_arrays: the layout is the option's, the metadata's, or the only 
   s.height = 4;
   s.width = 4;  // N x 3 x 4 x 4: dimensions 1 and 3 could both be channels
   dptest::write_arrays_file(file, s);
-  const std::string why = error_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 0); });
+  const std::string why =
+      dptest::error_message_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 0); });
   CHECK_THAT(why, Contains(file + ": tensor images has shape [4, 3, 4, 4], which could be N x C x "
                                   "H x W or N x H x W x C") &&
                       Contains("layout = \"nchw\" or \"nhwc\""));
@@ -139,13 +132,14 @@ TEST_CASE("read_arrays: the layout is the option's, the metadata's, or the only 
   s.metadata = {{"layout", "nchw"}};
   dptest::write_arrays_file(file, s);
   check_examples(dp::read_arrays(file, "x", ArraysLayout::automatic, 0), s);
-  CHECK_THAT(error_of([&] { dp::read_arrays(file, "x", ArraysLayout::nhwc, 0); }),
+  CHECK_THAT(dptest::error_message_of([&] { dp::read_arrays(file, "x", ArraysLayout::nhwc, 0); }),
              Contains(file + ": option layout = \"nhwc\" but the file's __metadata__ says "
                              "\"nchw\""));
   s.metadata = {{"layout", "chw"}};
   dptest::write_arrays_file(file, s);
-  CHECK_THAT(error_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 0); }),
-             Contains("__metadata__ layout \"chw\", expected \"nchw\" or \"nhwc\""));
+  CHECK_THAT(
+      dptest::error_message_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 0); }),
+      Contains("__metadata__ layout \"chw\", expected \"nchw\" or \"nhwc\""));
 
   // Neither dimension can be a channel count: said, not guessed.
   s = {};
@@ -158,9 +152,10 @@ TEST_CASE("read_arrays: the layout is the option's, the metadata's, or the only 
   content.tensors["labels"].shape = {2};
   content.tensors["labels"].i64.resize(2);
   dp::write_safetensors(file, content);
-  CHECK_THAT(error_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 0); }),
-             Contains("could be neither N x C x H x W nor N x H x W x C with at most 4 channels"));
-  CHECK_THAT(error_of([&] { dp::read_arrays(file, "x", ArraysLayout::nhwc, 0); }),
+  CHECK_THAT(
+      dptest::error_message_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 0); }),
+      Contains("could be neither N x C x H x W nor N x H x W x C with at most 4 channels"));
+  CHECK_THAT(dptest::error_message_of([&] { dp::read_arrays(file, "x", ArraysLayout::nhwc, 0); }),
              Contains("gives 32 channels, expected at most 4"));
 }
 
@@ -170,7 +165,10 @@ TEST_CASE("read_arrays refuses damaged files, naming the file, the tensor and wh
   const std::string file = dir.path() + "/bad.safetensors";
   dptest::ArraysSpec s;
   s.count = 6;
-  auto read = [&] { return error_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 0); }); };
+  auto read = [&] {
+    return dptest::error_message_of(
+        [&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 0); });
+  };
   auto write = [&](const dp::SafeTensorsFile& f) { dp::write_safetensors(file, f); };
 
   SECTION("truncated") {
@@ -202,8 +200,8 @@ TEST_CASE("read_arrays refuses damaged files, naming the file, the tensor and wh
     images.f32.assign(images.u8.begin(), images.u8.end());
     images.u8.clear();
     write(f);
-    CHECK_THAT(read(), Contains(file + ": tensor images (offset ") &&
-                           Contains("dtype F32, expected U8"));
+    CHECK_THAT(read(),
+               Contains(file + ": tensor images (offset ") && Contains("dtype F32, expected U8"));
     f = dptest::arrays_content(s);
     auto& labels = f.tensors["labels"];
     labels.type = Type::f32;
@@ -238,10 +236,11 @@ TEST_CASE("read_arrays refuses damaged files, naming the file, the tensor and wh
     f.tensors["labels"].i64[4] = 12;
     write(f);
     const uint64_t offset = dp::read_safetensors(file).tensors.at("labels").file_offset + 4 * 8;
-    CHECK_THAT(error_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 10); }),
-               Contains(file + ": tensor labels: label 12 of example 4 (offset " +
-                        std::to_string(offset) + ") is out of range: expected 0..9 (option "
-                                                 "classes = 10)"));
+    CHECK_THAT(
+        dptest::error_message_of([&] { dp::read_arrays(file, "x", ArraysLayout::automatic, 10); }),
+        Contains(file + ": tensor labels: label 12 of example 4 (offset " + std::to_string(offset) +
+                 ") is out of range: expected 0..9 (option "
+                 "classes = 10)"));
     f.tensors["labels"].i64[4] = -1;
     write(f);
     CHECK_THAT(read(), Contains("label -1 of example 4") && Contains("expected 0..255"));
@@ -256,7 +255,8 @@ TEST_CASE("read_arrays refuses damaged files, naming the file, the tensor and wh
   }
   SECTION("not a file") {
     CHECK_THAT(read(), Contains(file + ": no such file"));
-    CHECK_THAT(error_of([&] { dp::read_arrays(dir.path(), "x", ArraysLayout::automatic, 0); }),
+    CHECK_THAT(dptest::error_message_of(
+                   [&] { dp::read_arrays(dir.path(), "x", ArraysLayout::automatic, 0); }),
                Contains(dir.path() + ": is a folder"));
   }
 }
@@ -274,8 +274,8 @@ TEST_CASE("load_arrays: classes agree across splits, files are found where datas
   dptest::write_arrays_file(folder + "/test.safetensors", test);
   // The given path, or the dataset's folder below it.
   for (const std::string& path : {folder, dir.path()}) {
-    const dp::DatasetPair p = dp::load_arrays("train.safetensors", "test.safetensors", path,
-                                              ArraysLayout::automatic, 0);
+    const dp::DatasetPair p =
+        dp::load_arrays("train.safetensors", "test.safetensors", path, ArraysLayout::automatic, 0);
     CHECK(p.directory == folder);
     CHECK(p.train.classes == 10);  // largest label 9 + 1, for both splits
     CHECK(p.test.classes == 10);
@@ -288,11 +288,11 @@ TEST_CASE("load_arrays: classes agree across splits, files are found where datas
     CHECK(p.train.count == 20);
     CHECK(p.test.name == "arrays/test");
   }
-  CHECK(dp::load_arrays("train.safetensors", "test.safetensors", folder, ArraysLayout::automatic,
-                        12)
-            .test.classes == 12);
+  CHECK(
+      dp::load_arrays("train.safetensors", "test.safetensors", folder, ArraysLayout::automatic, 12)
+          .test.classes == 12);
   // Not found: every place tried, and what to do.
-  CHECK_THAT(error_of([&] {
+  CHECK_THAT(dptest::error_message_of([&] {
                dp::load_arrays("mine.safetensors", "test.safetensors", folder,
                                ArraysLayout::automatic, 0);
              }),
@@ -308,7 +308,7 @@ TEST_CASE("load_arrays: classes agree across splits, files are found where datas
   test.metadata = {{"classes", "12"}};
   dptest::write_arrays_file(folder + "/train.safetensors", train);
   dptest::write_arrays_file(folder + "/test.safetensors", test);
-  CHECK_THAT(error_of([&] {
+  CHECK_THAT(dptest::error_message_of([&] {
                dp::load_arrays("train.safetensors", "test.safetensors", folder,
                                ArraysLayout::automatic, 0);
              }),
@@ -318,7 +318,7 @@ TEST_CASE("load_arrays: classes agree across splits, files are found where datas
   test.count = 3;
   test.width = 7;
   dptest::write_arrays_file(folder + "/test.safetensors", test);
-  CHECK_THAT(error_of([&] {
+  CHECK_THAT(dptest::error_message_of([&] {
                dp::load_arrays("train.safetensors", "test.safetensors", folder,
                                ArraysLayout::automatic, 0);
              }),

@@ -15,6 +15,7 @@
 #include "support/check.hpp"
 #include "support/cifar10_files.hpp"
 #include "support/env_var.hpp"
+#include "support/error_message.hpp"
 
 namespace fs = std::filesystem;
 
@@ -33,18 +34,6 @@ void write_gz(const std::string& file, const std::vector<uint8_t>& bytes) {
   REQUIRE(gzwrite(gz, bytes.data(), static_cast<unsigned>(bytes.size())) ==
           static_cast<int>(bytes.size()));
   REQUIRE(gzclose(gz) == Z_OK);
-}
-
-// The message of the dp::Error that `f` throws ("" and a failed check when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const dp::Error& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected a dp::Error, none was thrown");
-  return "";
 }
 
 // Checks `d` against the synthetic records numbered `first`.. in their definition's terms: a
@@ -113,42 +102,42 @@ TEST_CASE("read_cifar10 rejects damaged files, naming the file and what was expe
   SECTION("not a whole number of records") {
     bytes.resize(2 * 3073 + 2);
     write_raw(file, bytes);
-    CHECK_THAT(error_of([&] { dp::read_cifar10({file}, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_cifar10({file}, "t"); }),
                Contains(file + ": 6148 bytes is not a whole number of 3073-byte records (2 "
                                "records and 2 bytes over): truncated or not a CIFAR-10 binary "
                                "batch"));
     write_gz(file, bytes);
-    CHECK_THAT(error_of([&] { dp::read_cifar10({file}, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_cifar10({file}, "t"); }),
                Contains(file + ": 6148 bytes after gunzip is not a whole number of 3073-byte "
                                "records"));
   }
   SECTION("a label out of range, with the record and its offset") {
     bytes[17 * 3073] = 12;
     write_raw(file, bytes);
-    CHECK_THAT(error_of([&] { dp::read_cifar10({file}, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_cifar10({file}, "t"); }),
                Contains(file + ": record 17 (offset 52241): label 12, expected 0..9"));
   }
   SECTION("an empty file") {
     write_raw(file, {});
-    CHECK_THAT(error_of([&] { dp::read_cifar10({file}, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_cifar10({file}, "t"); }),
                Contains(file + ": empty file (0 bytes), expected CIFAR-10 records of 3073 bytes"));
   }
   SECTION("a missing file, a folder, no files") {
     write_raw(file, bytes);
     const std::string missing = tmp.path() + "/data_batch_4.bin";
-    CHECK_THAT(error_of([&] {
+    CHECK_THAT(dptest::error_message_of([&] {
                  dp::read_cifar10({file, missing}, "t");
                }),
                Contains(missing + ": no such file"));
-    CHECK_THAT(error_of([&] { dp::read_cifar10({tmp.path()}, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_cifar10({tmp.path()}, "t"); }),
                Contains(tmp.path() + ": is a folder, expected a CIFAR-10 binary batch"));
-    CHECK_THAT(error_of([&] { dp::read_cifar10({}, "cifar10/test"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_cifar10({}, "cifar10/test"); }),
                Contains("cifar10/test: no CIFAR-10 batch files given"));
   }
   SECTION("a good file after a bad one is never reached") {
     write_raw(tmp.path() + "/good.bin", dptest::cifar10_batch(0, 1));
     write_raw(file, {1, 2, 3});
-    CHECK_THAT(error_of([&] {
+    CHECK_THAT(dptest::error_message_of([&] {
                  dp::read_cifar10({tmp.path() + "/good.bin", file}, "t");
                }),
                Contains(file + ": 3 bytes is not a whole number"));
@@ -176,7 +165,7 @@ TEST_CASE("load_dataset reads cifar10: five training batches in order, then the 
   check_records(p.test, 1000000);
 
   write_raw(tmp.path() + "/test_batch.bin", {7});
-  CHECK_THAT(error_of([&] { dp::load_dataset("cifar10", tmp.path()); }),
+  CHECK_THAT(dptest::error_message_of([&] { dp::load_dataset("cifar10", tmp.path()); }),
              Contains(tmp.path() + "/test_batch.bin: 1 bytes is not a whole number"));
 }
 
@@ -209,7 +198,8 @@ TEST_CASE("resolve_dataset_directory for cifar10: the archive's folder, DPRUN_DA
     fs::remove(given.path() + "/cifar-10-batches-bin/data_batch_5.bin");
     EnvVar v("DPRUN_DATA", env.path());
     dptest::write_cifar10_folder(env.path(), 1, 1);  // never a silent fallback
-    const auto m = error_of([&] { dp::resolve_dataset_directory("cifar10", given.path()); });
+    const auto m =
+        dptest::error_message_of([&] { dp::resolve_dataset_directory("cifar10", given.path()); });
     CHECK_THAT(m, Contains("dataset cifar10 not found; looked for data_batch_1.bin[.gz], "
                            "data_batch_2.bin[.gz], data_batch_3.bin[.gz], data_batch_4.bin[.gz], "
                            "data_batch_5.bin[.gz] and test_batch.bin[.gz] in:"));
@@ -233,7 +223,7 @@ TEST_CASE("resolve_dataset_directory for cifar10: the archive's folder, DPRUN_DA
       return;
     }
     EnvVar v("DPRUN_DATA", env.path());
-    const auto m = error_of([&] { dp::resolve_dataset_directory("cifar10", ""); });
+    const auto m = dptest::error_message_of([&] { dp::resolve_dataset_directory("cifar10", ""); });
     CHECK_THAT(m, Contains(env.path() + "/cifar10 ($DPRUN_DATA/<dataset>): no such folder"));
     CHECK_THAT(m, Contains(env.path() + " ($DPRUN_DATA): missing data_batch_1.bin[.gz]"));
     CHECK_THAT(m, Contains(env.path() + "/cifar-10-batches-bin ($DPRUN_DATA, unpacked archive): "
@@ -244,7 +234,8 @@ TEST_CASE("resolve_dataset_directory for cifar10: the archive's folder, DPRUN_DA
   }
   SECTION("the archive's folder is only a CIFAR-10 place") {
     fs::create_directories(given.path() + "/cifar-10-batches-bin");
-    CHECK_THAT(error_of([&] { dp::resolve_dataset_directory("mnist", given.path()); }),
-               !Contains("unpacked archive"));
+    CHECK_THAT(
+        dptest::error_message_of([&] { dp::resolve_dataset_directory("mnist", given.path()); }),
+        !Contains("unpacked archive"));
   }
 }

@@ -17,6 +17,7 @@
 #include "dp/error.hpp"
 #include "support/check.hpp"
 #include "support/env_var.hpp"
+#include "support/error_message.hpp"
 
 namespace fs = std::filesystem;
 
@@ -95,18 +96,6 @@ void write_dataset(const std::string& dir, bool gz) {
 
 using dptest::EnvVar;
 
-// The message of the dp::Error that `f` throws ("" and a failed check when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const dp::Error& e) {
-    return e.what();
-  }
-  FAIL_CHECK("expected a dp::Error, none was thrown");
-  return "";
-}
-
 using Catch::Matchers::Contains;
 
 }  // namespace
@@ -155,14 +144,14 @@ TEST_CASE("read_idx rejects truncated files and trailing bytes", "[data]") {
   SECTION("images: one example short") {
     pixels.resize(pixels.size() - kRows * kCols);
     write_gz(images, images_bytes(kCount, kRows, kCols, pixels));
-    const auto m = error_of([&] { dp::read_idx(images, labels, "t"); });
+    const auto m = dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); });
     CHECK_THAT(m, Contains(images + ": truncated: header says 5 images of 3x4 (76 bytes), "
                                     "file has 64 bytes after gunzip"));
   }
   SECTION("images: trailing garbage") {
     pixels.push_back(0);
     write_raw(images, images_bytes(kCount, kRows, kCols, pixels));
-    const auto m = error_of([&] { dp::read_idx(images, labels, "t"); });
+    const auto m = dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); });
     CHECK_THAT(m, Contains(images + ": trailing bytes: header says 5 images of 3x4 (76 bytes), "
                                     "file has 77 bytes"));
   }
@@ -170,15 +159,15 @@ TEST_CASE("read_idx rejects truncated files and trailing bytes", "[data]") {
     write_raw(images, images_bytes(kCount, kRows, kCols, pixels));
     write_raw(labels, labels_bytes(kCount, {1, 2, 3}));
     CHECK_THAT(
-        error_of([&] { dp::read_idx(images, labels, "t"); }),
+        dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); }),
         Contains(labels + ": truncated: header says 5 labels (13 bytes), file has 11 bytes"));
     write_raw(labels, labels_bytes(kCount, {1, 2, 3, 4, 5, 6}));
-    CHECK_THAT(error_of([&] { dp::read_idx(images, labels, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); }),
                Contains(labels + ": trailing bytes"));
   }
   SECTION("shorter than the header") {
     write_raw(images, {0, 0, 8, 3, 0, 0});
-    CHECK_THAT(error_of([&] { dp::read_idx(images, labels, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); }),
                Contains(images + ": too short for an IDX images file: 6 bytes"));
   }
   SECTION("a gzip stream cut in the middle") {
@@ -190,7 +179,7 @@ TEST_CASE("read_idx rejects truncated files and trailing bytes", "[data]") {
     auto whole = read_all(images);
     whole.resize(whole.size() / 2);
     write_raw(images, whole);
-    CHECK_THAT(error_of([&] { dp::read_maybe_gzip(images); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_maybe_gzip(images); }),
                Contains(images + ": corrupt or truncated gzip data"));
   }
 }
@@ -202,19 +191,19 @@ TEST_CASE("read_idx rejects wrong magic numbers and bad dimensions", "[data]") {
   write_raw(labels, labels_bytes(kCount, kLabels));
 
   SECTION("images and labels swapped") {
-    const auto m = error_of([&] { dp::read_idx(labels, images, "t"); });
+    const auto m = dptest::error_message_of([&] { dp::read_idx(labels, images, "t"); });
     CHECK_THAT(m, Contains(labels + ": magic number 2049 (0x00000801), expected 2051 "
                                     "(0x00000803) for an IDX images file; this is a labels file"));
   }
   SECTION("labels file with another magic") {
     write_raw(labels, labels_bytes(kCount, kLabels, 2050));
-    const auto m = error_of([&] { dp::read_idx(images, labels, "t"); });
+    const auto m = dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); });
     CHECK_THAT(m, Contains(labels + ": magic number"));
     CHECK_THAT(m, Contains("expected 2049"));
   }
   SECTION("zero rows") {
     write_raw(images, images_bytes(kCount, 0, kCols, {}));
-    CHECK_THAT(error_of([&] { dp::read_idx(images, labels, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); }),
                Contains(images + ": header says images of 0x4"));
   }
 }
@@ -226,12 +215,12 @@ TEST_CASE("read_idx checks that counts agree and labels are in range", "[data]")
 
   SECTION("more images than labels") {
     write_raw(labels, labels_bytes(4, {1, 2, 3, 4}));
-    CHECK_THAT(error_of([&] { dp::read_idx(images, labels, "t"); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); }),
                Contains(images + " has 5 images but " + labels + " has 4 labels"));
   }
   SECTION("a label equal to the class count") {
     write_raw(labels, labels_bytes(kCount, {1, 2, 3, 10, 4}));
-    CHECK_THAT(error_of([&] { dp::read_idx(images, labels, "t", 10); }),
+    CHECK_THAT(dptest::error_message_of([&] { dp::read_idx(images, labels, "t", 10); }),
                Contains(labels + ": label 10 of example 3 is out of range: expected 0..9"));
     // The same file is fine for a dataset with more classes.
     CHECK(dp::read_idx(images, labels, "t", 11).labels[3] == 10);
@@ -242,9 +231,9 @@ TEST_CASE("read_idx names a missing file", "[data]") {
   dptest::TempDir tmp;
   const std::string images = tmp.path() + "/images", labels = tmp.path() + "/nope-labels";
   write_raw(images, images_bytes(kCount, kRows, kCols, sample_pixels()));
-  CHECK_THAT(error_of([&] { dp::read_idx(images, labels, "t"); }),
+  CHECK_THAT(dptest::error_message_of([&] { dp::read_idx(images, labels, "t"); }),
              Contains(labels + ": no such file"));
-  CHECK_THAT(error_of([&] { dp::read_maybe_gzip(tmp.path()); }),
+  CHECK_THAT(dptest::error_message_of([&] { dp::read_maybe_gzip(tmp.path()); }),
              Contains(tmp.path() + ": is a folder"));
 }
 
@@ -287,7 +276,7 @@ TEST_CASE("load_dataset reports a bad file with its name", "[data]") {
   write_dataset(tmp.path(), true);
   const std::string labels = tmp.path() + "/t10k-labels-idx1-ubyte.gz";
   write_gz(labels, labels_bytes(2, {4, 12}));
-  CHECK_THAT(error_of([&] { dp::load_dataset("fashion-mnist", tmp.path()); }),
+  CHECK_THAT(dptest::error_message_of([&] { dp::load_dataset("fashion-mnist", tmp.path()); }),
              Contains(labels + ": label 12 of example 1 is out of range"));
 }
 
@@ -310,7 +299,8 @@ TEST_CASE("resolve_dataset_directory: given path, then DPRUN_DATA, then the defa
     EnvVar v("DPRUN_DATA", env.path());
     const std::string bad = given.path() + "/empty";
     fs::create_directories(bad);
-    const auto m = error_of([&] { dp::resolve_dataset_directory("fashion-mnist", bad); });
+    const auto m =
+        dptest::error_message_of([&] { dp::resolve_dataset_directory("fashion-mnist", bad); });
     CHECK_THAT(m, Contains(bad + " (given path): missing train-images-idx3-ubyte[.gz]"));
     CHECK_THAT(m, Contains(bad + "/fashion-mnist (given path/<dataset>): no such folder"));
     CHECK_THAT(m, !Contains(env.path()));
@@ -338,7 +328,7 @@ TEST_CASE("resolve_dataset_directory: given path, then DPRUN_DATA, then the defa
       DPTEST_SKIPPED("/usr/share/datasets/mnist exists: the not-found case is not checked");
       return;
     }
-    const auto m = error_of([&] { dp::resolve_dataset_directory("mnist", ""); });
+    const auto m = dptest::error_message_of([&] { dp::resolve_dataset_directory("mnist", ""); });
     CHECK_THAT(m, Contains(env.path() + "/mnist ($DPRUN_DATA/<dataset>): missing "
                                         "t10k-images-idx3-ubyte[.gz]"));
     CHECK_THAT(m, Contains(env.path() + " ($DPRUN_DATA): missing train-images-idx3-ubyte[.gz] "
@@ -347,9 +337,10 @@ TEST_CASE("resolve_dataset_directory: given path, then DPRUN_DATA, then the defa
     CHECK_THAT(m, Contains("set DPRUN_DATA"));
   }
   SECTION("an unknown dataset lists the known ones") {
-    CHECK_THAT(error_of([&] { dp::resolve_dataset_directory("cifar100", given.path()); }),
-               Contains("unknown dataset \"cifar100\": known datasets are cifar10, "
-                        "fashion-mnist, mnist"));
+    CHECK_THAT(
+        dptest::error_message_of([&] { dp::resolve_dataset_directory("cifar100", given.path()); }),
+        Contains("unknown dataset \"cifar100\": known datasets are cifar10, "
+                 "fashion-mnist, mnist"));
   }
 }
 
