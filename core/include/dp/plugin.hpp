@@ -7,8 +7,10 @@
 //   DPRUN_PLUGIN(models)                          models only (every plugin before datasets)
 //   DPRUN_DATASET_PLUGIN(datasets)                datasets only
 //   DPRUN_PLUGIN_MODELS_AND_DATASETS(models, datasets)
-// The datasets alias is optional and new types travel only through it, so the ABI version
-// stays 1: a model plugin built before datasets existed loads unchanged.
+// The datasets alias is optional. The ABI version is that of the classes a plugin compiles
+// against (dp::Module's virtual functions, the layers' sizes, the factories): version 2 added
+// Module::fold_previous and the layers' bias fold, so a plugin built against version 1's headers
+// would call through another vtable and allocate layers too small; it is refused instead.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -20,7 +22,7 @@
 #include "dp/data.hpp"
 #include "dp/module.hpp"
 
-#define DPRUN_PLUGIN_ABI_VERSION 1u
+#define DPRUN_PLUGIN_ABI_VERSION 2u
 #define DPRUN_PLUGIN_MAGIC 0x4450524Eu /* "DPRN" */
 
 namespace dp {
