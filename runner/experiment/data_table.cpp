@@ -84,21 +84,30 @@ const dp::OptionSpec* sweep_data_option(Validator& val, const std::string& key,
                        ".<option>\" = [...] (a bare dotted key makes a table)");
     return nullptr;
   }
-  std::vector<std::string> parts(1);  // the key split at its dots
-  for (char ch : key) {
-    if (ch == '.')
-      parts.emplace_back();
-    else
-      parts.back() += ch;
+  // The experiment's own dataset first: its name may hold dots ([data."my.set"]).
+  const std::string own = "data." + chosen + ".";
+  std::string option;
+  if (key.size() > own.size() && key.compare(0, own.size(), own) == 0 &&
+      std::count(key.begin() + static_cast<std::ptrdiff_t>(own.size()), key.end(), '.') == 0) {
+    dataset = chosen;
+    option = key.substr(own.size());
+  } else {
+    std::vector<std::string> parts(1);  // the key split at its dots
+    for (char ch : key) {
+      if (ch == '.')
+        parts.emplace_back();
+      else
+        parts.back() += ch;
+    }
+    if (parts.size() != 3 || parts[0] != "data" || parts[1].empty() || parts[2].empty()) {
+      val.diag().add(pos, path,
+                     "a dataset option axis is written \"data.<dataset>.<option>\", e.g. "
+                     "\"data.stripes.noise\" = [0.1, 0.3]");
+      return nullptr;
+    }
+    dataset = parts[1];
+    option = parts[2];
   }
-  if (parts.size() != 3 || parts[0] != "data" || parts[1].empty() || parts[2].empty()) {
-    val.diag().add(pos, path,
-                   "a dataset option axis is written \"data.<dataset>.<option>\", e.g. "
-                   "\"data.stripes.noise\" = [0.1, 0.3]");
-    return nullptr;
-  }
-  dataset = parts[1];
-  const std::string& option = parts[2];
   const dp::DatasetFactory* f = options_dataset(
       dataset, path, pos, val, chosen, "\"data.NAME.OPTION\" sweeps option OPTION of dataset NAME");
   return f == nullptr ? nullptr : find_data_option(*f, option, path, pos, val.diag());

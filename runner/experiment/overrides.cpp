@@ -89,23 +89,30 @@ void apply_overrides(toml::table& root, const std::vector<std::string>& override
       }
     }
     const std::vector<std::string> path = key_path(doc);
-    // A [train] value is replaced by a [sweep] one: an override of train.X the file sweeps
-    // would change nothing, so say where to put it.
+    // A [train] value, or a model's or the dataset's option, is replaced by a [sweep] one: an
+    // override of one the file sweeps would change nothing, so say where to put it.
+    std::string swept_key, table;  // the key as [sweep] names it; the table the override writes to
     if (path.size() >= 2 && path[0] == "train") {
-      std::string key = path[1];  // a setting, or a group's (stop.patience)
-      for (size_t i = 2; i < path.size(); ++i) key += "." + path[i];
-      const toml::table* sweep = root["sweep"].as_table();
-      bool swept = sweep != nullptr && sets_key(*sweep, key);
-      if (const auto* zip = sweep ? (*sweep)["zip"].as_array() : nullptr)
-        for (const auto& group : *zip)
-          if (const auto* g = group.as_table(); g != nullptr && sets_key(*g, key)) swept = true;
-      if (swept) {
-        const std::string as_sweep = key.find('.') == std::string::npos ? key : detail::quoted(key);
-        diag.add(here, "train." + key,
-                 "the file sweeps " + key + " in [sweep], which replaces [train]'s value: "
-                 "override the sweep instead, e.g. --set 'sweep." + as_sweep + "=[...]'");
-        continue;
-      }
+      swept_key = path[1];  // a setting, or a group's (stop.patience)
+      for (size_t i = 2; i < path.size(); ++i) swept_key += "." + path[i];
+      table = "[train]";
+    } else if (path.size() == 3 && (path[0] == "model" || path[0] == "data")) {
+      swept_key = path[0] + "." + path[1] + "." + path[2];  // "model.lenet.hidden" in [sweep]
+      table = "[" + path[0] + "." + path[1] + "]";
+    }
+    const toml::table* sweep = root["sweep"].as_table();
+    bool swept = !swept_key.empty() && sweep != nullptr && sets_key(*sweep, swept_key);
+    if (const auto* zip = sweep && !swept_key.empty() ? (*sweep)["zip"].as_array() : nullptr)
+      for (const auto& group : *zip)
+        if (const auto* g = group.as_table(); g != nullptr && sets_key(*g, swept_key)) swept = true;
+    if (swept) {
+      const std::string as_sweep =
+          swept_key.find('.') == std::string::npos ? swept_key : detail::quoted(swept_key);
+      diag.add(here, table == "[train]" ? "train." + swept_key : swept_key,
+               "the file sweeps " + swept_key + " in [sweep], which replaces " + table +
+                   "'s value: override the sweep instead, e.g. --set 'sweep." + as_sweep +
+                   "=[...]'");
+      continue;
     }
     merge(root, doc);
   }

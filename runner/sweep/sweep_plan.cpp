@@ -34,7 +34,10 @@ std::optional<double> as_number(const std::string& s) {
   return d;
 }
 
-bool same_value(const std::string& stored, const std::string& wanted) {
+// A string is compared without quotes, written with or without them (layout=nhwc, "nhwc").
+bool same_value(const std::string& stored, std::string wanted) {
+  if (wanted.size() >= 2 && wanted.front() == '"' && wanted.back() == '"')
+    wanted = wanted.substr(1, wanted.size() - 2);
   auto a = as_number(stored), b = as_number(wanted);
   if (a && b) return std::fabs(*a - *b) <= 1e-12 * std::max({1.0, std::fabs(*a), std::fabs(*b)});
   return stored == wanted;
@@ -52,6 +55,7 @@ std::map<std::string, std::string> trial_setting_values(const TrialSpec& spec) {
     if (!recorded[i]->key.empty()) v[recorded[i]->key] = text;
   }
   auto text = [](const dp::OptionValue& value) {
+    if (const auto* s = std::get_if<std::string>(&value)) return *s;  // unquoted, as labels show it
     return std::holds_alternative<double>(value) ? num(std::get<double>(value))
                                                  : dp::option_to_string(value);
   };

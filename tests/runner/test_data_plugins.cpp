@@ -138,6 +138,10 @@ TEST_CASE("a sweep over the dataset's options: a trial per value, each with its 
                    "batch_size = [64, 128]\n");
   REQUIRE(zip.trials.size() == 2);
   CHECK(std::get<std::string>(zip.trials[1].data_options.at("layout")) == "nhwc");
+  // A string option is selected as its label shows it, with or without quotes.
+  CHECK(dprun::trial_matches(zip.trials[1], F{{"data.arrays.layout", "nhwc"}}));
+  CHECK(dprun::trial_matches(zip.trials[1], F{{"data.arrays.layout", "\"nhwc\""}}));
+  CHECK_FALSE(dprun::trial_matches(zip.trials[0], F{{"data.arrays.layout", "nhwc"}}));
   CHECK(zip.trials[1].settings[dprun::key::batch_size] == 128);
 
   // Sampled, as a model option is.
@@ -191,6 +195,16 @@ TEST_CASE("a plugin's dataset is known to the parser through the catalog", "[dat
   auto ex = dprun::parse_experiment(
       "t.toml", kHead + "[data]\ndataset = \"mine\"\n[data.mine]\nrows = 7\n" + kTrain, catalog);
   CHECK(ex.trials[0].settings[dprun::key::data_options] == R"({"rows":7})");
+  // A dataset whose name holds a dot can be swept too.
+  dp::DatasetFactory dotted = mine;
+  dotted.name = "my.set";
+  catalog.datasets["my.set"] = dotted;
+  auto swept = dprun::parse_experiment("t.toml",
+                                       kHead + "[data]\ndataset = \"my.set\"\n" + kTrain +
+                                           "[sweep]\n\"data.my.set.rows\" = [1, 2]\n",
+                                       catalog);
+  REQUIRE(swept.trials.size() == 2);
+  CHECK(swept.trials[1].settings[dprun::key::data_options] == R"({"rows":2})");
   // The scan holds the built-in datasets even where no plugin is found.
   const auto scan = dprun::scan_plugins({"/no/such/folder"});
   CHECK(scan.datasets.count("fashion-mnist") == 1);

@@ -2,7 +2,6 @@
 // distributions in [sweep]), the validation split and the stopping rule's settings, and the
 // rule itself on recorded metric sequences.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -97,15 +96,32 @@ TEST_CASE("overrides (--set) are checked as the file's, and errors name the over
   REQUIRE(errors.size() == 1);
   CHECK_THAT(errors[0].what(), Catch::Contains("override the sweep instead, e.g. --set 'sweep.lr"));
   // The same for a key of a group of settings, however the file writes it.
-  errors = override_errors(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\n\"stop.patience\" = [1, 2]\n",
-                           {"train.stop.patience=3"});
+  errors =
+      override_errors(kHead + "[train]\nmodel = \"lenet\"\n[sweep]\n\"stop.patience\" = [1, 2]\n",
+                      {"train.stop.patience=3"});
   REQUIRE(errors.size() == 1);
   CHECK_THAT(errors[0].what(), Catch::Contains("the file sweeps stop.patience"));
+  // And for a model's or the dataset's option the file sweeps.
+  errors = override_errors(
+      kHead + "[train]\nmodel = \"lenet\"\n[sweep]\n\"model.lenet.hidden\" = [32, 64]\n",
+      {"model.lenet.hidden=16"});
+  REQUIRE(errors.size() == 1);
+  CHECK_THAT(errors[0].what(),
+             Catch::Contains("the file sweeps model.lenet.hidden in [sweep], which replaces "
+                             "[model.lenet]'s value: override the sweep instead, e.g. --set "
+                             "'sweep.\"model.lenet.hidden\"=[...]'"));
+  errors = override_errors(kHead +
+                               "[data]\ndataset = \"arrays\"\n[train]\nmodel = \"lenet\"\n"
+                               "[sweep]\n\"data.arrays.classes\" = [3, 5]\n",
+                           {"data.arrays.classes=9"});
+  REQUIRE(errors.size() == 1);
+  CHECK_THAT(errors[0].what(), Catch::Contains("the file sweeps data.arrays.classes"));
   // A distribution given by --set replaces the file's, it is not merged into it.
-  const dprun::Experiment swapped = parse(
-      kHead + "[train]\nmodel = \"lenet\"\n[search]\nsamples = 4\n[sweep]\n"
-              "lr = {log_uniform = [0.001, 1.0]}\n",
-      with_sets({"sweep.lr={choice=[0.1, 0.2]}"}));
+  const dprun::Experiment swapped =
+      parse(kHead +
+                "[train]\nmodel = \"lenet\"\n[search]\nsamples = 4\n[sweep]\n"
+                "lr = {log_uniform = [0.001, 1.0]}\n",
+            with_sets({"sweep.lr={choice=[0.1, 0.2]}"}));
   REQUIRE(swapped.trials.size() == 2);  // 4 draws of two values: the two trials
   for (const auto& t : swapped.trials)
     CHECK((t.settings.number("lr") == 0.1 || t.settings.number("lr") == 0.2));
@@ -167,7 +183,8 @@ TEST_CASE("more samples extend the sequence, another seed draws another one",
   more.replace(more.find("samples = 16"), 12, "samples = 20");
   const dprun::Experiment a = parse(kSampled), b = parse(more);
   REQUIRE(b.trials.size() == 40);
-  for (size_t i = 0; i < a.trials.size(); ++i) CHECK(a.trials[i].config_hash == b.trials[i].config_hash);
+  for (size_t i = 0; i < a.trials.size(); ++i)
+    CHECK(a.trials[i].config_hash == b.trials[i].config_hash);
   std::string other = kSampled;
   other.replace(other.find("seed = 3"), 8, "seed = 4");
   const dprun::Experiment c = parse(other);
@@ -207,8 +224,9 @@ TEST_CASE("bad distributions are refused at the key", "[experiment][search]") {
                                        "[0.1, 1.0]}\n")
                  .what(),
              Catch::Contains("a distribution needs [search] samples = N"));
-  CHECK_THAT(exptest::error_of(kHead + "[train]\nmodel = \"lenet\"\n[search]\nsamples = 4\n").what(),
-             Catch::Contains("search.samples: no [sweep] key is a distribution"));
+  CHECK_THAT(
+      exptest::error_of(kHead + "[train]\nmodel = \"lenet\"\n[search]\nsamples = 4\n").what(),
+      Catch::Contains("search.samples: no [sweep] key is a distribution"));
   CHECK_THAT(exptest::error_of(head + "[[sweep.zip]]\nlr = {uniform = [0.1, 1.0]}\n").what(),
              Catch::Contains("a distribution cannot be in a zip group"));
 }
@@ -238,12 +256,12 @@ TEST_CASE("the validation split and the stopping rule are settings with their ow
 
   CHECK_THAT(exptest::error_of(kHead + "[train]\nmodel = \"lenet\"\nvalidation = 2.5\n").what(),
              Catch::Contains("train.validation: validation 2.5: a count of examples is a whole"));
-  CHECK_THAT(exptest::error_of(kHead + "[train]\nmodel = \"lenet\"\nstop.metric = \"val_acc\"\n")
-                 .what(),
-             Catch::Contains("stop.metric \"val_acc\" needs a validation split"));
-  CHECK_THAT(exptest::error_of(kHead + "[train]\nmodel = \"lenet\"\nstop = {patiense = 3}\n")
-                 .what(),
-             Catch::Contains("train.stop.patiense: unknown key; did you mean \"stop.patience\"?"));
+  CHECK_THAT(
+      exptest::error_of(kHead + "[train]\nmodel = \"lenet\"\nstop.metric = \"val_acc\"\n").what(),
+      Catch::Contains("stop.metric \"val_acc\" needs a validation split"));
+  CHECK_THAT(
+      exptest::error_of(kHead + "[train]\nmodel = \"lenet\"\nstop = {patiense = 3}\n").what(),
+      Catch::Contains("train.stop.patiense: unknown key; did you mean \"stop.patience\"?"));
 }
 
 TEST_CASE("the stopping rule stops at the right epoch on recorded metric sequences",
