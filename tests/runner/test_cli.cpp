@@ -8,6 +8,7 @@
 
 #include "cli_helpers.hpp"
 #include "dp/backend.hpp"
+#include "dp/plugin.hpp"
 #include "support/cifar10_files.hpp"
 
 namespace fs = std::filesystem;
@@ -271,7 +272,8 @@ TEST_CASE("plugins lists the models with their options", "[cli]") {
   DPRUN_REQUIRE_EXIT(r, 0);
   CHECK(r.out.find("lenet:") != std::string::npos);
   CHECK(r.out.find("resnet18:") != std::string::npos);
-  CHECK(r.out.find("ABI version 1") != std::string::npos);
+  CHECK(r.out.find("ABI version " + std::to_string(DPRUN_PLUGIN_ABI_VERSION)) !=
+        std::string::npos);
   CHECK(r.out.find("hidden") != std::string::npos);  // a LeNet option with its type and default
   CHECK(r.out.find("int") != std::string::npos);
   CHECK(r.out.find("128") != std::string::npos);
