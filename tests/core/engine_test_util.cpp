@@ -19,8 +19,7 @@ dp::ModelFactory plugin_model(const std::string& file, const std::string& model)
   std::lock_guard<std::mutex> lock(mutex);
   auto it = loaded.find(file);
   if (it == loaded.end())
-    it = loaded.emplace(file, dprun::load_plugin(dptest::plugin_dir() + "/" + file))
-             .first;
+    it = loaded.emplace(file, dprun::load_plugin(dptest::plugin_dir() + "/" + file)).first;
   for (const auto& m : it->second)
     if (m.factory.name == model) return m.factory;
   throw dp::Error("plugin " + file + " has no model '" + model + "'");
@@ -76,6 +75,15 @@ std::unique_ptr<dp::Module> small_bn_net() {
   net->add(std::make_unique<dp::Flatten>());
   net->add(std::make_unique<dp::Linear>(8 * 7 * 7, 10, true, dp::Init::normal(0.1f)));
   return net;
+}
+
+double norm_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    n += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(d / n);
 }
 
 }  // namespace enginetest

@@ -30,4 +30,8 @@ dp::Dataset training_data(int64_t count, uint64_t seed, bool* real = nullptr);
 /// buffers).
 std::unique_ptr<dp::Module> small_bn_net();
 
+/// |a - b| / |b| over the whole vectors (2-norms): how far one run's parameters are from
+/// another's.
+double norm_relative_error(const std::vector<float>& a, const std::vector<float>& b);
+
 }  // namespace enginetest

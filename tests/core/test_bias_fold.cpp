@@ -23,6 +23,8 @@ using dptest::ModuleRunner;
 
 namespace {
 
+using enginetest::norm_relative_error;
+
 constexpr int64_t kIn = 3, kOut = 4;
 
 // conv (3x3, padding 1, bias) -> batch norm, folded or not, outside any Sequential (which would
@@ -105,15 +107,6 @@ std::unique_ptr<dp::Module> biased_bn_net(bool fold) {
   net->add(std::make_unique<dp::Flatten>());
   net->add(std::make_unique<dp::Linear>(8 * 7 * 7, 10, true, dp::Init::normal(0.1f)));
   return net;
-}
-
-double norm_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
 }
 
 }  // namespace

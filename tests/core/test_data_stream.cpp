@@ -15,6 +15,8 @@
 
 namespace {
 
+using enginetest::norm_relative_error;
+
 // DPRUN_CPU_DEFER_UPLOADS=1 while it lives: the cpu backend's uploads happen as late as the
 // contract allows (at wait_upload / await_upload, reading their source then).
 struct DeferredUploads {
@@ -83,15 +85,6 @@ void check_same_run(const Run& got, const Run& expected) {
   }
   CHECK(got.params == expected.params);
   CHECK(got.buffers == expected.buffers);
-}
-
-double norm_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 
 namespace {
 
+using enginetest::norm_relative_error;
+
 using enginetest::small_bn_net;
 
 dp::ModelBuilder lenet(const dp::ModelOptions& options = {}) {
@@ -38,16 +40,6 @@ std::unique_ptr<dp::Module> linear_net() {
   net->add(std::make_unique<dp::Flatten>());
   net->add(std::make_unique<dp::Linear>(784, 10));
   return net;
-}
-
-// |a - b| / |b| over the whole vector (2-norms).
-double norm_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
 }
 
 // Trains `steps` steps on consecutive index batches of `batch` and returns replica 0's

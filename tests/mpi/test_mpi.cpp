@@ -16,6 +16,8 @@
 
 namespace {
 
+using enginetest::norm_relative_error;
+
 using enginetest::small_bn_net;
 
 // A value whose sum depends on the order it is added in (large and small magnitudes mixed).
@@ -33,15 +35,6 @@ bool same_everywhere(const std::vector<float>& v) {
   double differs = std::memcmp(bytes.data(), v.data(), bytes.size()) != 0 ? 1 : 0;
   g.allreduce_sum(&differs, 1);
   return differs == 0;
-}
-
-double norm_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, n = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    n += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d / n);
 }
 
 dp::TrainerOptions cpu_options(int replicas, int64_t batch, dp::ProcessGroup* processes) {
