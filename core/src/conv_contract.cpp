@@ -156,13 +156,14 @@ std::string conv_contract_refusal(ConvContract c, ConvDirection d, int algo, Con
     return contract + " never down-converts: " + what +
            " with tensor-op-conversion math would round the inputs to fp16";
   }
-  if (c == ConvContract::fp32_exact) {
+  if (c == ConvContract::fp32_exact || c == ConvContract::bf16) {
     if (family != ConvFamily::gemm && family != ConvFamily::direct) {
       return contract + " allows GEMM and direct algorithms only: " + what + " is " +
              (family == ConvFamily::fft ? "an FFT" : "a Winograd transform") +
-             ", whose rounding is not that of an fp32 dot product";
+             (c == ConvContract::bf16 ? ", whose transform would round the bf16 operands again"
+                                      : ", whose rounding is not that of an fp32 dot product");
     }
-    if (m != ConvMath::fma) {
+    if (c == ConvContract::fp32_exact && m != ConvMath::fma) {
       return contract + " runs with FMA math only: " + what + " with " + conv_math_name(m) +
              " math may use TF32 tensor cores";
     }
@@ -185,8 +186,10 @@ std::string conv_contract_text() {
          "  tf32 (precision = \"fp32\", allow_tf32 = true, the default): whatever cuDNN offers\n"
          "    for fp32 data with TF32 math (inputs rounded to a 10-bit mantissa, fp32 sums), FFT\n"
          "    and Winograd included, as PyTorch's convolutions by default.\n"
-         "  bf16 (precision = \"bf16\"): whatever cuDNN offers for bf16 data with fp32\n"
-         "    accumulation.\n"
+         "  bf16 (precision = \"bf16\"): the operands of each pass rounded to bf16, every\n"
+         "    product summed in fp32 (exact products of bf16 values), the activation or input\n"
+         "    gradient rounded to bf16 once: GEMM and direct algorithms with tensor-core or FMA\n"
+         "    math; no FFT, no Winograd, whose transforms would round the operands again.\n"
          "No contract down-converts to fp16. A non-deterministic algorithm is taken only when no\n"
          "deterministic one fits, with a warning.\n";
 }

@@ -104,15 +104,22 @@ TEST_CASE("conv contract: fp32-exact allows GEMM and direct algorithms with FMA 
              Catch::Contains("an FFT"));
 }
 
-TEST_CASE("conv contract: tf32 and bf16 allow every known algorithm, never a down-conversion",
-          "[conv_contract]") {
+TEST_CASE(
+    "conv contract: tf32 allows every known algorithm, bf16 GEMM and direct ones with "
+    "tensor-core or FMA math, never a down-conversion",
+    "[conv_contract]") {
   for (ConvContract c : {ConvContract::tf32, ConvContract::bf16}) {
     for (const Algo& a : every_algorithm()) {
       for (ConvMath m : kMaths) {
         INFO(dp::conv_contract_name(c) << " " << dp::conv_direction_name(a.d) << " " << a.name
                                        << " " << dp::conv_math_name(m));
+        // bf16's operands are bf16 values: a dot product of them is exact products summed in
+        // fp32 with either math (TF32 holds a bf16 significand); an FFT or Winograd transform
+        // rounds again.
+        const bool dot_product = a.family == ConvFamily::gemm || a.family == ConvFamily::direct;
         CHECK(dp::conv_contract_allows(c, a.d, a.algo, m) ==
-              (m != ConvMath::tensor_op_allow_conversion));
+              (m != ConvMath::tensor_op_allow_conversion &&
+               (c == ConvContract::tf32 || dot_product)));
       }
     }
     CHECK_THAT(dp::conv_contract_refusal(c, ConvDirection::forward, 1,
@@ -123,6 +130,13 @@ TEST_CASE("conv contract: tf32 and bf16 allow every known algorithm, never a dow
                Catch::Contains("algorithm 8"));
     CHECK_FALSE(dp::conv_contract_allows(c, ConvDirection::forward, 1, static_cast<ConvMath>(7)));
   }
+  CHECK_THAT(dp::conv_contract_refusal(ConvContract::bf16, ConvDirection::backward_data, 5,
+                                       ConvMath::default_math),
+             Catch::Contains("bf16") && Catch::Contains("WINOGRAD_NONFUSED") &&
+                 Catch::Contains("round the bf16 operands"));
+  CHECK_THAT(
+      dp::conv_contract_refusal(ConvContract::bf16, ConvDirection::forward, 4, ConvMath::tensor_op),
+      Catch::Contains("an FFT"));
 }
 
 TEST_CASE("conv contract: the math an algorithm runs with", "[conv_contract]") {

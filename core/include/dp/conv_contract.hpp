@@ -27,7 +27,12 @@ enum class ConvContract {
   /// precision fp32, allow_tf32 = true: whatever cuDNN offers for fp32 data with TF32 math
   /// (inputs rounded to a 10-bit mantissa, fp32 sums), FFT and Winograd included.
   tf32,
-  /// precision bf16: whatever cuDNN offers for bf16 data with fp32 accumulation.
+  /// precision bf16: the operands rounded to bf16, the exact products summed in fp32 (GEMM and
+  /// direct algorithms, tensor-core or FMA math; no FFT or Winograd, whose transforms round the
+  /// operands again); outputs rounded to bf16 as dp::Precision says. The CUDA backend runs these
+  /// on fp32 copies of the bf16 values, where TF32 tensor-core math is exact (bf16's 8-bit
+  /// significand fits TF32's 11), so it computes what native bf16 kernels with fp32
+  /// accumulation compute.
   bf16,
 };
 ConvContract conv_contract(Precision precision, bool allow_tf32);
