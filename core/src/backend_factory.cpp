@@ -71,23 +71,11 @@ Precision parse_precision(const std::string& name) {
   DP_THROW("precision \"" + name + "\": the known precisions are fp32, bf16");
 }
 
-std::string precision_unsupported(BackendKind kind, Precision p) {
-  if (kind == BackendKind::cuda && p == Precision::bf16) {
-    return "cuda backend: precision bf16: the CUDA backend's bf16 path is not built yet; "
-           "precision = \"bf16\" runs on the CPU backend (backend = \"cpu\")";
-  }
-  return "";
-}
-
 std::unique_ptr<Backend> create_backend(const BackendOptions& options) {
   switch (options.kind) {
     case BackendKind::cpu:
       return cpu::make_backend(options);
     case BackendKind::cuda:
-      // Refused before anything touches CUDA, so the reason is the same with or without a GPU
-      // (and in a build without CUDA).
-      if (std::string why = precision_unsupported(options.kind, options.precision); !why.empty())
-        DP_THROW(why);
 #ifdef DPRUN_WITH_CUDA
       return cuda::make_backend(options);
 #else

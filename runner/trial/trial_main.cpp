@@ -177,12 +177,8 @@ int affinity_count() {
 }
 
 // Why the trial cannot run as asked, before anything is loaded ("" when it can).
-std::string request_problem(const TrialRequest& r, const dp::TrainerOptions& t, int world) {
+std::string request_problem(const TrialRequest& r, int world) {
   const int processes = static_cast<int>(r.settings[key::processes]);
-  // Before the device is looked for, so the reason is the same on a machine without a GPU. A
-  // trial on backend auto that lands on a GPU is refused by the backend itself.
-  if (t.precision == dp::Precision::bf16 && r.run.backend == "cuda")
-    return dp::precision_unsupported(dp::BackendKind::cuda, dp::Precision::bf16);
   if (world != processes)
     return "the trial has processes = " + std::to_string(processes) + " but runs as " +
            std::to_string(world) + " process" + (world == 1 ? "" : "es") +
@@ -391,7 +387,7 @@ TrialResult run_trial_unchecked(const TrialRequest& r, TrialSink& sink, dp::Proc
   const Fault fault = parse_fault(std::getenv("DPRUN_FAULT"), r.ordinal, group ? group->rank() : 0);
   // Settings the engine does not implement are refused before anything is loaded.
   dp::TrainerOptions t = trainer_options(r.settings);
-  if (std::string why = request_problem(r, t, group ? group->size() : 1); !why.empty())
+  if (std::string why = request_problem(r, group ? group->size() : 1); !why.empty())
     return {TrialRecord::Kind::error, why};
   const PluginScan scan = scan_plugins(r.run.plugin_dirs);
   std::string why;

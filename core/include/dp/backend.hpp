@@ -546,7 +546,8 @@ const char* cpu_kernels_name(CpuKernels k);  // "automatic", "onednn", "blas"
 /// (backward-data) they produce rounded to bf16, as a network storing those tensors in bf16
 /// computes them; weight gradients, master weights, optimizer state, batch norm, the loss and
 /// softmax stay fp32. The cpu backend emulates it on fp32 tensors (round_to_bf16, bf16_cpu.hpp)
-/// and is the reference; the cuda backend refuses it (its bf16 path is not built yet).
+/// and is the reference; the cuda backend computes it the same way on the GPU (rounded operand
+/// copies, TF32 math, which is exact for bf16 values: cuda_backend.hpp).
 ///
 /// What the reference fixes, so the cuda path must match it (or both change together): the bias
 /// is added to the fp32 sum before the one rounding of the output (a separate bias kernel after
@@ -560,9 +561,6 @@ const char* precision_name(Precision p);  // "fp32", "bf16"
 /// Every precision by its name; parse_precision throws dp::Error naming the known ones.
 const std::vector<std::string>& precision_names();
 Precision parse_precision(const std::string& name);
-/// Why backend `kind` cannot compute in precision `p`, for users; empty when it can. Asked by
-/// create_backend, and by the runner before it looks for a device.
-std::string precision_unsupported(BackendKind kind, Precision p);
 
 /// How the CUDA backend picks each convolution's algorithm among those its precision contract
 /// allows (dp/conv_contract.hpp). measured: cuDNN times them once per shape on this machine and

@@ -52,7 +52,8 @@ constexpr size_t kCublasWorkspaceBytes = size_t{8} << 20;
 
 CudaBackend::CudaBackend(const BackendOptions& options)
     : device_(options.device_index),
-      allow_tf32_(options.allow_tf32),
+      precision_(options.precision),
+      allow_tf32_(options.allow_tf32 || options.precision == Precision::bf16),
       contract_(conv_contract(options.precision, options.allow_tf32)) {
   const int count = device_count();
   if (device_ < 0 || device_ >= count) {
@@ -102,7 +103,8 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     CUBLAS_CHECK(
         cublasSetWorkspace(cublas_, allocate(kCublasWorkspaceBytes), kCublasWorkspaceBytes));
-    // Exact fp32 unless TF32 is allowed (CUBLAS_DEFAULT_MATH never uses tensor cores for fp32).
+    // Exact fp32 unless TF32 is allowed (CUBLAS_DEFAULT_MATH never uses tensor cores for fp32);
+    // in bf16 the GEMMs read bf16 values, for which TF32 is exact.
     CUBLAS_CHECK(
         cublasSetMathMode(cublas_, allow_tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&bn_x_desc_));

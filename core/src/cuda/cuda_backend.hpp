@@ -5,6 +5,14 @@
 // to cuDNN in NCHW and to our channels-last kernels in NHWC (bn_nhwc.cu), linear layers to
 // cuBLAS, the rest to our kernels (kernels.cuh).
 //
+// precision = "bf16" (dp::Precision) as the cpu backend computes it: each convolution or linear
+// pass reads copies of its operands rounded to bf16 (the bf16 scratch, below), runs the fp32
+// pass on them with TF32 tensor-core math, which is exact for bf16 values (an 8-bit significand
+// fits TF32's 11: products exact, sums fp32), and rounds its activation or input gradient to
+// bf16 in place (a bias first joins the fp32 sum). Weight gradients stay fp32. Storage stays
+// fp32 and each operand costs a rounding pass: bf16 storage with cuDNN's native bf16 kernels is
+// the faster path still to be built, against the same reference.
+//
 // Memory: allocate() is cudaMalloc, counted (in use, peak). The backend's own scratch (the cuDNN
 // workspace shared by all convolution plans, filter-transpose and reduction scratch) is grown
 // only in plan_conv and counted too, so the step loop never allocates.
@@ -17,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -97,6 +106,7 @@ class CudaBackend final : public Backend {
   void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
                                  const Tensor& dw, const Tensor* db) override;
 
+  void prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) override;
   void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
                            const Tensor& y) override;
   void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
@@ -175,6 +185,11 @@ class CudaBackend final : public Backend {
   /// prepare_batchnorm, or on first use of a larger shape, but never while capturing (`op` then
   /// fails naming what was not prepared).
   float* bn_scratch_for(int64_t rows, int64_t c, const char* op);
+  /// Scratch `buffer` (holding `held` floats) replaced by one of `floats`, after the queued work
+  /// that may use it; while a step is being captured `op` fails instead, saying what it `needs`
+  /// and the `remedy` (what to prepare at setup).
+  float* regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
+                        const std::string& needs, const char* remedy);
   /// The cuDNN state of one batch size of a plan (descriptors; algorithms chosen per direction),
   /// created on first use. `direction` is chosen now if it was not yet: at plan time within
   /// kMaxWorkspaceBytes (the workspace then grows to fit), later within the workspace already
@@ -196,8 +211,13 @@ class CudaBackend final : public Backend {
   /// "cuDNN 91900, CUDA runtime 13000, NVIDIA H100 80GB HBM3 sm_90": what choices depend on.
   std::string choice_scope_;
   bool measure_choices_ = true;
-  /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch.
-  const float* filter_for(const CudnnConvPlan& plan, const Tensor& w);
+  /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch; w itself
+  /// in NCHW.
+  const float* filter_for(const CudnnConvPlan& plan, const float* w);
+  /// precision bf16: the bf16 scratch holding at least `floats`, grown now if it is smaller (at
+  /// plan_conv and prepare_linear, or on first use of a larger pass, but never while capturing:
+  /// `op` then fails naming what was not prepared).
+  float* bf16_scratch_for(size_t floats, const char* op);
   /// Sets the backend's scratch descriptors for a batch-norm input (NCHW or NHWC; rank 2 is
   /// (N, C, 1, 1)) and its per-channel parameters.
   void set_bn_descriptors(const Dims& d, Layout layout);
@@ -211,6 +231,9 @@ class CudaBackend final : public Backend {
   CudnnConvPlan& own_plan(ConvPlan& plan, const char* op);
 
   int device_ = 0;
+  Precision precision_ = Precision::fp32;
+  bool bf16() const { return precision_ == Precision::bf16; }
+  /// TF32 tensor cores for convolutions and GEMMs: allow_tf32, or precision bf16 (exact there).
   bool allow_tf32_ = true;
   /// Which algorithms and math types may compute the convolutions: from precision and
   /// allow_tf32 alone (dp/conv_contract.hpp).
@@ -247,9 +270,27 @@ class CudaBackend final : public Backend {
   }
   float* bn_scratch_ = nullptr;  // the channels-last batch norm's partial sums and coefficients
   size_t bn_scratch_floats_ = 0;
+  float* bf16_scratch_ = nullptr;  // precision bf16: a pass's operands rounded to bf16
+  size_t bf16_scratch_floats_ = 0;
 
   cudnnTensorDescriptor_t bn_x_desc_ = nullptr;
   cudnnTensorDescriptor_t bn_param_desc_ = nullptr;
+};
+
+/// precision bf16: floats of bf16 scratch for a pass whose operands have these element counts
+/// (each copy's start aligned to 256 bytes, as cuDNN and cuBLAS like them).
+size_t bf16_operand_floats(std::initializer_list<int64_t> counts);
+/// Rounded copies of a pass's operands, carved in order from scratch holding
+/// bf16_operand_floats of them: take(src, n) enqueues the rounding on `stream` and returns the
+/// copy.
+class Bf16Operands {
+ public:
+  Bf16Operands(float* scratch, cudaStream_t stream) : next_(scratch), stream_(stream) {}
+  const float* take(const float* src, int64_t n);
+
+ private:
+  float* next_;
+  cudaStream_t stream_;
 };
 
 /// Logical dims of an activation the public op already checked (rank 4, or rank 2 as

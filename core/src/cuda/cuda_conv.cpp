@@ -258,6 +258,35 @@ void CudaBackend::reserve_filter_scratch(size_t floats) {
   filter_scratch_floats_ = floats;
 }
 
+float* CudaBackend::bf16_scratch_for(size_t floats, const char* op) {
+  if (floats <= bf16_scratch_floats_) return bf16_scratch_;
+  return regrow_scratch(bf16_scratch_, bf16_scratch_floats_, floats, op,
+                        "its bf16 operand copies need " + std::to_string(floats) +
+                            " floats of scratch, more than was prepared",
+                        "plan the convolution (plan_conv) or the linear layer (prepare_linear) "
+                        "at setup with this batch size");
+}
+
+namespace {
+constexpr int64_t kOperandAlignFloats = 64;  // 256 bytes
+int64_t aligned_floats(int64_t n) {
+  return (n + kOperandAlignFloats - 1) / kOperandAlignFloats * kOperandAlignFloats;
+}
+}  // namespace
+
+size_t bf16_operand_floats(std::initializer_list<int64_t> counts) {
+  int64_t total = 0;
+  for (int64_t n : counts) total += aligned_floats(n);
+  return static_cast<size_t>(total);
+}
+
+const float* Bf16Operands::take(const float* src, int64_t n) {
+  float* copy = next_;
+  kernels::round_to_bf16(src, copy, n, stream_);
+  next_ += aligned_floats(n);
+  return copy;
+}
+
 void CudaBackend::reserve_reduce_scratch(size_t floats) {
   if (floats <= reduce_scratch_floats_) return;
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -278,6 +307,15 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
   activate();
   auto plan = std::make_unique<CudnnConvPlan>(g, use.layer);
   if (plan->nhwc()) reserve_filter_scratch(2 * static_cast<size_t>(plan->filter_numel()));
+  if (bf16()) {
+    // Two operands per pass: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter.
+    const int64_t x = g.max_batch * g.in_channels * g.in_h * g.in_w;
+    const int64_t y = g.max_batch * g.out_channels * g.out_h() * g.out_w();
+    const int64_t w = plan->filter_numel();
+    bf16_scratch_for(std::max({bf16_operand_floats({x, w}), bf16_operand_floats({y, w}),
+                               bf16_operand_floats({x, y})}),
+                     "plan_conv");
+  }
   reserve_reduce_scratch(static_cast<size_t>(kernels::kChannelSumGroups * g.out_channels));
   std::vector<int64_t> train = use.train_batches;
   if (train.empty() && use.infer_batches.empty()) train.push_back(g.max_batch);
@@ -703,11 +741,11 @@ ConvChoiceKey conv_choice_key(Backend& backend, ConvPlan& plan, ConvDirection d,
   return as_cuda(backend, "cuda_conv_choice_key").conv_choice_key(plan, d, batch);
 }
 
-const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const Tensor& w) {
-  if (!plan.nhwc()) return w.f32();
+const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const float* w) {
+  if (!plan.nhwc()) return w;
   const ConvGeometry& g = plan.geometry();
-  kernels::kcrs_to_krsc(w.f32(), filter_scratch_, g.out_channels, g.in_channels,
-                        g.kernel_h * g.kernel_w, stream_);
+  kernels::kcrs_to_krsc(w, filter_scratch_, g.out_channels, g.in_channels, g.kernel_h * g.kernel_w,
+                        stream_);
   return filter_scratch_;
 }
 
@@ -722,12 +760,26 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
   ConvBatch& cb = conv_batch(plan, n, kForward, false);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, x.data, plan.w_desc, filter_for(plan, w),
+  const float* xs = x.f32();
+  const float* ws = w.f32();
+  if (bf16()) {  // the operands rounded to bf16 (see cuda_backend.hpp)
+    Bf16Operands copies(
+        bf16_scratch_for(bf16_operand_floats({x.numel(), w.numel()}), "conv_forward"), stream_);
+    xs = copies.take(xs, x.numel());
+    ws = copies.take(ws, w.numel());
+  }
+  CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, xs, plan.w_desc, filter_for(plan, ws),
                                       cb.conv[kForward], algo, workspace_, workspace_bytes_, &zero,
                                       cb.y, y.data));
-  if (b != nullptr) {
-    kernels::bias_add(y.f32(), b->f32(), n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc(),
-                      stream_);
+  const int64_t hw = g.out_h() * g.out_w();
+  if (!bf16()) {
+    if (b != nullptr)
+      kernels::bias_add(y.f32(), b->f32(), n, g.out_channels, hw, plan.nhwc(), stream_);
+  } else if (b != nullptr) {
+    // The bias joins the fp32 sum before the output's one rounding.
+    kernels::bias_add_round_bf16(y.f32(), b->f32(), n, g.out_channels, hw, plan.nhwc(), stream_);
+  } else {
+    kernels::round_to_bf16(y.f32(), y.f32(), y.numel(), stream_);
   }
 }
 
@@ -738,9 +790,19 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
   ConvBatch& cb = conv_batch(plan, dy.shape[0], kBackwardData, false);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(cb.choice[kBackwardData].algo);
   const float one = 1.0f, zero = 0.0f;
-  CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, w), cb.y,
-                                           dy.data, cb.conv[kBackwardData], algo, workspace_,
+  const float* dys = dy.f32();
+  const float* ws = w.f32();
+  if (bf16()) {
+    Bf16Operands copies(
+        bf16_scratch_for(bf16_operand_floats({dy.numel(), w.numel()}), "conv_backward_data"),
+        stream_);
+    dys = copies.take(dys, dy.numel());
+    ws = copies.take(ws, w.numel());
+  }
+  CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, ws), cb.y,
+                                           dys, cb.conv[kBackwardData], algo, workspace_,
                                            workspace_bytes_, &zero, cb.x, dx.data));
+  if (bf16()) kernels::round_to_bf16(dx.f32(), dx.f32(), dx.numel(), stream_);
 }
 
 void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& dy,
@@ -752,8 +814,17 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   ConvBatch& cb = conv_batch(plan, n, kBackwardFilter, false);
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(cb.choice[kBackwardFilter].algo);
   const float one = 1.0f, zero = 0.0f;
+  const float* xs = x.f32();
+  const float* dys = dy.f32();
+  if (bf16()) {  // dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds
+    Bf16Operands copies(
+        bf16_scratch_for(bf16_operand_floats({x.numel(), dy.numel()}), "conv_backward_filter"),
+        stream_);
+    xs = copies.take(xs, x.numel());
+    dys = copies.take(dys, dy.numel());
+  }
   float* target = plan.nhwc() ? filter_scratch_ + plan.filter_numel() : dw.f32();
-  CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, x.data, cb.y, dy.data,
+  CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, xs, cb.y, dys,
                                              cb.conv[kBackwardFilter], algo, workspace_,
                                              workspace_bytes_, &zero, plan.w_desc, target));
   if (plan.nhwc()) {
@@ -761,7 +832,7 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
                           stream_);
   }
   if (db != nullptr) {
-    kernels::channel_sum(dy.f32(), db->f32(), n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc(),
+    kernels::channel_sum(dys, db->f32(), n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc(),
                          reduce_scratch_, stream_);
   }
 }

@@ -40,18 +40,24 @@ void CudaBackend::prepare_batchnorm_impl(const Shape& max_input, Layout layout) 
 float* CudaBackend::bn_scratch_for(int64_t rows, int64_t c, const char* op) {
   const size_t floats = kernels::bn_nhwc_scratch_floats(rows, c);
   if (floats <= bn_scratch_floats_) return bn_scratch_;
+  return regrow_scratch(bn_scratch_, bn_scratch_floats_, floats, op,
+                        "a batch norm of " + std::to_string(c) + " channels over " +
+                            std::to_string(rows) + " rows needs more scratch than was prepared",
+                        "declare it at setup with prepare_batchnorm");
+}
+
+float* CudaBackend::regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
+                                   const std::string& needs, const char* remedy) {
   if (capturing()) {
-    fail(op, "a batch norm of " + std::to_string(c) + " channels over " + std::to_string(rows) +
-                 " rows needs more scratch than was prepared, which cannot be allocated while a "
-                 "step is being captured: declare it at setup with prepare_batchnorm");
+    fail(op, needs + ", which cannot be allocated while a step is being captured: " + remedy);
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use the old buffer
-  release(bn_scratch_);
-  bn_scratch_ = nullptr;
-  bn_scratch_floats_ = 0;
-  bn_scratch_ = static_cast<float*>(allocate(floats * sizeof(float)));
-  bn_scratch_floats_ = floats;
-  return bn_scratch_;
+  release(buffer);
+  buffer = nullptr;
+  held = 0;
+  buffer = static_cast<float*>(allocate(floats * sizeof(float)));
+  held = floats;
+  return buffer;
 }
 
 void CudaBackend::apply_epilogue(const Tensor& y, const BnEpilogue& epilogue) {
@@ -196,14 +202,36 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, const char* op) {
 }
 }  // namespace
 
+void CudaBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) {
+  // Forward rounds (x, w); backward (x, w, dy).
+  if (bf16())
+    bf16_scratch_for(bf16_operand_floats({max_batch * in, out * in, max_batch * out}),
+                     "prepare_linear");
+}
+
 void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
                                       const Tensor& y) {
   const LinearDims d = linear_dims(x, w, "linear_forward");
   activate();
   const float one = 1.0f, zero = 0.0f;
-  CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, d.out, d.n, d.in, &one, w.f32(), d.in,
-                           x.f32(), d.in, &zero, y.f32(), d.out));
-  if (b != nullptr) kernels::bias_add(y.f32(), b->f32(), d.n, d.out, 1, /*nhwc=*/true, stream_);
+  const float* xs = x.f32();
+  const float* ws = w.f32();
+  if (bf16()) {  // the operands rounded to bf16 (see cuda_backend.hpp)
+    Bf16Operands copies(
+        bf16_scratch_for(bf16_operand_floats({x.numel(), w.numel()}), "linear_forward"), stream_);
+    xs = copies.take(xs, x.numel());
+    ws = copies.take(ws, w.numel());
+  }
+  CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, d.out, d.n, d.in, &one, ws, d.in, xs,
+                           d.in, &zero, y.f32(), d.out));
+  if (!bf16()) {
+    if (b != nullptr) kernels::bias_add(y.f32(), b->f32(), d.n, d.out, 1, /*nhwc=*/true, stream_);
+  } else if (b != nullptr) {
+    // The bias joins the fp32 sum before the output's one rounding.
+    kernels::bias_add_round_bf16(y.f32(), b->f32(), d.n, d.out, 1, /*nhwc=*/true, stream_);
+  } else {
+    kernels::round_to_bf16(y.f32(), y.f32(), y.numel(), stream_);
+  }
 }
 
 void CudaBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -211,16 +239,29 @@ void CudaBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const T
   const LinearDims d = linear_dims(x, w, "linear_backward");
   activate();
   const float one = 1.0f, zero = 0.0f;
+  const float* xs = x.f32();
+  const float* ws = w.f32();
+  const float* dys = dy.f32();
+  if (bf16()) {  // dw and db stay fp32; db sums the rounded dy
+    Bf16Operands copies(
+        bf16_scratch_for(bf16_operand_floats({x.numel(), dx ? w.numel() : 0, dy.numel()}),
+                         "linear_backward"),
+        stream_);
+    xs = copies.take(xs, x.numel());
+    if (dx != nullptr) ws = copies.take(ws, w.numel());  // w is read for dx only
+    dys = copies.take(dys, dy.numel());
+  }
   if (dx != nullptr) {
     // dx^T (IN, N) = w^T (IN, OUT) dy^T (OUT, N)
-    CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, d.in, d.n, d.out, &one, w.f32(),
-                             d.in, dy.f32(), d.out, &zero, dx->f32(), d.in));
+    CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, d.in, d.n, d.out, &one, ws, d.in,
+                             dys, d.out, &zero, dx->f32(), d.in));
+    if (bf16()) kernels::round_to_bf16(dx->f32(), dx->f32(), dx->numel(), stream_);
   }
   // dw^T (IN, OUT) = x^T (IN, N) dy (N, OUT)
-  CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, d.in, d.out, d.n, &one, x.f32(), d.in,
-                           dy.f32(), d.out, &zero, dw.f32(), d.in));
+  CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, d.in, d.out, d.n, &one, xs, d.in, dys,
+                           d.out, &zero, dw.f32(), d.in));
   if (db != nullptr) {
-    kernels::channel_sum(dy.f32(), db->f32(), d.n, d.out, 1, /*nhwc=*/true, nullptr, stream_);
+    kernels::channel_sum(dys, db->f32(), d.n, d.out, 1, /*nhwc=*/true, nullptr, stream_);
   }
 }
 

@@ -3,6 +3,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.cuh"
 #include "cuda/launch.cuh"
+#include "dp/bf16.hpp"
 
 namespace dp::cuda::kernels {
 namespace {
@@ -28,11 +29,21 @@ __global__ void scale_kernel(float* t, int64_t n, float alpha) {
   DP_GRID_STRIDE(i, n) t[i] *= alpha;
 }
 
-template <bool kNhwc>
+/// The bf16 nearest to x as a float: dp::round_bits_to_bf16, the cpu backend's bits.
+__device__ __forceinline__ float bf16_nearest(float x) {
+  return __uint_as_float(dp::round_bits_to_bf16(__float_as_uint(x)));
+}
+
+__global__ void round_to_bf16_kernel(const float* x, float* y, int64_t n) {
+  DP_GRID_STRIDE(i, n) y[i] = bf16_nearest(x[i]);
+}
+
+template <bool kNhwc, bool kRound>
 __global__ void bias_add_kernel(float* y, const float* b, int64_t total, int64_t c, int64_t hw) {
   DP_GRID_STRIDE(i, total) {
     const int64_t ch = kNhwc ? i % c : (i / hw) % c;
-    y[i] += b[ch];
+    const float v = y[i] + b[ch];
+    y[i] = kRound ? bf16_nearest(v) : v;
   }
 }
 
@@ -223,16 +234,35 @@ void scale(float* t, int64_t n, float alpha, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH(scale_kernel);
 }
 
-void bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
-              cudaStream_t stream) {
+namespace {
+template <bool kRound>
+void launch_bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                     cudaStream_t stream) {
   const int64_t total = n * c * hw;
   if (total <= 0) return;
   if (nhwc) {
-    bias_add_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(y, b, total, c, hw);
+    bias_add_kernel<true, kRound><<<grid_for(total), kThreads, 0, stream>>>(y, b, total, c, hw);
   } else {
-    bias_add_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(y, b, total, c, hw);
+    bias_add_kernel<false, kRound><<<grid_for(total), kThreads, 0, stream>>>(y, b, total, c, hw);
   }
   CUDA_CHECK_LAUNCH(bias_add_kernel);
+}
+}  // namespace
+
+void bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
+              cudaStream_t stream) {
+  launch_bias_add<false>(y, b, n, c, hw, nhwc, stream);
+}
+
+void bias_add_round_bf16(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                         cudaStream_t stream) {
+  launch_bias_add<true>(y, b, n, c, hw, nhwc, stream);
+}
+
+void round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  round_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  CUDA_CHECK_LAUNCH(round_to_bf16_kernel);
 }
 
 void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,

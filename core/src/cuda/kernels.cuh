@@ -37,6 +37,12 @@ void scale(float* t, int64_t n, float alpha, cudaStream_t stream);
 /// y (N,C,HW) += b (C) broadcast over n and hw. A row-major (N, C) matrix is nhwc with hw = 1.
 void bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
               cudaStream_t stream);
+/// y = round_to_bf16(y + b) in one pass (precision bf16: the bias joins the fp32 sum before the
+/// output's one rounding, as on the cpu backend).
+void bias_add_round_bf16(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                         cudaStream_t stream);
+/// y = round_to_bf16(x) elementwise, dp::round_bits_to_bf16's bits; y may alias x.
+void round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t stream);
 
 /// Row-groups of the two-level channel reduction; `partial` must hold groups * c floats.
 constexpr int kChannelSumGroups = 64;
