@@ -10,6 +10,8 @@
 #include "dp/trainer.hpp"
 #include "engine_test_util.hpp"
 #include "support/check.hpp"
+#include "support/env_var.hpp"
+#include "support/train_steps.hpp"
 
 namespace {
 
@@ -130,4 +132,45 @@ TEST_CASE("cpu bf16: a short LeNet run learns and allocates nothing in the step 
   CHECK(t.peak_memory_bytes() == peak);  // nothing allocated in the step loop
   INFO("epoch losses " << losses[0] << ", " << losses[1] << ", " << losses[2]);
   CHECK(losses[2] < 0.5 * losses[0]);
+}
+
+TEST_CASE(
+    "cpu bf16: oneDNN's and OpenBLAS's kernels train LeNet within the bounds the cuda bf16 "
+    "test holds the GPU to",
+    "[cpu][bf16][engine]") {
+  // The measurement behind dptest::bf16_run_bounds(): two correct bf16 implementations that sum
+  // in different orders (oneDNN's convolutions and SGEMM, im2col + OpenBLAS) on the
+  // configuration tests/cuda/test_cuda_bf16.cpp runs on the GPU.
+  if (!dptest::fashion_mnist_subset().ok) {
+    DPTEST_SKIPPED("Fashion-MNIST not found (set DPRUN_DATA): skipping a bf16 training test");
+    return;
+  }
+  const dptest::TrainCase c = dptest::bf16_train_case();
+  dptest::StepRun onednn, blas;
+  {
+    const dptest::EnvVar kernels("DPRUN_CPU_KERNELS", std::string("onednn"));
+    onednn = dptest::run_case(c);
+  }
+  {
+    const dptest::EnvVar kernels("DPRUN_CPU_KERNELS", std::string("blas"));
+    blas = dptest::run_case(c);
+  }
+  REQUIRE(blas.initial == onednn.initial);
+  const dptest::RunDistance d = dptest::run_distance(blas, onednn);
+  const dptest::RunDistance bound = dptest::bf16_run_bounds();
+  WARN("bf16 LeNet, OpenBLAS vs oneDNN kernels after " << c.batches.size() << " steps: " << d.str()
+                                                       << " (bounds " << bound.str() << ")");
+  CHECK(d.params <= bound.params);
+  CHECK(d.update <= bound.update);
+  CHECK(d.loss <= bound.loss);
+  // The two did sum differently (else this measured nothing): bf16 rounding flips moved them.
+  CHECK(d.update > 0);
+  // And the bounds catch a run that skips bf16's rounding: fp32, every distance out of bounds.
+  dptest::TrainCase f = c;
+  f.options.precision = dp::Precision::fp32;
+  const dptest::RunDistance off = dptest::run_distance(dptest::run_case(f), onednn);
+  INFO("fp32 vs bf16: " << off.str());
+  CHECK(off.params > bound.params);
+  CHECK(off.update > bound.update);
+  CHECK(off.loss > bound.loss);
 }

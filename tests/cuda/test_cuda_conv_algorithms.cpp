@@ -14,12 +14,20 @@
 //    tile: their bound is kTransformFactor times TF32's, on max(M_i, the mean of M). The factor is
 //    a first estimate; the test prints, per algorithm, the largest fraction of its bound it used,
 //    so each GPU run measures the margin (scripts/gpu-check keeps the log).
-#include <catch2/catch.hpp>
+// Under bf16 (precision = "bf16") the reference is the cpu backend's bf16, which rounds the same
+// operands to the same bf16 values: every product is exact on both sides (TF32 math holds a bf16
+// significand), so only the fp32 sums differ, by 3 K 2^-24 M_i (K 2^-24 M_i for the CPU's
+// round-to-nearest sums, 2 K 2^-24 M_i for tensor-core sums that may truncate), with M_i from
+// the bf16 operands (the CPU's |inputs| convolution in bf16, widened by 2^-7 for the rounding
+// of M itself). The activation and the input gradient are then rounded to bf16 on both sides,
+// which can split two such sums by one bf16 ulp of the larger result: added to their bound.
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,8 +100,21 @@ std::unique_ptr<dp::Backend> gpu_backend(ConvContract contract, dp::ConvChoice c
   o.kind = dp::BackendKind::cuda;
   o.device_index = 0;
   o.allow_tf32 = contract != ConvContract::fp32_exact;
+  o.precision = contract == ConvContract::bf16 ? dp::Precision::bf16 : dp::Precision::fp32;
   o.conv_choice = choice;
   return dp::create_backend(o);
+}
+
+/// The reference of a contract: the CPU in fp32, or in bf16 for the bf16 contract.
+dp::Backend& cpu_oracle(ConvContract contract) {
+  if (contract != ConvContract::bf16) return *cudatest::backends().cpu;
+  static std::unique_ptr<dp::Backend> bf16 = [] {
+    dp::BackendOptions o;
+    o.kind = dp::BackendKind::cpu;
+    o.precision = dp::Precision::bf16;
+    return dp::create_backend(o);
+  }();
+  return *bf16;
 }
 
 std::vector<float> absolute(std::vector<float> v) {
@@ -108,8 +129,7 @@ struct Reference {
   std::vector<float> my, mdx, mdw;  // sum |a b| per output
 };
 
-Reference cpu_reference(const ConvShape& cs) {
-  dp::Backend& cpu = *cudatest::backends().cpu;
+Reference cpu_reference(const ConvShape& cs, dp::Backend& cpu) {
   const dp::ConvGeometry g = cs.geometry(Layout::nchw);
   const int64_t p = g.out_h(), q = g.out_w();
   Reference r;
@@ -152,10 +172,31 @@ int64_t sum_length(const ConvShape& cs, ConvDirection d) {
   return 0;
 }
 
+/// One ulp of bf16 at |v| (normal range; 2^-133 below it).
+double bf16_ulp(double v) {
+  const double a = std::max(std::fabs(v), 0x1p-126);
+  return std::ldexp(1.0, std::ilogb(a) - 7);
+}
+
 /// The largest |actual - expected| / bound_i over the elements (<= 1: within the contract).
+/// `rounded`: the outputs were rounded to bf16 (bf16's activations and input gradients).
 double worst_fraction(const std::vector<float>& actual, const std::vector<float>& expected,
-                      const std::vector<float>& magnitude, ConvContract contract,
-                      ConvFamily family, int64_t k, int64_t* outside) {
+                      const std::vector<float>& magnitude, ConvContract contract, ConvFamily family,
+                      int64_t k, int64_t* outside, bool rounded = false) {
+  if (contract == ConvContract::bf16) {
+    double worst = 0;
+    *outside = 0;
+    for (size_t i = 0; i < actual.size(); ++i) {
+      const double a = actual[i], e = expected[i];
+      double bound = 3.0 * static_cast<double>(k) * kU32 * (1.0 + 0x1p-7) * magnitude[i];
+      if (rounded) bound += bf16_ulp(std::max(std::fabs(a), std::fabs(e)));
+      bound += 1e-30;
+      const double f = std::fabs(a - e) / bound;
+      if (!(f <= 1.0)) ++*outside;
+      worst = std::max(worst, std::isnan(f) ? INFINITY : f);
+    }
+    return worst;
+  }
   const double sums = 2.0 * static_cast<double>(k) * kU32;
   double mean = 0;
   for (float m : magnitude) mean += m;
@@ -230,10 +271,15 @@ const std::vector<float>& magnitude_of(const Reference& r, ConvDirection d) {
 constexpr ConvDirection kDirections[] = {ConvDirection::forward, ConvDirection::backward_data,
                                          ConvDirection::backward_filter};
 
-/// Every allowed algorithm of every direction of `cs`, under both contracts and both layouts.
-void check_every_algorithm(const ConvShape& cs) {
-  const Reference ref = cpu_reference(cs);
-  for (ConvContract contract : {ConvContract::fp32_exact, ConvContract::tf32}) {
+/// Every allowed algorithm of every direction of `cs`, under the given contracts and both
+/// layouts.
+void check_every_algorithm(const ConvShape& cs, std::vector<ConvContract> contracts = {
+                                                    ConvContract::fp32_exact, ConvContract::tf32}) {
+  std::optional<Reference> fp32_ref, bf16_ref;  // each computed once, when a contract needs it
+  for (ConvContract contract : contracts) {
+    std::optional<Reference>& slot = contract == ConvContract::bf16 ? bf16_ref : fp32_ref;
+    if (!slot) slot = cpu_reference(cs, cpu_oracle(contract));
+    const Reference& ref = *slot;
     auto gpu = gpu_backend(contract, dp::ConvChoice::heuristic);
     for (Layout layout : {Layout::nchw, Layout::nhwc}) {
       auto plan = gpu->plan_conv(cs.geometry(layout));
@@ -251,8 +297,9 @@ void check_every_algorithm(const ConvShape& cs) {
           const std::vector<float> actual = run_direction(*gpu, *plan, d, cs, layout, ref);
           int64_t outside = 0;
           const ConvFamily family = dp::conv_family(d, a.algo);
-          const double used = worst_fraction(actual, expected_of(ref, d), magnitude_of(ref, d),
-                                             contract, family, sum_length(cs, d), &outside);
+          const double used =
+              worst_fraction(actual, expected_of(ref, d), magnitude_of(ref, d), contract, family,
+                             sum_length(cs, d), &outside, d != ConvDirection::backward_filter);
           std::printf("conv-algorithm %-24s %-5s %-10s %-15s %-22s %-9s %-10s %6.3f of bound\n",
                       cs.what.c_str(), dp::layout_name(layout), dp::conv_contract_name(contract),
                       dp::conv_direction_name(d), dp::conv_algorithm_name(d, a.algo).c_str(),
@@ -277,6 +324,16 @@ TEST_CASE("cuda conv: every algorithm the contract allows computes within it (Le
           "batch 256)",
           "[cuda][algorithms]") {
   for (const ConvShape& cs : model_shapes(256)) check_every_algorithm(cs);
+}
+
+TEST_CASE(
+    "cuda conv: every algorithm the bf16 contract allows computes the cpu's bf16 within "
+    "summation order (op test shapes, LeNet, ResNet-18 at batch 32)",
+    "[cuda][algorithms][bf16]") {
+  // Batch 32: the CPU's bf16 reference (rounded copies of every operand) of the ResNet-18
+  // layers stays quick; the algorithms cuDNN offers per shape are the same kinds as at 256.
+  for (const ConvShape& cs : op_shapes()) check_every_algorithm(cs, {ConvContract::bf16});
+  for (const ConvShape& cs : model_shapes(32)) check_every_algorithm(cs, {ConvContract::bf16});
 }
 
 TEST_CASE("cuda conv: an algorithm the contract forbids is refused", "[cuda][algorithms]") {
@@ -321,7 +378,7 @@ TEST_CASE("cuda conv: the default GPU path (TF32, batch 256 and 512, heuristic a
     auto gpu = gpu_backend(ConvContract::tf32, choice);
     for (int64_t n : {256, 512}) {
       for (const ConvShape& cs : model_shapes(n)) {
-        const Reference ref = cpu_reference(cs);
+        const Reference ref = cpu_reference(cs, cpu_oracle(ConvContract::tf32));
         for (Layout layout : {Layout::nchw, Layout::nhwc}) {
           auto plan = gpu->plan_conv(cs.geometry(layout));
           for (ConvDirection d : kDirections) {

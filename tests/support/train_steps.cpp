@@ -1,5 +1,6 @@
 #include "support/train_steps.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -267,6 +268,69 @@ TrainCase train_case(const std::string& name) {
     throw std::invalid_argument("train_case: unknown configuration '" + name + "'; known:" + known);
   }
   return c;
+}
+
+TrainCase bf16_train_case() {
+  TrainCase c;
+  c.name = "lenet-bf16-b64-lr0.2-2steps";
+  c.model = "lenet";
+  c.model_options = {{"init_std", 0.1}};
+  c.options = base_options(64, 0.2f);
+  c.options.precision = dp::Precision::bf16;
+  c.batches = {batch_indices(64), batch_indices(64, 3)};
+  return c;
+}
+
+namespace {
+double norm_relative(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    n += static_cast<double>(b[i]) * b[i];
+  }
+  return a.size() == b.size() ? std::sqrt(d / n) : INFINITY;
+}
+}  // namespace
+
+RunDistance run_distance(const StepRun& run, const StepRun& reference) {
+  RunDistance d;
+  if (run.steps() == 0 || run.steps() != reference.steps()) {
+    d.params = d.update = d.loss = INFINITY;
+    return d;
+  }
+  d.params = norm_relative(run.after.back(), reference.after.back());
+  d.update = norm_relative(difference(run.after.back(), run.before.front()),
+                           difference(reference.after.back(), reference.before.front()));
+  for (size_t s = 0; s < run.steps(); ++s) {
+    const double l =
+        std::fabs(run.losses[s] - reference.losses[s]) / std::fabs(reference.losses[s]);
+    d.loss = std::max(d.loss, std::isnan(l) ? INFINITY : l);
+  }
+  return d;
+}
+
+std::string RunDistance::str() const {
+  char text[160];
+  std::snprintf(text, sizeof text, "parameters %.3g, update %.3g, loss %.3g", params, update, loss);
+  return text;
+}
+
+RunDistance bf16_run_bounds() {
+  // Two correct bf16 implementations differ in the order of their fp32 sums (~1e-7 relative),
+  // which flips the bf16 rounding of the few values sitting on a boundary by one bf16 ulp
+  // (2^-8), and the next step carries those along. Such flips are not derivable, so the bounds
+  // are measured (test_cpu_bf16_training.cpp, Fashion-MNIST, on a 2-core AMD EPYC; the
+  // figures do not depend on the thread count): the cpu backend with oneDNN's kernels against
+  // im2col + OpenBLAS ends the two steps 1.9e-6 apart in the parameters, 1.4e-4 in the update
+  // and 2.1e-7 in a loss. The bounds sit about 30x above those and 10x to 20x below what a run
+  // without bf16's rounding (fp32) is off by: 5.7e-4, 4.1e-2 and 1.2e-3. A third step would blur
+  // the two apart (lr 0.2 amplifies the flips: 7.3e-3 in the update against fp32's 7.0e-2), a
+  // single one would not test that the first update reaches the second forward.
+  RunDistance b;
+  b.params = 1.0 / 16384;
+  b.update = 1.0 / 256;
+  b.loss = 1.0 / 16384;
+  return b;
 }
 
 dp::ModelBuilder plugin_builder(const std::string& model, const dp::ModelOptions& options) {

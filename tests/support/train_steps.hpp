@@ -178,6 +178,23 @@ struct TrainSubset {
 };
 const TrainSubset& fashion_mnist_subset();
 
+/// precision = "bf16"'s training configuration: LeNet (init_std 0.1), batch 64, lr 0.2, two
+/// steps, bf16 (cpu backend; the caller changes it). Compared free running, not through
+/// RoundingNoise: parameter nudges of up to 1024 fp32 ulps rarely move a bf16 rounding, so they
+/// would not measure the one-bf16-ulp flips that another summation order causes.
+TrainCase bf16_train_case();
+/// How far a free-running run ends from a reference run of the same configuration: the final
+/// parameters and the total update (norm-relative over all parameters) and the worst relative
+/// difference of a step's loss.
+struct RunDistance {
+  double params = 0, update = 0, loss = 0;
+  std::string str() const;
+};
+RunDistance run_distance(const StepRun& run, const StepRun& reference);
+/// The bounds of a bf16 run against another correct implementation of bf16_train_case() (another
+/// summation order); train_steps.cpp says where they come from.
+RunDistance bf16_run_bounds();
+
 /// A run of a case's configuration on the subset (options.backend as set in `c`).
 StepRun run_case(const TrainCase& c, const std::vector<std::vector<float>>& starts = {},
                  const StepHook& after_step = {});

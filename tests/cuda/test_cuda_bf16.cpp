@@ -1,0 +1,301 @@
+// precision = "bf16" on the CUDA backend against the cpu backend's bf16, the reference
+// (dp::Precision; tests/core/test_cpu_bf16.cpp holds the cpu's against naive loops): the
+// convolution and linear passes in both layouts, with and without a bias, and LeNet steps
+// through dp::Trainer. Every algorithm the bf16 contract allows: test_cuda_conv_algorithms.cpp.
+//
+// Tolerances. Both backends round the same operands to the same bf16 values (dp/bf16.hpp), so
+// every product is exact on both (the GPU's TF32 math holds a bf16 significand) and they differ
+// only in the order of their fp32 sums: about 1e-6 of the sum's scale, as in the fp32-exact op
+// tests (test_cuda_ops.cpp), where rel 1e-4 with floor 1 catches any real error.
+//  - Weight and bias gradients are not rounded: held to that 1e-4.
+//  - Activations and input gradients are rounded to bf16 once, on both sides. Where the two fp32
+//    sums straddle a rounding boundary they come out one bf16 ulp apart (at most 2^-7 of the
+//    larger value); elsewhere they are the same bits. So each element is held to 2^-6 of
+//    max(|a|, |b|, 1) (one ulp and the sums' difference, with room), every output must be a
+//    bf16 value, and at least 3/4 of them must be bit-identical to the cpu's: a straddle needs
+//    the sums' difference (~1e-6 relative) to cross a boundary, which happens for a few percent
+//    of the elements at most (those near zero, where the ulp is small), while a GPU that skipped
+//    the rounding matches almost none and one that truncated instead of rounding to nearest
+//    matches about half.
+#include <bit>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "dp/backend.hpp"
+#include "support/check.hpp"
+#include "support/train_steps.hpp"
+
+using dp::DType;
+using dp::Layout;
+
+namespace {
+
+constexpr double kGradRel = 1e-4;
+constexpr double kRoundedRel = 1.0 / 64;
+constexpr double kMinIdentical = 0.75;
+
+/// A cpu and a cuda backend computing in bf16, for one test case.
+struct Bf16Backends {
+  std::unique_ptr<dp::Backend> cpu, gpu;
+  Bf16Backends() {
+    dp::BackendOptions c;
+    c.kind = dp::BackendKind::cpu;
+    c.precision = dp::Precision::bf16;
+    cpu = dp::create_backend(c);
+    dp::BackendOptions g;
+    g.kind = dp::BackendKind::cuda;
+    g.precision = dp::Precision::bf16;
+    g.allow_tf32 = false;  // bf16 takes TF32 math regardless: exact on bf16 values
+    gpu = dp::create_backend(g);
+  }
+};
+
+bool is_bf16(float v) { return (std::bit_cast<uint32_t>(v) & 0xFFFFu) == 0; }
+
+/// A rounded output (activation or input gradient) of the GPU against the cpu's.
+void check_rounded(const std::string& what, const std::vector<float>& gpu,
+                   const std::vector<float>& cpu) {
+  INFO(what);
+  REQUIRE(gpu.size() == cpu.size());
+  const auto cmp = dptest::compare(gpu, cpu, kRoundedRel, 0.0, 1.0);
+  INFO(cmp.message);
+  CHECK(cmp.ok);
+  size_t identical = 0, not_bf16 = 0;
+  for (size_t i = 0; i < gpu.size(); ++i) {
+    identical += std::bit_cast<uint32_t>(gpu[i]) == std::bit_cast<uint32_t>(cpu[i]) ? 1 : 0;
+    not_bf16 += is_bf16(gpu[i]) ? 0 : 1;
+  }
+  const double fraction = static_cast<double>(identical) / static_cast<double>(gpu.size());
+  std::printf("  bf16 %s: %zu of %zu outputs bit-identical to the cpu's (%.4f)\n", what.c_str(),
+              identical, gpu.size(), fraction);
+  INFO(identical << " of " << gpu.size() << " bit-identical; " << not_bf16 << " not bf16 values");
+  CHECK(not_bf16 == 0);
+  CHECK(fraction >= kMinIdentical);
+}
+
+/// A weight or bias gradient (fp32, not rounded) of the GPU against the cpu's.
+void check_gradient(const std::string& what, const std::vector<float>& gpu,
+                    const std::vector<float>& cpu) {
+  INFO(what);
+  const auto cmp = dptest::compare(gpu, cpu, kGradRel, 0.0, 1.0);
+  INFO(cmp.message);
+  CHECK(cmp.ok);
+  // fp32 sums of products: not bf16 values, except by chance.
+  size_t not_bf16 = 0;
+  for (float v : gpu) not_bf16 += is_bf16(v) ? 0 : 1;
+  CHECK(not_bf16 > gpu.size() / 2);
+}
+
+struct ConvCase {
+  int64_t plan_n, n, c, h, w, k, r, s, stride, pad;
+  bool bias;
+};
+
+void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout) {
+  const std::string what =
+      "conv n=" + std::to_string(cc.n) + " c=" + std::to_string(cc.c) + " " + std::to_string(cc.h) +
+      "x" + std::to_string(cc.w) + " k=" + std::to_string(cc.k) + " " + std::to_string(cc.r) + "x" +
+      std::to_string(cc.s) + (cc.bias ? " bias " : " ") + dp::layout_name(layout);
+  INFO(what);
+  dp::ConvGeometry g;
+  g.max_batch = cc.plan_n;
+  g.in_channels = cc.c;
+  g.in_h = cc.h;
+  g.in_w = cc.w;
+  g.out_channels = cc.k;
+  g.kernel_h = cc.r;
+  g.kernel_w = cc.s;
+  g.stride_h = g.stride_w = cc.stride;
+  g.pad_h = g.pad_w = cc.pad;
+  auto cpu_plan = B.cpu->plan_conv(g);
+  g.layout = layout;
+  auto gpu_plan = B.gpu->plan_conv(g);
+  const int64_t p = g.out_h(), q = g.out_w();
+  const bool nhwc = layout == Layout::nhwc;
+  const auto to_gpu = [&](const std::vector<float>& v, int64_t c, int64_t h, int64_t w) {
+    return nhwc ? dptest::to_nhwc(v, cc.n, c, h, w) : v;
+  };
+  const auto from_gpu = [&](const std::vector<float>& v, int64_t c, int64_t h, int64_t w) {
+    return nhwc ? dptest::to_nchw(v, cc.n, c, h, w) : v;
+  };
+  using dptest::DeviceBuffer;
+  DeviceBuffer xc(*B.cpu, {cc.n, cc.c, cc.h, cc.w}),
+      xg(*B.gpu, {cc.n, cc.c, cc.h, cc.w}, DType::f32, layout);
+  DeviceBuffer dxc(*B.cpu, {cc.n, cc.c, cc.h, cc.w}),
+      dxg(*B.gpu, {cc.n, cc.c, cc.h, cc.w}, DType::f32, layout);
+  DeviceBuffer yc(*B.cpu, {cc.n, cc.k, p, q}), yg(*B.gpu, {cc.n, cc.k, p, q}, DType::f32, layout);
+  DeviceBuffer dyc(*B.cpu, {cc.n, cc.k, p, q}), dyg(*B.gpu, {cc.n, cc.k, p, q}, DType::f32, layout);
+  DeviceBuffer wc(*B.cpu, {cc.k, cc.c, cc.r, cc.s}), wg(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+  DeviceBuffer dwc(*B.cpu, {cc.k, cc.c, cc.r, cc.s}), dwg(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+  DeviceBuffer bc(*B.cpu, {cc.k}), bg(*B.gpu, {cc.k}), dbc(*B.cpu, {cc.k}), dbg(*B.gpu, {cc.k});
+  const auto x = dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 31);
+  const auto w = dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 32, -0.5f, 0.5f);
+  const auto b = dptest::random_vector(cc.k, 33);
+  const auto dy = dptest::random_vector(cc.n * cc.k * p * q, 34);
+  xc.upload(x);
+  xg.upload(to_gpu(x, cc.c, cc.h, cc.w));
+  wc.upload(w);
+  wg.upload(w);
+  bc.upload(b);
+  bg.upload(b);
+  dyc.upload(dy);
+  dyg.upload(to_gpu(dy, cc.k, p, q));
+
+  B.cpu->conv_forward(*cpu_plan, xc.tensor(), wc.tensor(), cc.bias ? bc.ptr() : nullptr,
+                      yc.tensor());
+  B.gpu->conv_forward(*gpu_plan, xg.tensor(), wg.tensor(), cc.bias ? bg.ptr() : nullptr,
+                      yg.tensor());
+  check_rounded(what + " forward", from_gpu(yg.download_f32(), cc.k, p, q), yc.download_f32());
+
+  B.cpu->conv_backward_data(*cpu_plan, dyc.tensor(), wc.tensor(), dxc.tensor());
+  B.gpu->conv_backward_data(*gpu_plan, dyg.tensor(), wg.tensor(), dxg.tensor());
+  check_rounded(what + " backward-data", from_gpu(dxg.download_f32(), cc.c, cc.h, cc.w),
+                dxc.download_f32());
+
+  B.cpu->conv_backward_filter(*cpu_plan, xc.tensor(), dyc.tensor(), dwc.tensor(),
+                              cc.bias ? dbc.ptr() : nullptr);
+  B.gpu->conv_backward_filter(*gpu_plan, xg.tensor(), dyg.tensor(), dwg.tensor(),
+                              cc.bias ? dbg.ptr() : nullptr);
+  check_gradient(what + " weight gradient", dwg.download_f32(), dwc.download_f32());
+  if (cc.bias) check_gradient(what + " bias gradient", dbg.download_f32(), dbc.download_f32());
+  // The operands were read, not rounded in place: the fp32 tensors are as uploaded.
+  CHECK(wg.download_f32() == w);
+  CHECK(from_gpu(xg.download_f32(), cc.c, cc.h, cc.w) == x);
+  CHECK(from_gpu(dyg.download_f32(), cc.k, p, q) == dy);
+}
+
+}  // namespace
+
+TEST_CASE("cuda bf16 conv forward/backward equal the cpu's bf16 up to summation order",
+          "[cuda][bf16]") {
+  Bf16Backends B;
+  const std::vector<ConvCase> cases = {
+      {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, true},       // odd sizes, same padding
+      {4, 4, 3, 9, 9, 4, 5, 5, 2, 2, true},       // strided, large kernel
+      {2, 2, 20, 12, 12, 50, 5, 5, 1, 0, true},   // LeNet's second convolution (500-term sums)
+      {5, 5, 8, 8, 8, 16, 1, 1, 2, 0, false},     // ResNet's 1x1 strided shortcut, no bias
+      {8, 3, 1, 28, 28, 6, 3, 3, 1, 1, true},     // batch smaller than the plan's (a last batch)
+      {16, 16, 64, 7, 7, 64, 3, 3, 1, 1, false},  // a ResNet-18 block's convolution (folded bias)
+  };
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    for (const auto& cc : cases) check_conv(B, cc, layout);
+  }
+}
+
+TEST_CASE("cuda bf16 linear forward/backward equal the cpu's bf16 up to summation order",
+          "[cuda][bf16]") {
+  Bf16Backends B;
+  struct Case {
+    int64_t n, in, out;
+    bool input_grad;
+  };
+  for (const Case cc : {Case{7, 33, 5, true}, Case{256, 800, 128, true}, Case{65, 128, 10, false},
+                        Case{64, 512, 10, true}}) {
+    const std::string what = "linear n=" + std::to_string(cc.n) + " in=" + std::to_string(cc.in) +
+                             " out=" + std::to_string(cc.out);
+    INFO(what);
+    B.cpu->prepare_linear(cc.n, cc.in, cc.out);
+    B.gpu->prepare_linear(cc.n, cc.in, cc.out);
+    using dptest::DeviceBuffer;
+    DeviceBuffer xc(*B.cpu, {cc.n, cc.in}), xg(*B.gpu, {cc.n, cc.in});
+    DeviceBuffer wc(*B.cpu, {cc.out, cc.in}), wg(*B.gpu, {cc.out, cc.in});
+    DeviceBuffer bc(*B.cpu, {cc.out}), bg(*B.gpu, {cc.out});
+    DeviceBuffer yc(*B.cpu, {cc.n, cc.out}), yg(*B.gpu, {cc.n, cc.out});
+    DeviceBuffer dyc(*B.cpu, {cc.n, cc.out}), dyg(*B.gpu, {cc.n, cc.out});
+    DeviceBuffer dxc(*B.cpu, {cc.n, cc.in}), dxg(*B.gpu, {cc.n, cc.in});
+    DeviceBuffer dwc(*B.cpu, {cc.out, cc.in}), dwg(*B.gpu, {cc.out, cc.in});
+    DeviceBuffer dbc(*B.cpu, {cc.out}), dbg(*B.gpu, {cc.out});
+    const auto x = dptest::random_vector(cc.n * cc.in, 41);
+    const auto w = dptest::random_vector(cc.out * cc.in, 42, -0.2f, 0.2f);
+    const auto b = dptest::random_vector(cc.out, 43);
+    const auto dy = dptest::random_vector(cc.n * cc.out, 44);
+    for (auto* t : {&xc, &xg}) t->upload(x);
+    for (auto* t : {&wc, &wg}) t->upload(w);
+    for (auto* t : {&bc, &bg}) t->upload(b);
+    for (auto* t : {&dyc, &dyg}) t->upload(dy);
+    B.cpu->linear_forward(xc.tensor(), wc.tensor(), bc.ptr(), yc.tensor());
+    B.gpu->linear_forward(xg.tensor(), wg.tensor(), bg.ptr(), yg.tensor());
+    check_rounded(what + " forward", yg.download_f32(), yc.download_f32());
+    B.cpu->linear_backward(xc.tensor(), wc.tensor(), dyc.tensor(),
+                           cc.input_grad ? dxc.ptr() : nullptr, dwc.tensor(), dbc.ptr());
+    B.gpu->linear_backward(xg.tensor(), wg.tensor(), dyg.tensor(),
+                           cc.input_grad ? dxg.ptr() : nullptr, dwg.tensor(), dbg.ptr());
+    if (cc.input_grad)
+      check_rounded(what + " input gradient", dxg.download_f32(), dxc.download_f32());
+    check_gradient(what + " weight gradient", dwg.download_f32(), dwc.download_f32());
+    check_gradient(what + " bias gradient", dbg.download_f32(), dbc.download_f32());
+    CHECK(wg.download_f32() == w);  // the master weights are never rounded
+  }
+}
+
+TEST_CASE("cuda bf16 passes planned at setup allocate nothing later, also under capture",
+          "[cuda][bf16]") {
+  Bf16Backends B;
+  dp::ConvGeometry g;
+  g.max_batch = 8;
+  g.in_channels = 3;
+  g.in_h = g.in_w = 9;
+  g.out_channels = 4;
+  g.kernel_h = g.kernel_w = 3;
+  g.pad_h = g.pad_w = 1;
+  auto plan = B.gpu->plan_conv(g);
+  B.gpu->prepare_linear(8, 12, 5);
+  using dptest::DeviceBuffer;
+  DeviceBuffer x(*B.gpu, {8, 3, 9, 9}), y(*B.gpu, {8, 4, 9, 9}), w(*B.gpu, {4, 3, 3, 3});
+  DeviceBuffer lx(*B.gpu, {8, 12}), lw(*B.gpu, {5, 12}), ly(*B.gpu, {8, 5});
+  x.upload(dptest::random_vector(8 * 3 * 81, 51));
+  w.upload(dptest::random_vector(4 * 27, 52));
+  lx.upload(dptest::random_vector(96, 53));
+  lw.upload(dptest::random_vector(60, 54));
+  const size_t peak = B.gpu->peak_memory();
+  B.gpu->conv_forward(*plan, x.tensor(), w.tensor(), nullptr, y.tensor());
+  B.gpu->linear_forward(lx.tensor(), lw.tensor(), nullptr, ly.tensor());
+  B.gpu->synchronize();
+  CHECK(B.gpu->peak_memory() == peak);
+  const auto y_direct = y.download_f32();
+  // Captured and replayed: the same bits (the rounding kernels are part of the graph).
+  B.gpu->fill(y.tensor(), 7.0f);
+  B.gpu->begin_capture();
+  B.gpu->conv_forward(*plan, x.tensor(), w.tensor(), nullptr, y.tensor());
+  auto captured = B.gpu->end_capture();
+  B.gpu->replay(*captured);
+  B.gpu->synchronize();
+  CHECK(y.download_f32() == y_direct);
+  CHECK(B.gpu->peak_memory() == peak);
+}
+
+TEST_CASE("cuda bf16 LeNet steps equal the cpu's bf16 steps up to summation order",
+          "[cuda][train][bf16]") {
+  if (!dptest::fashion_mnist_subset().ok) {
+    DPTEST_SKIPPED("Fashion-MNIST not found (set DPRUN_DATA): skipping a bf16 training test");
+    return;
+  }
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    INFO(dp::layout_name(layout));
+    dptest::TrainCase c = dptest::bf16_train_case();
+    c.options.layout = layout;
+    c.options.cpu_threads = 0;
+    const dptest::StepRun cpu = dptest::run_case(c);
+    c.options.backend = dp::BackendKind::cuda;
+    const dptest::StepRun gpu = dptest::run_case(c);
+    REQUIRE(gpu.initial == cpu.initial);  // the same initialisation from the same seed
+    CHECK(gpu.replicas_agree);
+    // Only fp32 summation orders differ, as between the cpu's oneDNN and OpenBLAS kernels: held
+    // to the bounds that comparison is held to (dptest::bf16_run_bounds, measured by
+    // test_cpu_bf16_training.cpp).
+    const dptest::RunDistance d = dptest::run_distance(gpu, cpu);
+    const dptest::RunDistance bound = dptest::bf16_run_bounds();
+    std::printf("  bf16 LeNet %s cuda vs cpu after 2 steps: %s (bounds %s)\n",
+                dp::layout_name(layout), d.str().c_str(), bound.str().c_str());
+    INFO(d.str());
+    CHECK(d.params <= bound.params);
+    CHECK(d.update <= bound.update);
+    CHECK(d.loss <= bound.loss);
+  }
+}
