@@ -1,22 +1,22 @@
 // GPU benchmark: LeNet and ResNet-18 training steps on one GPU through dp::Trainer (the same
 // path dprun uses) at batches 64, 256 and 1024: TF32 (as PyTorch's default for convolutions) in
-// NCHW and NHWC, strict fp32 in NCHW; at batch 256 also NHWC with cuDNN's batch norm instead of
-// ours (DPRUN_CUDA_NHWC_BN=cudnn, the comparison issue 21 asks for) and NHWC with every step a
-// CUDA graph (TrainerOptions::graphs). Per configuration: warm-up steps, then the median of timed
-// steps (each step ends with a host synchronisation: Trainer::step downloads the loss),
-// projected seconds per epoch (ceil(60000 / batch) steps), peak GPU memory the backend
-// allocated, and at batch 256 one real epoch of Fashion-MNIST through Trainer::run_epoch (no
-// per-step host sync). Builds without CUDA too and then only says so. bench/pytorch_gpu.py
+// NCHW and NHWC, strict fp32 in NCHW, precision bf16 in NHWC and NCHW; at batch 256 also NHWC with
+// cuDNN's batch norm instead of ours (DPRUN_CUDA_NHWC_BN=cudnn, the comparison issue 21 asks for)
+// and NHWC with every step a CUDA graph (TrainerOptions::graphs). Per configuration: warm-up steps,
+// then the median of timed steps (each step ends with a host synchronisation: Trainer::step
+// downloads the loss), projected seconds per epoch (ceil(60000 / batch) steps), peak GPU memory the
+// backend allocated, and at batch 256 one real epoch of Fashion-MNIST through Trainer::run_epoch
+// (no per-step host sync). Builds without CUDA too and then only says so. bench/pytorch_gpu.py
 // measures PyTorch the same way in the same call (scripts/gpu-check).
 //
 //   bench_gpu [--steps N] [--warmup N] [--batches 64,256,1024] [--no-epoch]
 //             [--model lenet|resnet18] [--config NAME,...] [--list] [--profile] [--plugins DIR]
 //             [--data DIR] [--json FILE]
 // --config runs the named configurations only (comma-separated, exact names such as
-// "resnet18-nhwc-tf32-b256"; --list prints them all). --profile runs each configuration's warm-up, then one step between
-// cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off` (no timing, no
-// epoch). --json also writes the results, the device and the CUDA library versions as loaded,
-// for the machine-readable record scripts/gpu-check keeps (bench/results/): one row per
+// "resnet18-nhwc-tf32-b256"; --list prints them all). --profile runs each configuration's warm-up,
+// then one step between cudaProfilerStart and cudaProfilerStop, for `ncu --profile-from-start off`
+// (no timing, no epoch). --json also writes the results, the device and the CUDA library versions
+// as loaded, for the machine-readable record scripts/gpu-check keeps (bench/results/): one row per
 // configuration with model, precision, layout, batch, graphs, bn, seconds_per_epoch (the real
 // epoch where one ran, else the projection) and peak_mb.
 // Plugins: --plugins, else $DPRUN_PLUGIN_DIR, else the usual search path. Data: --data, else
@@ -154,16 +154,21 @@ dp::Dataset synthetic(int64_t count, const std::string& name) {
   return d;
 }
 
+/// The arithmetic of a configuration: TF32 (the fp32 default on GPUs), exact fp32, bf16.
+enum class Arith { tf32, fp32, bf16 };
+
 struct Config {
   std::string model;
   dp::Layout layout;
-  bool tf32;
+  Arith arith;
   float lr;
   int64_t batch = 256;
   bool graphs = false;
   bool cudnn_bn = false;  // NHWC batch norm by cuDNN (DPRUN_CUDA_NHWC_BN=cudnn) instead of ours
 
-  const char* precision() const { return tf32 ? "tf32" : "fp32"; }
+  const char* precision() const {
+    return arith == Arith::tf32 ? "tf32" : arith == Arith::fp32 ? "fp32" : "bf16";
+  }
   /// How NHWC or NCHW batch norm is computed: ours (bn_nhwc.cu) or cuDNN's.
   const char* bn() const { return layout == dp::Layout::nhwc && !cudnn_bn ? "ours" : "cudnn"; }
   /// "resnet18-nhwc-tf32-b256", "-graphs", "-cudnn-bn".
@@ -231,7 +236,8 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
     o.epochs = 1;
     o.lr.base = c.lr;
     o.seed = 1;
-    o.allow_tf32 = c.tf32;
+    o.allow_tf32 = c.arith != Arith::fp32;
+    o.precision = c.arith == Arith::bf16 ? dp::Precision::bf16 : dp::Precision::fp32;
     o.layout = c.layout;
     o.graphs = c.graphs;
     dp::Trainer trainer(
@@ -331,15 +337,17 @@ std::vector<Config> all_configs(const Args& args) {
     if (!args.model.empty() && args.model != model) continue;
     const float lr = std::strcmp(model, "lenet") == 0 ? 0.2f : 0.1f;
     for (int64_t batch : args.batches) {
-      configs.push_back({model, dp::Layout::nchw, true, lr, batch});
-      configs.push_back({model, dp::Layout::nhwc, true, lr, batch});
-      configs.push_back({model, dp::Layout::nchw, false, lr, batch});
+      configs.push_back({model, dp::Layout::nchw, Arith::tf32, lr, batch});
+      configs.push_back({model, dp::Layout::nhwc, Arith::tf32, lr, batch});
+      configs.push_back({model, dp::Layout::nchw, Arith::fp32, lr, batch});
+      configs.push_back({model, dp::Layout::nhwc, Arith::bf16, lr, batch});
+      configs.push_back({model, dp::Layout::nchw, Arith::bf16, lr, batch});
       if (batch == 256) {
         // LeNet has no batch norm: ours and cuDNN's would be the same run.
         if (std::strcmp(model, "resnet18") == 0) {
-          configs.push_back({model, dp::Layout::nhwc, true, lr, batch, false, true});
+          configs.push_back({model, dp::Layout::nhwc, Arith::tf32, lr, batch, false, true});
         }
-        configs.push_back({model, dp::Layout::nhwc, true, lr, batch, true});
+        configs.push_back({model, dp::Layout::nhwc, Arith::tf32, lr, batch, true});
       }
     }
   }
