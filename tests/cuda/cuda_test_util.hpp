@@ -69,6 +69,28 @@ using dptest::plugin_dir;
 /// The factory of a model from its plugin (libdprun_<model>.so).
 dp::ModelFactory model_factory(const std::string& model);
 
+/// A convolution of the op tests: the plan's batch, the batch run, (C, H, W) in, K filters of
+/// R x S, stride and padding (both dimensions), with or without a bias.
+struct ConvCase {
+  int64_t plan_n, n, c, h, w, k, r, s, stride, pad;
+  bool bias;
+  /// Its plan geometry in `layout`.
+  dp::ConvGeometry geometry(dp::Layout layout = dp::Layout::nchw) const {
+    dp::ConvGeometry g;
+    g.max_batch = plan_n;
+    g.in_channels = c;
+    g.in_h = h;
+    g.in_w = w;
+    g.out_channels = k;
+    g.kernel_h = r;
+    g.kernel_w = s;
+    g.stride_h = g.stride_w = stride;
+    g.pad_h = g.pad_w = pad;
+    g.layout = layout;
+    return g;
+  }
+};
+
 }  // namespace cudatest
 
 /// Compares with the tolerance of an op test: |a-b| <= rel * max(|a|, |b|, 1).

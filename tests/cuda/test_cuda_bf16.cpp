@@ -52,6 +52,7 @@ struct Bf16Backends {
     g.kind = dp::BackendKind::cuda;
     g.precision = dp::Precision::bf16;
     g.allow_tf32 = false;  // bf16 takes TF32 math regardless: exact on bf16 values
+    g.conv_choice = dp::ConvChoice::heuristic;  // nothing timed: no measurement scratch
     gpu = dp::create_backend(g);
   }
 };
@@ -92,10 +93,7 @@ void check_gradient(const std::string& what, const std::vector<float>& gpu,
   CHECK(not_bf16 > gpu.size() / 2);
 }
 
-struct ConvCase {
-  int64_t plan_n, n, c, h, w, k, r, s, stride, pad;
-  bool bias;
-};
+using cudatest::ConvCase;
 
 void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout) {
   const std::string what =
@@ -103,18 +101,8 @@ void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout) {
       "x" + std::to_string(cc.w) + " k=" + std::to_string(cc.k) + " " + std::to_string(cc.r) + "x" +
       std::to_string(cc.s) + (cc.bias ? " bias " : " ") + dp::layout_name(layout);
   INFO(what);
-  dp::ConvGeometry g;
-  g.max_batch = cc.plan_n;
-  g.in_channels = cc.c;
-  g.in_h = cc.h;
-  g.in_w = cc.w;
-  g.out_channels = cc.k;
-  g.kernel_h = cc.r;
-  g.kernel_w = cc.s;
-  g.stride_h = g.stride_w = cc.stride;
-  g.pad_h = g.pad_w = cc.pad;
-  auto cpu_plan = B.cpu->plan_conv(g);
-  g.layout = layout;
+  const dp::ConvGeometry g = cc.geometry(layout);
+  auto cpu_plan = B.cpu->plan_conv(cc.geometry());
   auto gpu_plan = B.gpu->plan_conv(g);
   const int64_t p = g.out_h(), q = g.out_w();
   const bool nhwc = layout == Layout::nhwc;
@@ -236,6 +224,10 @@ TEST_CASE("cuda bf16 linear forward/backward equal the cpu's bf16 up to summatio
 
 TEST_CASE("cuda bf16 passes planned at setup allocate nothing later, also under capture",
           "[cuda][bf16]") {
+  // Heuristic choice (Bf16Backends): nothing is timed, so no measurement scratch hides an
+  // allocation in the peak; memory_in_use is checked too. The linear layer needs more bf16
+  // scratch than the convolution (64x100 + 50x100 + 64x50 floats against 8x4x9x9 + 8x3x9x9), so
+  // prepare_linear's sizing is what is tested for it.
   Bf16Backends B;
   dp::ConvGeometry g;
   g.max_batch = 8;
@@ -245,29 +237,75 @@ TEST_CASE("cuda bf16 passes planned at setup allocate nothing later, also under 
   g.kernel_h = g.kernel_w = 3;
   g.pad_h = g.pad_w = 1;
   auto plan = B.gpu->plan_conv(g);
-  B.gpu->prepare_linear(8, 12, 5);
+  const int64_t n = 64, in = 100, out = 50;
+  B.gpu->prepare_linear(n, in, out);
   using dptest::DeviceBuffer;
-  DeviceBuffer x(*B.gpu, {8, 3, 9, 9}), y(*B.gpu, {8, 4, 9, 9}), w(*B.gpu, {4, 3, 3, 3});
-  DeviceBuffer lx(*B.gpu, {8, 12}), lw(*B.gpu, {5, 12}), ly(*B.gpu, {8, 5});
+  DeviceBuffer x(*B.gpu, {8, 3, 9, 9}), dx(*B.gpu, {8, 3, 9, 9}), y(*B.gpu, {8, 4, 9, 9}),
+      dy(*B.gpu, {8, 4, 9, 9}), w(*B.gpu, {4, 3, 3, 3}), dw(*B.gpu, {4, 3, 3, 3});
+  DeviceBuffer lx(*B.gpu, {n, in}), ldx(*B.gpu, {n, in}), lw(*B.gpu, {out, in}),
+      ldw(*B.gpu, {out, in}), lb(*B.gpu, {out}), ldb(*B.gpu, {out}), ly(*B.gpu, {n, out}),
+      ldy(*B.gpu, {n, out});
   x.upload(dptest::random_vector(8 * 3 * 81, 51));
   w.upload(dptest::random_vector(4 * 27, 52));
-  lx.upload(dptest::random_vector(96, 53));
-  lw.upload(dptest::random_vector(60, 54));
-  const size_t peak = B.gpu->peak_memory();
-  B.gpu->conv_forward(*plan, x.tensor(), w.tensor(), nullptr, y.tensor());
-  B.gpu->linear_forward(lx.tensor(), lw.tensor(), nullptr, ly.tensor());
+  dy.upload(dptest::random_vector(8 * 4 * 81, 55));
+  lx.upload(dptest::random_vector(n * in, 53));
+  lw.upload(dptest::random_vector(out * in, 54));
+  lb.upload(dptest::random_vector(out, 56));
+  ldy.upload(dptest::random_vector(n * out, 57));
+  DeviceBuffer* outputs[] = {&y, &dx, &dw, &ly, &ldx, &ldw, &ldb};
+  const auto step = [&] {
+    B.gpu->conv_forward(*plan, x.tensor(), w.tensor(), nullptr, y.tensor());
+    B.gpu->conv_backward_data(*plan, dy.tensor(), w.tensor(), dx.tensor());
+    B.gpu->conv_backward_filter(*plan, x.tensor(), dy.tensor(), dw.tensor(), nullptr);
+    B.gpu->linear_forward(lx.tensor(), lw.tensor(), lb.ptr(), ly.tensor());
+    B.gpu->linear_backward(lx.tensor(), lw.tensor(), ldy.tensor(), ldx.ptr(), ldw.tensor(),
+                           ldb.ptr());
+  };
+  const auto results = [&] {
+    std::vector<std::vector<float>> r;
+    for (DeviceBuffer* o : outputs) r.push_back(o->download_f32());
+    return r;
+  };
+  const auto clear = [&] {
+    for (DeviceBuffer* o : outputs) B.gpu->fill(o->tensor(), 7.0f);
+  };
+  const size_t in_use = B.gpu->memory_in_use(), peak = B.gpu->peak_memory();
+  step();
   B.gpu->synchronize();
+  CHECK(B.gpu->memory_in_use() == in_use);
   CHECK(B.gpu->peak_memory() == peak);
-  const auto y_direct = y.download_f32();
+  const auto direct = results();
+
   // Captured and replayed: the same bits (the rounding kernels are part of the graph).
-  B.gpu->fill(y.tensor(), 7.0f);
+  clear();
   B.gpu->begin_capture();
-  B.gpu->conv_forward(*plan, x.tensor(), w.tensor(), nullptr, y.tensor());
+  step();
   auto captured = B.gpu->end_capture();
   B.gpu->replay(*captured);
   B.gpu->synchronize();
-  CHECK(y.download_f32() == y_direct);
+  CHECK(results() == direct);
+  CHECK(B.gpu->memory_in_use() == in_use);
   CHECK(B.gpu->peak_memory() == peak);
+
+  // A larger pass than prepared still works outside a capture: the scratch grows, and the
+  // scratch the graph was captured with is kept (freeing it would let the graph read memory
+  // that now belongs to something else), so the graph still computes the same bits.
+  DeviceBuffer bx(*B.gpu, {2 * n, in}), by(*B.gpu, {2 * n, out});
+  bx.upload(dptest::random_vector(2 * n * in, 58));
+  const size_t before_growth = B.gpu->memory_in_use();
+  B.gpu->linear_forward(bx.tensor(), lw.tensor(), nullptr, by.tensor());
+  B.gpu->synchronize();
+  CHECK(B.gpu->memory_in_use() > before_growth);
+  clear();
+  B.gpu->replay(*captured);
+  B.gpu->synchronize();
+  CHECK(results() == direct);
+  // ... and under capture a pass larger than prepared fails, saying what to prepare.
+  DeviceBuffer hx(*B.gpu, {8 * n, in}), hy(*B.gpu, {8 * n, out});
+  B.gpu->begin_capture();
+  CHECK_THROWS_WITH(B.gpu->linear_forward(hx.tensor(), lw.tensor(), nullptr, hy.tensor()),
+                    Catch::Contains("linear_forward") && Catch::Contains("prepare_linear"));
+  B.gpu->discard_capture();
 }
 
 TEST_CASE("cuda bf16 LeNet steps equal the cpu's bf16 steps up to summation order",

@@ -53,18 +53,7 @@ struct ConvShape {
   std::string what;
   int64_t n, c, h, w, k, r, s, stride, pad;
   dp::ConvGeometry geometry(Layout layout) const {
-    dp::ConvGeometry g;
-    g.max_batch = n;
-    g.in_channels = c;
-    g.in_h = h;
-    g.in_w = w;
-    g.out_channels = k;
-    g.kernel_h = r;
-    g.kernel_w = s;
-    g.stride_h = g.stride_w = stride;
-    g.pad_h = g.pad_w = pad;
-    g.layout = layout;
-    return g;
+    return cudatest::ConvCase{n, n, c, h, w, k, r, s, stride, pad, false}.geometry(layout);
   }
 };
 

@@ -75,28 +75,15 @@ struct Flat {
 
 // ---- convolution --------------------------------------------------------------------------------
 
-struct ConvCase {
-  int64_t plan_n, n, c, h, w, k, r, s, stride, pad;
-  bool bias;
-};
+using cudatest::ConvCase;
 
 void check_conv(const ConvCase& cc, Layout layout) {
   auto& B = backends();
   INFO("conv n=" << cc.n << " (plan " << cc.plan_n << ") c=" << cc.c << " " << cc.h << "x" << cc.w
                  << " k=" << cc.k << " " << cc.r << "x" << cc.s << " stride " << cc.stride
                  << " pad " << cc.pad << " bias " << cc.bias << " " << name(layout));
-  dp::ConvGeometry g;
-  g.max_batch = cc.plan_n;
-  g.in_channels = cc.c;
-  g.in_h = cc.h;
-  g.in_w = cc.w;
-  g.out_channels = cc.k;
-  g.kernel_h = cc.r;
-  g.kernel_w = cc.s;
-  g.stride_h = g.stride_w = cc.stride;
-  g.pad_h = g.pad_w = cc.pad;
-  auto cpu_plan = B.cpu->plan_conv(g);
-  g.layout = layout;
+  const dp::ConvGeometry g = cc.geometry(layout);
+  auto cpu_plan = B.cpu->plan_conv(cc.geometry());
   auto gpu_plan = B.gpu->plan_conv(g);
   const int64_t p = g.out_h(), q = g.out_w();
 

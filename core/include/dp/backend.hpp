@@ -257,8 +257,10 @@ class Backend {
 
   // ---- linear: x (N,IN), w (OUT,IN) (PyTorch nn.Linear layout), b (OUT) -> y (N,OUT) -----------
   /// Declares, at setup, a linear layer's largest shape, so a backend that needs scratch for it
-  /// (the cpu backend's bf16 copies) reserves it before the step loop. Optional: a call larger
-  /// than declared still works, preparing then. max_batch, in, out >= 1.
+  /// (precision bf16's rounded operand copies, on either backend) reserves it before the step
+  /// loop. Optional: a call larger than declared still works, preparing then (on the cuda
+  /// backend not while a step is being captured: it then fails, naming what to prepare).
+  /// max_batch, in, out >= 1.
   void prepare_linear(int64_t max_batch, int64_t in, int64_t out);
   /// y = x w^T + b; b may be null.
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y);

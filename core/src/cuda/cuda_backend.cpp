@@ -337,6 +337,7 @@ std::unique_ptr<CapturedOps> CudaBackend::end_capture_impl() {
                 cudaGetErrorString(status) +
                 " (an op in the step needs the host or another stream; run without graphs)");
   }
+  ++graphs_captured_;  // scratch replaced from now on is kept (replace_scratch)
   return std::make_unique<CudaGraph>(graph);
 }
 

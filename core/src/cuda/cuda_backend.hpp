@@ -14,8 +14,11 @@
 // the faster path still to be built, against the same reference.
 //
 // Memory: allocate() is cudaMalloc, counted (in use, peak). The backend's own scratch (the cuDNN
-// workspace shared by all convolution plans, filter-transpose and reduction scratch) is grown
-// only in plan_conv and counted too, so the step loop never allocates.
+// workspace shared by all convolution plans, filter-transpose and reduction scratch, the
+// channels-last batch norm's and bf16's operand scratch) is grown at setup (plan_conv,
+// prepare_linear, prepare_batchnorm) and counted too, so the step loop never allocates; a pass
+// larger than what was prepared grows it on first use, never while capturing, and never frees
+// what an earlier CUDA graph may use (replace_scratch).
 //
 // The op bodies live in one file per concern: cuda_backend.cpp (memory, elementwise, pooling,
 // loss, optimizer, data), cuda_conv.cpp (convolution plans), cuda_dnn.cpp (batch norm, linear).
@@ -185,11 +188,25 @@ class CudaBackend final : public Backend {
   /// prepare_batchnorm, or on first use of a larger shape, but never while capturing (`op` then
   /// fails naming what was not prepared).
   float* bn_scratch_for(int64_t rows, int64_t c, const char* op);
-  /// Scratch `buffer` (holding `held` floats) replaced by one of `floats`, after the queued work
-  /// that may use it; while a step is being captured `op` fails instead, saying what it `needs`
-  /// and the `remedy` (what to prepare at setup).
+  /// Scratch `buffer` (holding `held` floats) replaced by one of `floats` (replace_scratch); while
+  /// a step is being captured `op` fails instead, saying what it `needs` and the `remedy` (what to
+  /// prepare at setup).
   float* regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
                         const std::string& needs, const char* remedy);
+  /// Scratch `buffer` (holding `held` units) replaced by one of `count` units of `unit_bytes`,
+  /// after the queued work that may use it. The old buffer is freed only while no CUDA graph has
+  /// been captured on this backend: a graph keeps the addresses it was captured with, so once
+  /// one exists the old buffer stays allocated (and counted in memory_in_use) until teardown.
+  template <class T>
+  void replace_scratch(T*& buffer, size_t& held, size_t count, size_t unit_bytes) {
+    sync_for_scratch();
+    if (graphs_captured_ == 0) release(buffer);
+    buffer = nullptr;
+    held = 0;
+    buffer = static_cast<T*>(allocate(count * unit_bytes));
+    held = count;
+  }
+  void sync_for_scratch();  // waits for stream_ (replace_scratch), throwing on a CUDA error
   /// The cuDNN state of one batch size of a plan (descriptors; algorithms chosen per direction),
   /// created on first use. `direction` is chosen now if it was not yet: at plan time within
   /// kMaxWorkspaceBytes (the workspace then grows to fit), later within the workspace already
@@ -272,6 +289,9 @@ class CudaBackend final : public Backend {
   size_t bn_scratch_floats_ = 0;
   float* bf16_scratch_ = nullptr;  // precision bf16: a pass's operands rounded to bf16
   size_t bf16_scratch_floats_ = 0;
+  /// CUDA graphs captured on this backend so far: scratch replaced after the first is kept
+  /// (replace_scratch).
+  int64_t graphs_captured_ = 0;
 
   cudnnTensorDescriptor_t bn_x_desc_ = nullptr;
   cudnnTensorDescriptor_t bn_param_desc_ = nullptr;

@@ -7,20 +7,23 @@
 // is chosen then, within the workspace already reserved, without allocating.
 //
 // Every choice stays inside the trial's precision contract (dp/conv_contract.hpp): exact fp32 takes
-// GEMM and direct algorithms with FMA math only; TF32 and bf16 take what cuDNN offers, never a
-// down-conversion to fp16. Timing and heuristics only order what the contract allows, and a
-// cached choice outside it is refused, so no timing can change which contract holds.
+// GEMM and direct algorithms with FMA math only; TF32 takes what cuDNN offers; bf16 GEMM and
+// direct algorithms with tensor-core or FMA math (no FFT or Winograd, which would round its bf16
+// operands' transforms again); none a down-conversion to fp16. Timing and heuristics only order
+// what the contract allows, and a cached choice outside it is refused, so no timing can change
+// which contract holds.
 //
 // Choice, measured (the default; ConvChoice / DPRUN_CUDNN_CHOICE=measured): cuDNN times its
 // algorithms for the shape (cudnnFind*AlgorithmEx on scratch buffers, at plan time) and the
-// fastest that the contract allows, is deterministic and fits the workspace is kept, in memory and on disk (dp::ChoiceCache, one file per cuDNN, CUDA and
-// device), so the next run, and every replica of this one, takes the same algorithm without
-// timing again. Timings vary, so a shape's first measurement decides for every later run on that
-// machine; the heuristic choice never times. Heuristic (and the fallback when measuring gives
-// nothing usable): cuDNN's heuristics (cudnnGet*_v7) in their order, then the algorithms every
-// configuration supports; the first that the contract allows, runs with its math, is
-// deterministic (a run is reproducible; a non-deterministic one only when nothing else fits,
-// with a warning), and whose workspace fits. DPRUN_CUDNN_LOG=1 prints every choice.
+// fastest that the contract allows, is deterministic and fits the workspace is kept, in memory and
+// on disk (dp::ChoiceCache, one file per cuDNN, CUDA and device), so the next run, and every
+// replica of this one, takes the same algorithm without timing again. Timings vary, so a shape's
+// first measurement decides for every later run on that machine; the heuristic choice never times.
+// Heuristic (and the fallback when measuring gives nothing usable): cuDNN's heuristics
+// (cudnnGet*_v7) in their order, then the algorithms every configuration supports; the first that
+// the contract allows, runs with its math, is deterministic (a run is reproducible; a
+// non-deterministic one only when nothing else fits, with a warning), and whose workspace fits.
+// DPRUN_CUDNN_LOG=1 prints every choice.
 //
 // Filters are (K, C, R, S) in memory whatever the activation layout (PyTorch's parameter
 // layout). For NHWC activations cuDNN is given the all-NHWC configuration (its fast path):
@@ -235,27 +238,18 @@ cudnnStatus_t workspace_size(cudnnHandle_t cudnn, const CudnnConvPlan& plan, con
 
 }  // namespace
 
-// ---- scratch, grown at plan time only -----------------------------------------------------------
+// ---- scratch, grown at setup -------------------------------------------------------------------
+
+void CudaBackend::sync_for_scratch() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 void CudaBackend::reserve_workspace(size_t bytes) {
   if (bytes <= workspace_bytes_) return;
-  // Queued work may still use the old buffer.
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  release(workspace_);
-  workspace_ = nullptr;
-  workspace_bytes_ = 0;
-  workspace_ = allocate(bytes);
-  workspace_bytes_ = bytes;
+  replace_scratch(workspace_, workspace_bytes_, bytes, 1);
 }
 
 void CudaBackend::reserve_filter_scratch(size_t floats) {
   if (floats <= filter_scratch_floats_) return;
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  release(filter_scratch_);
-  filter_scratch_ = nullptr;
-  filter_scratch_floats_ = 0;
-  filter_scratch_ = static_cast<float*>(allocate(floats * sizeof(float)));
-  filter_scratch_floats_ = floats;
+  replace_scratch(filter_scratch_, filter_scratch_floats_, floats, sizeof(float));
 }
 
 float* CudaBackend::bf16_scratch_for(size_t floats, const char* op) {
@@ -289,12 +283,7 @@ const float* Bf16Operands::take(const float* src, int64_t n) {
 
 void CudaBackend::reserve_reduce_scratch(size_t floats) {
   if (floats <= reduce_scratch_floats_) return;
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  release(reduce_scratch_);
-  reduce_scratch_ = nullptr;
-  reduce_scratch_floats_ = 0;
-  reduce_scratch_ = static_cast<float*>(allocate(floats * sizeof(float)));
-  reduce_scratch_floats_ = floats;
+  replace_scratch(reduce_scratch_, reduce_scratch_floats_, floats, sizeof(float));
 }
 
 // ---- plans --------------------------------------------------------------------------------------

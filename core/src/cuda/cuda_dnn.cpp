@@ -51,12 +51,7 @@ float* CudaBackend::regrow_scratch(float*& buffer, size_t& held, size_t floats, 
   if (capturing()) {
     fail(op, needs + ", which cannot be allocated while a step is being captured: " + remedy);
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued work may still use the old buffer
-  release(buffer);
-  buffer = nullptr;
-  held = 0;
-  buffer = static_cast<float*>(allocate(floats * sizeof(float)));
-  held = floats;
+  replace_scratch(buffer, held, floats, sizeof(float));
   return buffer;
 }
 
@@ -204,9 +199,10 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, const char* op) {
 
 void CudaBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) {
   // Forward rounds (x, w); backward (x, w, dy).
-  if (bf16())
-    bf16_scratch_for(bf16_operand_floats({max_batch * in, out * in, max_batch * out}),
-                     "prepare_linear");
+  if (!bf16()) return;
+  activate();
+  bf16_scratch_for(bf16_operand_floats({max_batch * in, out * in, max_batch * out}),
+                   "prepare_linear");
 }
 
 void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
