@@ -398,8 +398,10 @@ TEST_CASE("bn = \"sync\" trains with statistics over every replica and is record
   CHECK(sql1(db, "SELECT COUNT(DISTINCT e.train_loss) FROM epochs e") == "2");
 }
 
-TEST_CASE("precision = \"bf16\" trains on the cpu backend and is recorded, cuda takes it as fp32",
-          "[cli]") {
+TEST_CASE(
+    "precision = \"bf16\" trains on the cpu backend and is recorded, cuda takes it where it takes "
+    "fp32",
+    "[cli]") {
   DPRUN_NEED_DATA(data);
   dptest::TempDir dir;
   const std::string file = dir.path() + "/bf16.toml";

@@ -349,13 +349,6 @@ TEST_CASE("trial process: a request it cannot run is refused before anything is 
     CHECK(res.kind == dprun::TrialRecord::Kind::error);
     CHECK(res.message == "gpus 3 is not divisible by processes 2");
   }
-  SECTION("bf16 on the CUDA backend, on any machine (before a GPU is looked for)") {
-    r.settings.set("precision", std::string("bf16"));
-    r.run.backend = "cuda";
-    const dprun::TrialResult res = dprun::run_trial(r, sink);
-    CHECK(res.kind == dprun::TrialRecord::Kind::error);
-    CHECK_THAT(res.message, Catch::Contains("bf16") && Catch::Contains("backend = \"cpu\""));
-  }
   SECTION("a model no plugin provides: the models found and the folders searched (the given ones,"
           " then the installed plugins)") {
     dptest::TempDir empty;
