@@ -337,8 +337,9 @@ std::unique_ptr<CapturedOps> CudaBackend::end_capture_impl() {
                 cudaGetErrorString(status) +
                 " (an op in the step needs the host or another stream; run without graphs)");
   }
+  auto captured = std::make_unique<CudaGraph>(graph);
   ++graphs_captured_;  // scratch replaced from now on is kept (replace_scratch)
-  return std::make_unique<CudaGraph>(graph);
+  return captured;
 }
 
 void CudaBackend::discard_capture_impl() noexcept {

@@ -193,16 +193,19 @@ class CudaBackend final : public Backend {
   /// prepare at setup).
   float* regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
                         const std::string& needs, const char* remedy);
-  /// Scratch `buffer` (holding `held` units) replaced by one of `count` units of `unit_bytes`,
-  /// after the queued work that may use it. The old buffer is freed only while no CUDA graph has
-  /// been captured on this backend: a graph keeps the addresses it was captured with, so once
-  /// one exists the old buffer stays allocated (and counted in memory_in_use) until teardown.
+  /// Scratch `buffer` (holding `held` units) replaced by one of `count` units of `unit_bytes`.
+  /// While no CUDA graph has been captured on this backend the old buffer is freed first, after
+  /// the queued work that may use it (a failed allocation then leaves none). Once one has been, a
+  /// graph may hold the old buffer's address, so it stays allocated (and counted in
+  /// memory_in_use) until teardown, and a failed allocation changes nothing.
   template <class T>
   void replace_scratch(T*& buffer, size_t& held, size_t count, size_t unit_bytes) {
-    sync_for_scratch();
-    if (graphs_captured_ == 0) release(buffer);
-    buffer = nullptr;
-    held = 0;
+    if (graphs_captured_ == 0) {
+      sync_for_scratch();
+      release(buffer);
+      buffer = nullptr;
+      held = 0;
+    }
     buffer = static_cast<T*>(allocate(count * unit_bytes));
     held = count;
   }
@@ -289,8 +292,8 @@ class CudaBackend final : public Backend {
   size_t bn_scratch_floats_ = 0;
   float* bf16_scratch_ = nullptr;  // precision bf16: a pass's operands rounded to bf16
   size_t bf16_scratch_floats_ = 0;
-  /// CUDA graphs captured on this backend so far: scratch replaced after the first is kept
-  /// (replace_scratch).
+  /// CUDA graphs captured on this backend so far (never decremented: scratch replaced after the
+  /// first is kept until teardown, replace_scratch).
   int64_t graphs_captured_ = 0;
 
   cudnnTensorDescriptor_t bn_x_desc_ = nullptr;
