@@ -20,20 +20,8 @@ struct ConvCase {
   int64_t p() const { return (h + 2 * ph - r) / sh + 1; }
   int64_t q() const { return (w + 2 * pw - s) / sw + 1; }
   dp::ConvGeometry geometry(dp::Layout layout = dp::Layout::nchw) const {
-    dp::ConvGeometry g;
-    g.max_batch = max_batch ? max_batch : n;
-    g.in_channels = c;
-    g.in_h = h;
-    g.in_w = w;
-    g.out_channels = k;
-    g.kernel_h = r;
-    g.kernel_w = s;
-    g.stride_h = sh;
-    g.stride_w = sw;
-    g.pad_h = ph;
-    g.pad_w = pw;
-    g.layout = layout;
-    return g;
+    return dptest::conv_geometry(max_batch ? max_batch : n, c, h, w, k, r, s, sh, sw, ph, pw,
+                                 layout);
   }
 };
 

@@ -76,18 +76,7 @@ struct ConvCase {
   bool bias;
   /// Its plan geometry in `layout`.
   dp::ConvGeometry geometry(dp::Layout layout = dp::Layout::nchw) const {
-    dp::ConvGeometry g;
-    g.max_batch = plan_n;
-    g.in_channels = c;
-    g.in_h = h;
-    g.in_w = w;
-    g.out_channels = k;
-    g.kernel_h = r;
-    g.kernel_w = s;
-    g.stride_h = g.stride_w = stride;
-    g.pad_h = g.pad_w = pad;
-    g.layout = layout;
-    return g;
+    return dptest::conv_geometry(plan_n, c, h, w, k, r, s, stride, stride, pad, pad, layout);
   }
 };
 

@@ -239,14 +239,7 @@ TEST_CASE("cuda bf16 passes planned at setup allocate nothing later, also under 
   // scratch than the convolution (64x100 + 50x100 + 64x50 floats against 8x4x9x9 + 8x3x9x9), so
   // prepare_linear's sizing is what is tested for it.
   Bf16Backends B;
-  dp::ConvGeometry g;
-  g.max_batch = 8;
-  g.in_channels = 3;
-  g.in_h = g.in_w = 9;
-  g.out_channels = 4;
-  g.kernel_h = g.kernel_w = 3;
-  g.pad_h = g.pad_w = 1;
-  auto plan = B.gpu->plan_conv(g);
+  auto plan = B.gpu->plan_conv(dptest::conv_geometry(8, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1));
   const int64_t n = 64, in = 100, out = 50;
   B.gpu->prepare_linear(n, in, out);
   using dptest::DeviceBuffer;

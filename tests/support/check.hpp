@@ -39,6 +39,28 @@ Comparison compare(const std::vector<double>& actual, const std::vector<double>&
 /// Deterministic random values in [lo, hi).
 std::vector<float> random_vector(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f);
 
+/// A convolution's plan geometry: batch up to max_batch, (C, H, W) in, K filters of R x S, the
+/// strides and paddings (height, width).
+inline dp::ConvGeometry conv_geometry(int64_t max_batch, int64_t c, int64_t h, int64_t w, int64_t k,
+                                      int64_t r, int64_t s, int64_t stride_h, int64_t stride_w,
+                                      int64_t pad_h, int64_t pad_w,
+                                      dp::Layout layout = dp::Layout::nchw) {
+  dp::ConvGeometry g;
+  g.max_batch = max_batch;
+  g.in_channels = c;
+  g.in_h = h;
+  g.in_w = w;
+  g.out_channels = k;
+  g.kernel_h = r;
+  g.kernel_w = s;
+  g.stride_h = stride_h;
+  g.stride_w = stride_w;
+  g.pad_h = pad_h;
+  g.pad_w = pad_w;
+  g.layout = layout;
+  return g;
+}
+
 /// An (N, C, H, W) array from NCHW order to NHWC order, and back (host layout conversions for
 /// every test that runs a layout against another).
 std::vector<float> to_nhwc(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w);
