@@ -319,13 +319,14 @@ RunDistance bf16_run_bounds() {
   // Two correct bf16 implementations differ in the order of their fp32 sums (~1e-7 relative),
   // which flips the bf16 rounding of the few values sitting on a boundary by one bf16 ulp
   // (2^-8), and the next step carries those along. Such flips are not derivable, so the bounds
-  // are measured (test_cpu_bf16_training.cpp, Fashion-MNIST, on a 2-core AMD EPYC; the
-  // figures do not depend on the thread count): the cpu backend with oneDNN's kernels against
-  // im2col + OpenBLAS ends the two steps 1.9e-6 apart in the parameters, 1.4e-4 in the update
-  // and 2.1e-7 in a loss. The bounds sit about 30x above those and 10x to 20x below what a run
-  // without bf16's rounding (fp32) is off by: 5.7e-4, 4.1e-2 and 1.2e-3. A third step would blur
-  // the two apart (lr 0.2 amplifies the flips: 7.3e-3 in the update against fp32's 7.0e-2), a
-  // single one would not test that the first update reaches the second forward.
+  // are measured (test_cpu_bf16_training.cpp, Fashion-MNIST, 2-core AMD EPYC; bench/results/
+  // bf16-run-distance-2026-11-27-amd-epyc.txt): the cpu backend with oneDNN's kernels (AVX-512)
+  // against im2col + OpenBLAS ends the two steps 1.9e-6 apart in the parameters, 1.4e-4 in the
+  // update and 2.1e-7 in a loss (9.4e-7 with oneDNN's AVX2 kernels; the thread count changes
+  // nothing). The bounds sit about 30x above those and 10x to 20x below what a run without
+  // bf16's rounding (fp32) is off by: 5.7e-4, 4.1e-2 and 1.2e-3. A third step would blur the two
+  // apart (lr 0.2 amplifies the flips: 7.3e-3 in the update against fp32's 7.0e-2), a single
+  // one would not test that the first update reaches the second forward.
   RunDistance b;
   b.params = 1.0 / 16384;
   b.update = 1.0 / 256;
