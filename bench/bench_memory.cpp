@@ -7,7 +7,10 @@
 // small and known), with the plan off and on. Prints the arena's bytes by kind: parameters,
 // gradients and optimizer state (the registry), the data and step tables, the backward-only
 // buffers each on its own and as the plan places them, and the rest (activations kept for
-// backward, the layers' scratch). Nothing is timed; the figures are exact byte counts.
+// backward, the layers' scratch), and what precision = "bf16" adds (plan on): the rounded copies
+// of the largest convolution's or linear layer's operands, which a GPU's bf16 path holds too
+// (its own carving, within 256 bytes per operand). Nothing is timed; the figures are exact byte
+// counts.
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -75,14 +78,17 @@ int main(int argc, char** argv) {
   const dp::ModelOptions options = dp::resolve_model_options(factory, {});
   std::printf("model %s, layout %s, one replica, CPU backend, SGD with momentum; MiB\n",
               a.model.c_str(), a.layout == dp::Layout::nhwc ? "nhwc" : "nchw");
-  std::printf("%6s  %10s  %10s  %7s  %12s  %10s  %22s  %12s\n", "batch", "total off",
-              "total on", "saved", "params+grads", "data", "backward-only: apart/on",
-              "activations");
+  std::printf("%6s  %10s  %10s  %7s  %12s  %10s  %22s  %12s  %10s\n", "batch", "total off",
+              "total on", "saved", "params+grads", "data", "backward-only: apart/on", "activations",
+              "bf16 adds");
   for (const int64_t batch : a.batches) {
     size_t total[2] = {0, 0};
     dp::Arena::PlanStats plan;
     size_t registry = 0, data = 0, arena = 0;
-    for (int on = 0; on < 2; ++on) {
+    size_t bf16_total = 0;
+    // Runs 0 and 1: fp32 with the plan off and on; run 2: bf16 with the plan on.
+    for (int run = 0; run < 3; ++run) {
+      const int on = run == 0 ? 0 : 1;
       dp::TrainerOptions o;
       o.batch_size = batch;
       o.epochs = 1;
@@ -90,8 +96,13 @@ int main(int argc, char** argv) {
       o.layout = a.layout;
       o.optimizer.momentum = 0.9f;
       o.memory_plan = on == 1;
+      o.precision = run == 2 ? dp::Precision::bf16 : dp::Precision::fp32;
       const dp::Dataset train = blank(batch), test = blank(batch);
       dp::Trainer t(o, [&] { return factory.build(options, {1, 28, 28, 10}); }, train, test);
+      if (run == 2) {
+        bf16_total = t.peak_memory_bytes();
+        continue;
+      }
       total[on] = t.peak_memory_bytes();
       if (on == 0) continue;
       plan = t.memory_plan_stats();
@@ -105,13 +116,15 @@ int main(int argc, char** argv) {
     const size_t activations = arena - plan.placed - data;
     char bwd[64];
     std::snprintf(bwd, sizeof bwd, "%.1f / %.1f", mib(plan.requested), mib(plan.placed));
-    std::printf("%6lld  %10.1f  %10.1f  %6.1f%%  %12.1f  %10.1f  %22s  %12.1f\n",
+    std::printf("%6lld  %10.1f  %10.1f  %6.1f%%  %12.1f  %10.1f  %22s  %12.1f  %10.1f\n",
                 static_cast<long long>(batch), mib(total[0]), mib(total[1]),
                 100.0 * (1.0 - static_cast<double>(total[1]) / static_cast<double>(total[0])),
-                mib(registry), mib(data), bwd, mib(activations));
+                mib(registry), mib(data), bwd, mib(activations), mib(bf16_total) - mib(total[1]));
   }
-  std::printf("total: the backend's peak of allocated bytes (arena blocks, parameters, scratch);\n"
-              "activations: the rest of the arena (outputs kept for backward, the layers' own\n"
-              "buffers, the step tables)\n");
+  std::printf(
+      "total: the backend's peak of allocated bytes (arena blocks, parameters, scratch);\n"
+      "activations: the rest of the arena (outputs kept for backward, the layers' own\n"
+      "buffers, the step tables); bf16 adds: precision = \"bf16\"'s peak (plan on) less\n"
+      "fp32's, the rounded operand copies\n");
   return 0;
 }
