@@ -35,6 +35,8 @@ cat >"$T/stage/bin/test_cuda" <<'TC'
 #!/bin/sh
 echo "$LD_LIBRARY_PATH" >"$OUT/ld_library_path"
 echo "All tests passed (3 assertions in 1 test case)"
+# What a bf16 test prints of its measurement (the record keeps it).
+echo "  bf16 LeNet nchw cuda vs cpu after 2 steps: parameters 1e-06, update 1e-04, loss 1e-07 (bounds parameters 6.1e-05, update 0.00391, loss 6.1e-05)"
 # One GPU: the multi-GPU part is skipped (noted, exit 77), nothing failed.
 if [ -n "${STANDIN_ONE_GPU:-}" ] && [ "$1" = "[comm]" ]; then
   echo "- nccl case: only 1 GPU: multi-GPU NCCL was NOT tested" >>"$DPRUN_SKIP_LOG"; exit 77
@@ -94,6 +96,14 @@ check "gpu-record folds the parts into bench/results ($folded)" \
 check "the folded record keeps the tests phase" grep -q '"group": "ops"' "$folded"
 table=$(python3 "$T/repo/scripts/gpu-record" table "$folded" 2>&1)
 check "gpu-record prints a table from it" grep -q "tests ops: All tests passed" <<<"$table"
+check "the record keeps what the bf16 tests measured" python3 -c '
+import json, sys
+ops = [t for t in json.load(open(sys.argv[1]))["result"] if t["group"] == "ops"][0]
+assert ops["bf16"] == ["bf16 LeNet nchw cuda vs cpu after 2 steps: parameters 1e-06, update "
+                       "1e-04, loss 1e-07 (bounds parameters 6.1e-05, update 0.00391, loss 6.1e-05)"], ops
+' "$T/out/record-tests.json"
+check "gpu-record's table shows the bf16 LeNet distances" \
+  grep -q "  - bf16 LeNet nchw cuda vs cpu after 2 steps" <<<"$table"
 check "test_core ran with its CUDA passes required" grep -qx 1 "$T/out/require_cuda"
 check "the record has the test_core group" grep -q '"group": "core"' "$T/out/record-tests.json"
 
