@@ -80,6 +80,17 @@ struct ConvCase {
   }
 };
 
+/// The op tests' convolution shapes; each test adds its own last case.
+inline std::vector<ConvCase> op_conv_cases() {
+  return {
+      {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, true},      // odd sizes, same padding
+      {4, 4, 3, 9, 9, 4, 5, 5, 2, 2, true},      // strided, large kernel
+      {2, 2, 20, 12, 12, 50, 5, 5, 1, 0, true},  // LeNet's second convolution (500-term sums)
+      {5, 5, 8, 8, 8, 16, 1, 1, 2, 0, false},    // ResNet's 1x1 strided shortcut, no bias
+      {8, 3, 1, 28, 28, 6, 3, 3, 1, 1, true},    // batch smaller than the plan's (a last batch)
+  };
+}
+
 }  // namespace cudatest
 
 /// Compares with the tolerance of an op test: |a-b| <= rel * max(|a|, |b|, 1).

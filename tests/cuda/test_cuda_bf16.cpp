@@ -163,14 +163,10 @@ void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout) {
 TEST_CASE("cuda bf16 conv forward/backward equal the cpu's bf16 up to summation order",
           "[cuda][bf16]") {
   Bf16Backends B;
-  const std::vector<ConvCase> cases = {
-      {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, true},       // odd sizes, same padding
-      {4, 4, 3, 9, 9, 4, 5, 5, 2, 2, true},       // strided, large kernel
-      {2, 2, 20, 12, 12, 50, 5, 5, 1, 0, true},   // LeNet's second convolution (500-term sums)
-      {5, 5, 8, 8, 8, 16, 1, 1, 2, 0, false},     // ResNet's 1x1 strided shortcut, no bias
-      {8, 3, 1, 28, 28, 6, 3, 3, 1, 1, true},     // batch smaller than the plan's (a last batch)
-      {16, 16, 64, 7, 7, 64, 3, 3, 1, 1, false},  // a ResNet-18 block's convolution (folded bias)
-  };
+  std::vector<ConvCase> cases = cudatest::op_conv_cases();
+  cases.push_back(
+      {16, 16, 64, 7, 7, 64, 3, 3, 1, 1, false});  // a ResNet-18 block's convolution (folded bias)
+
   for (Layout layout : {Layout::nchw, Layout::nhwc}) {
     for (const auto& cc : cases) check_conv(B, cc, layout);
   }

@@ -119,14 +119,9 @@ void check_conv(const ConvCase& cc, Layout layout) {
 }  // namespace
 
 TEST_CASE("cuda conv forward/backward match the cpu backend", "[cuda]") {
-  const std::vector<ConvCase> cases = {
-      {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, true},      // odd sizes, same padding
-      {4, 4, 3, 9, 9, 4, 5, 5, 2, 2, true},      // strided, large kernel
-      {2, 2, 20, 12, 12, 50, 5, 5, 1, 0, true},  // LeNet's second convolution (500-term sums)
-      {5, 5, 8, 8, 8, 16, 1, 1, 2, 0, false},    // ResNet's 1x1 strided shortcut, no bias
-      {8, 3, 1, 28, 28, 6, 3, 3, 1, 1, true},    // batch smaller than the plan's (a last batch)
-      {2, 2, 64, 7, 7, 64, 3, 3, 1, 1, true},    // wide channels
-  };
+  std::vector<ConvCase> cases = cudatest::op_conv_cases();
+  cases.push_back({2, 2, 64, 7, 7, 64, 3, 3, 1, 1, true});  // wide channels
+
   for (Layout layout : {Layout::nchw, Layout::nhwc}) {
     for (const auto& cc : cases) check_conv(cc, layout);
   }

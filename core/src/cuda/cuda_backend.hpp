@@ -238,6 +238,10 @@ class CudaBackend final : public Backend {
   /// plan_conv and prepare_linear, or on first use of a larger pass, but never while capturing:
   /// `op` then fails naming what was not prepared).
   float* bf16_scratch_for(size_t floats, const char* op);
+  /// A convolution's or linear layer's output y (N, C, HW) after its GEMM: the bias b (may be
+  /// null) added, and in bf16 y rounded once, the bias joining the fp32 sum first.
+  void finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw,
+                      bool nhwc);
   /// Sets the backend's scratch descriptors for a batch-norm input (NCHW or NHWC; rank 2 is
   /// (N, C, 1, 1)) and its per-channel parameters.
   void set_bn_descriptors(const Dims& d, Layout layout);

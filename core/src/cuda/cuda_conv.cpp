@@ -274,6 +274,18 @@ size_t bf16_operand_floats(std::initializer_list<int64_t> counts) {
   return static_cast<size_t>(total);
 }
 
+void CudaBackend::finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw,
+                                 bool nhwc) {
+  if (!bf16()) {
+    if (b != nullptr) kernels::bias_add(y.f32(), b->f32(), n, c, hw, nhwc, stream_);
+  } else if (b != nullptr) {
+    // The bias joins the fp32 sum before the output's one rounding.
+    kernels::bias_add_round_bf16(y.f32(), b->f32(), n, c, hw, nhwc, stream_);
+  } else {
+    kernels::round_to_bf16(y.f32(), y.f32(), y.numel(), stream_);
+  }
+}
+
 const float* Bf16Operands::take(const float* src, int64_t n) {
   float* copy = next_;
   kernels::round_to_bf16(src, copy, n, stream_);
@@ -760,16 +772,7 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
   CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, xs, plan.w_desc, filter_for(plan, ws),
                                       cb.conv[kForward], algo, workspace_, workspace_bytes_, &zero,
                                       cb.y, y.data));
-  const int64_t hw = g.out_h() * g.out_w();
-  if (!bf16()) {
-    if (b != nullptr)
-      kernels::bias_add(y.f32(), b->f32(), n, g.out_channels, hw, plan.nhwc(), stream_);
-  } else if (b != nullptr) {
-    // The bias joins the fp32 sum before the output's one rounding.
-    kernels::bias_add_round_bf16(y.f32(), b->f32(), n, g.out_channels, hw, plan.nhwc(), stream_);
-  } else {
-    kernels::round_to_bf16(y.f32(), y.f32(), y.numel(), stream_);
-  }
+  finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc());
 }
 
 void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,

@@ -220,14 +220,7 @@ void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Te
   }
   CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, d.out, d.n, d.in, &one, ws, d.in, xs,
                            d.in, &zero, y.f32(), d.out));
-  if (!bf16()) {
-    if (b != nullptr) kernels::bias_add(y.f32(), b->f32(), d.n, d.out, 1, /*nhwc=*/true, stream_);
-  } else if (b != nullptr) {
-    // The bias joins the fp32 sum before the output's one rounding.
-    kernels::bias_add_round_bf16(y.f32(), b->f32(), d.n, d.out, 1, /*nhwc=*/true, stream_);
-  } else {
-    kernels::round_to_bf16(y.f32(), y.f32(), y.numel(), stream_);
-  }
+  finish_forward(y, b, d.n, d.out, 1, /*nhwc=*/true);  // a row-major (N, OUT) matrix
 }
 
 void CudaBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
