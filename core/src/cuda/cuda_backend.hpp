@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -238,6 +239,10 @@ class CudaBackend final : public Backend {
   /// plan_conv and prepare_linear, or on first use of a larger pass, but never while capturing:
   /// `op` then fails naming what was not prepared).
   float* bf16_scratch_for(size_t floats, const char* op);
+  /// The operands a convolution or linear pass reads: the tensors' own data (a null tensor gives
+  /// null), or in bf16 their copies rounded to bf16 in the bf16 scratch (Bf16Operands).
+  std::array<const float*, 3> pass_operands(const char* op, const Tensor* a, const Tensor* b,
+                                            const Tensor* c = nullptr);
   /// A convolution's or linear layer's output y (N, C, HW) after its GEMM: the bias b (may be
   /// null) added, and in bf16 y rounded once, the bias joining the fp32 sum first.
   void finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw,

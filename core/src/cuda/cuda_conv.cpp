@@ -286,6 +286,21 @@ void CudaBackend::finish_forward(const Tensor& y, const Tensor* b, int64_t n, in
   }
 }
 
+std::array<const float*, 3> CudaBackend::pass_operands(const char* op, const Tensor* a,
+                                                       const Tensor* b, const Tensor* c) {
+  const Tensor* tensors[3] = {a, b, c};
+  std::array<const float*, 3> operands{};
+  for (int i = 0; i < 3; ++i) operands[i] = tensors[i] ? tensors[i]->f32() : nullptr;
+  if (!bf16()) return operands;
+  const auto count = [](const Tensor* t) { return t ? t->numel() : int64_t{0}; };
+  Bf16Operands copies(bf16_scratch_for(bf16_operand_floats({count(a), count(b), count(c)}), op),
+                      stream_);
+  for (int i = 0; i < 3; ++i) {
+    if (tensors[i] != nullptr) operands[i] = copies.take(operands[i], tensors[i]->numel());
+  }
+  return operands;
+}
+
 const float* Bf16Operands::take(const float* src, int64_t n) {
   float* copy = next_;
   kernels::round_to_bf16(src, copy, n, stream_);
@@ -761,14 +776,7 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
   ConvBatch& cb = conv_batch(plan, n, kForward, false);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
   const float one = 1.0f, zero = 0.0f;
-  const float* xs = x.f32();
-  const float* ws = w.f32();
-  if (bf16()) {  // the operands rounded to bf16 (see cuda_backend.hpp)
-    Bf16Operands copies(
-        bf16_scratch_for(bf16_operand_floats({x.numel(), w.numel()}), "conv_forward"), stream_);
-    xs = copies.take(xs, x.numel());
-    ws = copies.take(ws, w.numel());
-  }
+  const auto [xs, ws, none] = pass_operands("conv_forward", &x, &w);
   CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, xs, plan.w_desc, filter_for(plan, ws),
                                       cb.conv[kForward], algo, workspace_, workspace_bytes_, &zero,
                                       cb.y, y.data));
@@ -782,15 +790,7 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
   ConvBatch& cb = conv_batch(plan, dy.shape[0], kBackwardData, false);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(cb.choice[kBackwardData].algo);
   const float one = 1.0f, zero = 0.0f;
-  const float* dys = dy.f32();
-  const float* ws = w.f32();
-  if (bf16()) {
-    Bf16Operands copies(
-        bf16_scratch_for(bf16_operand_floats({dy.numel(), w.numel()}), "conv_backward_data"),
-        stream_);
-    dys = copies.take(dys, dy.numel());
-    ws = copies.take(ws, w.numel());
-  }
+  const auto [dys, ws, none] = pass_operands("conv_backward_data", &dy, &w);
   CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, ws), cb.y,
                                            dys, cb.conv[kBackwardData], algo, workspace_,
                                            workspace_bytes_, &zero, cb.x, dx.data));
@@ -806,15 +806,8 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   ConvBatch& cb = conv_batch(plan, n, kBackwardFilter, false);
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(cb.choice[kBackwardFilter].algo);
   const float one = 1.0f, zero = 0.0f;
-  const float* xs = x.f32();
-  const float* dys = dy.f32();
-  if (bf16()) {  // dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds
-    Bf16Operands copies(
-        bf16_scratch_for(bf16_operand_floats({x.numel(), dy.numel()}), "conv_backward_filter"),
-        stream_);
-    xs = copies.take(xs, x.numel());
-    dys = copies.take(dys, dy.numel());
-  }
+  // In bf16 dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds.
+  const auto [xs, dys, none] = pass_operands("conv_backward_filter", &x, &dy);
   float* target = plan.nhwc() ? filter_scratch_ + plan.filter_numel() : dw.f32();
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, xs, cb.y, dys,
                                              cb.conv[kBackwardFilter], algo, workspace_,

@@ -210,14 +210,7 @@ void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Te
   const LinearDims d = linear_dims(x, w, "linear_forward");
   activate();
   const float one = 1.0f, zero = 0.0f;
-  const float* xs = x.f32();
-  const float* ws = w.f32();
-  if (bf16()) {  // the operands rounded to bf16 (see cuda_backend.hpp)
-    Bf16Operands copies(
-        bf16_scratch_for(bf16_operand_floats({x.numel(), w.numel()}), "linear_forward"), stream_);
-    xs = copies.take(xs, x.numel());
-    ws = copies.take(ws, w.numel());
-  }
+  const auto [xs, ws, none] = pass_operands("linear_forward", &x, &w);
   CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, d.out, d.n, d.in, &one, ws, d.in, xs,
                            d.in, &zero, y.f32(), d.out));
   finish_forward(y, b, d.n, d.out, 1, /*nhwc=*/true);  // a row-major (N, OUT) matrix
@@ -228,18 +221,8 @@ void CudaBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const T
   const LinearDims d = linear_dims(x, w, "linear_backward");
   activate();
   const float one = 1.0f, zero = 0.0f;
-  const float* xs = x.f32();
-  const float* ws = w.f32();
-  const float* dys = dy.f32();
-  if (bf16()) {  // dw and db stay fp32; db sums the rounded dy
-    Bf16Operands copies(
-        bf16_scratch_for(bf16_operand_floats({x.numel(), dx ? w.numel() : 0, dy.numel()}),
-                         "linear_backward"),
-        stream_);
-    xs = copies.take(xs, x.numel());
-    if (dx != nullptr) ws = copies.take(ws, w.numel());  // w is read for dx only
-    dys = copies.take(dys, dy.numel());
-  }
+  // In bf16 dw and db stay fp32 (db sums the rounded dy); w is read for dx only.
+  const auto [xs, ws, dys] = pass_operands("linear_backward", &x, dx ? &w : nullptr, &dy);
   if (dx != nullptr) {
     // dx^T (IN, N) = w^T (IN, OUT) dy^T (OUT, N)
     CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, d.in, d.n, d.out, &one, ws, d.in,
