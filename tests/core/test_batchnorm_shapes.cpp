@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dp/layers.hpp"
+#include "support/bn_reference.hpp"
 #include "support/check.hpp"
 #include "support/module_check.hpp"
 
@@ -22,72 +23,6 @@ constexpr double kEps = 1e-5, kMomentum = 0.1;
 // fp32 batch norm against the double reference: a few roundings per value, and channel sums of
 // at most a few hundred values here.
 constexpr double kTol = 1e-4;
-
-struct Reference {
-  std::vector<float> y, dx, dgamma, dbeta, running_mean, running_var, y_eval;
-};
-
-/// Everything in NCHW order. `y_mask` is the backend's own training output: the fused ReLU's
-/// gradient passes where it is positive (a reference mask from the double output could differ
-/// at values within rounding of zero).
-Reference reference(const std::vector<float>& x, const std::vector<float>& dy,
-                    const std::vector<float>& gamma, const std::vector<float>& beta,
-                    const std::vector<float>& rm0, const std::vector<float>& rv0,
-                    const std::vector<float>& y_mask, int64_t n, int64_t c, int64_t hw, bool relu) {
-  Reference r;
-  const auto total = static_cast<size_t>(n * c * hw);
-  r.y.resize(total);
-  r.dx.resize(total);
-  r.y_eval.resize(total);
-  const double m = static_cast<double>(n * hw);
-  const auto at = [&](int64_t b, int64_t ch, int64_t i) {
-    return static_cast<size_t>((b * c + ch) * hw + i);
-  };
-  for (int64_t ch = 0; ch < c; ++ch) {
-    const auto k = static_cast<size_t>(ch);
-    double sum = 0, sq = 0;
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t i = 0; i < hw; ++i) sum += x[at(b, ch, i)];
-    const double mean = sum / m;
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t i = 0; i < hw; ++i) sq += (x[at(b, ch, i)] - mean) * (x[at(b, ch, i)] - mean);
-    const double var = sq / m, invstd = 1.0 / std::sqrt(var + kEps);
-    double sum_g = 0, sum_g_xhat = 0;
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t i = 0; i < hw; ++i) {
-        const size_t e = at(b, ch, i);
-        const double z = gamma[k] * (x[e] - mean) * invstd + beta[k];
-        r.y[e] = static_cast<float>(relu ? std::max(z, 0.0) : z);
-        const double g = relu && !(y_mask[e] > 0) ? 0.0 : dy[e];
-        sum_g += g;
-        sum_g_xhat += g * (x[e] - mean) * invstd;
-      }
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t i = 0; i < hw; ++i) {
-        const size_t e = at(b, ch, i);
-        const double g = relu && !(y_mask[e] > 0) ? 0.0 : dy[e];
-        const double xhat = (x[e] - mean) * invstd;
-        r.dx[e] = static_cast<float>(gamma[k] * invstd / m * (m * g - sum_g - xhat * sum_g_xhat));
-      }
-    r.dgamma.push_back(static_cast<float>(sum_g_xhat));
-    r.dbeta.push_back(static_cast<float>(sum_g));
-    // PyTorch's update: the running variance takes the unbiased variance.
-    const double rm = (1 - kMomentum) * rm0[k] + kMomentum * mean;
-    const double rv = (1 - kMomentum) * rv0[k] + kMomentum * var * m / (m - 1);
-    r.running_mean.push_back(static_cast<float>(rm));
-    r.running_var.push_back(static_cast<float>(rv));
-    // Evaluation with the statistics as stored (fp32).
-    const double eval_invstd = 1.0 / std::sqrt(static_cast<double>(static_cast<float>(rv)) + kEps);
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t i = 0; i < hw; ++i) {
-        const size_t e = at(b, ch, i);
-        const double z =
-            gamma[k] * (x[e] - static_cast<double>(static_cast<float>(rm))) * eval_invstd + beta[k];
-        r.y_eval[e] = static_cast<float>(relu ? std::max(z, 0.0) : z);
-      }
-  }
-  return r;
-}
 
 void check_close(const char* what, const std::vector<float>& actual,
                  const std::vector<float>& expected) {
@@ -145,10 +80,10 @@ TEST_CASE("BatchNorm2d over channel counts, non-square images and batches of 1 a
     const std::vector<float> buffers = reg.download_buffers();
     const std::vector<float> y_eval = nchw(run.forward(mine(x), false));
 
-    const Reference ref = reference(
+    const dptest::BnReference ref = dptest::bn_reference(
         x, dy, entry_values(reg, params, "weight"), entry_values(reg, params, "bias"),
-        entry_values(reg, buffers0, "running_mean"), entry_values(reg, buffers0, "running_var"),
-        y, n, c, h * w, relu);
+        entry_values(reg, buffers0, "running_mean"), entry_values(reg, buffers0, "running_var"), y,
+        n, c, h * w, relu, kEps, kMomentum);
     check_close("training output", y, ref.y);
     check_close("dx", dx, ref.dx);
     check_close("dgamma", entry_values(reg, grads, "weight"), ref.dgamma);

@@ -1,0 +1,66 @@
+#pragma once
+// Buffers for the emulated kernels' tests: each sits between two guard zones of a fixed pattern,
+// so a kernel writing one element outside its buffer fails the test (reads outside it are
+// caught only under AddressSanitizer: the sanitizer build runs these tests too). An `offset` in
+// elements moves the buffer off the 16-byte alignment a vectorised path checks for.
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace emutest {
+
+template <typename T>
+class Guarded {
+ public:
+  static constexpr size_t kGuard = 64;  // elements each side
+
+  explicit Guarded(size_t n, size_t offset = 0) : n_(n), begin_(kGuard + offset) {
+    storage_.resize(n + 2 * kGuard + offset);
+    std::memset(static_cast<void*>(storage_.data()), kPattern, storage_.size() * sizeof(T));
+  }
+  explicit Guarded(const std::vector<T>& values, size_t offset = 0)
+      : Guarded(values.size(), offset) {
+    if (!values.empty()) std::memcpy(data(), values.data(), values.size() * sizeof(T));
+  }
+  T* data() { return storage_.data() + begin_; }
+  std::vector<T> values() const {
+    return std::vector<T>(storage_.begin() + static_cast<std::ptrdiff_t>(begin_),
+                          storage_.begin() + static_cast<std::ptrdiff_t>(begin_ + n_));
+  }
+  /// "" when both guard zones are untouched, else which one was written.
+  std::string damage() const {
+    const auto untouched = [&](size_t from, size_t to) {
+      const auto* p = reinterpret_cast<const unsigned char*>(storage_.data() + from);
+      for (size_t i = 0; i < (to - from) * sizeof(T); ++i)
+        if (p[i] != kPattern) return false;
+      return true;
+    };
+    if (!untouched(0, begin_)) return "written before its start";
+    if (!untouched(begin_ + n_, storage_.size())) return "written past its end";
+    return "";
+  }
+
+ private:
+  static constexpr unsigned char kPattern = 0xA5;  // as floats: -2.87e-16, no value a test makes
+  size_t n_, begin_;
+  std::vector<T> storage_;
+};
+
+#define EMU_CHECK_INTACT(buffer)               \
+  do {                                         \
+    INFO(#buffer << " " << (buffer).damage()); \
+    CHECK((buffer).damage().empty());          \
+  } while (0)
+
+/// The launchers throw (CUDA_CHECK_LAUNCH) on a launch error; nothing may be left pending.
+inline void require_no_pending_error() {
+  const cudaError_t e = cudaGetLastError();
+  INFO((e == cudaSuccess ? "" : cudaGetErrorString(e)));
+  REQUIRE(e == cudaSuccess);
+}
+
+}  // namespace emutest

@@ -1,0 +1,207 @@
+// The CUDA backend's batch-norm kernels, run by the kernel emulator against the double reference
+// (support/bn_reference.hpp): the channels-last kernels (bn_nhwc.cu: statistics, the fused
+// residual add and ReLU, backward, inference) and the synchronised batch norm's (bn_sync.cu), over
+// the shapes of the layer's sweep (C in {1, 3, 4, 8, 64}, H != W, N in {1, 3}) and row counts that
+// take the multi-group reductions, on aligned and misaligned buffers (the float4 path and the
+// scalar one). Until now these ran only on a GPU machine, which most sessions do not have.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "cuda/kernels.cuh"
+#include "emu_buffers.hpp"
+#include "support/bn_reference.hpp"
+#include "support/check.hpp"
+
+namespace kernels = dp::cuda_emu::kernels;
+using emutest::Guarded;
+
+namespace {
+
+constexpr float kEps = 1e-5f, kMomentum = 0.1f;
+// The layer test's tolerance (tests/core/test_batchnorm_shapes.cpp): fp32 against double, a few
+// roundings per value; the reductions add fp32 partials of at most 129 values in double.
+constexpr double kTol = 1e-4;
+
+void check_close(const char* what, const std::vector<float>& actual,
+                 const std::vector<float>& expected) {
+  const dptest::Comparison cmp = dptest::compare(actual, expected, kTol);
+  INFO(what << ": " << cmp.message);
+  CHECK(cmp.ok);
+}
+
+struct BnCase {
+  int64_t n, c, h, w;
+  std::vector<float> x, dy, residual, gamma, beta, running_mean, running_var;  // NCHW
+};
+
+/// Inputs with a per-channel offset, so a channel mix-up changes the result; gamma of both signs.
+BnCase make_case(int64_t n, int64_t c, int64_t h, int64_t w) {
+  BnCase k{n, c, h, w, {}, {}, {}, {}, {}, {}, {}};
+  const int64_t total = n * c * h * w;
+  k.x = dptest::random_vector(total, 7, -2.0f, 2.0f);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t i = 0; i < h * w; ++i)
+        k.x[static_cast<size_t>((b * c + ch) * h * w + i)] +=
+            0.5f * static_cast<float>(ch % 5) + 3.0f;
+  k.dy = dptest::random_vector(total, 8);
+  k.residual = dptest::random_vector(total, 9);
+  k.gamma = dptest::random_vector(c, 5, -1.5f, 1.5f);
+  k.beta = dptest::random_vector(c, 6, -1.5f, 1.5f);
+  k.running_mean = dptest::random_vector(c, 10);
+  k.running_var = dptest::random_vector(c, 11, 0.5f, 2.0f);
+  return k;
+}
+
+std::vector<float> nhwc(const BnCase& k, const std::vector<float>& v) {
+  return dptest::to_nhwc(v, k.n, k.c, k.h, k.w);
+}
+std::vector<float> nchw(const BnCase& k, const std::vector<float>& v) {
+  return dptest::to_nchw(v, k.n, k.c, k.h, k.w);
+}
+
+/// The channels-last kernels of one case: training forward, backward, inference.
+void check_nhwc_kernels(const BnCase& k, bool residual, bool relu, size_t offset) {
+  const int64_t rows = k.n * k.h * k.w, c = k.c;
+  const auto total = static_cast<size_t>(rows * c), cs = static_cast<size_t>(c);
+  Guarded<float> x(nhwc(k, k.x), offset), r(nhwc(k, k.residual), offset), y(total, offset);
+  Guarded<float> gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
+  Guarded<float> save_mean(cs), save_invstd(cs);
+  Guarded<float> scratch(kernels::bn_nhwc_scratch_floats(rows, c));
+  kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
+                                 kMomentum, kEps, save_mean.data(), save_invstd.data(),
+                                 residual ? r.data() : nullptr, relu, y.data(), rows, c,
+                                 scratch.data(), nullptr);
+  const std::vector<float> y_train = nchw(k, y.values());
+
+  Guarded<float> dy(nhwc(k, k.dy), offset), dz(total, offset), dx(total, offset);
+  Guarded<float> dgamma(cs), dbeta(cs);
+  kernels::bn_nhwc_backward(x.data(), dy.data(), relu ? y.data() : nullptr,
+                            relu ? dz.data() : nullptr, gamma.data(), save_mean.data(),
+                            save_invstd.data(), dx.data(), dgamma.data(), dbeta.data(), rows, c,
+                            scratch.data(), nullptr);
+
+  Guarded<float> y_eval(total, offset);
+  kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), kEps,
+                                 residual ? r.data() : nullptr, relu, y_eval.data(), rows, c,
+                                 scratch.data(), nullptr);
+  emutest::require_no_pending_error();
+
+  const dptest::BnReference ref = dptest::bn_reference(
+      k.x, k.dy, k.gamma, k.beta, k.running_mean, k.running_var, y_train, k.n, c, k.h * k.w, relu,
+      kEps, kMomentum, residual ? k.residual : std::vector<float>{});
+  check_close("training output", y_train, ref.y);
+  check_close("dx", nchw(k, dx.values()), ref.dx);
+  check_close("dgamma", dgamma.values(), ref.dgamma);
+  check_close("dbeta", dbeta.values(), ref.dbeta);
+  check_close("running mean", rm.values(), ref.running_mean);
+  check_close("running var", rv.values(), ref.running_var);
+  check_close("evaluation output", nchw(k, y_eval.values()), ref.y_eval);
+  if (relu) {  // dz is the masked gradient, exactly
+    const std::vector<float> yv = y.values(), dyv = dy.values(), dzv = dz.values();
+    size_t wrong = 0;
+    for (size_t i = 0; i < total; ++i) wrong += dzv[i] != (yv[i] > 0 ? dyv[i] : 0.0f) ? 1 : 0;
+    CHECK(wrong == 0);
+  }
+  for (const Guarded<float>* b : {&x, &r, &y, &gamma, &beta, &rm, &rv, &save_mean, &save_invstd,
+                                  &scratch, &dy, &dz, &dx, &dgamma, &dbeta, &y_eval}) {
+    EMU_CHECK_INTACT(*b);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: channels-last batch norm over the layer sweep's shapes",
+          "[emulated][batchnorm]") {
+  const int64_t c = GENERATE(1, 3, 4, 8, 64);
+  const int64_t n = GENERATE(1, 3);
+  const auto [h, w] =
+      GENERATE(std::tuple<int64_t, int64_t>{5, 3}, std::tuple<int64_t, int64_t>{2, 7});
+  const bool residual = GENERATE(false, true);
+  const bool relu = GENERATE(false, true);
+  const size_t offset = GENERATE(size_t{0}, size_t{1});
+  INFO("N " << n << " C " << c << " H " << h << " W " << w << (residual ? ", residual" : "")
+            << (relu ? ", ReLU" : "") << ", offset " << offset);
+  check_nhwc_kernels(make_case(n, c, h, w), residual, relu, offset);
+}
+
+TEST_CASE("emulated cuda: channels-last batch norm over many row groups", "[emulated][batchnorm]") {
+  // 297 rows: 3 groups of 99; 66045 rows: the most groups (512) of 129 rows, the last one short.
+  const auto [n, c, h, w] =
+      GENERATE(std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 40, 9, 11},
+               std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 4, 259, 255});
+  const bool relu = GENERATE(false, true);
+  INFO("N " << n << " C " << c << " H " << h << " W " << w << (relu ? ", ReLU" : ""));
+  check_nhwc_kernels(make_case(n, c, h, w), relu, relu, 0);
+}
+
+TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal batch norm",
+          "[emulated][batchnorm]") {
+  const int64_t c = GENERATE(1, 3, 4, 64);
+  const int64_t n = GENERATE(1, 3);
+  const auto [h, w] =
+      GENERATE(std::tuple<int64_t, int64_t>{5, 3}, std::tuple<int64_t, int64_t>{17, 19});
+  const bool channels_last = GENERATE(false, true);
+  INFO("N " << n << " C " << c << " H " << h << " W " << w
+            << (channels_last ? ", NHWC" : ", NCHW"));
+  const BnCase k = make_case(n, c, h, w);
+  const auto mine = [&](const std::vector<float>& v) { return channels_last ? nhwc(k, v) : v; };
+  const auto back = [&](const std::vector<float>& v) { return channels_last ? nchw(k, v) : v; };
+  const int64_t hw = h * w, count = n * hw;
+  const auto total = static_cast<size_t>(n * c * hw), cs = static_cast<size_t>(c);
+
+  Guarded<float> x(mine(k.x)), sums(cs), sq(cs);
+  kernels::bn_sums(x.data(), nullptr, sums.data(), n, c, hw, channels_last, nullptr);
+  std::vector<float> mean(cs), var(cs);
+  for (size_t i = 0; i < cs; ++i) mean[i] = sums.values()[i] / static_cast<float>(count);
+  Guarded<float> mean_d(mean);
+  kernels::bn_sums(x.data(), mean_d.data(), sq.data(), n, c, hw, channels_last, nullptr);
+  for (size_t i = 0; i < cs; ++i) var[i] = sq.values()[i] / static_cast<float>(count);
+  Guarded<float> var_d(var), gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
+  Guarded<float> save_mean(cs), save_invstd(cs), y(total);
+  kernels::bn_apply_stats(x.data(), gamma.data(), beta.data(), mean_d.data(), var_d.data(),
+                          rm.data(), rv.data(), kMomentum, kEps, count, save_mean.data(),
+                          save_invstd.data(), y.data(), n, c, hw, channels_last, nullptr);
+  Guarded<float> dy(mine(k.dy)), grad_sums(2 * cs), dx(total);
+  kernels::bn_backward_sums(x.data(), dy.data(), save_mean.data(), save_invstd.data(),
+                            grad_sums.data(), n, c, hw, channels_last, nullptr);
+  kernels::bn_backward_apply(x.data(), dy.data(), gamma.data(), save_mean.data(),
+                             save_invstd.data(), grad_sums.data(), count, dx.data(), n, c, hw,
+                             channels_last, nullptr);
+  emutest::require_no_pending_error();
+
+  const dptest::BnReference ref =
+      dptest::bn_reference(k.x, k.dy, k.gamma, k.beta, k.running_mean, k.running_var, {}, n, c, hw,
+                           false, kEps, kMomentum);
+  check_close("output", back(y.values()), ref.y);
+  check_close("dx", back(dx.values()), ref.dx);
+  const std::vector<float> g = grad_sums.values();
+  check_close("dbeta (sum dy)", std::vector<float>(g.begin(), g.begin() + c), ref.dbeta);
+  check_close("dgamma (sum dy xhat)", std::vector<float>(g.begin() + c, g.end()), ref.dgamma);
+  check_close("running mean", rm.values(), ref.running_mean);
+  check_close("running var", rv.values(), ref.running_var);
+  for (const Guarded<float>* b : {&x, &sums, &sq, &mean_d, &var_d, &gamma, &beta, &rm, &rv,
+                                  &save_mean, &save_invstd, &y, &dy, &grad_sums, &dx}) {
+    EMU_CHECK_INTACT(*b);
+  }
+}
+
+TEST_CASE("emulated cuda: synchronised batch norm sums over a replica with no examples",
+          "[emulated][batchnorm]") {
+  // A replica with an empty shard still takes part in the allreduce: its sums are zeros.
+  const int64_t c = 5;
+  const bool channels_last = GENERATE(false, true);
+  Guarded<float> x(size_t{0}), mean(std::vector<float>(5, 1.0f)), sums(std::vector<float>(5, 7.0f));
+  Guarded<float> dy(size_t{0}), save_invstd(std::vector<float>(5, 1.0f)),
+      grad_sums(std::vector<float>(10, 7.0f));
+  kernels::bn_sums(x.data(), nullptr, sums.data(), 0, c, 12, channels_last, nullptr);
+  CHECK(sums.values() == std::vector<float>(5, 0.0f));
+  kernels::bn_sums(x.data(), mean.data(), sums.data(), 0, c, 12, channels_last, nullptr);
+  CHECK(sums.values() == std::vector<float>(5, 0.0f));
+  kernels::bn_backward_sums(x.data(), dy.data(), mean.data(), save_invstd.data(), grad_sums.data(),
+                            0, c, 12, channels_last, nullptr);
+  CHECK(grad_sums.values() == std::vector<float>(10, 0.0f));
+  emutest::require_no_pending_error();
+}

@@ -1,0 +1,150 @@
+// The kernel emulator itself (emu_runtime.hpp): barriers, shuffles and shared memory behave as
+// on a GPU, and the mistakes it promises to report are reported, so a kernel test that passes
+// under it means something.
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+/// The last launch's error message, or "" when it succeeded.
+std::string launch_error() {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
+}
+
+// Each block sums its 256 values through shared memory in a tree: wrong without the barriers.
+__global__ void tree_sum(const float* x, float* out) {
+  __shared__ float s[256];
+  const unsigned t = threadIdx.x;
+  s[t] = x[blockIdx.x * blockDim.x + t];
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (t < half) s[t] += s[t + half];
+    __syncthreads();
+  }
+  if (t == 0) out[blockIdx.x] = s[0];
+}
+
+__global__ void shuffles(int* down, int* bfly, int* idx, int* up) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int t = static_cast<int>(threadIdx.x);
+  down[t] = __shfl_down_sync(0xffffffffu, 100 + lane, 3);
+  bfly[t] = __shfl_xor_sync(0xffffffffu, 100 + lane, 5);
+  idx[t] = __shfl_sync(0xffffffffu, 100 + lane, 7);
+  up[t] = __shfl_up_sync(0xffffffffu, 100 + lane, 2, 8);
+}
+
+__global__ void divergent_barrier(int* p) {
+  if (threadIdx.x < 16) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  p[threadIdx.x] = 1;
+}
+
+__global__ void shuffle_after_exit(int* p) {
+  if (threadIdx.x == 5) return;
+  p[threadIdx.x] = __shfl_down_sync(0xffffffffu, 1, 1);
+}
+
+__global__ void barrier_and_shuffle(int* p) {
+  if (threadIdx.x < 32) {
+    p[threadIdx.x] = __shfl_down_sync(0xffffffffu, 1, 1);
+  } else {
+    __syncthreads();
+  }
+}
+
+__global__ void shuffle_against_barrier(int* p) {
+  if (threadIdx.x < 16) {
+    p[threadIdx.x] = __shfl_down_sync(0xffffffffu, 1, 1);
+  } else {
+    __syncthreads();
+  }
+}
+
+__global__ void record_index(unsigned* out) {
+  const unsigned t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+  const unsigned b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  out[b * blockDim.x * blockDim.y * blockDim.z + t] = b * 1000 + t;
+}
+
+}  // namespace
+
+TEST_CASE("kernel emulator: __syncthreads orders a block's shared-memory tree sum", "[emulator]") {
+  std::vector<float> x(3 * 256), out(3, -1.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7);
+  ::dp_emu::Launch(3, 256).with([](auto... a) { tree_sum(a...); })(x.data(), out.data());
+  REQUIRE(launch_error().empty());
+  for (int b = 0; b < 3; ++b) {
+    float expected = 0;
+    for (int i = 0; i < 256; ++i) expected += x[static_cast<size_t>(b * 256 + i)];
+    CHECK(out[static_cast<size_t>(b)] == expected);
+  }
+}
+
+TEST_CASE("kernel emulator: shuffles read the lanes CUDA's rules name", "[emulator]") {
+  std::vector<int> down(64), bfly(64), idx(64), up(64);
+  ::dp_emu::Launch(1, 64).with([](auto... a) { shuffles(a...); })(down.data(), bfly.data(),
+                                                                  idx.data(), up.data());
+  REQUIRE(launch_error().empty());
+  for (int t = 0; t < 64; ++t) {
+    const int lane = t % 32;
+    const auto i = static_cast<size_t>(t);
+    CHECK(down[i] == 100 + (lane + 3 < 32 ? lane + 3 : lane));  // beyond the warp: own value
+    CHECK(bfly[i] == 100 + (lane ^ 5));
+    CHECK(idx[i] == 107);
+    CHECK(up[i] == 100 + (lane % 8 >= 2 ? lane - 2 : lane));  // within segments of 8
+  }
+}
+
+TEST_CASE("kernel emulator: threads and blocks get every index once", "[emulator]") {
+  const dim3 grid(3, 2, 2), block(4, 3, 2);
+  const unsigned per_block = 24, blocks = 12;
+  std::vector<unsigned> out(per_block * blocks, 0xffffffffu);
+  const auto before = dp_emu::counters();
+  ::dp_emu::Launch(grid, block).with([](auto... a) { record_index(a...); })(out.data());
+  REQUIRE(launch_error().empty());
+  CHECK(dp_emu::counters().launches == before.launches + 1);
+  CHECK(dp_emu::counters().threads == before.threads + per_block * blocks);
+  for (unsigned b = 0; b < blocks; ++b)
+    for (unsigned t = 0; t < per_block; ++t) CHECK(out[b * per_block + t] == b * 1000 + t);
+}
+
+TEST_CASE("kernel emulator: reports the mistakes a GPU would punish", "[emulator]") {
+  std::vector<int> p(64);
+  SECTION("threads waiting at different __syncthreads") {
+    ::dp_emu::Launch(1, 32).with([](auto... a) { divergent_barrier(a...); })(p.data());
+    CHECK_THAT(launch_error(), Catch::Contains("divergent __syncthreads"));
+  }
+  SECTION("a shuffle naming a lane that has exited") {
+    ::dp_emu::Launch(1, 32).with([](auto... a) { shuffle_after_exit(a...); })(p.data());
+    CHECK_THAT(launch_error(), Catch::Contains("lane 5 of warp 0, which has exited"));
+  }
+  SECTION("a shuffle naming lanes the block does not have") {
+    std::vector<int> a(64), b(64), c(64), d(64);
+    ::dp_emu::Launch(1, 20).with([](auto... x) { shuffles(x...); })(a.data(), b.data(), c.data(),
+                                                                    d.data());
+    CHECK_THAT(launch_error(), Catch::Contains("which the block does not have"));
+  }
+  SECTION("a warp shuffling while the others wait at __syncthreads") {
+    ::dp_emu::Launch(1, 64).with([](auto... a) { barrier_and_shuffle(a...); })(p.data());
+    CHECK(launch_error().empty());  // warp 0 finishes its shuffle, then exits: legal
+  }
+  SECTION("a shuffle waiting for lanes that wait at __syncthreads") {
+    ::dp_emu::Launch(1, 32).with([](auto... a) { shuffle_against_barrier(a...); })(p.data());
+    CHECK_THAT(launch_error(), Catch::Contains("deadlock"));
+  }
+  SECTION("an invalid configuration") {
+    ::dp_emu::Launch(1, 2048).with([](auto... a) { record_index(a...); })(nullptr);
+    CHECK_THAT(launch_error(), Catch::Contains("invalid launch configuration"));
+    ::dp_emu::Launch(0, 32).with([](auto... a) { record_index(a...); })(nullptr);
+    CHECK_THAT(launch_error(), Catch::Contains("invalid launch configuration"));
+  }
+  CHECK(launch_error().empty());  // read once, then cleared
+}
