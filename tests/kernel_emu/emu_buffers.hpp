@@ -1,8 +1,9 @@
 #pragma once
 // Buffers for the emulated kernels' tests: each sits between two guard zones of a fixed pattern,
-// so a kernel writing one element outside its buffer fails the test (reads outside it are
-// caught only under AddressSanitizer: the sanitizer build runs these tests too). An `offset` in
-// elements moves the buffer off the 16-byte alignment a vectorised path checks for.
+// so a kernel writing one element outside its buffer fails the test. In the sanitizer build
+// (DP_EMU_ASAN) the zones are also poisoned, and the kernels instrumented, so a read outside a
+// buffer is an AddressSanitizer error too. An `offset` in elements moves the buffer off the
+// 16-byte alignment a vectorised path checks for.
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -10,6 +11,10 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#if DP_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 namespace emutest {
 
@@ -21,7 +26,17 @@ class Guarded {
   explicit Guarded(size_t n, size_t offset = 0) : n_(n), begin_(kGuard + offset) {
     storage_.resize(n + 2 * kGuard + offset);
     std::memset(static_cast<void*>(storage_.data()), kPattern, storage_.size() * sizeof(T));
+    poison(true);
   }
+  ~Guarded() { poison(false); }
+  Guarded(Guarded&& o) noexcept : n_(o.n_), begin_(o.begin_) {
+    o.poison(false);
+    storage_ = std::move(o.storage_);
+    poison(true);
+  }
+  Guarded(const Guarded&) = delete;
+  Guarded& operator=(const Guarded&) = delete;
+  Guarded& operator=(Guarded&&) = delete;
   explicit Guarded(const std::vector<T>& values, size_t offset = 0)
       : Guarded(values.size(), offset) {
     if (!values.empty()) std::memcpy(data(), values.data(), values.size() * sizeof(T));
@@ -39,13 +54,35 @@ class Guarded {
         if (p[i] != kPattern) return false;
       return true;
     };
-    if (!untouched(0, begin_)) return "written before its start";
-    if (!untouched(begin_ + n_, storage_.size())) return "written past its end";
+    poison(false);
+    const bool before = untouched(0, begin_), after = untouched(begin_ + n_, storage_.size());
+    poison(true);
+    if (!before) return "written before its start";
+    if (!after) return "written past its end";
     return "";
   }
 
  private:
   static constexpr unsigned char kPattern = 0xA5;  // as floats: -2.87e-16, no value a test makes
+
+  void poison([[maybe_unused]] bool on) const {
+#if DP_EMU_ASAN
+    if (storage_.empty()) return;
+    const auto zone = [&](size_t from, size_t to) {
+      void* p = const_cast<T*>(storage_.data() + from);
+      const size_t bytes = (to - from) * sizeof(T);
+      // The functions, not the ASAN_ macros: this file is compiled without the sanitizer.
+      if (on) {
+        __asan_poison_memory_region(p, bytes);
+      } else {
+        __asan_unpoison_memory_region(p, bytes);
+      }
+    };
+    zone(0, begin_);
+    zone(begin_ + n_, storage_.size());
+#endif
+  }
+
   size_t n_, begin_;
   std::vector<T> storage_;
 };
