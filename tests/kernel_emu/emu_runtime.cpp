@@ -11,6 +11,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -320,6 +321,26 @@ void run_grid(dim3 grid, dim3 block, const std::function<void()>& thread) {
 }
 
 Counters& counters() { return counter_values; }
+
+namespace {
+StreamHook stream_hook = nullptr;
+}
+
+void set_stream_hook(StreamHook hook) { stream_hook = hook; }
+
+void submit(CUstream_st* stream, Work work) {
+  if (stream_hook != nullptr) {
+    stream_hook(stream, std::move(work));
+  } else {
+    work();
+  }
+}
+
+std::string take_kernel_error() {
+  if (last_error == cudaSuccess) return "";
+  last_error = cudaSuccess;
+  return last_message;
+}
 
 }  // namespace dp_emu
 

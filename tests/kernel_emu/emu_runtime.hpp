@@ -9,7 +9,8 @@
 // Semantics, and what the emulator reports as a launch error (cudaGetLastError, so the
 // launchers' CUDA_CHECK_LAUNCH throws it at the launch site):
 //  - every thread of a block is a fiber (ucontext); blocks run one after another, so __shared__
-//    (a function-local static here) is the block's own while it runs;
+//    (a function-local static thread_local here) is the block's own while it runs, and replicas
+//    launching the same kernel from their own threads each have their own;
 //  - __syncthreads waits for every thread of the block that has not exited; threads waiting at
 //    different __syncthreads call sites is an error (divergent barrier), as is a block where some
 //    threads wait at a barrier that the others can never reach (deadlock);
@@ -28,6 +29,8 @@
 #include <functional>
 #include <source_location>
 #include <type_traits>
+
+#include "emu_stream.hpp"
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -58,7 +61,7 @@ extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+#define __shared__ static thread_local
 #define __syncthreads() ::dp_emu::syncthreads(__FILE__, __LINE__)
 
 inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
@@ -107,26 +110,28 @@ Counters& counters();
 class Launch {
  public:
   Launch(dim3 grid, dim3 block, size_t shared_bytes = 0, cudaStream_t stream = nullptr)
-      : grid_(grid), block_(block), shared_bytes_(shared_bytes) {
-    (void)stream;  // one stream: work runs at once, in launch order
-  }
+      : grid_(grid), block_(block), shared_bytes_(shared_bytes), stream_(stream) {}
   /// `kernel` is a generic lambda that calls the kernel (translate.cmake writes it), so a kernel
   /// template's arguments are deduced from the launch's arguments, as nvcc does.
   template <typename K>
   auto with(K kernel) const {
-    return [grid = grid_, block = block_, shared_bytes = shared_bytes_, kernel](auto... args) {
+    return [grid = grid_, block = block_, shared_bytes = shared_bytes_, stream = stream_,
+            kernel](auto... args) {
       if (shared_bytes != 0) {
         fail_launch(cudaErrorInvalidValue,
                     "dynamic shared memory is not emulated (no kernel of dprun's uses it)");
         return;
       }
-      run_grid(grid, block, [&] { kernel(args...); });
+      // The arguments by value, as a launch takes them: a recorded launch keeps its own.
+      submit(stream,
+             [grid, block, kernel, args...] { run_grid(grid, block, [&] { kernel(args...); }); });
     };
   }
 
  private:
   dim3 grid_, block_;
   size_t shared_bytes_;
+  cudaStream_t stream_;
 };
 
 template <typename T>

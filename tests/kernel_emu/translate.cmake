@@ -3,7 +3,8 @@
 #     -> ::dp_emu::Launch(grid, block, smem, stream).with([](auto... a) { k(a...); })(args)
 #   namespace dp::cuda / dp::cuda::           ->  dp::cuda_emu
 # and fails when a launch is left that the rewrite did not recognise.
-#   cmake -DIN=file.cu -DOUT=file.cpp -P translate.cmake
+# (-DKEEP_NAMESPACE=ON: not the namespace, for the emulated GPU's libdpcore, emu_device.cmake).
+#   cmake -DIN=file.cu -DOUT=file.cpp [-DKEEP_NAMESPACE=ON] -P translate.cmake
 file(READ "${IN}" text)
 # A kernel name, optionally with template arguments that hold no '<', '>' or ';'; the launch
 # configuration holds no '>' (grid_for(n), dim3(a, b), ...).
@@ -13,10 +14,12 @@ string(REGEX REPLACE
 if(text MATCHES "<<<|>>>")
   message(FATAL_ERROR "${IN}: a kernel launch the emulator's rewrite does not recognise")
 endif()
-string(REGEX REPLACE "dp::cuda([^_A-Za-z0-9])" "dp::cuda_emu\\1" text "${text}")
-string(REGEX MATCH "dp::cuda[^_]" left "${text}")
-if(left)
-  message(FATAL_ERROR "${IN}: a dp::cuda the emulator's rewrite does not recognise")
+if(NOT KEEP_NAMESPACE)
+  string(REGEX REPLACE "dp::cuda([^_A-Za-z0-9])" "dp::cuda_emu\\1" text "${text}")
+  string(REGEX MATCH "dp::cuda[^_]" left "${text}")
+  if(left)
+    message(FATAL_ERROR "${IN}: a dp::cuda the emulator's rewrite does not recognise")
+  endif()
 endif()
 file(WRITE "${OUT}.tmp" "// Generated from ${IN} by tests/kernel_emu/translate.cmake: do not edit.\n${text}")
 file(COPY_FILE "${OUT}.tmp" "${OUT}" ONLY_IF_DIFFERENT)
