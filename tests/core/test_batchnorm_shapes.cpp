@@ -20,16 +20,6 @@ using dptest::ModuleRunner;
 namespace {
 
 constexpr double kEps = 1e-5, kMomentum = 0.1;
-// fp32 batch norm against the double reference: a few roundings per value, and channel sums of
-// at most a few hundred values here.
-constexpr double kTol = 1e-4;
-
-void check_close(const char* what, const std::vector<float>& actual,
-                 const std::vector<float>& expected) {
-  const dptest::Comparison cmp = dptest::compare(actual, expected, kTol);
-  INFO(what << ": " << cmp.message);
-  CHECK(cmp.ok);
-}
 
 }  // namespace
 
@@ -84,12 +74,14 @@ TEST_CASE("BatchNorm2d over channel counts, non-square images and batches of 1 a
         x, dy, entry_values(reg, params, "weight"), entry_values(reg, params, "bias"),
         entry_values(reg, buffers0, "running_mean"), entry_values(reg, buffers0, "running_var"), y,
         n, c, h * w, relu, kEps, kMomentum);
-    check_close("training output", y, ref.y);
-    check_close("dx", dx, ref.dx);
-    check_close("dgamma", entry_values(reg, grads, "weight"), ref.dgamma);
-    check_close("dbeta", entry_values(reg, grads, "bias"), ref.dbeta);
-    check_close("running mean", entry_values(reg, buffers, "running_mean"), ref.running_mean);
-    check_close("running var", entry_values(reg, buffers, "running_var"), ref.running_var);
-    check_close("evaluation output", y_eval, ref.y_eval);
+    dptest::check_bn_close("training output", y, ref.y);
+    dptest::check_bn_close("dx", dx, ref.dx);
+    dptest::check_bn_close("dgamma", entry_values(reg, grads, "weight"), ref.dgamma);
+    dptest::check_bn_close("dbeta", entry_values(reg, grads, "bias"), ref.dbeta);
+    dptest::check_bn_close("running mean", entry_values(reg, buffers, "running_mean"),
+                           ref.running_mean);
+    dptest::check_bn_close("running var", entry_values(reg, buffers, "running_var"),
+                           ref.running_var);
+    dptest::check_bn_close("evaluation output", y_eval, ref.y_eval);
   }
 }

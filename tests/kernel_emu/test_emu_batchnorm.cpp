@@ -20,16 +20,6 @@ using emutest::Guarded;
 namespace {
 
 constexpr float kEps = 1e-5f, kMomentum = 0.1f;
-// The layer test's tolerance (tests/core/test_batchnorm_shapes.cpp): fp32 against double, a few
-// roundings per value; the reductions add fp32 partials of at most 129 values in double.
-constexpr double kTol = 1e-4;
-
-void check_close(const char* what, const std::vector<float>& actual,
-                 const std::vector<float>& expected) {
-  const dptest::Comparison cmp = dptest::compare(actual, expected, kTol);
-  INFO(what << ": " << cmp.message);
-  CHECK(cmp.ok);
-}
 
 struct BnCase {
   int64_t n, c, h, w;
@@ -92,13 +82,13 @@ void check_nhwc_kernels(const BnCase& k, bool residual, bool relu, size_t offset
   const dptest::BnReference ref = dptest::bn_reference(
       k.x, k.dy, k.gamma, k.beta, k.running_mean, k.running_var, y_train, k.n, c, k.h * k.w, relu,
       kEps, kMomentum, residual ? k.residual : std::vector<float>{});
-  check_close("training output", y_train, ref.y);
-  check_close("dx", nchw(k, dx.values()), ref.dx);
-  check_close("dgamma", dgamma.values(), ref.dgamma);
-  check_close("dbeta", dbeta.values(), ref.dbeta);
-  check_close("running mean", rm.values(), ref.running_mean);
-  check_close("running var", rv.values(), ref.running_var);
-  check_close("evaluation output", nchw(k, y_eval.values()), ref.y_eval);
+  dptest::check_bn_close("training output", y_train, ref.y);
+  dptest::check_bn_close("dx", nchw(k, dx.values()), ref.dx);
+  dptest::check_bn_close("dgamma", dgamma.values(), ref.dgamma);
+  dptest::check_bn_close("dbeta", dbeta.values(), ref.dbeta);
+  dptest::check_bn_close("running mean", rm.values(), ref.running_mean);
+  dptest::check_bn_close("running var", rv.values(), ref.running_var);
+  dptest::check_bn_close("evaluation output", nchw(k, y_eval.values()), ref.y_eval);
   if (relu) {  // dz is the masked gradient, exactly
     const std::vector<float> yv = y.values(), dyv = dy.values(), dzv = dz.values();
     size_t wrong = 0;
@@ -175,13 +165,14 @@ TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal b
   const dptest::BnReference ref =
       dptest::bn_reference(k.x, k.dy, k.gamma, k.beta, k.running_mean, k.running_var, {}, n, c, hw,
                            false, kEps, kMomentum);
-  check_close("output", back(y.values()), ref.y);
-  check_close("dx", back(dx.values()), ref.dx);
+  dptest::check_bn_close("output", back(y.values()), ref.y);
+  dptest::check_bn_close("dx", back(dx.values()), ref.dx);
   const std::vector<float> g = grad_sums.values();
-  check_close("dbeta (sum dy)", std::vector<float>(g.begin(), g.begin() + c), ref.dbeta);
-  check_close("dgamma (sum dy xhat)", std::vector<float>(g.begin() + c, g.end()), ref.dgamma);
-  check_close("running mean", rm.values(), ref.running_mean);
-  check_close("running var", rv.values(), ref.running_var);
+  dptest::check_bn_close("dbeta (sum dy)", std::vector<float>(g.begin(), g.begin() + c), ref.dbeta);
+  dptest::check_bn_close("dgamma (sum dy xhat)", std::vector<float>(g.begin() + c, g.end()),
+                         ref.dgamma);
+  dptest::check_bn_close("running mean", rm.values(), ref.running_mean);
+  dptest::check_bn_close("running var", rv.values(), ref.running_var);
   for (const Guarded<float>* b : {&x, &sums, &sq, &mean_d, &var_d, &gamma, &beta, &rm, &rv,
                                   &save_mean, &save_invstd, &y, &dy, &grad_sums, &dx}) {
     EMU_CHECK_INTACT(*b);

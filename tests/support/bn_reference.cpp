@@ -1,7 +1,10 @@
 #include "support/bn_reference.hpp"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
+
+#include "support/check.hpp"
 
 namespace dptest {
 
@@ -67,6 +70,13 @@ BnReference bn_reference(const std::vector<float>& x, const std::vector<float>& 
       }
   }
   return r;
+}
+
+void check_bn_close(const char* what, const std::vector<float>& actual,
+                    const std::vector<float>& expected) {
+  const Comparison cmp = compare(actual, expected, kBnTolerance);
+  INFO(what << ": " << cmp.message);
+  CHECK(cmp.ok);
 }
 
 }  // namespace dptest

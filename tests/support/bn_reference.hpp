@@ -23,4 +23,12 @@ BnReference bn_reference(const std::vector<float>& x, const std::vector<float>& 
                          int64_t n, int64_t c, int64_t hw, bool relu, double eps, double momentum,
                          const std::vector<float>& residual = {});
 
+/// fp32 batch norm against bn_reference: a few roundings per value, and channel sums of at most
+/// a few hundred values (or fp32 partials of at most 129 values, added in double).
+constexpr double kBnTolerance = 1e-4;
+
+/// CHECKs (Catch2) that `actual` is within kBnTolerance of `expected`, naming `what` if not.
+void check_bn_close(const char* what, const std::vector<float>& actual,
+                    const std::vector<float>& expected);
+
 }  // namespace dptest
