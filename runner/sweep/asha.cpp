@@ -84,6 +84,11 @@ std::optional<AshaJob> next_asha_job(const std::vector<AshaTrial>& trials, int64
   return std::nullopt;
 }
 
+bool asha_gives_up(dps::TrialStatus status, bool taken) {
+  using S = dps::TrialStatus;
+  return !taken && (status == S::failed || status == S::diverged || status == S::skipped);
+}
+
 AshaDriver::AshaDriver(dps::Store& store, const SearchConfig& config,
                        const std::vector<PlannedTrial>& plan,
                        const std::vector<const PlannedTrial*>& work)

@@ -54,6 +54,14 @@ struct AshaJob {
 std::optional<AshaJob> next_asha_job(const std::vector<AshaTrial>& trials, int64_t min_epochs,
                                      int64_t eta, bool higher_is_better);
 
+/// Whether a trial that ended in this run (status: how it ended; taken: another dprun claimed it
+/// first, so it did not run here) stays out of this run's jobs from now on. A failed, diverged or
+/// skipped trial is run once per run, as a run without a scheduler runs it. A taken one is not
+/// given up: it runs in the other dprun, and when it pauses at a rung it is ranked and promoted
+/// like any other, by whichever runner is still there to do it (a runner that gave it up was
+/// found, once, to exit last with a top-third trial left unpromoted).
+bool asha_gives_up(dps::TrialStatus status, bool taken);
+
 /// The scheduler over the trials of one run: reads their state from the database.
 class AshaDriver {
  public:

@@ -269,9 +269,7 @@ class Runs {
     jobs_.erase(i);
     // The scheduler would send a failed trial back towards its rung, and start a diverged or
     // skipped one again: once per run is what a run without it does too.
-    if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged ||
-        out.status == dps::TrialStatus::skipped)
-      given_up_.insert(i);
+    if (asha_gives_up(out.status, out.taken)) given_up_.insert(i);
     if (out.status == dps::TrialStatus::failed || out.status == dps::TrialStatus::diverged)
       any_failed_ = true;
   }
@@ -317,7 +315,7 @@ class Runs {
   std::map<int, int64_t> retries_used_;      // by work index
   std::map<int, dps::TrialRow> retry_rows_;  // the row a retry starts from
   std::set<int> queued_;                     // given to the scheduler and not yet ended
-  std::set<int> given_up_;                   // failed in this run, retries spent
+  std::set<int> given_up_;                   // given up in this run (asha_gives_up)
   std::map<int, AshaJob> jobs_;              // the [search] scheduler's jobs, by work index
 };
 

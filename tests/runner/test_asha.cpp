@@ -125,6 +125,35 @@ TEST_CASE("asha: ties at a rung go to the earlier trial", "[asha]") {
   CHECK(job->stop_after == 4);
 }
 
+TEST_CASE("asha: a trial another runner claimed first is still promoted by the one that lost it",
+          "[asha]") {
+  // How a trial that ended in this run counts from then on.
+  for (S s : {S::failed, S::diverged, S::skipped}) {
+    INFO(dps::status_name(s));
+    CHECK(dprun::asha_gives_up(s, false));  // once per run, as without a scheduler
+  }
+  for (S s : {S::done, S::stopped, S::pruned, S::interrupted}) {
+    INFO(dps::status_name(s));
+    CHECK_FALSE(dprun::asha_gives_up(s, false));
+  }
+  // A lost claim ends as "skipped, taken": the trial runs in the other dprun.
+  CHECK_FALSE(dprun::asha_gives_up(S::skipped, true));
+
+  // Two runners started trial 0 at once, and this one lost the claim. The other ran it to the
+  // first rung and exited; the three trials have reached it, and this runner, the last one
+  // left, must promote the best. Had it given trial 0 up, it would be busy here for good, and the
+  // run would end with nothing promoted (seen once in CI).
+  std::vector<AshaTrial> t{trial(S::pruned, 0, {{1, 0.9}}), trial(S::pruned, 0, {{1, 0.5}}),
+                           trial(S::pruned, 0, {{1, 0.6}})};
+  t[0].busy = dprun::asha_gives_up(S::skipped, true);
+  auto job = dprun::next_asha_job(t, 1, 3, true);
+  REQUIRE(job);
+  CHECK(job->trial == 0);
+  CHECK(job->kind == AshaJob::Kind::promotion);
+  t[0].busy = dprun::asha_gives_up(S::skipped, false);
+  CHECK_FALSE(dprun::next_asha_job(t, 1, 3, true));  // what the runner did before the fix
+}
+
 TEST_CASE("asha: [search] keys are checked", "[asha][experiment]") {
   const std::string head = exptest::kHead + "[train]\nmodel = \"lenet\"\nepochs = 9\n";
   const dprun::Experiment ex = exptest::parse(head +
