@@ -5,9 +5,10 @@
 //
 // For each per-replica batch: one replica set up on a training set of one batch (so the data is
 // small and known), with the plan off and on. Prints the arena's bytes by kind: parameters,
-// gradients and optimizer state (the registry), the data and step tables, the backward-only
-// buffers each on its own and as the plan places them, and the rest (activations kept for
-// backward, the layers' scratch), and what precision = "bf16" adds (plan on): the rounded copies
+// gradients and optimizer state (the registry), the data and step tables, the planned buffers
+// (every layer's output and gradients) each on its own, as the plan places them and the least
+// any placement could use, and the rest (the layers' own small buffers), and what
+// precision = "bf16" adds (plan on): the rounded copies
 // of the largest convolution's or linear layer's operands, which a GPU's bf16 path holds too
 // (its own carving, within 256 bytes per operand). Nothing is timed; the figures are exact byte
 // counts.
@@ -78,9 +79,9 @@ int main(int argc, char** argv) {
   const dp::ModelOptions options = dp::resolve_model_options(factory, {});
   std::printf("model %s, layout %s, one replica, CPU backend, SGD with momentum; MiB\n",
               a.model.c_str(), a.layout == dp::Layout::nhwc ? "nhwc" : "nchw");
-  std::printf("%6s  %10s  %10s  %7s  %12s  %10s  %22s  %12s  %10s\n", "batch", "total off",
-              "total on", "saved", "params+grads", "data", "backward-only: apart/on", "activations",
-              "bf16 adds");
+  std::printf("%6s  %10s  %10s  %7s  %12s  %10s  %30s  %10s  %10s\n", "batch", "total off",
+              "total on", "saved", "params+grads", "data", "planned: apart/placed/bound",
+              "unplanned", "bf16 adds");
   for (const int64_t batch : a.batches) {
     size_t total[2] = {0, 0};
     dp::Arena::PlanStats plan;
@@ -113,18 +114,21 @@ int main(int argc, char** argv) {
       // Images and labels of both sets (u8) and their index tables (i32).
       data = static_cast<size_t>(2 * batch * (train.example_bytes() + 1 + 4));
     }
-    const size_t activations = arena - plan.placed - data;
-    char bwd[64];
-    std::snprintf(bwd, sizeof bwd, "%.1f / %.1f", mib(plan.requested), mib(plan.placed));
-    std::printf("%6lld  %10.1f  %10.1f  %6.1f%%  %12.1f  %10.1f  %22s  %12.1f  %10.1f\n",
+    const size_t unplanned = arena - plan.placed - data;
+    char planned[96];
+    std::snprintf(planned, sizeof planned, "%.1f / %.1f / %.1f", mib(plan.requested),
+                  mib(plan.placed), mib(plan.bound));
+    std::printf("%6lld  %10.1f  %10.1f  %6.1f%%  %12.1f  %10.1f  %30s  %10.1f  %10.1f\n",
                 static_cast<long long>(batch), mib(total[0]), mib(total[1]),
                 100.0 * (1.0 - static_cast<double>(total[1]) / static_cast<double>(total[0])),
-                mib(registry), mib(data), bwd, mib(activations), mib(bf16_total) - mib(total[1]));
+                mib(registry), mib(data), planned, mib(unplanned), mib(bf16_total) - mib(total[1]));
   }
   std::printf(
       "total: the backend's peak of allocated bytes (arena blocks, parameters, scratch);\n"
-      "activations: the rest of the arena (outputs kept for backward, the layers' own\n"
-      "buffers, the step tables); bf16 adds: precision = \"bf16\"'s peak (plan on) less\n"
-      "fp32's, the rounded operand copies\n");
+      "planned: the layers' outputs and gradients, each on its own, as the plan placed them,\n"
+      "and the most alive at one step of a training step (no placement can use less);\n"
+      "unplanned: the rest of the arena (the layers' own small buffers, the step tables);\n"
+      "bf16 adds: precision = \"bf16\"'s peak (plan on) less fp32's, the rounded operand\n"
+      "copies\n");
   return 0;
 }

@@ -5,6 +5,7 @@
 #include "dp/layers.hpp"
 
 #include <cstdio>
+#include <initializer_list>
 #include <ostream>
 
 #include "dp/comm.hpp"
@@ -49,12 +50,21 @@ std::string pair(int64_t v) {
   return s;
 }
 
-// A layer's step in the memory plan's walk: it reads its output gradient and writes its input
-// gradient, a planned buffer.
-BackwardSchedule::Handle schedule_leaf(BackwardSchedule& s, const BackwardSchedule::Handle& dy,
-                                       Tensor& dx) {
+// A layer's forward step in the memory plan's walk: it reads its input and writes its output, a
+// planned buffer.
+StepSchedule::Handle forward_leaf(StepSchedule& s, const StepSchedule::Handle& x, Tensor& y) {
+  s.step();
+  s.read(x);
+  return s.write(y);
+}
+
+// A layer's backward step in the memory plan's walk: it reads its output gradient and what it
+// kept of forward (`kept`), and writes its input gradient, a planned buffer.
+StepSchedule::Handle backward_leaf(StepSchedule& s, const StepSchedule::Handle& dy, Tensor& dx,
+                                   std::initializer_list<const StepSchedule::Handle*> kept = {}) {
   s.step();
   s.read(dy);
+  for (const StepSchedule::Handle* h : kept) s.read(*h);
   return s.write(dx);
 }
 
@@ -119,7 +129,8 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   use.infer_batches = ctx.infer_batches;
   use.input_grad = ctx.input_grad;
   plan_ = ctx.backend.plan_conv(g, use);
-  y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
+  x_planned_ = {};
+  ctx.arena.allocate_planned(y_, out, DType::f32, ctx.layout);
   ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
@@ -137,9 +148,14 @@ Tensor Conv2d::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-BackwardSchedule::Handle Conv2d::schedule_backward(BackwardSchedule& s,
-                                                const BackwardSchedule::Handle& dy) {
-  return schedule_leaf(s, dy, dx_);
+StepSchedule::Handle Conv2d::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  x_planned_ = x;
+  return forward_leaf(s, x, y_);
+}
+
+// The filter gradient reads the input.
+StepSchedule::Handle Conv2d::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
+  return backward_leaf(s, dy, dx_, {&x_planned_});
 }
 
 Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -214,7 +230,8 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
                ", H, W) or (N, " + std::to_string(c_) + ") input, got " + input.str());
   DP_CHECK(gamma_.valid(), "BatchNorm2d: setup() before declare()");
   const Layout l = layout_for(input, ctx.layout);
-  y_ = ctx.arena.allocate(input, DType::f32, l);
+  x_planned_ = y_planned_ = {};
+  ctx.arena.allocate_planned(y_, input, DType::f32, l);
   ctx.arena.allocate_planned(dx_, input, DType::f32, l);
   if (fused_.relu) ctx.arena.allocate_planned(dz_, input, DType::f32, l);
   save_mean_ = ctx.arena.allocate({c_});
@@ -325,12 +342,32 @@ Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-// One step: reads dy, writes dx and, with a fused ReLU, the masked gradient (read later by the
-// residual block's shortcut); without one the epilogue gradient is dy itself.
-BackwardSchedule::Handle BatchNorm2d::schedule_backward(BackwardSchedule& s,
-                                                        const BackwardSchedule::Handle& dy) {
+StepSchedule::Handle BatchNorm2d::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  // Built with a residual and walked on its own (the outermost module), its residual comes from
+  // outside the plan; a container calls the form with the residual (Residual does).
+  return schedule_forward(s, x, {});
+}
+
+// Forward reads the residual too (nothing of it is kept: its gradient is the epilogue's).
+StepSchedule::Handle BatchNorm2d::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x,
+                                                   const StepSchedule::Handle& residual) {
+  x_planned_ = x;
+  s.step();
+  s.read(x);
+  s.read(residual);
+  y_planned_ = s.write(y_);
+  return y_planned_;
+}
+
+// One step: reads dy, the input and, with a fused ReLU, the output (its mask); writes dx and,
+// with a fused ReLU, the masked gradient (read later by the residual block's shortcut); without
+// one the epilogue gradient is dy itself.
+StepSchedule::Handle BatchNorm2d::schedule_backward(StepSchedule& s,
+                                                    const StepSchedule::Handle& dy) {
   s.step();
   s.read(dy);
+  s.read(x_planned_);
+  if (fused_.relu) s.read(y_planned_);
   epilogue_handle_ = fused_.relu ? s.write(dz_) : dy;
   return s.write(dx_);
 }
@@ -358,7 +395,8 @@ Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx)
 
 Shape ReLU::do_setup(SetupContext& ctx, const Shape& input) {
   const Layout l = layout_for(input, ctx.layout);
-  y_ = ctx.arena.allocate(input, DType::f32, l);
+  y_planned_ = {};
+  ctx.arena.allocate_planned(y_, input, DType::f32, l);
   ctx.arena.allocate_planned(dx_, input, DType::f32, l);
   return input;
 }
@@ -371,9 +409,14 @@ Tensor ReLU::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-BackwardSchedule::Handle ReLU::schedule_backward(BackwardSchedule& s,
-                                                const BackwardSchedule::Handle& dy) {
-  return schedule_leaf(s, dy, dx_);
+StepSchedule::Handle ReLU::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  y_planned_ = forward_leaf(s, x, y_);
+  return y_planned_;
+}
+
+// The gradient reads the output (its mask).
+StepSchedule::Handle ReLU::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
+  return backward_leaf(s, dy, dx_, {&y_planned_});
 }
 
 Tensor ReLU::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -425,7 +468,7 @@ void AvgPool2d::describe(std::ostream& os, int indent) const {
 
 Shape AvgPool2d::do_setup(SetupContext& ctx, const Shape& input) {
   const Shape out = pool_output(*this, g_, input);
-  y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
+  ctx.arena.allocate_planned(y_, out, DType::f32, ctx.layout);
   ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
@@ -437,9 +480,13 @@ Tensor AvgPool2d::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-BackwardSchedule::Handle AvgPool2d::schedule_backward(BackwardSchedule& s,
-                                                const BackwardSchedule::Handle& dy) {
-  return schedule_leaf(s, dy, dx_);
+StepSchedule::Handle AvgPool2d::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  return forward_leaf(s, x, y_);
+}
+
+// The gradient needs only dy.
+StepSchedule::Handle AvgPool2d::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
+  return backward_leaf(s, dy, dx_);
 }
 
 Tensor AvgPool2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -458,7 +505,8 @@ void MaxPool2d::describe(std::ostream& os, int indent) const {
 
 Shape MaxPool2d::do_setup(SetupContext& ctx, const Shape& input) {
   const Shape out = pool_output(*this, g_, input);
-  y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
+  x_planned_ = y_planned_ = {};
+  ctx.arena.allocate_planned(y_, out, DType::f32, ctx.layout);
   ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
@@ -470,9 +518,15 @@ Tensor MaxPool2d::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-BackwardSchedule::Handle MaxPool2d::schedule_backward(BackwardSchedule& s,
-                                                const BackwardSchedule::Handle& dy) {
-  return schedule_leaf(s, dy, dx_);
+StepSchedule::Handle MaxPool2d::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  x_planned_ = x;
+  y_planned_ = forward_leaf(s, x, y_);
+  return y_planned_;
+}
+
+// The gradient finds each window's maximum again: it reads the input and the output.
+StepSchedule::Handle MaxPool2d::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
+  return backward_leaf(s, dy, dx_, {&x_planned_, &y_planned_});
 }
 
 Tensor MaxPool2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -487,7 +541,7 @@ Tensor MaxPool2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
 Shape GlobalAvgPool::do_setup(SetupContext& ctx, const Shape& input) {
   check_rank4(*this, "GlobalAvgPool", input);
   const Shape out{input[0], input[1], 1, 1};
-  y_ = ctx.arena.allocate(out, DType::f32, ctx.layout);
+  ctx.arena.allocate_planned(y_, out, DType::f32, ctx.layout);
   ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
@@ -499,9 +553,15 @@ Tensor GlobalAvgPool::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-BackwardSchedule::Handle GlobalAvgPool::schedule_backward(BackwardSchedule& s,
-                                                const BackwardSchedule::Handle& dy) {
-  return schedule_leaf(s, dy, dx_);
+StepSchedule::Handle GlobalAvgPool::schedule_forward(StepSchedule& s,
+                                                     const StepSchedule::Handle& x) {
+  return forward_leaf(s, x, y_);
+}
+
+// The gradient needs only dy.
+StepSchedule::Handle GlobalAvgPool::schedule_backward(StepSchedule& s,
+                                                      const StepSchedule::Handle& dy) {
+  return backward_leaf(s, dy, dx_);
 }
 
 Tensor GlobalAvgPool::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
@@ -520,6 +580,12 @@ Shape Flatten::do_setup(SetupContext& ctx, const Shape& input) {
                 ctx.layout == Layout::nhwc && input[2] * input[3] > 1};
   }
   return {input[0], input.per_example()};
+}
+
+StepSchedule::Handle Flatten::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  s.step();
+  s.read(x);
+  return x;
 }
 
 // A view in memory order; in NCHW this is PyTorch's flatten order (in NHWC the features come
@@ -572,7 +638,8 @@ Shape Linear::do_setup(SetupContext& ctx, const Shape& input) {
   ctx.flat = {};
   const Shape out{input[0], out_};
   ctx.backend.prepare_linear(input[0], in_, out_);
-  y_ = ctx.arena.allocate(out);
+  x_planned_ = {};
+  ctx.arena.allocate_planned(y_, out);
   ctx.arena.allocate_planned(dx_, input);
   return out;
 }
@@ -604,9 +671,14 @@ Tensor Linear::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-BackwardSchedule::Handle Linear::schedule_backward(BackwardSchedule& s,
-                                                const BackwardSchedule::Handle& dy) {
-  return schedule_leaf(s, dy, dx_);
+StepSchedule::Handle Linear::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  x_planned_ = x;
+  return forward_leaf(s, x, y_);
+}
+
+// The weight gradient reads the input.
+StepSchedule::Handle Linear::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
+  return backward_leaf(s, dy, dx_, {&x_planned_});
 }
 
 Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {

@@ -1,5 +1,5 @@
 // The memory plan (memory_plan.hpp): placing buffers by lifetime, and collecting the lifetimes
-// of a model's backward-only buffers.
+// of the buffers a model's training step writes and reads.
 #include "dp/memory_plan.hpp"
 
 #include <algorithm>
@@ -87,34 +87,40 @@ size_t peak_live_bytes(const std::vector<BufferLifetime>& buffers, size_t alignm
   return static_cast<size_t>(peak);
 }
 
-// ---- BackwardSchedule --------------------------------------------------------------------------
+// ---- StepSchedule --------------------------------------------------------------------------
 
-BackwardSchedule::BackwardSchedule(std::vector<Tensor*> planned)
-    : planned_(std::move(planned)), first_(planned_.size(), -1), last_(planned_.size(), -1) {}
+StepSchedule::StepSchedule(std::vector<Tensor*> planned)
+    : planned_(std::move(planned)),
+      first_(planned_.size(), -1),
+      last_(planned_.size(), -1),
+      kept_(planned_.size(), false) {}
 
-void BackwardSchedule::read(const Handle& h) {
+void StepSchedule::read(const Handle& h) {
   for (const int i : h) last_[static_cast<size_t>(i)] = std::max(last_[static_cast<size_t>(i)], now_);
 }
 
-BackwardSchedule::Handle BackwardSchedule::write(Tensor& slot) {
+void StepSchedule::keep(const Handle& h) {
+  for (const int i : h) kept_[static_cast<size_t>(i)] = true;
+}
+
+StepSchedule::Handle StepSchedule::write(Tensor& slot) {
   const auto it = std::find(planned_.begin(), planned_.end(), &slot);
   if (it == planned_.end()) return {};
   const auto i = static_cast<size_t>(it - planned_.begin());
-  // Written twice in one backward (a module used twice): it lives from the first write on.
+  // Written twice in one step (a module used twice): it lives from the first write on.
   if (first_[i] < 0) first_[i] = now_;
   last_[i] = std::max(last_[i], now_);
   return {static_cast<int>(i)};
 }
 
-std::vector<BufferLifetime> BackwardSchedule::lifetimes(const Handle& result) const {
+std::vector<BufferLifetime> StepSchedule::lifetimes() const {
   std::vector<BufferLifetime> out(planned_.size());
   for (size_t i = 0; i < planned_.size(); ++i) {
     out[i].bytes = planned_[i]->bytes();
     const bool written = first_[i] >= 0;
     out[i].first = written ? first_[i] : 0;
-    out[i].last = written ? last_[i] : now_;
+    out[i].last = written && !kept_[i] ? last_[i] : now_;
   }
-  for (const int i : result) out[static_cast<size_t>(i)].last = now_;
   return out;
 }
 

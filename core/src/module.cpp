@@ -61,7 +61,7 @@ void Arena::allocate_planned(Tensor& slot, Shape shape, DType dtype, Layout layo
 
 void Arena::discard_planned() { pending_.clear(); }
 
-void Arena::place_planned(const MemoryPlan& plan) {
+void Arena::place_planned(const MemoryPlan& plan, size_t bound) {
   DP_ASSERT(plan.offsets.size() == pending_.size());
   char* base = plan.bytes > 0 ? static_cast<char*>(allocate_bytes(plan.bytes)) : nullptr;
   for (size_t i = 0; i < pending_.size(); ++i) {
@@ -71,6 +71,7 @@ void Arena::place_planned(const MemoryPlan& plan) {
     pending_[i]->data = base + plan.offsets[i];
   }
   stats_.placed += plan.bytes;
+  stats_.bound += bound;
   pending_.clear();
 }
 
@@ -97,16 +98,28 @@ Shape Module::setup(SetupContext& ctx, const Shape& input) {
     throw;
   }
   if (ctx.depth == 0 && !ctx.arena.pending_planned().empty()) {
-    BackwardSchedule schedule(ctx.arena.pending_planned());
-    const BackwardSchedule::Handle dx = schedule_backward(schedule, {});
-    ctx.arena.place_planned(plan_memory(schedule.lifetimes(dx), kArenaAlign));
+    // A training step: forward, the loss (reads the output), backward; the caller reads the
+    // output and the input gradient after it.
+    StepSchedule schedule(ctx.arena.pending_planned());
+    const StepSchedule::Handle y = schedule_forward(schedule, {});
+    schedule.keep(y);
+    schedule.keep(schedule_backward(schedule, {}));
+    const std::vector<BufferLifetime> lifetimes = schedule.lifetimes();
+    ctx.arena.place_planned(plan_memory(lifetimes, kArenaAlign),
+                            peak_live_bytes(lifetimes, kArenaAlign));
   }
   last_batch_ = -1;
   return output_;
 }
 
-BackwardSchedule::Handle Module::schedule_backward(BackwardSchedule& s,
-                                                   const BackwardSchedule::Handle& dy) {
+StepSchedule::Handle Module::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  s.step();
+  s.read(x);
+  s.keep(x);
+  return x;
+}
+
+StepSchedule::Handle Module::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
   s.step();
   s.read(dy);
   return dy;
@@ -222,9 +235,15 @@ Tensor Sequential::do_forward(RunContext& ctx, const Tensor& x) {
   return t;
 }
 
-BackwardSchedule::Handle Sequential::schedule_backward(BackwardSchedule& s,
-                                                       const BackwardSchedule::Handle& dy) {
-  BackwardSchedule::Handle g = dy;
+StepSchedule::Handle Sequential::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  StepSchedule::Handle t = x;
+  for (auto& [name, m] : mods_) t = m->schedule_forward(s, t);
+  return t;
+}
+
+StepSchedule::Handle Sequential::schedule_backward(StepSchedule& s,
+                                                   const StepSchedule::Handle& dy) {
+  StepSchedule::Handle g = dy;
   for (size_t i = mods_.size(); i-- > 0;) g = mods_[i].second->schedule_backward(s, g);
   return g;
 }

@@ -72,16 +72,25 @@ Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
   return s;
 }
 
+// As do_forward runs: conv1, bn1, conv2, then the shortcut (conv3 reads the block's input), then
+// bn2 with the shortcut as its residual.
+StepSchedule::Handle Residual::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  StepSchedule::Handle main = conv1_->schedule_forward(s, x);
+  main = bn1_->schedule_forward(s, main);
+  main = conv2_->schedule_forward(s, main);
+  const StepSchedule::Handle shortcut = conv3_ ? conv3_->schedule_forward(s, x) : x;
+  return bn2_->schedule_forward(s, main, shortcut);
+}
+
 // As do_backward runs: bn2, conv2, bn1, conv1, then the shortcut (conv3, reading bn2's epilogue
 // gradient), then the add of both input gradients into dx.
-BackwardSchedule::Handle Residual::schedule_backward(BackwardSchedule& s,
-                                                     const BackwardSchedule::Handle& dy) {
-  BackwardSchedule::Handle g = bn2_->schedule_backward(s, dy);
-  const BackwardSchedule::Handle dsum = bn2_->scheduled_epilogue();
+StepSchedule::Handle Residual::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
+  StepSchedule::Handle g = bn2_->schedule_backward(s, dy);
+  const StepSchedule::Handle dsum = bn2_->scheduled_epilogue();
   g = conv2_->schedule_backward(s, g);
   g = bn1_->schedule_backward(s, g);
-  const BackwardSchedule::Handle dx_main = conv1_->schedule_backward(s, g);
-  const BackwardSchedule::Handle dx_shortcut = conv3_ ? conv3_->schedule_backward(s, dsum) : dsum;
+  const StepSchedule::Handle dx_main = conv1_->schedule_backward(s, g);
+  const StepSchedule::Handle dx_shortcut = conv3_ ? conv3_->schedule_backward(s, dsum) : dsum;
   s.step();
   s.read(dx_main);
   s.read(dx_shortcut);

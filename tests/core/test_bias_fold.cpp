@@ -41,8 +41,12 @@ class ConvThenBn : public dp::Module {
     bn_.declare(registry, prefix + "bn.");
   }
   std::vector<dp::Module*> children() override { return {&conv_, &bn_}; }
-  dp::BackwardSchedule::Handle schedule_backward(dp::BackwardSchedule& s,
-                                                 const dp::BackwardSchedule::Handle& dy) override {
+  dp::StepSchedule::Handle schedule_forward(dp::StepSchedule& s,
+                                            const dp::StepSchedule::Handle& x) override {
+    return bn_.schedule_forward(s, conv_.schedule_forward(s, x));
+  }
+  dp::StepSchedule::Handle schedule_backward(dp::StepSchedule& s,
+                                             const dp::StepSchedule::Handle& dy) override {
     return conv_.schedule_backward(s, bn_.schedule_backward(s, dy));
   }
 

@@ -14,6 +14,39 @@
 
 namespace {
 
+// A layer of a user's own, written without the memory plan in mind: a ReLU that keeps a view of
+// its input and reads it in backward (as the mask). Its walk is Module's default, which must keep
+// the input alive to the end of the step: were the batch norm's output before it freed after
+// this layer's forward, the gradients planned over it would change the mask.
+class InputMaskRelu final : public dp::Module {
+ public:
+  const char* type() const override { return "InputMaskRelu"; }
+
+ protected:
+  dp::Shape do_setup(dp::SetupContext& ctx, const dp::Shape& input) override {
+    y_ = ctx.arena.allocate(input, dp::DType::f32, ctx.layout);
+    dx_ = ctx.arena.allocate(input, dp::DType::f32, ctx.layout);
+    return input;
+  }
+  dp::Tensor do_forward(dp::RunContext& ctx, const dp::Tensor& x) override {
+    x_ = x;
+    dp::Tensor y = y_.with_batch(x.shape[0]);
+    y.layout = x.layout;
+    ctx.backend.relu_forward(x, y);
+    return y;
+  }
+  dp::Tensor do_backward(dp::RunContext& ctx, const dp::Tensor& dy, bool need_dx) override {
+    if (!need_dx) return {};
+    dp::Tensor dx = dx_.with_batch(dy.shape[0]);
+    dx.layout = x_.layout;
+    ctx.backend.relu_backward(x_, dy, dx);  // x > 0 exactly where relu(x) > 0
+    return dx;
+  }
+
+ private:
+  dp::Tensor x_, y_, dx_;
+};
+
 size_t aligned(size_t bytes, size_t a) { return (std::max<size_t>(bytes, 1) + a - 1) / a * a; }
 
 // Every property of a plan that plan_memory promises.
@@ -97,11 +130,13 @@ TEST_CASE("plan_memory: lifetimes that end before they start, and bad alignments
                     Catch::Contains("alignment must be a power of two, got 48"));
 }
 
-TEST_CASE("The memory plan's walk of a residual block keeps what its shortcut reads alive",
+TEST_CASE("The memory plan's walk of a residual block keeps what its backward reads alive",
           "[memory_plan]") {
-  // The block's backward runs bn2 (writes dx and the masked gradient), conv2, bn1, conv1, then
-  // the shortcut conv3, which reads bn2's masked gradient: that buffer must outlive the three
-  // steps between, so it may share with none of their input gradients.
+  // The block's step runs forward (conv1, bn1, conv2, conv3, bn2), then backward (bn2 writes dx
+  // and the masked gradient, conv2, bn1, conv1, then the shortcut conv3, which reads bn2's masked
+  // gradient). What backward reads of forward (each convolution's input, each batch norm's input
+  // and output) must outlive the steps between, and the shortcut's output, which only bn2's
+  // forward reads, must not.
   auto backend = dp::create_backend({});
   dp::Arena arena(*backend);
   dp::ParamRegistry registry;
@@ -126,24 +161,60 @@ TEST_CASE("The memory plan's walk of a residual block keeps what its shortcut re
   ctx2.depth = 1;  // as if nested: nothing is placed, the slots stay pending
   block2.setup(ctx2, {2, 4, 6, 6});
   const std::vector<dp::Tensor*> slots = again.pending_planned();
-  // conv1 dx, bn1 dx, bn1 dz, conv2 dx, bn2 dx, bn2 dz, conv3 dx, the block's dx.
-  REQUIRE(slots.size() == 8);
-  dp::BackwardSchedule s(slots);
-  const auto dx = block2.schedule_backward(s, {});
-  const std::vector<dp::BufferLifetime> life = s.lifetimes(dx);
-  // Steps: 1 bn2, 2 conv2, 3 bn1, 4 conv1, 5 conv3, 6 the add.
-  CHECK(life[5].first == 1);  // bn2's masked gradient, written by bn2 ...
-  CHECK(life[5].last == 5);   // ... read by conv3
-  CHECK(life[4].first == 1);  // bn2's dx, read by conv2
-  CHECK(life[4].last == 2);
-  CHECK(life[0].first == 4);  // conv1's dx, read by the add
-  CHECK(life[0].last == 6);
-  CHECK(life[6].first == 5);  // conv3's dx, read by the add
-  CHECK(life[6].last == 6);
-  CHECK(life[7].first == 6);  // the block's dx, read by whoever called backward
-  CHECK(life[7].last == 6);
+  // conv1 y, dx; bn1 y, dx, dz; conv2 y, dx; bn2 y, dx, dz; conv3 y, dx; the block's dx.
+  REQUIRE(slots.size() == 13);
+  dp::StepSchedule s(slots);
+  s.keep(block2.schedule_forward(s, {}));
+  s.keep(block2.schedule_backward(s, {}));
+  const std::vector<dp::BufferLifetime> life = s.lifetimes();
+  // Steps: forward 1 conv1, 2 bn1, 3 conv2, 4 conv3, 5 bn2; backward 6 bn2, 7 conv2, 8 bn1,
+  // 9 conv1, 10 conv3, 11 the add.
+  const auto span = [&](size_t i) { return std::pair{life[i].first, life[i].last}; };
+  CHECK(span(0) == std::pair<int64_t, int64_t>{1, 8});     // conv1's output: bn1's input
+  CHECK(span(2) == std::pair<int64_t, int64_t>{2, 8});     // bn1's output: its mask, conv2's input
+  CHECK(span(5) == std::pair<int64_t, int64_t>{3, 6});     // conv2's output: bn2's input
+  CHECK(span(7) == std::pair<int64_t, int64_t>{5, 11});    // the block's output: kept
+  CHECK(span(10) == std::pair<int64_t, int64_t>{4, 5});    // the shortcut's: forward only
+  CHECK(span(9) == std::pair<int64_t, int64_t>{6, 10});    // bn2's masked gradient, read by conv3
+  CHECK(span(8) == std::pair<int64_t, int64_t>{6, 7});     // bn2's dx, read by conv2
+  CHECK(span(4) == std::pair<int64_t, int64_t>{8, 8});     // bn1's masked gradient: its own
+  CHECK(span(1) == std::pair<int64_t, int64_t>{9, 11});    // conv1's dx, read by the add
+  CHECK(span(11) == std::pair<int64_t, int64_t>{10, 11});  // conv3's dx, read by the add
+  CHECK(span(12) == std::pair<int64_t, int64_t>{11, 11});  // the block's dx: kept
   again.place_planned(dp::plan_memory(life, 256));
   for (const dp::Tensor* t : slots) CHECK(t->data != nullptr);
+}
+
+TEST_CASE("The memory plan's walk keeps what a layer of the user's own was given to the end",
+          "[memory_plan]") {
+  // The layer says nothing of its walk, so it may keep a view of its input and read it in
+  // backward (this one does): the batch norm's output it reads lives to the end of the step.
+  auto backend = dp::create_backend({});
+  dp::Arena arena(*backend);
+  dp::ParamRegistry registry;
+  dp::Sequential net;
+  net.add(std::make_unique<dp::Conv2d>(1, 4, 3, 1, 1));
+  net.add(std::make_unique<dp::BatchNorm2d>(4));
+  net.add(std::make_unique<InputMaskRelu>());
+  net.add(std::make_unique<dp::Conv2d>(4, 4, 3, 1, 1));
+  net.declare(registry, "");
+  registry.allocate(*backend);
+  dp::SetupContext ctx{*backend, arena, registry, dp::Layout::nchw, {}, {}, true};
+  ctx.depth = 1;  // as if nested: the slots stay pending
+  net.setup(ctx, {2, 1, 6, 6});
+  const std::vector<dp::Tensor*> slots = arena.pending_planned();
+  // conv y, dx; bn y, dx; conv y, dx (the user's layer allocates its own).
+  REQUIRE(slots.size() == 6);
+  dp::StepSchedule s(slots);
+  s.keep(net.schedule_forward(s, {}));
+  s.keep(net.schedule_backward(s, {}));
+  const std::vector<dp::BufferLifetime> life = s.lifetimes();
+  // Steps: forward 1 conv, 2 bn, 3 the user's layer, 4 conv; backward 5 conv, 6 the user's
+  // layer, 7 bn, 8 conv.
+  CHECK(life[2].first == 2);
+  CHECK(life[2].last == 8);
+  CHECK(life[0].last == 7);  // the first convolution's output: the batch norm's backward reads it
+  arena.discard_planned();
 }
 
 namespace {
@@ -198,6 +269,22 @@ TEST_CASE("Training with the memory plan computes the same bits as without it, i
     o.batch_size = 79;  // 160 = 2 x 79 + 2
     builder = [] { return enginetest::build_model("libdprun_lenet.so", "lenet"); };
   }
+  SECTION(
+      "A layer of the user's own keeping a view of its input for backward, a batch norm "
+      "without a fused ReLU, max pooling") {
+    builder = [] {
+      auto net = std::make_unique<dp::Sequential>();
+      net->add(std::make_unique<dp::Conv2d>(1, 4, 3, 1, 1));
+      net->add(std::make_unique<dp::BatchNorm2d>(4));
+      net->add(std::make_unique<InputMaskRelu>());
+      net->add(std::make_unique<dp::MaxPool2d>(2, 2));  // its backward reads x and y
+      net->add(std::make_unique<dp::Conv2d>(4, 4, 3, 1, 1));
+      net->add(std::make_unique<dp::ReLU>());
+      net->add(std::make_unique<dp::Flatten>());
+      net->add(std::make_unique<dp::Linear>(4 * 14 * 14, 10));
+      return net;
+    };
+  }
   o.memory_plan = false;
   const Run apart = train(o, builder, train_set, test_set);
   o.memory_plan = true;
@@ -212,5 +299,7 @@ TEST_CASE("Training with the memory plan computes the same bits as without it, i
   CHECK(planned.buffers == apart.buffers);
   CHECK(apart.plan.requested == 0);
   CHECK(planned.plan.placed < planned.plan.requested);
+  CHECK(planned.plan.bound > 0);
+  CHECK(planned.plan.bound <= planned.plan.placed);  // no placement goes below the peak alive
   CHECK(planned.arena < apart.arena);
 }

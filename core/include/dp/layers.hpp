@@ -27,8 +27,8 @@ class Conv2d : public Module {
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
 
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
   int64_t out_channels() const { return out_; }
   /// The bias parameter (after declare(); invalid without a bias).
@@ -51,6 +51,7 @@ class Conv2d : public Module {
   ParamHandle w_, b_;
   std::unique_ptr<ConvPlan> plan_;
   Tensor x_, y_, dx_;  // x_: the last input (a view of the producer's output)
+  StepSchedule::Handle x_planned_;  // the memory plan's walk: where x_ lives
 };
 
 /// Per-channel batch norm on (N,C,H,W). Training: batch statistics (per replica unless
@@ -87,6 +88,11 @@ class BatchNorm2d : public Module {
   using Module::forward;
   /// forward() of a batch norm built with Fused::residual; residual has the output's shape.
   Tensor forward(RunContext& ctx, const Tensor& x, const Tensor& residual);
+  /// schedule_forward() of a batch norm built with Fused::residual: its step reads the residual
+  /// too. A container holding such a batch norm must walk it with this form: the one-argument
+  /// form would let the residual's memory be reused before this layer's forward reads it.
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x,
+                                        const StepSchedule::Handle& residual);
   /// After backward(): the gradient of bn(x) (+ residual), which is the residual's gradient:
   /// with a fused ReLU the masked gradient (this layer's buffer), else the gradient backward was
   /// given (a view of the caller's tensor). Valid until the next backward, and, with the memory
@@ -95,7 +101,7 @@ class BatchNorm2d : public Module {
   Tensor epilogue_gradient() const { return epilogue_grad_; }
   /// In the memory plan's walk, after this layer's schedule_backward: the planned buffers
   /// epilogue_gradient() may live in (a residual block reads them in its shortcut's step).
-  const BackwardSchedule::Handle& scheduled_epilogue() const { return epilogue_handle_; }
+  const StepSchedule::Handle& scheduled_epilogue() const { return epilogue_handle_; }
 
   /// Takes over the bias of `conv`, whose output only this layer reads (see BatchNormFused's
   /// comment). Before setup; conv must have a bias not folded elsewhere and this layer's channel
@@ -104,8 +110,8 @@ class BatchNorm2d : public Module {
   /// A Conv2d with a bias that is not folded yet, of this layer's channel count: fold_bias_of.
   bool fold_previous(Module& previous) override;
 
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -125,10 +131,11 @@ class BatchNorm2d : public Module {
   Fused fused_;
   ParamHandle gamma_, beta_, mean_, var_;
   Tensor x_, y_, dx_, save_mean_, save_invstd_;
+  StepSchedule::Handle x_planned_, y_planned_;  // the memory plan's walk: where x_ and y_ live
   Tensor dz_;                         // with a fused ReLU: the masked gradient
   const Tensor* residual_ = nullptr;  // during forward(ctx, x, residual) only
   Tensor epilogue_grad_;              // see epilogue_gradient()
-  BackwardSchedule::Handle epilogue_handle_;  // where epilogue_grad_ lives, for the memory plan
+  StepSchedule::Handle epilogue_handle_;  // where epilogue_grad_ lives, for the memory plan
   Tensor stats_;            // (4C): mean, var, then the backward sums (2C), for the allreduces
   int64_t sync_count_ = 0;  // values per channel over every replica in the last sync forward
   Conv2d* bias_of_ = nullptr;  // the convolution whose bias this layer adds (fold_bias_of)
@@ -139,8 +146,8 @@ class ReLU : public Module {
  public:
   const char* type() const override { return "ReLU"; }
 
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -149,6 +156,7 @@ class ReLU : public Module {
 
  private:
   Tensor y_, dx_;
+  StepSchedule::Handle y_planned_;  // the memory plan's walk: where y_ lives
 };
 
 class AvgPool2d : public Module {
@@ -157,8 +165,8 @@ class AvgPool2d : public Module {
   const char* type() const override { return "AvgPool2d"; }
   void describe(std::ostream& os, int indent = 0) const override;
 
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -176,8 +184,8 @@ class MaxPool2d : public Module {
   const char* type() const override { return "MaxPool2d"; }
   void describe(std::ostream& os, int indent = 0) const override;
 
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -187,6 +195,7 @@ class MaxPool2d : public Module {
  private:
   PoolGeometry g_;
   Tensor x_, y_, dx_;
+  StepSchedule::Handle x_planned_, y_planned_;  // the memory plan's walk: where x_ and y_ live
 };
 
 /// (N,C,H,W) -> (N,C,1,1), as PyTorch's AdaptiveAvgPool2d((1,1)).
@@ -194,8 +203,8 @@ class GlobalAvgPool : public Module {
  public:
   const char* type() const override { return "AdaptiveAvgPool2d"; }
 
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -210,6 +219,8 @@ class GlobalAvgPool : public Module {
 class Flatten : public Module {
  public:
   const char* type() const override { return "Flatten"; }
+  /// Its output is a view of its input: the walk's step reads x and returns it.
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -233,8 +244,8 @@ class Linear : public Module {
   /// (H, W, C) order and are reported for permutation to PyTorch's (C, H, W).
   void parameter_orders(std::vector<ParamOrder>& out) override;
 
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -248,6 +259,7 @@ class Linear : public Module {
   Init w_init_, b_init_;
   ParamHandle w_, b_;
   Tensor x_, y_, dx_;
+  StepSchedule::Handle x_planned_;  // the memory plan's walk: where x_ lives
 };
 
 /// The d2l residual block: y = ReLU(bn2(conv2(ReLU(bn1(conv1(x))))) + shortcut(x)) where
@@ -262,8 +274,8 @@ class Residual : public Module {
   void describe(std::ostream& os, int indent = 0) const override;
   std::vector<Module*> children() override;
 
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;

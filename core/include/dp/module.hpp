@@ -36,11 +36,13 @@ class Arena {
   size_t bytes_used() const { return used_; }
   Backend& backend() { return backend_; }
 
-  /// A buffer that only backward uses (an input gradient, a fused epilogue's gradient), made in
-  /// `slot` (a member of the module that keeps it): its memory comes when the outermost
-  /// Module::setup has planned every such buffer of the model (memory_plan.hpp), shared with
-  /// those whose lifetimes in backward do not overlap; until then slot.data is null. With the
-  /// plan off (set_memory_plan(false)) it is allocated at once, as allocate() does.
+  /// A buffer whose every use in a training step its module reports in the memory plan's walk
+  /// (an output, an input gradient, a fused epilogue's gradient), made in `slot` (a member of
+  /// the module that keeps it): its memory comes when the outermost Module::setup has planned
+  /// every such buffer of the model (memory_plan.hpp), shared with those whose lifetimes in the
+  /// step do not overlap; until then slot.data is null. Its contents last from the step that
+  /// writes it to its last reader in the same training step, no longer. With the plan off
+  /// (set_memory_plan(false)) it is allocated at once, as allocate() does.
   void allocate_planned(Tensor& slot, Shape shape, DType dtype = DType::f32,
                         Layout layout = Layout::nchw);
   /// Whether allocate_planned defers to the plan (default true).
@@ -48,14 +50,16 @@ class Arena {
   /// The slots allocate_planned made that are not placed yet, in the order they were made.
   const std::vector<Tensor*>& pending_planned() const { return pending_; }
   /// Gives the pending slots their memory: one block of plan.bytes, slot i at plan.offsets[i].
-  void place_planned(const MemoryPlan& plan);
+  /// bound: the least bytes any plan of them could use (peak_live_bytes), for plan_stats().
+  void place_planned(const MemoryPlan& plan, size_t bound = 0);
   /// Forgets the pending slots (their model failed to set up).
   void discard_planned();
 
-  /// What the plan saved: the bytes the planned buffers would take each on its own, and the
-  /// bytes of the blocks they were placed in (both 0 with the plan off).
+  /// What the plan saved: the bytes the planned buffers would take each on its own, the bytes
+  /// of the blocks they were placed in, and the least any placement could use (the most bytes
+  /// alive at one step of the walk; all 0 with the plan off).
   struct PlanStats {
-    size_t requested = 0, placed = 0;
+    size_t requested = 0, placed = 0, bound = 0;
   };
   PlanStats plan_stats() const { return stats_; }
 
@@ -144,10 +148,13 @@ class Module {
   Shape setup(SetupContext& ctx, const Shape& input);
   /// x's shape must equal the setup input shape except for a batch <= the setup batch. A batch
   /// of 0 is allowed: a replica with an empty shard still takes part in synchronised batch
-  /// norm's collectives.
+  /// norm's collectives. With the memory plan, what a module inside the model returns is valid
+  /// until its last reader in the step's walk (the next layers' forward, its own backward), not
+  /// longer: read it there, or copy it (the model's own output lasts until the next step).
   Tensor forward(RunContext& ctx, const Tensor& x);
   /// dy has the shape of the last forward's output. Computes parameter gradients (overwriting)
-  /// and, when need_dx, returns dx (an empty Tensor otherwise).
+  /// and, when need_dx, returns dx (an empty Tensor otherwise). Once per forward: with the memory
+  /// plan, what forward kept for it may be reused by the gradients it writes.
   Tensor backward(RunContext& ctx, const Tensor& dy, bool need_dx);
 
   const Shape& input_shape() const { return input_; }
@@ -161,14 +168,23 @@ class Module {
   virtual void parameter_orders(std::vector<ParamOrder>& out) {
     for (Module* c : children()) c->parameter_orders(out);
   }
-  /// The memory plan's walk of backward (see BackwardSchedule): called in backward order, with
+  /// The memory plan's walk of forward (see StepSchedule): called in forward order, with the
+  /// planned buffers this module's input may live in; takes this module's steps, saying which
+  /// planned buffers it reads and writes, and remembers what its backward will read; returns
+  /// those its output may live in. The default takes one step that reads x, keeps x alive to the
+  /// end of the walk, which is the end of the training step (its backward may read it), and may
+  /// return a view of it: right for any module whose buffers come from Arena::allocate. A module
+  /// that uses allocate_planned overrides both walks, and so does a container whose children
+  /// do: one that overrides only schedule_forward would end its children's outputs at their last
+  /// forward reader, and their backward would read reused memory.
+  virtual StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x);
+  /// The memory plan's walk of backward (see StepSchedule): called in backward order, with
   /// the planned buffers this module's output gradient may live in; takes this module's steps,
   /// saying which planned buffers it reads and writes, and returns those its input gradient may
   /// live in. The default takes one step that reads dy and may return a view of it: right for
   /// any module whose buffers come from Arena::allocate (a module that uses allocate_planned
   /// overrides it, and so does a container whose children do).
-  virtual BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                                     const BackwardSchedule::Handle& dy);
+  virtual StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy);
   /// Asked by Sequential::add when this module is added right after `previous`, whose output
   /// only this module reads: it may take over the last thing `previous` computes, with the same
   /// values (a batch norm takes a convolution's bias: BatchNorm2d::fold_bias_of). Returns
@@ -197,8 +213,8 @@ class Sequential : public Module {
   void declare(ParamRegistry& registry, const std::string& prefix) override;
   void describe(std::ostream& os, int indent = 0) const override;
   std::vector<Module*> children() override;
-  BackwardSchedule::Handle schedule_backward(BackwardSchedule& s,
-                                             const BackwardSchedule::Handle& dy) override;
+  StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
+  StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;

@@ -68,9 +68,9 @@ struct TrainerOptions {
   /// proves that a step reads everything that changes between steps from device memory.
   /// Replicas sharing one GPU cannot be captured (their collectives meet on the host).
   bool graphs = false;
-  /// Buffers that only backward uses (input gradients, fused-epilogue gradients) share memory
-  /// when their lifetimes in backward do not overlap (memory_plan.hpp); false: each its own, for
-  /// comparisons. The same results either way.
+  /// The layers' outputs and gradients share memory when their lifetimes in a training step do
+  /// not overlap (memory_plan.hpp); false: each its own, for comparisons. The same results
+  /// either way.
   bool memory_plan = true;
   /// Random crop, horizontal flip and per-channel normalisation of the examples, applied on the
   /// device by the batch gather, inside the step (and its graph). Each training example's draw
@@ -180,8 +180,8 @@ class Trainer {
   std::string communicator_kind() const;
   /// Largest peak_memory() among the replicas' backends.
   size_t peak_memory_bytes() const;
-  /// Replica 0's memory plan: the bytes its backward-only buffers would take each on its own,
-  /// and the bytes the plan placed them in.
+  /// Replica 0's memory plan: the bytes its planned buffers (the layers' outputs and gradients)
+  /// would take each on its own, the bytes the plan placed them in, and the least possible.
   Arena::PlanStats memory_plan_stats() const;
   /// Replica 0's arena: every buffer of its model, data and step state, in bytes.
   size_t arena_bytes() const;
