@@ -7,6 +7,8 @@
 // real GPU for that).
 #include <cudnn.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -129,8 +131,10 @@ size_t numel(const cudnnTensorStruct* d) {
          static_cast<size_t>(d->w);
 }
 
-/// What the fake offers per direction: two GEMM-family algorithms without workspace, and one
-/// that needs some (FFT or its kin), so the choice and the contract have something to refuse.
+/// What the fake offers per direction: a GEMM-family algorithm that needs a workspace, timed
+/// fastest (every contract allows it, so every run uses a workspace in every pass: see
+/// scribble), one without, and one that needs workspace and that the exact contracts refuse (FFT
+/// or its kin), so the choice and the contract have something to refuse.
 template <typename Perf, typename Algo>
 void offer(Perf* perf, int requested, int* returned, cudnnMathType_t math,
            std::initializer_list<std::pair<Algo, size_t>> algos) {
@@ -150,6 +154,36 @@ void offer(Perf* perf, int requested, int* returned, cudnnMathType_t math,
 }
 
 constexpr size_t kTransformWorkspace = size_t{1} << 20;
+constexpr size_t kGemmWorkspace = size_t{96} << 10;  // not a multiple of the transform's
+
+/// The workspace a pass was given, as a real algorithm treats it: one smaller than the algorithm
+/// needs is cuDNN's BAD_PARAM; the first `need` bytes are written over (NaN bytes) when the pass
+/// runs, before it reads its inputs, so a workspace that shares memory with a live tensor
+/// corrupts that tensor where a test sees it.
+bool workspace_fits(size_t need, size_t given) {
+  if (given >= need) return true;
+  std::fprintf(stderr, "emulated cuDNN: the algorithm needs %zu bytes of workspace, given %zu\n",
+               need, given);
+  return false;
+}
+void scribble(void* workspace, size_t need) {
+  if (need > 0) std::memset(workspace, 0xFF, need);
+}
+/// After the pass: a real algorithm reads its workspace back while it writes the output, so a
+/// workspace that shares memory with the output (or with anything the pass wrote) computes
+/// garbage on a GPU. Here the pattern must be intact, else the run stops, naming the call.
+void check_scribble(const void* workspace, size_t need, const char* call) {
+  const auto* bytes = static_cast<const unsigned char*>(workspace);
+  for (size_t i = 0; i < need; ++i) {
+    if (bytes[i] != 0xFF) {
+      std::fprintf(stderr,
+                   "emulated cuDNN: %s: its workspace changed while the pass ran (byte %zu of "
+                   "%zu): it shares memory with the pass's output\n",
+                   call, i, need);
+      std::abort();
+    }
+  }
+}
 
 }  // namespace
 
@@ -260,8 +294,8 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnT
                                                      const int requested, int* returned,
                                                      cudnnConvolutionFwdAlgoPerf_t* perf) {
   offer(perf, requested, returned, conv->math,
-        {std::pair{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, size_t{0}},
-         std::pair{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, size_t{0}},
+        {std::pair{CUDNN_CONVOLUTION_FWD_ALGO_GEMM, kGemmWorkspace},
+         std::pair{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_FWD_ALGO_FFT, kTransformWorkspace}});
   return CUDNN_STATUS_SUCCESS;
 }
@@ -276,7 +310,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
     const cudnnConvolutionDescriptor_t conv, const cudnnTensorDescriptor_t, const int requested,
     int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
   offer(perf, requested, returned, conv->math,
-        {std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, size_t{0}},
+        {std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, kGemmWorkspace},
          std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, kTransformWorkspace}});
   return CUDNN_STATUS_SUCCESS;
@@ -292,7 +326,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     const cudnnConvolutionDescriptor_t conv, const cudnnFilterDescriptor_t, const int requested,
     int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   offer(perf, requested, returned, conv->math,
-        {std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, size_t{0}},
+        {std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, kGemmWorkspace},
          std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, kTransformWorkspace}});
   return CUDNN_STATUS_SUCCESS;
@@ -315,26 +349,26 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnn
                    algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
                    algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED
                ? kTransformWorkspace
-               : 0;
+           : algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM ? kGemmWorkspace
+                                                     : 0;
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(
     cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t,
     const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t,
     cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-  *bytes = algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1
-               ? 0
-               : kTransformWorkspace;
+  *bytes = algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0   ? 0
+           : algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 ? kGemmWorkspace
+                                                       : kTransformWorkspace;
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
     const cudnnConvolutionDescriptor_t, const cudnnFilterDescriptor_t,
     cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
-  *bytes =
-      algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1
-          ? 0
-          : kTransformWorkspace;
+  *bytes = algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0   ? 0
+           : algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ? kGemmWorkspace
+                                                         : kTransformWorkspace;
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -344,19 +378,25 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
                                       const cudnnTensorDescriptor_t xd, const void* x,
                                       const cudnnFilterDescriptor_t wd, const void* w,
                                       const cudnnConvolutionDescriptor_t conv,
-                                      cudnnConvolutionFwdAlgo_t, void*, size_t, const void* beta,
+                                      cudnnConvolutionFwdAlgo_t algo, void* workspace,
+                                      size_t workspace_bytes, const void* beta,
                                       const cudnnTensorDescriptor_t yd, void* y) {
   if (!supported(xd, wd, conv, yd)) return CUDNN_STATUS_NOT_SUPPORTED;
+  size_t need = 0;
+  cudnnGetConvolutionForwardWorkspaceSize(handle, xd, wd, conv, yd, algo, &need);
+  if (!workspace_fits(need, workspace_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   const cudnnTensorStruct xs = *xd, ys = *yd;
   const cudnnFilterStruct ws = *wd;
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
+    scribble(workspace, need);
     std::vector<float> kcrs = filter_kcrs(&ws, w), out(numel(&ys));
     cpu().conv_forward(plan_for(&xs, &ws, &cs), act(x, xs),
                        dp::Tensor(kcrs.data(), {ws.k, ws.c, ws.r, ws.s}), nullptr,
                        act(out.data(), ys));
     blend(static_cast<float*>(y), out, a, b);
+    check_scribble(workspace, need, "cudnnConvolutionForward");
   });
   return CUDNN_STATUS_SUCCESS;
 }
@@ -365,20 +405,25 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
                                            const cudnnFilterDescriptor_t wd, const void* w,
                                            const cudnnTensorDescriptor_t dyd, const void* dy,
                                            const cudnnConvolutionDescriptor_t conv,
-                                           cudnnConvolutionBwdDataAlgo_t, void*, size_t,
-                                           const void* beta, const cudnnTensorDescriptor_t dxd,
-                                           void* dx) {
+                                           cudnnConvolutionBwdDataAlgo_t algo, void* workspace,
+                                           size_t workspace_bytes, const void* beta,
+                                           const cudnnTensorDescriptor_t dxd, void* dx) {
   if (!supported(dxd, wd, conv, dyd)) return CUDNN_STATUS_NOT_SUPPORTED;
+  size_t need = 0;
+  cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wd, dyd, conv, dxd, algo, &need);
+  if (!workspace_fits(need, workspace_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   const cudnnTensorStruct xs = *dxd, ys = *dyd;
   const cudnnFilterStruct ws = *wd;
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
+    scribble(workspace, need);
     std::vector<float> kcrs = filter_kcrs(&ws, w), out(numel(&xs));
     cpu().conv_backward_data(plan_for(&xs, &ws, &cs), act(dy, ys),
                              dp::Tensor(kcrs.data(), {ws.k, ws.c, ws.r, ws.s}),
                              act(out.data(), xs));
     blend(static_cast<float*>(dx), out, a, b);
+    check_scribble(workspace, need, "cudnnConvolutionBackwardData");
   });
   return CUDNN_STATUS_SUCCESS;
 }
@@ -387,20 +432,25 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
                                              const cudnnTensorDescriptor_t xd, const void* x,
                                              const cudnnTensorDescriptor_t dyd, const void* dy,
                                              const cudnnConvolutionDescriptor_t conv,
-                                             cudnnConvolutionBwdFilterAlgo_t, void*, size_t,
-                                             const void* beta, const cudnnFilterDescriptor_t dwd,
-                                             void* dw) {
+                                             cudnnConvolutionBwdFilterAlgo_t algo, void* workspace,
+                                             size_t workspace_bytes, const void* beta,
+                                             const cudnnFilterDescriptor_t dwd, void* dw) {
   if (!supported(xd, dwd, conv, dyd)) return CUDNN_STATUS_NOT_SUPPORTED;
+  size_t need = 0;
+  cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, xd, dyd, conv, dwd, algo, &need);
+  if (!workspace_fits(need, workspace_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   const cudnnTensorStruct xs = *xd, ys = *dyd;
   const cudnnFilterStruct ws = *dwd;
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
+    scribble(workspace, need);
     std::vector<float> kcrs(static_cast<size_t>(ws.k) * static_cast<size_t>(ws.c) *
                             static_cast<size_t>(ws.r * ws.s));
     cpu().conv_backward_filter(plan_for(&xs, &ws, &cs), act(x, xs), act(dy, ys),
                                dp::Tensor(kcrs.data(), {ws.k, ws.c, ws.r, ws.s}), nullptr);
     filter_store(&ws, kcrs, static_cast<float*>(dw), a, b);
+    check_scribble(workspace, need, "cudnnConvolutionBackwardFilter");
   });
   return CUDNN_STATUS_SUCCESS;
 }
