@@ -8,9 +8,9 @@
 // gradients and optimizer state (the registry), the data and step tables, the planned buffers
 // (every layer's output and gradients) each on its own, as the plan places them and the least
 // any placement could use, and the rest (the layers' own small buffers), and what
-// precision = "bf16" adds (plan on): the rounded copies
-// of the largest convolution's or linear layer's operands, which a GPU's bf16 path holds too
-// (its own carving, within 256 bytes per operand). Nothing is timed; the figures are exact byte
+// precision = "bf16" adds (plan on): the rounded operand copies, in each convolution's planned
+// workspace (the GPU's bf16 path keeps them there too, before cuDNN's workspace) and, for the
+// linear layer, in the backend's shared scratch. Nothing is timed; the figures are exact byte
 // counts.
 #include <cstdio>
 #include <cstdlib>
@@ -129,6 +129,6 @@ int main(int argc, char** argv) {
       "and the most alive at one step of a training step (no placement can use less);\n"
       "unplanned: the rest of the arena (the layers' own small buffers, the step tables);\n"
       "bf16 adds: precision = \"bf16\"'s peak (plan on) less fp32's, the rounded operand\n"
-      "copies\n");
+      "copies (the convolutions' in their planned workspaces)\n");
   return 0;
 }

@@ -1,5 +1,6 @@
 // The contracts of the convolution and linear ops of dp::Backend: every argument checked once
 // for every backend, then the backend's *_impl runs (the tiny-cuda-nn pattern).
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -38,8 +39,44 @@ std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUs
   std::unique_ptr<ConvPlan> plan = plan_conv_impl(g, use);
   DP_ASSERT(plan != nullptr);
   plan->owner_ = this;
+  plan_workspace(*plan, use);
+  DP_ASSERT(use.planned_workspace ||
+            (plan->workspace_bytes_[0] == 0 && plan->workspace_bytes_[1] == 0));
   return plan;
 }
+
+void Backend::need_workspace(ConvPlan& plan, ConvStage stage, size_t bytes) {
+  size_t& need = plan.workspace_bytes_[static_cast<int>(stage)];
+  need = std::max(need, bytes);
+}
+
+namespace {
+// The workspace argument of a pass of `plan` in `stage`: a plan with a planned workspace needs
+// one at least as large as it said (none when it said 0); any other plan takes none.
+void check_workspace(const Checker& check, const ConvPlan& plan, ConvStage stage,
+                     const Tensor* workspace) {
+  const size_t need = plan.workspace_bytes(stage);
+  const char* name = stage == ConvStage::forward ? "forward" : "backward";
+  if (!plan.planned_workspace()) {
+    if (workspace != nullptr) {
+      check.fail(
+          "a workspace was given for a plan that keeps the backend's own (make the plan "
+          "with ConvUse::planned_workspace to give it one)");
+    }
+    return;
+  }
+  if (need == 0) return;
+  if (workspace == nullptr || workspace->data == nullptr || workspace->bytes() < need) {
+    check.fail(std::string("the plan was made with ConvUse::planned_workspace and its ") + name +
+               " passes need a workspace of " + std::to_string(need) + " bytes, got " +
+               (workspace == nullptr || workspace->data == nullptr
+                    ? std::string("none")
+                    : std::to_string(workspace->bytes()) + " bytes") +
+               " (ConvPlan::workspace_bytes)");
+  }
+  check.tensor(*workspace, workspace->dtype, "workspace");
+}
+}  // namespace
 
 const ConvGeometry& Backend::check_plan(const ConvPlan& plan, const char* op) const {
   if (plan.owner_ != this) {
@@ -50,7 +87,7 @@ const ConvGeometry& Backend::check_plan(const ConvPlan& plan, const char* op) co
 }
 
 void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                           const Tensor& y) {
+                           const Tensor& y, const Tensor* workspace) {
   const char* op = "conv_forward";
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
@@ -59,11 +96,16 @@ void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, con
   check.optional_f32(b, {g.out_channels}, "b");
   check.f32(y, {n, g.out_channels, g.out_h(), g.out_w()}, "y");
   plan_layout(check, g, y, "y");
-  if (n > 0) run([=, this, &plan, hb = Held(b)] { conv_forward_impl(plan, x, w, hb.get(), y); });
+  check_workspace(check, plan, ConvStage::forward, workspace);
+  if (n > 0) {
+    run([=, this, &plan, hb = Held(b), hws = Held(workspace)] {
+      conv_forward_impl(plan, x, w, hb.get(), y, hws.get());
+    });
+  }
 }
 
 void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                                 const Tensor& dx) {
+                                 const Tensor& dx, const Tensor* workspace) {
   const char* op = "conv_backward_data";
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
@@ -71,11 +113,16 @@ void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor&
   check.f32(w, filter_shape(g), "w");
   check.f32(dx, {n, g.in_channels, g.in_h, g.in_w}, "dx");
   plan_layout(check, g, dx, "dx");
-  if (n > 0) run([=, this, &plan] { conv_backward_data_impl(plan, dy, w, dx); });
+  check_workspace(check, plan, ConvStage::backward, workspace);
+  if (n > 0) {
+    run([=, this, &plan, hws = Held(workspace)] {
+      conv_backward_data_impl(plan, dy, w, dx, hws.get());
+    });
+  }
 }
 
 void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy,
-                                   const Tensor& dw, const Tensor* db) {
+                                   const Tensor& dw, const Tensor* db, const Tensor* workspace) {
   const char* op = "conv_backward_filter";
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
@@ -84,9 +131,10 @@ void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor
   plan_layout(check, g, dy, "dy");
   check.f32(dw, filter_shape(g), "dw");
   check.optional_f32(db, {g.out_channels}, "db");
-  run([=, this, &plan, hdb = Held(db)] {
+  check_workspace(check, plan, ConvStage::backward, workspace);
+  run([=, this, &plan, hdb = Held(db), hws = Held(workspace)] {
     if (n > 0) {
-      conv_backward_filter_impl(plan, x, dy, dw, hdb.get());
+      conv_backward_filter_impl(plan, x, dy, dw, hdb.get(), hws.get());
     } else {  // the sum over no examples
       fill_impl(dw, 0.0f);
       if (hdb.get() != nullptr) fill_impl(*hdb.get(), 0.0f);

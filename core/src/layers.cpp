@@ -128,43 +128,66 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   use.train_batches = ctx.train_batches;
   use.infer_batches = ctx.infer_batches;
   use.input_grad = ctx.input_grad;
+  // Under the memory plan each pass's workspace is a buffer of its own step.
+  use.planned_workspace = ctx.arena.memory_plan();
   plan_ = ctx.backend.plan_conv(g, use);
+  for (const ConvStage stage : {ConvStage::forward, ConvStage::backward}) {
+    Tensor& ws = workspace_[static_cast<int>(stage)];
+    ws = Tensor();
+    const size_t bytes = plan_->workspace_bytes(stage);
+    if (bytes > 0)
+      ctx.arena.allocate_planned(ws, Shape{static_cast<int64_t>((bytes + 3) / sizeof(float))});
+  }
   x_planned_ = {};
   ctx.arena.allocate_planned(y_, out, DType::f32, ctx.layout);
   ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
 
+const Tensor* Conv2d::workspace(ConvStage stage) const {
+  return plan_->workspace_bytes(stage) > 0 ? &workspace_[static_cast<int>(stage)] : nullptr;
+}
+
 Tensor Conv2d::do_forward(RunContext& ctx, const Tensor& x) {
   x_ = x;
   const Tensor y = view(y_, x.shape[0], x.layout);
   const Tensor w = ctx.params.param(w_);
+  const Tensor* ws = workspace(ConvStage::forward);
   if (b_.valid() && !bias_folded_) {
     const Tensor b = ctx.params.param(b_);
-    ctx.backend.conv_forward(*plan_, x, w, &b, y);
+    ctx.backend.conv_forward(*plan_, x, w, &b, y, ws);
   } else {
-    ctx.backend.conv_forward(*plan_, x, w, nullptr, y);
+    ctx.backend.conv_forward(*plan_, x, w, nullptr, y, ws);
   }
   return y;
 }
 
+// The forward workspace lives in this step only.
 StepSchedule::Handle Conv2d::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
   x_planned_ = x;
-  return forward_leaf(s, x, y_);
+  s.step();
+  s.read(x);
+  s.write(workspace_[0]);
+  return s.write(y_);
 }
 
-// The filter gradient reads the input.
+// The filter gradient reads the input; the backward workspace lives in this step only.
 StepSchedule::Handle Conv2d::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
-  return backward_leaf(s, dy, dx_, {&x_planned_});
+  s.step();
+  s.read(dy);
+  s.read(x_planned_);
+  s.write(workspace_[1]);
+  return s.write(dx_);
 }
 
 Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   const Tensor dw = ctx.params.grad(w_);
+  const Tensor* ws = workspace(ConvStage::backward);
   if (b_.valid() && !bias_folded_) {
     const Tensor db = ctx.params.grad(b_);
-    ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, &db);
+    ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, &db, ws);
   } else {
-    ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr);
+    ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr, ws);
     // Folded into the batch norm after it, which removes any per-channel constant: the bias's
     // exact gradient is 0 (the unfolded reduction gives 0 up to rounding).
     if (b_.valid()) ctx.backend.fill(ctx.params.grad(b_), 0.0f);
@@ -173,7 +196,7 @@ Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   ctx.gradient_ready(b_);
   if (!need_dx) return Tensor();
   const Tensor dx = view(dx_, dy.shape[0], x_.layout);
-  ctx.backend.conv_backward_data(*plan_, dy, ctx.params.param(w_), dx);
+  ctx.backend.conv_backward_data(*plan_, dy, ctx.params.param(w_), dx, ws);
   return dx;
 }
 

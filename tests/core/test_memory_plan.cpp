@@ -264,6 +264,11 @@ TEST_CASE("Training with the memory plan computes the same bits as without it, i
     o.sync_bn = true;
     o.graphs = true;
   }
+  SECTION(
+      "ResNet-18 (width 4), bf16: each convolution's rounded copies in its planned "
+      "workspace") {
+    o.precision = dp::Precision::bf16;
+  }
   SECTION("LeNet, a last batch that leaves a replica nothing") {
     o.replicas = 3;
     o.batch_size = 79;  // 160 = 2 x 79 + 2
@@ -302,4 +307,68 @@ TEST_CASE("Training with the memory plan computes the same bits as without it, i
   CHECK(planned.plan.bound > 0);
   CHECK(planned.plan.bound <= planned.plan.placed);  // no placement goes below the peak alive
   CHECK(planned.arena < apart.arena);
+}
+
+TEST_CASE(
+    "A convolution plan with a planned workspace keeps its bf16 copies in the caller's "
+    "memory, with the bits of the backend's own scratch",
+    "[memory_plan][bf16]") {
+  dp::BackendOptions options;
+  options.precision = dp::Precision::bf16;
+  auto backend = dp::create_backend(options);
+  dp::ConvGeometry g;
+  g.max_batch = 3;
+  g.in_channels = 2;
+  g.in_h = g.in_w = 5;
+  g.out_channels = 4;
+  g.kernel_h = g.kernel_w = 3;
+  g.pad_h = g.pad_w = 1;
+  dp::ConvUse own_use, planned_use;
+  planned_use.planned_workspace = true;
+  auto own = backend->plan_conv(g, own_use);
+  auto planned = backend->plan_conv(g, planned_use);
+  CHECK_FALSE(own->planned_workspace());
+  CHECK(own->workspace_bytes(dp::ConvStage::forward) == 0);
+  REQUIRE(planned->planned_workspace());
+  // The rounded copies, each in whole 256-byte units: x (150 floats) and w (72) forward; the
+  // larger of dy (300) + w and x + dy backward.
+  CHECK(planned->workspace_bytes(dp::ConvStage::forward) == 768 + 512);
+  CHECK(planned->workspace_bytes(dp::ConvStage::backward) == 768 + 1280);
+
+  dp::Arena arena(*backend);
+  const auto filled = [&](dp::Shape shape, uint64_t seed) {
+    dp::Tensor t = arena.allocate(shape);
+    const std::vector<float> v = dptest::random_vector(static_cast<size_t>(t.numel()), seed);
+    backend->upload(t.data, v.data(), t.bytes());
+    return t;
+  };
+  const auto host = [&](const dp::Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    backend->download(v.data(), t.data, t.bytes());
+    return v;
+  };
+  const dp::Tensor x = filled({3, 2, 5, 5}, 1), w = filled({4, 2, 3, 3}, 2), b = filled({4}, 3);
+  const dp::Tensor dy = filled({3, 4, 5, 5}, 4);
+  const dp::Tensor fwd = arena.allocate({320}), bwd = arena.allocate({512});
+  dp::Tensor y[2] = {arena.allocate({3, 4, 5, 5}), arena.allocate({3, 4, 5, 5})};
+  dp::Tensor dx[2] = {arena.allocate({3, 2, 5, 5}), arena.allocate({3, 2, 5, 5})};
+  dp::Tensor dw[2] = {arena.allocate({4, 2, 3, 3}), arena.allocate({4, 2, 3, 3})};
+  dp::Tensor db[2] = {arena.allocate({4}), arena.allocate({4})};
+  backend->conv_forward(*own, x, w, &b, y[0]);
+  backend->conv_backward_data(*own, dy, w, dx[0]);
+  backend->conv_backward_filter(*own, x, dy, dw[0], &db[0]);
+  backend->conv_forward(*planned, x, w, &b, y[1], &fwd);
+  backend->conv_backward_data(*planned, dy, w, dx[1], &bwd);
+  backend->conv_backward_filter(*planned, x, dy, dw[1], &db[1], &bwd);
+  CHECK(host(y[1]) == host(y[0]));
+  CHECK(host(dx[1]) == host(dx[0]));
+  CHECK(host(dw[1]) == host(dw[0]));
+  CHECK(host(db[1]) == host(db[0]));
+
+  // Without its workspace, or with one too small, a pass is refused before it runs.
+  CHECK_THROWS_WITH(backend->conv_forward(*planned, x, w, &b, y[1]),
+                    Catch::Contains("forward passes need a workspace of 1280 bytes, got none"));
+  const dp::Tensor small = arena.allocate({100});
+  CHECK_THROWS_WITH(backend->conv_backward_data(*planned, dy, w, dx[1], &small),
+                    Catch::Contains("backward passes need a workspace of 2048 bytes, got 400"));
 }

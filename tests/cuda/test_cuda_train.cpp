@@ -183,6 +183,51 @@ TEST_CASE("cuda synchronised batch norm: k replicas on the GPU equal one replica
   check_k_replicas_equal_one("resnet18w16-syncbn-b30-2steps");
 }
 
+TEST_CASE(
+    "cuda trainer with the memory plan computes the same bits as without it, each "
+    "convolution's workspace planned",
+    "[cuda][train]") {
+  // With the plan, the layers' outputs and gradients and each convolution's workspace (cuDNN's,
+  // after bf16's rounded copies) share memory by lifetime; without it each has its own and
+  // cuDNN's workspace is the backend's. A workspace placed over a live tensor would change the
+  // bits (the emulated GPU's cuDNN writes NaNs over every workspace it is given).
+  if (!have_data()) return;
+  const auto& data = dptest::fashion_mnist_subset();
+  dp::TrainerOptions o;
+  o.backend = dp::BackendKind::cuda;
+  o.batch_size = 128;
+  o.epochs = 1;
+  o.seed = 5;
+  o.lr.base = 0.1;
+  o.optimizer.momentum = 0.9f;
+  const dp::ModelBuilder lenet = dptest::plugin_builder("lenet");
+  for (const dp::Precision precision : {dp::Precision::fp32, dp::Precision::bf16}) {
+    INFO(dp::precision_name(precision));
+    o.precision = precision;
+    o.layout = precision == dp::Precision::bf16 ? dp::Layout::nhwc : dp::Layout::nchw;
+    auto run = [&](bool plan, std::vector<dp::EpochReport>& reports) {
+      o.memory_plan = plan;
+      dp::Trainer t(o, lenet, data.train, data.test);
+      t.fit([&](const dp::EpochReport& r) {
+        reports.push_back(r);
+        return true;
+      });
+      return std::make_pair(t.parameters(0), t.memory_plan_stats());
+    };
+    std::vector<dp::EpochReport> apart_reports, planned_reports;
+    const auto apart = run(false, apart_reports);
+    const auto planned = run(true, planned_reports);
+    REQUIRE(planned_reports.size() == apart_reports.size());
+    for (size_t e = 0; e < apart_reports.size(); ++e) {
+      CHECK(planned_reports[e].train_loss == apart_reports[e].train_loss);
+      CHECK(planned_reports[e].test_acc == apart_reports[e].test_acc);
+    }
+    CHECK(planned.first == apart.first);
+    CHECK(planned.second.placed > 0);
+    CHECK(planned.second.placed < planned.second.requested);
+  }
+}
+
 TEST_CASE("cuda trainer with graphs computes the same bits as without, in fp32 and bf16",
           "[cuda][train][capture]") {
   if (!have_data()) return;

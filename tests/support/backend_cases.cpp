@@ -110,6 +110,10 @@ BackendCases::BackendCases(dp::Backend& backend)
   });
   add("conv_backward_filter", "dw as i32", {"dw must be f32, got i32"},
       [=] { bk->conv_backward_filter(*plan, x, dy, retyped(dw, DType::i32), nullptr); });
+  add("conv_forward", "a workspace for a plan that keeps the backend's own",
+      {"a workspace was given for a plan that keeps the backend's own",
+       "ConvUse::planned_workspace"},
+      [=] { bk->conv_forward(*plan, x, w, nullptr, y, &flat); });
   // A plan of another backend object (of the same kind) is refused too.
   add("conv_forward", "a plan made by another backend", {"plan was made by another backend"}, [=] {
     dp::BackendOptions o;

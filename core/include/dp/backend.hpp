@@ -52,7 +52,17 @@ struct ConvUse {
   std::vector<int64_t> train_batches;  // forward, backward-filter (and backward-data, see below)
   std::vector<int64_t> infer_batches;  // forward only (evaluation)
   bool input_grad = true;              // false: backward-data never runs (a model's first layer)
+  /// The caller gives each pass its workspace (the `workspace` argument of the passes) from
+  /// memory it plans, as a Conv2d under the memory plan does: the backend then keeps none of its
+  /// own for this plan, and says how much each stage needs (ConvPlan::workspace_bytes). A
+  /// workspace used only while one pass runs can share memory with buffers alive at other
+  /// steps; one of the backend's own is held for the whole run.
+  bool planned_workspace = false;
 };
+
+/// The passes of a convolution that run together in a training step: forward (also in
+/// evaluation), and backward (the data and filter gradients, one after the other).
+enum class ConvStage { forward = 0, backward = 1 };
 
 /// Per-shape state a backend keeps for one convolution (chosen algorithms, workspace sizes,
 /// descriptors, scratch buffers). Created once at setup; reused every step.
@@ -65,11 +75,21 @@ class ConvPlan {
   /// and kernel of each batch size ("forward: batch 256 blocked jit:avx2; backward-data: ...",
   /// or im2col / our Winograd), on the GPU the cuDNN algorithm chosen per batch size.
   virtual std::string implementation() const = 0;
+  /// Made with ConvUse::planned_workspace: each pass takes its workspace from the caller.
+  bool planned_workspace() const { return planned_workspace_; }
+  /// With planned_workspace(): the bytes of workspace the passes of `stage` need at most, for
+  /// every batch size declared in ConvUse (0: none); the two passes of backward share it. 0
+  /// without it.
+  size_t workspace_bytes(ConvStage stage) const {
+    return workspace_bytes_[static_cast<int>(stage)];
+  }
 
  private:
   friend class Backend;
   ConvGeometry geometry_;
   const Backend* owner_ = nullptr;  // set by Backend::plan_conv: a plan works with its backend only
+  bool planned_workspace_ = false;
+  size_t workspace_bytes_[2] = {0, 0};
 };
 
 /// Pooling window. Output size: (H + 2*pad - kernel) / stride + 1 (floor), as PyTorch.
@@ -245,15 +265,18 @@ class Backend {
   // ---- convolution: x (N,C,H,W), w (K,C,R,S), b (K) -> y (N,K,P,Q) ---------------------------
   /// Checks the geometry (and `use`) and prepares the plan; the plan works with this backend only.
   std::unique_ptr<ConvPlan> plan_conv(const ConvGeometry& g, const ConvUse& use = {});
-  /// y = conv(x, w) + b; b may be null. x and y in the plan's layout.
+  /// y = conv(x, w) + b; b may be null. x and y in the plan's layout. workspace: a plan made
+  /// with ConvUse::planned_workspace runs in it (at least workspace_bytes(forward) bytes; null
+  /// when that is 0); any other plan takes none.
   void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                    const Tensor& y);
-  /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w).
-  void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx);
+                    const Tensor& y, const Tensor* workspace = nullptr);
+  /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w). workspace: as conv_forward's, for backward.
+  void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
+                          const Tensor* workspace = nullptr);
   /// dw (K,C,R,S) = sum_n corr(x, dy); db (K) = sum_{n,p,q} dy (db may be null). Overwrites;
-  /// zero for a batch of 0 examples.
+  /// zero for a batch of 0 examples. workspace: as conv_forward's, for backward.
   void conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& dw,
-                            const Tensor* db);
+                            const Tensor* db, const Tensor* workspace = nullptr);
 
   // ---- linear: x (N,IN), w (OUT,IN) (PyTorch nn.Linear layout), b (OUT) -> y (N,OUT) -----------
   /// Declares, at setup, a linear layer's largest shape, so a backend that needs scratch for it
@@ -433,12 +456,16 @@ class Backend {
   /// Nothing to prepare by default.
   virtual void prepare_linear_impl(int64_t /*max_batch*/, int64_t /*in*/, int64_t /*out*/) {}
   virtual void prepare_batchnorm_impl(const Shape& /*max_input*/, Layout /*layout*/) {}
+  /// workspace: the caller's, checked, for a plan with planned_workspace() (null when it needs
+  /// none); null for any other plan.
   virtual void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                                 const Tensor& y) = 0;
+                                 const Tensor& y, const Tensor* workspace) = 0;
   virtual void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                                       const Tensor& dx) = 0;
+                                       const Tensor& dx, const Tensor* workspace) = 0;
   virtual void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
-                                         const Tensor& dw, const Tensor* db) = 0;
+                                         const Tensor& dw, const Tensor* db,
+                                         const Tensor* workspace) = 0;
+
   virtual void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
                                    const Tensor& y) = 0;
   virtual void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
@@ -504,6 +531,14 @@ class Backend {
   virtual void await_upload_impl(uint64_t ticket) = 0;
 
  protected:
+  /// For plan_conv_impl: marks the plan as taking its workspace from the caller when `use` says
+  /// so (planned_workspace() is true from then on; plan_conv marks it after plan_conv_impl too).
+  static void plan_workspace(ConvPlan& plan, const ConvUse& use) {
+    plan.planned_workspace_ = use.planned_workspace;
+  }
+  /// For plan_conv_impl with ConvUse::planned_workspace: the passes of `stage` need at least
+  /// `bytes` of the caller's workspace (the largest of the calls is kept).
+  static void need_workspace(ConvPlan& plan, ConvStage stage, size_t bytes);
   // For a backend's own public entry points beyond this interface (the CUDA backend's algorithm
   // introspection, dp/conv_contract.hpp), checked like the ops.
   /// "cpu backend: <op>: " (the prefix of every argument error).

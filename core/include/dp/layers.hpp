@@ -52,6 +52,10 @@ class Conv2d : public Module {
   std::unique_ptr<ConvPlan> plan_;
   Tensor x_, y_, dx_;  // x_: the last input (a view of the producer's output)
   StepSchedule::Handle x_planned_;  // the memory plan's walk: where x_ lives
+  /// With the memory plan: the workspaces of the plan's forward and backward passes, planned
+  /// buffers that live only in their step (ConvUse::planned_workspace); empty when none.
+  Tensor workspace_[2];
+  const Tensor* workspace(ConvStage stage) const;
 };
 
 /// Per-channel batch norm on (N,C,H,W). Training: batch statistics (per replica unless

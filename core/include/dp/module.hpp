@@ -47,6 +47,7 @@ class Arena {
                         Layout layout = Layout::nchw);
   /// Whether allocate_planned defers to the plan (default true).
   void set_memory_plan(bool on) { plan_on_ = on; }
+  bool memory_plan() const { return plan_on_; }
   /// The slots allocate_planned made that are not placed yet, in the order they were made.
   const std::vector<Tensor*>& pending_planned() const { return pending_; }
   /// Gives the pending slots their memory: one block of plan.bytes, slot i at plan.offsets[i].

@@ -54,10 +54,11 @@ size_t Bf16Copies::bytes_for(int64_t a, int64_t b, int64_t c) {
 
 Tensor Bf16Copies::rounded(const Tensor& t) {
   Tensor copy = t;
-  copy.data = scratch_.data() + used_;
+  copy.data = data_ + used_;
   used_ += aligned_floats(t.numel());
-  // The scratch was reserved for this pass (CpuBackend grows it before carving copies).
-  DP_ASSERT(used_ <= scratch_.size());
+  // The scratch was reserved for this pass (CpuBackend grows it before carving copies, or the
+  // caller's workspace was checked against the plan's need).
+  DP_ASSERT(used_ <= bytes_);
   round_to_bf16(threads_, t.f32(), copy.f32(), t.numel());
   return copy;
 }

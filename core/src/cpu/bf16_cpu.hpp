@@ -26,12 +26,18 @@ class Bf16Copies {
   static size_t bytes_for(int64_t a, int64_t b, int64_t c = 0);
 
   /// Copies start at the beginning of `scratch`, which holds at least bytes_for() of them.
-  Bf16Copies(SharedScratch& scratch, int threads) : scratch_(scratch), threads_(threads) {}
+  Bf16Copies(SharedScratch& scratch, int threads)
+      : Bf16Copies(scratch.data(), scratch.size(), threads) {}
+  /// Copies start at `data` (256-byte aligned), which holds `bytes`, at least bytes_for() of
+  /// them (a convolution's planned workspace).
+  Bf16Copies(char* data, size_t bytes, int threads)
+      : data_(data), bytes_(bytes), threads_(threads) {}
   /// A view of the same shape and layout as t on a copy of t rounded to bf16.
   Tensor rounded(const Tensor& t);
 
  private:
-  SharedScratch& scratch_;
+  char* data_;
+  size_t bytes_;
   int threads_;
   size_t used_ = 0;
 };

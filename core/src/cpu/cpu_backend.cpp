@@ -219,40 +219,54 @@ void CpuBackend::fill_impl(const Tensor& t, float value) {
 // ---- convolution: the plan does the work (conv_plans.hpp) -----------------------------------
 
 std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
-  if (precision_ == Precision::bf16) {
+  const int64_t x = g.max_batch * g.in_channels * g.in_h * g.in_w;
+  const int64_t w = g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
+  const int64_t y = g.max_batch * g.out_channels * g.out_h() * g.out_w();
+  if (precision_ == Precision::bf16 && !use.planned_workspace) {
     // Every pass's two rounded multiplicands fit in x + w + dy at max_batch.
-    bf16_scratch_->reserve(
-        Bf16Copies::bytes_for(g.max_batch * g.in_channels * g.in_h * g.in_w,
-                              g.out_channels * g.in_channels * g.kernel_h * g.kernel_w,
-                              g.max_batch * g.out_channels * g.out_h() * g.out_w()));
+    bf16_scratch_->reserve(Bf16Copies::bytes_for(x, w, y));
   }
-  if (kernels_ == CpuKernels::onednn) {
-    std::unique_ptr<CpuConvPlan> plan =
-        make_onednn_plan(g, use, onednn_, threads_, shared_scratch(), memory_);
-    if (plan) return plan;
+  std::unique_ptr<CpuConvPlan> plan;
+  if (kernels_ == CpuKernels::onednn)
+    plan = make_onednn_plan(g, use, onednn_, threads_, shared_scratch(), memory_);
+  if (!plan) plan = make_im2col_plan(g, kernels_, threads_, memory_);
+  if (precision_ == Precision::bf16 && use.planned_workspace) {
+    // The rounded copies live in the caller's workspace: (x, w) forward; (dy, w) for the data
+    // gradient and (x, dy) for the filter gradient, one after the other.
+    need_workspace(*plan, ConvStage::forward, Bf16Copies::bytes_for(x, w));
+    need_workspace(*plan, ConvStage::backward,
+                   std::max(Bf16Copies::bytes_for(y, w), Bf16Copies::bytes_for(x, y)));
   }
-  return make_im2col_plan(g, kernels_, threads_, memory_);
+  return plan;
+}
+
+Bf16Copies CpuBackend::bf16_copies(const ConvPlan& plan, const Tensor* workspace, size_t bytes) {
+  if (plan.planned_workspace()) {
+    // Checked against the plan's need, which covers every pass up to max_batch.
+    DP_ASSERT(workspace != nullptr && workspace->bytes() >= bytes);
+    return Bf16Copies(static_cast<char*>(workspace->data), workspace->bytes(), threads_);
+  }
+  bf16_scratch_->reserve(bytes);
+  return Bf16Copies(*bf16_scratch_, threads_);
 }
 
 // The public ops checked that the plan is this backend's, so it is a CpuConvPlan. In bf16 the
-// passes run on rounded copies (bf16_cpu.hpp); the scratch grows here only for a pass larger
-// than any planned (never in a planned step loop).
+// passes run on rounded copies (bf16_cpu.hpp); the shared scratch grows here only for a pass
+// larger than any planned (never in a planned step loop).
 void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w,
-                                   const Tensor* b, const Tensor& y) {
+                                   const Tensor* b, const Tensor& y, const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
   if (precision_ == Precision::fp32) return p.forward(x, w, b, y);
-  bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel()));
-  Bf16Copies copies(*bf16_scratch_, threads_);
+  Bf16Copies copies = bf16_copies(plan, workspace, Bf16Copies::bytes_for(x.numel(), w.numel()));
   const Tensor xr = copies.rounded(x), wr = copies.rounded(w);
   p.forward(xr, wr, b, y);
   round_to_bf16_in_place(threads_, y.f32(), y.numel());
 }
 void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                                         const Tensor& dx) {
+                                         const Tensor& dx, const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
   if (precision_ == Precision::fp32) return p.backward_data(dy, w, dx);
-  bf16_scratch_->reserve(Bf16Copies::bytes_for(dy.numel(), w.numel()));
-  Bf16Copies copies(*bf16_scratch_, threads_);
+  Bf16Copies copies = bf16_copies(plan, workspace, Bf16Copies::bytes_for(dy.numel(), w.numel()));
   const Tensor dyr = copies.rounded(dy), wr = copies.rounded(w);
   p.backward_data(dyr, wr, dx);
   round_to_bf16_in_place(threads_, dx.f32(), dx.numel());
@@ -260,11 +274,11 @@ void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const
 // dw and db stay fp32 (they feed the fp32 master weights); db sums the rounded dy, the tensor a
 // bf16 network holds.
 void CpuBackend::conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
-                                           const Tensor& dw, const Tensor* db) {
+                                           const Tensor& dw, const Tensor* db,
+                                           const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
   if (precision_ == Precision::fp32) return p.backward_filter(x, dy, dw, db);
-  bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), dy.numel()));
-  Bf16Copies copies(*bf16_scratch_, threads_);
+  Bf16Copies copies = bf16_copies(plan, workspace, Bf16Copies::bytes_for(x.numel(), dy.numel()));
   const Tensor xr = copies.rounded(x), dyr = copies.rounded(dy);
   p.backward_filter(xr, dyr, dw, db);
 }

@@ -134,6 +134,7 @@ class SharedScratch {
 };
 
 struct OnednnContext;  // onednn.hpp: kept out of this header, which every op file includes
+class Bf16Copies;      // bf16_cpu.hpp
 
 /// The row a StepRow's (or a slot's) cursor points at when the op runs; throws "cpu backend:
 /// <op>: ..." when it is outside [0, rows).
@@ -172,11 +173,16 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
   void prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) override;
   void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                         const Tensor& y) override;
-  void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                               const Tensor& dx) override;
+                         const Tensor& y, const Tensor* workspace) override;
+  void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
+                               const Tensor* workspace) override;
   void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
-                                 const Tensor& dw, const Tensor* db) override;
+                                 const Tensor& dw, const Tensor* db,
+                                 const Tensor* workspace) override;
+  /// The rounded copies of a bf16 pass: in the caller's workspace for a plan with a planned
+  /// workspace, else in the shared bf16 scratch, grown to `bytes` if a pass is larger than any
+  /// planned.
+  Bf16Copies bf16_copies(const ConvPlan& plan, const Tensor* workspace, size_t bytes);
 
   void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
                            const Tensor& y) override;

@@ -104,11 +104,12 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
   void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                         const Tensor& y) override;
-  void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                               const Tensor& dx) override;
+                         const Tensor& y, const Tensor* workspace) override;
+  void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
+                               const Tensor* workspace) override;
   void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
-                                 const Tensor& dw, const Tensor* db) override;
+                                 const Tensor& dw, const Tensor* db,
+                                 const Tensor* workspace) override;
 
   void prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) override;
   void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
@@ -213,9 +214,21 @@ class CudaBackend final : public Backend {
   void sync_for_scratch();  // waits for stream_ (replace_scratch), throwing on a CUDA error
   /// The cuDNN state of one batch size of a plan (descriptors; algorithms chosen per direction),
   /// created on first use. `direction` is chosen now if it was not yet: at plan time within
-  /// kMaxWorkspaceBytes (the workspace then grows to fit), later within the workspace already
-  /// reserved, so a step never allocates.
-  ConvBatch& conv_batch(CudnnConvPlan& plan, int64_t n, int direction, bool at_plan_time);
+  /// kMaxWorkspaceBytes (the backend's workspace then grows to fit, or a plan with a planned
+  /// workspace says it needs that much more), later within `run_limit` (the workspace the pass
+  /// has), so a step never allocates.
+  ConvBatch& conv_batch(CudnnConvPlan& plan, int64_t n, int direction, bool at_plan_time,
+                        size_t run_limit = 0);
+  /// Where a convolution pass's scratch is: the bf16 operand copies (null in fp32: the bf16
+  /// scratch is then not used) and cuDNN's workspace. A plan with a planned workspace has both in
+  /// the caller's `workspace` (the copies first); any other uses the backend's own.
+  struct PassScratch {
+    float* bf16 = nullptr;
+    void* cudnn = nullptr;
+    size_t cudnn_bytes = 0;
+  };
+  PassScratch pass_scratch(const CudnnConvPlan& plan, int direction, const Tensor* workspace,
+                           size_t bf16_floats, const char* op);
   /// The descriptors of batch size n of a plan, created on first use; nothing chosen.
   ConvBatch& batch_state(CudnnConvPlan& plan, int64_t n);
   void choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit,
@@ -242,7 +255,8 @@ class CudaBackend final : public Backend {
   /// The operands a convolution or linear pass reads: the tensors' own data (a null tensor gives
   /// null), or in bf16 their copies rounded to bf16 in the bf16 scratch (Bf16Operands).
   std::array<const float*, 3> pass_operands(const char* op, const Tensor* a, const Tensor* b,
-                                            const Tensor* c = nullptr);
+                                            const Tensor* c = nullptr,
+                                            float* bf16_scratch = nullptr);
   /// A convolution's or linear layer's output y (N, C, HW) after its GEMM: the bias b (may be
   /// null) added, and in bf16 y rounded once, the bias joining the fp32 sum first.
   void finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw,

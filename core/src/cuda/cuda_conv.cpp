@@ -127,6 +127,9 @@ class CudnnConvPlan final : public ConvPlan {
     CUDNN_WARN(cudnnDestroyFilterDescriptor(w_desc));
   }
   bool nhwc() const { return geometry().layout == Layout::nhwc; }
+  /// With a planned workspace in bf16: the floats of rounded operand copies at its start, per
+  /// stage (forward, backward), before cuDNN's workspace.
+  size_t bf16_floats[2] = {0, 0};
   int64_t filter_numel() const {
     const ConvGeometry& g = geometry();
     return g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
@@ -287,14 +290,18 @@ void CudaBackend::finish_forward(const Tensor& y, const Tensor* b, int64_t n, in
 }
 
 std::array<const float*, 3> CudaBackend::pass_operands(const char* op, const Tensor* a,
-                                                       const Tensor* b, const Tensor* c) {
+                                                       const Tensor* b, const Tensor* c,
+                                                       float* bf16_scratch) {
   const Tensor* tensors[3] = {a, b, c};
   std::array<const float*, 3> operands{};
   for (int i = 0; i < 3; ++i) operands[i] = tensors[i] ? tensors[i]->f32() : nullptr;
   if (!bf16()) return operands;
   const auto count = [](const Tensor* t) { return t ? t->numel() : int64_t{0}; };
-  Bf16Operands copies(bf16_scratch_for(bf16_operand_floats({count(a), count(b), count(c)}), op),
-                      stream_);
+  Bf16Operands copies(
+      bf16_scratch != nullptr
+          ? bf16_scratch
+          : bf16_scratch_for(bf16_operand_floats({count(a), count(b), count(c)}), op),
+      stream_);
   for (int i = 0; i < 3; ++i) {
     if (tensors[i] != nullptr) operands[i] = copies.take(operands[i], tensors[i]->numel());
   }
@@ -322,15 +329,27 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
   }
   activate();
   auto plan = std::make_unique<CudnnConvPlan>(g, use.layer);
+  // Known before the algorithms are chosen (conv_batch sizes the caller's workspace, not ours).
+  plan_workspace(*plan, use);
   if (plan->nhwc()) reserve_filter_scratch(2 * static_cast<size_t>(plan->filter_numel()));
   if (bf16()) {
     // Two operands per pass: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter.
     const int64_t x = g.max_batch * g.in_channels * g.in_h * g.in_w;
     const int64_t y = g.max_batch * g.out_channels * g.out_h() * g.out_w();
     const int64_t w = plan->filter_numel();
-    bf16_scratch_for(std::max({bf16_operand_floats({x, w}), bf16_operand_floats({y, w}),
-                               bf16_operand_floats({x, y})}),
-                     "plan_conv");
+    if (use.planned_workspace) {
+      // In the caller's workspace, before cuDNN's (a multiple of 256 bytes: aligned_floats).
+      plan->bf16_floats[0] = bf16_operand_floats({x, w});
+      plan->bf16_floats[1] = std::max(bf16_operand_floats({y, w}), bf16_operand_floats({x, y}));
+      for (int stage = 0; stage < 2; ++stage) {
+        need_workspace(*plan, static_cast<ConvStage>(stage),
+                       plan->bf16_floats[stage] * sizeof(float));
+      }
+    } else {
+      bf16_scratch_for(std::max({bf16_operand_floats({x, w}), bf16_operand_floats({y, w}),
+                                 bf16_operand_floats({x, y})}),
+                       "plan_conv");
+    }
   }
   reserve_reduce_scratch(static_cast<size_t>(kernels::kChannelSumGroups * g.out_channels));
   std::vector<int64_t> train = use.train_batches;
@@ -344,15 +363,37 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
   return plan;
 }
 
-ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, int direction,
-                                   bool at_plan_time) {
+ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, int direction, bool at_plan_time,
+                                   size_t run_limit) {
   ConvBatch& b = batch_state(plan, n);
   if (!b.choice[static_cast<size_t>(direction)].chosen) {
-    choose_algorithm(plan, b, direction, at_plan_time ? kMaxWorkspaceBytes : workspace_bytes_,
+    choose_algorithm(plan, b, direction, at_plan_time ? kMaxWorkspaceBytes : run_limit,
                      at_plan_time);
-    if (at_plan_time) reserve_workspace(b.choice[static_cast<size_t>(direction)].workspace);
+    const size_t ws = b.choice[static_cast<size_t>(direction)].workspace;
+    if (at_plan_time && plan.planned_workspace()) {
+      const int stage = direction == kForward ? 0 : 1;
+      need_workspace(plan, static_cast<ConvStage>(stage),
+                     plan.bf16_floats[stage] * sizeof(float) + ws);
+    } else if (at_plan_time) {
+      reserve_workspace(ws);
+    }
   }
   return b;
+}
+
+CudaBackend::PassScratch CudaBackend::pass_scratch(const CudnnConvPlan& plan, int direction,
+                                                   const Tensor* workspace, size_t bf16_floats,
+                                                   const char* op) {
+  if (!plan.planned_workspace()) {
+    return {bf16() ? bf16_scratch_for(bf16_floats, op) : nullptr, workspace_, workspace_bytes_};
+  }
+  // Checked against the plan's need (Backend::conv_*): the copies, then cuDNN's workspace.
+  const int stage = direction == kForward ? 0 : 1;
+  const size_t copies = plan.bf16_floats[stage] * sizeof(float);
+  if (workspace == nullptr) return {};  // the plan needs none at all
+  char* base = static_cast<char*>(workspace->data);
+  return {bf16() ? reinterpret_cast<float*>(base) : nullptr, base + copies,
+          workspace->bytes() - copies};
 }
 
 ConvBatch& CudaBackend::batch_state(CudnnConvPlan& plan, int64_t n) {
@@ -721,7 +762,20 @@ void CudaBackend::use_conv_algorithm(ConvPlan& plan_base, const ConvAlgorithm& a
                       : "workspace " + std::to_string(ws) + " bytes over the limit") +
                  ")");
   }
-  reserve_workspace(ws);
+  if (plan.planned_workspace()) {
+    // Its passes run in the caller's workspace, sized at plan time: the algorithm must fit it.
+    const int stage = direction == kForward ? 0 : 1;
+    const size_t room = plan.workspace_bytes(static_cast<ConvStage>(stage)) -
+                        plan.bf16_floats[stage] * sizeof(float);
+    if (ws > room) {
+      CUDNN_WARN(cudnnSetConvolutionMathType(conv, before));
+      fail(op, plan.describe() + ": " + a.str() + " needs a workspace of " + std::to_string(ws) +
+                   " bytes, more than the " + std::to_string(room) +
+                   " the plan's caller gives it (ConvUse::planned_workspace)");
+    }
+  } else {
+    reserve_workspace(ws);
+  }
   b.choice[static_cast<size_t>(direction)] = {true, a.algo, ws, static_cast<cudnnMathType_t>(a.math)};
 }
 
@@ -768,50 +822,60 @@ const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const float* w) 
 // ---- ops ----------------------------------------------------------------------------------------
 
 void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& w,
-                                    const Tensor* b, const Tensor& y) {
+                                    const Tensor* b, const Tensor& y, const Tensor* workspace) {
   CudnnConvPlan& plan = as_cudnn(plan_base);
   const ConvGeometry& g = plan.geometry();
   const int64_t n = x.shape[0];
   activate();
-  ConvBatch& cb = conv_batch(plan, n, kForward, false);
+  const PassScratch scratch = pass_scratch(
+      plan, kForward, workspace, bf16_operand_floats({x.numel(), w.numel()}), "conv_forward");
+  ConvBatch& cb = conv_batch(plan, n, kForward, false, scratch.cudnn_bytes);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
   const float one = 1.0f, zero = 0.0f;
-  const auto [xs, ws, none] = pass_operands("conv_forward", &x, &w);
+  const auto [xs, ws, none] = pass_operands("conv_forward", &x, &w, nullptr, scratch.bf16);
   CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, xs, plan.w_desc, filter_for(plan, ws),
-                                      cb.conv[kForward], algo, workspace_, workspace_bytes_, &zero,
-                                      cb.y, y.data));
+                                      cb.conv[kForward], algo, scratch.cudnn, scratch.cudnn_bytes,
+                                      &zero, cb.y, y.data));
   finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc());
 }
 
 void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,
-                                          const Tensor& dx) {
+                                          const Tensor& dx, const Tensor* workspace) {
   CudnnConvPlan& plan = as_cudnn(plan_base);
   activate();
-  ConvBatch& cb = conv_batch(plan, dy.shape[0], kBackwardData, false);
+  const PassScratch scratch =
+      pass_scratch(plan, kBackwardData, workspace, bf16_operand_floats({dy.numel(), w.numel()}),
+                   "conv_backward_data");
+  ConvBatch& cb = conv_batch(plan, dy.shape[0], kBackwardData, false, scratch.cudnn_bytes);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(cb.choice[kBackwardData].algo);
   const float one = 1.0f, zero = 0.0f;
-  const auto [dys, ws, none] = pass_operands("conv_backward_data", &dy, &w);
+  const auto [dys, ws, none] = pass_operands("conv_backward_data", &dy, &w, nullptr, scratch.bf16);
   CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, ws), cb.y,
-                                           dys, cb.conv[kBackwardData], algo, workspace_,
-                                           workspace_bytes_, &zero, cb.x, dx.data));
+                                           dys, cb.conv[kBackwardData], algo, scratch.cudnn,
+                                           scratch.cudnn_bytes, &zero, cb.x, dx.data));
   if (bf16()) kernels::round_to_bf16(dx.f32(), dx.f32(), dx.numel(), stream_);
 }
 
 void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& dy,
-                                            const Tensor& dw, const Tensor* db) {
+                                            const Tensor& dw, const Tensor* db,
+                                            const Tensor* workspace) {
   CudnnConvPlan& plan = as_cudnn(plan_base);
   const ConvGeometry& g = plan.geometry();
   const int64_t n = x.shape[0];
   activate();
-  ConvBatch& cb = conv_batch(plan, n, kBackwardFilter, false);
+  const PassScratch scratch =
+      pass_scratch(plan, kBackwardFilter, workspace, bf16_operand_floats({x.numel(), dy.numel()}),
+                   "conv_backward_filter");
+  ConvBatch& cb = conv_batch(plan, n, kBackwardFilter, false, scratch.cudnn_bytes);
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(cb.choice[kBackwardFilter].algo);
   const float one = 1.0f, zero = 0.0f;
   // In bf16 dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds.
-  const auto [xs, dys, none] = pass_operands("conv_backward_filter", &x, &dy);
+  const auto [xs, dys, none] =
+      pass_operands("conv_backward_filter", &x, &dy, nullptr, scratch.bf16);
   float* target = plan.nhwc() ? filter_scratch_ + plan.filter_numel() : dw.f32();
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, xs, cb.y, dys,
-                                             cb.conv[kBackwardFilter], algo, workspace_,
-                                             workspace_bytes_, &zero, plan.w_desc, target));
+                                             cb.conv[kBackwardFilter], algo, scratch.cudnn,
+                                             scratch.cudnn_bytes, &zero, plan.w_desc, target));
   if (plan.nhwc()) {
     kernels::krsc_to_kcrs(target, dw.f32(), g.out_channels, g.in_channels, g.kernel_h * g.kernel_w,
                           stream_);
