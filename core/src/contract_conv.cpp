@@ -2,6 +2,7 @@
 // for every backend, then the backend's *_impl runs (the tiny-cuda-nn pattern).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,7 +66,13 @@ void check_workspace(const Checker& check, const ConvPlan& plan, ConvStage stage
     }
     return;
   }
-  if (need == 0) return;
+  if (need == 0) {
+    if (workspace != nullptr) {
+      check.fail(std::string("the plan's ") + name +
+                 " passes need no workspace (ConvPlan::workspace_bytes is 0): pass none");
+    }
+    return;
+  }
   if (workspace == nullptr || workspace->data == nullptr || workspace->bytes() < need) {
     check.fail(std::string("the plan was made with ConvUse::planned_workspace and its ") + name +
                " passes need a workspace of " + std::to_string(need) + " bytes, got " +
@@ -75,6 +82,9 @@ void check_workspace(const Checker& check, const ConvPlan& plan, ConvStage stage
                " (ConvPlan::workspace_bytes)");
   }
   check.tensor(*workspace, workspace->dtype, "workspace");
+  if (reinterpret_cast<uintptr_t>(workspace->data) % 256 != 0) {
+    check.fail("the workspace must start at a multiple of 256 bytes (an Arena's buffers do)");
+  }
 }
 }  // namespace
 

@@ -371,4 +371,13 @@ TEST_CASE(
   const dp::Tensor small = arena.allocate({100});
   CHECK_THROWS_WITH(backend->conv_backward_data(*planned, dy, w, dx[1], &small),
                     Catch::Contains("backward passes need a workspace of 2048 bytes, got 400"));
+  const dp::Tensor unaligned = arena.allocate({400}).slice_batch(1, 399);
+  CHECK_THROWS_WITH(backend->conv_forward(*planned, x, w, &b, y[1], &unaligned),
+                    Catch::Contains("must start at a multiple of 256 bytes"));
+  // In fp32 the CPU backend's passes need no workspace of the caller's: none is taken.
+  auto fp32 = dp::create_backend({});
+  auto none = fp32->plan_conv(g, planned_use);
+  CHECK(none->planned_workspace());
+  CHECK(none->workspace_bytes(dp::ConvStage::forward) == 0);
+  CHECK(none->workspace_bytes(dp::ConvStage::backward) == 0);
 }

@@ -392,8 +392,10 @@ CudaBackend::PassScratch CudaBackend::pass_scratch(const CudnnConvPlan& plan, in
   const size_t copies = plan.bf16_floats[stage] * sizeof(float);
   if (workspace == nullptr) return {};  // the plan needs none at all
   char* base = static_cast<char*>(workspace->data);
-  return {bf16() ? reinterpret_cast<float*>(base) : nullptr, base + copies,
-          workspace->bytes() - copies};
+  // What the plan said it needs, not what the caller happened to give: a choice made later (a
+  // batch size not declared) then fits every workspace the plan accepts.
+  const size_t room = plan.workspace_bytes(static_cast<ConvStage>(stage)) - copies;
+  return {bf16() ? reinterpret_cast<float*>(base) : nullptr, base + copies, room};
 }
 
 ConvBatch& CudaBackend::batch_state(CudnnConvPlan& plan, int64_t n) {
@@ -732,6 +734,13 @@ ConvAlgorithm CudaBackend::conv_choice(ConvPlan& plan_base, ConvDirection d, int
   const int direction = static_cast<int>(d);
   const bool chosen = batch_state(plan, n).choice[static_cast<size_t>(direction)].chosen;
   if (!chosen) refuse_while_capturing(op);  // choosing may time and grow the workspace
+  if (!chosen && plan.planned_workspace()) {
+    // Its caller sized the workspace at plan time; a choice made now could need more.
+    fail(op, plan.describe() + ": no algorithm was chosen for batch " + std::to_string(n) + " " +
+                 kDirectionNames[static_cast<size_t>(direction)] +
+                 " when the plan was made, and its workspace is its caller's, sized then "
+                 "(ConvUse::planned_workspace): declare the batch size in ConvUse");
+  }
   const ConvBatch::Choice& c = conv_batch(plan, n, direction, true).choice[static_cast<size_t>(direction)];
   return {d, n, c.algo, static_cast<ConvMath>(c.math), c.workspace, known_deterministic(d, c.algo)};
 }
