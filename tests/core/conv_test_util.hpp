@@ -2,6 +2,7 @@
 // Convolution test helpers shared by the CPU convolution tests (test_cpu_conv.cpp,
 // test_cpu_winograd.cpp): a case's geometry, its random data, the naive double-precision
 // references of every pass, and a runner of the passes on one backend in either layout.
+#include <limits>
 #include <memory>
 
 #include "dp/backend.hpp"
@@ -87,15 +88,42 @@ inline void conv_ref_grads(const ConvCase& cc, const fvec& x, const fvec& w, con
 }
 
 // The passes of one case on one backend with activations in `layout`; every array in and out is
-// in NCHW order (the conversions are the test's, so the references stay NCHW loops).
+// in NCHW order (the conversions are the test's, so the references stay NCHW loops). A plan made
+// with ConvUse::planned_workspace gets a workspace of its own per stage, of the bytes it asked
+// for, filled with NaNs before every pass: a pass that read its scratch before writing it would
+// show in its results.
 struct ConvRunner {
   dp::Backend& backend;
   const ConvCase& cc;
   dp::Layout layout;
   std::unique_ptr<dp::ConvPlan> plan;
+  dp::Tensor workspaces[2];
 
   ConvRunner(dp::Backend& b, const ConvCase& c, dp::Layout l, const dp::ConvUse& use = {})
-      : backend(b), cc(c), layout(l), plan(b.plan_conv(c.geometry(l), use)) {}
+      : backend(b), cc(c), layout(l), plan(b.plan_conv(c.geometry(l), use)) {
+    if (!plan->planned_workspace()) return;
+    for (const dp::ConvStage stage : {dp::ConvStage::forward, dp::ConvStage::backward}) {
+      const size_t bytes = plan->workspace_bytes(stage);
+      if (bytes == 0) continue;
+      const auto floats = static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float));
+      workspaces[static_cast<int>(stage)] =
+          dp::Tensor(backend.allocate(static_cast<size_t>(floats) * sizeof(float)), {floats},
+                     dp::DType::f32, backend.device());
+    }
+  }
+  ~ConvRunner() {
+    for (const dp::Tensor& w : workspaces) backend.release(w.data);
+  }
+  ConvRunner(const ConvRunner&) = delete;
+  ConvRunner& operator=(const ConvRunner&) = delete;
+
+  /// The workspace of a pass of `stage`, poisoned; null for a plan that keeps its own.
+  const dp::Tensor* workspace(dp::ConvStage stage) const {
+    const dp::Tensor& w = workspaces[static_cast<int>(stage)];
+    if (w.data == nullptr) return nullptr;
+    backend.fill(w, std::numeric_limits<float>::quiet_NaN());
+    return &w;
+  }
 
   dp::Shape xs(int64_t n) const { return {n, cc.c, cc.h, cc.w}; }
   dp::Shape ys(int64_t n) const { return {n, cc.k, cc.p(), cc.q()}; }
@@ -110,7 +138,8 @@ struct ConvRunner {
     fvec ba = b ? *b : fvec();
     const dp::Tensor bt = b ? host_tensor(ba, {cc.k}) : dp::Tensor();
     backend.conv_forward(*plan, host_tensor(xl, xs(n), layout), host_tensor(wa, ws()),
-                         b ? &bt : nullptr, host_tensor(y, ys(n), layout));
+                         b ? &bt : nullptr, host_tensor(y, ys(n), layout),
+                         workspace(dp::ConvStage::forward));
     return from_layout(y, layout, n, cc.k, cc.p(), cc.q());
   }
   fvec forward(const fvec& x, const fvec& w, const fvec* b) const { return forward(x, w, b, cc.n); }
@@ -118,7 +147,8 @@ struct ConvRunner {
   fvec backward_data(const fvec& dy, const fvec& w) const {
     fvec dyl = in_y(dy, cc.n), wa = w, dx(static_cast<size_t>(cc.n * cc.c * cc.h * cc.w), 5.0f);
     backend.conv_backward_data(*plan, host_tensor(dyl, ys(cc.n), layout), host_tensor(wa, ws()),
-                               host_tensor(dx, xs(cc.n), layout));
+                               host_tensor(dx, xs(cc.n), layout),
+                               workspace(dp::ConvStage::backward));
     return from_layout(dx, layout, cc.n, cc.c, cc.h, cc.w);
   }
 
@@ -130,7 +160,7 @@ struct ConvRunner {
     const auto dbt = db ? host_tensor(*db, {cc.k}) : dp::Tensor();
     backend.conv_backward_filter(*plan, host_tensor(xl, xs(cc.n), layout),
                                  host_tensor(dyl, ys(cc.n), layout), host_tensor(dw, ws()),
-                                 db ? &dbt : nullptr);
+                                 db ? &dbt : nullptr, workspace(dp::ConvStage::backward));
   }
 };
 

@@ -161,8 +161,9 @@ TEST_CASE("The memory plan's walk of a residual block keeps what its backward re
   ctx2.depth = 1;  // as if nested: nothing is placed, the slots stay pending
   block2.setup(ctx2, {2, 4, 6, 6});
   const std::vector<dp::Tensor*> slots = again.pending_planned();
-  // conv1 y, dx; bn1 y, dx, dz; conv2 y, dx; bn2 y, dx, dz; conv3 y, dx; the block's dx.
-  REQUIRE(slots.size() == 13);
+  // conv1 forward and backward workspaces, y, dx (0-3); bn1 y, dx, dz (4-6); conv2 workspaces,
+  // y, dx (7-10); bn2 y, dx, dz (11-13); conv3 workspaces, y, dx (14-17); the block's dx (18).
+  REQUIRE(slots.size() == 19);
   dp::StepSchedule s(slots);
   s.keep(block2.schedule_forward(s, {}));
   s.keep(block2.schedule_backward(s, {}));
@@ -170,17 +171,25 @@ TEST_CASE("The memory plan's walk of a residual block keeps what its backward re
   // Steps: forward 1 conv1, 2 bn1, 3 conv2, 4 conv3, 5 bn2; backward 6 bn2, 7 conv2, 8 bn1,
   // 9 conv1, 10 conv3, 11 the add.
   const auto span = [&](size_t i) { return std::pair{life[i].first, life[i].last}; };
-  CHECK(span(0) == std::pair<int64_t, int64_t>{1, 8});     // conv1's output: bn1's input
-  CHECK(span(2) == std::pair<int64_t, int64_t>{2, 8});     // bn1's output: its mask, conv2's input
-  CHECK(span(5) == std::pair<int64_t, int64_t>{3, 6});     // conv2's output: bn2's input
-  CHECK(span(7) == std::pair<int64_t, int64_t>{5, 11});    // the block's output: kept
-  CHECK(span(10) == std::pair<int64_t, int64_t>{4, 5});    // the shortcut's: forward only
-  CHECK(span(9) == std::pair<int64_t, int64_t>{6, 10});    // bn2's masked gradient, read by conv3
-  CHECK(span(8) == std::pair<int64_t, int64_t>{6, 7});     // bn2's dx, read by conv2
-  CHECK(span(4) == std::pair<int64_t, int64_t>{8, 8});     // bn1's masked gradient: its own
-  CHECK(span(1) == std::pair<int64_t, int64_t>{9, 11});    // conv1's dx, read by the add
-  CHECK(span(11) == std::pair<int64_t, int64_t>{10, 11});  // conv3's dx, read by the add
-  CHECK(span(12) == std::pair<int64_t, int64_t>{11, 11});  // the block's dx: kept
+  using Span = std::pair<int64_t, int64_t>;
+  CHECK(span(2) == Span{1, 8});     // conv1's output: bn1's input
+  CHECK(span(4) == Span{2, 8});     // bn1's output: its mask, conv2's input
+  CHECK(span(9) == Span{3, 6});     // conv2's output: bn2's input
+  CHECK(span(11) == Span{5, 11});   // the block's output: kept
+  CHECK(span(16) == Span{4, 5});    // the shortcut's: forward only
+  CHECK(span(13) == Span{6, 10});   // bn2's masked gradient, read by conv3
+  CHECK(span(12) == Span{6, 7});    // bn2's dx, read by conv2
+  CHECK(span(6) == Span{8, 8});     // bn1's masked gradient: its own
+  CHECK(span(3) == Span{9, 11});    // conv1's dx, read by the add
+  CHECK(span(17) == Span{10, 11});  // conv3's dx, read by the add
+  CHECK(span(18) == Span{11, 11});  // the block's dx: kept
+  // Each convolution's workspaces (its scratch on this backend) live in their own step only.
+  CHECK(span(0) == Span{1, 1});
+  CHECK(span(1) == Span{9, 9});
+  CHECK(span(7) == Span{3, 3});
+  CHECK(span(8) == Span{7, 7});
+  CHECK(span(14) == Span{4, 4});
+  CHECK(span(15) == Span{10, 10});
   again.place_planned(dp::plan_memory(life, 256));
   for (const dp::Tensor* t : slots) CHECK(t->data != nullptr);
 }
@@ -203,17 +212,18 @@ TEST_CASE("The memory plan's walk keeps what a layer of the user's own was given
   ctx.depth = 1;  // as if nested: the slots stay pending
   net.setup(ctx, {2, 1, 6, 6});
   const std::vector<dp::Tensor*> slots = arena.pending_planned();
-  // conv y, dx; bn y, dx; conv y, dx (the user's layer allocates its own).
-  REQUIRE(slots.size() == 6);
+  // conv workspaces, y, dx; bn y, dx; conv workspaces, y, dx (the user's layer allocates its
+  // own).
+  REQUIRE(slots.size() == 10);
   dp::StepSchedule s(slots);
   s.keep(net.schedule_forward(s, {}));
   s.keep(net.schedule_backward(s, {}));
   const std::vector<dp::BufferLifetime> life = s.lifetimes();
   // Steps: forward 1 conv, 2 bn, 3 the user's layer, 4 conv; backward 5 conv, 6 the user's
   // layer, 7 bn, 8 conv.
-  CHECK(life[2].first == 2);
-  CHECK(life[2].last == 8);
-  CHECK(life[0].last == 7);  // the first convolution's output: the batch norm's backward reads it
+  CHECK(life[4].first == 2);
+  CHECK(life[4].last == 8);
+  CHECK(life[2].last == 7);  // the first convolution's output: the batch norm's backward reads it
   arena.discard_planned();
 }
 
@@ -223,7 +233,7 @@ struct Run {
   std::vector<dp::EpochReport> reports;
   std::vector<float> params, buffers;
   dp::Arena::PlanStats plan;
-  size_t arena = 0;
+  size_t peak = 0;  // the backend's peak of allocated bytes
 };
 
 Run train(const dp::TrainerOptions& o, const dp::ModelBuilder& builder, const dp::Dataset& train,
@@ -237,7 +247,7 @@ Run train(const dp::TrainerOptions& o, const dp::ModelBuilder& builder, const dp
   r.params = t.parameters(0);
   r.buffers = t.buffers(0);
   r.plan = t.memory_plan_stats();
-  r.arena = t.arena_bytes();
+  r.peak = t.peak_memory_bytes();
   return r;
 }
 
@@ -306,16 +316,19 @@ TEST_CASE("Training with the memory plan computes the same bits as without it, i
   CHECK(planned.plan.placed < planned.plan.requested);
   CHECK(planned.plan.bound > 0);
   CHECK(planned.plan.bound <= planned.plan.placed);  // no placement goes below the peak alive
-  CHECK(planned.arena < apart.arena);
+  // The whole replica, the backend's own scratch included (under the plan the convolutions'
+  // scratch is in the arena).
+  CHECK(planned.peak < apart.peak);
 }
 
 TEST_CASE(
-    "A convolution plan with a planned workspace keeps its bf16 copies in the caller's "
-    "memory, with the bits of the backend's own scratch",
+    "A convolution plan with a planned workspace keeps its bf16 copies and its scratch in the "
+    "caller's memory, with the bits of the backend's own scratch",
     "[memory_plan][bf16]") {
   dp::BackendOptions options;
   options.precision = dp::Precision::bf16;
   auto backend = dp::create_backend(options);
+  auto fp32 = dp::create_backend({});
   dp::ConvGeometry g;
   g.max_batch = 3;
   g.in_channels = 2;
@@ -331,9 +344,16 @@ TEST_CASE(
   CHECK(own->workspace_bytes(dp::ConvStage::forward) == 0);
   REQUIRE(planned->planned_workspace());
   // The rounded copies, each in whole 256-byte units: x (150 floats) and w (72) forward; the
-  // larger of dy (300) + w and x + dy backward.
-  CHECK(planned->workspace_bytes(dp::ConvStage::forward) == 768 + 512);
-  CHECK(planned->workspace_bytes(dp::ConvStage::backward) == 768 + 1280);
+  // larger of dy (300) + w and x + dy backward. Then the convolution's scratch, which an fp32
+  // plan of the same backend also asks for.
+  auto fp32_plan = fp32->plan_conv(g, planned_use);
+  const size_t scratch[2] = {fp32_plan->workspace_bytes(dp::ConvStage::forward),
+                             fp32_plan->workspace_bytes(dp::ConvStage::backward)};
+  CHECK(scratch[0] > 0);
+  CHECK(scratch[1] > 0);
+  const size_t need[2] = {768 + 512 + scratch[0], 768 + 1280 + scratch[1]};
+  CHECK(planned->workspace_bytes(dp::ConvStage::forward) == need[0]);
+  CHECK(planned->workspace_bytes(dp::ConvStage::backward) == need[1]);
 
   dp::Arena arena(*backend);
   const auto filled = [&](dp::Shape shape, uint64_t seed) {
@@ -349,7 +369,8 @@ TEST_CASE(
   };
   const dp::Tensor x = filled({3, 2, 5, 5}, 1), w = filled({4, 2, 3, 3}, 2), b = filled({4}, 3);
   const dp::Tensor dy = filled({3, 4, 5, 5}, 4);
-  const dp::Tensor fwd = arena.allocate({320}), bwd = arena.allocate({512});
+  const auto floats = [](size_t bytes) { return static_cast<int64_t>(bytes / sizeof(float)); };
+  const dp::Tensor fwd = arena.allocate({floats(need[0])}), bwd = arena.allocate({floats(need[1])});
   dp::Tensor y[2] = {arena.allocate({3, 4, 5, 5}), arena.allocate({3, 4, 5, 5})};
   dp::Tensor dx[2] = {arena.allocate({3, 2, 5, 5}), arena.allocate({3, 2, 5, 5})};
   dp::Tensor dw[2] = {arena.allocate({4, 2, 3, 3}), arena.allocate({4, 2, 3, 3})};
@@ -367,17 +388,14 @@ TEST_CASE(
 
   // Without its workspace, or with one too small, a pass is refused before it runs.
   CHECK_THROWS_WITH(backend->conv_forward(*planned, x, w, &b, y[1]),
-                    Catch::Contains("forward passes need a workspace of 1280 bytes, got none"));
+                    Catch::Contains("forward passes need a workspace of " +
+                                    std::to_string(need[0]) + " bytes, got none"));
   const dp::Tensor small = arena.allocate({100});
   CHECK_THROWS_WITH(backend->conv_backward_data(*planned, dy, w, dx[1], &small),
-                    Catch::Contains("backward passes need a workspace of 2048 bytes, got 400"));
-  const dp::Tensor unaligned = arena.allocate({400}).slice_batch(1, 399);
+                    Catch::Contains("backward passes need a workspace of " +
+                                    std::to_string(need[1]) + " bytes, got 400"));
+  const dp::Tensor unaligned =
+      arena.allocate({floats(need[0]) + 100}).slice_batch(1, floats(need[0]) + 99);
   CHECK_THROWS_WITH(backend->conv_forward(*planned, x, w, &b, y[1], &unaligned),
                     Catch::Contains("must start at a multiple of 256 bytes"));
-  // In fp32 the CPU backend's passes need no workspace of the caller's: none is taken.
-  auto fp32 = dp::create_backend({});
-  auto none = fp32->plan_conv(g, planned_use);
-  CHECK(none->planned_workspace());
-  CHECK(none->workspace_bytes(dp::ConvStage::forward) == 0);
-  CHECK(none->workspace_bytes(dp::ConvStage::backward) == 0);
 }

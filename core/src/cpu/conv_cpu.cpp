@@ -154,21 +154,27 @@ DP_CPU_LOOPS void gather_output(const ConvShape& cs, const float* __restrict dy,
 
 int64_t chunk_count(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
 
-/// Scratch allocated once at plan time for max_batch and the thread count, so the passes never
-/// allocate. Images are processed in chunks of `chunk` so the GEMM's N dimension (chunk * P * Q)
-/// is large enough to run near peak; each thread owns one set of buffers.
+/// Images are processed in chunks of `chunk` so the GEMM's N dimension (chunk * P * Q) is large
+/// enough to run near peak; each thread has one set of buffers in the pass's scratch, whose size
+/// depends on the geometry and the thread count, not on the batch.
 class Im2colConvPlan final : public CpuConvPlan {
  public:
   Im2colConvPlan(const ConvGeometry& g, CpuKernels kernels, int threads,
-                 std::shared_ptr<MemoryTracker> memory);
-  ~Im2colConvPlan() override;
-  Im2colConvPlan(const Im2colConvPlan&) = delete;
-  Im2colConvPlan& operator=(const Im2colConvPlan&) = delete;
+                 std::shared_ptr<SharedScratch> shared);
 
-  void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) override;
-  void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) override;
-  void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
-                       const Tensor* db) override;
+  /// Every pass: the columns and outputs of each thread's chunk; the filter gradient also each
+  /// thread's partial sums.
+  size_t scratch_bytes(ConvStage stage) const override {
+    const int64_t per_thread =
+        columns_stride_ + outputs_stride_ + (stage == ConvStage::backward ? partials_stride_ : 0);
+    return static_cast<size_t>(per_thread * threads_) * sizeof(float);
+  }
+  void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+               ConvScratch scratch) override;
+  void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
+                     ConvScratch scratch) override;
+  void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor* db,
+                       ConvScratch scratch) override;
 
   std::string implementation() const override {
     return std::string("im2col + ") + (kernels_ == CpuKernels::blas ? "OpenBLAS" : "oneDNN") +
@@ -176,12 +182,25 @@ class Im2colConvPlan final : public CpuConvPlan {
   }
 
  private:
-  /// (C*R*S, chunk*P*Q): the unfolded input of one chunk.
-  float* thread_columns(int thread) const { return columns_ + thread * columns_stride_; }
-  /// (K, chunk*P*Q): the output (forward) or output gradient (backward) of one chunk.
-  float* thread_outputs(int thread) const { return outputs_ + thread * outputs_stride_; }
-  /// (K*C*R*S + K): this thread's partial filter and bias gradient.
-  float* thread_partial(int thread) const { return partials_ + thread * partials_stride_; }
+  /// The threads' buffers in a pass's scratch: all columns, then all outputs, then all partials.
+  struct Buffers {
+    float* base;
+    const Im2colConvPlan& plan;
+    /// (C*R*S, chunk*P*Q): the unfolded input of one chunk.
+    float* columns(int thread) const { return base + thread * plan.columns_stride_; }
+    /// (K, chunk*P*Q): the output (forward) or output gradient (backward) of one chunk.
+    float* outputs(int thread) const {
+      return base + plan.threads_ * plan.columns_stride_ + thread * plan.outputs_stride_;
+    }
+    /// (K*C*R*S + K): this thread's partial filter and bias gradient.
+    float* partial(int thread) const {
+      return base + plan.threads_ * (plan.columns_stride_ + plan.outputs_stride_) +
+             thread * plan.partials_stride_;
+    }
+  };
+  Buffers buffers(const ConvScratch& scratch, ConvStage stage) const {
+    return {reinterpret_cast<float*>(scratch_for(scratch, scratch_bytes(stage))), *this};
+  }
 
   CpuKernels kernels_;
   // The filter gradient as (C*R*S, K) = columns * dy^T rather than (K, C*R*S) = dy * columns^T
@@ -189,20 +208,16 @@ class Im2colConvPlan final : public CpuConvPlan {
   // (LeNet's conv1, 20 x 9 outputs over 676 columns: 0.04 against 0.15 ms per image; OpenBLAS
   // 0.04 either way).
   bool transposed_filter_ = false;
-  std::shared_ptr<MemoryTracker> memory_;
   int threads_ = 1;
   int64_t chunk_ = 1;
-  float* columns_ = nullptr;
-  float* outputs_ = nullptr;
-  float* partials_ = nullptr;
   int64_t columns_stride_ = 0, outputs_stride_ = 0, partials_stride_ = 0;
 };
 
 }  // namespace
 
 Im2colConvPlan::Im2colConvPlan(const ConvGeometry& g, CpuKernels kernels, int threads,
-                               std::shared_ptr<MemoryTracker> memory)
-    : CpuConvPlan(g), kernels_(kernels), memory_(std::move(memory)) {
+                               std::shared_ptr<SharedScratch> shared)
+    : CpuConvPlan(g, std::move(shared)), kernels_(kernels) {
   transposed_filter_ =
       kernels == CpuKernels::onednn && g.in_channels * g.kernel_h * g.kernel_w < g.out_channels;
   DP_CHECK(g.dtype == DType::f32, "cpu backend: plan_conv: dtype " +
@@ -225,31 +240,20 @@ Im2colConvPlan::Im2colConvPlan(const ConvGeometry& g, CpuKernels kernels, int th
   columns_stride_ = round(columns_stride_);
   outputs_stride_ = round(outputs_stride_);
   partials_stride_ = round(partials_stride_);
-  auto alloc = [&](int64_t floats) {
-    return static_cast<float*>(
-        memory_->allocate(static_cast<size_t>(floats * threads_) * sizeof(float)));
-  };
-  columns_ = alloc(columns_stride_);
-  outputs_ = alloc(outputs_stride_);
-  partials_ = alloc(partials_stride_);
-}
-
-Im2colConvPlan::~Im2colConvPlan() {
-  memory_->release(columns_);
-  memory_->release(outputs_);
-  memory_->release(partials_);
 }
 
 // One algorithm for every batch size and direction, so a plan needs to know no more than the
 // geometry.
 std::unique_ptr<CpuConvPlan> make_im2col_plan(const ConvGeometry& g, CpuKernels kernels,
-                                              int threads, std::shared_ptr<MemoryTracker> memory) {
-  return std::make_unique<Im2colConvPlan>(g, kernels, threads, std::move(memory));
+                                              int threads, std::shared_ptr<SharedScratch> shared) {
+  return std::make_unique<Im2colConvPlan>(g, kernels, threads, std::move(shared));
 }
 
 // x (N,C,H,W), w (K,C,R,S), b (K) or null -> y (N,K,P,Q)
-void Im2colConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
+void Im2colConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+                             ConvScratch scratch) {
   const ConvShape cs = shape_of(geometry());
+  const Buffers buf = buffers(scratch, ConvStage::forward);
   const int64_t n = x.shape[0];
   const float* xp = x.f32();
   const float* wp = w.f32();
@@ -260,8 +264,8 @@ void Im2colConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, 
 #pragma omp parallel num_threads(team)
   {
     const int t = omp_get_thread_num();
-    float* columns = thread_columns(t);
-    float* out = thread_outputs(t);
+    float* columns = buf.columns(t);
+    float* out = buf.outputs(t);
     for (int64_t chunk = t; chunk < chunks; chunk += omp_get_num_threads()) {
       const int64_t n0 = chunk * chunk_;
       const int64_t images = std::min(chunk_, n - n0);
@@ -277,8 +281,10 @@ void Im2colConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, 
 }
 
 // dy (N,K,P,Q), w (K,C,R,S) -> dx (N,C,H,W)
-void Im2colConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) {
+void Im2colConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
+                                   ConvScratch scratch) {
   const ConvShape cs = shape_of(geometry());
+  const Buffers buf = buffers(scratch, ConvStage::backward);
   const int64_t n = dy.shape[0];
   const float* dyp = dy.f32();
   const float* wp = w.f32();
@@ -288,8 +294,8 @@ void Im2colConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tens
 #pragma omp parallel num_threads(team)
   {
     const int t = omp_get_thread_num();
-    float* columns = thread_columns(t);
-    float* grad_out = thread_outputs(t);
+    float* columns = buf.columns(t);
+    float* grad_out = buf.outputs(t);
     for (int64_t chunk = t; chunk < chunks; chunk += omp_get_num_threads()) {
       const int64_t n0 = chunk * chunk_;
       const int64_t images = std::min(chunk_, n - n0);
@@ -310,8 +316,9 @@ void Im2colConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tens
 
 // x (N,C,H,W), dy (N,K,P,Q) -> dw (K,C,R,S), db (K) or null
 void Im2colConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
-                                     const Tensor* db) {
+                                     const Tensor* db, ConvScratch scratch) {
   const ConvShape cs = shape_of(geometry());
+  const Buffers buf = buffers(scratch, ConvStage::backward);
   const int64_t n = x.shape[0];
   const float* xp = x.f32();
   const float* dyp = dy.f32();
@@ -324,9 +331,9 @@ void Im2colConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
     const int t = omp_get_thread_num();
 #pragma omp single
     team_size = omp_get_num_threads();
-    float* columns = thread_columns(t);
-    float* grad_out = thread_outputs(t);
-    float* partial = thread_partial(t);  // dw (K*C*R*S, or C*R*S*K) then db (K)
+    float* columns = buf.columns(t);
+    float* grad_out = buf.outputs(t);
+    float* partial = buf.partial(t);  // dw (K*C*R*S, or C*R*S*K) then db (K)
     std::fill(partial, partial + kcrs + cs.k, 0.0f);
     for (int64_t chunk = t; chunk < chunks; chunk += omp_get_num_threads()) {
       const int64_t n0 = chunk * chunk_;
@@ -357,7 +364,7 @@ void Im2colConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
   // given thread count.
   float* dwp = dw.f32();
   float* dbp = db ? db->f32() : nullptr;
-  const float* first = thread_partial(0);
+  const float* first = buf.partial(0);
   if (transposed_filter_) {
     for (int64_t k = 0; k < cs.k; ++k)
       for (int64_t j = 0; j < cs.crs(); ++j) dwp[k * cs.crs() + j] = first[j * cs.k + k];
@@ -366,7 +373,7 @@ void Im2colConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
   }
   if (dbp) std::copy_n(first + kcrs, cs.k, dbp);
   for (int t = 1; t < team_size; ++t) {
-    const float* partial = thread_partial(t);
+    const float* partial = buf.partial(t);
     if (transposed_filter_) {
       for (int64_t k = 0; k < cs.k; ++k)
         for (int64_t j = 0; j < cs.crs(); ++j) dwp[k * cs.crs() + j] += partial[j * cs.k + k];

@@ -183,12 +183,12 @@ size_t aligned(size_t bytes) {
 }
 
 // One argument of a pass: the tensor's memory in its own format and, when the primitive wants
-// another, its copy in the shared scratch with the reorder between the two.
+// another, its copy in the pass's scratch with the reorder between the two.
 struct Arg {
   int id = 0;           // DNNL_ARG_SRC, ...
   bool output = false;  // written by the pass (reordered back after it)
   memory user;          // the tensor; its data pointer is set at every call
-  memory internal;      // in the primitive's format at `offset` in the shared scratch, if needed
+  memory internal;      // in the primitive's format at `offset` in the scratch, if needed
   dnnl::primitive reorder;
   memory reorder_scratchpad;  // at the pass's scratchpad offset, if the reorder wants one
   size_t offset = 0;
@@ -201,9 +201,9 @@ struct Arg {
 struct Pass {
   dnnl::primitive primitive;
   std::vector<Arg> args;
-  memory scratchpad;  // at scratchpad_offset in the shared scratch, if the primitive wants one
+  memory scratchpad;  // at scratchpad_offset in the scratch, if the primitive wants one
   size_t scratchpad_offset = 0;
-  size_t scratch_bytes = 0;  // of shared scratch this pass uses
+  size_t scratch_bytes = 0;  // of scratch this pass uses
   std::vector<dnnl_exec_arg_t> exec_args;
   std::string kernel;                              // oneDNN's implementation, for the log
   Formulation formulation = Formulation::blocked;  // the one it runs (Winograd may fall back)
@@ -260,8 +260,8 @@ void set_handle(const memory& m, void* data) {
   DNNL_CHECK(dnnl_memory_set_data_handle_v2(m.get(), data, nullptr));
 }
 
-// Runs `pass` on tensors `data` (in the order of its arguments) with the shared scratch at
-// `scratch`, on the calling thread.
+// Runs `pass` on tensors `data` (in the order of its arguments) with its scratch at `scratch`, on
+// the calling thread.
 void run(Pass& pass, std::initializer_list<void*> data, char* scratch, const dnnl::stream& stream) {
   DP_ASSERT(data.size() == pass.args.size());
   for (size_t i = 0; i < pass.args.size(); ++i) {
@@ -293,15 +293,22 @@ class OnednnConvPlan final : public CpuConvPlan {
   OnednnConvPlan(const ConvGeometry& g, const ConvUse& use, const Formulations& formulations,
                  std::unique_ptr<CpuConvPlan> im2col, std::unique_ptr<CpuConvPlan> own_winograd,
                  std::shared_ptr<OnednnContext> context, int threads,
-                 std::shared_ptr<SharedScratch> scratch, std::shared_ptr<MemoryTracker> memory);
+                 std::shared_ptr<SharedScratch> shared, std::shared_ptr<MemoryTracker> memory);
   ~OnednnConvPlan() override;
   OnednnConvPlan(const OnednnConvPlan&) = delete;
   OnednnConvPlan& operator=(const OnednnConvPlan&) = delete;
 
-  void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) override;
-  void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) override;
-  void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
-                       const Tensor* db) override;
+  /// The largest of the stage's passes made at plan time, oneDNN's (its reorders' copies and
+  /// scratchpad) and im2col's or Winograd's.
+  size_t scratch_bytes(ConvStage stage) const override {
+    return planned_bytes_[static_cast<int>(stage)];
+  }
+  void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+               ConvScratch scratch) override;
+  void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
+                     ConvScratch scratch) override;
+  void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor* db,
+                       ConvScratch scratch) override;
 
   /// Per direction: the formulation, and what runs it (oneDNN's kernel of each batch size
   /// created so far, or the im2col / Winograd plan).
@@ -314,8 +321,12 @@ class OnednnConvPlan final : public CpuConvPlan {
   };
 
   /// The pass of `direction` at batch `n`, created now if it was not (then counted as late
-  /// unless at plan time), with the shared scratch grown to fit.
+  /// unless at plan time; at plan time its scratch counts in scratch_bytes()).
   Pass& pass(int64_t n, Direction direction, bool at_plan_time);
+  /// Where pass `p` runs: in `given`, or where it needs more, in the shared scratch.
+  char* scratch_of(const Pass& p, const ConvScratch& given) const {
+    return scratch_for(given, p.scratch_bytes);
+  }
   Pass make_pass(int64_t n, Direction direction, Formulation formulation) const;
   /// The forward primitive descriptor in formulation `f` (also the hint of the backward ones).
   dnnl::convolution_forward::primitive_desc forward_pd(int64_t n, Formulation f) const;
@@ -331,9 +342,9 @@ class OnednnConvPlan final : public CpuConvPlan {
   std::unique_ptr<CpuConvPlan> own_winograd_;
   std::shared_ptr<OnednnContext> context_;
   int threads_;
-  std::shared_ptr<SharedScratch> scratch_;
   std::shared_ptr<MemoryTracker> memory_;
   std::vector<BatchPasses> batches_;
+  size_t planned_bytes_[2] = {0, 0};   // scratch_bytes() by stage
   float* zero_bias_ = nullptr;         // (K) zeros: the bias of a forward without one
   float* unused_bias_grad_ = nullptr;  // (K): where a bias gradient nobody asked for goes
   bool warned_late_ = false;           // a pass created in the step loop was reported
@@ -344,15 +355,14 @@ OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use,
                                std::unique_ptr<CpuConvPlan> im2col,
                                std::unique_ptr<CpuConvPlan> own_winograd,
                                std::shared_ptr<OnednnContext> context, int threads,
-                               std::shared_ptr<SharedScratch> scratch,
+                               std::shared_ptr<SharedScratch> shared,
                                std::shared_ptr<MemoryTracker> memory)
-    : CpuConvPlan(g),
+    : CpuConvPlan(g, std::move(shared)),
       formulation_(formulations),
       im2col_(std::move(im2col)),
       own_winograd_(std::move(own_winograd)),
       context_(std::move(context)),
       threads_(threads),
-      scratch_(std::move(scratch)),
       memory_(std::move(memory)) {
   const size_t bias_bytes = static_cast<size_t>(g.out_channels) * sizeof(float);
   zero_bias_ = static_cast<float*>(memory_->allocate(bias_bytes));  // zeroed by the tracker
@@ -360,8 +370,15 @@ OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use,
   std::vector<int64_t> train = use.train_batches, infer = use.infer_batches;
   if (train.empty() && infer.empty()) train.push_back(g.max_batch);
   auto prepare = [&](int64_t n, Direction d) {
-    if (formulation_[d] != Formulation::im2col && formulation_[d] != Formulation::own_winograd)
-      pass(n, d, true);
+    const int stage = static_cast<int>(d == kForward ? ConvStage::forward : ConvStage::backward);
+    size_t& need = planned_bytes_[stage];
+    if (formulation_[d] == Formulation::im2col) {
+      need = std::max(need, im2col_->scratch_bytes(static_cast<ConvStage>(stage)));
+    } else if (formulation_[d] == Formulation::own_winograd) {
+      need = std::max(need, own_winograd_->scratch_bytes(static_cast<ConvStage>(stage)));
+    } else {
+      need = std::max(need, pass(n, d, true).scratch_bytes);
+    }
   };
   try {
     for (int64_t n : train) {
@@ -476,8 +493,6 @@ Pass& OnednnConvPlan::pass(int64_t n, Direction direction, bool at_plan_time) {
   // oneDNN sizes the primitive's work split for the threads it will run with (onednn.hpp).
   const OmpThreads scope(threads_);
   Formulation used = formulation_[direction];
-  // Built aside and kept only once its scratch is reserved: a slot filled before a failed
-  // reserve would later run with too small a scratch.
   std::unique_ptr<Pass> fresh;
   try {
     try {
@@ -496,12 +511,12 @@ Pass& OnednnConvPlan::pass(int64_t n, Direction direction, bool at_plan_time) {
              "; DPRUN_CPU_KERNELS=blas runs the OpenBLAS kernels instead");
   }
   fresh->formulation = used;
-  scratch_->reserve(fresh->scratch_bytes);
   slot = std::move(fresh);
   if (!at_plan_time) {
     ++context_->late_passes;
-    // A batch size nobody declared at plan time: this step compiles a kernel and may grow the
-    // scratch. Said once per plan, so a caller that forgot a size learns which.
+    // A batch size nobody declared at plan time: this step compiles a kernel, and may run in the
+    // shared scratch grown for it. Said once per plan, so a caller that forgot a size learns
+    // which.
     if (!warned_late_) {
       warned_late_ = true;
       std::fprintf(stderr,
@@ -545,37 +560,42 @@ std::string OnednnConvPlan::implementation() const {
   return out;
 }
 
-void OnednnConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
-  if (formulation_[kForward] == Formulation::im2col) return im2col_->forward(x, w, b, y);
+void OnednnConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+                             ConvScratch scratch) {
+  if (formulation_[kForward] == Formulation::im2col) return im2col_->forward(x, w, b, y, scratch);
   if (formulation_[kForward] == Formulation::own_winograd) {
-    return own_winograd_->forward(x, w, b, y);
+    return own_winograd_->forward(x, w, b, y, scratch);
   }
   const OmpThreads scope(threads_);
   Pass& p = pass(x.shape[0], kForward, false);
-  run(p, {x.data, w.data, b ? b->data : zero_bias_, y.data}, scratch_->data(), context_->stream);
+  run(p, {x.data, w.data, b ? b->data : zero_bias_, y.data}, scratch_of(p, scratch),
+      context_->stream);
 }
 
-void OnednnConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) {
-  if (formulation_[kBackwardData] == Formulation::im2col) return im2col_->backward_data(dy, w, dx);
+void OnednnConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
+                                   ConvScratch scratch) {
+  if (formulation_[kBackwardData] == Formulation::im2col) {
+    return im2col_->backward_data(dy, w, dx, scratch);
+  }
   if (formulation_[kBackwardData] == Formulation::own_winograd) {
-    return own_winograd_->backward_data(dy, w, dx);
+    return own_winograd_->backward_data(dy, w, dx, scratch);
   }
   const OmpThreads scope(threads_);
   Pass& p = pass(dy.shape[0], kBackwardData, false);
-  run(p, {dy.data, w.data, dx.data}, scratch_->data(), context_->stream);
+  run(p, {dy.data, w.data, dx.data}, scratch_of(p, scratch), context_->stream);
 }
 
 void OnednnConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
-                                     const Tensor* db) {
+                                     const Tensor* db, ConvScratch scratch) {
   if (formulation_[kBackwardWeights] == Formulation::im2col) {
-    return im2col_->backward_filter(x, dy, dw, db);
+    return im2col_->backward_filter(x, dy, dw, db, scratch);
   }
   if (formulation_[kBackwardWeights] == Formulation::own_winograd) {
-    return own_winograd_->backward_filter(x, dy, dw, db);
+    return own_winograd_->backward_filter(x, dy, dw, db, scratch);
   }
   const OmpThreads scope(threads_);
   Pass& p = pass(x.shape[0], kBackwardWeights, false);
-  run(p, {x.data, dy.data, dw.data, db ? db->data : unused_bias_grad_}, scratch_->data(),
+  run(p, {x.data, dy.data, dw.data, db ? db->data : unused_bias_grad_}, scratch_of(p, scratch),
       context_->stream);
 }
 
@@ -583,7 +603,7 @@ void OnednnConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
 
 std::unique_ptr<CpuConvPlan> make_onednn_plan(const ConvGeometry& g, const ConvUse& use,
                                               std::shared_ptr<OnednnContext> context, int threads,
-                                              std::shared_ptr<SharedScratch> scratch,
+                                              std::shared_ptr<SharedScratch> shared,
                                               std::shared_ptr<MemoryTracker> memory) {
   DP_CHECK(g.dtype == DType::f32, "cpu backend: plan_conv: dtype " +
                                       std::string(dtype_name(g.dtype)) +
@@ -593,10 +613,10 @@ std::unique_ptr<CpuConvPlan> make_onednn_plan(const ConvGeometry& g, const ConvU
   if (std::all_of(f.begin(), f.end(), im2col)) return nullptr;
   std::unique_ptr<CpuConvPlan> im2col_plan, own_winograd_plan;
   if (std::any_of(f.begin(), f.end(), im2col))
-    im2col_plan = make_im2col_plan(g, CpuKernels::onednn, threads, memory);
+    im2col_plan = make_im2col_plan(g, CpuKernels::onednn, threads, shared);
   if (std::any_of(f.begin(), f.end(),
                   [](Formulation x) { return x == Formulation::own_winograd; })) {
-    own_winograd_plan = make_winograd_plan(g, CpuKernels::onednn, threads, scratch);
+    own_winograd_plan = make_winograd_plan(g, CpuKernels::onednn, threads, shared);
     if (log_passes()) {
       for (int d = 0; d < 3; ++d) {
         if (f[d] != Formulation::own_winograd) continue;
@@ -607,7 +627,7 @@ std::unique_ptr<CpuConvPlan> make_onednn_plan(const ConvGeometry& g, const ConvU
   }
   return std::make_unique<OnednnConvPlan>(g, use, f, std::move(im2col_plan),
                                           std::move(own_winograd_plan), std::move(context), threads,
-                                          std::move(scratch), std::move(memory));
+                                          std::move(shared), std::move(memory));
 }
 
 }  // namespace dp::cpu

@@ -16,39 +16,65 @@ namespace dp::cpu {
 
 struct OnednnContext;
 
-/// A convolution plan of the cpu backend. The passes are dp::Backend's convolution ops, called
-/// after their checks (shapes, layouts, 1 <= N <= max_batch).
-class CpuConvPlan : public ConvPlan {
- public:
-  using ConvPlan::ConvPlan;
-  /// x (N,C,H,W), w (K,C,R,S), b (K) or null -> y (N,K,P,Q)
-  virtual void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) = 0;
-  /// dy (N,K,P,Q), w (K,C,R,S) -> dx (N,C,H,W)
-  virtual void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) = 0;
-  /// x (N,C,H,W), dy (N,K,P,Q) -> dw (K,C,R,S), db (K) or null
-  virtual void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
-                               const Tensor* db) = 0;
+/// The memory a convolution pass works in: 256-byte aligned, `bytes` long. Nothing in it is
+/// kept from one pass to the next, and a pass reads none of it before writing it.
+struct ConvScratch {
+  char* data = nullptr;
+  size_t bytes = 0;
 };
 
-/// im2col + SGEMM (`kernels` picks the SGEMM); scratch for `threads` threads from `memory`.
+/// A convolution plan of the cpu backend. The passes are dp::Backend's convolution ops, called
+/// after their checks (shapes, layouts, 1 <= N <= max_batch). Each runs in the scratch it is
+/// given: the backend's shared scratch (every plan's need reserved at plan time), or with
+/// ConvUse::planned_workspace a part of the caller's workspace, which lives only in that step.
+class CpuConvPlan : public ConvPlan {
+ public:
+  /// `shared` is the backend's shared scratch: where a pass that needs more than it was given
+  /// (a oneDNN pass at a batch size nobody declared) runs instead, grown to fit.
+  CpuConvPlan(const ConvGeometry& g, std::shared_ptr<SharedScratch> shared)
+      : ConvPlan(g), shared_(std::move(shared)) {}
+  /// The scratch the passes of `stage` need at most, at every batch size planned (forward: the
+  /// forward; backward: backward-data and backward-filter, one after the other).
+  virtual size_t scratch_bytes(ConvStage stage) const = 0;
+  /// x (N,C,H,W), w (K,C,R,S), b (K) or null -> y (N,K,P,Q)
+  virtual void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+                       ConvScratch scratch) = 0;
+  /// dy (N,K,P,Q), w (K,C,R,S) -> dx (N,C,H,W)
+  virtual void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
+                             ConvScratch scratch) = 0;
+  /// x (N,C,H,W), dy (N,K,P,Q) -> dw (K,C,R,S), db (K) or null
+  virtual void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
+                               const Tensor* db, ConvScratch scratch) = 0;
+  /// The backend's shared scratch, as a pass's scratch.
+  ConvScratch shared_scratch() const { return {shared_->data(), shared_->size()}; }
+
+ protected:
+  /// `given` when it holds `bytes`, else the shared scratch grown to `bytes` (a pass first met
+  /// after the plan was made, which may need more than any planned).
+  char* scratch_for(const ConvScratch& given, size_t bytes) const;
+
+ private:
+  std::shared_ptr<SharedScratch> shared_;
+};
+
+/// im2col + SGEMM (`kernels` picks the SGEMM), with `threads` threads.
 std::unique_ptr<CpuConvPlan> make_im2col_plan(const ConvGeometry& g, CpuKernels kernels,
-                                              int threads, std::shared_ptr<MemoryTracker> memory);
+                                              int threads, std::shared_ptr<SharedScratch> shared);
 
 /// True for the layers make_winograd_plan takes: f32, 3x3, stride 1, pad 1, channels in
 /// multiples of 8.
 bool winograd_applies(const ConvGeometry& g);
 
-/// Our Winograd F(4x4, 3x3) (conv_winograd.cpp), its SGEMMs from `kernels`; scratch for
-/// `threads` threads in the backend's shared scratch.
+/// Our Winograd F(4x4, 3x3) (conv_winograd.cpp), its SGEMMs from `kernels`, with `threads`
+/// threads.
 std::unique_ptr<CpuConvPlan> make_winograd_plan(const ConvGeometry& g, CpuKernels kernels,
-                                                int threads,
-                                                std::shared_ptr<SharedScratch> scratch);
+                                                int threads, std::shared_ptr<SharedScratch> shared);
 
 /// oneDNN primitives for every pass and batch size `use` declares; nullptr when im2col is the
 /// faster formulation for this geometry (see conv_onednn.cpp).
 std::unique_ptr<CpuConvPlan> make_onednn_plan(const ConvGeometry& g, const ConvUse& use,
                                               std::shared_ptr<OnednnContext> context, int threads,
-                                              std::shared_ptr<SharedScratch> scratch,
+                                              std::shared_ptr<SharedScratch> shared,
                                               std::shared_ptr<MemoryTracker> memory);
 
 }  // namespace dp::cpu

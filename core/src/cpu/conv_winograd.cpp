@@ -368,8 +368,8 @@ int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 class WinogradConvPlan final : public CpuConvPlan {
  public:
   WinogradConvPlan(const ConvGeometry& g, CpuKernels kernels, int threads,
-                   std::shared_ptr<SharedScratch> scratch)
-      : CpuConvPlan(g), kernels_(kernels), threads_(threads), scratch_(std::move(scratch)) {
+                   std::shared_ptr<SharedScratch> shared)
+      : CpuConvPlan(g, std::move(shared)), kernels_(kernels), threads_(threads) {
     const int64_t c = g.in_channels, k = g.out_channels, wide = std::max(c, k);
     th_ = (g.out_h() + kTile - 1) / kTile;
     tw_ = (g.out_w() + kTile - 1) / kTile;
@@ -390,23 +390,29 @@ class WinogradConvPlan final : public CpuConvPlan {
     // Each point's product in row blocks when there are more threads than 36 points feed
     // evenly (up to 4 items per thread); whole products otherwise, the SGEMM's best shape.
     blocks_ = threads_ <= 4 ? 1 : (4 * threads_ + kPoints - 1) / kPoints;
-    const int64_t floats = shared_floats_ + threads_ * (in_rows_ + out_rows_ + bias_sums_);
-    scratch_->reserve(static_cast<size_t>(floats) * sizeof(float));
+    scratch_floats_ = shared_floats_ + threads_ * (in_rows_ + out_rows_ + bias_sums_);
   }
 
-  void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) override {
+  /// One layout for every pass and batch size.
+  size_t scratch_bytes(ConvStage) const override {
+    return static_cast<size_t>(scratch_floats_) * sizeof(float);
+  }
+
+  void forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+               ConvScratch scratch) override {
     const ConvGeometry& g = geometry();
     convolve(x, w, b ? static_cast<const float*>(b->data) : nullptr, y, g.in_channels,
-             g.out_channels, false);
+             g.out_channels, false, base(scratch));
   }
 
-  void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx) override {
+  void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
+                     ConvScratch scratch) override {
     const ConvGeometry& g = geometry();
-    convolve(dy, w, nullptr, dx, g.out_channels, g.in_channels, true);
+    convolve(dy, w, nullptr, dx, g.out_channels, g.in_channels, true, base(scratch));
   }
 
-  void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
-                       const Tensor* db) override;
+  void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor* db,
+                       ConvScratch scratch) override;
 
   std::string implementation() const override {
     return std::string("dprun Winograd F(4x4, 3x3), ") +
@@ -415,42 +421,47 @@ class WinogradConvPlan final : public CpuConvPlan {
   }
 
  private:
-  float* scratch() const { return reinterpret_cast<float*>(scratch_->data()); }
-  float* in_rows(int t) const { return scratch() + shared_floats_ + t * in_rows_; }
-  float* out_rows(int t) const {
-    return scratch() + shared_floats_ + threads_ * in_rows_ + t * out_rows_;
+  /// Where a pass's scratch starts (the transformed filters or the filter gradient's sums).
+  float* base(const ConvScratch& scratch) const {
+    return reinterpret_cast<float*>(scratch_for(scratch, scratch_bytes(ConvStage::forward)));
   }
-  float* bias_sums(int t) const {
-    return scratch() + shared_floats_ + threads_ * (in_rows_ + out_rows_) + t * bias_sums_;
+  float* in_rows(float* base, int t) const { return base + shared_floats_ + t * in_rows_; }
+  float* out_rows(float* base, int t) const {
+    return base + shared_floats_ + threads_ * in_rows_ + t * out_rows_;
+  }
+  float* bias_sums(float* base, int t) const {
+    return base + shared_floats_ + threads_ * (in_rows_ + out_rows_) + t * bias_sums_;
   }
 
   /// out = conv(in, w') + bias with `cin` input and `cout` output channels, where w' is w for the
-  /// forward and w turned, its channel axes swapped, for backward data.
+  /// forward and w turned, its channel axes swapped, for backward data; in the scratch at
+  /// `base`.
   void convolve(const Tensor& in, const Tensor& w, const float* bias, const Tensor& out,
-                int64_t cin, int64_t cout, bool backward_data);
+                int64_t cin, int64_t cout, bool backward_data, float* base);
 
   CpuKernels kernels_;
   int threads_;  // asked for; a parallel region may get fewer (OMP_DYNAMIC, OMP_THREAD_LIMIT)
-  std::shared_ptr<SharedScratch> scratch_;
   int64_t th_ = 0, tw_ = 0;  // tiles down and across an image
   int64_t chunk_ = 1;        // images per chunk
   int64_t blocks_ = 1;       // row blocks per point's SGEMM
-  // In floats, in the shared scratch: where V starts, and the end of the shared part.
-  int64_t tiles_offset_ = 0, shared_floats_ = 0;
+  // In floats, in a pass's scratch: where V starts, the end of the part the threads share, and
+  // the end of the threads' own buffers after it.
+  int64_t tiles_offset_ = 0, shared_floats_ = 0, scratch_floats_ = 0;
   int64_t in_rows_ = 0, out_rows_ = 0, bias_sums_ = 0;  // each thread's buffers
 };
 
 // The transforms' work items are rows of tiles (image i of the chunk, tile row ti), so that any
 // chunk, even one image, keeps every thread busy.
 void WinogradConvPlan::convolve(const Tensor& in, const Tensor& w, const float* bias,
-                                const Tensor& out, int64_t cin, int64_t cout, bool backward_data) {
+                                const Tensor& out, int64_t cin, int64_t cout, bool backward_data,
+                                float* base) {
   const ConvGeometry& g = geometry();
   const int64_t n = in.shape[0], h = g.in_h, wd = g.in_w, tiles = th_ * tw_;
   const ImageLayout il = layout_of(g.layout, cin, h, wd), ol = layout_of(g.layout, cout, h, wd);
   const int64_t in_size = cin * h * wd, out_size = cout * h * wd;
   const int64_t c_total = g.in_channels, k_total = g.out_channels;
-  float* const u = scratch();
-  float* const v = scratch() + tiles_offset_;
+  float* const u = base;
+  float* const v = base + tiles_offset_;
   const float* const x = static_cast<const float*>(in.data);
   float* const y = static_cast<float*>(out.data);
   const float* const filters = static_cast<const float*>(w.data);
@@ -470,8 +481,8 @@ void WinogradConvPlan::convolve(const Tensor& in, const Tensor& w, const float* 
       for (int64_t item = 0; item < images * th_; ++item) {
         const int64_t i = item / th_, ti = item % th_;
         to_channels_last(x + (n0 + i) * in_size, il, cin, h, wd, 1, kTile * ti, kAlpha, wb_in,
-                         in_rows(me));
-        input_tiles(in_rows(me), cin, tw_, v + (i * tiles + ti * tw_) * cin, v_stride);
+                         in_rows(base, me));
+        input_tiles(in_rows(base, me), cin, tw_, v + (i * tiles + ti * tw_) * cin, v_stride);
       }
       const int64_t rows = (t_count + blocks_ - 1) / blocks_;  // of M_p per work item
 #pragma omp for schedule(static)
@@ -485,30 +496,32 @@ void WinogradConvPlan::convolve(const Tensor& in, const Tensor& w, const float* 
 #pragma omp for schedule(static)
       for (int64_t item = 0; item < images * th_; ++item) {
         const int64_t i = item / th_, ti = item % th_;
-        output_tiles(m + (i * tiles + ti * tw_) * cout, m_stride, cout, 1, tw_, bias, out_rows(me));
-        from_channels_last(out_rows(me), cout, kTile * ti, std::min(kTile, h - kTile * ti), wd,
-                           wb_out, ol, y + (n0 + i) * out_size);
+        output_tiles(m + (i * tiles + ti * tw_) * cout, m_stride, cout, 1, tw_, bias,
+                     out_rows(base, me));
+        from_channels_last(out_rows(base, me), cout, kTile * ti, std::min(kTile, h - kTile * ti),
+                           wd, wb_out, ol, y + (n0 + i) * out_size);
       }
     }
   }
 }
 
 void WinogradConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
-                                       const Tensor* db) {
+                                       const Tensor* db, ConvScratch scratch) {
+  float* const scratch_base = base(scratch);
   const ConvGeometry& g = geometry();
   const int64_t n = x.shape[0], h = g.in_h, wd = g.in_w, tiles = th_ * tw_;
   const int64_t c = g.in_channels, k = g.out_channels;
   const ImageLayout xl = layout_of(g.layout, c, h, wd), dyl = layout_of(g.layout, k, h, wd);
   const int64_t x_size = c * h * wd, dy_size = k * h * wd;
-  float* const s = scratch();
-  float* const v = scratch() + tiles_offset_;
+  float* const s = scratch_base;
+  float* const v = scratch_base + tiles_offset_;
   const float* const xs = static_cast<const float*>(x.data);
   const float* const dys = static_cast<const float*>(dy.data);
   const int64_t wb_in = kTile * tw_ + 2, wb_out = kTile * tw_;
 #pragma omp parallel num_threads(threads_)
   {
     const int me = omp_get_thread_num(), team = omp_get_num_threads();
-    if (db) std::fill(bias_sums(me), bias_sums(me) + k, 0.0f);
+    if (db) std::fill(bias_sums(scratch_base, me), bias_sums(scratch_base, me) + k, 0.0f);
     for (int64_t n0 = 0; n0 < n; n0 += chunk_) {
       const int64_t images = std::min(chunk_, n - n0), t_count = images * tiles;
       const int64_t v_stride = t_count * c, w_stride = t_count * k;
@@ -517,14 +530,16 @@ void WinogradConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const 
       for (int64_t item = 0; item < images * th_; ++item) {
         const int64_t i = item / th_, ti = item % th_;
         to_channels_last(xs + (n0 + i) * x_size, xl, c, h, wd, 1, kTile * ti, kAlpha, wb_in,
-                         in_rows(me));
-        input_tiles(in_rows(me), c, tw_, v + (i * tiles + ti * tw_) * c, v_stride);
+                         in_rows(scratch_base, me));
+        input_tiles(in_rows(scratch_base, me), c, tw_, v + (i * tiles + ti * tw_) * c, v_stride);
         to_channels_last(dys + (n0 + i) * dy_size, dyl, k, h, wd, 0, kTile * ti, kTile, wb_out,
-                         out_rows(me));
-        gradient_tiles(out_rows(me), k, 1, tw_, gw + (i * tiles + ti * tw_) * k, w_stride);
+                         out_rows(scratch_base, me));
+        gradient_tiles(out_rows(scratch_base, me), k, 1, tw_, gw + (i * tiles + ti * tw_) * k,
+                       w_stride);
         if (db) {
-          add_channel_sums(out_rows(me), k, std::min(kTile, h - kTile * ti), wd, wb_out,
-                           bias_sums(me) + bias_sums_ / 2, bias_sums(me));
+          add_channel_sums(out_rows(scratch_base, me), k, std::min(kTile, h - kTile * ti), wd,
+                           wb_out, bias_sums(scratch_base, me) + bias_sums_ / 2,
+                           bias_sums(scratch_base, me));
         }
       }
       const int64_t rows = (k + blocks_ - 1) / blocks_;  // of S_p per work item
@@ -545,7 +560,7 @@ void WinogradConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const 
 #pragma omp for schedule(static)
       for (int64_t ch = 0; ch < k; ++ch) {
         float sum = 0.0f;
-        for (int t = 0; t < team; ++t) sum += bias_sums(t)[ch];
+        for (int t = 0; t < team; ++t) sum += bias_sums(scratch_base, t)[ch];
         static_cast<float*>(db->data)[ch] = sum;
       }
     }
@@ -562,12 +577,12 @@ bool winograd_applies(const ConvGeometry& g) {
 
 std::unique_ptr<CpuConvPlan> make_winograd_plan(const ConvGeometry& g, CpuKernels kernels,
                                                 int threads,
-                                                std::shared_ptr<SharedScratch> scratch) {
+                                                std::shared_ptr<SharedScratch> shared) {
   DP_CHECK(winograd_applies(g),
            "cpu backend: the Winograd F(4x4, 3x3) convolution needs a 3x3 "
            "stride-1 pad-1 f32 layer with channels in multiples of 8, not " +
                g.str());
-  return std::make_unique<WinogradConvPlan>(g, kernels, threads, std::move(scratch));
+  return std::make_unique<WinogradConvPlan>(g, kernels, threads, std::move(shared));
 }
 
 }  // namespace dp::cpu

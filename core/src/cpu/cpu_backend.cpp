@@ -218,57 +218,95 @@ void CpuBackend::fill_impl(const Tensor& t, float value) {
 
 // ---- convolution: the plan does the work (conv_plans.hpp) -----------------------------------
 
-std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
+namespace {
+size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+}  // namespace
+
+char* CpuConvPlan::scratch_for(const ConvScratch& given, size_t bytes) const {
+  if (bytes <= given.bytes) return given.data;
+  shared_->reserve(bytes);
+  return shared_->data();
+}
+
+size_t CpuBackend::bf16_copy_bytes(const ConvGeometry& g, ConvStage stage) const {
+  if (precision_ != Precision::bf16) return 0;
   const int64_t x = g.max_batch * g.in_channels * g.in_h * g.in_w;
   const int64_t w = g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
   const int64_t y = g.max_batch * g.out_channels * g.out_h() * g.out_w();
-  if (precision_ == Precision::bf16 && !use.planned_workspace) {
-    // Every pass's two rounded multiplicands fit in x + w + dy at max_batch.
-    bf16_scratch_->reserve(Bf16Copies::bytes_for(x, w, y));
-  }
+  // (x, w) forward; (dy, w) for the data gradient and (x, dy) for the filter gradient, one after
+  // the other.
+  if (stage == ConvStage::forward) return aligned(Bf16Copies::bytes_for(x, w));
+  return aligned(std::max(Bf16Copies::bytes_for(y, w), Bf16Copies::bytes_for(x, y)));
+}
+
+std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
+  std::shared_ptr<SharedScratch> shared = shared_scratch();
   std::unique_ptr<CpuConvPlan> plan;
   if (kernels_ == CpuKernels::onednn)
-    plan = make_onednn_plan(g, use, onednn_, threads_, shared_scratch(), memory_);
-  if (!plan) plan = make_im2col_plan(g, kernels_, threads_, memory_);
-  if (precision_ == Precision::bf16 && use.planned_workspace) {
-    // The rounded copies live in the caller's workspace: (x, w) forward; (dy, w) for the data
-    // gradient and (x, dy) for the filter gradient, one after the other.
-    need_workspace(*plan, ConvStage::forward, Bf16Copies::bytes_for(x, w));
-    need_workspace(*plan, ConvStage::backward,
-                   std::max(Bf16Copies::bytes_for(y, w), Bf16Copies::bytes_for(x, y)));
+    plan = make_onednn_plan(g, use, onednn_, threads_, shared, memory_);
+  if (!plan) plan = make_im2col_plan(g, kernels_, threads_, shared);
+  if (use.planned_workspace) {
+    // Everything a pass works in lives in the caller's workspace: bf16's rounded copies first,
+    // then the plan's scratch.
+    for (const ConvStage stage : {ConvStage::forward, ConvStage::backward})
+      need_workspace(*plan, stage, bf16_copy_bytes(g, stage) + plan->scratch_bytes(stage));
+    return plan;
+  }
+  shared->reserve(
+      std::max(plan->scratch_bytes(ConvStage::forward), plan->scratch_bytes(ConvStage::backward)));
+  if (precision_ == Precision::bf16) {
+    // Every pass's two rounded multiplicands fit in x + w + dy at max_batch.
+    const int64_t x = g.max_batch * g.in_channels * g.in_h * g.in_w;
+    const int64_t w = g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
+    const int64_t y = g.max_batch * g.out_channels * g.out_h() * g.out_w();
+    bf16_scratch_->reserve(Bf16Copies::bytes_for(x, w, y));
   }
   return plan;
 }
 
-Bf16Copies CpuBackend::bf16_copies(const ConvPlan& plan, const Tensor* workspace, size_t bytes) {
+struct CpuBackend::PassMemory {
+  Bf16Copies copies;
+  ConvScratch scratch;
+};
+
+CpuBackend::PassMemory CpuBackend::pass_memory(const ConvPlan& plan, ConvStage stage,
+                                               const Tensor* workspace, const Tensor& a,
+                                               const Tensor& b) {
+  const size_t copy_bytes =
+      precision_ == Precision::bf16 ? Bf16Copies::bytes_for(a.numel(), b.numel()) : 0;
   if (plan.planned_workspace()) {
     // Checked against the plan's need, which covers every pass up to max_batch.
-    DP_ASSERT(workspace != nullptr && workspace->bytes() >= bytes);
-    return Bf16Copies(static_cast<char*>(workspace->data), workspace->bytes(), threads_);
+    const size_t copies = bf16_copy_bytes(plan.geometry(), stage);
+    DP_ASSERT(workspace != nullptr && workspace->bytes() >= copies && copy_bytes <= copies);
+    char* const data = static_cast<char*>(workspace->data);
+    return {Bf16Copies(data, copies, threads_),
+            ConvScratch{data + copies, workspace->bytes() - copies}};
   }
-  bf16_scratch_->reserve(bytes);
-  return Bf16Copies(*bf16_scratch_, threads_);
+  const ConvScratch shared = static_cast<const CpuConvPlan&>(plan).shared_scratch();
+  if (precision_ != Precision::bf16) return {Bf16Copies(nullptr, 0, threads_), shared};
+  bf16_scratch_->reserve(copy_bytes);
+  return {Bf16Copies(*bf16_scratch_, threads_), shared};
 }
 
 // The public ops checked that the plan is this backend's, so it is a CpuConvPlan. In bf16 the
-// passes run on rounded copies (bf16_cpu.hpp); the shared scratch grows here only for a pass
+// passes run on rounded copies (bf16_cpu.hpp); the bf16 scratch grows here only for a pass
 // larger than any planned (never in a planned step loop).
 void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w,
                                    const Tensor* b, const Tensor& y, const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
-  if (precision_ == Precision::fp32) return p.forward(x, w, b, y);
-  Bf16Copies copies = bf16_copies(plan, workspace, Bf16Copies::bytes_for(x.numel(), w.numel()));
-  const Tensor xr = copies.rounded(x), wr = copies.rounded(w);
-  p.forward(xr, wr, b, y);
+  PassMemory m = pass_memory(plan, ConvStage::forward, workspace, x, w);
+  if (precision_ == Precision::fp32) return p.forward(x, w, b, y, m.scratch);
+  const Tensor xr = m.copies.rounded(x), wr = m.copies.rounded(w);
+  p.forward(xr, wr, b, y, m.scratch);
   round_to_bf16_in_place(threads_, y.f32(), y.numel());
 }
 void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
                                          const Tensor& dx, const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
-  if (precision_ == Precision::fp32) return p.backward_data(dy, w, dx);
-  Bf16Copies copies = bf16_copies(plan, workspace, Bf16Copies::bytes_for(dy.numel(), w.numel()));
-  const Tensor dyr = copies.rounded(dy), wr = copies.rounded(w);
-  p.backward_data(dyr, wr, dx);
+  PassMemory m = pass_memory(plan, ConvStage::backward, workspace, dy, w);
+  if (precision_ == Precision::fp32) return p.backward_data(dy, w, dx, m.scratch);
+  const Tensor dyr = m.copies.rounded(dy), wr = m.copies.rounded(w);
+  p.backward_data(dyr, wr, dx, m.scratch);
   round_to_bf16_in_place(threads_, dx.f32(), dx.numel());
 }
 // dw and db stay fp32 (they feed the fp32 master weights); db sums the rounded dy, the tensor a
@@ -277,10 +315,10 @@ void CpuBackend::conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, cons
                                            const Tensor& dw, const Tensor* db,
                                            const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
-  if (precision_ == Precision::fp32) return p.backward_filter(x, dy, dw, db);
-  Bf16Copies copies = bf16_copies(plan, workspace, Bf16Copies::bytes_for(x.numel(), dy.numel()));
-  const Tensor xr = copies.rounded(x), dyr = copies.rounded(dy);
-  p.backward_filter(xr, dyr, dw, db);
+  PassMemory m = pass_memory(plan, ConvStage::backward, workspace, x, dy);
+  if (precision_ == Precision::fp32) return p.backward_filter(x, dy, dw, db, m.scratch);
+  const Tensor xr = m.copies.rounded(x), dyr = m.copies.rounded(dy);
+  p.backward_filter(xr, dyr, dw, db, m.scratch);
 }
 
 // ---- linear: bf16 around the fp32 passes (linear_cpu.cpp) ------------------------------------

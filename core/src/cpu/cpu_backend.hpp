@@ -179,10 +179,17 @@ class CpuBackend final : public Backend {
   void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
                                  const Tensor& dw, const Tensor* db,
                                  const Tensor* workspace) override;
-  /// The rounded copies of a bf16 pass: in the caller's workspace for a plan with a planned
-  /// workspace, else in the shared bf16 scratch, grown to `bytes` if a pass is larger than any
-  /// planned.
-  Bf16Copies bf16_copies(const ConvPlan& plan, const Tensor* workspace, size_t bytes);
+  /// What a convolution pass of `stage` on multiplicands a and b works in: bf16's rounded
+  /// copies of them (none in fp32) and the plan's scratch. A plan with a planned workspace has
+  /// both in the caller's workspace, the copies first (bf16_copy_bytes); any other runs in the
+  /// shared bf16 scratch, grown if a pass is larger than any planned, and the plans' shared
+  /// scratch.
+  struct PassMemory;
+  PassMemory pass_memory(const ConvPlan& plan, ConvStage stage, const Tensor* workspace,
+                         const Tensor& a, const Tensor& b);
+  /// The bytes of bf16's rounded copies at the start of a planned workspace of `stage` (0 in
+  /// fp32).
+  size_t bf16_copy_bytes(const ConvGeometry& g, ConvStage stage) const;
 
   void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
                            const Tensor& y) override;
