@@ -1,9 +1,9 @@
 // The memory plan: the placement function against its contract (no two buffers alive at once
 // share a byte, aligned, within [peak live, sum]), on hand-made and random lifetimes; the walk of
 // real models; and training with the plan computes the same bits as without it.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdint>
 #include <numeric>
 #include <random>
 
@@ -128,6 +128,33 @@ TEST_CASE("plan_memory: lifetimes that end before they start, and bad alignments
                     Catch::Contains("buffer 1 ends (step 4) before it starts (step 5)"));
   CHECK_THROWS_WITH(dp::plan_memory({{16, 0, 1}}, 48),
                     Catch::Contains("alignment must be a power of two, got 48"));
+}
+
+TEST_CASE("Arena: small buffers come from blocks that grow from 1 MiB, large ones on their own",
+          "[memory_plan]") {
+  auto backend = dp::create_backend({});
+  const size_t before = backend->memory_in_use();
+  const auto held = [&] { return backend->memory_in_use() - before; };
+  constexpr size_t MiB = size_t{1} << 20;
+  {
+    dp::Arena arena(*backend);  // blocks of up to 64 MiB
+    const dp::Tensor a = arena.allocate({1000});
+    CHECK(held() == MiB);                                  // not a 64 MiB block for 4 KB
+    for (int i = 0; i < 200; ++i) arena.allocate({1000});  // 804 KB in all: still the first
+    CHECK(held() == MiB);
+    const dp::Tensor b = arena.allocate({100000});  // does not fit the rest: a block of 2 MiB
+    CHECK(held() == 3 * MiB);
+    arena.allocate_bytes(3 * MiB);  // larger than the next block (4 MiB) leaves: 4 MiB
+    CHECK(held() == 7 * MiB);
+    arena.allocate_bytes(40 * MiB);  // half a largest block or more: a block of its own
+    CHECK(held() == 47 * MiB);
+    const dp::Tensor c = arena.allocate({1000});  // from what the 4 MiB block has left
+    CHECK(held() == 47 * MiB);
+    for (const dp::Tensor* t : {&a, &b, &c}) CHECK(reinterpret_cast<uintptr_t>(t->data) % 256 == 0);
+    // Each request rounded to 256 bytes: 202 of 4000 bytes, 400000, 3 MiB and 40 MiB.
+    CHECK(arena.bytes_used() == 202 * 4096 + 400128 + 43 * MiB);
+  }
+  CHECK(held() == 0);
 }
 
 TEST_CASE("The memory plan's walk of a residual block keeps what its backward reads alive",

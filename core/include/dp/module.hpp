@@ -22,11 +22,13 @@ namespace dp {
 
 class Communicator;
 
-/// Sub-allocates tensors for one replica from large blocks of backend memory. Everything is
-/// released when the Arena is destroyed.
+/// Sub-allocates tensors for one replica from blocks of backend memory: the first of 1 MiB, each
+/// next one twice the last, up to block_bytes; a request of half of block_bytes or more gets a
+/// block of its own. Everything is released when the Arena is destroyed.
 class Arena {
  public:
   explicit Arena(Backend& backend, size_t block_bytes = size_t{64} << 20);
+  static constexpr size_t kFirstBlock = size_t{1} << 20;
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -67,6 +69,7 @@ class Arena {
  private:
   Backend& backend_;
   size_t block_bytes_;
+  size_t next_block_;  // the size of the next small-request block
   std::vector<void*> blocks_;
   char* cursor_ = nullptr;
   size_t left_ = 0;
