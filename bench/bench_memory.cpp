@@ -1,13 +1,15 @@
 // Where a replica's memory goes, and what the memory plan saves (core/include/dp/memory_plan.hpp).
-// On the CPU backend (its arena holds what a GPU's would, without cuDNN's workspaces):
+// On the CPU backend (its arena holds what a GPU's would, with its convolution scratch where a GPU
+// has cuDNN's workspaces):
 //
 //   bench_memory [--model resnet18|lenet] [--batches 64,256,1024] [--layout nchw|nhwc]
 //
 // For each per-replica batch: one replica set up on a training set of one batch (so the data is
 // small and known), with the plan off and on. Prints the arena's bytes by kind: parameters,
 // gradients and optimizer state (the registry), the data and step tables, the planned buffers
-// (every layer's output and gradients) each on its own, as the plan places them and the least
-// any placement could use, and the rest (the layers' own small buffers), and what
+// (every layer's output and gradients, and each convolution's workspace: on the CPU backend its
+// scratch) each on its own, as the plan places them and the least any placement could use, and
+// the rest (the layers' own small buffers), and what
 // precision = "bf16" adds (plan on): the rounded operand copies, in each convolution's planned
 // workspace (the GPU's bf16 path keeps them there too, before cuDNN's workspace) and, for the
 // linear layer, in the backend's shared scratch. Nothing is timed; the figures are exact byte
@@ -125,8 +127,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "total: the backend's peak of allocated bytes (arena blocks, parameters, scratch);\n"
-      "planned: the layers' outputs and gradients, each on its own, as the plan placed them,\n"
-      "and the most alive at one step of a training step (no placement can use less);\n"
+      "planned: the layers' outputs and gradients and the convolutions' workspaces (their\n"
+      "scratch), each on its own, as the plan placed them, and the most alive at one step of\n"
+      "a training step (no placement can use less);\n"
       "unplanned: the rest of the arena (the layers' own small buffers, the step tables);\n"
       "bf16 adds: precision = \"bf16\"'s peak (plan on) less fp32's, the rounded operand\n"
       "copies (the convolutions' in their planned workspaces)\n");
