@@ -2,8 +2,10 @@
 // Convolution test helpers shared by the CPU convolution tests (test_cpu_conv.cpp,
 // test_cpu_winograd.cpp): a case's geometry, its random data, the naive double-precision
 // references of every pass, and a runner of the passes on one backend in either layout.
+#include <cmath>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "dp/backend.hpp"
 #include "support/check.hpp"
@@ -91,13 +93,15 @@ inline void conv_ref_grads(const ConvCase& cc, const fvec& x, const fvec& w, con
 // in NCHW order (the conversions are the test's, so the references stay NCHW loops). A plan made
 // with ConvUse::planned_workspace gets a workspace of its own per stage, of the bytes it asked
 // for, filled with NaNs before every pass: a pass that read its scratch before writing it would
-// show in its results.
+// show in its results. After each workspace come kCanaryFloats more NaNs, which a pass that
+// wrote past its workspace would overwrite (tails_intact()).
 struct ConvRunner {
   dp::Backend& backend;
   const ConvCase& cc;
   dp::Layout layout;
   std::unique_ptr<dp::ConvPlan> plan;
   dp::Tensor workspaces[2];
+  static constexpr int64_t kCanaryFloats = 1024;
 
   ConvRunner(dp::Backend& b, const ConvCase& c, dp::Layout l, const dp::ConvUse& use = {})
       : backend(b), cc(c), layout(l), plan(b.plan_conv(c.geometry(l), use)) {
@@ -107,8 +111,8 @@ struct ConvRunner {
       if (bytes == 0) continue;
       const auto floats = static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float));
       workspaces[static_cast<int>(stage)] =
-          dp::Tensor(backend.allocate(static_cast<size_t>(floats) * sizeof(float)), {floats},
-                     dp::DType::f32, backend.device());
+          dp::Tensor(backend.allocate(static_cast<size_t>(floats + kCanaryFloats) * sizeof(float)),
+                     {floats}, dp::DType::f32, backend.device());
     }
   }
   ~ConvRunner() {
@@ -117,12 +121,29 @@ struct ConvRunner {
   ConvRunner(const ConvRunner&) = delete;
   ConvRunner& operator=(const ConvRunner&) = delete;
 
-  /// The workspace of a pass of `stage`, poisoned; null for a plan that keeps its own.
+  /// The workspace of a pass of `stage`, poisoned, and its canary; null for a plan that keeps
+  /// its own (or needs none in that stage).
   const dp::Tensor* workspace(dp::ConvStage stage) const {
     const dp::Tensor& w = workspaces[static_cast<int>(stage)];
     if (w.data == nullptr) return nullptr;
-    backend.fill(w, std::numeric_limits<float>::quiet_NaN());
+    backend.fill(with_canary(w), std::numeric_limits<float>::quiet_NaN());
     return &w;
+  }
+  /// Whether every workspace's canary still holds its NaNs.
+  bool tails_intact() const {
+    for (const dp::Tensor& w : workspaces) {
+      if (w.data == nullptr) continue;
+      std::vector<float> all(static_cast<size_t>(w.numel() + kCanaryFloats));
+      backend.download(all.data(), w.data, all.size() * sizeof(float));
+      for (size_t i = static_cast<size_t>(w.numel()); i < all.size(); ++i)
+        if (!std::isnan(all[i])) return false;
+    }
+    return true;
+  }
+  static dp::Tensor with_canary(const dp::Tensor& w) {
+    dp::Tensor t = w;
+    t.shape = dp::Shape{w.numel() + kCanaryFloats};
+    return t;
   }
 
   dp::Shape xs(int64_t n) const { return {n, cc.c, cc.h, cc.w}; }

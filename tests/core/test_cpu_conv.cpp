@@ -243,9 +243,12 @@ TEST_CASE(
     "[cpu][ops][memory_plan]") {
   // ConvUse::planned_workspace: the plan keeps no scratch, says what its passes need
   // (workspace_bytes), and works in the workspace it is given, which the runner fills with NaNs
-  // before every pass. Each formulation (forced as above, and the automatic choice; "blas": the
-  // OpenBLAS kernels' im2col) must give the bits of the same plan without one, also for a batch
-  // size nobody declared (5 of the 7 planned: a oneDNN pass made in the step loop).
+  // before every pass and guards with a canary after it. Each formulation (forced as above, and
+  // the automatic choice; "blas": the OpenBLAS kernels' im2col) must give the bits of the same
+  // plan without one, also for a batch size nobody declared (5 of the 7 planned: a oneDNN pass
+  // made in the step loop). The planned plan has a backend of its own, whose memory must not grow
+  // in the passes it declared: a pass that needed more than its workspace would have run in the
+  // backend's shared scratch, grown for it.
   const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
   const std::string formulation =
       GENERATE("auto", "blas", "im2col", "native", "nhwc", "blocked", "winograd", "own-winograd");
@@ -258,11 +261,12 @@ TEST_CASE(
     const dptest::EnvVar forced("DPRUN_ONEDNN_CONV", formulation == "blas"
                                                          ? std::optional<std::string>()
                                                          : std::optional(formulation));
-    auto backend = make_cpu(2, kernels);
+    auto backend = make_cpu(2, kernels), planned_backend = make_cpu(2, kernels);
     dp::ConvUse planned_use;
     planned_use.planned_workspace = true;
     const ConvRunner own(*backend, cc, layout);
-    const ConvRunner planned(*backend, cc, layout, planned_use);
+    const ConvRunner planned(*planned_backend, cc, layout, planned_use);
+    const size_t set_up = planned_backend->peak_memory();
     CHECK(own.plan->workspace_bytes(dp::ConvStage::forward) == 0);
     // Every formulation works in some scratch: im2col's columns, Winograd's tiles, oneDNN's
     // reordered tensors and scratchpad.
@@ -279,7 +283,37 @@ TEST_CASE(
     CHECK(db[0] == db[1]);
     // Right, too (the NaNs would have shown as NaN or as a wrong value).
     check_close(planned.forward(x, w, &b), conv_ref(cc, x, w, &b), kForwardTolerance);
+    CHECK(planned.tails_intact());
+    if (cc.max_batch == 0) CHECK(planned_backend->peak_memory() == set_up);
   }
+}
+
+TEST_CASE(
+    "cpu conv: a plan with a planned workspace still runs a pass nobody declared, in its own "
+    "scratch",
+    "[cpu][ops][memory_plan]") {
+  // Declared for evaluation only, a oneDNN plan needs no backward workspace (workspace_bytes 0,
+  // so the caller gives none); its backward passes, made when first met, run in the backend's
+  // shared scratch and give the bits of a plan that declared them.
+  const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  INFO("layout " << name_of(layout));
+  const ConvCase& cc = kConvCases[6];  // 16->16 3x3: oneDNN's kernels in every direction
+  auto backend = make_cpu(2, dp::CpuKernels::onednn);
+  dp::ConvUse infer;
+  infer.infer_batches = {cc.n};
+  infer.planned_workspace = true;
+  const ConvRunner planned(*backend, cc, layout, infer);
+  const ConvRunner own(*backend, cc, layout);
+  CHECK(planned.plan->workspace_bytes(dp::ConvStage::forward) > 0);
+  CHECK(planned.plan->workspace_bytes(dp::ConvStage::backward) == 0);
+  const auto [x, w, b, dy] = conv_data(cc, 71);
+  CHECK(planned.forward(x, w, &b) == own.forward(x, w, &b));
+  CHECK(planned.backward_data(dy, w) == own.backward_data(dy, w));
+  fvec dw[2], db[2];
+  planned.backward_filter(x, dy, dw[0], &db[0]);
+  own.backward_filter(x, dy, dw[1], &db[1]);
+  CHECK(dw[0] == dw[1]);
+  CHECK(db[0] == db[1]);
 }
 
 TEST_CASE("cpu conv rejects bad shapes, layouts and dtypes with clear errors", "[cpu][ops]") {

@@ -54,8 +54,9 @@ struct ConvUse {
   bool input_grad = true;              // false: backward-data never runs (a model's first layer)
   /// The caller gives each pass its workspace (the `workspace` argument of the passes, 256-byte
   /// aligned) from memory it plans, as a Conv2d under the memory plan does: the backend then
-  /// keeps no convolution workspace of its own for this plan (cuDNN's, bf16's rounded operand
-  /// copies; its other scratch stays its own), and says how much each stage needs
+  /// keeps no convolution workspace of its own for this plan (cuDNN's, the CPU's convolution
+  /// scratch, bf16's rounded operand copies; a pass nobody declared that needs more runs in the
+  /// backend's own), and says how much each stage needs
   /// (ConvPlan::workspace_bytes). A workspace used only while one pass runs can share memory
   /// with buffers alive at other steps; one of the backend's own is held for the whole run.
   bool planned_workspace = false;

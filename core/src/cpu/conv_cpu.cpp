@@ -7,7 +7,7 @@
 //   backward filter  dw (K, C*R*S)      += dy_chunk * columns^T
 // The chunk makes the GEMM's N dimension large (LeNet's conv2 has only P*Q = 81 per image),
 // which is what lets the SGEMM run near peak. Chunks are spread over the backend's threads, each
-// with its own scratch from the plan; the SGEMM (oneDNN's or OpenBLAS's, see sgemm in
+// with its own part of the pass's scratch; the SGEMM (oneDNN's or OpenBLAS's, see sgemm in
 // cpu_kernels.hpp) runs single-threaded on the calling thread.
 #include <omp.h>
 

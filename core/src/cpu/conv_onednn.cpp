@@ -11,7 +11,7 @@
 // (PyTorch's parameter layout). Each pass (direction) runs one of six formulations:
 //   blocked  oneDNN with every format its choice ("any": channels in blocks of the vector
 //            width, nChw16c and OIhw16i16o on AVX-512), its inputs reordered into the backend's
-//            shared scratch before the pass and its outputs reordered back after.
+//            pass's scratch before the pass and its outputs reordered back after.
 //   native   oneDNN on the tensors' own layout, only the filters reordered (brgconv on NHWC).
 //   nhwc     for NCHW tensors: oneDNN's NHWC kernels, the activations reordered to NHWC and back.
 //   winograd the blocked formats with oneDNN's Winograd F(4x4, 3x3) algorithm (AVX-512).

@@ -402,13 +402,14 @@ class WinogradConvPlan final : public CpuConvPlan {
                ConvScratch scratch) override {
     const ConvGeometry& g = geometry();
     convolve(x, w, b ? static_cast<const float*>(b->data) : nullptr, y, g.in_channels,
-             g.out_channels, false, base(scratch));
+             g.out_channels, false, base(scratch, ConvStage::forward));
   }
 
   void backward_data(const Tensor& dy, const Tensor& w, const Tensor& dx,
                      ConvScratch scratch) override {
     const ConvGeometry& g = geometry();
-    convolve(dy, w, nullptr, dx, g.out_channels, g.in_channels, true, base(scratch));
+    convolve(dy, w, nullptr, dx, g.out_channels, g.in_channels, true,
+             base(scratch, ConvStage::backward));
   }
 
   void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor* db,
@@ -422,8 +423,8 @@ class WinogradConvPlan final : public CpuConvPlan {
 
  private:
   /// Where a pass's scratch starts (the transformed filters or the filter gradient's sums).
-  float* base(const ConvScratch& scratch) const {
-    return reinterpret_cast<float*>(scratch_for(scratch, scratch_bytes(ConvStage::forward)));
+  float* base(const ConvScratch& scratch, ConvStage stage) const {
+    return reinterpret_cast<float*>(scratch_for(scratch, scratch_bytes(stage)));
   }
   float* in_rows(float* base, int t) const { return base + shared_floats_ + t * in_rows_; }
   float* out_rows(float* base, int t) const {
@@ -507,7 +508,7 @@ void WinogradConvPlan::convolve(const Tensor& in, const Tensor& w, const float* 
 
 void WinogradConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                        const Tensor* db, ConvScratch scratch) {
-  float* const scratch_base = base(scratch);
+  float* const scratch_base = base(scratch, ConvStage::backward);
   const ConvGeometry& g = geometry();
   const int64_t n = x.shape[0], h = g.in_h, wd = g.in_w, tiles = th_ * tw_;
   const int64_t c = g.in_channels, k = g.out_channels;

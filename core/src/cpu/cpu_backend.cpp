@@ -275,9 +275,15 @@ CpuBackend::PassMemory CpuBackend::pass_memory(const ConvPlan& plan, ConvStage s
   const size_t copy_bytes =
       precision_ == Precision::bf16 ? Bf16Copies::bytes_for(a.numel(), b.numel()) : 0;
   if (plan.planned_workspace()) {
+    if (workspace == nullptr) {
+      // A stage the plan said needs nothing (an fp32 pass nobody declared, as backward of a plan
+      // made for evaluation): a pass that turns out to need scratch runs in the shared one.
+      DP_ASSERT(copy_bytes == 0);
+      return {Bf16Copies(nullptr, 0, threads_), ConvScratch{}};
+    }
     // Checked against the plan's need, which covers every pass up to max_batch.
     const size_t copies = bf16_copy_bytes(plan.geometry(), stage);
-    DP_ASSERT(workspace != nullptr && workspace->bytes() >= copies && copy_bytes <= copies);
+    DP_ASSERT(workspace->bytes() >= copies && copy_bytes <= copies);
     char* const data = static_cast<char*>(workspace->data);
     return {Bf16Copies(data, copies, threads_),
             ConvScratch{data + copies, workspace->bytes() - copies}};

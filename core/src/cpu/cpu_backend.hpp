@@ -113,9 +113,11 @@ void batchnorm_backward_nhwc(int threads, const Tensor& x, const Tensor& dy, con
                              const Tensor& dgamma, const Tensor& dbeta);
 
 /// Scratch shared by all convolution plans of one backend (oneDNN's reordered arguments and
-/// scratchpads): a replica runs one op at a time, so one buffer sized for the largest pass
-/// serves them all. It grows only when a plan is made (or a pass not declared at plan time is
-/// first met); the plans keep it alive, and it is released with the last of them.
+/// scratchpads, im2col's columns, the Winograd transforms): a replica runs one op at a time, so
+/// one buffer sized for the largest pass serves them all. It grows when a plan without a planned
+/// workspace is made, or when a pass not declared at plan time needs more than it was given
+/// (then also for a plan with one); the plans keep it alive, and it is released with the last
+/// of them.
 class SharedScratch {
  public:
   explicit SharedScratch(std::shared_ptr<MemoryTracker> memory) : memory_(std::move(memory)) {}
@@ -293,9 +295,10 @@ class CpuBackend final : public Backend {
   std::shared_ptr<MemoryTracker> memory_;
   std::weak_ptr<SharedScratch> shared_scratch_;
   Precision precision_ = Precision::fp32;
-  // bf16: the rounded copies of a pass's multiplicands (bf16_cpu.hpp), reserved at plan_conv and
-  // prepare_linear for the largest pass. Separate from the plans' scratch, which oneDNN uses
-  // while the copies are read.
+  // bf16: the rounded copies of a pass's multiplicands (bf16_cpu.hpp), reserved at plan_conv (for
+  // a plan without a planned workspace, whose copies otherwise go there) and prepare_linear for
+  // the largest pass. Separate from the plans' scratch, which the passes use while the copies
+  // are read.
   std::unique_ptr<SharedScratch> bf16_scratch_;
 };
 
