@@ -18,7 +18,9 @@
 // (no timing, no epoch). --json also writes the results, the device and the CUDA library versions
 // as loaded, for the machine-readable record scripts/gpu-check keeps (bench/results/): one row per
 // configuration with model, precision, layout, batch, graphs, bn, seconds_per_epoch (the real
-// epoch where one ran, else the projection) and peak_mb.
+// epoch where one ran, else the projection) and peak_mb, and where the peak goes ("memory":
+// the plan's block and its lower bound, the rest of the arena, parameters with their gradients
+// and optimizer state, and the backend's own, the rest).
 // Plugins: --plugins, else $DPRUN_PLUGIN_DIR, else the usual search path. Data: --data, else
 // $DPRUN_DATA / the standard folder; without data a synthetic set of the same shape is used
 // (and no real epoch is run).
@@ -184,10 +186,35 @@ struct Result {
   double projected_s = 0;
   double epoch_s = -1, eval_s = -1, test_acc = -1;
   double peak_mb = 0;
+  // Where the peak goes (replica 0): the memory plan's block (every layer's output and
+  // gradients, and each convolution's workspace: cuDNN's and bf16's copies) and the least any
+  // placement could use; the rest of the arena (batch-norm statistics, step tables, the data);
+  // parameters, gradients and optimizer state; and what is left of the peak, the backend's own
+  // (its scratch, cuBLAS's workspace, any cuDNN workspace outside the plan, the graphs'
+  // memory) and the unused tails of the arena's blocks. One replica: the peak is replica 0's.
+  double planned_mb = 0, planned_bound_mb = 0, arena_rest_mb = 0, parameters_mb = 0;
   std::string error;
   /// The real epoch where one ran, else the projection from the median step.
   double seconds_per_epoch() const { return epoch_s >= 0 ? epoch_s : projected_s; }
+  double backend_mb() const { return peak_mb - planned_mb - arena_rest_mb - parameters_mb; }
 };
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+/// The peak and where it goes (Result's memory fields).
+void account(Result& r, const dp::Trainer& trainer) {
+  r.peak_mb = mib(trainer.peak_memory_bytes());
+  const dp::Arena::PlanStats plan = trainer.memory_plan_stats();
+  r.planned_mb = mib(plan.placed);
+  r.planned_bound_mb = mib(plan.bound);
+  r.arena_rest_mb = mib(trainer.arena_bytes() - plan.placed);
+  const dp::ParamRegistry& registry = trainer.registry();
+  // Parameters and gradients, the optimizer's state buffers (as long as the parameters) and the
+  // batch-norm buffers, all f32.
+  const size_t states = registry.state_flat().size();
+  r.parameters_mb =
+      mib(((2 + states) * registry.parameter_floats() + registry.buffer_floats()) * sizeof(float));
+}
 
 /// Sets an environment variable for one scope (the CUDA backend reads DPRUN_CUDA_NHWC_BN when
 /// it is created).
@@ -254,7 +281,7 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
       dp::cuda_profiler_start();
       step();
       dp::cuda_profiler_stop();
-      r.peak_mb = static_cast<double>(trainer.peak_memory_bytes()) / (1024.0 * 1024.0);
+      account(r, trainer);
       return r;
     }
     std::vector<double> ms;
@@ -274,7 +301,7 @@ Result run(const Config& c, const Args& args, const dp::DatasetPair& data, bool 
       r.eval_s = e.eval_seconds;
       r.test_acc = e.test_acc;
     }
-    r.peak_mb = static_cast<double>(trainer.peak_memory_bytes()) / (1024.0 * 1024.0);
+    account(r, trainer);
   } catch (const std::exception& e) {
     r.error = e.what();
   }
@@ -321,6 +348,13 @@ std::string to_json(const Args& args, bool real_data, const std::vector<Result>&
         row.set("test_acc_after_1_epoch", Json::number(r.test_acc));
       }
       row.set("peak_mb", Json::number(r.peak_mb));
+      Json memory = Json::object();
+      memory.set("planned_mb", Json::number(r.planned_mb));
+      memory.set("planned_bound_mb", Json::number(r.planned_bound_mb));
+      memory.set("arena_rest_mb", Json::number(r.arena_rest_mb));
+      memory.set("parameters_mb", Json::number(r.parameters_mb));
+      memory.set("backend_mb", Json::number(r.backend_mb()));
+      row.set("memory", memory);
     }
     rows.push(row);
   }
@@ -409,9 +443,9 @@ int main(int argc, char** argv) {
     results.push_back(run(c, args, data, real_data));
   }
 
-  std::printf("\n%-9s %-6s %-5s %5s %-6s %-5s %10s %10s %13s %10s %9s %9s %9s\n", "model",
+  std::printf("\n%-9s %-6s %-5s %5s %-6s %-5s %10s %10s %13s %10s %9s %9s %9s %9s %9s\n", "model",
               "layout", "math", "batch", "graphs", "bn", "median ms", "min ms", "proj. s/ep",
-              "epoch s", "eval s", "test acc", "peak MB");
+              "epoch s", "eval s", "test acc", "peak MB", "plan MB", "own MB");
   int failures = 0;
   for (const auto& r : results) {
     const Config& c = r.config;
@@ -428,11 +462,17 @@ int main(int argc, char** argv) {
       std::snprintf(eval, sizeof eval, "%.3f", r.eval_s);
       std::snprintf(acc, sizeof acc, "%.4f", r.test_acc);
     }
-    std::printf("%-9s %-6s %-5s %5lld %-6s %-5s %10.3f %10.3f %13.3f %10s %9s %9s %9.1f\n",
-                c.model.c_str(), dp::layout_name(c.layout), c.precision(),
-                static_cast<long long>(c.batch), c.graphs ? "yes" : "no", c.bn(), r.median_ms,
-                r.min_ms, r.projected_s, epoch, eval, acc, r.peak_mb);
+    std::printf(
+        "%-9s %-6s %-5s %5lld %-6s %-5s %10.3f %10.3f %13.3f %10s %9s %9s %9.1f %9.1f %9.1f\n",
+        c.model.c_str(), dp::layout_name(c.layout), c.precision(), static_cast<long long>(c.batch),
+        c.graphs ? "yes" : "no", c.bn(), r.median_ms, r.min_ms, r.projected_s, epoch, eval, acc,
+        r.peak_mb, r.planned_mb, r.backend_mb());
   }
+  std::printf(
+      "plan MB: the memory plan's block (outputs, gradients, each convolution's workspace); own "
+      "MB: the peak less that block, the rest of the arena's buffers, the parameters, gradients "
+      "and optimizer state (the backend's scratch, cuBLAS's workspace, graphs, the tails of the "
+      "arena's blocks)\n");
   std::printf("PyTorch on this GPU, measured in the same call: bench/pytorch_gpu.py "
               "(scripts/gpu-check's pytorch phase)\n");
   if (!args.json.empty()) {
