@@ -220,6 +220,10 @@ std::vector<Candidate> candidates(const Perf* perf, int returned,
   return out;
 }
 
+constexpr std::array<int, 3> kAlgoCount = {CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT};
+
 /// The workspace algorithm `algo` needs in `direction`, run with the math type now set on the
 /// batch's descriptor of that direction.
 cudnnStatus_t workspace_size(cudnnHandle_t cudnn, const CudnnConvPlan& plan, const ConvBatch& b,
@@ -237,6 +241,31 @@ cudnnStatus_t workspace_size(cudnnHandle_t cudnn, const CudnnConvPlan& plan, con
   return cudnnGetConvolutionBackwardFilterWorkspaceSize(
       cudnn, b.x, b.y, conv, plan.w_desc, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
       bytes);
+}
+
+/// The most workspace, up to `limit`, that an algorithm contract c allows needs in `direction`
+/// at this batch, with any math type c may run it with: what timing them takes. Leaves the
+/// descriptor's math type as it found it.
+size_t timing_workspace(cudnnHandle_t cudnn, const CudnnConvPlan& plan, const ConvBatch& b,
+                        int direction, ConvContract c, size_t limit) {
+  cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
+  cudnnMathType_t before = CUDNN_DEFAULT_MATH;
+  CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &before));
+  const auto d = static_cast<ConvDirection>(direction);
+  size_t most = 0;
+  for (int algo = 0; algo < kAlgoCount[static_cast<size_t>(direction)]; ++algo) {
+    for (const ConvMath math : {ConvMath::fma, ConvMath::default_math, ConvMath::tensor_op}) {
+      if (!conv_contract_allows(c, d, algo, math)) continue;
+      CUDNN_CHECK(cudnnSetConvolutionMathType(conv, static_cast<cudnnMathType_t>(math)));
+      size_t ws = 0;
+      if (workspace_size(cudnn, plan, b, direction, algo, &ws) == CUDNN_STATUS_SUCCESS &&
+          ws <= limit) {
+        most = std::max(most, ws);
+      }
+    }
+  }
+  CUDNN_CHECK(cudnnSetConvolutionMathType(conv, before));
+  return most;
 }
 
 }  // namespace
@@ -503,26 +532,29 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
     Scratch x(*this, stream_, floats(b.n * g.in_channels * g.in_h * g.in_w));
     Scratch y(*this, stream_, floats(b.n * g.out_channels * g.out_h() * g.out_w()));
     Scratch w(*this, stream_, floats(plan.filter_numel()));
-    Scratch ws(*this, stream_, limit);
+    // Not the whole limit: for most layers the algorithms need far less, and the run's peak
+    // (recorded with each trial) would show a 256 MiB allocation that only timing made.
+    const size_t room = timing_workspace(cudnn_, plan, b, direction, contract_, limit);
+    Scratch ws(*this, stream_, room);
     int returned = 0;
     if (direction == kForward) {
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           cudnn_, b.x, x.get(), plan.w_desc, w.get(), conv, b.y, y.get(),
-          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws.get(), limit));
+          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws.get(), room));
       return fastest(perf, returned, limit, contract_, dir);
     }
     if (direction == kBackwardData) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
           cudnn_, plan.w_desc, w.get(), b.y, y.get(), conv, b.x, x.get(),
-          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf, ws.get(), limit));
+          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf, ws.get(), room));
       return fastest(perf, returned, limit, contract_, dir);
     }
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
         cudnn_, b.x, x.get(), b.y, y.get(), conv, plan.w_desc, w.get(),
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf, ws.get(), limit));
+        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf, ws.get(), room));
     return fastest(perf, returned, limit, contract_, dir);
   };
   const auto give_up = [&](const std::string& why) {
@@ -686,10 +718,6 @@ bool known_deterministic(ConvDirection d, int algo) {
   }
   return true;
 }
-
-constexpr std::array<int, 3> kAlgoCount = {CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT};
 
 }  // namespace
 

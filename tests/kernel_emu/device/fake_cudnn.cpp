@@ -185,6 +185,19 @@ void check_scribble(const void* workspace, size_t need, const char* call) {
   }
 }
 
+/// What a Find*Ex call does with the workspace it is given: it times the algorithms in it (so the
+/// whole of it is written), and an algorithm that needs more than it holds is not run: its
+/// result's status is not a success.
+template <typename Perf>
+cudnnStatus_t timed_in(void* workspace, size_t bytes, Perf* perf, int returned) {
+  if (bytes > 0 && workspace == nullptr) return CUDNN_STATUS_BAD_PARAM;
+  scribble(workspace, bytes);
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].memory > bytes) perf[i].status = CUDNN_STATUS_NOT_SUPPORTED;
+  }
+  return CUDNN_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -302,8 +315,10 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnT
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
     cudnnHandle_t h, const cudnnTensorDescriptor_t x, const void*, const cudnnFilterDescriptor_t w,
     const void*, const cudnnConvolutionDescriptor_t conv, const cudnnTensorDescriptor_t y, void*,
-    const int requested, int* returned, cudnnConvolutionFwdAlgoPerf_t* perf, void*, size_t) {
-  return cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, conv, y, requested, returned, perf);
+    const int requested, int* returned, cudnnConvolutionFwdAlgoPerf_t* perf, void* workspace,
+    size_t bytes) {
+  cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, conv, y, requested, returned, perf);
+  return timed_in(workspace, bytes, perf, *returned);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
     cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t,
@@ -318,8 +333,10 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
     cudnnHandle_t h, const cudnnFilterDescriptor_t w, const void*, const cudnnTensorDescriptor_t dy,
     const void*, const cudnnConvolutionDescriptor_t conv, const cudnnTensorDescriptor_t dx, void*,
-    const int requested, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf, void*, size_t) {
-  return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, dy, conv, dx, requested, returned, perf);
+    const int requested, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf, void* workspace,
+    size_t bytes) {
+  cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, dy, conv, dx, requested, returned, perf);
+  return timed_in(workspace, bytes, perf, *returned);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
@@ -334,9 +351,10 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
     cudnnHandle_t h, const cudnnTensorDescriptor_t x, const void*, const cudnnTensorDescriptor_t dy,
     const void*, const cudnnConvolutionDescriptor_t conv, const cudnnFilterDescriptor_t dw, void*,
-    const int requested, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void*, size_t) {
-  return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, dy, conv, dw, requested, returned,
-                                                       perf);
+    const int requested, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf, void* workspace,
+    size_t bytes) {
+  cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, dy, conv, dw, requested, returned, perf);
+  return timed_in(workspace, bytes, perf, *returned);
 }
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t,
