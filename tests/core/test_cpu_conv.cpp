@@ -46,6 +46,19 @@ constexpr double kForwardTolerance = 3e-5;
 
 const char* name_of(dp::Layout l) { return dp::layout_name(l); }
 
+// Every pass of `a` gives the bits of the same pass of `b`, on the case's data from `seed`.
+void check_same_bits(const ConvRunner& a, const ConvRunner& b, const ConvCase& cc, uint64_t seed) {
+  const auto [x, w, bias, dy] = conv_data(cc, seed);
+  CHECK(a.forward(x, w, &bias) == b.forward(x, w, &bias));
+  CHECK(a.forward(x, w, nullptr) == b.forward(x, w, nullptr));
+  CHECK(a.backward_data(dy, w) == b.backward_data(dy, w));
+  fvec dw[2], db[2];
+  a.backward_filter(x, dy, dw[0], &db[0]);
+  b.backward_filter(x, dy, dw[1], &db[1]);
+  CHECK(dw[0] == dw[1]);
+  CHECK(db[0] == db[1]);
+}
+
 }  // namespace
 
 TEST_CASE("cpu conv forward matches a naive reference", "[cpu][ops]") {
@@ -272,16 +285,9 @@ TEST_CASE(
     // reordered tensors and scratchpad.
     CHECK(planned.plan->workspace_bytes(dp::ConvStage::forward) > 0);
     CHECK(planned.plan->workspace_bytes(dp::ConvStage::backward) > 0);
-    const auto [x, w, b, dy] = conv_data(cc, 61);
-    CHECK(planned.forward(x, w, &b) == own.forward(x, w, &b));
-    CHECK(planned.forward(x, w, nullptr) == own.forward(x, w, nullptr));
-    CHECK(planned.backward_data(dy, w) == own.backward_data(dy, w));
-    fvec dw[2], db[2];
-    planned.backward_filter(x, dy, dw[0], &db[0]);
-    own.backward_filter(x, dy, dw[1], &db[1]);
-    CHECK(dw[0] == dw[1]);
-    CHECK(db[0] == db[1]);
+    check_same_bits(planned, own, cc, 61);
     // Right, too (the NaNs would have shown as NaN or as a wrong value).
+    const auto [x, w, b, dy] = conv_data(cc, 61);
     check_close(planned.forward(x, w, &b), conv_ref(cc, x, w, &b), kForwardTolerance);
     CHECK(planned.tails_intact());
     if (cc.max_batch == 0) CHECK(planned_backend->peak_memory() == set_up);
@@ -306,14 +312,7 @@ TEST_CASE(
   const ConvRunner own(*backend, cc, layout);
   CHECK(planned.plan->workspace_bytes(dp::ConvStage::forward) > 0);
   CHECK(planned.plan->workspace_bytes(dp::ConvStage::backward) == 0);
-  const auto [x, w, b, dy] = conv_data(cc, 71);
-  CHECK(planned.forward(x, w, &b) == own.forward(x, w, &b));
-  CHECK(planned.backward_data(dy, w) == own.backward_data(dy, w));
-  fvec dw[2], db[2];
-  planned.backward_filter(x, dy, dw[0], &db[0]);
-  own.backward_filter(x, dy, dw[1], &db[1]);
-  CHECK(dw[0] == dw[1]);
-  CHECK(db[0] == db[1]);
+  check_same_bits(planned, own, cc, 71);
 }
 
 TEST_CASE("cpu conv rejects bad shapes, layouts and dtypes with clear errors", "[cpu][ops]") {
