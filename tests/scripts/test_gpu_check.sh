@@ -136,6 +136,22 @@ check "a failing test under a clean sanitizer fails the phase (exit $rc)" test $
 check "the failing run is marked NOT clean" grep -q "memcheck test_core.*NOT clean" "$T/log"
 sanitize STANDIN_CORE_FAILS=1 STANDIN_CORE_RC=0; rc=$?
 check "a failed test summary with exit 0 fails the phase too (exit $rc)" test $rc -ne 0
+# --sanitizers: the tools named, no others (a device call fits two or three of them, not four).
+sanitize_with() {
+  (cd "$T/repo" && env PATH="$T/bin:$PATH" PYTHONPATH="$T/py:$T/py2" OUT="$T/out" \
+    DPRUN_GPU_PREFIX="$T/prefix" bash scripts/gpu-check --phases sanitize "$@" >"$T/log" 2>&1)
+}
+sanitize_with --sanitizers memcheck,synccheck --sanitizer-timeout 60; rc=$?
+check "--sanitizers memcheck,synccheck passes (exit $rc)" test $rc -eq 0
+check "the sanitize record has exactly memcheck and synccheck" python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["result"]
+assert [t["tool"] for t in r["tools"]] == ["memcheck", "synccheck"], r["tools"]
+assert all(t["clean"] for t in r["tools"])
+' "$T/out/record-sanitize.json"
+sanitize_with --sanitizers memcheck,asan; rc=$?
+check "an unknown sanitizer is refused (exit $rc)" test $rc -ne 0
+check "the refusal names it" grep -q "unknown sanitizer 'asan'" "$T/log"
 
 run LD_LIBRARY_PATH="/opt/x::"
 path=$(cat "$T/out/ld_library_path" 2>/dev/null)
