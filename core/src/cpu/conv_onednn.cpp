@@ -323,10 +323,6 @@ class OnednnConvPlan final : public CpuConvPlan {
   /// The pass of `direction` at batch `n`, created now if it was not (then counted as late
   /// unless at plan time; at plan time its scratch counts in scratch_bytes()).
   Pass& pass(int64_t n, Direction direction, bool at_plan_time);
-  /// Where pass `p` runs: in `given`, or where it needs more, in the shared scratch.
-  char* scratch_of(const Pass& p, const ConvScratch& given) const {
-    return scratch_for(given, p.scratch_bytes);
-  }
   Pass make_pass(int64_t n, Direction direction, Formulation formulation) const;
   /// The forward primitive descriptor in formulation `f` (also the hint of the backward ones).
   dnnl::convolution_forward::primitive_desc forward_pd(int64_t n, Formulation f) const;
@@ -568,7 +564,7 @@ void OnednnConvPlan::forward(const Tensor& x, const Tensor& w, const Tensor* b, 
   }
   const OmpThreads scope(threads_);
   Pass& p = pass(x.shape[0], kForward, false);
-  run(p, {x.data, w.data, b ? b->data : zero_bias_, y.data}, scratch_of(p, scratch),
+  run(p, {x.data, w.data, b ? b->data : zero_bias_, y.data}, scratch_for(scratch, p.scratch_bytes),
       context_->stream);
 }
 
@@ -582,7 +578,7 @@ void OnednnConvPlan::backward_data(const Tensor& dy, const Tensor& w, const Tens
   }
   const OmpThreads scope(threads_);
   Pass& p = pass(dy.shape[0], kBackwardData, false);
-  run(p, {dy.data, w.data, dx.data}, scratch_of(p, scratch), context_->stream);
+  run(p, {dy.data, w.data, dx.data}, scratch_for(scratch, p.scratch_bytes), context_->stream);
 }
 
 void OnednnConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
@@ -595,8 +591,8 @@ void OnednnConvPlan::backward_filter(const Tensor& x, const Tensor& dy, const Te
   }
   const OmpThreads scope(threads_);
   Pass& p = pass(x.shape[0], kBackwardWeights, false);
-  run(p, {x.data, dy.data, dw.data, db ? db->data : unused_bias_grad_}, scratch_of(p, scratch),
-      context_->stream);
+  run(p, {x.data, dy.data, dw.data, db ? db->data : unused_bias_grad_},
+      scratch_for(scratch, p.scratch_bytes), context_->stream);
 }
 
 }  // namespace

@@ -252,15 +252,12 @@ std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, cons
       need_workspace(*plan, stage, bf16_copy_bytes(g, stage) + plan->scratch_bytes(stage));
     return plan;
   }
-  shared->reserve(
-      std::max(plan->scratch_bytes(ConvStage::forward), plan->scratch_bytes(ConvStage::backward)));
-  if (precision_ == Precision::bf16) {
-    // Every pass's two rounded multiplicands fit in x + w + dy at max_batch.
-    const int64_t x = g.max_batch * g.in_channels * g.in_h * g.in_w;
-    const int64_t w = g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
-    const int64_t y = g.max_batch * g.out_channels * g.out_h() * g.out_w();
-    bf16_scratch_->reserve(Bf16Copies::bytes_for(x, w, y));
-  }
+  using S = ConvStage;
+  shared->reserve(std::max(plan->scratch_bytes(S::forward), plan->scratch_bytes(S::backward)));
+  // Every pass's rounded copies fit in its stage's (bf16_scratch_ grows for a larger one).
+  if (precision_ == Precision::bf16)
+    bf16_scratch_->reserve(
+        std::max(bf16_copy_bytes(g, S::forward), bf16_copy_bytes(g, S::backward)));
   return plan;
 }
 
