@@ -12,6 +12,7 @@
 #include "dp/memory_plan.hpp"
 #include "dp/trainer.hpp"
 #include "engine_test_util.hpp"
+#include "support/check.hpp"
 
 namespace {
 
@@ -359,13 +360,8 @@ TEST_CASE(
   options.precision = dp::Precision::bf16;
   auto backend = dp::create_backend(options);
   auto fp32 = dp::create_backend({});
-  dp::ConvGeometry g;
-  g.max_batch = 3;
-  g.in_channels = 2;
-  g.in_h = g.in_w = 5;
-  g.out_channels = 4;
-  g.kernel_h = g.kernel_w = 3;
-  g.pad_h = g.pad_w = 1;
+  // Up to 3 images of 2 x 5 x 5, 4 filters of 3 x 3, stride 1, padding 1.
+  const dp::ConvGeometry g = dptest::conv_geometry(3, 2, 5, 5, 4, 3, 3, 1, 1, 1, 1);
   dp::ConvUse own_use, planned_use;
   planned_use.planned_workspace = true;
   auto own = backend->plan_conv(g, own_use);
