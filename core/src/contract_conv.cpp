@@ -104,6 +104,11 @@ void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, con
   const int64_t n = plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x");
   check.f32(w, filter_shape(g), "w");
   check.optional_f32(b, {g.out_channels}, "b");
+  if (b != nullptr && !plan.forward_bias()) {
+    check.fail(
+        "a bias was given to a plan made with ConvUse::forward_bias = false (declare the "
+        "bias when the plan is made)");
+  }
   check.f32(y, {n, g.out_channels, g.out_h(), g.out_w()}, "y");
   plan_layout(check, g, y, "y");
   check_workspace(check, plan, ConvStage::forward, workspace);

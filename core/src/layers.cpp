@@ -130,6 +130,7 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   use.input_grad = ctx.input_grad;
   // Under the memory plan each pass's workspace is a buffer of its own step.
   use.planned_workspace = ctx.arena.memory_plan();
+  use.forward_bias = b_.valid() && !bias_folded_;  // a folded bias is the batch norm's
   plan_ = ctx.backend.plan_conv(g, use);
   for (const ConvStage stage : {ConvStage::forward, ConvStage::backward}) {
     Tensor& ws = workspace_[static_cast<int>(stage)];

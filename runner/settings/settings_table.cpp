@@ -195,8 +195,9 @@ const SettingTable& builtin_settings() {
        .identity = true,
        .help = "arithmetic of convolutions and linear layers: \"bf16\" rounds their inputs and "
                "outputs to bfloat16 and accumulates in fp32; master weights, optimizer, batch "
-               "norm and loss stay fp32 (both backends compute it on fp32 tensors, the GPU with "
-               "TF32 math, exact on bf16 values: bf16's results, not yet its speed or memory)"},
+               "norm and loss stay fp32 (both backends keep fp32 tensors; the GPU runs cuBLAS's "
+               "and cuDNN's bf16 kernels where they give these values, else TF32 math, exact on "
+               "bf16 values: bf16's results, not yet its memory)"},
       {.key = "allow_tf32",
        .column = "allow_tf32",
        .type = T::boolean,

@@ -28,7 +28,9 @@
 
 #include "cuda_test_util.hpp"
 #include "dp/backend.hpp"
+#include "dp/conv_contract.hpp"
 #include "support/check.hpp"
+#include "support/env_var.hpp"
 #include "support/train_steps.hpp"
 
 using dp::DType;
@@ -95,7 +97,8 @@ void check_gradient(const std::string& what, const std::vector<float>& gpu,
 
 using cudatest::ConvCase;
 
-void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout) {
+/// cudnn_bf16: whether cuDNN takes bf16 data at all (the emulated one can refuse it).
+void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout, bool cudnn_bf16 = true) {
   const std::string what =
       "conv n=" + std::to_string(cc.n) + " c=" + std::to_string(cc.c) + " " + std::to_string(cc.h) +
       "x" + std::to_string(cc.w) + " k=" + std::to_string(cc.k) + " " + std::to_string(cc.r) + "x" +
@@ -103,7 +106,20 @@ void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout) {
   INFO(what);
   const dp::ConvGeometry g = cc.geometry(layout);
   auto cpu_plan = B.cpu->plan_conv(cc.geometry());
-  auto gpu_plan = B.gpu->plan_conv(g);
+  // Declared as a layer declares it: without a bias, the forward runs cuDNN's bf16 kernels.
+  dp::ConvUse use;
+  use.forward_bias = cc.bias;
+  auto gpu_plan = B.gpu->plan_conv(g, use);
+  // Which passes give cuDNN packed bf16 data (their measured choices are keyed apart): the
+  // forward without a bias and backward-data; backward-filter, whose fp32 gradient cuDNN gives
+  // only from fp32 data, never.
+  const auto bf16_data = [&](dp::ConvDirection d) {
+    return dp::cuda_conv_choice_key(*B.gpu, *gpu_plan, d, cc.n).key.find(" data bf16") !=
+           std::string::npos;
+  };
+  CHECK(bf16_data(dp::ConvDirection::forward) == (cudnn_bf16 && !cc.bias));
+  CHECK(bf16_data(dp::ConvDirection::backward_data) == cudnn_bf16);
+  CHECK_FALSE(bf16_data(dp::ConvDirection::backward_filter));
   const int64_t p = g.out_h(), q = g.out_w();
   const bool nhwc = layout == Layout::nhwc;
   const auto to_gpu = [&](const std::vector<float>& v, int64_t c, int64_t h, int64_t w) {
@@ -172,6 +188,23 @@ TEST_CASE("cuda bf16 conv forward/backward equal the cpu's bf16 up to summation 
   }
 }
 
+TEST_CASE(
+    "cuda bf16 conv: where cuDNN refuses bf16 data, fp32 kernels on rounded copies give "
+    "the same values",
+    "[cuda][bf16]") {
+  Bf16Backends B;
+  if (B.gpu->device_description().find("dprun emulated GPU") == std::string::npos) {
+    WARN(
+        "not run: it needs the emulated GPU's cuDNN, which can refuse bf16 data "
+        "(DPRUN_EMULATED_CUDNN_NO_BF16)");
+    return;
+  }
+  const dptest::EnvVar no_bf16("DPRUN_EMULATED_CUDNN_NO_BF16", "1");
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    check_conv(B, {16, 16, 64, 7, 7, 64, 3, 3, 1, 1, false}, layout, /*cudnn_bf16=*/false);
+  }
+}
+
 TEST_CASE("cuda bf16 linear forward/backward equal the cpu's bf16 up to summation order",
           "[cuda][bf16]") {
   Bf16Backends B;
@@ -232,8 +265,9 @@ TEST_CASE("cuda bf16 passes planned at setup allocate nothing later, also under 
           "[cuda][bf16]") {
   // Heuristic choice (Bf16Backends): nothing is timed, so no measurement scratch hides an
   // allocation in the peak; memory_in_use is checked too. The linear layer needs more bf16
-  // scratch than the convolution (64x100 + 50x100 + 64x50 floats against 8x4x9x9 + 8x3x9x9), so
-  // prepare_linear's sizing is what is tested for it.
+  // scratch than the convolution (packed bf16 copies of 64x100 + 50x100 + 64x50 values, 7360
+  // floats with their padding, against backward-filter's rounded fp32 copies of 8x3x9x9 + 8x4x9x9,
+  // 4608 floats), so prepare_linear's sizing is what is tested for it.
   Bf16Backends B;
   auto plan = B.gpu->plan_conv(dptest::conv_geometry(8, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1));
   const int64_t n = 64, in = 100, out = 50;
@@ -295,11 +329,11 @@ TEST_CASE("cuda bf16 passes planned at setup allocate nothing later, also under 
   const size_t before_growth = B.gpu->memory_in_use();
   B.gpu->linear_forward(bx.tensor(), lw.tensor(), nullptr, by.tensor());
   B.gpu->synchronize();
-  // The whole new scratch is added (rounded copies of x and w, each padded to 64 floats); freeing
-  // the old one would have added only the difference.
-  const auto padded = [](int64_t floats) { return (floats + 63) / 64 * 64; };
+  // The whole new scratch is added (packed bf16 copies of x and w, 2 bytes a value, each padded
+  // to 256 bytes); freeing the old one would have added only the difference.
+  const auto packed = [](int64_t values) { return (values * 2 + 255) / 256 * 256; };
   CHECK(B.gpu->memory_in_use() ==
-        before_growth + static_cast<size_t>(padded(2 * n * in) + padded(out * in)) * sizeof(float));
+        before_growth + static_cast<size_t>(packed(2 * n * in) + packed(out * in)));
   clear();
   B.gpu->replay(*captured);
   B.gpu->synchronize();

@@ -270,32 +270,43 @@ void check_every_algorithm(const ConvShape& cs, std::vector<ConvContract> contra
     if (!slot) slot = cpu_reference(cs, cpu_oracle(contract));
     const Reference& ref = *slot;
     auto gpu = gpu_backend(contract, dp::ConvChoice::heuristic);
+    // bf16's forward runs other kernels with and without a bias (ConvUse::forward_bias: cuDNN's
+    // bf16 kernels without, fp32 kernels on rounded copies with): both are run.
+    const std::vector<bool> bias_declared =
+        contract == ConvContract::bf16 ? std::vector<bool>{false, true} : std::vector<bool>{true};
     for (Layout layout : {Layout::nchw, Layout::nhwc}) {
-      auto plan = gpu->plan_conv(cs.geometry(layout));
-      for (ConvDirection d : kDirections) {
-        const auto algorithms = dp::cuda_conv_algorithms(*gpu, *plan, d, cs.n);
-        INFO(cs.what << " " << cs.geometry(layout).str() << ", " << dp::conv_contract_name(contract)
-                     << ", " << dp::conv_direction_name(d));
-        // The GEMM-like algorithms run every shape: a contract with nothing to run is a bug.
-        CHECK_FALSE(algorithms.empty());
-        for (const dp::ConvAlgorithm& a : algorithms) {
-          INFO(a.str());
-          REQUIRE(dp::conv_contract_allows(contract, d, a.algo, a.math));
-          dp::cuda_use_conv_algorithm(*gpu, *plan, a);
-          CHECK(dp::cuda_conv_choice(*gpu, *plan, d, cs.n).algo == a.algo);
-          const std::vector<float> actual = run_direction(*gpu, *plan, d, cs, layout, ref);
-          int64_t outside = 0;
-          const ConvFamily family = dp::conv_family(d, a.algo);
-          const double used =
-              worst_fraction(actual, expected_of(ref, d), magnitude_of(ref, d), contract, family,
-                             sum_length(cs, d), &outside, d != ConvDirection::backward_filter);
-          std::printf("conv-algorithm %-24s %-5s %-10s %-15s %-22s %-9s %-10s %6.3f of bound\n",
-                      cs.what.c_str(), dp::layout_name(layout), dp::conv_contract_name(contract),
-                      dp::conv_direction_name(d), dp::conv_algorithm_name(d, a.algo).c_str(),
-                      dp::conv_family_name(family), dp::conv_math_name(a.math), used);
-          INFO(outside << " of " << actual.size() << " outputs outside the contract's bound; "
-                       << "worst at " << used << " of it");
-          CHECK(outside == 0);
+      for (const bool bias : bias_declared) {
+        dp::ConvUse use;
+        use.forward_bias = bias;
+        auto plan = gpu->plan_conv(cs.geometry(layout), use);
+        for (ConvDirection d : kDirections) {
+          if (bias && contract == ConvContract::bf16 && d != ConvDirection::forward) continue;
+          const auto algorithms = dp::cuda_conv_algorithms(*gpu, *plan, d, cs.n);
+          INFO(cs.what << " " << cs.geometry(layout).str() << ", "
+                       << dp::conv_contract_name(contract) << ", " << dp::conv_direction_name(d)
+                       << (bias ? "" : ", declared without a bias"));
+          // The GEMM-like algorithms run every shape: a contract with nothing to run is a bug.
+          CHECK_FALSE(algorithms.empty());
+          for (const dp::ConvAlgorithm& a : algorithms) {
+            INFO(a.str());
+            REQUIRE(dp::conv_contract_allows(contract, d, a.algo, a.math));
+            dp::cuda_use_conv_algorithm(*gpu, *plan, a);
+            CHECK(dp::cuda_conv_choice(*gpu, *plan, d, cs.n).algo == a.algo);
+            const std::vector<float> actual = run_direction(*gpu, *plan, d, cs, layout, ref);
+            int64_t outside = 0;
+            const ConvFamily family = dp::conv_family(d, a.algo);
+            const double used =
+                worst_fraction(actual, expected_of(ref, d), magnitude_of(ref, d), contract, family,
+                               sum_length(cs, d), &outside, d != ConvDirection::backward_filter);
+            std::printf("conv-algorithm %-24s %-5s %-10s %-15s %-22s %-9s %-10s %6.3f of bound%s\n",
+                        cs.what.c_str(), dp::layout_name(layout), dp::conv_contract_name(contract),
+                        dp::conv_direction_name(d), dp::conv_algorithm_name(d, a.algo).c_str(),
+                        dp::conv_family_name(family), dp::conv_math_name(a.math), used,
+                        bias ? "" : " (no bias: bf16 data)");
+            INFO(outside << " of " << actual.size() << " outputs outside the contract's bound; "
+                         << "worst at " << used << " of it");
+            CHECK(outside == 0);
+          }
         }
       }
     }

@@ -59,6 +59,10 @@ BackendCases::BackendCases(dp::Backend& backend)
   storage_->plans.push_back(B.plan_conv(g));
   // The calls capture everything by value (they outlive this constructor).
   dp::ConvPlan* const plan = storage_->plans.back().get();
+  dp::ConvUse without_bias;
+  without_bias.forward_bias = false;
+  storage_->plans.push_back(B.plan_conv(g, without_bias));
+  dp::ConvPlan* const plan_without_bias = storage_->plans.back().get();
   dp::Backend* const bk = &backend_;
   const Tensor x = buf({3, 2, 5, 5}), w = buf({4, 2, 3, 3}), y = buf({3, 4, 3, 3});
   const Tensor dy = buf({3, 4, 3, 3}), dx = buf({3, 2, 5, 5}), dw = buf({4, 2, 3, 3});
@@ -99,6 +103,9 @@ BackendCases::BackendCases(dp::Backend& backend)
   });
   add("conv_forward", "a bias of the wrong length", {"b has shape (5)"},
       [=] { bk->conv_forward(*plan, x, w, &lb, y); });
+  add("conv_forward", "a bias for a plan declared without one",
+      {"a bias was given", "ConvUse::forward_bias = false"},
+      [=] { bk->conv_forward(*plan_without_bias, x, w, &buf4, y); });
   add("conv_forward", "x in another layout than the plan", {"x is nhwc but the plan is nchw"},
       [=] { bk->conv_forward(*plan, relaid(x, Layout::nhwc), w, nullptr, y); });
   add("conv_forward", "x without memory", {"x has no data"},

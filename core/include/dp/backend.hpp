@@ -60,6 +60,10 @@ struct ConvUse {
   /// (ConvPlan::workspace_bytes). A workspace used only while one pass runs can share memory
   /// with buffers alive at other steps; one of the backend's own is held for the whole run.
   bool planned_workspace = false;
+  /// Whether forward passes may be given a bias. false lets a backend run the forward on
+  /// kernels that round their output themselves (precision bf16 on the GPU: cuDNN's bf16
+  /// kernels, whose rounding the bias could no longer join), and a bias is then refused.
+  bool forward_bias = true;
 };
 
 /// The passes of a convolution that run together in a training step: forward (also in
@@ -85,12 +89,15 @@ class ConvPlan {
   size_t workspace_bytes(ConvStage stage) const {
     return workspace_bytes_[static_cast<int>(stage)];
   }
+  /// Made with ConvUse::forward_bias: its forward passes take a bias.
+  bool forward_bias() const { return forward_bias_; }
 
  private:
   friend class Backend;
   ConvGeometry geometry_;
   const Backend* owner_ = nullptr;  // set by Backend::plan_conv: a plan works with its backend only
   bool planned_workspace_ = false;
+  bool forward_bias_ = true;
   size_t workspace_bytes_[2] = {0, 0};
 };
 
@@ -534,9 +541,11 @@ class Backend {
 
  protected:
   /// For plan_conv_impl: marks the plan as taking its workspace from the caller when `use` says
-  /// so (planned_workspace() is true from then on; plan_conv marks it after plan_conv_impl too).
+  /// so (planned_workspace() is true from then on; plan_conv marks it after plan_conv_impl too),
+  /// and as taking a forward bias or not (ConvUse::forward_bias).
   static void plan_workspace(ConvPlan& plan, const ConvUse& use) {
     plan.planned_workspace_ = use.planned_workspace;
+    plan.forward_bias_ = use.forward_bias;
   }
   /// For plan_conv_impl with ConvUse::planned_workspace: the passes of `stage` need at least
   /// `bytes` of the caller's workspace (the largest of the calls is kept).
@@ -586,7 +595,8 @@ const char* cpu_kernels_name(CpuKernels k);  // "automatic", "onednn", "blas"
 /// computes them; weight gradients, master weights, optimizer state, batch norm, the loss and
 /// softmax stay fp32. The cpu backend emulates it on fp32 tensors (round_to_bf16, bf16_cpu.hpp)
 /// and is the reference; the cuda backend computes it the same way on the GPU (rounded operand
-/// copies, TF32 math, which is exact for bf16 values: cuda_backend.hpp).
+/// copies into cuBLAS's and cuDNN's bf16 kernels where they give these values, else TF32 math,
+/// which is exact for bf16 values: cuda_backend.hpp).
 ///
 /// What the reference fixes, so the cuda path must match it (or both change together): the bias
 /// is added to the fp32 sum before the one rounding of the output (a separate bias kernel after

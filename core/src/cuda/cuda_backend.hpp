@@ -6,12 +6,18 @@
 // cuBLAS, the rest to our kernels (kernels.cuh).
 //
 // precision = "bf16" (dp::Precision) as the cpu backend computes it: each convolution or linear
-// pass reads copies of its operands rounded to bf16 (the bf16 scratch, below), runs the fp32
-// pass on them with TF32 tensor-core math, which is exact for bf16 values (an 8-bit significand
-// fits TF32's 11: products exact, sums fp32), and rounds its activation or input gradient to
-// bf16 in place (a bias first joins the fp32 sum). Weight gradients stay fp32. Storage stays
-// fp32 and each operand costs a rounding pass: bf16 storage with cuDNN's native bf16 kernels is
-// the faster path still to be built, against the same reference.
+// pass reads copies of its operands rounded to bf16 (the bf16 scratch, below) and sums their
+// exact products in fp32; its activation or input gradient is rounded to bf16 once (a bias first
+// joins the fp32 sum). Weight gradients stay fp32. Where the library can take bf16 data with fp32
+// sums and our rounding rule, the copies are packed bf16 (2 bytes) and the library's bf16 kernels
+// run: every GEMM of the linear layers (cublasGemmEx, bf16 in, fp32 out), and cuDNN's
+// convolution forward without a bias (ConvUse::forward_bias) and backward-data, whose bf16
+// output is the rounded fp32 sum, widened back into the fp32 tensor. The rest (a forward with a
+// bias, whose bias must join before the rounding, and backward-filter, whose fp32 gradient cuDNN
+// gives only from fp32 data) runs fp32 kernels with TF32 tensor-core math on copies rounded to
+// bf16 but kept as floats: exact for bf16 values (an 8-bit significand fits TF32's 11). Storage
+// stays fp32 and each operand costs a rounding pass: bf16 activations end to end are still to be
+// built, against the same reference.
 //
 // Memory: allocate() is cudaMalloc, counted (in use, peak). The backend's own scratch (the cuDNN
 // workspace shared by all convolution plans, filter-transpose and reduction scratch, the
@@ -50,6 +56,14 @@ struct Dims {
 
 class CudnnConvPlan;
 struct ConvBatch;
+
+/// A linear layer's GEMM operand: the tensor's fp32 data, or (precision bf16) its packed bf16
+/// copy (null data: none).
+struct GemmOperand {
+  const void* data = nullptr;
+  bool packed = false;
+};
+using GemmOperands = std::array<GemmOperand, 3>;
 
 class CudaBackend final : public Backend {
  public:
@@ -229,6 +243,10 @@ class CudaBackend final : public Backend {
   };
   PassScratch pass_scratch(const CudnnConvPlan& plan, int direction, const Tensor* workspace,
                            size_t bf16_floats, const char* op);
+  /// plan_conv_impl's plan, cuDNN given packed bf16 data in the directions io_bf16 says
+  /// (forward, backward-data, backward-filter).
+  std::unique_ptr<CudnnConvPlan> make_conv_plan(const ConvGeometry& g, const ConvUse& use,
+                                                std::array<bool, 3> io_bf16);
   /// The descriptors of batch size n of a plan, created on first use; nothing chosen.
   ConvBatch& batch_state(CudnnConvPlan& plan, int64_t n);
   void choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit,
@@ -252,11 +270,12 @@ class CudaBackend final : public Backend {
   /// plan_conv and prepare_linear, or on first use of a larger pass, but never while capturing:
   /// `op` then fails naming what was not prepared).
   float* bf16_scratch_for(size_t floats, const char* op);
-  /// The operands a convolution or linear pass reads: the tensors' own data (a null tensor gives
-  /// null), or in bf16 their copies rounded to bf16 in the bf16 scratch (Bf16Operands).
-  std::array<const float*, 3> pass_operands(const char* op, const Tensor* a, const Tensor* b,
-                                            const Tensor* c = nullptr,
-                                            float* bf16_scratch = nullptr);
+  /// The fp32 operands a convolution pass reads: the tensors' own data, or in bf16 their copies
+  /// rounded to bf16 but kept as floats, in `bf16_scratch` (pass_scratch's).
+  std::array<const float*, 2> pass_operands(const Tensor& a, const Tensor& b, float* bf16_scratch);
+  /// A linear pass's GEMM operands: the tensors' own data (a null tensor gives null), or in
+  /// bf16 their packed copies in the bf16 scratch.
+  GemmOperands gemm_operands(const char* op, const Tensor* a, const Tensor* b, const Tensor* c);
   /// A convolution's or linear layer's output y (N, C, HW) after its GEMM: the bias b (may be
   /// null) added, and in bf16 y rounded once, the bias joining the fp32 sum first.
   void finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw,
@@ -313,7 +332,7 @@ class CudaBackend final : public Backend {
   }
   float* bn_scratch_ = nullptr;  // the channels-last batch norm's partial sums and coefficients
   size_t bn_scratch_floats_ = 0;
-  float* bf16_scratch_ = nullptr;  // precision bf16: a pass's operands rounded to bf16
+  float* bf16_scratch_ = nullptr;  // precision bf16: a pass's operand copies (Bf16Operands)
   size_t bf16_scratch_floats_ = 0;
   /// CUDA graphs captured on this backend so far (never decremented: scratch replaced after the
   /// first is kept until teardown, replace_scratch).
@@ -323,16 +342,21 @@ class CudaBackend final : public Backend {
   cudnnTensorDescriptor_t bn_param_desc_ = nullptr;
 };
 
-/// precision bf16: floats of bf16 scratch for a pass whose operands have these element counts
-/// (each copy's start aligned to 256 bytes, as cuDNN and cuBLAS like them).
+/// precision bf16: floats of bf16 scratch for a pass whose operands have these element counts,
+/// rounded copies kept as floats (each copy's start aligned to 256 bytes, as cuDNN and cuBLAS
+/// like them).
 size_t bf16_operand_floats(std::initializer_list<int64_t> counts);
-/// Rounded copies of a pass's operands, carved in order from scratch holding
-/// bf16_operand_floats of them: take(src, n) enqueues the rounding on `stream` and returns the
-/// copy.
+/// The same for packed bf16 copies (2 bytes an element), and room for packed bf16 outputs.
+size_t bf16_packed_floats(std::initializer_list<int64_t> counts);
+/// A pass's operand copies, carved in order from scratch holding bf16_operand_floats (take) and
+/// bf16_packed_floats (take_packed, room_packed) of them: take and take_packed enqueue the
+/// rounding on `stream` and return the copy; room_packed returns room for a packed output.
 class Bf16Operands {
  public:
   Bf16Operands(float* scratch, cudaStream_t stream) : next_(scratch), stream_(stream) {}
   const float* take(const float* src, int64_t n);
+  const uint16_t* take_packed(const float* src, int64_t n);
+  uint16_t* room_packed(int64_t n);
 
  private:
   float* next_;

@@ -93,6 +93,9 @@ struct ConvBatch {
   };
   int64_t n = 0;
   cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  // The same tensors as packed bf16, for the directions whose data is bf16
+  // (CudnnConvPlan::io_bf16).
+  cudnnTensorDescriptor_t x16 = nullptr, y16 = nullptr;
   // One convolution descriptor per direction: each carries its algorithm's math type.
   std::array<cudnnConvolutionDescriptor_t, 3> conv{};
   std::array<Choice, 3> choice{};
@@ -101,8 +104,9 @@ struct ConvBatch {
   ConvBatch(const ConvBatch&) = delete;
   ConvBatch& operator=(const ConvBatch&) = delete;
   ~ConvBatch() {
-    if (x != nullptr) CUDNN_WARN(cudnnDestroyTensorDescriptor(x));
-    if (y != nullptr) CUDNN_WARN(cudnnDestroyTensorDescriptor(y));
+    for (auto* t : {x, y, x16, y16}) {
+      if (t != nullptr) CUDNN_WARN(cudnnDestroyTensorDescriptor(t));
+    }
     for (auto* c : conv) {
       if (c != nullptr) CUDNN_WARN(cudnnDestroyConvolutionDescriptor(c));
     }
@@ -111,25 +115,35 @@ struct ConvBatch {
 
 class CudnnConvPlan final : public ConvPlan {
  public:
-  CudnnConvPlan(const ConvGeometry& g, std::string layer) : ConvPlan(g), layer_(std::move(layer)) {
-    CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_desc));
-    const cudnnStatus_t status = cudnnSetFilter4dDescriptor(
-        w_desc, CUDNN_DATA_FLOAT, nhwc() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
-        static_cast<int>(g.out_channels), static_cast<int>(g.in_channels),
-        static_cast<int>(g.kernel_h), static_cast<int>(g.kernel_w));
-    if (status != CUDNN_STATUS_SUCCESS) {
-      CUDNN_WARN(cudnnDestroyFilterDescriptor(w_desc));
-      CUDNN_CHECK(status);
-    }
+  /// io_bf16: per direction (forward, backward-data, backward-filter), whether cuDNN is given
+  /// packed bf16 data (precision bf16, where the contract's values come out of cuDNN's bf16
+  /// kernels: see cuda_backend.hpp).
+  CudnnConvPlan(const ConvGeometry& g, std::string layer, std::array<bool, 3> io_bf16)
+      : ConvPlan(g), io_bf16(io_bf16), layer_(std::move(layer)) {
+    w_desc = filter_descriptor(CUDNN_DATA_FLOAT);
+    if (any_bf16()) w_desc16 = filter_descriptor(CUDNN_DATA_BFLOAT16);
   }
   ~CudnnConvPlan() override {
     batches.clear();
-    CUDNN_WARN(cudnnDestroyFilterDescriptor(w_desc));
+    for (auto* w : {w_desc, w_desc16}) {
+      if (w != nullptr) CUDNN_WARN(cudnnDestroyFilterDescriptor(w));
+    }
   }
   bool nhwc() const { return geometry().layout == Layout::nhwc; }
-  /// With a planned workspace in bf16: the floats of rounded operand copies at its start, per
-  /// stage (forward, backward), before cuDNN's workspace.
+  const std::array<bool, 3> io_bf16;
+  bool any_bf16() const { return io_bf16[0] || io_bf16[1] || io_bf16[2]; }
+  /// With a planned workspace in bf16: the floats of operand copies (and packed outputs) at its
+  /// start, per stage (forward, backward), before cuDNN's workspace.
   size_t bf16_floats[2] = {0, 0};
+  /// precision bf16: the floats of scratch a pass in `direction` needs for its copies, with
+  /// these element counts of x, w and y (bf16_operand_floats or bf16_packed_floats).
+  size_t copy_floats(int direction, int64_t x, int64_t w, int64_t y) const {
+    if (direction == kForward)
+      return io_bf16[kForward] ? bf16_packed_floats({x, w, y}) : bf16_operand_floats({x, w});
+    if (direction == kBackwardData)
+      return io_bf16[kBackwardData] ? bf16_packed_floats({y, w, x}) : bf16_operand_floats({y, w});
+    return bf16_operand_floats({x, y});  // backward-filter: fp32 data (its gradient is fp32)
+  }
   int64_t filter_numel() const {
     const ConvGeometry& g = geometry();
     return g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
@@ -155,10 +169,25 @@ class CudnnConvPlan final : public ConvPlan {
     return layer_.empty() ? geometry().str() : "layer " + layer_ + " (" + geometry().str() + ")";
   }
 
-  cudnnFilterDescriptor_t w_desc = nullptr;
+  cudnnFilterDescriptor_t w_desc = nullptr, w_desc16 = nullptr;  // fp32, packed bf16
   std::vector<std::unique_ptr<ConvBatch>> batches;
 
  private:
+  cudnnFilterDescriptor_t filter_descriptor(cudnnDataType_t type) const {
+    const ConvGeometry& g = geometry();
+    cudnnFilterDescriptor_t d = nullptr;
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
+    const cudnnStatus_t status = cudnnSetFilter4dDescriptor(
+        d, type, nhwc() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, static_cast<int>(g.out_channels),
+        static_cast<int>(g.in_channels), static_cast<int>(g.kernel_h),
+        static_cast<int>(g.kernel_w));
+    if (status != CUDNN_STATUS_SUCCESS) {
+      CUDNN_WARN(cudnnDestroyFilterDescriptor(d));
+      if (w_desc != nullptr) CUDNN_WARN(cudnnDestroyFilterDescriptor(w_desc));
+      CUDNN_CHECK(status);
+    }
+    return d;
+  }
   std::string layer_;
 };
 
@@ -172,10 +201,22 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-void set_tensor(cudnnTensorDescriptor_t d, bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w) {
-  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
-                                         CUDNN_DATA_FLOAT, to_int(n, "N"), to_int(c, "C"),
-                                         to_int(h, "H"), to_int(w, "W")));
+void set_tensor(cudnnTensorDescriptor_t d, bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w,
+                cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+  CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, type,
+                                         to_int(n, "N"), to_int(c, "C"), to_int(h, "H"),
+                                         to_int(w, "W")));
+}
+
+/// The data descriptors of a direction's calls: packed bf16 where the plan gives it bf16 data.
+struct Descriptors {
+  cudnnTensorDescriptor_t x, y;
+  cudnnFilterDescriptor_t w;
+  size_t element_bytes;
+};
+Descriptors descriptors(const CudnnConvPlan& plan, const ConvBatch& b, int direction) {
+  if (plan.io_bf16[static_cast<size_t>(direction)]) return {b.x16, b.y16, plan.w_desc16, 2};
+  return {b.x, b.y, plan.w_desc, sizeof(float)};
 }
 
 void set_conv(cudnnConvolutionDescriptor_t d, const ConvGeometry& g, cudnnMathType_t math) {
@@ -229,18 +270,17 @@ constexpr std::array<int, 3> kAlgoCount = {CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
 cudnnStatus_t workspace_size(cudnnHandle_t cudnn, const CudnnConvPlan& plan, const ConvBatch& b,
                              int direction, int algo, size_t* bytes) {
   cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
+  const Descriptors d = descriptors(plan, b, direction);
   if (direction == kForward) {
     return cudnnGetConvolutionForwardWorkspaceSize(
-        cudnn, b.x, plan.w_desc, conv, b.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+        cudnn, d.x, d.w, conv, d.y, static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
   }
   if (direction == kBackwardData) {
     return cudnnGetConvolutionBackwardDataWorkspaceSize(
-        cudnn, plan.w_desc, b.y, conv, b.x, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo),
-        bytes);
+        cudnn, d.w, d.y, conv, d.x, static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
   }
   return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-      cudnn, b.x, b.y, conv, plan.w_desc, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
-      bytes);
+      cudnn, d.x, d.y, conv, d.w, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
 }
 
 /// The most workspace, up to `limit`, that an algorithm contract c allows needs in `direction`
@@ -306,6 +346,12 @@ size_t bf16_operand_floats(std::initializer_list<int64_t> counts) {
   return static_cast<size_t>(total);
 }
 
+size_t bf16_packed_floats(std::initializer_list<int64_t> counts) {
+  int64_t total = 0;
+  for (int64_t n : counts) total += aligned_floats((n + 1) / 2);
+  return static_cast<size_t>(total);
+}
+
 void CudaBackend::finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw,
                                  bool nhwc) {
   if (!bf16()) {
@@ -318,29 +364,30 @@ void CudaBackend::finish_forward(const Tensor& y, const Tensor* b, int64_t n, in
   }
 }
 
-std::array<const float*, 3> CudaBackend::pass_operands(const char* op, const Tensor* a,
-                                                       const Tensor* b, const Tensor* c,
+std::array<const float*, 2> CudaBackend::pass_operands(const Tensor& a, const Tensor& b,
                                                        float* bf16_scratch) {
-  const Tensor* tensors[3] = {a, b, c};
-  std::array<const float*, 3> operands{};
-  for (int i = 0; i < 3; ++i) operands[i] = tensors[i] ? tensors[i]->f32() : nullptr;
-  if (!bf16()) return operands;
-  const auto count = [](const Tensor* t) { return t ? t->numel() : int64_t{0}; };
-  Bf16Operands copies(
-      bf16_scratch != nullptr
-          ? bf16_scratch
-          : bf16_scratch_for(bf16_operand_floats({count(a), count(b), count(c)}), op),
-      stream_);
-  for (int i = 0; i < 3; ++i) {
-    if (tensors[i] != nullptr) operands[i] = copies.take(operands[i], tensors[i]->numel());
-  }
-  return operands;
+  if (!bf16()) return {a.f32(), b.f32()};
+  Bf16Operands copies(bf16_scratch, stream_);
+  const float* first = copies.take(a.f32(), a.numel());
+  return {first, copies.take(b.f32(), b.numel())};
 }
 
 const float* Bf16Operands::take(const float* src, int64_t n) {
   float* copy = next_;
   kernels::round_to_bf16(src, copy, n, stream_);
   next_ += aligned_floats(n);
+  return copy;
+}
+
+uint16_t* Bf16Operands::room_packed(int64_t n) {
+  auto* room = reinterpret_cast<uint16_t*>(next_);
+  next_ += aligned_floats((n + 1) / 2);
+  return room;
+}
+
+const uint16_t* Bf16Operands::take_packed(const float* src, int64_t n) {
+  uint16_t* copy = room_packed(n);
+  kernels::to_bf16(src, copy, n, stream_);
   return copy;
 }
 
@@ -357,27 +404,53 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
          std::string("dtype ") + dtype_name(g.dtype) + " is not supported (f32) in " + g.str());
   }
   activate();
-  auto plan = std::make_unique<CudnnConvPlan>(g, use.layer);
+  if (bf16()) {
+    // bf16 data for cuDNN where its bf16 kernels give the contract's values (cuda_backend.hpp):
+    // a forward without a bias, and backward-data. Where cuDNN cannot run them (a descriptor
+    // or no algorithm within the workspace), fp32 kernels on rounded copies give the same values.
+    try {
+      return make_conv_plan(g, use, {!use.forward_bias, true, false});
+    } catch (const InternalError&) {
+      throw;
+    } catch (const AbortedError&) {
+      throw;
+    } catch (const Error& e) {
+      std::fprintf(stderr,
+                   "dprun: warning: cuda backend: %s: cuDNN's bf16 kernels cannot run it (%s); "
+                   "its passes run fp32 kernels on copies rounded to bf16 (the same values, "
+                   "more memory traffic)\n",
+                   use.layer.empty() ? g.str().c_str() : use.layer.c_str(), e.what());
+    }
+  }
+  return make_conv_plan(g, use, {false, false, false});
+}
+
+std::unique_ptr<CudnnConvPlan> CudaBackend::make_conv_plan(const ConvGeometry& g,
+                                                           const ConvUse& use,
+                                                           std::array<bool, 3> io_bf16) {
+  auto plan = std::make_unique<CudnnConvPlan>(g, use.layer, io_bf16);
   // Known before the algorithms are chosen (conv_batch sizes the caller's workspace, not ours).
   plan_workspace(*plan, use);
   if (plan->nhwc()) reserve_filter_scratch(2 * static_cast<size_t>(plan->filter_numel()));
   if (bf16()) {
-    // Two operands per pass: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter.
+    // Copies per pass: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter, with
+    // room for the packed output of a pass given bf16 data.
     const int64_t x = g.max_batch * g.in_channels * g.in_h * g.in_w;
     const int64_t y = g.max_batch * g.out_channels * g.out_h() * g.out_w();
     const int64_t w = plan->filter_numel();
+    const size_t forward = plan->copy_floats(kForward, x, w, y);
+    const size_t backward = std::max(plan->copy_floats(kBackwardData, x, w, y),
+                                     plan->copy_floats(kBackwardFilter, x, w, y));
     if (use.planned_workspace) {
       // In the caller's workspace, before cuDNN's (a multiple of 256 bytes: aligned_floats).
-      plan->bf16_floats[0] = bf16_operand_floats({x, w});
-      plan->bf16_floats[1] = std::max(bf16_operand_floats({y, w}), bf16_operand_floats({x, y}));
+      plan->bf16_floats[0] = forward;
+      plan->bf16_floats[1] = backward;
       for (int stage = 0; stage < 2; ++stage) {
         need_workspace(*plan, static_cast<ConvStage>(stage),
                        plan->bf16_floats[stage] * sizeof(float));
       }
     } else {
-      bf16_scratch_for(std::max({bf16_operand_floats({x, w}), bf16_operand_floats({y, w}),
-                                 bf16_operand_floats({x, y})}),
-                       "plan_conv");
+      bf16_scratch_for(std::max(forward, backward), "plan_conv");
     }
   }
   reserve_reduce_scratch(static_cast<size_t>(kernels::kChannelSumGroups * g.out_channels));
@@ -441,6 +514,13 @@ ConvBatch& CudaBackend::batch_state(CudnnConvPlan& plan, int64_t n) {
     for (auto& c : fresh->conv) CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c));
     set_tensor(fresh->x, plan.nhwc(), n, g.in_channels, g.in_h, g.in_w);
     set_tensor(fresh->y, plan.nhwc(), n, g.out_channels, g.out_h(), g.out_w());
+    if (plan.any_bf16()) {
+      CUDNN_CHECK(cudnnCreateTensorDescriptor(&fresh->x16));
+      CUDNN_CHECK(cudnnCreateTensorDescriptor(&fresh->y16));
+      set_tensor(fresh->x16, plan.nhwc(), n, g.in_channels, g.in_h, g.in_w, CUDNN_DATA_BFLOAT16);
+      set_tensor(fresh->y16, plan.nhwc(), n, g.out_channels, g.out_h(), g.out_w(),
+                 CUDNN_DATA_BFLOAT16);
+    }
     for (auto* c : fresh->conv) set_conv(c, g, allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
     int on = 0, oc = 0, oh = 0, ow = 0;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(fresh->conv[kForward], fresh->x, plan.w_desc,
@@ -515,8 +595,11 @@ std::string CudaBackend::choice_key(const CudnnConvPlan& plan, int64_t n, int di
   shape.max_batch = n;  // the key names the batch measured, not the plan's largest
   // The contract is part of the key: choices cached before the contract existed ("fp32") are
   // never read as fp32-exact ones.
+  // bf16 data ("data bf16") runs other kernels than its contract's fp32 data: timed apart.
   return std::string(kDirectionNames[static_cast<size_t>(direction)]) + " " + shape.str() + " " +
-         conv_contract_name(contract_) + " workspace<=" + std::to_string(limit);
+         conv_contract_name(contract_) +
+         (plan.io_bf16[static_cast<size_t>(direction)] ? " data bf16" : "") +
+         " workspace<=" + std::to_string(limit);
 }
 
 bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
@@ -528,10 +611,11 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
   const auto measure = [&]() -> std::string {
     CUDNN_CHECK(cudnnSetConvolutionMathType(conv, wanted));
     const ConvGeometry& g = plan.geometry();
-    const auto floats = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
-    Scratch x(*this, stream_, floats(b.n * g.in_channels * g.in_h * g.in_w));
-    Scratch y(*this, stream_, floats(b.n * g.out_channels * g.out_h() * g.out_w()));
-    Scratch w(*this, stream_, floats(plan.filter_numel()));
+    const Descriptors dd = descriptors(plan, b, direction);
+    const auto bytes = [&](int64_t n) { return static_cast<size_t>(n) * dd.element_bytes; };
+    Scratch x(*this, stream_, bytes(b.n * g.in_channels * g.in_h * g.in_w));
+    Scratch y(*this, stream_, bytes(b.n * g.out_channels * g.out_h() * g.out_w()));
+    Scratch w(*this, stream_, bytes(plan.filter_numel()));
     // Not the whole limit: for most layers the algorithms need far less, and the run's peak
     // (recorded with each trial) would show a 256 MiB allocation that only timing made.
     const size_t room = timing_workspace(cudnn_, plan, b, direction, contract_, limit);
@@ -540,20 +624,20 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
     if (direction == kForward) {
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-          cudnn_, b.x, x.get(), plan.w_desc, w.get(), conv, b.y, y.get(),
+          cudnn_, dd.x, x.get(), dd.w, w.get(), conv, dd.y, y.get(),
           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws.get(), room));
       return fastest(perf, returned, limit, contract_, dir);
     }
     if (direction == kBackwardData) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-          cudnn_, plan.w_desc, w.get(), b.y, y.get(), conv, b.x, x.get(),
+          cudnn_, dd.w, w.get(), dd.y, y.get(), conv, dd.x, x.get(),
           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf, ws.get(), room));
       return fastest(perf, returned, limit, contract_, dir);
     }
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-        cudnn_, b.x, x.get(), b.y, y.get(), conv, plan.w_desc, w.get(),
+        cudnn_, dd.x, x.get(), dd.y, y.get(), conv, dd.w, w.get(),
         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf, ws.get(), room));
     return fastest(perf, returned, limit, contract_, dir);
   };
@@ -610,21 +694,21 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
   // Timing needs scratch memory: only at plan time, never in a step.
   if (measure_choices_ && at_plan_time && choose_measured(plan, b, direction, limit)) return;
   cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
+  const Descriptors dd = descriptors(plan, b, direction);
   std::vector<Candidate> list;
   if (direction == kForward) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int returned = 0;
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-        cudnn_, b.x, plan.w_desc, conv, b.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
+        cudnn_, dd.x, dd.w, conv, dd.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf));
     list = candidates(perf, returned,
                       {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, true},
                        {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, true}});
   } else if (direction == kBackwardData) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int returned = 0;
-    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, plan.w_desc, b.y, conv, b.x,
-                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-                                                            &returned, perf));
+    CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        cudnn_, dd.w, dd.y, conv, dd.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &returned, perf));
     list = candidates(
         perf, returned,
         {{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, true}, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, false}});
@@ -632,8 +716,7 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int returned = 0;
     CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        cudnn_, b.x, b.y, conv, plan.w_desc, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned,
-        perf));
+        cudnn_, dd.x, dd.y, conv, dd.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf));
     list = candidates(perf, returned,
                       {{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, true},
                        {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, false},
@@ -864,12 +947,25 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
   const ConvGeometry& g = plan.geometry();
   const int64_t n = x.shape[0];
   activate();
-  const PassScratch scratch = pass_scratch(
-      plan, kForward, workspace, bf16_operand_floats({x.numel(), w.numel()}), "conv_forward");
+  const PassScratch scratch =
+      pass_scratch(plan, kForward, workspace,
+                   plan.copy_floats(kForward, x.numel(), w.numel(), y.numel()), "conv_forward");
   ConvBatch& cb = conv_batch(plan, n, kForward, false, scratch.cudnn_bytes);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
   const float one = 1.0f, zero = 0.0f;
-  const auto [xs, ws, none] = pass_operands("conv_forward", &x, &w, nullptr, scratch.bf16);
+  if (plan.io_bf16[kForward]) {
+    // No bias (Backend::conv_forward refuses one): cuDNN's bf16 output is the rounded fp32 sum.
+    Bf16Operands copies(scratch.bf16, stream_);
+    const uint16_t* x16 = copies.take_packed(x.f32(), x.numel());
+    const uint16_t* w16 = copies.take_packed(filter_for(plan, w.f32()), w.numel());
+    uint16_t* y16 = copies.room_packed(y.numel());
+    CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x16, x16, plan.w_desc16, w16,
+                                        cb.conv[kForward], algo, scratch.cudnn, scratch.cudnn_bytes,
+                                        &zero, cb.y16, y16));
+    kernels::from_bf16(y16, y.f32(), y.numel(), stream_);
+    return;
+  }
+  const auto [xs, ws] = pass_operands(x, w, scratch.bf16);
   CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, xs, plan.w_desc, filter_for(plan, ws),
                                       cb.conv[kForward], algo, scratch.cudnn, scratch.cudnn_bytes,
                                       &zero, cb.y, y.data));
@@ -880,13 +976,27 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
                                           const Tensor& dx, const Tensor* workspace) {
   CudnnConvPlan& plan = as_cudnn(plan_base);
   activate();
-  const PassScratch scratch =
-      pass_scratch(plan, kBackwardData, workspace, bf16_operand_floats({dy.numel(), w.numel()}),
-                   "conv_backward_data");
+  const PassScratch scratch = pass_scratch(
+      plan, kBackwardData, workspace,
+      plan.copy_floats(kBackwardData, dx.numel(), w.numel(), dy.numel()), "conv_backward_data");
   ConvBatch& cb = conv_batch(plan, dy.shape[0], kBackwardData, false, scratch.cudnn_bytes);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(cb.choice[kBackwardData].algo);
   const float one = 1.0f, zero = 0.0f;
-  const auto [dys, ws, none] = pass_operands("conv_backward_data", &dy, &w, nullptr, scratch.bf16);
+  if (plan.io_bf16[kBackwardData]) {
+    // cuDNN's bf16 output is the rounded fp32 sum: dx's one rounding.
+    Bf16Operands copies(scratch.bf16, stream_);
+    const uint16_t* dy16 = copies.take_packed(dy.f32(), dy.numel());
+    const uint16_t* w16 = copies.take_packed(filter_for(plan, w.f32()), w.numel());
+    uint16_t* dx16 = copies.room_packed(dx.numel());
+    CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc16, w16, cb.y16, dy16,
+                                             cb.conv[kBackwardData], algo, scratch.cudnn,
+                                             scratch.cudnn_bytes, &zero, cb.x16, dx16));
+    kernels::from_bf16(dx16, dx.f32(), dx.numel(), stream_);
+    return;
+  }
+  // fp32, or bf16 where cuDNN could not take bf16 data (plan_conv_impl): rounded copies, and dx
+  // rounded once.
+  const auto [dys, ws] = pass_operands(dy, w, scratch.bf16);
   CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, ws), cb.y,
                                            dys, cb.conv[kBackwardData], algo, scratch.cudnn,
                                            scratch.cudnn_bytes, &zero, cb.x, dx.data));
@@ -900,15 +1010,14 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   const ConvGeometry& g = plan.geometry();
   const int64_t n = x.shape[0];
   activate();
-  const PassScratch scratch =
-      pass_scratch(plan, kBackwardFilter, workspace, bf16_operand_floats({x.numel(), dy.numel()}),
-                   "conv_backward_filter");
+  const PassScratch scratch = pass_scratch(
+      plan, kBackwardFilter, workspace,
+      plan.copy_floats(kBackwardFilter, x.numel(), dw.numel(), dy.numel()), "conv_backward_filter");
   ConvBatch& cb = conv_batch(plan, n, kBackwardFilter, false, scratch.cudnn_bytes);
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(cb.choice[kBackwardFilter].algo);
   const float one = 1.0f, zero = 0.0f;
   // In bf16 dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds.
-  const auto [xs, dys, none] =
-      pass_operands("conv_backward_filter", &x, &dy, nullptr, scratch.bf16);
+  const auto [xs, dys] = pass_operands(x, dy, scratch.bf16);
   float* target = plan.nhwc() ? filter_scratch_ + plan.filter_numel() : dw.f32();
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, xs, cb.y, dys,
                                              cb.conv[kBackwardFilter], algo, scratch.cudnn,

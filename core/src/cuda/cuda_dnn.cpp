@@ -195,13 +195,47 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, const char* op) {
   if (n > INT32_MAX || in > INT32_MAX || out > INT32_MAX) fail(op, "too large for cuBLAS");
   return {static_cast<int>(n), static_cast<int>(in), static_cast<int>(out)};
 }
+
+/// C (M x N, fp32, column-major) = op(A) (M x K) op(B) (K x N). fp32 operands: cublasSgemm
+/// (TF32 where the handle's math allows it). Packed bf16 operands: cublasGemmEx with fp32 sums
+/// of their exact products (CUBLAS_COMPUTE_32F), into fp32.
+void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+          GemmOperand a, int lda, GemmOperand b, int ldb, float* c, int ldc) {
+  const float one = 1.0f, zero = 0.0f;
+  if (!a.packed) {
+    CUBLAS_CHECK(cublasSgemm(h, ta, tb, m, n, k, &one, static_cast<const float*>(a.data), lda,
+                             static_cast<const float*>(b.data), ldb, &zero, c, ldc));
+    return;
+  }
+  CUBLAS_CHECK(cublasGemmEx(h, ta, tb, m, n, k, &one, a.data, CUDA_R_16BF, lda, b.data, CUDA_R_16BF,
+                            ldb, &zero, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
 }  // namespace
 
+GemmOperands CudaBackend::gemm_operands(const char* op, const Tensor* a, const Tensor* b,
+                                        const Tensor* c) {
+  const Tensor* tensors[3] = {a, b, c};
+  GemmOperands out{};
+  if (!bf16()) {
+    for (int i = 0; i < 3; ++i) out[i] = {tensors[i] ? tensors[i]->data : nullptr, false};
+    return out;
+  }
+  const auto count = [](const Tensor* t) { return t ? t->numel() : int64_t{0}; };
+  Bf16Operands copies(bf16_scratch_for(bf16_packed_floats({count(a), count(b), count(c)}), op),
+                      stream_);
+  for (int i = 0; i < 3; ++i) {
+    out[i] = {tensors[i] ? copies.take_packed(tensors[i]->f32(), tensors[i]->numel()) : nullptr,
+              true};
+  }
+  return out;
+}
+
 void CudaBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) {
-  // Forward rounds (x, w); backward (x, w, dy).
+  // Forward copies (x, w); backward (x, w, dy).
   if (!bf16()) return;
   activate();
-  bf16_scratch_for(bf16_operand_floats({max_batch * in, out * in, max_batch * out}),
+  bf16_scratch_for(bf16_packed_floats({max_batch * in, out * in, max_batch * out}),
                    "prepare_linear");
 }
 
@@ -209,10 +243,8 @@ void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Te
                                       const Tensor& y) {
   const LinearDims d = linear_dims(x, w, "linear_forward");
   activate();
-  const float one = 1.0f, zero = 0.0f;
-  const auto [xs, ws, none] = pass_operands("linear_forward", &x, &w);
-  CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, d.out, d.n, d.in, &one, ws, d.in, xs,
-                           d.in, &zero, y.f32(), d.out));
+  const auto [xs, ws, none] = gemm_operands("linear_forward", &x, &w, nullptr);
+  gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, d.out, d.n, d.in, ws, d.in, xs, d.in, y.f32(), d.out);
   finish_forward(y, b, d.n, d.out, 1, /*nhwc=*/true);  // a row-major (N, OUT) matrix
 }
 
@@ -220,20 +252,19 @@ void CudaBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const T
                                        const Tensor* dx, const Tensor& dw, const Tensor* db) {
   const LinearDims d = linear_dims(x, w, "linear_backward");
   activate();
-  const float one = 1.0f, zero = 0.0f;
   // In bf16 dw and db stay fp32 (db sums the rounded dy); w is read for dx only.
-  const auto [xs, ws, dys] = pass_operands("linear_backward", &x, dx ? &w : nullptr, &dy);
+  const auto [xs, ws, dys] = gemm_operands("linear_backward", &x, dx ? &w : nullptr, &dy);
   if (dx != nullptr) {
     // dx^T (IN, N) = w^T (IN, OUT) dy^T (OUT, N)
-    CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, d.in, d.n, d.out, &one, ws, d.in,
-                             dys, d.out, &zero, dx->f32(), d.in));
+    gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, d.in, d.n, d.out, ws, d.in, dys, d.out, dx->f32(),
+         d.in);
     if (bf16()) kernels::round_to_bf16(dx->f32(), dx->f32(), dx->numel(), stream_);
   }
   // dw^T (IN, OUT) = x^T (IN, N) dy (N, OUT)
-  CUBLAS_CHECK(cublasSgemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, d.in, d.out, d.n, &one, xs, d.in, dys,
-                           d.out, &zero, dw.f32(), d.in));
+  gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, d.in, d.out, d.n, xs, d.in, dys, d.out, dw.f32(), d.in);
   if (db != nullptr) {
-    kernels::channel_sum(dys, db->f32(), d.n, d.out, 1, /*nhwc=*/true, nullptr, stream_);
+    kernels::channel_sum(dy.f32(), db->f32(), d.n, d.out, 1, /*nhwc=*/true, nullptr, stream_,
+                         /*round_bf16=*/bf16());
   }
 }
 

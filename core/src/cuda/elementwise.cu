@@ -38,6 +38,22 @@ __global__ void round_to_bf16_kernel(const float* x, float* y, int64_t n) {
   DP_GRID_STRIDE(i, n) y[i] = bf16_nearest(x[i]);
 }
 
+__global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
+  DP_GRID_STRIDE(i, n) {
+    y[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(__float_as_uint(x[i])) >> 16);
+  }
+}
+
+__global__ void from_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
+  DP_GRID_STRIDE(i, n) y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+}
+
+/// A value as it joins a channel sum: itself, or its bf16 rounding.
+template <bool kRound>
+__device__ __forceinline__ float summand(float v) {
+  return kRound ? bf16_nearest(v) : v;
+}
+
 template <bool kNhwc, bool kRound>
 __global__ void bias_add_kernel(float* y, const float* b, int64_t total, int64_t c, int64_t hw) {
   DP_GRID_STRIDE(i, total) {
@@ -61,6 +77,7 @@ __device__ float block_sum(float v, float* shared /* blockDim.x / 32 */) {
 }
 
 // NCHW: block (channel, group) sums the group's contiguous chunk of the channel's N*HW values.
+template <bool kRound>
 __global__ void channel_sum_nchw_kernel(const float* x, float* dst, int64_t c, int64_t hw,
                                         int64_t total, int64_t chunk) {
   __shared__ float shared[kThreads / 32];
@@ -69,7 +86,7 @@ __global__ void channel_sum_nchw_kernel(const float* x, float* dst, int64_t c, i
   const int64_t end = min(begin + chunk, total);
   float acc = 0.0f;
   for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-    acc += x[((e / hw) * c + ch) * hw + e % hw];
+    acc += summand<kRound>(x[((e / hw) * c + ch) * hw + e % hw]);
   }
   const float s = block_sum(acc, shared);
   if (threadIdx.x == 0) dst[static_cast<int64_t>(blockIdx.y) * c + ch] = s;
@@ -77,6 +94,7 @@ __global__ void channel_sum_nchw_kernel(const float* x, float* dst, int64_t c, i
 
 // NHWC (rows of C): block (32 channels x 8 row lanes) per (channel tile, group).
 constexpr int kRowLanes = 8;
+template <bool kRound>
 __global__ void channel_sum_nhwc_kernel(const float* x, float* dst, int64_t c, int64_t rows,
                                         int64_t chunk) {
   __shared__ float shared[kRowLanes][32];
@@ -85,7 +103,8 @@ __global__ void channel_sum_nhwc_kernel(const float* x, float* dst, int64_t c, i
   const int64_t end = min(begin + chunk, rows);
   float acc = 0.0f;
   if (ch < c) {
-    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) acc += x[r * c + ch];
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
+      acc += summand<kRound>(x[r * c + ch]);
   }
   shared[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -265,8 +284,20 @@ void round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH(round_to_bf16_kernel);
 }
 
+void to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  CUDA_CHECK_LAUNCH(to_bf16_kernel);
+}
+
+void from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  from_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+  CUDA_CHECK_LAUNCH(from_bf16_kernel);
+}
+
 void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                 float* partial, cudaStream_t stream) {
+                 float* partial, cudaStream_t stream, bool round_bf16) {
   if (c <= 0) return;
   const int64_t total = n * hw;  // values per channel
   if (total <= 0) {
@@ -280,10 +311,20 @@ void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, b
   float* dst = groups == 1 ? out : partial;
   if (nhwc) {
     const dim3 grid(static_cast<unsigned>((c + 31) / 32), static_cast<unsigned>(groups));
-    channel_sum_nhwc_kernel<<<grid, dim3(32, kRowLanes), 0, stream>>>(x, dst, c, total, chunk);
+    if (round_bf16) {
+      channel_sum_nhwc_kernel<true>
+          <<<grid, dim3(32, kRowLanes), 0, stream>>>(x, dst, c, total, chunk);
+    } else {
+      channel_sum_nhwc_kernel<false>
+          <<<grid, dim3(32, kRowLanes), 0, stream>>>(x, dst, c, total, chunk);
+    }
   } else {
     const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(groups));
-    channel_sum_nchw_kernel<<<grid, kThreads, 0, stream>>>(x, dst, c, hw, total, chunk);
+    if (round_bf16) {
+      channel_sum_nchw_kernel<true><<<grid, kThreads, 0, stream>>>(x, dst, c, hw, total, chunk);
+    } else {
+      channel_sum_nchw_kernel<false><<<grid, kThreads, 0, stream>>>(x, dst, c, hw, total, chunk);
+    }
   }
   CUDA_CHECK_LAUNCH(channel_sum_kernel);
   if (groups > 1) {

@@ -43,14 +43,20 @@ void bias_add_round_bf16(float* y, const float* b, int64_t n, int64_t c, int64_t
                          cudaStream_t stream);
 /// y = round_to_bf16(x) elementwise, dp::round_bits_to_bf16's bits; y may alias x.
 void round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t stream);
+/// y = the bf16 nearest to x, packed (2 bytes: dp::round_bits_to_bf16's high half), as cuDNN's
+/// and cuBLAS's bf16 operands take it.
+void to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
+/// y = x (packed bf16) widened to fp32, exactly.
+void from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
 
 /// Row-groups of the two-level channel reduction; `partial` must hold groups * c floats.
 constexpr int kChannelSumGroups = 64;
 /// out (C) = sum over n and hw of x (N,C,HW), in a fixed order (deterministic). With
 /// partial == nullptr one pass without scratch (fine for small inputs, e.g. linear bias grads);
-/// else a two-level reduction through partial (kChannelSumGroups * C floats).
+/// else a two-level reduction through partial (kChannelSumGroups * C floats). round_bf16: each
+/// value rounded to bf16 before it joins the sum (the sum of x's bf16 copy, without the copy).
 void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                 float* partial, cudaStream_t stream);
+                 float* partial, cudaStream_t stream, bool round_bf16 = false);
 
 /// Filter layouts: (K, C, R*S) <-> (K, R*S, C), for cuDNN's all-NHWC configuration.
 void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,

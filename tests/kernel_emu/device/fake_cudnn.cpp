@@ -4,7 +4,10 @@
 // of cuDNN: descriptors, layouts (an NHWC filter is K,R,S,C), the algorithm choice under the
 // precision contract, workspaces, alpha/beta. Every algorithm "runs" the same fp32 computation: the
 // emulated GPU says nothing about which algorithm is exact (test_cuda's [algorithms] tests need a
-// real GPU for that).
+// real GPU for that). Convolutions take fp32 or bf16 data (x, w and y of one type, fp32 compute):
+// bf16 inputs are widened, the fp32 sums rounded to bf16 (to nearest even) on output. With
+// DPRUN_EMULATED_CUDNN_NO_BF16=1 bf16 descriptors are refused (NOT_SUPPORTED), as a cuDNN without
+// bf16 kernels for a shape would, so the backend's fallback is tested.
 #include <cudnn.h>
 
 #include <cstdio>
@@ -17,6 +20,7 @@
 
 #include "device/fake_device.hpp"
 #include "dp/backend.hpp"
+#include "dp/bf16.hpp"
 #include "dp/error.hpp"
 
 struct cudnnContext {
@@ -25,10 +29,12 @@ struct cudnnContext {
 struct cudnnTensorStruct {
   cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW;
   int n = 0, c = 0, h = 0, w = 0;
+  cudnnDataType_t type = CUDNN_DATA_FLOAT;
 };
 struct cudnnFilterStruct {
   cudnnTensorFormat_t format = CUDNN_TENSOR_NCHW;
   int k = 0, c = 0, r = 0, s = 0;
+  cudnnDataType_t type = CUDNN_DATA_FLOAT;
 };
 struct cudnnConvolutionStruct {
   int pad_h = 0, pad_w = 0, stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;
@@ -64,8 +70,42 @@ dp::Tensor act(const void* p, const cudnnTensorStruct& d) {
 
 bool supported(const cudnnTensorStruct* x, const cudnnFilterStruct* w,
                const cudnnConvolutionStruct* conv, const cudnnTensorStruct* y) {
-  return x->format == w->format && x->format == y->format && x->c == w->c && y->c == w->k &&
-         x->n == y->n && conv->dilation_h == 1 && conv->dilation_w == 1;
+  return x->format == w->format && x->format == y->format && x->type == w->type &&
+         x->type == y->type && x->c == w->c && y->c == w->k && x->n == y->n &&
+         conv->dilation_h == 1 && conv->dilation_w == 1;
+}
+
+/// n values of a convolution's data as fp32: copied, or widened from packed bf16.
+std::vector<float> load(const void* p, size_t n, cudnnDataType_t type) {
+  std::vector<float> out(n);
+  if (type == CUDNN_DATA_FLOAT) {
+    std::memcpy(out.data(), p, n * sizeof(float));
+    return out;
+  }
+  const auto* bits = static_cast<const uint16_t*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(&out[i], &wide, sizeof(float));
+  }
+  return out;
+}
+
+/// dst = alpha * result + beta * dst (beta 0: dst is not read, as cuDNN), in dst's type: packed
+/// bf16 is the fp32 value rounded to nearest even.
+void store(void* dst, const std::vector<float>& result, float alpha, float beta,
+           cudnnDataType_t type) {
+  const std::vector<float> old =
+      beta == 0.0f ? std::vector<float>() : load(dst, result.size(), type);
+  for (size_t i = 0; i < result.size(); ++i) {
+    const float v = beta == 0.0f ? alpha * result[i] : alpha * result[i] + beta * old[i];
+    if (type == CUDNN_DATA_FLOAT) {
+      static_cast<float*>(dst)[i] = v;
+    } else {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &v, sizeof(float));
+      static_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(bits) >> 16);
+    }
+  }
 }
 
 /// The cpu backend's plan for a call's geometry, kept per thread.
@@ -90,40 +130,42 @@ dp::ConvPlan& plan_for(const cudnnTensorStruct* x, const cudnnFilterStruct* w,
   return *plan;
 }
 
+size_t filter_numel(const cudnnFilterStruct* w) {
+  return static_cast<size_t>(w->k) * static_cast<size_t>(w->c) * static_cast<size_t>(w->r * w->s);
+}
+
 /// The filter as the cpu backend takes it, (K, C, R, S); an NHWC filter is (K, R, S, C).
 std::vector<float> filter_kcrs(const cudnnFilterStruct* w, const void* data) {
-  const auto* f = static_cast<const float*>(data);
+  const std::vector<float> f = load(data, filter_numel(w), w->type);
+  if (w->format != CUDNN_TENSOR_NHWC) return f;
   const size_t rs = static_cast<size_t>(w->r * w->s), c = static_cast<size_t>(w->c);
-  std::vector<float> out(static_cast<size_t>(w->k) * c * rs);
-  if (w->format != CUDNN_TENSOR_NHWC) {
-    std::memcpy(out.data(), f, out.size() * sizeof(float));
-    return out;
-  }
+  std::vector<float> out(f.size());
   for (size_t k = 0; k < static_cast<size_t>(w->k); ++k)
     for (size_t p = 0; p < rs; ++p)
       for (size_t ch = 0; ch < c; ++ch) out[(k * c + ch) * rs + p] = f[(k * rs + p) * c + ch];
   return out;
 }
 
-void filter_store(const cudnnFilterStruct* w, const std::vector<float>& kcrs, float* dst,
+/// A (K, C, R, S) filter gradient into dst in the descriptor's layout and type.
+void filter_store(const cudnnFilterStruct* w, const std::vector<float>& kcrs, void* dst,
                   float alpha, float beta) {
   const size_t rs = static_cast<size_t>(w->r * w->s), c = static_cast<size_t>(w->c);
+  std::vector<float> laid(kcrs.size());
   for (size_t k = 0; k < static_cast<size_t>(w->k); ++k)
     for (size_t ch = 0; ch < c; ++ch)
       for (size_t p = 0; p < rs; ++p) {
         const size_t at =
             w->format == CUDNN_TENSOR_NHWC ? (k * rs + p) * c + ch : (k * c + ch) * rs + p;
-        const float v = alpha * kcrs[(k * c + ch) * rs + p];
-        dst[at] = beta == 0.0f ? v : v + beta * dst[at];
+        laid[at] = kcrs[(k * c + ch) * rs + p];
       }
+  store(dst, laid, alpha, beta, w->type);
 }
 
-/// y = alpha * result + beta * y (beta 0: y is not read, as cuDNN).
-void blend(float* y, const std::vector<float>& result, float alpha, float beta) {
-  for (size_t i = 0; i < result.size(); ++i) {
-    const float v = alpha * result[i];
-    y[i] = beta == 0.0f ? v : v + beta * y[i];
-  }
+/// A data type the fake's descriptors take: fp32, and bf16 unless DPRUN_EMULATED_CUDNN_NO_BF16.
+bool known_type(cudnnDataType_t type) {
+  if (type == CUDNN_DATA_FLOAT) return true;
+  const char* no_bf16 = std::getenv("DPRUN_EMULATED_CUDNN_NO_BF16");
+  return type == CUDNN_DATA_BFLOAT16 && (no_bf16 == nullptr || std::string(no_bf16) != "1");
 }
 
 size_t numel(const cudnnTensorStruct* d) {
@@ -240,9 +282,9 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
 }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format,
                                          cudnnDataType_t type, int n, int c, int h, int w) {
-  if (type != CUDNN_DATA_FLOAT || n <= 0 || c <= 0 || h <= 0 || w <= 0)
-    return CUDNN_STATUS_BAD_PARAM;
-  *d = cudnnTensorStruct{format, n, c, h, w};
+  if (!known_type(type)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
+  *d = cudnnTensorStruct{format, n, c, h, w, type};
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) {
@@ -255,9 +297,9 @@ cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
 }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
-  if (type != CUDNN_DATA_FLOAT || k <= 0 || c <= 0 || h <= 0 || w <= 0)
-    return CUDNN_STATUS_BAD_PARAM;
-  *d = cudnnFilterStruct{format, k, c, h, w};
+  if (!known_type(type)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (k <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
+  *d = cudnnFilterStruct{format, k, c, h, w, type};
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* d) {
@@ -409,11 +451,12 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
     scribble(workspace, need);
-    std::vector<float> kcrs = filter_kcrs(&ws, w), out(numel(&ys));
-    cpu().conv_forward(plan_for(&xs, &ws, &cs), act(x, xs),
+    std::vector<float> in = load(x, numel(&xs), xs.type), kcrs = filter_kcrs(&ws, w),
+                       out(numel(&ys));
+    cpu().conv_forward(plan_for(&xs, &ws, &cs), act(in.data(), xs),
                        dp::Tensor(kcrs.data(), {ws.k, ws.c, ws.r, ws.s}), nullptr,
                        act(out.data(), ys));
-    blend(static_cast<float*>(y), out, a, b);
+    store(y, out, a, b, ys.type);
     check_scribble(workspace, need, "cudnnConvolutionForward");
   });
   return CUDNN_STATUS_SUCCESS;
@@ -436,11 +479,12 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
     scribble(workspace, need);
-    std::vector<float> kcrs = filter_kcrs(&ws, w), out(numel(&xs));
-    cpu().conv_backward_data(plan_for(&xs, &ws, &cs), act(dy, ys),
+    std::vector<float> grad = load(dy, numel(&ys), ys.type), kcrs = filter_kcrs(&ws, w),
+                       out(numel(&xs));
+    cpu().conv_backward_data(plan_for(&xs, &ws, &cs), act(grad.data(), ys),
                              dp::Tensor(kcrs.data(), {ws.k, ws.c, ws.r, ws.s}),
                              act(out.data(), xs));
-    blend(static_cast<float*>(dx), out, a, b);
+    store(dx, out, a, b, xs.type);
     check_scribble(workspace, need, "cudnnConvolutionBackwardData");
   });
   return CUDNN_STATUS_SUCCESS;
@@ -463,11 +507,11 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
     scribble(workspace, need);
-    std::vector<float> kcrs(static_cast<size_t>(ws.k) * static_cast<size_t>(ws.c) *
-                            static_cast<size_t>(ws.r * ws.s));
-    cpu().conv_backward_filter(plan_for(&xs, &ws, &cs), act(x, xs), act(dy, ys),
+    std::vector<float> in = load(x, numel(&xs), xs.type), grad = load(dy, numel(&ys), ys.type),
+                       kcrs(filter_numel(&ws));
+    cpu().conv_backward_filter(plan_for(&xs, &ws, &cs), act(in.data(), xs), act(grad.data(), ys),
                                dp::Tensor(kcrs.data(), {ws.k, ws.c, ws.r, ws.s}), nullptr);
-    filter_store(&ws, kcrs, static_cast<float*>(dw), a, b);
+    filter_store(&ws, kcrs, dw, a, b);
     check_scribble(workspace, need, "cudnnConvolutionBackwardFilter");
   });
   return CUDNN_STATUS_SUCCESS;
@@ -489,7 +533,8 @@ cudnnStatus_t cudnnBatchNormalizationForwardTraining(
     const cudnnTensorDescriptor_t, const void* scale, const void* bias, double factor,
     void* running_mean, void* running_var, double eps, void* save_mean, void* save_invstd) {
   if (mode != CUDNN_BATCHNORM_SPATIAL || *static_cast<const float*>(alpha) != 1.0f ||
-      *static_cast<const float*>(beta) != 0.0f || xd->format != yd->format)
+      *static_cast<const float*>(beta) != 0.0f || xd->format != yd->format ||
+      xd->type != CUDNN_DATA_FLOAT)
     return CUDNN_STATUS_NOT_SUPPORTED;
   const cudnnTensorStruct xs = *xd;
   submit_library_work(handle->stream, [=] {
@@ -509,7 +554,8 @@ cudnnStatus_t cudnnBatchNormalizationForwardInference(
     const cudnnTensorDescriptor_t, const void* scale, const void* bias, const void* mean,
     const void* var, double eps) {
   if (mode != CUDNN_BATCHNORM_SPATIAL || *static_cast<const float*>(alpha) != 1.0f ||
-      *static_cast<const float*>(beta) != 0.0f || xd->format != yd->format)
+      *static_cast<const float*>(beta) != 0.0f || xd->format != yd->format ||
+      xd->type != CUDNN_DATA_FLOAT)
     return CUDNN_STATUS_NOT_SUPPORTED;
   const cudnnTensorStruct xs = *xd;
   submit_library_work(handle->stream, [=] {
@@ -529,7 +575,7 @@ cudnnStatus_t cudnnBatchNormalizationBackward(
     double eps, const void* save_mean, const void* save_invstd) {
   const auto f = [](const void* p) { return *static_cast<const float*>(p); };
   if (mode != CUDNN_BATCHNORM_SPATIAL || f(alpha_data) != 1.0f || f(beta_data) != 0.0f ||
-      f(alpha_param) != 1.0f || f(beta_param) != 0.0f)
+      f(alpha_param) != 1.0f || f(beta_param) != 0.0f || xd->type != CUDNN_DATA_FLOAT)
     return CUDNN_STATUS_NOT_SUPPORTED;
   const cudnnTensorStruct xs = *xd;
   submit_library_work(handle->stream, [=] {
