@@ -59,9 +59,34 @@ cat >"$T/bin/compute-sanitizer" <<'CS'
 tool=""
 while [[ $1 == --* ]]; do
   [[ $1 == --tool ]] && tool=$2
+  [[ $1 == --print-limit ]] && echo "$2" >"$OUT/print_limit"
   case "$1" in --tool|--error-exitcode|--print-limit) shift ;; esac
   shift
 done
+# STANDIN_SAN_ERRORS: initcheck prints two errors of one site and one of another, in the real
+# tool's form, and fails.
+if [[ $tool == initcheck && -n ${STANDIN_SAN_ERRORS:-} ]]; then
+  for site in conv conv linear; do
+    kernel=$([[ $site == conv ]] && echo "void cudnn::nhwcToNchwKernel<float>(params, const float *, float *)+0x18d0" || echo "gemm_kernel+0x40")
+    host=$([[ $site == conv ]] && echo "dp::cuda::CudaBackend::conv_forward_impl(dp::ConvPlan&, dp::Tensor const&)" || echo "dp::cuda::CudaBackend::linear_forward_impl(dp::Tensor const&)")
+    cat <<ERR
+========= Uninitialized __global__ memory read of size 4 bytes
+=========     at $kernel
+=========     by thread (96,0,0) in block (0,0,1)
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: cuLaunchKernel [0x39fb94] in libcuda.so.1
+=========         Host Frame: $host [0x188919] in libdpcore.so
+=========         Host Frame: (anonymous namespace)::check_$site(Backends&) [0x3f711] in test_cuda
+=========         Host Frame: C_A_T_C_H_T_E_S_T_6() [0x41fdc] in test_cuda
+=========         Host Frame: Catch::RunContext::runTest(Catch::TestCase const&) [0xa6c05] in test_cuda
+=========         Host Frame: main [0x32fd5] in test_cuda
+========= 
+ERR
+  done
+  "$@" >/dev/null
+  echo "========= ERROR SUMMARY: 3 errors"
+  exit 3
+fi
 "$@"; rc=$?
 if [[ $tool == racecheck ]]; then echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
 else echo "========= ERROR SUMMARY: 0 errors"; fi
@@ -136,6 +161,27 @@ check "a failing test under a clean sanitizer fails the phase (exit $rc)" test $
 check "the failing run is marked NOT clean" grep -q "memcheck test_core.*NOT clean" "$T/log"
 sanitize STANDIN_CORE_FAILS=1 STANDIN_CORE_RC=0; rc=$?
 check "a failed test summary with exit 0 fails the phase too (exit $rc)" test $rc -ne 0
+# Errors are grouped by where they come from (kernel, dprun's frame, the test's frame) in the
+# record, so a run says which op and test produced them.
+sanitize STANDIN_SAN_ERRORS=1; rc=$?
+check "initcheck errors fail the phase (exit $rc)" test $rc -ne 0
+check "the print limit is gpu-check's default, 200" grep -qx 200 "$T/out/print_limit"
+check "the record groups the printed errors by site" python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["result"]
+t = [x for x in r["tools"] if x["tool"] == "initcheck"][0]
+assert not t["clean"], t
+sites = t["runs"][0]["printed_sites"]
+assert [s["count"] for s in sites] == [2, 1], sites
+assert sites[0]["host"] == "dp::cuda::CudaBackend::conv_forward_impl", sites
+assert sites[0]["kernel"] == "void cudnn::nhwcToNchwKernel<float>(params, const float *, float *)", sites
+assert sites[0]["test"] == "(anonymous namespace)::check_conv(Backends&)", sites
+assert sites[1]["host"] == "dp::cuda::CudaBackend::linear_forward_impl", sites
+assert sites[0]["what"] == "Uninitialized __global__ memory read of size 4 bytes", sites
+mem = [x for x in r["tools"] if x["tool"] == "memcheck"][0]
+assert mem["clean"] and mem["runs"][0]["printed_sites"] == [], mem
+' "$T/out/record-sanitize.json"
+check "the output lists the sites" grep -q "2 printed: Uninitialized .* from dp::cuda::CudaBackend::conv_forward_impl, called by (anonymous namespace)::check_conv" "$T/log"
 # --sanitizers: the tools named, no others (a device call fits two or three of them, not four).
 sanitize_with() {
   (cd "$T/repo" && env PATH="$T/bin:$PATH" PYTHONPATH="$T/py:$T/py2" OUT="$T/out" \
