@@ -21,7 +21,13 @@ namespace dp::cuda {
 
 void throw_library_error(const char* library, const char* statement, const char* file, int line,
                          const std::string& what) {
-  throw_error(file, line, std::string(library) + " error in `" + statement + "`: " + what);
+  const std::string message = std::string(library) + " error in `" + statement + "`: " + what;
+  if (std::string(library) != "cuDNN") throw_error(file, line, message);
+  try {
+    throw_error(file, line, message);  // the message with its file:line
+  } catch (const Error& e) {
+    throw CudnnError(e.what());
+  }
 }
 
 void warn_library_error(const char* library, const char* statement, const char* file, int line,

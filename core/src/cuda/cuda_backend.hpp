@@ -266,6 +266,16 @@ class CudaBackend final : public Backend {
   /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch; w itself
   /// in NCHW.
   const float* filter_for(const CudnnConvPlan& plan, const float* w);
+  /// A convolution pass given bf16 data (forward, backward-data), in `scratch` (pass_scratch's):
+  /// the packed copies of its data operand (x or dy) and of its filter (as filter_for lays it
+  /// out), and room for its packed output.
+  struct PackedOperands {
+    const uint16_t* data;
+    const uint16_t* filter;
+    uint16_t* out;
+  };
+  PackedOperands packed_operands(const CudnnConvPlan& plan, float* scratch, const Tensor& data,
+                                 const Tensor& w, int64_t out_numel);
   /// precision bf16: the bf16 scratch holding at least `floats`, grown now if it is smaller (at
   /// plan_conv and prepare_linear, or on first use of a larger pass, but never while capturing:
   /// `op` then fails naming what was not prepared).

@@ -7,9 +7,19 @@
 
 #include <string>
 
+#include "dp/error.hpp"
+
 namespace dp::cuda {
 
-/// Throws dp::Error: "<library> error in `<statement>`: <what> (file:line)".
+/// An error cuDNN reported: what a convolution plan for bf16 data falls back from (plan_conv_impl).
+/// Also thrown when cuDNN offers no algorithm for a convolution within the limits.
+class CudnnError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Throws dp::Error (CudnnError for cuDNN): "<library> error in `<statement>`: <what>
+/// (file:line)".
 [[noreturn]] void throw_library_error(const char* library, const char* statement, const char* file,
                                       int line, const std::string& what);
 /// Prints the same message to stderr as a warning (never throws).

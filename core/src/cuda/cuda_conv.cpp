@@ -173,16 +173,20 @@ class CudnnConvPlan final : public ConvPlan {
   std::vector<std::unique_ptr<ConvBatch>> batches;
 
  private:
+  /// A filter descriptor of this plan's filter; on failure the ones made before are destroyed
+  /// (the constructor throws, so the destructor does not run).
   cudnnFilterDescriptor_t filter_descriptor(cudnnDataType_t type) const {
     const ConvGeometry& g = geometry();
     cudnnFilterDescriptor_t d = nullptr;
-    CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
-    const cudnnStatus_t status = cudnnSetFilter4dDescriptor(
-        d, type, nhwc() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, static_cast<int>(g.out_channels),
-        static_cast<int>(g.in_channels), static_cast<int>(g.kernel_h),
-        static_cast<int>(g.kernel_w));
+    cudnnStatus_t status = cudnnCreateFilterDescriptor(&d);
+    if (status == CUDNN_STATUS_SUCCESS) {
+      status = cudnnSetFilter4dDescriptor(
+          d, type, nhwc() ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, static_cast<int>(g.out_channels),
+          static_cast<int>(g.in_channels), static_cast<int>(g.kernel_h),
+          static_cast<int>(g.kernel_w));
+      if (status != CUDNN_STATUS_SUCCESS) CUDNN_WARN(cudnnDestroyFilterDescriptor(d));
+    }
     if (status != CUDNN_STATUS_SUCCESS) {
-      CUDNN_WARN(cudnnDestroyFilterDescriptor(d));
       if (w_desc != nullptr) CUDNN_WARN(cudnnDestroyFilterDescriptor(w_desc));
       CUDNN_CHECK(status);
     }
@@ -217,6 +221,14 @@ struct Descriptors {
 Descriptors descriptors(const CudnnConvPlan& plan, const ConvBatch& b, int direction) {
   if (plan.io_bf16[static_cast<size_t>(direction)]) return {b.x16, b.y16, plan.w_desc16, 2};
   return {b.x, b.y, plan.w_desc, sizeof(float)};
+}
+
+/// The math type a direction's descriptor asks of cuDNN (what its heuristics and timing look
+/// at): for bf16 data tensor-op math, which cuDNN's bf16 tensor-core kernels need (PyTorch sets
+/// it for 16-bit data too); for fp32 data the default (TF32 allowed) or FMA (exact fp32).
+cudnnMathType_t wanted_math(const CudnnConvPlan& plan, int direction, bool allow_tf32) {
+  if (plan.io_bf16[static_cast<size_t>(direction)]) return CUDNN_TENSOR_OP_MATH;
+  return allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
 void set_conv(cudnnConvolutionDescriptor_t d, const ConvGeometry& g, cudnnMathType_t math) {
@@ -406,15 +418,15 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
   activate();
   if (bf16()) {
     // bf16 data for cuDNN where its bf16 kernels give the contract's values (cuda_backend.hpp):
-    // a forward without a bias, and backward-data. Where cuDNN cannot run them (a descriptor
-    // or no algorithm within the workspace), fp32 kernels on rounded copies give the same values.
+    // a forward without a bias, and backward-data. Where cuDNN cannot run them (a descriptor,
+    // no deterministic algorithm within the workspace), fp32 kernels on rounded copies give the
+    // same values. Decided here, at setup only: a batch size first met later takes what its
+    // plan has.
     try {
       return make_conv_plan(g, use, {!use.forward_bias, true, false});
-    } catch (const InternalError&) {
-      throw;
-    } catch (const AbortedError&) {
-      throw;
-    } catch (const Error& e) {
+    } catch (const CudnnError& e) {
+      // Only cuDNN's own refusals: anything else (memory, a bug) is no reason to change kernels.
+      // What the attempt reserved stays (workspace, scratch), as its timed choices stay cached.
       std::fprintf(stderr,
                    "dprun: warning: cuda backend: %s: cuDNN's bf16 kernels cannot run it (%s); "
                    "its passes run fp32 kernels on copies rounded to bf16 (the same values, "
@@ -521,7 +533,8 @@ ConvBatch& CudaBackend::batch_state(CudnnConvPlan& plan, int64_t n) {
       set_tensor(fresh->y16, plan.nhwc(), n, g.out_channels, g.out_h(), g.out_w(),
                  CUDNN_DATA_BFLOAT16);
     }
-    for (auto* c : fresh->conv) set_conv(c, g, allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    for (int d = 0; d < 3; ++d)
+      set_conv(fresh->conv[static_cast<size_t>(d)], g, wanted_math(plan, d, allow_tf32_));
     int on = 0, oc = 0, oh = 0, ow = 0;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(fresh->conv[kForward], fresh->x, plan.w_desc,
                                                       &on, &oc, &oh, &ow));
@@ -605,7 +618,7 @@ std::string CudaBackend::choice_key(const CudnnConvPlan& plan, int64_t n, int di
 bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
   const auto d = static_cast<size_t>(direction);
   cudnnConvolutionDescriptor_t conv = b.conv[d];
-  const cudnnMathType_t wanted = allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  const cudnnMathType_t wanted = wanted_math(plan, direction, allow_tf32_);
   const auto dir = static_cast<ConvDirection>(direction);
   const std::string key = choice_key(plan, b.n, direction, limit);
   const auto measure = [&]() -> std::string {
@@ -748,18 +761,24 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
     }
     return false;
   };
-  if (!try_pass(true)) {
-    if (!try_pass(false)) {
-      CUDNN_WARN(
-          cudnnSetConvolutionMathType(conv, allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
-      fail("plan_conv", std::string("cuDNN offers no ") + name + " algorithm for " +
-                            plan.describe() + " at batch " + std::to_string(b.n) +
-                            " within a workspace of " + std::to_string(limit >> 20) + " MiB" +
-                            " under the " + conv_contract_name(contract_) + " contract" +
-                            (allow_tf32_ ? ": use a smaller batch per replica"
-                                         : " (GEMM or direct, FMA math): allow TF32, or use a "
-                                           "smaller batch per replica"));
-    }
+  const bool bf16_data = plan.io_bf16[static_cast<size_t>(direction)];
+  // bf16 data never takes a non-deterministic algorithm: those sum into the output with atomic
+  // adds, which in a bf16 output would round more than once. The plan then falls back to fp32
+  // data (plan_conv_impl), where the deterministic ones may fit.
+  const bool deterministic = try_pass(true);
+  if (!deterministic && (bf16_data || !try_pass(false))) {
+    CUDNN_WARN(cudnnSetConvolutionMathType(conv, wanted_math(plan, direction, allow_tf32_)));
+    throw CudnnError("cuda backend: plan_conv: cuDNN offers no " +
+                     std::string(bf16_data ? "deterministic " : "") + name + " algorithm for " +
+                     (bf16_data ? "bf16 data of " : "") + plan.describe() + " at batch " +
+                     std::to_string(b.n) + " within a workspace of " + std::to_string(limit >> 20) +
+                     " MiB under the " + conv_contract_name(contract_) + " contract" +
+                     (bf16_data     ? ""
+                      : allow_tf32_ ? ": use a smaller batch per replica"
+                                    : " (GEMM or direct, FMA math): allow TF32, or use a smaller "
+                                      "batch per replica"));
+  }
+  if (!deterministic) {
     std::fprintf(
         stderr,
         "dprun: warning: cuda backend: no deterministic %s algorithm for %s at batch %lld; "
@@ -817,11 +836,15 @@ std::vector<ConvAlgorithm> CudaBackend::conv_algorithms(ConvPlan& plan_base, Con
   cudnnMathType_t before = CUDNN_DEFAULT_MATH;
   CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &before));
   // Every math type the contract may run: FMA always; with TF32 or bf16 allowed also the
-  // tensor-core kind (cuDNN's default math permits TF32 for fp32 data).
+  // tensor-core kinds (cuDNN's default math permits TF32 for fp32 data; bf16 data's tensor-core
+  // kernels need tensor-op math). bf16 data takes deterministic algorithms only (choose_algorithm).
   std::vector<ConvMath> maths{ConvMath::fma};
   if (contract_ != ConvContract::fp32_exact) maths.push_back(ConvMath::default_math);
+  if (contract_ == ConvContract::bf16) maths.push_back(ConvMath::tensor_op);
+  const bool bf16_data = plan.io_bf16[static_cast<size_t>(direction)];
   std::vector<ConvAlgorithm> out;
   for (int algo = 0; algo < kAlgoCount[static_cast<size_t>(direction)]; ++algo) {
+    if (bf16_data && !known_deterministic(d, algo)) continue;
     for (ConvMath math : maths) {
       if (!conv_contract_allows(contract_, d, algo, math)) continue;
       CUDNN_CHECK(cudnnSetConvolutionMathType(conv, static_cast<cudnnMathType_t>(math)));
@@ -864,6 +887,11 @@ void CudaBackend::use_conv_algorithm(ConvPlan& plan_base, const ConvAlgorithm& a
   if (const std::string refusal = conv_contract_refusal(contract_, a.direction, a.algo, a.math);
       !refusal.empty()) {
     fail(op, plan.describe() + ": " + refusal);
+  }
+  if (plan.io_bf16[static_cast<size_t>(a.direction)] && !known_deterministic(a.direction, a.algo)) {
+    fail(op, plan.describe() + ": " + a.str() +
+                 " is not deterministic, which bf16 data never takes (its atomic sums would round "
+                 "the bf16 output more than once)");
   }
   activate();
   ConvBatch& b = batch_state(plan, a.batch);
@@ -931,6 +959,15 @@ ConvChoiceKey conv_choice_key(Backend& backend, ConvPlan& plan, ConvDirection d,
   return as_cuda(backend, "cuda_conv_choice_key").conv_choice_key(plan, d, batch);
 }
 
+CudaBackend::PackedOperands CudaBackend::packed_operands(const CudnnConvPlan& plan, float* scratch,
+                                                         const Tensor& data, const Tensor& w,
+                                                         int64_t out_numel) {
+  Bf16Operands copies(scratch, stream_);
+  const uint16_t* data16 = copies.take_packed(data.f32(), data.numel());
+  const uint16_t* w16 = copies.take_packed(filter_for(plan, w.f32()), w.numel());
+  return {data16, w16, copies.room_packed(out_numel)};
+}
+
 const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const float* w) {
   if (!plan.nhwc()) return w;
   const ConvGeometry& g = plan.geometry();
@@ -955,14 +992,11 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
   const float one = 1.0f, zero = 0.0f;
   if (plan.io_bf16[kForward]) {
     // No bias (Backend::conv_forward refuses one): cuDNN's bf16 output is the rounded fp32 sum.
-    Bf16Operands copies(scratch.bf16, stream_);
-    const uint16_t* x16 = copies.take_packed(x.f32(), x.numel());
-    const uint16_t* w16 = copies.take_packed(filter_for(plan, w.f32()), w.numel());
-    uint16_t* y16 = copies.room_packed(y.numel());
-    CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x16, x16, plan.w_desc16, w16,
+    const PackedOperands p = packed_operands(plan, scratch.bf16, x, w, y.numel());
+    CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x16, p.data, plan.w_desc16, p.filter,
                                         cb.conv[kForward], algo, scratch.cudnn, scratch.cudnn_bytes,
-                                        &zero, cb.y16, y16));
-    kernels::from_bf16(y16, y.f32(), y.numel(), stream_);
+                                        &zero, cb.y16, p.out));
+    kernels::from_bf16(p.out, y.f32(), y.numel(), stream_);
     return;
   }
   const auto [xs, ws] = pass_operands(x, w, scratch.bf16);
@@ -984,14 +1018,11 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
   const float one = 1.0f, zero = 0.0f;
   if (plan.io_bf16[kBackwardData]) {
     // cuDNN's bf16 output is the rounded fp32 sum: dx's one rounding.
-    Bf16Operands copies(scratch.bf16, stream_);
-    const uint16_t* dy16 = copies.take_packed(dy.f32(), dy.numel());
-    const uint16_t* w16 = copies.take_packed(filter_for(plan, w.f32()), w.numel());
-    uint16_t* dx16 = copies.room_packed(dx.numel());
-    CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc16, w16, cb.y16, dy16,
+    const PackedOperands p = packed_operands(plan, scratch.bf16, dy, w, dx.numel());
+    CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc16, p.filter, cb.y16, p.data,
                                              cb.conv[kBackwardData], algo, scratch.cudnn,
-                                             scratch.cudnn_bytes, &zero, cb.x16, dx16));
-    kernels::from_bf16(dx16, dx.f32(), dx.numel(), stream_);
+                                             scratch.cudnn_bytes, &zero, cb.x16, p.out));
+    kernels::from_bf16(p.out, dx.f32(), dx.numel(), stream_);
     return;
   }
   // fp32, or bf16 where cuDNN could not take bf16 data (plan_conv_impl): rounded copies, and dx

@@ -6,8 +6,9 @@
 // emulated GPU says nothing about which algorithm is exact (test_cuda's [algorithms] tests need a
 // real GPU for that). Convolutions take fp32 or bf16 data (x, w and y of one type, fp32 compute):
 // bf16 inputs are widened, the fp32 sums rounded to bf16 (to nearest even) on output. With
-// DPRUN_EMULATED_CUDNN_NO_BF16=1 bf16 descriptors are refused (NOT_SUPPORTED), as a cuDNN without
-// bf16 kernels for a shape would, so the backend's fallback is tested.
+// DPRUN_EMULATED_CUDNN_NO_BF16=1 bf16 data has no algorithm: the descriptors are taken, as real
+// cuDNN takes them, but the heuristics, timings and workspace queries answer NOT_SUPPORTED, as a
+// cuDNN without bf16 kernels for a shape would, so the backend's fallback is tested.
 #include <cudnn.h>
 
 #include <cstdio>
@@ -161,11 +162,18 @@ void filter_store(const cudnnFilterStruct* w, const std::vector<float>& kcrs, vo
   store(dst, laid, alpha, beta, w->type);
 }
 
-/// A data type the fake's descriptors take: fp32, and bf16 unless DPRUN_EMULATED_CUDNN_NO_BF16.
-bool known_type(cudnnDataType_t type) {
-  if (type == CUDNN_DATA_FLOAT) return true;
+/// Whether the fake has no algorithm for data of this type (bf16 under
+/// DPRUN_EMULATED_CUDNN_NO_BF16=1).
+bool no_algorithm_for(cudnnDataType_t type) {
   const char* no_bf16 = std::getenv("DPRUN_EMULATED_CUDNN_NO_BF16");
-  return type == CUDNN_DATA_BFLOAT16 && (no_bf16 == nullptr || std::string(no_bf16) != "1");
+  return type == CUDNN_DATA_BFLOAT16 && no_bf16 != nullptr && std::string(no_bf16) == "1";
+}
+
+/// Heuristics or timings for data of `type`: none succeeds when the fake has no algorithm for it.
+template <typename Perf>
+void refuse_for(cudnnDataType_t type, Perf* perf, int returned) {
+  if (!no_algorithm_for(type)) return;
+  for (int i = 0; i < returned; ++i) perf[i].status = CUDNN_STATUS_NOT_SUPPORTED;
 }
 
 size_t numel(const cudnnTensorStruct* d) {
@@ -282,8 +290,9 @@ cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
 }
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format,
                                          cudnnDataType_t type, int n, int c, int h, int w) {
-  if (!known_type(type)) return CUDNN_STATUS_NOT_SUPPORTED;
-  if (n <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
+  if ((type != CUDNN_DATA_FLOAT && type != CUDNN_DATA_BFLOAT16) || n <= 0 || c <= 0 || h <= 0 ||
+      w <= 0)
+    return CUDNN_STATUS_BAD_PARAM;
   *d = cudnnTensorStruct{format, n, c, h, w, type};
   return CUDNN_STATUS_SUCCESS;
 }
@@ -297,8 +306,9 @@ cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
 }
 cudnnStatus_t cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type,
                                          cudnnTensorFormat_t format, int k, int c, int h, int w) {
-  if (!known_type(type)) return CUDNN_STATUS_NOT_SUPPORTED;
-  if (k <= 0 || c <= 0 || h <= 0 || w <= 0) return CUDNN_STATUS_BAD_PARAM;
+  if ((type != CUDNN_DATA_FLOAT && type != CUDNN_DATA_BFLOAT16) || k <= 0 || c <= 0 || h <= 0 ||
+      w <= 0)
+    return CUDNN_STATUS_BAD_PARAM;
   *d = cudnnFilterStruct{format, k, c, h, w, type};
   return CUDNN_STATUS_SUCCESS;
 }
@@ -342,7 +352,7 @@ cudnnStatus_t cudnnGetConvolution2dForwardOutputDim(const cudnnConvolutionDescri
 
 // ---- algorithms -----------------------------------------------------------------------------
 
-cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnTensorDescriptor_t,
+cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnTensorDescriptor_t x,
                                                      const cudnnFilterDescriptor_t,
                                                      const cudnnConvolutionDescriptor_t conv,
                                                      const cudnnTensorDescriptor_t,
@@ -352,6 +362,7 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnT
         {std::pair{CUDNN_CONVOLUTION_FWD_ALGO_GEMM, kGemmWorkspace},
          std::pair{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_FWD_ALGO_FFT, kTransformWorkspace}});
+  refuse_for(x->type, perf, *returned);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
@@ -363,13 +374,14 @@ cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
   return timed_in(workspace, bytes, perf, *returned);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
-    cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t,
+    cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t dy,
     const cudnnConvolutionDescriptor_t conv, const cudnnTensorDescriptor_t, const int requested,
     int* returned, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
   offer(perf, requested, returned, conv->math,
         {std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, kGemmWorkspace},
          std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, kTransformWorkspace}});
+  refuse_for(dy->type, perf, *returned);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
@@ -381,13 +393,14 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
   return timed_in(workspace, bytes, perf, *returned);
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-    cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+    cudnnHandle_t, const cudnnTensorDescriptor_t x, const cudnnTensorDescriptor_t,
     const cudnnConvolutionDescriptor_t conv, const cudnnFilterDescriptor_t, const int requested,
     int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
   offer(perf, requested, returned, conv->math,
         {std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, kGemmWorkspace},
          std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, kTransformWorkspace}});
+  refuse_for(x->type, perf, *returned);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
@@ -399,12 +412,11 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
   return timed_in(workspace, bytes, perf, *returned);
 }
 
-cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t,
-                                                      const cudnnFilterDescriptor_t,
-                                                      const cudnnConvolutionDescriptor_t,
-                                                      const cudnnTensorDescriptor_t,
-                                                      cudnnConvolutionFwdAlgo_t algo,
-                                                      size_t* bytes) {
+cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(
+    cudnnHandle_t, const cudnnTensorDescriptor_t x, const cudnnFilterDescriptor_t,
+    const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t,
+    cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+  if (no_algorithm_for(x->type)) return CUDNN_STATUS_NOT_SUPPORTED;
   *bytes = algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT ||
                    algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
                    algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED
@@ -414,18 +426,20 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnn
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(
-    cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t,
+    cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t dy,
     const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t,
     cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+  if (no_algorithm_for(dy->type)) return CUDNN_STATUS_NOT_SUPPORTED;
   *bytes = algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0   ? 0
            : algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 ? kGemmWorkspace
                                                        : kTransformWorkspace;
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
-    cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
+    cudnnHandle_t, const cudnnTensorDescriptor_t x, const cudnnTensorDescriptor_t,
     const cudnnConvolutionDescriptor_t, const cudnnFilterDescriptor_t,
     cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+  if (no_algorithm_for(x->type)) return CUDNN_STATUS_NOT_SUPPORTED;
   *bytes = algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0   ? 0
            : algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ? kGemmWorkspace
                                                          : kTransformWorkspace;
@@ -443,7 +457,9 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
                                       const cudnnTensorDescriptor_t yd, void* y) {
   if (!supported(xd, wd, conv, yd)) return CUDNN_STATUS_NOT_SUPPORTED;
   size_t need = 0;
-  cudnnGetConvolutionForwardWorkspaceSize(handle, xd, wd, conv, yd, algo, &need);
+  if (cudnnGetConvolutionForwardWorkspaceSize(handle, xd, wd, conv, yd, algo, &need) !=
+      CUDNN_STATUS_SUCCESS)
+    return CUDNN_STATUS_NOT_SUPPORTED;
   if (!workspace_fits(need, workspace_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   const cudnnTensorStruct xs = *xd, ys = *yd;
@@ -471,7 +487,9 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
                                            const cudnnTensorDescriptor_t dxd, void* dx) {
   if (!supported(dxd, wd, conv, dyd)) return CUDNN_STATUS_NOT_SUPPORTED;
   size_t need = 0;
-  cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wd, dyd, conv, dxd, algo, &need);
+  if (cudnnGetConvolutionBackwardDataWorkspaceSize(handle, wd, dyd, conv, dxd, algo, &need) !=
+      CUDNN_STATUS_SUCCESS)
+    return CUDNN_STATUS_NOT_SUPPORTED;
   if (!workspace_fits(need, workspace_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   const cudnnTensorStruct xs = *dxd, ys = *dyd;
@@ -499,7 +517,9 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
                                              const cudnnFilterDescriptor_t dwd, void* dw) {
   if (!supported(xd, dwd, conv, dyd)) return CUDNN_STATUS_NOT_SUPPORTED;
   size_t need = 0;
-  cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, xd, dyd, conv, dwd, algo, &need);
+  if (cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, xd, dyd, conv, dwd, algo, &need) !=
+      CUDNN_STATUS_SUCCESS)
+    return CUDNN_STATUS_NOT_SUPPORTED;
   if (!workspace_fits(need, workspace_bytes)) return CUDNN_STATUS_BAD_PARAM;
   const float a = *static_cast<const float*>(alpha), b = *static_cast<const float*>(beta);
   const cudnnTensorStruct xs = *xd, ys = *dyd;
