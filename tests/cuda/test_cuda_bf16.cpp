@@ -121,6 +121,16 @@ void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout, bool cudnn_b
   CHECK(bf16_data(dp::ConvDirection::forward) == (cudnn_bf16 && !cc.bias));
   CHECK(bf16_data(dp::ConvDirection::backward_data) == cudnn_bf16);
   CHECK_FALSE(bf16_data(dp::ConvDirection::backward_filter));
+  // ... and the plan's description says so, per direction chosen (all three at max_batch).
+  const std::string impl = gpu_plan->implementation();
+  INFO(impl);
+  size_t said = 0;
+  for (size_t at = impl.find("bf16 data"); at != std::string::npos;
+       at = impl.find("bf16 data", at + 1)) {
+    ++said;
+  }
+  CHECK(said == static_cast<size_t>(bf16_data(dp::ConvDirection::forward)) +
+                    static_cast<size_t>(bf16_data(dp::ConvDirection::backward_data)));
   const int64_t p = g.out_h(), q = g.out_w();
   const bool nhwc = layout == Layout::nhwc;
   const auto to_gpu = [&](const std::vector<float>& v, int64_t c, int64_t h, int64_t w) {

@@ -158,8 +158,9 @@ class CudnnConvPlan final : public ConvPlan {
         const auto dir = static_cast<ConvDirection>(d);
         out += std::string(out.empty() ? "" : "; ") + "batch " + std::to_string(b->n) + " " +
                kDirectionNames[d] + ": cuDNN " + conv_algorithm_name(dir, c.algo) + " (algo " +
-               std::to_string(c.algo) + "), " + conv_math_name(static_cast<ConvMath>(c.math)) +
-               " math, workspace " + std::to_string(c.workspace) + " bytes";
+               std::to_string(c.algo) + "), " + (io_bf16[d] ? "bf16 data, " : "") +
+               conv_math_name(static_cast<ConvMath>(c.math)) + " math, workspace " +
+               std::to_string(c.workspace) + " bytes";
       }
     }
     return out.empty() ? "cuDNN, no algorithm chosen yet" : out;
@@ -693,11 +694,11 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
   b.choice[d] = {true, algo, need, m};
   if (log_choices()) {
     std::fprintf(stderr,
-                 "dprun: cudnn: %s batch %lld %s: algo %d, %s math, workspace %zu bytes, "
+                 "dprun: cudnn: %s batch %lld %s: algo %d, %s%s math, workspace %zu bytes, "
                  "measured %.4f ms%s\n",
                  plan.describe().c_str(), static_cast<long long>(b.n), kDirectionNames[d], algo,
-                 conv_math_name(static_cast<ConvMath>(m)), need, ms,
-                 limit == kMaxWorkspaceBytes ? "" : " (chosen after setup)");
+                 plan.io_bf16[d] ? "bf16 data, " : "", conv_math_name(static_cast<ConvMath>(m)),
+                 need, ms, limit == kMaxWorkspaceBytes ? "" : " (chosen after setup)");
   }
   return true;
 }
@@ -787,10 +788,10 @@ void CudaBackend::choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direct
   }
   if (log_choices()) {
     std::fprintf(stderr,
-                 "dprun: cudnn: %s batch %lld %s: algo %d, %s math, workspace %zu bytes%s\n",
+                 "dprun: cudnn: %s batch %lld %s: algo %d, %s%s math, workspace %zu bytes%s\n",
                  plan.describe().c_str(), static_cast<long long>(b.n), name, choice.algo,
-                 conv_math_name(static_cast<ConvMath>(choice.math)), choice.workspace,
-                 limit == kMaxWorkspaceBytes ? "" : " (chosen after setup)");
+                 bf16_data ? "bf16 data, " : "", conv_math_name(static_cast<ConvMath>(choice.math)),
+                 choice.workspace, limit == kMaxWorkspaceBytes ? "" : " (chosen after setup)");
   }
 }
 
