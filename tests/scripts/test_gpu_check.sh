@@ -6,6 +6,9 @@ set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d /tmp/dprun-gpu-check-test.XXXXXX)
 trap 'rm -rf "$T"' EXIT
+# Where the stand-ins leave what they were given (not $OUT: gpu-check packs that at the end).
+export STANDIN=$T/standin
+mkdir -p "$STANDIN"
 fails=0
 check() {  # description, command...
   local what=$1; shift
@@ -33,7 +36,7 @@ chmod +x "$T/bin/nvidia-smi"
 # The stand-in test binary reports the library path it was given.
 cat >"$T/stage/bin/test_cuda" <<'TC'
 #!/bin/sh
-echo "$LD_LIBRARY_PATH" >"$OUT/ld_library_path"
+echo "$LD_LIBRARY_PATH" >"$STANDIN/ld_library_path"
 echo "All tests passed (3 assertions in 1 test case)"
 # What a bf16 test prints of its measurement (the record keeps it).
 echo "  bf16 LeNet nchw cuda vs cpu after 2 steps: parameters 1e-06, update 1e-04, loss 1e-07 (bounds parameters 6.1e-05, update 0.00391, loss 6.1e-05)"
@@ -43,12 +46,22 @@ if [ -n "${STANDIN_ONE_GPU:-}" ] && [ "$1" = "[comm]" ]; then
 fi
 TC
 chmod +x "$T/stage/bin/test_cuda"
-# test_core must be run with its CUDA passes required; it says whether it was.
+# test_core must be run with its CUDA passes required; it says whether it was. It lists three
+# test names (one with a comma, one with a bracket, as Catch2 prints them) and runs a name file
+# given with -f (keeping a copy).
 cat >"$T/stage/bin/test_core" <<'TC'
 #!/bin/sh
-echo "${DPRUN_REQUIRE_CUDA:-unset}" >"$OUT/require_cuda"
+if [ "${2:-}" = "--list-test-names-only" ]; then
+  printf 'a layer, both layouts\nBatchNorm2d [fused] twin\n\nthe checker catches a wrong gradient\n'
+  exit 0
+fi
+echo "${DPRUN_REQUIRE_CUDA:-unset}" >"$STANDIN/require_cuda"
+if [ "${1:-}" = "-f" ]; then cp "$2" "$STANDIN/shard.$(basename "$2")"; fi
 if [ -n "${STANDIN_CORE_FAILS:-}" ]; then
   echo "test cases: 2 | 1 passed | 1 failed"; exit "${STANDIN_CORE_RC:-1}"
+fi
+if [ -n "${STANDIN_CORE_EXPECTED:-}" ]; then
+  echo "test cases: 2 | 1 passed | 1 failed as expected"; exit 0
 fi
 echo "All tests passed (5 assertions in 2 test cases)"
 TC
@@ -59,7 +72,7 @@ cat >"$T/bin/compute-sanitizer" <<'CS'
 tool=""
 while [[ $1 == --* ]]; do
   [[ $1 == --tool ]] && tool=$2
-  [[ $1 == --print-limit ]] && echo "$2" >"$OUT/print_limit"
+  [[ $1 == --print-limit ]] && echo "$2" >"$STANDIN/print_limit"
   case "$1" in --tool|--error-exitcode|--print-limit) shift ;; esac
   shift
 done
@@ -108,9 +121,12 @@ run LD_LIBRARY_PATH=""
 rc=$?
 check "a clean stand-in run passes (exit $rc)" test $rc -eq 0
 check "the tests phase writes its record" test -s "$T/out/record-tests.json"
+check "\$OUT holds the records and one archive of the rest" \
+  bash -c 'cd "$1" && [[ $(ls | tr "\n" " ") == "logs.tar.gz record-tests.json " ]]' _ "$T/out"
+check "the archive has the logs" bash -c 'tar tzf "$1" | grep -qx test_ops.log' _ "$T/out/logs.tar.gz"
 check "the record names the commit and the GPU" \
   grep -q '"commit": "abc1234"' "$T/out/record-tests.json"
-path=$(cat "$T/out/ld_library_path" 2>/dev/null)
+path=$(cat "$STANDIN/ld_library_path" 2>/dev/null)
 check "LD_LIBRARY_PATH has no empty entry ($path)" \
   bash -c '[[ -n $1 && $1 != :* && $1 != *: && $1 != *::* ]]' _ "$path"
 check "LD_LIBRARY_PATH has the cudnn lib folder" bash -c '[[ $1 == *py/nvidia/cudnn/lib* ]]' _ "$path"
@@ -129,7 +145,7 @@ assert ops["bf16"] == ["bf16 LeNet nchw cuda vs cpu after 2 steps: parameters 1e
 ' "$T/out/record-tests.json"
 check "gpu-record's table shows the bf16 LeNet distances" \
   grep -q "  - bf16 LeNet nchw cuda vs cpu after 2 steps" <<<"$table"
-check "test_core ran with its CUDA passes required" grep -qx 1 "$T/out/require_cuda"
+check "test_core ran with its CUDA passes required" grep -qx 1 "$STANDIN/require_cuda"
 check "the record has the test_core group" grep -q '"group": "core"' "$T/out/record-tests.json"
 
 # 1a. Exit 77 (nothing failed, a part skipped: one GPU) passes, and says what was skipped.
@@ -152,20 +168,33 @@ for tool in memcheck racecheck initcheck synccheck; do
 import json, sys
 r = json.load(open(sys.argv[1]))["result"]
 t = [x for x in r["tools"] if x["tool"] == sys.argv[2]][0]
-assert t["clean"] and [x["binary"] for x in t["runs"]] == ["test_cuda", "test_core"], t
+assert t["clean"], t
+# three test names in four shards: three runs of test_core, the empty shard not run
+assert [x["binary"] for x in t["runs"]] == ["test_cuda", "test_core/1", "test_core/2", "test_core/3"], t
 ' "$T/out/record-sanitize.json" "$tool"
 done
+check "the shards run every test_core name once, ',' and '[' escaped for Catch2" python3 -c '
+import os, sys
+got = [open(os.path.join(sys.argv[1], f"shard.core-tests.{i}.txt")).read() for i in (1, 2, 3)]
+assert got == ["a layer\\, both layouts\n", "BatchNorm2d \\[fused] twin\n",
+               "the checker catches a wrong gradient\n"], got
+' "$STANDIN"
+check "test_core's shards ran with their CUDA passes required" grep -qx 1 "$STANDIN/require_cuda"
+sanitize STANDIN_CORE_EXPECTED=1; rc=$?
+check "the checker's expected failure leaves the run clean (exit $rc)" test $rc -eq 0
+check "no run is NOT clean" bash -c '! grep -q "NOT clean" "$1"' _ "$T/log"
 check "the output says NCCL's tests are left out" grep -q "do not run under compute-sanitizer" "$T/log"
+rm -f "$STANDIN"/shard.*
 sanitize STANDIN_CORE_FAILS=1; rc=$?
 check "a failing test under a clean sanitizer fails the phase (exit $rc)" test $rc -ne 0
-check "the failing run is marked NOT clean" grep -q "memcheck test_core.*NOT clean" "$T/log"
+check "the failing run is marked NOT clean" grep -q "memcheck test_core/1.*NOT clean" "$T/log"
 sanitize STANDIN_CORE_FAILS=1 STANDIN_CORE_RC=0; rc=$?
 check "a failed test summary with exit 0 fails the phase too (exit $rc)" test $rc -ne 0
 # Errors are grouped by where they come from (kernel, dprun's frame, the test's frame) in the
 # record, so a run says which op and test produced them.
 sanitize STANDIN_SAN_ERRORS=1; rc=$?
 check "initcheck errors fail the phase (exit $rc)" test $rc -ne 0
-check "the print limit is gpu-check's default, 200" grep -qx 200 "$T/out/print_limit"
+check "the print limit is gpu-check's default, 200" grep -qx 200 "$STANDIN/print_limit"
 check "the record groups the printed errors by site" python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))["result"]
@@ -195,12 +224,30 @@ r = json.load(open(sys.argv[1]))["result"]
 assert [t["tool"] for t in r["tools"]] == ["memcheck", "synccheck"], r["tools"]
 assert all(t["clean"] for t in r["tools"])
 ' "$T/out/record-sanitize.json"
+# The tools of two calls (the documented split: three tools, then racecheck) fold into one
+# sanitize phase with all of them; a tool run again replaces its earlier run.
+mkdir -p "$T/call1" "$T/call2"
+cp "$T/out/record-sanitize.json" "$T/call1/"
+sanitize_with --sanitizers racecheck,synccheck --sanitizer-shards 2; rc=$?
+check "--sanitizer-shards 2 passes (exit $rc)" test $rc -eq 0
+cp "$T/out/record-sanitize.json" "$T/call2/"
+folded=$(python3 "$T/repo/scripts/gpu-record" fold "$T/call1" "$T/call2")
+check "two sanitize calls fold into one phase with every tool" python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))["phases"]["sanitize"]
+tools = {t["tool"]: t for t in s["result"]["tools"]}
+assert sorted(tools) == ["memcheck", "racecheck", "synccheck"], tools
+assert [r["binary"] for r in tools["synccheck"]["runs"]] == ["test_cuda", "test_core/1", "test_core/2"], "the later synccheck"
+assert [r["binary"] for r in tools["memcheck"]["runs"]] == ["test_cuda", "test_core/1", "test_core/2", "test_core/3"]
+assert len(s["calls"]) == 2, s
+' "$folded"
+rm -f "$folded"
 sanitize_with --sanitizers memcheck,asan; rc=$?
 check "an unknown sanitizer is refused (exit $rc)" test $rc -ne 0
 check "the refusal names it" grep -q "unknown sanitizer 'asan'" "$T/log"
 
 run LD_LIBRARY_PATH="/opt/x::"
-path=$(cat "$T/out/ld_library_path" 2>/dev/null)
+path=$(cat "$STANDIN/ld_library_path" 2>/dev/null)
 check "an inherited path with empty entries is cleaned ($path)" \
   bash -c '[[ $1 == */opt/x && $1 != *::* && $1 != *: ]]' _ "$path"
 
