@@ -21,6 +21,7 @@
 #include "dp/error.hpp"
 #include "support/backend_cases.hpp"
 #include "support/check.hpp"
+#include "support/env_var.hpp"
 #include "support/step_cases.hpp"
 
 using cudatest::backends;
@@ -774,6 +775,16 @@ TEST_CASE("cuda backend errors name the device", "[cuda]") {
   bad.kind = dp::BackendKind::cuda;
   bad.device_index = 999;
   CHECK_THROWS_WITH(dp::create_backend(bad), Catch::Contains("device 999 does not exist"));
+}
+
+TEST_CASE("cuda backend refuses a DPRUN_CUDA_POISON_SCRATCH other than 0 or 1, naming it",
+          "[cuda]") {
+  dp::BackendOptions options;
+  options.kind = dp::BackendKind::cuda;
+  const dptest::EnvVar poison("DPRUN_CUDA_POISON_SCRATCH", "yes");
+  CHECK_THROWS_WITH(
+      dp::create_backend(options),
+      Catch::Contains("DPRUN_CUDA_POISON_SCRATCH is 'yes'") && Catch::Contains("use 1"));
 }
 
 TEST_CASE("cuda ops reading a step's values at a cursor equal their host-valued twins",

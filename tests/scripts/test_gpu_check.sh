@@ -37,6 +37,7 @@ chmod +x "$T/bin/nvidia-smi"
 cat >"$T/stage/bin/test_cuda" <<'TC'
 #!/bin/sh
 echo "$LD_LIBRARY_PATH" >"$STANDIN/ld_library_path"
+echo "$1 poison=${DPRUN_CUDA_POISON_SCRATCH:-unset}" >>"$STANDIN/test_cuda_runs"
 echo "All tests passed (3 assertions in 1 test case)"
 # What a bf16 test prints of its measurement (the record keeps it).
 echo "  bf16 LeNet nchw cuda vs cpu after 2 steps: parameters 1e-06, update 1e-04, loss 1e-07 (bounds parameters 6.1e-05, update 0.00391, loss 6.1e-05)"
@@ -114,6 +115,7 @@ run() {  # extra environment assignments for gpu-check
     bash scripts/gpu-check --phases tests >"$T/log" 2>&1)
 }
 
+rm -f "$STANDIN/test_cuda_runs"
 # 1. A clean run: the record is written, and the path holds every nvidia lib folder (from both
 #    places the namespace package lives) and no empty entry.
 rm -rf "$T/out"
@@ -146,6 +148,11 @@ assert ops["bf16"] == ["bf16 LeNet nchw cuda vs cpu after 2 steps: parameters 1e
 check "gpu-record's table shows the bf16 LeNet distances" \
   grep -q "  - bf16 LeNet nchw cuda vs cpu after 2 steps" <<<"$table"
 check "test_core ran with its CUDA passes required" grep -qx 1 "$STANDIN/require_cuda"
+check "the ops and algorithms run plain and again with NaN-filled scratch" bash -c '
+  [[ $(sort "$1") == "$(printf "%s\n" "[algorithms] poison=1" "[algorithms] poison=unset" \
+     "[comm] poison=unset" "[cuda]~[train]~[comm]~[algorithms] poison=1" \
+     "[cuda]~[train]~[comm]~[algorithms] poison=unset" "[train] poison=unset" | sort)" ]]' _ "$STANDIN/test_cuda_runs"
+check "the record has the poisoned groups" grep -q '"group": "algorithms-poisoned"' "$T/out/record-tests.json"
 check "the record has the test_core group" grep -q '"group": "core"' "$T/out/record-tests.json"
 
 # 1a. Exit 77 (nothing failed, a part skipped: one GPU) passes, and says what was skipped.

@@ -102,6 +102,18 @@ CudaBackend::CudaBackend(const BackendOptions& options)
       }
       own_nhwc_bn_ = which == "ours";
     }
+    // A check for reads of scratch nobody wrote (scripts/gpu-check runs the op tests under it):
+    // each convolution pass's scratch, the operand copies and cuDNN's workspace, is filled with
+    // 0xFF bytes (NaN in fp32 and in bf16) right before the pass, so a library's kernel or ours
+    // that uses scratch it did not write first makes NaN where the tests compare with the CPU.
+    if (const char* p = std::getenv("DPRUN_CUDA_POISON_SCRATCH"); p != nullptr && *p != '\0') {
+      const std::string v = p;
+      if (v != "0" && v != "1") {
+        throw Error("cuda backend: DPRUN_CUDA_POISON_SCRATCH is '" + v +
+                    "'; use 1 (fill each convolution pass's scratch with NaN first) or 0");
+      }
+      poison_scratch_ = v == "1";
+    }
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDNN_CHECK(cudnnCreate(&cudnn_));
     CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));

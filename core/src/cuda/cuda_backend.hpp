@@ -240,9 +240,13 @@ class CudaBackend final : public Backend {
     float* bf16 = nullptr;
     void* cudnn = nullptr;
     size_t cudnn_bytes = 0;
+    size_t copy_bytes = 0;  // what this pass's operand copies use of bf16
   };
   PassScratch pass_scratch(const CudnnConvPlan& plan, int direction, const Tensor* workspace,
                            size_t bf16_floats, const char* op);
+  /// Under DPRUN_CUDA_POISON_SCRATCH=1: fills the pass's copies and the cuDNN workspace its
+  /// algorithm needs (cudnn_need bytes) with 0xFF bytes, in stream order before the pass.
+  void poison_pass(const PassScratch& s, size_t cudnn_need);
   /// plan_conv_impl's plan, cuDNN given packed bf16 data in the directions io_bf16 says
   /// (forward, backward-data, backward-filter).
   std::unique_ptr<CudnnConvPlan> make_conv_plan(const ConvGeometry& g, const ConvUse& use,
@@ -336,6 +340,7 @@ class CudaBackend final : public Backend {
   size_t reduce_scratch_floats_ = 0;
   /// NHWC batch norm by bn_nhwc.cu (true) or cuDNN (DPRUN_CUDA_NHWC_BN=cudnn, for comparisons).
   bool own_nhwc_bn_ = true;
+  bool poison_scratch_ = false;  // DPRUN_CUDA_POISON_SCRATCH=1: see the constructor
   /// Whether x's batch norm goes to bn_nhwc.cu.
   bool own_bn(const Tensor& x) const {
     return own_nhwc_bn_ && x.shape.rank == 4 && x.layout == Layout::nhwc;

@@ -499,8 +499,10 @@ ConvBatch& CudaBackend::conv_batch(CudnnConvPlan& plan, int64_t n, int direction
 CudaBackend::PassScratch CudaBackend::pass_scratch(const CudnnConvPlan& plan, int direction,
                                                    const Tensor* workspace, size_t bf16_floats,
                                                    const char* op) {
+  const size_t copy_bytes = bf16() ? bf16_floats * sizeof(float) : 0;
   if (!plan.planned_workspace()) {
-    return {bf16() ? bf16_scratch_for(bf16_floats, op) : nullptr, workspace_, workspace_bytes_};
+    return {bf16() ? bf16_scratch_for(bf16_floats, op) : nullptr, workspace_, workspace_bytes_,
+            copy_bytes};
   }
   // Checked against the plan's need (Backend::conv_*): the copies, then cuDNN's workspace.
   const int stage = direction == kForward ? 0 : 1;
@@ -510,7 +512,17 @@ CudaBackend::PassScratch CudaBackend::pass_scratch(const CudnnConvPlan& plan, in
   // What the plan said it needs, not what the caller happened to give: a choice made later (a
   // batch size not declared) then fits every workspace the plan accepts.
   const size_t room = plan.workspace_bytes(static_cast<ConvStage>(stage)) - copies;
-  return {bf16() ? reinterpret_cast<float*>(base) : nullptr, base + copies, room};
+  return {bf16() ? reinterpret_cast<float*>(base) : nullptr, base + copies, room, copy_bytes};
+}
+
+void CudaBackend::poison_pass(const PassScratch& s, size_t cudnn_need) {
+  if (!poison_scratch_) return;
+  if (s.bf16 != nullptr && s.copy_bytes > 0) {
+    CUDA_CHECK(cudaMemsetAsync(s.bf16, 0xFF, s.copy_bytes, stream_));
+  }
+  if (s.cudnn != nullptr && cudnn_need > 0) {
+    CUDA_CHECK(cudaMemsetAsync(s.cudnn, 0xFF, cudnn_need, stream_));
+  }
 }
 
 ConvBatch& CudaBackend::batch_state(CudnnConvPlan& plan, int64_t n) {
@@ -989,6 +1001,7 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
       pass_scratch(plan, kForward, workspace,
                    plan.copy_floats(kForward, x.numel(), w.numel(), y.numel()), "conv_forward");
   ConvBatch& cb = conv_batch(plan, n, kForward, false, scratch.cudnn_bytes);
+  poison_pass(scratch, cb.choice[kForward].workspace);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
   const float one = 1.0f, zero = 0.0f;
   if (plan.io_bf16[kForward]) {
@@ -1015,6 +1028,7 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
       plan, kBackwardData, workspace,
       plan.copy_floats(kBackwardData, dx.numel(), w.numel(), dy.numel()), "conv_backward_data");
   ConvBatch& cb = conv_batch(plan, dy.shape[0], kBackwardData, false, scratch.cudnn_bytes);
+  poison_pass(scratch, cb.choice[kBackwardData].workspace);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(cb.choice[kBackwardData].algo);
   const float one = 1.0f, zero = 0.0f;
   if (plan.io_bf16[kBackwardData]) {
@@ -1046,6 +1060,7 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
       plan, kBackwardFilter, workspace,
       plan.copy_floats(kBackwardFilter, x.numel(), dw.numel(), dy.numel()), "conv_backward_filter");
   ConvBatch& cb = conv_batch(plan, n, kBackwardFilter, false, scratch.cudnn_bytes);
+  poison_pass(scratch, cb.choice[kBackwardFilter].workspace);
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(cb.choice[kBackwardFilter].algo);
   const float one = 1.0f, zero = 0.0f;
   // In bf16 dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds.

@@ -235,6 +235,34 @@ void check_scribble(const void* workspace, size_t need, const char* call) {
   }
 }
 
+/// DPRUN_CUDA_POISON_SCRATCH=1 makes the backend fill the workspace a pass's algorithm needs with
+/// 0xFF bytes right before the pass. Here each of those bytes must hold that fill when the pass
+/// starts (in stream order, after the fill), and the pass leaves zeros behind, so the next pass
+/// passes only if the backend filled its workspace again.
+bool poison_expected() {
+  static const bool on = [] {
+    const char* v = std::getenv("DPRUN_CUDA_POISON_SCRATCH");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+void check_poisoned(const void* workspace, size_t bytes, const char* call) {
+  if (!poison_expected()) return;
+  const auto* b = static_cast<const unsigned char*>(workspace);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (b[i] != 0xFF) {
+      std::fprintf(stderr,
+                   "emulated cuDNN: %s: DPRUN_CUDA_POISON_SCRATCH=1, but byte %zu of its %zu-byte "
+                   "workspace is 0x%02x, not the 0xFF fill\n",
+                   call, i, bytes, static_cast<unsigned>(b[i]));
+      std::abort();
+    }
+  }
+}
+void leave_unpoisoned(void* workspace, size_t bytes) {
+  if (poison_expected() && bytes > 0) std::memset(workspace, 0, bytes);
+}
+
 /// What a Find*Ex call does with the workspace it is given: it times the algorithms in it (so the
 /// whole of it is written), and an algorithm that needs more than it holds is not run: its
 /// result's status is not a success.
@@ -466,6 +494,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
   const cudnnFilterStruct ws = *wd;
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
+    check_poisoned(workspace, need, "cudnnConvolutionForward");
     scribble(workspace, need);
     std::vector<float> in = load(x, numel(&xs), xs.type), kcrs = filter_kcrs(&ws, w),
                        out(numel(&ys));
@@ -474,6 +503,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
                        act(out.data(), ys));
     store(y, out, a, b, ys.type);
     check_scribble(workspace, need, "cudnnConvolutionForward");
+    leave_unpoisoned(workspace, need);
   });
   return CUDNN_STATUS_SUCCESS;
 }
@@ -496,6 +526,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
   const cudnnFilterStruct ws = *wd;
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
+    check_poisoned(workspace, need, "cudnnConvolutionBackwardData");
     scribble(workspace, need);
     std::vector<float> grad = load(dy, numel(&ys), ys.type), kcrs = filter_kcrs(&ws, w),
                        out(numel(&xs));
@@ -504,6 +535,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
                              act(out.data(), xs));
     store(dx, out, a, b, xs.type);
     check_scribble(workspace, need, "cudnnConvolutionBackwardData");
+    leave_unpoisoned(workspace, need);
   });
   return CUDNN_STATUS_SUCCESS;
 }
@@ -526,6 +558,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
   const cudnnFilterStruct ws = *dwd;
   const cudnnConvolutionStruct cs = *conv;
   submit_library_work(handle->stream, [=] {
+    check_poisoned(workspace, need, "cudnnConvolutionBackwardFilter");
     scribble(workspace, need);
     std::vector<float> in = load(x, numel(&xs), xs.type), grad = load(dy, numel(&ys), ys.type),
                        kcrs(filter_numel(&ws));
@@ -533,6 +566,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
                                dp::Tensor(kcrs.data(), {ws.k, ws.c, ws.r, ws.s}), nullptr);
     filter_store(&ws, kcrs, dw, a, b);
     check_scribble(workspace, need, "cudnnConvolutionBackwardFilter");
+    leave_unpoisoned(workspace, need);
   });
   return CUDNN_STATUS_SUCCESS;
 }
