@@ -180,8 +180,6 @@ __global__ void apply4_kernel(const float4* x, const float* mean, const float* s
   }
 }
 
-bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <bool kResidual, bool kRelu>
 void launch_apply(const float* x, const float* mean, const float* scale, const float* beta,
                   const float* residual, float* y, int64_t total, int64_t c, cudaStream_t stream) {

@@ -25,6 +25,25 @@ __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n, 
   DP_GRID_STRIDE(i, n) y[i] = fmaf(alpha, b[i], a[i]);  // alpha = 1: a + b exactly
 }
 
+// The same with 16-byte loads and stores over the first 4 * n4 elements, then the tail of
+// fewer than 4 one by one, in one launch (every pointer 16-byte aligned). On the H200 the scalar
+// kernel took 0.35 of ResNet-18's 10.1 ms per step (25 launches: the residual blocks' input
+// gradients).
+__global__ void add4_kernel(const float* a, const float* b, float* y, int64_t n4, int64_t tail,
+                            float alpha) {
+  DP_GRID_STRIDE(i, n4 + tail) {
+    if (i < n4) {
+      const float4 u = reinterpret_cast<const float4*>(a)[i];
+      const float4 v = reinterpret_cast<const float4*>(b)[i];
+      reinterpret_cast<float4*>(y)[i] = make_float4(fmaf(alpha, v.x, u.x), fmaf(alpha, v.y, u.y),
+                                                    fmaf(alpha, v.z, u.z), fmaf(alpha, v.w, u.w));
+    } else {
+      const int64_t j = 4 * n4 + (i - n4);
+      y[j] = fmaf(alpha, b[j], a[j]);
+    }
+  }
+}
+
 __global__ void scale_kernel(float* t, int64_t n, float alpha) {
   DP_GRID_STRIDE(i, n) t[i] *= alpha;
 }
@@ -243,6 +262,12 @@ void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaSt
 
 void add(const float* a, const float* b, float* y, int64_t n, float alpha, cudaStream_t stream) {
   if (n <= 0) return;
+  if (aligned16(a) && aligned16(b) && aligned16(y)) {
+    const int64_t n4 = n / 4;
+    add4_kernel<<<grid_for(n4 + n % 4), kThreads, 0, stream>>>(a, b, y, n4, n % 4, alpha);
+    CUDA_CHECK_LAUNCH(add4_kernel);
+    return;
+  }
   add_kernel<<<grid_for(n), kThreads, 0, stream>>>(a, b, y, n, alpha);
   CUDA_CHECK_LAUNCH(add_kernel);
 }

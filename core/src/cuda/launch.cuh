@@ -32,6 +32,12 @@ inline unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, 65535 * 8));
 }
 
+/// Whether p (or nullptr) may be read and written as float4: the 16-byte paths of the
+/// element-wise kernels take their scalar twin otherwise.
+inline bool aligned16(const void* p) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 #define DP_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
