@@ -159,6 +159,45 @@ TEST_CASE("emulated cuda: round_to_bf16 gives dp::round_bits_to_bf16's bits, spe
   EMU_CHECK_INTACT(out);
 }
 
+TEST_CASE("emulated cuda: packing to bf16 and widening back give dp::round_bits_to_bf16's bits",
+          "[emulated][elementwise][bf16]") {
+  // 5013 values: the 16-byte path's tail; from the start (aligned: the 16-byte kernels) and from
+  // the second value (misaligned: the scalar ones).
+  fvec x = dptest::random_vector(5000, 24, -1e3f, 1e3f);
+  for (const uint32_t bits :
+       {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f7fffffu, 0x00000001u,
+        0x807fffffu, 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7f8000u, 0xffa00000u})
+    x.push_back(std::bit_cast<float>(bits));
+  for (const size_t first : {size_t{0}, size_t{1}}) {
+    INFO("from value " << first);
+    const fvec part(x.begin() + static_cast<std::ptrdiff_t>(first), x.end());
+    const auto n = static_cast<int64_t>(part.size());
+    std::vector<uint16_t> packed_expected(part.size());
+    fvec widened_expected(part.size());
+    for (size_t i = 0; i < part.size(); ++i) {
+      const uint32_t r = dp::round_bits_to_bf16(std::bit_cast<uint32_t>(part[i]));
+      packed_expected[i] = static_cast<uint16_t>(r >> 16);
+      widened_expected[i] = std::bit_cast<float>(r);
+    }
+    Guarded<float> in(x), rounded(x.size()), widened(x.size());
+    Guarded<uint16_t> packed(x.size());
+    kernels::to_bf16(in.data() + first, packed.data() + first, n, nullptr);
+    kernels::from_bf16(packed.data() + first, widened.data() + first, n, nullptr);
+    kernels::round_to_bf16(in.data() + first, rounded.data() + first, n, nullptr);
+    emutest::require_no_pending_error();
+    const std::vector<uint16_t> got_packed = packed.values();
+    CHECK(std::vector<uint16_t>(got_packed.begin() + static_cast<std::ptrdiff_t>(first),
+                                got_packed.end()) == packed_expected);
+    for (const auto* g : {&widened, &rounded}) {
+      const fvec got = g->values();
+      CHECK(same_bits(fvec(got.begin() + static_cast<std::ptrdiff_t>(first), got.end()),
+                      widened_expected));
+    }
+    for (const auto* g : {&in, &rounded, &widened}) EMU_CHECK_INTACT(*g);
+    EMU_CHECK_INTACT(packed);
+  }
+}
+
 TEST_CASE("emulated cuda: channel_sum, one pass and two-level, is deterministic and exact enough",
           "[emulated][reduction]") {
   const auto [n, c, hw] = GENERATE(std::tuple<int64_t, int64_t, int64_t>{3, 5, 7},
@@ -208,7 +247,19 @@ TEST_CASE("emulated cuda: filter layout transposes are inverse permutations",
         CHECK(t1[static_cast<size_t>((a * rs + p) * c + ch)] ==
               w[static_cast<size_t>((a * c + ch) * rs + p)]);
   CHECK(back.values() == w);
-  for (const auto* g : {&kcrs, &krsc, &back}) EMU_CHECK_INTACT(*g);
+  // The bf16 twin: the same permutation, each value packed (to_bf16's bits).
+  fvec wide(total);
+  for (size_t i = 0; i < total; ++i) wide[i] = 1.0f + static_cast<float>(i) / 1024.0f;
+  Guarded<float> kcrs_wide(wide), krsc_wide(total);
+  Guarded<uint16_t> krsc16(total), expected16(total);
+  kernels::kcrs_to_krsc(kcrs_wide.data(), krsc_wide.data(), k, c, rs, nullptr);
+  kernels::to_bf16(krsc_wide.data(), expected16.data(), static_cast<int64_t>(total), nullptr);
+  kernels::kcrs_to_krsc_bf16(kcrs_wide.data(), krsc16.data(), k, c, rs, nullptr);
+  emutest::require_no_pending_error();
+  CHECK(krsc16.values() == expected16.values());
+  for (const auto* g : {&kcrs, &krsc, &back, &kcrs_wide, &krsc_wide}) EMU_CHECK_INTACT(*g);
+  EMU_CHECK_INTACT(krsc16);
+  EMU_CHECK_INTACT(expected16);
 }
 
 TEST_CASE("emulated cuda: pooling equals the cpu backend (ties: first maximum)",

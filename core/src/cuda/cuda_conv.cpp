@@ -977,7 +977,16 @@ CudaBackend::PackedOperands CudaBackend::packed_operands(const CudnnConvPlan& pl
                                                          int64_t out_numel) {
   Bf16Operands copies(scratch, stream_);
   const uint16_t* data16 = copies.take_packed(data.f32(), data.numel());
-  const uint16_t* w16 = copies.take_packed(filter_for(plan, w.f32()), w.numel());
+  const uint16_t* w16 = nullptr;
+  if (plan.nhwc()) {  // transposed to cuDNN's KRSC and packed in one pass
+    uint16_t* room = copies.room_packed(w.numel());
+    const ConvGeometry& g = plan.geometry();
+    kernels::kcrs_to_krsc_bf16(w.f32(), room, g.out_channels, g.in_channels,
+                               g.kernel_h * g.kernel_w, stream_);
+    w16 = room;
+  } else {
+    w16 = copies.take_packed(w.f32(), w.numel());
+  }
   return {data16, w16, copies.room_packed(out_numel)};
 }
 

@@ -53,19 +53,69 @@ __device__ __forceinline__ float bf16_nearest(float x) {
   return __uint_as_float(dp::round_bits_to_bf16(__float_as_uint(x)));
 }
 
+/// The packed bf16 nearest to x (dp::round_bits_to_bf16's high half), and back.
+__device__ __forceinline__ uint16_t bf16_bits(float x) {
+  return static_cast<uint16_t>(dp::round_bits_to_bf16(__float_as_uint(x)) >> 16);
+}
+__device__ __forceinline__ float widen_bf16(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+// The conversions of every bf16 convolution pass's operands and outputs, activation-sized: 16
+// bytes of floats a thread step over the first 4 * n4 elements (4 packed bf16 as one 8-byte
+// word), the tail of fewer than 4 one by one, in one launch; the scalar kernels where a pointer
+// is not aligned for that.
 __global__ void round_to_bf16_kernel(const float* x, float* y, int64_t n) {
   DP_GRID_STRIDE(i, n) y[i] = bf16_nearest(x[i]);
 }
+__global__ void round_to_bf16_4_kernel(const float* x, float* y, int64_t n4, int64_t tail) {
+  DP_GRID_STRIDE(i, n4 + tail) {
+    if (i < n4) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i];
+      reinterpret_cast<float4*>(y)[i] =
+          make_float4(bf16_nearest(v.x), bf16_nearest(v.y), bf16_nearest(v.z), bf16_nearest(v.w));
+    } else {
+      const int64_t j = 4 * n4 + (i - n4);
+      y[j] = bf16_nearest(x[j]);
+    }
+  }
+}
 
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
-  DP_GRID_STRIDE(i, n) {
-    y[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(__float_as_uint(x[i])) >> 16);
+  DP_GRID_STRIDE(i, n) y[i] = bf16_bits(x[i]);
+}
+__global__ void to_bf16_4_kernel(const float* x, uint16_t* y, int64_t n4, int64_t tail) {
+  DP_GRID_STRIDE(i, n4 + tail) {
+    if (i < n4) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i];
+      reinterpret_cast<uint64_t*>(y)[i] =
+          static_cast<uint64_t>(bf16_bits(v.x)) | static_cast<uint64_t>(bf16_bits(v.y)) << 16 |
+          static_cast<uint64_t>(bf16_bits(v.z)) << 32 | static_cast<uint64_t>(bf16_bits(v.w)) << 48;
+    } else {
+      const int64_t j = 4 * n4 + (i - n4);
+      y[j] = bf16_bits(x[j]);
+    }
   }
 }
 
 __global__ void from_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
-  DP_GRID_STRIDE(i, n) y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+  DP_GRID_STRIDE(i, n) y[i] = widen_bf16(x[i]);
 }
+__global__ void from_bf16_4_kernel(const uint16_t* x, float* y, int64_t n4, int64_t tail) {
+  DP_GRID_STRIDE(i, n4 + tail) {
+    if (i < n4) {
+      const uint64_t v = reinterpret_cast<const uint64_t*>(x)[i];
+      reinterpret_cast<float4*>(y)[i] = make_float4(
+          widen_bf16(static_cast<uint16_t>(v)), widen_bf16(static_cast<uint16_t>(v >> 16)),
+          widen_bf16(static_cast<uint16_t>(v >> 32)), widen_bf16(static_cast<uint16_t>(v >> 48)));
+    } else {
+      const int64_t j = 4 * n4 + (i - n4);
+      y[j] = widen_bf16(x[j]);
+    }
+  }
+}
+
+bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
 
 /// A value as it joins a channel sum: itself, or its bf16 rounding.
 template <bool kRound>
@@ -147,6 +197,16 @@ __global__ void kcrs_to_krsc_kernel(const float* in, float* out, int64_t k, int6
     const int64_t kk = i / (rs * c), rem = i % (rs * c);
     const int64_t r = rem / c, cc = rem % c;
     out[i] = in[(kk * c + cc) * rs + r];
+  }
+}
+
+// kcrs_to_krsc, each value packed as bf16: a bf16 NHWC pass's filter in one launch.
+__global__ void kcrs_to_krsc_bf16_kernel(const float* in, uint16_t* out, int64_t k, int64_t c,
+                                         int64_t rs) {
+  DP_GRID_STRIDE(i, k * c * rs) {
+    const int64_t kk = i / (rs * c), rem = i % (rs * c);
+    const int64_t r = rem / c, cc = rem % c;
+    out[i] = bf16_bits(in[(kk * c + cc) * rs + r]);
   }
 }
 
@@ -305,18 +365,33 @@ void bias_add_round_bf16(float* y, const float* b, int64_t n, int64_t c, int64_t
 
 void round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (aligned16(x) && aligned16(y)) {
+    round_to_bf16_4_kernel<<<grid_for(n / 4 + n % 4), kThreads, 0, stream>>>(x, y, n / 4, n % 4);
+    CUDA_CHECK_LAUNCH(round_to_bf16_4_kernel);
+    return;
+  }
   round_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
   CUDA_CHECK_LAUNCH(round_to_bf16_kernel);
 }
 
 void to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (aligned16(x) && aligned8(y)) {
+    to_bf16_4_kernel<<<grid_for(n / 4 + n % 4), kThreads, 0, stream>>>(x, y, n / 4, n % 4);
+    CUDA_CHECK_LAUNCH(to_bf16_4_kernel);
+    return;
+  }
   to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
   CUDA_CHECK_LAUNCH(to_bf16_kernel);
 }
 
 void from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (aligned8(x) && aligned16(y)) {
+    from_bf16_4_kernel<<<grid_for(n / 4 + n % 4), kThreads, 0, stream>>>(x, y, n / 4, n % 4);
+    CUDA_CHECK_LAUNCH(from_bf16_4_kernel);
+    return;
+  }
   from_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
   CUDA_CHECK_LAUNCH(from_bf16_kernel);
 }
@@ -365,6 +440,14 @@ void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
   if (n <= 0) return;
   kcrs_to_krsc_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, out, k, c, rs);
   CUDA_CHECK_LAUNCH(kcrs_to_krsc_kernel);
+}
+
+void kcrs_to_krsc_bf16(const float* in, uint16_t* out, int64_t k, int64_t c, int64_t rs,
+                       cudaStream_t stream) {
+  const int64_t n = k * c * rs;
+  if (n <= 0) return;
+  kcrs_to_krsc_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, out, k, c, rs);
+  CUDA_CHECK_LAUNCH(kcrs_to_krsc_bf16_kernel);
 }
 
 void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,

@@ -63,6 +63,9 @@ void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
                   cudaStream_t stream);
 void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
                   cudaStream_t stream);
+/// kcrs_to_krsc with each value packed as bf16 (to_bf16's bits), in one pass.
+void kcrs_to_krsc_bf16(const float* in, uint16_t* out, int64_t k, int64_t c, int64_t rs,
+                       cudaStream_t stream);
 
 /// PyTorch SGD over flat buffers (optimizer.cu): d = g + wd * p; buf = momentum * buf + d (when
 /// buf); p -= lr * (buf, or d + momentum * buf with Nesterov, or d). grads are not modified.
