@@ -219,19 +219,23 @@ bool workspace_fits(size_t need, size_t given) {
 void scribble(void* workspace, size_t need) {
   if (need > 0) std::memset(workspace, 0xFF, need);
 }
+/// The first of the n bytes at p that is not 0xFF, or n.
+size_t first_unfilled(const void* p, size_t n) {
+  const auto* bytes = static_cast<const unsigned char*>(p);
+  size_t i = 0;
+  while (i < n && bytes[i] == 0xFF) ++i;
+  return i;
+}
 /// After the pass: a real algorithm reads its workspace back while it writes the output, so a
 /// workspace that shares memory with the output (or with anything the pass wrote) computes
 /// garbage on a GPU. Here the pattern must be intact, else the run stops, naming the call.
 void check_scribble(const void* workspace, size_t need, const char* call) {
-  const auto* bytes = static_cast<const unsigned char*>(workspace);
-  for (size_t i = 0; i < need; ++i) {
-    if (bytes[i] != 0xFF) {
-      std::fprintf(stderr,
-                   "emulated cuDNN: %s: its workspace changed while the pass ran (byte %zu of "
-                   "%zu): it shares memory with the pass's output\n",
-                   call, i, need);
-      std::abort();
-    }
+  if (const size_t i = first_unfilled(workspace, need); i < need) {
+    std::fprintf(stderr,
+                 "emulated cuDNN: %s: its workspace changed while the pass ran (byte %zu of "
+                 "%zu): it shares memory with the pass's output\n",
+                 call, i, need);
+    std::abort();
   }
 }
 
@@ -248,15 +252,13 @@ bool poison_expected() {
 }
 void check_poisoned(const void* workspace, size_t bytes, const char* call) {
   if (!poison_expected()) return;
-  const auto* b = static_cast<const unsigned char*>(workspace);
-  for (size_t i = 0; i < bytes; ++i) {
-    if (b[i] != 0xFF) {
-      std::fprintf(stderr,
-                   "emulated cuDNN: %s: DPRUN_CUDA_POISON_SCRATCH=1, but byte %zu of its %zu-byte "
-                   "workspace is 0x%02x, not the 0xFF fill\n",
-                   call, i, bytes, static_cast<unsigned>(b[i]));
-      std::abort();
-    }
+  if (const size_t i = first_unfilled(workspace, bytes); i < bytes) {
+    std::fprintf(stderr,
+                 "emulated cuDNN: %s: DPRUN_CUDA_POISON_SCRATCH=1, but byte %zu of its %zu-byte "
+                 "workspace is 0x%02x, not the 0xFF fill\n",
+                 call, i, bytes,
+                 static_cast<unsigned>(static_cast<const unsigned char*>(workspace)[i]));
+    std::abort();
   }
 }
 void leave_unpoisoned(void* workspace, size_t bytes) {
