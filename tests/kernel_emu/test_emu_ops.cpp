@@ -248,8 +248,9 @@ TEST_CASE("emulated cuda: filter layout transposes are inverse permutations",
               w[static_cast<size_t>((a * c + ch) * rs + p)]);
   CHECK(back.values() == w);
   // The bf16 twin: the same permutation, each value packed (to_bf16's bits).
-  fvec wide(total);
-  for (size_t i = 0; i < total; ++i) wide[i] = 1.0f + static_cast<float>(i) / 1024.0f;
+  fvec wide(total);  // distinct bf16 values, each exact: a misplaced one is seen
+  for (size_t i = 0; i < total; ++i)
+    wide[i] = std::bit_cast<float>((0x3f80u + static_cast<uint32_t>(i)) << 16);
   Guarded<float> kcrs_wide(wide), krsc_wide(total);
   Guarded<uint16_t> krsc16(total), expected16(total);
   kernels::kcrs_to_krsc(kcrs_wide.data(), krsc_wide.data(), k, c, rs, nullptr);
@@ -257,6 +258,9 @@ TEST_CASE("emulated cuda: filter layout transposes are inverse permutations",
   kernels::kcrs_to_krsc_bf16(kcrs_wide.data(), krsc16.data(), k, c, rs, nullptr);
   emutest::require_no_pending_error();
   CHECK(krsc16.values() == expected16.values());
+  const std::vector<uint16_t> packed = krsc16.values();
+  CHECK(packed[static_cast<size_t>((1 * rs + 2) * c + 3)] ==
+        static_cast<uint16_t>(0x3f80u + static_cast<uint32_t>((1 * c + 3) * rs + 2)));
   for (const auto* g : {&kcrs, &krsc, &back, &kcrs_wide, &krsc_wide}) EMU_CHECK_INTACT(*g);
   EMU_CHECK_INTACT(krsc16);
   EMU_CHECK_INTACT(expected16);

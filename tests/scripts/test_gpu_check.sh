@@ -18,7 +18,7 @@ check() {  # description, command...
 # A repository copy with the script and a stand-in bundle.
 mkdir -p "$T/repo/scripts" "$T/repo/.gpu/data" "$T/bin" "$T/py/nvidia/cudnn/lib" \
   "$T/py2/nvidia/nccl/lib" "$T/stage/bin" "$T/stage/lib" "$T/stage/plugins"
-cp "$SRC/scripts/gpu-check" "$SRC/scripts/gpu-record" "$T/repo/scripts/"
+cp "$SRC/scripts/gpu-check" "$SRC/scripts/gpu-record" "$SRC/scripts/catch-name-file" "$T/repo/scripts/"
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
   t10k-labels-idx1-ubyte.gz; do : >"$T/repo/.gpu/data/$f"; done
 echo abc1234 >"$T/repo/.gpu/commit"
@@ -53,11 +53,17 @@ chmod +x "$T/stage/bin/test_cuda"
 cat >"$T/stage/bin/test_core" <<'TC'
 #!/bin/sh
 if [ "${2:-}" = "--list-test-names-only" ]; then
+  [ -n "${STANDIN_CORE_LIST_EMPTY:-}" ] && exit 0
   printf 'a layer, both layouts\nBatchNorm2d [fused] twin\n\nthe checker catches a wrong gradient\n'
-  exit 0
+  exit 3  # Catch2 v2 exits with the number of tests listed
 fi
 echo "${DPRUN_REQUIRE_CUDA:-unset}" >"$STANDIN/require_cuda"
-if [ "${1:-}" = "-f" ]; then cp "$2" "$STANDIN/shard.$(basename "$2")"; fi
+prev=""
+for a in "$@"; do
+  [ "$prev" = "-f" ] && cp "$a" "$STANDIN/shard.$(basename "$a")"
+  [ "$prev" = "-w" ] && echo "$a" >"$STANDIN/warn"
+  prev=$a
+done
 if [ -n "${STANDIN_CORE_FAILS:-}" ]; then
   echo "test cases: 2 | 1 passed | 1 failed"; exit "${STANDIN_CORE_RC:-1}"
 fi
@@ -124,8 +130,8 @@ rc=$?
 check "a clean stand-in run passes (exit $rc)" test $rc -eq 0
 check "the tests phase writes its record" test -s "$T/out/record-tests.json"
 check "\$OUT holds the records and one archive of the rest" \
-  bash -c 'cd "$1" && [[ $(ls | tr "\n" " ") == "logs.tar.gz record-tests.json " ]]' _ "$T/out"
-check "the archive has the logs" bash -c 'tar tzf "$1" | grep -qx test_ops.log' _ "$T/out/logs.tar.gz"
+  bash -c 'cd "$1" && [[ $(ls | tr "\n" " ") == "logs.tar record-tests.json " ]]' _ "$T/out"
+check "the archive has the logs" bash -c 'tar tf "$1" | grep -qx test_ops.log' _ "$T/out/logs.tar"
 check "the record names the commit and the GPU" \
   grep -q '"commit": "abc1234"' "$T/out/record-tests.json"
 path=$(cat "$STANDIN/ld_library_path" 2>/dev/null)
@@ -187,6 +193,12 @@ assert got == ["a layer\\, both layouts\n", "BatchNorm2d \\[fused] twin\n",
                "the checker catches a wrong gradient\n"], got
 ' "$STANDIN"
 check "test_core's shards ran with their CUDA passes required" grep -qx 1 "$STANDIN/require_cuda"
+check "test_core's shards fail on a name that selects nothing (-w NoTests)" grep -qx NoTests "$STANDIN/warn"
+check "the sanitizer logs are in the archive, not loose in \$OUT" bash -c '
+  cd "$1" && [[ -z $(ls | grep -v -e "^record-.*\.json$" -e "^logs\.tar$") ]] && tar tf logs.tar | grep -qx memcheck.log' _ "$T/out"
+sanitize STANDIN_CORE_LIST_EMPTY=1; rc=$?
+check "a test_core that lists no layer tests fails the phase (exit $rc)" test $rc -ne 0
+check "the failure says so" grep -q "test_core lists no \[layers\],\[batchnorm\] tests" "$T/log"
 sanitize STANDIN_CORE_EXPECTED=1; rc=$?
 check "the checker's expected failure leaves the run clean (exit $rc)" test $rc -eq 0
 check "no run is NOT clean" bash -c '! grep -q "NOT clean" "$1"' _ "$T/log"
