@@ -13,6 +13,7 @@
 // groups depend on M alone, never on the device. The statistics are sums of x - pivot (the
 // channel's first value), so the variance does not lose its digits to a large mean.
 #include <cstdint>
+#include <initializer_list>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.cuh"
@@ -85,6 +86,99 @@ __device__ __forceinline__ void sum_partials(const float* a, const float* b, int
 }
 
 dim3 finalize_grid(int64_t c) { return dim3(static_cast<unsigned>((c + kLanes - 1) / kLanes)); }
+
+// The 16-byte variants of the partial kernels, for C a multiple of 4 and aligned tensors: block
+// (8 lanes of 4 channels, 32 row lanes), the same 32 channels and groups per block as the scalar
+// kernels, each thread reading float4s (on the H200 the scalar partials took 0.82 of ResNet-18's
+// 10.1 ms per step). The 32 row lanes are added in a fixed order.
+constexpr int kQuadLanes = kLanes / 4;
+constexpr int kRowLanes4 = 32;
+
+__device__ __forceinline__ void add4(float4& a, float4 v) {
+  a.x += v.x;
+  a.y += v.y;
+  a.z += v.z;
+  a.w += v.w;
+}
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) {
+  return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w);
+}
+__device__ __forceinline__ float4 sub4(float4 a, float4 b) {
+  return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w);
+}
+
+/// write_partial for the 16-byte kernels: channels ch .. ch + 3 (ch < c, c % 4 == 0).
+__device__ __forceinline__ void write_partial4(float4 a, float4 b, int64_t ch, int64_t c, int64_t g,
+                                               float* out_a, float* out_b) {
+  __shared__ float4 sa[kRowLanes4][kQuadLanes], sb[kRowLanes4][kQuadLanes];
+  sa[threadIdx.y][threadIdx.x] = a;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && ch < c) {
+    float4 ta = make_float4(0.0f, 0.0f, 0.0f, 0.0f), tb = ta;
+    for (int k = 0; k < kRowLanes4; ++k) {
+      add4(ta, sa[k][threadIdx.x]);
+      add4(tb, sb[k][threadIdx.x]);
+    }
+    *reinterpret_cast<float4*>(out_a + g * c + ch) = ta;
+    *reinterpret_cast<float4*>(out_b + g * c + ch) = tb;
+  }
+}
+
+__global__ void stats_partial4_kernel(const float* x, int64_t rows, int64_t c, int64_t groups,
+                                      float* s1, float* s2) {
+  const int64_t ch = (static_cast<int64_t>(blockIdx.x) * kQuadLanes + threadIdx.x) * 4;
+  const int64_t g = blockIdx.y;
+  float4 a1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a2 = a1;
+  if (ch < c) {
+    const float4 pivot = *reinterpret_cast<const float4*>(x + ch);
+    int64_t begin = 0, end = 0;
+    group_rows(rows, groups, g, begin, end);
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes4) {
+      const float4 d = sub4(*reinterpret_cast<const float4*>(x + r * c + ch), pivot);
+      add4(a1, d);
+      add4(a2, mul4(d, d));
+    }
+  }
+  write_partial4(a1, a2, ch, c, g, s1, s2);
+}
+
+template <bool kRelu>
+__global__ void backward_partial4_kernel(const float* x, const float* dy, const float* y, float* dz,
+                                         const float* mean, int64_t rows, int64_t c, int64_t groups,
+                                         float* sg, float* sgx) {
+  const int64_t ch = (static_cast<int64_t>(blockIdx.x) * kQuadLanes + threadIdx.x) * 4;
+  const int64_t g = blockIdx.y;
+  float4 a1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a2 = a1;
+  if (ch < c) {
+    const float4 m = *reinterpret_cast<const float4*>(mean + ch);
+    int64_t begin = 0, end = 0;
+    group_rows(rows, groups, g, begin, end);
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes4) {
+      const int64_t i = r * c + ch;
+      float4 gv = *reinterpret_cast<const float4*>(dy + i);
+      if (kRelu) {
+        const float4 yv = *reinterpret_cast<const float4*>(y + i);
+        gv = make_float4(yv.x > 0.0f ? gv.x : 0.0f, yv.y > 0.0f ? gv.y : 0.0f,
+                         yv.z > 0.0f ? gv.z : 0.0f, yv.w > 0.0f ? gv.w : 0.0f);
+        *reinterpret_cast<float4*>(dz + i) = gv;
+      }
+      add4(a1, gv);
+      add4(a2, mul4(gv, sub4(*reinterpret_cast<const float4*>(x + i), m)));
+    }
+  }
+  write_partial4(a1, a2, ch, c, g, sg, sgx);
+}
+
+/// Whether the 16-byte partial kernels may run: C a multiple of 4, every tensor (and the partial
+/// sums, written at g * c + ch) 16-byte aligned.
+bool partials4(int64_t c, std::initializer_list<const void*> ptrs) {
+  if (c % 4 != 0) return false;
+  for (const void* p : ptrs) {
+    if (!aligned16(p)) return false;
+  }
+  return true;
+}
 
 // Partial sums of d = x - x[0, ch] and d^2 per (group, channel).
 __global__ void stats_partial_kernel(const float* x, int64_t rows, int64_t c, int64_t groups,
@@ -309,9 +403,15 @@ void bn_nhwc_forward_train(const float* x, const float* gamma, const float* beta
   float* s1 = scratch;
   float* s2 = scratch + groups * c;
   float* scale = scratch + 2 * groups * c;
-  stats_partial_kernel<<<reduce_grid(c, groups), dim3(kLanes, kRowLanes), 0, stream>>>(
-      x, rows, c, groups, s1, s2);
-  CUDA_CHECK_LAUNCH(stats_partial_kernel);
+  if (partials4(c, {x, s1, s2})) {
+    stats_partial4_kernel<<<reduce_grid(c, groups), dim3(kQuadLanes, kRowLanes4), 0, stream>>>(
+        x, rows, c, groups, s1, s2);
+    CUDA_CHECK_LAUNCH(stats_partial4_kernel);
+  } else {
+    stats_partial_kernel<<<reduce_grid(c, groups), dim3(kLanes, kRowLanes), 0, stream>>>(
+        x, rows, c, groups, s1, s2);
+    CUDA_CHECK_LAUNCH(stats_partial_kernel);
+  }
   stats_finalize_kernel<<<finalize_grid(c), dim3(kLanes, kSumLanes), 0, stream>>>(
       x, s1, s2, rows, c, groups, gamma, running_mean, running_var, momentum, eps, save_mean,
       save_invstd, scale);
@@ -339,15 +439,28 @@ void bn_nhwc_backward(const float* x, const float* dy, const float* y, float* dz
   float* sgx = scratch + groups * c;
   float* coef = scratch + 2 * groups * c;
   const bool relu = y != nullptr;
-  const dim3 grid = reduce_grid(c, groups), block(kLanes, kRowLanes);
-  if (relu) {
-    backward_partial_kernel<true>
-        <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
+  const dim3 grid = reduce_grid(c, groups);
+  if (partials4(c, {x, dy, y, dz, save_mean, sg, sgx})) {
+    const dim3 block(kQuadLanes, kRowLanes4);
+    if (relu) {
+      backward_partial4_kernel<true>
+          <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
+    } else {
+      backward_partial4_kernel<false><<<grid, block, 0, stream>>>(
+          x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
+    }
+    CUDA_CHECK_LAUNCH(backward_partial4_kernel);
   } else {
-    backward_partial_kernel<false>
-        <<<grid, block, 0, stream>>>(x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
+    const dim3 block(kLanes, kRowLanes);
+    if (relu) {
+      backward_partial_kernel<true>
+          <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
+    } else {
+      backward_partial_kernel<false><<<grid, block, 0, stream>>>(x, dy, nullptr, nullptr, save_mean,
+                                                                 rows, c, groups, sg, sgx);
+    }
+    CUDA_CHECK_LAUNCH(backward_partial_kernel);
   }
-  CUDA_CHECK_LAUNCH(backward_partial_kernel);
   backward_finalize_kernel<<<finalize_grid(c), dim3(kLanes, kSumLanes), 0, stream>>>(
       sg, sgx, rows, c, groups, gamma, save_invstd, dgamma, dbeta, coef);
   CUDA_CHECK_LAUNCH(backward_finalize_kernel);
