@@ -11,8 +11,12 @@ std::string where(const char* file, int line) {
 }
 }  // namespace
 
+std::string located(const char* file, int line, const std::string& message) {
+  return message + " (" + where(file, line) + ")";
+}
+
 void throw_error(const char* file, int line, const std::string& message) {
-  throw Error(message + " (" + where(file, line) + ")");
+  throw Error(located(file, line, message));
 }
 
 void throw_internal(const char* file, int line, const char* condition,

@@ -24,6 +24,8 @@ class AbortedError : public Error {
   using Error::Error;
 };
 
+/// `message` followed by " (file:line)", the file without its folders: what throw_error throws.
+std::string located(const char* file, int line, const std::string& message);
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 [[noreturn]] void throw_internal(const char* file, int line, const char* condition,
                                  const std::string& message);

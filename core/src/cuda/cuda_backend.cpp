@@ -22,12 +22,8 @@ namespace dp::cuda {
 void throw_library_error(const char* library, const char* statement, const char* file, int line,
                          const std::string& what) {
   const std::string message = std::string(library) + " error in `" + statement + "`: " + what;
-  if (std::string(library) != "cuDNN") throw_error(file, line, message);
-  try {
-    throw_error(file, line, message);  // the message with its file:line
-  } catch (const Error& e) {
-    throw CudnnError(e.what());
-  }
+  if (std::string(library) == "cuDNN") throw CudnnError(located(file, line, message));
+  throw_error(file, line, message);
 }
 
 void warn_library_error(const char* library, const char* statement, const char* file, int line,
