@@ -1,13 +1,13 @@
 // GPU benchmark: LeNet and ResNet-18 training steps on one GPU through dp::Trainer (the same
 // path dprun uses) at batches 64, 256 and 1024: TF32 (as PyTorch's default for convolutions) in
-// NCHW and NHWC, strict fp32 in NCHW, precision bf16 in NHWC and NCHW; at batch 256 also NHWC with
-// cuDNN's batch norm instead of ours (DPRUN_CUDA_NHWC_BN=cudnn, the comparison issue 21 asks for)
-// and NHWC with every step a CUDA graph (TrainerOptions::graphs). Per configuration: warm-up steps,
-// then the median of timed steps (each step ends with a host synchronisation: Trainer::step
-// downloads the loss), projected seconds per epoch (ceil(60000 / batch) steps), peak GPU memory the
-// backend allocated, and at batch 256 one real epoch of Fashion-MNIST through Trainer::run_epoch
-// (no per-step host sync). Builds without CUDA too and then only says so. bench/pytorch_gpu.py
-// measures PyTorch the same way in the same call (scripts/gpu-check).
+// NCHW and NHWC, strict fp32 in NCHW and NHWC, precision bf16 in NHWC and NCHW; at batch 256 also
+// NHWC with cuDNN's batch norm instead of ours (DPRUN_CUDA_NHWC_BN=cudnn, the comparison issue 21
+// asks for) and NHWC with every step a CUDA graph (TrainerOptions::graphs). Per configuration:
+// warm-up steps, then the median of timed steps (each step ends with a host synchronisation:
+// Trainer::step downloads the loss), projected seconds per epoch (ceil(60000 / batch) steps), peak
+// GPU memory the backend allocated, and at batch 256 one real epoch of Fashion-MNIST through
+// Trainer::run_epoch (no per-step host sync). Builds without CUDA too and then only says so.
+// bench/pytorch_gpu.py measures PyTorch the same way in the same call (scripts/gpu-check).
 //
 //   bench_gpu [--steps N] [--warmup N] [--batches 64,256,1024] [--no-epoch]
 //             [--model lenet|resnet18] [--config NAME,...] [--list] [--profile] [--plugins DIR]
@@ -374,6 +374,8 @@ std::vector<Config> all_configs(const Args& args) {
       configs.push_back({model, dp::Layout::nchw, Arith::tf32, lr, batch});
       configs.push_back({model, dp::Layout::nhwc, Arith::tf32, lr, batch});
       configs.push_back({model, dp::Layout::nchw, Arith::fp32, lr, batch});
+      // layout = "auto" keeps strict fp32 in nchw until this says nhwc is faster there too.
+      configs.push_back({model, dp::Layout::nhwc, Arith::fp32, lr, batch});
       configs.push_back({model, dp::Layout::nhwc, Arith::bf16, lr, batch});
       configs.push_back({model, dp::Layout::nchw, Arith::bf16, lr, batch});
       if (batch == 256) {

@@ -70,6 +70,7 @@ const JsonFields<dps::TrialStart>& start_fields() {
       field("oversubscribed", &dps::TrialStart::oversubscribed),
       field("hosts", &dps::TrialStart::hosts),
       field("data_residence", &dps::TrialStart::data_residence),
+      field("layout_used", &dps::TrialStart::layout_used),
   };
   return f;
 }

@@ -97,7 +97,11 @@ std::string range_doc(const Range& r) {
 
 // ---- the table ---------------------------------------------------------------------------------
 
-SettingTable::SettingTable(std::vector<Setting> rows) : rows_(std::move(rows)) {
+SettingTable::SettingTable(std::vector<Setting> rows, int generation)
+    : rows_(std::move(rows)), generation_(generation) {
+  if (generation_ < 1 || generation_ > kDefaultsGeneration)
+    throw std::logic_error("setting table: defaults generation " + std::to_string(generation_) +
+                           " is not in [1, " + std::to_string(kDefaultsGeneration) + "]");
   for (size_t i = 0; i < rows_.size(); ++i) {
     const Setting& s = rows_[i];
     if (s.key.empty() && s.column.empty()) bad_row(s, "needs a key, a column or both");
@@ -119,6 +123,16 @@ SettingTable::SettingTable(std::vector<Setting> rows) : rows_(std::move(rows)) {
       if (auto why = check_setting_value(s, s.default_value); !why.empty())
         bad_row(s, "the default is refused by the setting's own check: " + why);
     }
+    int until = 0;
+    for (const EarlierDefault& e : s.earlier_defaults) {
+      if (e.until <= until || e.until >= kDefaultsGeneration)
+        bad_row(s, "earlier defaults must be of increasing generations before the current one");
+      until = e.until;
+      if (e.value.index() != value_index(s.type))
+        bad_row(s, "an earlier default is not a value of the setting's type");
+      if (auto why = check_setting_value(s, e.value); !why.empty())
+        bad_row(s, "an earlier default is refused by the setting's own check: " + why);
+    }
     if (s.help.empty()) bad_row(s, "needs a help line");
     if (s.applies_when && s.key.empty()) bad_row(s, "a setting that applies sometimes needs a key");
   }
@@ -133,6 +147,18 @@ SettingTable::SettingTable(std::vector<Setting> rows) : rows_(std::move(rows)) {
   }
   for (const Setting& s : rows_)
     if (!s.column.empty()) recorded_.push_back(&s);
+}
+
+const SettingTable& SettingTable::with_defaults(int generation) const {
+  if (generation == generation_) return *this;
+  std::lock_guard<std::mutex> lock(earlier_mutex_);
+  auto& table = earlier_[generation];
+  if (!table) {
+    std::vector<Setting> rows = rows_;
+    for (Setting& row : rows) row.default_value = row.default_for(generation);
+    table = std::make_unique<SettingTable>(std::move(rows), generation);
+  }
+  return *table;
 }
 
 const Setting* SettingTable::by_key(std::string_view key) const {
@@ -155,8 +181,11 @@ std::vector<std::string> SettingTable::keys() const {
 }
 
 std::vector<dps::SettingColumn> SettingTable::store_columns() const {
+  // A column's default fills the rows stored before the column existed: the setting's first
+  // default, what dprun did then, in every generation.
   std::vector<dps::SettingColumn> columns;
   TrialSettings defaults(*this);
+  for (const Setting* s : recorded_) defaults.set(s->column, s->first_default());
   const dps::SettingValues values = to_store(defaults);
   for (const Setting* s : recorded_)
     columns.push_back({s->column, values.at(s->column), s->baseline_may_differ});
@@ -466,10 +495,14 @@ SettingValue from_store(const Setting& s, const dps::SqlValue& v) {
 }
 
 TrialSettings settings_from_store(const SettingTable& table, const dps::SettingValues& values) {
+  // A column the database lacks was not a setting yet: what dprun did then, its first default.
   TrialSettings s(table);
-  for (const Setting* row : table.recorded())
+  for (const Setting* row : table.recorded()) {
     if (auto it = values.find(row->column); it != values.end())
       s.set(row->column, from_store(*row, it->second));
+    else
+      s.set(row->column, row->first_default());
+  }
   return s;
 }
 

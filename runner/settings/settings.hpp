@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -60,6 +62,20 @@ struct AppliesWhen {
 /// Setting::count of a numbers setting whose length is not fixed (one value per channel).
 inline constexpr size_t kAnyCount = static_cast<size_t>(-1);
 
+/// The generation of the defaults: what a key the experiment file leaves out means. It grows by
+/// one when a setting's default changes (2: layout "nchw" became "auto"). An experiment keeps
+/// the generation it was begun with (the store records it), so a file run again against its
+/// database means what it meant then: its trials keep their identities, and nothing stored runs
+/// again. A new experiment gets this one.
+inline constexpr int kDefaultsGeneration = 2;
+
+/// A default a setting had before it changed: the default for experiments begun under
+/// generation `until` or an earlier one.
+struct EarlierDefault {
+  int until = 1;
+  SettingValue value;
+};
+
 /// One row of the table.
 struct Setting {
   /// The key in [train] and [sweep]; "" for a setting the file sets elsewhere ([data], [model.X]).
@@ -88,14 +104,34 @@ struct Setting {
   std::optional<AppliesWhen> applies_when = {};
   std::string help = {};  // one line for the README, `dprun settings` and `dprun train --help`
   std::string default_doc = {};  // the default as documented, when the value alone would mislead
+  /// The defaults this setting had before default_value, oldest first (see kDefaultsGeneration).
+  /// A setting's default changes only this way: an experiment begun earlier keeps its default.
+  std::vector<EarlierDefault> earlier_defaults = {};
+
+  /// The default for an experiment of defaults generation `generation`.
+  const SettingValue& default_for(int generation) const {
+    for (const EarlierDefault& e : earlier_defaults)
+      if (generation <= e.until) return e.value;
+    return default_value;
+  }
+  /// The first default it ever had: what the identity and the store's column compare with, the
+  /// same in every generation.
+  const SettingValue& first_default() const {
+    return earlier_defaults.empty() ? default_value : earlier_defaults.front().value;
+  }
 };
 
 /// The rows, checked: unique keys and columns, defaults of the right type that pass their own
 /// checks, identity settings recorded. A bad row is a programming error (std::logic_error).
 class SettingTable {
  public:
-  explicit SettingTable(std::vector<Setting> rows);
+  /// generation: the defaults generation its rows' default_value are of.
+  explicit SettingTable(std::vector<Setting> rows, int generation = kDefaultsGeneration);
   const std::vector<Setting>& rows() const { return rows_; }
+  int generation() const { return generation_; }
+  /// The same rows with the defaults of an earlier generation as their default_value (itself
+  /// for its own generation). Lives as long as this table.
+  const SettingTable& with_defaults(int generation) const;
   const Setting* by_key(std::string_view key) const;        // null when there is none
   const Setting* by_column(std::string_view column) const;  // null when there is none
   /// The experiment-file keys in table order ("known keys" in messages).
@@ -111,9 +147,13 @@ class SettingTable {
  private:
   std::vector<Setting> rows_;
   std::vector<const Setting*> recorded_;
+  int generation_;
+  mutable std::mutex earlier_mutex_;
+  mutable std::map<int, std::unique_ptr<SettingTable>> earlier_;  // with_defaults' tables
 };
 
-/// The settings of this dprun.
+/// The settings of this dprun, with the defaults of kDefaultsGeneration
+/// (builtin_settings().with_defaults(g) for an experiment begun under generation g).
 const SettingTable& builtin_settings();
 
 /// Every recorded setting of one trial, by column. Starts at the defaults.

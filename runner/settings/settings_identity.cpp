@@ -69,7 +69,8 @@ std::string canonical_settings(const TrialSettings& settings) {
   const auto& recorded = table.recorded();
   for (size_t i = 0; i < recorded.size(); ++i) {
     const Setting& row = *recorded[i];
-    if (!row.identity || is_v1(row.column) || settings.at(i) == row.default_value) continue;
+    // The first default: a trial's identity does not depend on its experiment's generation.
+    if (!row.identity || is_v1(row.column) || settings.at(i) == row.first_default()) continue;
     later[row.column] = canonical_value(row, settings.at(i));
   }
   for (const auto& [column, value] : later)

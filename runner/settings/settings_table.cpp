@@ -12,6 +12,17 @@
 
 namespace dprun {
 
+namespace {
+
+// "auto" (resolved where the trial runs: engine_options.hpp's trial_layout), then the engine's.
+std::vector<std::string> layout_choices() {
+  std::vector<std::string> choices{"auto"};
+  for (const std::string& name : dp::layout_names()) choices.push_back(name);
+  return choices;
+}
+
+}  // namespace
+
 // long function: the table of settings, one row per setting; splitting it would split the table.
 const SettingTable& builtin_settings() {
   using namespace std::string_literals;
@@ -232,11 +243,20 @@ const SettingTable& builtin_settings() {
       {.key = "layout",
        .column = "layout",
        .type = T::choice,
-       .default_value = "nchw"s,
-       .choices = dp::layout_names(),
+       .default_value = "auto"s,
+       .choices = layout_choices(),
+       // "auto" resolves on the machine that runs the trial (trial_layout): the trial records
+       // the layout it ran with (trials.layout_used). Experiments begun before the default
+       // changed keep "nchw" (their trials' identities).
        .identity = true,
-       .help = "activation layout: \"nchw\" as PyTorch's default, \"nhwc\" channels last "
-               "(both backends; checkpoints are PyTorch's either way)"},
+       .help =
+           "activation layout: \"nchw\" as PyTorch's default, \"nhwc\" channels last "
+           "(both backends; checkpoints are PyTorch's either way); \"auto\": the faster "
+           "as measured where the trial runs, nhwc on CUDA (nchw there with allow_tf32 = "
+           "false: not measured yet), nchw on the CPU (trials record "
+           "which: column layout_used). An experiment begun by an older dprun, whose default was "
+           "nchw, keeps nchw, so its trials stay the same trials",
+       .earlier_defaults = {{1, "nchw"s}}},
       {.key = "bn",
        .column = "bn_mode",
        .type = T::choice,

@@ -294,8 +294,8 @@ std::map<std::string, std::string> collect_before_run(const Experiment& experime
                                                       const SweepOptions& options) {
   dps::Store store(database_path(experiment, options), dps::Store::Mode::read_write,
                    experiment.settings->store_columns(), options.journal);
-  const int64_t id =
-      store.upsert_experiment(experiment.name, experiment.description, experiment.source);
+  const int64_t id = store.upsert_experiment(experiment.name, experiment.description,
+                                             experiment.source, experiment.settings->generation());
   return merge_before_running(store, id);
 }
 

@@ -144,7 +144,9 @@ std::string submit_array(dps::Store& store, int64_t experiment_id, const Experim
       {
         dps::Store seed(task_db, dps::Store::Mode::read_write, e.settings->store_columns(),
                         dps::Store::Journal::rollback);
-        seed.put_trial_state(seed.upsert_experiment(e.name, e.description, e.source), state);
+        seed.put_trial_state(
+            seed.upsert_experiment(e.name, e.description, e.source, e.settings->generation()),
+            state);
       }
       SubmittedTrial task{static_cast<int64_t>(i), p.spec->config_hash, stem + ".db"};
       if (const auto job = jobs.find(&p); job != jobs.end()) {
@@ -247,7 +249,8 @@ int submit_sweep(const Experiment& e, const SweepOptions& o, const SlurmConfig& 
                  const std::vector<std::string>& sbatch_args) {
   const std::string db = database_path(e, o);
   dps::Store store(db, dps::Store::Mode::read_write, e.settings->store_columns());
-  const int64_t experiment_id = store.upsert_experiment(e.name, e.description, e.source);
+  const int64_t experiment_id =
+      store.upsert_experiment(e.name, e.description, e.source, e.settings->generation());
   store.recover_stale(experiment_id, o.stale_seconds);
   const auto elsewhere = merge_before_running(store, experiment_id);
   std::map<std::string, dps::TrialRow> stored;

@@ -224,6 +224,35 @@ std::vector<PlannedTrial> plan_trials(const Experiment& experiment,
 // ---- loading
 // -------------------------------------------------------------------------------------
 
+namespace {
+
+// The defaults generation the database's experiment `name` was begun with; this dprun's when
+// the database or the experiment does not exist yet.
+int begun_with_defaults(const std::string& db, const std::string& name) {
+  const std::optional<int> found = dps::experiment_defaults(db, name);
+  if (!found) return kDefaultsGeneration;
+  if (*found > kDefaultsGeneration)
+    throw UsageError(db + ": experiment " + name + " was begun by a later dprun, whose defaults " +
+                     "(generation " + std::to_string(*found) +
+                     ") this one does not know (it knows up to " +
+                     std::to_string(kDefaultsGeneration) + "): upgrade dprun");
+  return *found;
+}
+
+// "layout = nchw, ...": the defaults of `earlier` that differ from those of `now`.
+std::string changed_defaults(const SettingTable& earlier, const SettingTable& now) {
+  std::string out;
+  for (size_t i = 0; i < earlier.rows().size(); ++i) {
+    const Setting& then = earlier.rows()[i];
+    if (then.default_value == now.rows()[i].default_value) continue;
+    out += (out.empty() ? "" : ", ") + (then.key.empty() ? then.column : then.key) + " = " +
+           setting_text(then.default_value);
+  }
+  return out;
+}
+
+}  // namespace
+
 Experiment load_sweep(const SweepOptions& options) {
   if (!options.run.backend.empty() && options.run.backend != "auto" &&
       options.run.backend != "cpu" && options.run.backend != "cuda")
@@ -239,6 +268,20 @@ Experiment load_sweep(const SweepOptions& options) {
   parse.overrides = options.overrides;
   if (options.settings) parse.settings = options.settings;
   Experiment experiment = load_experiment(options.file, catalog, parse);
+  // An experiment begun under earlier defaults keeps them: its file means what it meant then.
+  const std::string db = database_path(experiment, options);
+  if (const int begun = begun_with_defaults(db, experiment.name);
+      begun < experiment.settings->generation()) {
+    parse.settings = &parse.settings->with_defaults(begun);
+    const std::string changed = changed_defaults(*parse.settings, *experiment.settings);
+    experiment = load_experiment(options.file, catalog, parse);
+    if (!changed.empty())
+      std::fprintf(stderr,
+                   "dprun: note: experiment %s in %s was begun by an earlier dprun: the settings "
+                   "its file leaves out keep the defaults it began with (%s), so its trials stay "
+                   "the same trials; set them in the file to change them\n",
+                   experiment.name.c_str(), db.c_str(), changed.c_str());
+  }
   // Under asha a trial's epochs are the rungs' rankings: rerunning a done trial or restarting a
   // paused one at epoch 1 would pull its values out of them while it runs.
   if (experiment.search.asha() && (options.run.rerun || options.run.restart))

@@ -327,7 +327,8 @@ int run_experiment(const Experiment& experiment, const SweepOptions& options,
   dps::Store store(db, dps::Store::Mode::read_write, experiment.settings->store_columns(),
                    options.journal);
   const int64_t experiment_id =
-      store.upsert_experiment(experiment.name, experiment.description, experiment.source);
+      store.upsert_experiment(experiment.name, experiment.description, experiment.source,
+                              experiment.settings->generation());
   if (int n = store.recover_stale(experiment_id, options.stale_seconds))
     std::fprintf(stderr,
                  "dprun: %d trial%s left running by a dprun that is gone: now interrupted\n", n,

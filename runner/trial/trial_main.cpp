@@ -259,6 +259,7 @@ void machine_options(dp::TrainerOptions& t, const TrialRequest& r, const Backend
   t.replicas = static_cast<int>(r.settings[key::gpus]) / processes;
   t.processes = processes > 1 ? group : nullptr;
   t.backend = backend.kind;
+  t.layout = trial_layout(r.settings, backend.kind);
   t.oversubscribe = r.run.oversubscribe;
   t.cpu_threads = r.run.threads;
   if (processes > 1) {
@@ -292,6 +293,7 @@ dps::TrialStart start_record(const dp::Trainer& trainer, const LoadedModel& mode
   start.plugin_sha256 = file_sha256(model.plugin_path);
   start.oversubscribed = backend.oversubscribed;
   start.data_residence = trainer.data_residence().path;
+  start.layout_used = dp::layout_name(trainer.options().layout);
   return start;
 }
 

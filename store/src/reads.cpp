@@ -67,6 +67,7 @@ TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt&
   r.epochs_done = s.int64("epochs_done");
   r.note = s.text("note");
   r.data_residence = s.text("data_residence");
+  r.layout_used = s.text("layout_used");
   const std::string tags = s.text("tags");
   for (size_t begin = 0; begin < tags.size();) {
     const size_t end = std::min(tags.find(',', begin), tags.size());
@@ -81,8 +82,11 @@ TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt&
 
 namespace {
 
-constexpr const char* kSelectExperiments =
-    "SELECT id, name, description, toml_sha256, created_at, updated_at FROM experiments ";
+// An older database opened read-only has no experiments.defaults (schema 8): generation 1.
+std::string select_experiments(int user_version) {
+  return std::string("SELECT id, name, description, toml_sha256, created_at, updated_at, ") +
+         (user_version >= 8 ? "defaults" : "1 AS defaults") + " FROM experiments ";
+}
 
 ExperimentRow read_experiment(const Stmt& s) {
   ExperimentRow e;
@@ -92,20 +96,21 @@ ExperimentRow read_experiment(const Stmt& s) {
   e.toml_sha256 = s.text("toml_sha256");
   e.created_at = s.text("created_at");
   e.updated_at = s.text("updated_at");
+  e.defaults = static_cast<int>(s.int64("defaults"));
   return e;
 }
 
 }  // namespace
 
 std::optional<ExperimentRow> Store::find_experiment(const std::string& name) {
-  Stmt s(impl_->db, (std::string(kSelectExperiments) + "WHERE name = ?1").c_str());
+  Stmt s(impl_->db, (select_experiments(impl_->user_version) + "WHERE name = ?1").c_str());
   s.bind(1, name);
   if (!s.step()) return std::nullopt;
   return read_experiment(s);
 }
 
 std::vector<ExperimentRow> Store::experiments() {
-  Stmt s(impl_->db, (std::string(kSelectExperiments) + "ORDER BY id").c_str());
+  Stmt s(impl_->db, (select_experiments(impl_->user_version) + "ORDER BY id").c_str());
   std::vector<ExperimentRow> rows;
   while (s.step()) rows.push_back(read_experiment(s));
   return rows;

@@ -301,15 +301,23 @@ constexpr const char* kSchemaV7 = R"SQL(
 ALTER TABLE trials ADD COLUMN data_residence TEXT CHECK (data_residence IN ('device', 'streamed'));
 )SQL";
 
-// Append new versions here ({8, kSchemaV8}, ...); applied ones are never edited.
+// Version 8 (a setting's default may change: layout "nchw" became "auto"):
+//   experiments.defaults: the generation of the settings' defaults the experiment was begun
+//     with (dprun's kDefaultsGeneration then). A key its file leaves out keeps meaning what it
+//     meant then, so a file run again against its database yields the trials it stored. Every
+//     experiment begun by an older dprun is generation 1.
+//   trials.layout_used: the activation layout the trial's last attempt ran with, "nchw" or
+//     "nhwc" (layout = "auto" resolves on the machine that runs the trial); NULL before the
+//     trial ran, and for trials run by an older dprun (which ran the layout setting as given).
+constexpr const char* kSchemaV8 = R"SQL(
+ALTER TABLE experiments ADD COLUMN defaults INTEGER NOT NULL DEFAULT 1 CHECK (defaults >= 1);
+ALTER TABLE trials ADD COLUMN layout_used TEXT CHECK (layout_used IN ('nchw', 'nhwc'));
+)SQL";
+
+// Append new versions here ({9, kSchemaV9}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
-    {1, kSchemaV1},
-    {2, kSchemaV2},
-    {3, kSchemaV3},
-    {4, kSchemaV4},
-    {5, kSchemaV5},
-    {6, kSchemaV6},
-    {7, kSchemaV7},
+    {1, kSchemaV1}, {2, kSchemaV2}, {3, kSchemaV3}, {4, kSchemaV4},
+    {5, kSchemaV5}, {6, kSchemaV6}, {7, kSchemaV7}, {8, kSchemaV8},
 };
 
 }  // namespace
@@ -381,15 +389,35 @@ int migrate(sqlite3* db, const std::string& path) {
 }
 
 const std::vector<std::string>& own_trial_columns() {
-  // The columns of `trials` the store defines itself (schema versions 1 to 7); every other
+  // The columns of `trials` the store defines itself (schema versions 1 to 8); every other
   // column records a setting. A migration that adds a column of the store's own must add it here.
-  static const std::vector<std::string> columns = {
-      "id",         "experiment_id", "config_hash", "ordinal",       "status",
-      "error",      "attempts",      "backend",     "devices",       "oversubscribed",
-      "host",       "dprun_version", "plugin_path", "plugin_sha256", "runner_pid",
-      "created_at", "started_at",    "finished_at", "heartbeat_at",  "hosts",
-      "launch",     "device_set",    "resumed_from_epoch", "rung",   "note",
-      "data_residence"};
+  static const std::vector<std::string> columns = {"id",
+                                                   "experiment_id",
+                                                   "config_hash",
+                                                   "ordinal",
+                                                   "status",
+                                                   "error",
+                                                   "attempts",
+                                                   "backend",
+                                                   "devices",
+                                                   "oversubscribed",
+                                                   "host",
+                                                   "dprun_version",
+                                                   "plugin_path",
+                                                   "plugin_sha256",
+                                                   "runner_pid",
+                                                   "created_at",
+                                                   "started_at",
+                                                   "finished_at",
+                                                   "heartbeat_at",
+                                                   "hosts",
+                                                   "launch",
+                                                   "device_set",
+                                                   "resumed_from_epoch",
+                                                   "rung",
+                                                   "note",
+                                                   "data_residence",
+                                                   "layout_used"};
   return columns;
 }
 

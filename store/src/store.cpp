@@ -208,6 +208,32 @@ Store& Store::operator=(Store&& other) noexcept {
   return *this;
 }
 
+std::optional<int> experiment_defaults(const std::string& path, const std::string& name) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  {
+    // A dprun creating the database right now: the file is there, its schema not yet (it is
+    // written in one transaction). Nothing of the experiment yet, as if there were no file.
+    sqlite3* raw = nullptr;
+    bool creating = false;
+    if (sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK &&
+        sqlite3_busy_timeout(raw, kBusyTimeoutMs) == SQLITE_OK) {
+      try {
+        Stmt tables(raw, "SELECT COUNT(*) FROM sqlite_schema");
+        creating = detail::read_user_version(raw) == 0 && tables.step() && tables.int64(0) == 0;
+      } catch (const StoreError&) {
+        // Not a database, or unreadable: the Store below says what is wrong.
+      }
+    }
+    sqlite3_close(raw);
+    if (creating) return std::nullopt;
+  }
+  Store store(path, Store::Mode::read_only);
+  const auto found = store.find_experiment(name);
+  if (!found) return std::nullopt;
+  return found->defaults;
+}
+
 const std::string& Store::path() const { return impl_->path; }
 
 const std::vector<std::string>& Store::setting_columns() const { return impl_->setting_columns; }
@@ -215,17 +241,22 @@ const std::vector<std::string>& Store::setting_columns() const { return impl_->s
 int Store::user_version() const { return impl_->user_version; }
 
 int64_t Store::upsert_experiment(const std::string& name, const std::string& description,
-                                 const std::string& toml_source) {
+                                 const std::string& toml_source, int defaults) {
+  if (defaults < 1)
+    throw StoreError(impl_->path + ": experiment \"" + name + "\": defaults generation " +
+                     std::to_string(defaults) + " is not at least 1");
   sqlite3* db = impl_->db;
   WriteTransaction txn(db);
+  // The generation is written when the experiment is made, never updated.
   Stmt ins(db,
-           "INSERT INTO experiments (name, description, toml_source, toml_sha256) "
-           "VALUES (?1, ?2, ?3, ?4) "
+           "INSERT INTO experiments (name, description, toml_source, toml_sha256, defaults) "
+           "VALUES (?1, ?2, ?3, ?4, ?5) "
            "ON CONFLICT (name) DO UPDATE SET description = excluded.description, "
            "  toml_source = excluded.toml_source, toml_sha256 = excluded.toml_sha256, "
            "  updated_at = " DPS_NOW_SQL
            " WHERE toml_sha256 != excluded.toml_sha256 OR description != excluded.description");
   ins.bind(1, name).bind(2, description).bind(3, toml_source).bind(4, sha256_hex(toml_source));
+  ins.bind(5, int64_t{defaults});
   ins.run();
   Stmt sel(db, "SELECT id FROM experiments WHERE name = ?1");
   sel.bind(1, name);
@@ -322,7 +353,7 @@ void Store::start_trial(int64_t trial_id, const TrialStart& start, int64_t resum
           ", finished_at = NULL, "
           "  backend = ?2, devices = ?3, host = ?4, dprun_version = ?5, plugin_path = ?6, "
           "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9, hosts = ?10, launch = ?11, "
-          "  device_set = ?12, resumed_from_epoch = ?13, data_residence = ?14 "
+          "  device_set = ?12, resumed_from_epoch = ?13, data_residence = ?14, layout_used = ?15 "
           "WHERE id = ?1");
   up.bind(1, trial_id);
   up.bind_text_or_null(2, start.backend).bind_text_or_null(3, start.devices);
@@ -331,6 +362,7 @@ void Store::start_trial(int64_t trial_id, const TrialStart& start, int64_t resum
   up.bind(8, int64_t{start.oversubscribed ? 1 : 0}).bind(9, start.runner_pid);
   up.bind_text_or_null(10, start.hosts).bind_text_or_null(11, start.launch);
   up.bind_text_or_null(12, start.device_set).bind_text_or_null(14, start.data_residence);
+  up.bind_text_or_null(15, start.layout_used);
   if (resume_epoch > 0) {
     up.bind(13, resume_epoch);
   } else {

@@ -46,7 +46,8 @@ struct Annotated {
     for (const auto& [name, m] : dprun::scan_plugins({}).models) catalog.models[name] = m.factory;
     const auto ex = dprun::load_experiment(file, catalog);
     dps::Store store(db, dps::Store::Mode::read_write, ex.settings->store_columns());
-    const int64_t exp = store.upsert_experiment(ex.name, ex.description, ex.source);
+    const int64_t exp =
+        store.upsert_experiment(ex.name, ex.description, ex.source, ex.settings->generation());
     for (const auto& spec : ex.trials)
       ids.push_back(
           store.ensure_trial(exp, spec.config_hash, spec.ordinal, dprun::to_store(spec.settings))

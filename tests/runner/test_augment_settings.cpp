@@ -88,6 +88,11 @@ TEST_CASE("a trial records where its data lived, and streamed equals the device 
   DPRUN_REQUIRE_EXIT(r, 0);
   CHECK(clitest::sql1(device_db, "SELECT data_residence FROM trials") == "device");
   CHECK(clitest::sql1(device_db, "SELECT data_residence FROM trial_summary") == "device");
+  // layout = "auto" (the default of a new experiment) ran as nchw on the CPU, and says so.
+  CHECK(clitest::sql1(device_db, "SELECT layout || ' ' || layout_used FROM trial_summary") ==
+        "auto nchw");
+  CHECK(clitest::sql1(device_db, "SELECT defaults FROM experiments") ==
+        std::to_string(dprun::kDefaultsGeneration));
   CHECK(clitest::sql1(device_db,
                       "SELECT augment_flip || ' ' || augment_crop_padding FROM trials") == "1 4");
 

@@ -55,10 +55,13 @@ TEST_CASE("identity: the canonical text of Fashion-MNIST, MNIST and CIFAR-10 tri
           "[data-plugins][identity]") {
   // The text dprun 0.1.0 hashed, line for line: datasets becoming factories adds nothing to it
   // (data_options is {} and left out), so no stored trial gets a new config hash. The stored
-  // hashes of an old database are checked in test_upgrade.cpp.
+  // hashes of an old database are checked in test_upgrade.cpp. An experiment begun then keeps
+  // the defaults of generation 1 (layout nchw).
+  dprun::ParseOptions begun_then;
+  begun_then.settings = &dprun::builtin_settings().with_defaults(1);
   for (const std::string dataset : {"fashion-mnist", "mnist", "cifar10"}) {
     INFO(dataset);
-    auto ex = parse(kHead + "[data]\ndataset = \"" + dataset + "\"\n" + kTrain);
+    auto ex = parse(kHead + "[data]\ndataset = \"" + dataset + "\"\n" + kTrain, begun_then);
     CHECK(ex.trials[0].canonical ==
           "dprun-trial-settings v1\ndataset=\"" + dataset +
               "\"\nmodel=\"lenet\"\nmodel_options={\"hidden\":128,\"init_std\":0."

@@ -77,7 +77,7 @@ TEST_CASE("the design's example expands to 6 trials in file order", "[experiment
     CHECK(t.settings.number("momentum") == 0.0);
     CHECK(t.settings.number("weight_decay") == 0.0);
     CHECK(t.settings.text("precision") == "fp32");
-    CHECK(t.settings.text("layout") == "nchw");
+    CHECK(t.settings.text("layout") == "auto");
     CHECK(t.settings.text("bn_mode") == "per-replica");
     CHECK(t.settings.integer("eval_batch_size") == 0);
     CHECK(t.settings.integer("train_limit") == 0);
@@ -411,7 +411,7 @@ TEST_CASE("error: values out of range", "[experiment]") {
        "\"per-replica\", \"sync\")"},
       {"layout = \"nwhc\"",
        "t.toml:5:10: train.layout: unknown value \"nwhc\"; did you mean \"nhwc\"? (expected one "
-       "of \"nchw\", \"nhwc\")"},
+       "of \"auto\", \"nchw\", \"nhwc\")"},
       {"lr_scaling = \"sqrt\"",
        "t.toml:5:14: train.lr_scaling: unknown value \"sqrt\" (expected one of \"none\", "
        "\"linear\")"},

@@ -44,7 +44,7 @@ struct Cluster {
   dptest::EnvVar path{"PATH",
                       bin + ":" + std::string(std::getenv("PATH") ? std::getenv("PATH") : "")};
   Store store{db, Store::Mode::read_write, dprun::builtin_settings().store_columns()};
-  int64_t exp = store.upsert_experiment("e", "", "x = 1");
+  int64_t exp = store.upsert_experiment("e", "", "x = 1", dprun::kDefaultsGeneration);
   int64_t trial = store.ensure_trial(exp, "h1", 0, trial_settings()).id;
 
   Cluster() {
@@ -99,7 +99,7 @@ void task_database(const std::string& path, TrialStatus status, int epochs,
                    const std::string& error = "") {
   Store task(path, Store::Mode::read_write, dprun::builtin_settings().store_columns(),
              Store::Journal::rollback);
-  const int64_t exp = task.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = task.upsert_experiment("e", "", "x = 1", dprun::kDefaultsGeneration);
   const int64_t id = task.ensure_trial(exp, "h1", 0, trial_settings()).id;
   dps::TrialStart start;
   start.backend = "cpu";

@@ -40,7 +40,8 @@ int count(const std::string& text, const std::string& needle) {
 void fill(const std::string& path) {
   const auto& table = dprun::builtin_settings();
   dps::Store store(path, dps::Store::Mode::read_write, table.store_columns());
-  const int64_t scaling = store.upsert_experiment("scaling", "1, 2 and 4 GPUs", "toml");
+  const int64_t scaling =
+      store.upsert_experiment("scaling", "1, 2 and 4 GPUs", "toml", dprun::kDefaultsGeneration);
   for (int64_t gpus : {1, 2, 4}) {
     TrialSettings s(table);
     s.set("model", std::string("lenet"));
@@ -66,7 +67,8 @@ void fill(const std::string& path) {
     }
     store.finish_trial(t.id, dps::TrialStatus::done);
   }
-  const int64_t broken = store.upsert_experiment("broken", "<script>alert(1)</script>", "toml");
+  const int64_t broken = store.upsert_experiment("broken", "<script>alert(1)</script>", "toml",
+                                                 dprun::kDefaultsGeneration);
   TrialSettings s(table);
   s.set("model", std::string("resnet18"));
   const auto t = store.ensure_trial(broken, "hashx", 0, dprun::to_store(s));
@@ -341,7 +343,7 @@ std::vector<SweepTrial> fill_sweep(const std::string& path, size_t seeds,
                                    bool validation = false) {
   const auto& table = dprun::builtin_settings();
   dps::Store store(path, dps::Store::Mode::read_write, table.store_columns());
-  const int64_t e = store.upsert_experiment(name, description, "toml");
+  const int64_t e = store.upsert_experiment(name, description, "toml", dprun::kDefaultsGeneration);
   std::vector<SweepTrial> out;
   const double seed_step = 0.008 / static_cast<double>(seeds);
   int64_t ordinal = 0;

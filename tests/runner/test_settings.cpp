@@ -106,6 +106,22 @@ TEST_CASE("settings: a row that contradicts itself is refused", "[settings]") {
            .default_value = std::vector<double>{},
            .help = "h"},
           "needs a count");
+  refused({.key = "x", .column = "x", .help = "h", .earlier_defaults = {{1, std::string("a")}}},
+          "an earlier default is not a value of the setting's type");
+  refused({.key = "x",
+           .column = "x",
+           .default_value = int64_t{1},
+           .range = dprun::at_least(1),
+           .help = "h",
+           .earlier_defaults = {{1, int64_t{0}}}},
+          "an earlier default is refused by the setting's own check: must be at least 1");
+  refused({.key = "x",
+           .column = "x",
+           .help = "h",
+           .earlier_defaults = {{dprun::kDefaultsGeneration, int64_t{3}}}},
+          "earlier defaults must be of increasing generations before the current one");
+  REQUIRE_THROWS_WITH(SettingTable(dprun::builtin_settings().rows(), 0),
+                      Contains("defaults generation 0"));
 }
 
 TEST_CASE("settings: values are checked by their row", "[settings]") {
@@ -115,7 +131,8 @@ TEST_CASE("settings: values are checked by their row", "[settings]") {
   CHECK(why("momentum", 1.0) == "must be in [0, 1), got 1");
   CHECK(why("weight_decay", std::nan("")) == "must be a finite number, got nan");
   CHECK(why("layout", std::string("nwhc")) ==
-        "unknown value \"nwhc\"; did you mean \"nhwc\"? (expected one of \"nchw\", \"nhwc\")");
+        "unknown value \"nwhc\"; did you mean \"nhwc\"? (expected one of \"auto\", \"nchw\", "
+        "\"nhwc\")");
   CHECK(why("bn_mode", std::string("sync")).empty());
   CHECK(why("bn_mode", std::string("synch")) ==
         "unknown value \"synch\"; did you mean \"sync\"? (expected one of \"per-replica\", "
@@ -230,9 +247,11 @@ TEST_CASE("settings: every type survives the store and the trial record", "[sett
                     Contains("unknown setting"));
 }
 
-TEST_CASE("identity: the canonical text of today's settings is that of dprun 0.1.0",
+TEST_CASE("identity: the canonical text of generation 1's defaults is that of dprun 0.1.0",
           "[settings][identity]") {
-  TrialSettings s;
+  // An experiment begun by dprun 0.1.0 (or any dprun before the defaults' generation 2) keeps
+  // generation 1's defaults, so its trials keep the text, and the hash, they were stored with.
+  TrialSettings s(dprun::builtin_settings().with_defaults(1));
   s.set("model", std::string("lenet"));
   s.set("data_path", std::string("/anywhere"));   // not identity
   s.set("backend_request", std::string("cuda"));  // not identity
@@ -271,6 +290,77 @@ TEST_CASE("identity: a setting added later enters the hash only when it is not i
   TrialSettings best = later;
   best.set("checkpoint", std::string("best"));
   CHECK(dprun::config_hash(best) == dprun::config_hash(today));
+}
+
+TEST_CASE("defaults: a changed default is a new generation, earlier experiments keep theirs",
+          "[settings][identity]") {
+  const SettingTable& today = dprun::builtin_settings();
+  CHECK(today.generation() == dprun::kDefaultsGeneration);
+  CHECK(&today.with_defaults(dprun::kDefaultsGeneration) == &today);
+  const SettingTable& first = today.with_defaults(1);
+  CHECK(&today.with_defaults(1) == &first);  // made once
+  CHECK(first.generation() == 1);
+  CHECK(std::get<std::string>(today.by_key("layout")->default_value) == "auto");
+  CHECK(std::get<std::string>(first.by_key("layout")->default_value) == "nchw");
+  // layout is the only default generation 2 changed.
+  std::vector<std::string> changed;
+  for (size_t i = 0; i < today.rows().size(); ++i)
+    if (today.rows()[i].default_value != first.rows()[i].default_value)
+      changed.push_back(today.rows()[i].column);
+  CHECK(changed == std::vector<std::string>{"layout"});
+  // Another trial: today's default is not generation 1's, so the identity differs.
+  TrialSettings now(today), then(first);
+  now.set("model", std::string("lenet"));
+  then.set("model", std::string("lenet"));
+  CHECK(dprun::canonical_settings(now).find("layout=\"auto\"\n") != std::string::npos);
+  CHECK(dprun::config_hash(now) != dprun::config_hash(then));
+  // The store fills rows stored before a column existed with the first default, in every
+  // generation.
+  for (const SettingTable* t : {&today, &first})
+    for (const auto& c : t->store_columns())
+      if (c.name == "layout") CHECK(std::get<std::string>(c.default_value) == "nchw");
+
+  // A later setting (not one of 0.1.0's, which are always written) whose default changed:
+  // its identity is measured from its first default, whatever the experiment's generation.
+  std::vector<Setting> rows = today.rows();
+  rows.push_back({.key = "x",
+                  .column = "x",
+                  .default_value = int64_t{2},
+                  .identity = true,
+                  .help = "h",
+                  .earlier_defaults = {{1, int64_t{1}}}});
+  const SettingTable with_x(rows);
+  TrialSettings x_now(with_x), x_then(with_x.with_defaults(1));
+  CHECK(x_now.integer("x") == 2);
+  CHECK(x_then.integer("x") == 1);
+  CHECK(dprun::canonical_settings(x_then).find("\nx=") == std::string::npos);
+  CHECK_THAT(dprun::canonical_settings(x_now), Catch::EndsWith("\nx=2\n"));
+  x_now.set("x", int64_t{1});
+  CHECK(dprun::canonical_settings(x_now).find("\nx=") == std::string::npos);
+  // A column the database lacks reads as the first default.
+  CHECK(dprun::settings_from_store(with_x, {}).integer("x") == 1);
+}
+
+TEST_CASE("defaults: layout auto runs nhwc on CUDA with TF32 or bf16, else nchw", "[settings]") {
+  TrialSettings s;
+  s.set("model", std::string("lenet"));
+  REQUIRE(s[dprun::key::layout] == "auto");
+  CHECK(dprun::trial_layout(s, dp::BackendKind::cuda) == dp::Layout::nhwc);
+  CHECK(dprun::trial_layout(s, dp::BackendKind::cpu) == dp::Layout::nchw);
+  s.set("precision", std::string("bf16"));
+  CHECK(dprun::trial_layout(s, dp::BackendKind::cuda) == dp::Layout::nhwc);
+  CHECK(dprun::trial_layout(s, dp::BackendKind::cpu) == dp::Layout::nchw);
+  // Strict fp32 has been measured in nchw only: it stays there.
+  s.set("precision", std::string("fp32"));
+  s.set("allow_tf32", false);
+  CHECK(dprun::trial_layout(s, dp::BackendKind::cuda) == dp::Layout::nchw);
+  s.set("allow_tf32", true);
+  for (const char* given : {"nchw", "nhwc"}) {
+    s.set("layout", std::string(given));
+    for (const auto kind : {dp::BackendKind::cpu, dp::BackendKind::cuda})
+      CHECK(dprun::trial_layout(s, kind) == dp::parse_layout(given));
+    CHECK(dprun::trainer_options(s).layout == dp::parse_layout(given));
+  }
 }
 
 TEST_CASE("filters: every recorded setting by column or key, with a hint", "[settings][cli]") {
@@ -346,7 +436,9 @@ TEST_CASE("settings: the trainer's options come from the settings in one place",
   }
   // The table's choices are the engine's names, so a value the table accepts is one the engine
   // implements; anything else is refused by the engine's own parser, naming the value.
-  CHECK(dprun::builtin_settings().by_key("layout")->choices == dp::layout_names());
+  std::vector<std::string> layouts{"auto"};  // resolved by trial_layout
+  for (const std::string& name : dp::layout_names()) layouts.push_back(name);
+  CHECK(dprun::builtin_settings().by_key("layout")->choices == layouts);
   CHECK(dprun::builtin_settings().by_key("precision")->choices == dp::precision_names());
   CHECK(dprun::builtin_settings().by_key("optimizer")->choices == dp::optimizer_names());
   CHECK(dprun::builtin_settings().by_key("lr_schedule")->choices == dp::schedule_kind_names());

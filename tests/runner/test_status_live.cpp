@@ -198,7 +198,7 @@ TEST_CASE("status: a database of trials running, stale and not run", "[status]")
   const std::string db = dir.path() + "/results/e.db";
   {
     Store store(db, Store::Mode::read_write, dprun::builtin_settings().store_columns());
-    const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+    const int64_t exp = store.upsert_experiment("e", "", "x = 1", dprun::kDefaultsGeneration);
     // Running elsewhere (a host this dprun cannot look at): its 3rd epoch of 5.
     const int64_t running = store.ensure_trial(exp, "h1", 0, settings(5, 1, 0.1)).id;
     dps::TrialStart start;
@@ -266,7 +266,7 @@ TEST_CASE("status: a running Slurm task's database is read read-only before any 
   const std::string task_db = results + "/e.tasks/s0001/t0000.db";
   {
     Store store(db, Store::Mode::read_write, dprun::builtin_settings().store_columns());
-    const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+    const int64_t exp = store.upsert_experiment("e", "", "x = 1", dprun::kDefaultsGeneration);
     const int64_t t0 = store.ensure_trial(exp, "h1", 0, settings(4, 2, 0.1)).id;
     const int64_t t1 = store.ensure_trial(exp, "h2", 1, settings(4, 2, 0.2)).id;
     fs::create_directories(results + "/e.tasks/s0001");
@@ -287,7 +287,7 @@ TEST_CASE("status: a running Slurm task's database is read read-only before any 
     // The task's own database, as the task writes it: its trial at epoch 2 of 4.
     Store task(task_db, Store::Mode::read_write, dprun::builtin_settings().store_columns(),
                Store::Journal::rollback);
-    const int64_t texp = task.upsert_experiment("e", "", "x = 1");
+    const int64_t texp = task.upsert_experiment("e", "", "x = 1", dprun::kDefaultsGeneration);
     const int64_t id = task.ensure_trial(texp, "h1", 0, settings(4, 2, 0.1)).id;
     dps::TrialStart start;
     start.backend = "cpu";

@@ -2,6 +2,8 @@
 // (how: see fixtures/upgrade.toml); this dprun, and a later one with more settings, must find its
 // trials done under the same config hashes, plan nothing and run nothing, and the later one must
 // add its settings to the database. Nothing here trains, so no dataset is needed.
+#include <sqlite3.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -46,7 +48,10 @@ struct Upgrade {
 TEST_CASE("upgrade: this dprun computes the config hashes dprun 0.1.0 stored", "[upgrade]") {
   dprun::ModelCatalog catalog;
   for (const auto& [name, m] : dprun::scan_plugins({}).models) catalog.models[name] = m.factory;
-  const auto ex = dprun::load_experiment(kFixtures + "/upgrade.toml", catalog);
+  // As load_sweep reads it against the database it was begun in: with generation 1's defaults.
+  dprun::ParseOptions begun_then;
+  begun_then.settings = &dprun::builtin_settings().with_defaults(1);
+  const auto ex = dprun::load_experiment(kFixtures + "/upgrade.toml", catalog, begun_then);
   REQUIRE(ex.trials.size() == kV1Hashes.size());
   for (size_t i = 0; i < kV1Hashes.size(); ++i) {
     INFO(ex.trials[i].canonical);
@@ -174,6 +179,61 @@ TEST_CASE("upgrade: a later dprun with new settings re-runs nothing and migrates
   const dprun::Experiment best = with("checkpoint = \"best\"");
   for (size_t i = 0; i < kV1Hashes.size(); ++i) CHECK(best.trials[i].config_hash == kV1Hashes[i]);
   for (const auto& p : plan(best, u.db, options)) CHECK(p.describe() == "skip: done");
+}
+
+TEST_CASE("upgrade: an experiment keeps the defaults it was begun with, a new one takes today's",
+          "[upgrade]") {
+  Upgrade u;
+  dprun::SweepOptions o;
+  o.file = u.file;
+  o.db = u.db;
+  auto layouts = [](const dprun::Experiment& ex) {
+    std::string out;
+    for (const auto& t : ex.trials) out += t.settings[dprun::key::layout] + " ";
+    return out;
+  };
+
+  // Begun by dprun 0.1.0: the file's omitted layout is generation 1's nchw, the stored trials.
+  const dprun::Experiment old = dprun::load_sweep(o);
+  CHECK(old.settings->generation() == 1);
+  CHECK(layouts(old) == "nchw nchw nchw nchw ");
+  for (size_t i = 0; i < kV1Hashes.size(); ++i) CHECK(old.trials[i].config_hash == kV1Hashes[i]);
+  REQUIRE(dprun::run_experiment(old, o) == 0);                   // nothing to run
+  CHECK(sql1(u.db, "SELECT defaults FROM experiments") == "1");  // migrated, kept
+
+  // The same file in a new database: today's defaults, other trials.
+  dprun::SweepOptions fresh = o;
+  fresh.db = u.dir.path() + "/fresh.db";
+  const dprun::Experiment now = dprun::load_sweep(fresh);
+  CHECK(now.settings->generation() == dprun::kDefaultsGeneration);
+  CHECK(layouts(now) == "auto auto auto auto ");
+  CHECK(now.trials[0].config_hash != kV1Hashes[0]);
+
+  // Another experiment in the old database is new too; layout given in the old one's file is
+  // the file's, whatever the generation.
+  std::string text = clitest::slurp(kFixtures + "/upgrade.toml");
+  const std::string named = "name = \"upgrade\"";
+  std::string other = text;
+  other.replace(other.find(named), named.size(), "name = \"other\"");
+  clitest::write_file(u.file, other);
+  CHECK(layouts(dprun::load_sweep(o)) == "auto auto auto auto ");
+  std::string explicit_auto = text;
+  explicit_auto.replace(explicit_auto.find("[model.lenet]"), 0, "layout = \"auto\"\n\n");
+  clitest::write_file(u.file, explicit_auto);
+  const dprun::Experiment asked = dprun::load_sweep(o);
+  CHECK(layouts(asked) == "auto auto auto auto ");
+  for (const auto& p : plan(asked, u.db, o)) CHECK(p.describe() == "run");
+
+  // A generation this dprun does not know: refused, nothing guessed.
+  clitest::write_file(u.file, text);
+  sqlite3* raw = nullptr;
+  REQUIRE(sqlite3_open(u.db.c_str(), &raw) == SQLITE_OK);
+  const std::string later_generation =
+      "UPDATE experiments SET defaults = " + std::to_string(dprun::kDefaultsGeneration + 1);
+  CHECK(sqlite3_exec(raw, later_generation.c_str(), nullptr, nullptr, nullptr) == SQLITE_OK);
+  sqlite3_close(raw);
+  CHECK_THROWS_WITH(dprun::load_sweep(o), Catch::Contains("upgrade dprun") &&
+                                              Catch::Contains("was begun by a later dprun"));
 }
 
 TEST_CASE("upgrade: this dprun still runs nothing on a database a later dprun migrated",

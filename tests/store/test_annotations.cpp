@@ -84,11 +84,13 @@ void downgrade_to_schema_5(const std::string& db) {
   const size_t to = summary.find("\nFROM trials t");
   REQUIRE(from != std::string::npos);
   REQUIRE(to != std::string::npos);
-  summary.erase(from, to - from);  // tags, note and schema 7's data_residence after them
+  summary.erase(from, to - from);  // tags, note, schema 7's data_residence and 8's layout_used
   dpstest::raw_exec(db,
                     "DROP VIEW scaling; DROP VIEW trial_summary; DROP INDEX trial_tags_by_tag; "
                     "DROP TABLE trial_tags; ALTER TABLE trials DROP COLUMN note; "
-                    "ALTER TABLE trials DROP COLUMN data_residence; " +
+                    "ALTER TABLE trials DROP COLUMN data_residence; "
+                    "ALTER TABLE trials DROP COLUMN layout_used; "
+                    "ALTER TABLE experiments DROP COLUMN defaults; " +
                         summary + "; " + scaling + "; PRAGMA user_version = 5;");
   REQUIRE(dpstest::raw_scalar(db, "PRAGMA user_version") == "5");
   REQUIRE(dpstest::raw_scalar(db,
@@ -115,7 +117,7 @@ TEST_CASE(
   int64_t exp = 0, a = 0, b = 0;
   {
     Store store = dpstest::open_store(db);
-    exp = store.upsert_experiment("e", "", "x = 1");
+    exp = store.upsert_experiment("e", "", "x = 1", 1);
     a = ran_trial(store, exp, "a", 1, 2);
     b = ran_trial(store, exp, "b", 2, 1);
   }
@@ -190,7 +192,7 @@ TEST_CASE("annotations: tags round trip sorted through every read and the view",
   ScratchDir dir;
   const std::string db = dir.file("results.db");
   Store store = dpstest::open_store(db);
-  const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = store.upsert_experiment("e", "", "x = 1", 1);
   const int64_t a = store.ensure_trial(exp, "a", 0, dpstest::settings("lenet", 1)).id;
   const int64_t b = store.ensure_trial(exp, "b", 1, dpstest::settings("lenet", 2)).id;
 
@@ -251,7 +253,7 @@ TEST_CASE("annotations: notes keep odd text as given, and an empty one clears",
   ScratchDir dir;
   const std::string db = dir.file("results.db");
   Store store = dpstest::open_store(db);
-  const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = store.upsert_experiment("e", "", "x = 1", 1);
   const int64_t a = store.ensure_trial(exp, "a", 0, dpstest::settings("lenet", 1)).id;
   CHECK(store.get_trial(a)->note.empty());
   const std::string odd = "it's \"odd\"; DROP TABLE trials; --\nline 2\tü ✓ %s \\";
@@ -271,8 +273,8 @@ TEST_CASE(
   ScratchDir dir;
   Store from = dpstest::open_store(dir.file("from.db"));
   Store to = dpstest::open_store(dir.file("to.db"));
-  const int64_t from_exp = from.upsert_experiment("e", "", "x = 1");
-  const int64_t to_exp = to.upsert_experiment("e", "", "x = 1");
+  const int64_t from_exp = from.upsert_experiment("e", "", "x = 1", 1);
+  const int64_t to_exp = to.upsert_experiment("e", "", "x = 1", 1);
   const int64_t id = ran_trial(from, from_exp, "a", 1, 1);
   from.tag_trials({id}, "carried");
   from.set_note(id, "carried note");
@@ -293,7 +295,7 @@ TEST_CASE("forget: a trial goes with its epochs, attempts, checkpoints, tags and
   ScratchDir dir;
   const std::string db = dir.file("results.db");
   Store store = dpstest::open_store(db);
-  const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = store.upsert_experiment("e", "", "x = 1", 1);
   const int64_t a = ran_trial(store, exp, "a", 1, 2);
   const int64_t b = ran_trial(store, exp, "b", 2, 2, TrialStatus::failed);
   const int64_t kept = ran_trial(store, exp, "kept", 4, 1);
@@ -352,7 +354,7 @@ TEST_CASE("forget: refuses a trial a live runner or an open Slurm task holds",
   ScratchDir dir;
   const std::string db = dir.file("results.db");
   Store store = dpstest::open_store(db);
-  const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = store.upsert_experiment("e", "", "x = 1", 1);
   const int64_t id = store.ensure_trial(exp, "a", 0, dpstest::settings("lenet", 1)).id;
   CHECK(store.forget_refusal(id, 120).empty());
 

@@ -43,7 +43,7 @@ std::string checkpoints_of(Store& store, int64_t trial) {
 TEST_CASE("checkpoints: last and best are replaced and every epoch's are kept", "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("x.db"));
-  const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = store.upsert_experiment("e", "", "x = 1", 1);
   const int64_t id = store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1)).id;
   store.start_trial(id, {});
   for (int64_t e = 1; e <= 3; ++e) {
@@ -74,7 +74,7 @@ TEST_CASE("a resumed attempt keeps the epochs up to its checkpoint and a new sta
           "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("x.db"));
-  const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = store.upsert_experiment("e", "", "x = 1", 1);
   const int64_t id = store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1)).id;
   store.start_trial(id, {});
   for (int64_t e = 1; e <= 4; ++e) {

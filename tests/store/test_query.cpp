@@ -64,7 +64,7 @@ TEST_CASE("query refuses several statements", "[store]") {
 TEST_CASE("query refuses statements that write or change the connection", "[store]") {
   ScratchDir dir;
   Store store(dir.file("results.db"));
-  const int64_t exp = store.upsert_experiment("e", "", "");
+  const int64_t exp = store.upsert_experiment("e", "", "", 1);
   const std::string readonly = "query: only read-only statements are allowed (got: ";
   REQUIRE_THROWS_WITH(store.query("INSERT INTO experiments (name, toml_source, toml_sha256) "
                                   "VALUES ('x', '', '')"),
@@ -86,7 +86,7 @@ TEST_CASE("query refuses statements that write or change the connection", "[stor
   CHECK(dpstest::scalar(store, "SELECT COUNT(*) FROM experiments") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA foreign_keys") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA user_version") == std::to_string(dps::schema_version()));
-  CHECK(store.upsert_experiment("f", "", "") != exp);
+  CHECK(store.upsert_experiment("f", "", "", 1) != exp);
   // Reporting PRAGMAs are fine.
   CHECK_FALSE(store.query("PRAGMA table_info(trials)").rows.empty());
 }

@@ -52,7 +52,7 @@ TEST_CASE("a described setting column is added to an existing database with its 
   int64_t exp = 0, old_trial = 0;
   {
     Store today = dpstest::open_store(path);
-    exp = today.upsert_experiment("e", "", "");
+    exp = today.upsert_experiment("e", "", "", 1);
     old_trial = today.ensure_trial(exp, "old", 0, dpstest::settings("lenet", 1)).id;
     CHECK_FALSE(has(today.setting_columns(), "processes"));
   }
@@ -92,7 +92,7 @@ TEST_CASE("a described setting column is added to an existing database with its 
 TEST_CASE("the scaling view matches every setting but those that may differ", "[store][settings]") {
   ScratchDir dir;
   Store store(dir.file("results.db"), Store::Mode::read_write, later_columns());
-  const int64_t exp = store.upsert_experiment("e", "", "");
+  const int64_t exp = store.upsert_experiment("e", "", "", 1);
   auto one = dpstest::settings("lenet", 1);
   const int64_t base = store.ensure_trial(exp, "base", 0, one).id;
   finish(store, base, 8.0);
@@ -147,7 +147,7 @@ TEST_CASE("opening again changes nothing, and an older dprun leaves a newer one'
   int64_t exp = 0;
   {
     Store later(path, Store::Mode::read_write, later_columns());
-    exp = later.upsert_experiment("e", "", "");
+    exp = later.upsert_experiment("e", "", "", 1);
     auto s = dpstest::settings("lenet", 1);
     s["processes"] = int64_t{4};
     later.ensure_trial(exp, "later", 0, s);
@@ -172,7 +172,7 @@ TEST_CASE("read-only, a database is read as it is", "[store][settings]") {
   const std::string path = dir.file("results.db");
   {
     Store today = dpstest::open_store(path);
-    const int64_t exp = today.upsert_experiment("e", "", "");
+    const int64_t exp = today.upsert_experiment("e", "", "", 1);
     today.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1));
   }
   Store ro(path, Store::Mode::read_only, later_columns());  // descriptions change nothing here

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -53,8 +54,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
   Store store(path);
   CHECK(store.path() == path);
   CHECK(store.user_version() == dps::schema_version());
-  CHECK(dps::schema_version() == 7);
-  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "7");
+  CHECK(dps::schema_version() == 8);
+  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "8");
   CHECK(dpstest::raw_scalar(path, "PRAGMA journal_mode") == "wal");  // persistent in the file
   CHECK(dpstest::scalar(store, "PRAGMA foreign_keys") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA synchronous") == "1");  // NORMAL
@@ -119,7 +120,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
                         "resumed_from_epoch",
                         "rung",
                         "note",
-                        "data_residence"}) {
+                        "data_residence",
+                        "layout_used"}) {
     INFO(c);
     CHECK(columns.count(c) == 1);
   }
@@ -131,12 +133,12 @@ TEST_CASE("reopening keeps the data and migrates nothing", "[store]") {
   int64_t exp = 0;
   {
     Store store(path);
-    exp = store.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n");
+    exp = store.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n", 1);
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store again(path);
-  CHECK(again.user_version() == 7);
-  CHECK(again.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n") == exp);
+  CHECK(again.user_version() == 8);
+  CHECK(again.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n", 1) == exp);
   REQUIRE(again.trials(exp).size() == 1);
   // A second migration would have failed on "table experiments already exists"; also check the
   // schema objects exist once.
@@ -187,18 +189,18 @@ TEST_CASE("read-only stores cannot write, through query or the connection", "[st
   int64_t exp = 0;
   {
     Store store(path);
-    exp = store.upsert_experiment("e", "", "x = 1");
+    exp = store.upsert_experiment("e", "", "x = 1", 1);
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store ro(path, Store::Mode::read_only);
-  CHECK(ro.user_version() == 7);
+  CHECK(ro.user_version() == 8);
   REQUIRE(ro.trials(exp).size() == 1);
   CHECK(dpstest::scalar(ro, "SELECT name FROM experiments") == "e");
   REQUIRE_THROWS_WITH(ro.query("INSERT INTO experiments (name, toml_source, toml_sha256) "
                                "VALUES ('x', '', '')"),
                       Contains("query: only read-only statements are allowed (got: INSERT"));
   // The connection itself is read-only: the API's own writes fail too.
-  REQUIRE_THROWS_AS(ro.upsert_experiment("other", "", "y = 2"), StoreError);
+  REQUIRE_THROWS_AS(ro.upsert_experiment("other", "", "y = 2", 1), StoreError);
   REQUIRE_THROWS_WITH(ro.start_trial(ro.trials(exp)[0].id, start_info(1)), Contains("readonly"));
   Store rw(path);
   CHECK(dpstest::scalar(rw, "SELECT COUNT(*) FROM experiments") == "1");
@@ -208,10 +210,10 @@ TEST_CASE("read-only stores cannot write, through query or the connection", "[st
 TEST_CASE("upsert_experiment finds by name and updates the source", "[store]") {
   ScratchDir dir;
   Store store(dir.file("results.db"));
-  const int64_t a = store.upsert_experiment("scaling", "v1", "gpus = [1, 2]");
-  const int64_t b = store.upsert_experiment("other", "", "x = 1");
+  const int64_t a = store.upsert_experiment("scaling", "v1", "gpus = [1, 2]", 1);
+  const int64_t b = store.upsert_experiment("other", "", "x = 1", 1);
   CHECK(a != b);
-  CHECK(store.upsert_experiment("scaling", "v2", "gpus = [1, 2, 4]") == a);
+  CHECK(store.upsert_experiment("scaling", "v2", "gpus = [1, 2, 4]", 1) == a);
   dps::QueryResult r = store.query(
       "SELECT description, toml_source, toml_sha256 FROM experiments WHERE name = 'scaling'");
   REQUIRE(r.rows.size() == 1);
@@ -221,10 +223,37 @@ TEST_CASE("upsert_experiment finds by name and updates the source", "[store]") {
   CHECK(dpstest::scalar(store, "SELECT COUNT(*) FROM experiments") == "2");
 }
 
+TEST_CASE("an experiment keeps the defaults generation it was made with", "[store]") {
+  ScratchDir dir;
+  Store store(dir.file("results.db"));
+  const int64_t a = store.upsert_experiment("a", "", "x = 1", 1);
+  store.upsert_experiment("b", "", "x = 1", 3);
+  // Updated source, another generation given: the one it was made with stays.
+  CHECK(store.upsert_experiment("a", "changed", "x = 2", 3) == a);
+  CHECK(store.find_experiment("a")->defaults == 1);
+  CHECK(store.find_experiment("b")->defaults == 3);
+  CHECK(store.experiments().at(1).defaults == 3);
+  CHECK_THROWS_WITH(store.upsert_experiment("c", "", "", 0), Contains("defaults generation 0"));
+  CHECK_FALSE(store.find_experiment("c"));
+
+  // Read without a Store, as a runner does before it opens the database to write.
+  CHECK(dps::experiment_defaults(dir.file("results.db"), "b") == 3);
+  CHECK_FALSE(dps::experiment_defaults(dir.file("results.db"), "c"));
+  CHECK_FALSE(dps::experiment_defaults(dir.file("none.db"), "a"));
+  // A file another dprun has just created, its schema not written yet: nothing there yet.
+  dpstest::raw_exec(dir.file("new.db"), "PRAGMA user_version = 0");
+  REQUIRE(std::filesystem::exists(dir.file("new.db")));
+  CHECK_FALSE(dps::experiment_defaults(dir.file("new.db"), "a"));
+  // A database of something else is an error, as Store says it.
+  dpstest::raw_exec(dir.file("other.db"), "CREATE TABLE t (x)");
+  CHECK_THROWS_WITH(dps::experiment_defaults(dir.file("other.db"), "a"),
+                    Contains("not a dprun database"));
+}
+
 TEST_CASE("ensure_trial is idempotent by config hash and round-trips every setting", "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("results.db"));
-  const int64_t exp = store.upsert_experiment("e", "", "");
+  const int64_t exp = store.upsert_experiment("e", "", "", 1);
   const dps::SettingValues s = {{"model", "resnet18"},
                                 {"model_options", R"({"width":0.5})"},
                                 {"dataset", "fashion-mnist"},
@@ -286,7 +315,7 @@ TEST_CASE("ensure_trial is idempotent by config hash and round-trips every setti
 TEST_CASE("trial lifecycle: pending, running, epochs, done", "[store]") {
   ScratchDir dir;
   Store store(dir.file("results.db"));
-  const int64_t exp = store.upsert_experiment("e", "", "");
+  const int64_t exp = store.upsert_experiment("e", "", "", 1);
   const int64_t id = store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 2)).id;
 
   store.start_trial(id, start_info(getpid()));
@@ -342,7 +371,7 @@ TEST_CASE("trial lifecycle: pending, running, epochs, done", "[store]") {
 TEST_CASE("a diverged epoch with NaN metrics is stored as NULL and read back as NaN", "[store]") {
   ScratchDir dir;
   Store store(dir.file("results.db"));
-  const int64_t exp = store.upsert_experiment("e", "", "");
+  const int64_t exp = store.upsert_experiment("e", "", "", 1);
   const int64_t id = store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1)).id;
   store.start_trial(id, start_info(getpid()));
   store.record_epoch(dpstest::epoch_row(id, 1, 0.1, 1.0, std::nan("")));
@@ -363,7 +392,7 @@ TEST_CASE(
   int64_t id = 0;
   {
     Store store(path);
-    const int64_t exp = store.upsert_experiment("e", "", "");
+    const int64_t exp = store.upsert_experiment("e", "", "", 1);
     id = store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1)).id;
     store.start_trial(id, start_info(getpid()));
     store.record_epoch(dpstest::epoch_row(id, 1, 0.7, 3.0));
@@ -402,7 +431,7 @@ TEST_CASE(
 TEST_CASE("restarting a trial drops the partial epochs of the earlier attempt", "[store]") {
   ScratchDir dir;
   Store store(dir.file("results.db"));
-  const int64_t exp = store.upsert_experiment("e", "", "");
+  const int64_t exp = store.upsert_experiment("e", "", "", 1);
   const int64_t id = store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1)).id;
   store.start_trial(id, start_info(getpid()));
   store.record_epoch(dpstest::epoch_row(id, 1, 0.5, 1.0));
@@ -428,7 +457,7 @@ TEST_CASE("recover_stale interrupts trials of dead runners and silent ones", "[s
   ScratchDir dir;
   const std::string path = dir.file("results.db");
   Store store(path);
-  const int64_t exp = store.upsert_experiment("e", "", "");
+  const int64_t exp = store.upsert_experiment("e", "", "", 1);
   auto make_running = [&](const std::string& hash, int64_t pid, const std::string& host) {
     const int64_t id = store.ensure_trial(exp, hash, 0, dpstest::settings("lenet", 1)).id;
     dps::TrialStart s = start_info(pid);
@@ -470,7 +499,7 @@ TEST_CASE("deleting rows cascades: experiment -> trials -> epochs", "[store]") {
   ScratchDir dir;
   const std::string path = dir.file("results.db");
   Store store(path);
-  const int64_t exp = store.upsert_experiment("e", "", "");
+  const int64_t exp = store.upsert_experiment("e", "", "", 1);
   const int64_t a = store.ensure_trial(exp, "a", 0, dpstest::settings("lenet", 1)).id;
   const int64_t b = store.ensure_trial(exp, "b", 1, dpstest::settings("lenet", 2)).id;
   for (int64_t id : {a, b}) {
@@ -491,8 +520,8 @@ TEST_CASE("two stores on one file write alternately without lock errors", "[stor
   const std::string path = dir.file("results.db");
   Store first(path);
   Store second(path);
-  const int64_t exp = first.upsert_experiment("e", "", "");
-  CHECK(second.upsert_experiment("e", "", "") == exp);
+  const int64_t exp = first.upsert_experiment("e", "", "", 1);
+  CHECK(second.upsert_experiment("e", "", "", 1) == exp);
   const int64_t a = first.ensure_trial(exp, "a", 0, dpstest::settings("lenet", 1)).id;
   const int64_t b = second.ensure_trial(exp, "b", 1, dpstest::settings("lenet", 2)).id;
   first.start_trial(a, start_info(getpid()));
@@ -515,7 +544,7 @@ TEST_CASE("claim_trial lets only one of two runners take a trial", "[store]") {
   const std::string path = dir.file("results.db");
   Store first(path);
   Store second(path);
-  const int64_t exp = first.upsert_experiment("e", "", "");
+  const int64_t exp = first.upsert_experiment("e", "", "", 1);
   const int64_t id = first.ensure_trial(exp, "a", 0, dpstest::settings("lenet", 1)).id;
   // Both runners planned the trial as pending; only the first claim wins.
   CHECK(first.claim_trial(id, TrialStatus::pending, getpid(), this_host()));
@@ -546,7 +575,7 @@ TEST_CASE("two processes writing one file at the same time both succeed", "[stor
   int64_t a = 0, b = 0;
   {
     Store store(path);
-    const int64_t exp = store.upsert_experiment("e", "", "");
+    const int64_t exp = store.upsert_experiment("e", "", "", 1);
     a = store.ensure_trial(exp, "a", 0, dpstest::settings("lenet", 1)).id;
     b = store.ensure_trial(exp, "b", 1, dpstest::settings("lenet", 2)).id;
   }
@@ -612,7 +641,7 @@ TEST_CASE("several processes creating one new database at the same time all succ
         int code = 0;
         try {
           Store store(path);
-          const int64_t exp = store.upsert_experiment("e", "", "");
+          const int64_t exp = store.upsert_experiment("e", "", "", 1);
           store.ensure_trial(exp, "h", 0, dpstest::settings("lenet", 1));
         } catch (const std::exception& e) {
           std::fprintf(stderr, "process %d of round %d: %s\n", p, round, e.what());
@@ -653,13 +682,13 @@ TEST_CASE("status names round-trip and unknown ones are refused", "[store]") {
 TEST_CASE("moved-from stores hand over their connection", "[store]") {
   ScratchDir dir;
   Store a(dir.file("results.db"));
-  const int64_t exp = a.upsert_experiment("e", "", "");
+  const int64_t exp = a.upsert_experiment("e", "", "", 1);
   Store b(std::move(a));
-  CHECK(b.upsert_experiment("e", "", "") == exp);
+  CHECK(b.upsert_experiment("e", "", "", 1) == exp);
   Store c(dir.file("other.db"));
   c = std::move(b);
   CHECK(c.path() == dir.file("results.db"));
-  CHECK(c.upsert_experiment("e", "", "") == exp);
+  CHECK(c.upsert_experiment("e", "", "", 1) == exp);
 }
 
 TEST_CASE("the status check takes the statuses of schema 5 and refuses others", "[store]") {
@@ -667,7 +696,7 @@ TEST_CASE("the status check takes the statuses of schema 5 and refuses others", 
   const std::string path = dir.file("results.db");
   {
     Store store(path);
-    const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+    const int64_t exp = store.upsert_experiment("e", "", "x = 1", 1);
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   dpstest::raw_exec(path, "UPDATE trials SET status = 'pruned'");

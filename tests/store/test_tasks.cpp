@@ -65,7 +65,7 @@ std::string dump(const std::string& path) {
 TEST_CASE("a trial's whole record moves to another database and back", "[store][tasks]") {
   ScratchDir dir;
   Store from = dpstest::open_store(dir.file("results.db"));
-  const int64_t exp = from.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = from.upsert_experiment("e", "", "x = 1", 1);
   const int64_t id = failed_trial(from, exp, "h1");
   const dps::TrialState state = from.trial_state(id);
   REQUIRE(state.epochs.size() == 2);
@@ -74,7 +74,7 @@ TEST_CASE("a trial's whole record moves to another database and back", "[store][
 
   Store to(dir.file("task.db"), Store::Mode::read_write, dpstest::setting_columns(),
            Store::Journal::rollback);
-  const int64_t to_exp = to.upsert_experiment("e", "", "x = 1");
+  const int64_t to_exp = to.upsert_experiment("e", "", "x = 1", 1);
   const int64_t copied = to.put_trial_state(to_exp, state);
   const dps::TrialState back = to.trial_state(copied);
   CHECK(back.trial.config_hash == "h1");
@@ -123,7 +123,7 @@ TEST_CASE("merging a task's result applies it once, in submission order", "[stor
   ScratchDir dir;
   const std::string path = dir.file("results.db");
   Store store = dpstest::open_store(path);
-  const int64_t exp = store.upsert_experiment("e", "", "x = 1");
+  const int64_t exp = store.upsert_experiment("e", "", "x = 1", 1);
   const int64_t id = failed_trial(store, exp, "h1");
   const auto other = store.ensure_trial(exp, "h2", 5, dpstest::settings("lenet", 1));
 

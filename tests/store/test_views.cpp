@@ -52,7 +52,7 @@ std::map<std::string, std::map<std::string, std::optional<std::string>>> by_tria
 TEST_CASE("trial_summary: final and best accuracy, mean seconds without epoch 1", "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("results.db"));
-  const int64_t exp = store.upsert_experiment("summary", "", "");
+  const int64_t exp = store.upsert_experiment("summary", "", "", 1);
   // Epoch 1 is slow (warm-up); best accuracy is not the last one.
   const int64_t three = run_trial(store, exp, "three", dpstest::settings("lenet", 1),
                                   {{0.70, 10.0}, {0.90, 2.0}, {0.85, 4.0}});
@@ -124,7 +124,7 @@ TEST_CASE("trial_summary: final and best accuracy, mean seconds without epoch 1"
 TEST_CASE("scaling: speedup and efficiency over the 1-GPU trial of the same model", "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("results.db"));
-  const int64_t exp = store.upsert_experiment("scaling", "", "");
+  const int64_t exp = store.upsert_experiment("scaling", "", "", 1);
   // Mean seconds (epoch 1 excluded): 1 GPU 8 s, 2 GPUs 5 s, 4 GPUs 2.5 s.
   const int64_t g1 = run_trial(store, exp, "g1", dpstest::settings("lenet", 1),
                                {{0.8, 30.0}, {0.8, 8.0}, {0.8, 8.0}});
@@ -176,8 +176,8 @@ TEST_CASE("scaling: speedup and efficiency over the 1-GPU trial of the same mode
 TEST_CASE("scaling: trials of another experiment or setting are not a baseline", "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("results.db"));
-  const int64_t a = store.upsert_experiment("a", "", "");
-  const int64_t b = store.upsert_experiment("b", "", "");
+  const int64_t a = store.upsert_experiment("a", "", "", 1);
+  const int64_t b = store.upsert_experiment("b", "", "", 1);
   run_trial(store, a, "a1", dpstest::settings("lenet", 1), {{0.8, 9.0}, {0.8, 6.0}});
   dps::SettingValues fp16 = dpstest::settings("lenet", 1);
   fp16["precision"] = "fp16";
@@ -208,9 +208,9 @@ TEST_CASE("scaling: trials of another experiment or setting are not a baseline",
 TEST_CASE("trial_summaries: each trial with its results, in sweep order", "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("results.db"));
-  const int64_t other = store.upsert_experiment("other", "", "");
+  const int64_t other = store.upsert_experiment("other", "", "", 1);
   run_trial(store, other, "elsewhere", dpstest::settings("lenet", 1), {{0.5, 1.0}});
-  const int64_t exp = store.upsert_experiment("summaries", "", "");
+  const int64_t exp = store.upsert_experiment("summaries", "", "", 1);
   const int64_t g2 = run_trial(store, exp, "g2", dpstest::settings("lenet", 2),
                                {{0.7, 9.0}, {0.9, 3.0}, {0.8, 5.0}});
   const int64_t g1 = run_trial(store, exp, "g1", dpstest::settings("lenet", 1),
@@ -250,8 +250,8 @@ TEST_CASE("experiments are found by name and listed oldest first", "[store]") {
   Store store = dpstest::open_store(dir.file("results.db"));
   CHECK(store.experiments().empty());
   CHECK_FALSE(store.find_experiment("a").has_value());
-  const int64_t b = store.upsert_experiment("b", "second letter", "x = 1");
-  const int64_t a = store.upsert_experiment("a", "", "y = 2");
+  const int64_t b = store.upsert_experiment("b", "second letter", "x = 1", 1);
+  const int64_t a = store.upsert_experiment("a", "", "y = 2", 1);
   const auto found = store.find_experiment("b");
   REQUIRE(found.has_value());
   CHECK(found->id == b);

@@ -90,6 +90,9 @@ struct TrialRow {
   /// Where its last attempt kept the datasets (schema 7): "device" or "streamed" (beyond the
   /// data_budget_mib setting); "": not started, or run by an older dprun (on the device).
   std::string data_residence;
+  /// The activation layout its last attempt ran with (schema 8): "nchw" or "nhwc"; "": not
+  /// started, or run by an older dprun (which ran its layout setting as given).
+  std::string layout_used;
 };
 
 /// Why `tag` is not a tag name, naming it ("" when it is one): a tag is 1 to 64 of the
@@ -207,13 +210,23 @@ struct TrialStart {
   int64_t runner_pid = 0;
   std::string hosts, launch, device_set;  // as in TrialRow ("" is stored as NULL)
   std::string data_residence;             // as in TrialRow
+  std::string layout_used;                // as in TrialRow
 };
+
+/// The defaults generation experiment `name` was begun with in the database at `path`
+/// (ExperimentRow::defaults), read without writing; nullopt when there is no such file, when a
+/// dprun is creating it right now (no schema and no tables yet), or when it has no such
+/// experiment. StoreError as Store's read-only open for a file that is no dprun database.
+std::optional<int> experiment_defaults(const std::string& path, const std::string& name);
 
 /// One experiment of the database.
 struct ExperimentRow {
   int64_t id = 0;
   std::string name, description;
   std::string toml_sha256;             // of the experiment file last run
+  /// The generation of the settings' defaults it was begun with (schema 8; 1: begun by an
+  /// older dprun). Its file's omitted keys take that generation's defaults.
+  int defaults = 1;
   std::string created_at, updated_at;  // ISO 8601 UTC
 };
 
@@ -258,10 +271,11 @@ class Store {
   /// The setting columns of this database's `trials`, in table order.
   const std::vector<std::string>& setting_columns() const;
 
-  /// Finds the experiment by name, or creates it; stores the TOML source and its sha256
-  /// (updated when the file changed). Returns its id.
+  /// Finds the experiment by name, or creates it with the defaults generation `defaults`; stores
+  /// the TOML source and its sha256 (updated when the file changed). An experiment that exists
+  /// keeps its generation. Returns its id.
   int64_t upsert_experiment(const std::string& name, const std::string& description,
-                            const std::string& toml_source);
+                            const std::string& toml_source, int defaults);
 
   /// The experiment of that name, if the database has it.
   std::optional<ExperimentRow> find_experiment(const std::string& name);
