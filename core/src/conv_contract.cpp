@@ -44,8 +44,11 @@ constexpr std::array<AlgoInfo, 7> kBackwardFilter = {{{"ALGO_0", ConvFamily::gem
                                                        {"WINOGRAD_NONFUSED", ConvFamily::winograd},
                                                        {"FFT_TILING", ConvFamily::fft}}};
 
+constexpr AlgoInfo kDprunGemm1x1 = {"DPRUN_GEMM_1X1", ConvFamily::gemm};
+
 const AlgoInfo* find(ConvDirection d, int algo) {
   if (algo < 0) return nullptr;
+  if (algo == kConvAlgoDprunGemm1x1) return d == ConvDirection::forward ? &kDprunGemm1x1 : nullptr;
   const auto i = static_cast<size_t>(algo);
   switch (d) {
     case ConvDirection::forward:
@@ -147,7 +150,7 @@ std::string conv_contract_refusal(ConvContract c, ConvDirection d, int algo, Con
   const std::string contract = conv_contract_name(c);
   if (family == ConvFamily::unknown) {
     return contract + " allows the algorithms whose arithmetic dprun knows: " + what +
-           " is not one of cuDNN 9's";
+           " is neither one of cuDNN 9's nor dprun's own";
   }
   if (!known_math(m)) {
     return contract + ": math type " + std::to_string(static_cast<int>(m)) + " is not one of cuDNN's";

@@ -78,6 +78,24 @@ TEST_CASE("conv contract: cuDNN's algorithms by number, name and family", "[conv
   CHECK(dp::conv_family(ConvDirection::backward_filter, 7) == ConvFamily::unknown);
   CHECK(dp::conv_family(ConvDirection::forward, -1) == ConvFamily::unknown);
   CHECK(dp::conv_algorithm_name(ConvDirection::forward, 9) == "algorithm 9");
+  // dprun's own 1x1 forward: a GEMM, forward only, held to the contracts as cuDNN's GEMMs are.
+  CHECK(dp::conv_algorithm_name(ConvDirection::forward, dp::kConvAlgoDprunGemm1x1) ==
+        "DPRUN_GEMM_1X1");
+  CHECK(dp::conv_family(ConvDirection::forward, dp::kConvAlgoDprunGemm1x1) == ConvFamily::gemm);
+  CHECK(dp::conv_family(ConvDirection::backward_data, dp::kConvAlgoDprunGemm1x1) ==
+        ConvFamily::unknown);
+  CHECK(dp::conv_family(ConvDirection::backward_filter, dp::kConvAlgoDprunGemm1x1) ==
+        ConvFamily::unknown);
+  const auto forward = ConvDirection::forward;
+  const int own = dp::kConvAlgoDprunGemm1x1;
+  CHECK(dp::conv_contract_allows(ConvContract::fp32_exact, forward, own, ConvMath::fma));
+  CHECK_FALSE(
+      dp::conv_contract_allows(ConvContract::fp32_exact, forward, own, ConvMath::default_math));
+  CHECK(dp::conv_contract_allows(ConvContract::tf32, forward, own, ConvMath::default_math));
+  CHECK(dp::conv_contract_allows(ConvContract::bf16, forward, own, ConvMath::default_math));
+  CHECK_THAT(dp::conv_contract_refusal(ConvContract::tf32, ConvDirection::backward_data, own,
+                                       ConvMath::fma),
+             Catch::Contains("neither one of cuDNN 9's nor dprun's own"));
 }
 
 TEST_CASE("conv contract: fp32-exact allows GEMM and direct algorithms with FMA math only",

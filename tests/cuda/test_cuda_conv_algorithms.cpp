@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -462,5 +463,68 @@ TEST_CASE("cuda conv: a measured choice read back from the cache is held to the 
     INFO(a.str());
     CHECK(a.algo == 0);
     CHECK(a.math == dp::ConvMath::fma);
+  }
+}
+
+TEST_CASE(
+    "cuda conv: dprun's own 1x1 forward takes part in the measured choice where it "
+    "computes the layer and nowhere else",
+    "[cuda][algorithms]") {
+  auto gpu = gpu_backend(ConvContract::fp32_exact, dp::ConvChoice::measured);
+  // Batch 2 is first met after setup (batch 4), so its cache entry can be planted first.
+  const ConvShape one{"1x1 stride 2", 4, 8, 8, 8, 16, 1, 1, 2, 0};
+  const ConvShape three{"3x3", 4, 8, 8, 8, 16, 3, 3, 1, 1};
+  const auto plant = [&](dp::ConvPlan& plan) {
+    const dp::ConvChoiceKey where = dp::cuda_conv_choice_key(*gpu, plan, ConvDirection::forward, 2);
+    dp::ChoiceCache::shared(where.scope)
+        .put(where.key,
+             "algo " + std::to_string(dp::kConvAlgoDprunGemm1x1) + " math 3 workspace 0 ms 0.0010");
+    return where.key;
+  };
+  SECTION("an NHWC 1x1 layer: its key says the GEMM was timed too, and a choice of it runs it") {
+    auto plan = gpu->plan_conv(one.geometry(Layout::nhwc));
+    CHECK_THAT(plant(*plan), Catch::EndsWith(" with dprun-gemm-1x1"));
+    const dp::ConvAlgorithm a = dp::cuda_conv_choice(*gpu, *plan, ConvDirection::forward, 2);
+    INFO(a.str());
+    CHECK(a.algo == dp::kConvAlgoDprunGemm1x1);
+    CHECK(a.math == dp::ConvMath::fma);
+    CHECK_THAT(plan->implementation(), Catch::Contains("batch 2 forward: dprun's DPRUN_GEMM_1X1"));
+    ConvShape two = one;
+    two.n = 2;
+    const Reference ref = cpu_reference(two, cpu_oracle(ConvContract::fp32_exact));
+    int64_t outside = 0;
+    worst_fraction(run_direction(*gpu, *plan, ConvDirection::forward, two, Layout::nhwc, ref),
+                   ref.y, ref.my, ConvContract::fp32_exact, dp::ConvFamily::gemm,
+                   sum_length(two, ConvDirection::forward), &outside);
+    CHECK(outside == 0);
+    // Its math is the cuBLAS handle's: TF32 where the contract allows it, and no other.
+    auto tf32_gpu = gpu_backend(ConvContract::tf32, dp::ConvChoice::heuristic);
+    auto tf32_plan = tf32_gpu->plan_conv(one.geometry(Layout::nhwc));
+    std::optional<dp::ConvAlgorithm> listed;
+    for (const dp::ConvAlgorithm& b :
+         dp::cuda_conv_algorithms(*tf32_gpu, *tf32_plan, ConvDirection::forward, 4))
+      if (b.algo == dp::kConvAlgoDprunGemm1x1) listed = b;
+    REQUIRE(listed);
+    CHECK(listed->math == dp::ConvMath::default_math);
+    listed->math = dp::ConvMath::fma;
+    CHECK_THROWS_WITH(dp::cuda_use_conv_algorithm(*tf32_gpu, *tf32_plan, *listed),
+                      Catch::Contains("runs with the cuBLAS handle's default math"));
+  }
+  SECTION("a layer it does not compute: never listed, a planted choice of it refused") {
+    for (const auto& [cs, layout] :
+         {std::pair{three, Layout::nhwc}, std::pair{one, Layout::nchw}}) {
+      auto plan = gpu->plan_conv(cs.geometry(layout));
+      INFO(cs.what << " " << dp::layout_name(layout));
+      CHECK_THAT(plant(*plan), !Catch::Contains("dprun-gemm-1x1"));
+      for (const dp::ConvAlgorithm& a :
+           dp::cuda_conv_algorithms(*gpu, *plan, ConvDirection::forward, 4))
+        CHECK(a.algo != dp::kConvAlgoDprunGemm1x1);
+      const dp::ConvAlgorithm a = dp::cuda_conv_choice(*gpu, *plan, ConvDirection::forward, 2);
+      CHECK(a.algo != dp::kConvAlgoDprunGemm1x1);
+      dp::ConvAlgorithm own = a;
+      own.algo = dp::kConvAlgoDprunGemm1x1;
+      CHECK_THROWS_WITH(dp::cuda_use_conv_algorithm(*gpu, *plan, own),
+                        Catch::Contains("computes NHWC 1x1 convolutions without padding"));
+    }
   }
 }

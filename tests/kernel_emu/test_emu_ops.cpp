@@ -266,6 +266,44 @@ TEST_CASE("emulated cuda: filter layout transposes are inverse permutations",
   EMU_CHECK_INTACT(expected16);
 }
 
+TEST_CASE("emulated cuda: subsample_nhwc gathers a strided 1x1 convolution's rows",
+          "[emulated][elementwise][bf16]") {
+  // (n, h, w) with strides that leave odd edges out; C a multiple of 4 (the float4 path when
+  // aligned) and not (the scalar path); rounded to bf16 or copied as they are.
+  struct Case {
+    int64_t n, h, w, c, sh, sw;
+  };
+  for (const Case cs : {Case{3, 7, 6, 8, 2, 2}, Case{2, 5, 5, 3, 2, 1}, Case{1, 4, 4, 4, 1, 1},
+                        Case{2, 9, 4, 12, 3, 2}}) {
+    const int64_t ho = (cs.h - 1) / cs.sh + 1, wo = (cs.w - 1) / cs.sw + 1;
+    const fvec x = dptest::random_vector(cs.n * cs.h * cs.w * cs.c, 41, -3.0f, 3.0f);
+    fvec expected(static_cast<size_t>(cs.n * ho * wo * cs.c)), rounded(expected.size());
+    for (int64_t b = 0; b < cs.n; ++b)
+      for (int64_t i = 0; i < ho; ++i)
+        for (int64_t j = 0; j < wo; ++j)
+          for (int64_t c = 0; c < cs.c; ++c) {
+            const float v =
+                x[static_cast<size_t>(((b * cs.h + i * cs.sh) * cs.w + j * cs.sw) * cs.c + c)];
+            const auto at = static_cast<size_t>(((b * ho + i) * wo + j) * cs.c + c);
+            expected[at] = v;
+            rounded[at] = std::bit_cast<float>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(v)));
+          }
+    for (const size_t offset : {size_t{0}, size_t{1}}) {  // aligned, then not
+      for (const bool round : {false, true}) {
+        INFO("n " << cs.n << " h " << cs.h << " w " << cs.w << " c " << cs.c << " stride " << cs.sh
+                  << "x" << cs.sw << (offset ? ", misaligned" : "") << (round ? ", rounded" : ""));
+        Guarded<float> in(x, offset), out(expected.size(), offset);
+        kernels::subsample_nhwc(in.data(), out.data(), cs.n, cs.h, cs.w, cs.c, cs.sh, cs.sw, ho, wo,
+                                round, nullptr);
+        emutest::require_no_pending_error();
+        CHECK(same_bits(out.values(), round ? rounded : expected));
+        EMU_CHECK_INTACT(in);
+        EMU_CHECK_INTACT(out);
+      }
+    }
+  }
+}
+
 TEST_CASE("emulated cuda: pooling equals the cpu backend (ties: first maximum)",
           "[emulated][pool]") {
   // (N, C, H, W, kernel, stride, pad): LeNet's 2x2, ResNet's 3x3/2/1 on odd sizes, overlapping

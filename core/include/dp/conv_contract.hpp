@@ -42,6 +42,14 @@ const char* conv_contract_name(ConvContract c);  // "fp32-exact", "tf32", "bf16"
 enum class ConvDirection { forward = 0, backward_data = 1, backward_filter = 2 };
 const char* conv_direction_name(ConvDirection d);  // "forward", "backward-data", ...
 
+/// dprun's own forward of an NHWC 1x1 convolution without padding, beside cuDNN's numbered ones:
+/// the strided pixels gathered into rows (with bf16 their rounded copy), then one cuBLAS GEMM
+/// against the (K, C) filter (a GEMM family algorithm, fp32 sums; TF32 where the contract
+/// allows it). On the H200, cuDNN's fastest forward for ResNet-18's strided 1x1 shortcuts was a
+/// kernel without tensor cores (127-152 us a launch); the measured choice times this against
+/// cuDNN's and keeps the faster.
+inline constexpr int kConvAlgoDprunGemm1x1 = 100;
+
 /// How an algorithm computes, which decides its rounding: an fp32 dot product (gemm, direct) or
 /// a transform of the inputs (fft, winograd), whose errors are of another kind.
 enum class ConvFamily { gemm, direct, fft, winograd, unknown };
@@ -49,8 +57,9 @@ const char* conv_family_name(ConvFamily f);
 /// The family of cuDNN's algorithm number `algo` (cudnnConvolutionFwdAlgo_t,
 /// cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdFilterAlgo_t) in direction d.
 ConvFamily conv_family(ConvDirection d, int algo);
-/// cuDNN's name without the prefix: "IMPLICIT_PRECOMP_GEMM", "ALGO_1", "WINOGRAD_NONFUSED", or
-/// "algorithm 9" for a number this dprun does not know.
+/// cuDNN's name without the prefix: "IMPLICIT_PRECOMP_GEMM", "ALGO_1", "WINOGRAD_NONFUSED",
+/// "DPRUN_GEMM_1X1" (kConvAlgoDprunGemm1x1), or "algorithm 9" for a number this dprun does not
+/// know.
 std::string conv_algorithm_name(ConvDirection d, int algo);
 
 /// cuDNN's math types, with cudnnMathType_t's numbers (cuda_conv.cpp checks them against cudnn.h).

@@ -267,6 +267,25 @@ class CudaBackend final : public Backend {
   /// "cuDNN 91900, CUDA runtime 13000, NVIDIA H100 80GB HBM3 sm_90": what choices depend on.
   std::string choice_scope_;
   bool measure_choices_ = true;
+  // dprun's own forward of an NHWC 1x1 convolution (dp::kConvAlgoDprunGemm1x1): the strided
+  // rows gathered (with bf16 rounded) into its workspace, then one cuBLAS GEMM with the (K, C)
+  // filter as it is. The measured choice times it against cuDNN's fastest (cuda_conv.cpp).
+  /// Whether the plan's forward can run it: NHWC, a 1x1 kernel, no padding.
+  static bool own_gemm_1x1(const CudnnConvPlan& plan);
+  /// The workspace it needs at batch n: the gathered rows (when strided, or rounded in bf16)
+  /// and, in bf16, the filter's rounded copy.
+  size_t own_gemm_1x1_workspace(const CudnnConvPlan& plan, int64_t n) const;
+  /// The math it runs with, as cuDNN's math types say it: the cuBLAS handle's (TF32 when
+  /// allow_tf32, else FMA).
+  cudnnMathType_t own_gemm_math() const;
+  /// y (fp32, no bias, not rounded) = the forward of x at batch n, enqueued.
+  void run_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, const float* x, const float* w,
+                        float* y, void* workspace);
+  /// Its time at batch n in ms (the best of three after a warm-up), at plan time, on the fp32
+  /// buffers x, w and y given (null: scratch of its own); a negative value when its workspace
+  /// would exceed `limit`.
+  float time_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, size_t limit, const void* x,
+                          const void* w, void* y);
   /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch; w itself
   /// in NCHW.
   const float* filter_for(const CudnnConvPlan& plan, const float* w);

@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -156,9 +157,12 @@ class CudnnConvPlan final : public ConvPlan {
         if (!b->choice[d].chosen) continue;
         const ConvBatch::Choice& c = b->choice[d];
         const auto dir = static_cast<ConvDirection>(d);
+        const bool own = c.algo == kConvAlgoDprunGemm1x1;
         out += std::string(out.empty() ? "" : "; ") + "batch " + std::to_string(b->n) + " " +
-               kDirectionNames[d] + ": cuDNN " + conv_algorithm_name(dir, c.algo) + " (algo " +
-               std::to_string(c.algo) + "), " + (io_bf16[d] ? "bf16 data, " : "") +
+               kDirectionNames[d] + (own ? ": dprun's " : ": cuDNN ") +
+               conv_algorithm_name(dir, c.algo) +
+               (own ? " (gather, cuBLAS GEMM), " : " (algo " + std::to_string(c.algo) + "), ") +
+               (io_bf16[d] && !own ? "bf16 data, " : "") +
                conv_math_name(static_cast<ConvMath>(c.math)) + " math, workspace " +
                std::to_string(c.workspace) + " bytes";
       }
@@ -615,6 +619,99 @@ std::string fastest(const Perf* perf, int returned, size_t limit, ConvContract c
 
 }  // namespace
 
+// ---- dprun's own 1x1 forward (dp::kConvAlgoDprunGemm1x1) -----------------------------------
+
+bool CudaBackend::own_gemm_1x1(const CudnnConvPlan& plan) {
+  const ConvGeometry& g = plan.geometry();
+  return plan.nhwc() && g.kernel_h == 1 && g.kernel_w == 1 && g.pad_h == 0 && g.pad_w == 0;
+}
+
+size_t CudaBackend::own_gemm_1x1_workspace(const CudnnConvPlan& plan, int64_t n) const {
+  const ConvGeometry& g = plan.geometry();
+  const bool strided = g.stride_h != 1 || g.stride_w != 1;
+  int64_t floats = 0;
+  if (strided || bf16()) floats += aligned_floats(n * g.out_h() * g.out_w() * g.in_channels);
+  if (bf16()) floats += aligned_floats(g.out_channels * g.in_channels);
+  return static_cast<size_t>(floats) * sizeof(float);
+}
+
+cudnnMathType_t CudaBackend::own_gemm_math() const {
+  return allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;  // the cuBLAS handle's math mode
+}
+
+void CudaBackend::run_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, const float* x,
+                                   const float* w, float* y, void* workspace) {
+  const ConvGeometry& g = plan.geometry();
+  const int64_t ho = g.out_h(), wo = g.out_w(), rows = n * ho * wo;
+  auto* room = static_cast<float*>(workspace);
+  // The rows it reads: x itself when every pixel is read and kept as it is.
+  const float* xs = x;
+  if (g.stride_h != 1 || g.stride_w != 1 || bf16()) {
+    kernels::subsample_nhwc(x, room, n, g.in_h, g.in_w, g.in_channels, g.stride_h, g.stride_w, ho,
+                            wo, bf16(), stream_);
+    xs = room;
+    room += aligned_floats(rows * g.in_channels);
+  }
+  // A 1x1 filter (K, C, 1, 1) is the (K, C) matrix the GEMM wants, in either layout.
+  const float* wk = w;
+  if (bf16()) {
+    kernels::round_to_bf16(w, room, g.out_channels * g.in_channels, stream_);
+    wk = room;
+  }
+  // Row-major y (rows, K) = xs (rows, C) w^T: column-major y^T (K x rows) = w^T (K x C) xs^T.
+  const float one = 1.0f, zero = 0.0f;
+  const int k = to_int(g.out_channels, "K"), m = to_int(rows, "N*P*Q"),
+            c = to_int(g.in_channels, "C");
+  CUBLAS_CHECK(
+      cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, k, m, c, &one, wk, c, xs, c, &zero, y, k));
+}
+
+namespace {
+
+/// A CUDA event, destroyed when it goes.
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { CUDA_CHECK(cudaEventCreate(&e)); }
+  ~Event() { CUDA_WARN(cudaEventDestroy(e)); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+};
+
+}  // namespace
+
+float CudaBackend::time_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, size_t limit,
+                                     const void* x, const void* w, void* y) {
+  const size_t need = own_gemm_1x1_workspace(plan, n);
+  if (need > limit) return -1.0f;
+  const ConvGeometry& g = plan.geometry();
+  const auto bytes = [](int64_t count) { return static_cast<size_t>(count) * sizeof(float); };
+  // Buffers of its own only where the caller has none (each a scratch allocation at setup).
+  std::optional<Scratch> own_x, own_y, own_w;
+  if (x == nullptr)
+    x = own_x.emplace(*this, stream_, bytes(n * g.in_channels * g.in_h * g.in_w)).get();
+  if (y == nullptr)
+    y = own_y.emplace(*this, stream_, bytes(n * g.out_channels * g.out_h() * g.out_w())).get();
+  if (w == nullptr) w = own_w.emplace(*this, stream_, bytes(plan.filter_numel())).get();
+  Scratch ws(*this, stream_, need);
+  const auto run = [&] {
+    run_own_gemm_1x1(plan, n, static_cast<const float*>(x), static_cast<const float*>(w),
+                     static_cast<float*>(y), ws.get());
+  };
+  run();  // warm-up: cuBLAS picks and loads its kernel
+  Event start, stop;
+  float best = -1.0f;
+  for (int i = 0; i < 3; ++i) {
+    CUDA_CHECK(cudaEventRecord(start.e, stream_));
+    run();
+    CUDA_CHECK(cudaEventRecord(stop.e, stream_));
+    CUDA_CHECK(cudaEventSynchronize(stop.e));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start.e, stop.e));
+    if (best < 0 || ms < best) best = ms;
+  }
+  return best;
+}
+
 std::string CudaBackend::choice_key(const CudnnConvPlan& plan, int64_t n, int direction,
                                     size_t limit) const {
   ConvGeometry shape = plan.geometry();
@@ -622,10 +719,13 @@ std::string CudaBackend::choice_key(const CudnnConvPlan& plan, int64_t n, int di
   // The contract is part of the key: choices cached before the contract existed ("fp32") are
   // never read as fp32-exact ones.
   // bf16 data ("data bf16") runs other kernels than its contract's fp32 data: timed apart.
+  // A choice that dprun's own 1x1 forward took part in says so: one cached before it existed
+  // (cuDNN's alone) is measured again, once.
   return std::string(kDirectionNames[static_cast<size_t>(direction)]) + " " + shape.str() + " " +
          conv_contract_name(contract_) +
          (plan.io_bf16[static_cast<size_t>(direction)] ? " data bf16" : "") +
-         " workspace<=" + std::to_string(limit);
+         " workspace<=" + std::to_string(limit) +
+         (direction == kForward && own_gemm_1x1(plan) ? " with dprun-gemm-1x1" : "");
 }
 
 bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
@@ -652,7 +752,25 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
       CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           cudnn_, dd.x, x.get(), dd.w, w.get(), conv, dd.y, y.get(),
           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &returned, perf, ws.get(), room));
-      return fastest(perf, returned, limit, contract_, dir);
+      std::string best = fastest(perf, returned, limit, contract_, dir);
+      if (!own_gemm_1x1(plan)) return best;
+      // dprun's own 1x1 forward, timed the same way (events around the launches): the faster.
+      // On cuDNN's timing buffers where they hold fp32 (bf16 data's are half the size).
+      const bool fp32 = dd.element_bytes == sizeof(float);
+      const float own_ms = time_own_gemm_1x1(plan, b.n, limit, fp32 ? x.get() : nullptr,
+                                             fp32 ? w.get() : nullptr, fp32 ? y.get() : nullptr);
+      double cudnn_ms = 0;
+      if (own_ms >= 0 &&
+          (best.empty() ||
+           (std::sscanf(best.c_str(), "algo %*d math %*d workspace %*u ms %lf", &cudnn_ms) == 1 &&
+            own_ms < cudnn_ms))) {
+        char text[128];
+        std::snprintf(text, sizeof text, "algo %d math %d workspace %zu ms %.4f",
+                      kConvAlgoDprunGemm1x1, static_cast<int>(own_gemm_math()),
+                      own_gemm_1x1_workspace(plan, b.n), static_cast<double>(own_ms));
+        best = text;
+      }
+      return best;
     }
     if (direction == kBackwardData) {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -695,6 +813,22 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
           conv_contract_refusal(contract_, dir, algo, static_cast<ConvMath>(math));
       !refusal.empty()) {
     return give_up("the recorded choice '" + value + "' is outside the contract (" + refusal + ")");
+  }
+  if (algo == kConvAlgoDprunGemm1x1) {
+    // dprun's own: its math is the cuBLAS handle's, its workspace its own.
+    const size_t own = own_gemm_1x1_workspace(plan, b.n);
+    if (direction != kForward || !own_gemm_1x1(plan) || m != own_gemm_math() || own > limit)
+      return give_up("the recorded choice '" + value + "' does not fit this plan");
+    CUDNN_CHECK(cudnnSetConvolutionMathType(conv, wanted));
+    b.choice[d] = {true, algo, own, m};
+    if (log_choices()) {
+      std::fprintf(stderr,
+                   "dprun: cudnn: %s batch %lld forward: dprun's DPRUN_GEMM_1X1, %s math, "
+                   "workspace %zu bytes, measured %.4f ms\n",
+                   plan.describe().c_str(), static_cast<long long>(b.n),
+                   conv_math_name(static_cast<ConvMath>(m)), own, ms);
+    }
+    return true;
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv, m));
   size_t need = 0;
@@ -870,6 +1004,12 @@ std::vector<ConvAlgorithm> CudaBackend::conv_algorithms(ConvPlan& plan_base, Con
     }
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv, before));
+  if (d == ConvDirection::forward && own_gemm_1x1(plan)) {
+    const auto math = static_cast<ConvMath>(own_gemm_math());
+    const size_t ws = own_gemm_1x1_workspace(plan, n);
+    if (conv_contract_allows(contract_, d, kConvAlgoDprunGemm1x1, math) && ws <= kMaxWorkspaceBytes)
+      out.push_back({d, n, kConvAlgoDprunGemm1x1, math, ws, true});
+  }
   return out;
 }
 
@@ -909,12 +1049,22 @@ void CudaBackend::use_conv_algorithm(ConvPlan& plan_base, const ConvAlgorithm& a
   activate();
   ConvBatch& b = batch_state(plan, a.batch);
   const int direction = static_cast<int>(a.direction);
+  if (a.algo == kConvAlgoDprunGemm1x1) {
+    if (!own_gemm_1x1(plan))
+      fail(op,
+           plan.describe() + ": " + a.str() + " computes NHWC 1x1 convolutions without padding");
+    if (static_cast<cudnnMathType_t>(a.math) != own_gemm_math())
+      fail(op, plan.describe() + ": " + a.str() + ": it runs with the cuBLAS handle's " +
+                   conv_math_name(static_cast<ConvMath>(own_gemm_math())) + " math");
+  }
   cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
   cudnnMathType_t before = CUDNN_DEFAULT_MATH;
   CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &before));
-  CUDNN_CHECK(cudnnSetConvolutionMathType(conv, static_cast<cudnnMathType_t>(a.math)));
-  size_t ws = 0;
-  const cudnnStatus_t status = workspace_size(cudnn_, plan, b, direction, a.algo, &ws);
+  const bool own = a.algo == kConvAlgoDprunGemm1x1;
+  if (!own) CUDNN_CHECK(cudnnSetConvolutionMathType(conv, static_cast<cudnnMathType_t>(a.math)));
+  size_t ws = own ? own_gemm_1x1_workspace(plan, a.batch) : 0;
+  const cudnnStatus_t status =
+      own ? CUDNN_STATUS_SUCCESS : workspace_size(cudnn_, plan, b, direction, a.algo, &ws);
   if (status != CUDNN_STATUS_SUCCESS || ws > kMaxWorkspaceBytes) {
     CUDNN_WARN(cudnnSetConvolutionMathType(conv, before));
     fail(op, plan.describe() + ": cuDNN cannot run " + a.str() + " (" +
@@ -1011,6 +1161,12 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
                    plan.copy_floats(kForward, x.numel(), w.numel(), y.numel()), "conv_forward");
   ConvBatch& cb = conv_batch(plan, n, kForward, false, scratch.cudnn_bytes);
   poison_pass(scratch, cb.choice[kForward].workspace);
+  if (cb.choice[kForward].algo == kConvAlgoDprunGemm1x1) {
+    // The bias joins the fp32 sum, then (bf16) the output's one rounding, as after cuDNN.
+    run_own_gemm_1x1(plan, n, x.f32(), w.f32(), y.f32(), scratch.cudnn);
+    finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), true);
+    return;
+  }
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
   const float one = 1.0f, zero = 0.0f;
   if (plan.io_bf16[kForward]) {

@@ -218,6 +218,32 @@ __global__ void krsc_to_kcrs_kernel(const float* in, float* out, int64_t k, int6
   }
 }
 
+// The pixels a 1x1 convolution of stride (sh, sw) reads, as rows of channels: element (b, i, j, c)
+// of the output is x's (b, i * sh, j * sw, c), NHWC, rounded to bf16 when kRound (bf16's operand
+// copy in the same pass). V: float, or float4 when C is a multiple of 4 and both are aligned
+// (c then counts float4s).
+__device__ __forceinline__ float round_if(float v, bool round) {
+  return round ? bf16_nearest(v) : v;
+}
+__device__ __forceinline__ float4 round_if(float4 v, bool round) {
+  return round ? make_float4(bf16_nearest(v.x), bf16_nearest(v.y), bf16_nearest(v.z),
+                             bf16_nearest(v.w))
+               : v;
+}
+template <typename V, bool kRound>
+__global__ void subsample_nhwc_kernel(const V* x, V* out, int64_t h, int64_t w, int64_t c,
+                                      int64_t sh, int64_t sw, int64_t ho, int64_t wo,
+                                      int64_t total) {
+  DP_GRID_STRIDE(i, total) {
+    const int64_t cc = i % c;
+    int64_t rest = i / c;
+    const int64_t j = rest % wo;
+    rest /= wo;
+    const int64_t r = rest % ho, b = rest / ho;
+    out[i] = round_if(x[((b * h + r * sh) * w + j * sw) * c + cc], kRound);
+  }
+}
+
 template <bool kNhwc>
 __global__ void gather_kernel(const uint8_t* images, const uint8_t* labels, int64_t m,
                               const int32_t* indices, int64_t index_count, DeviceRow start,
@@ -456,6 +482,34 @@ void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
   if (n <= 0) return;
   krsc_to_kcrs_kernel<<<grid_for(n), kThreads, 0, stream>>>(in, out, k, c, rs);
   CUDA_CHECK_LAUNCH(krsc_to_kcrs_kernel);
+}
+
+void subsample_nhwc(const float* x, float* out, int64_t n, int64_t h, int64_t w, int64_t c,
+                    int64_t sh, int64_t sw, int64_t ho, int64_t wo, bool round_bf16,
+                    cudaStream_t stream) {
+  const int64_t total = n * ho * wo * c;
+  if (total <= 0) return;
+  if (c % 4 == 0 && aligned16(x) && aligned16(out)) {
+    const auto* x4 = reinterpret_cast<const float4*>(x);
+    auto* out4 = reinterpret_cast<float4*>(out);
+    if (round_bf16) {
+      subsample_nhwc_kernel<float4, true><<<grid_for(total / 4), kThreads, 0, stream>>>(
+          x4, out4, h, w, c / 4, sh, sw, ho, wo, total / 4);
+    } else {
+      subsample_nhwc_kernel<float4, false><<<grid_for(total / 4), kThreads, 0, stream>>>(
+          x4, out4, h, w, c / 4, sh, sw, ho, wo, total / 4);
+    }
+    CUDA_CHECK_LAUNCH(subsample_nhwc_kernel);
+    return;
+  }
+  if (round_bf16) {
+    subsample_nhwc_kernel<float, true>
+        <<<grid_for(total), kThreads, 0, stream>>>(x, out, h, w, c, sh, sw, ho, wo, total);
+  } else {
+    subsample_nhwc_kernel<float, false>
+        <<<grid_for(total), kThreads, 0, stream>>>(x, out, h, w, c, sh, sw, ho, wo, total);
+  }
+  CUDA_CHECK_LAUNCH(subsample_nhwc_kernel);
 }
 
 void gather_batch(const uint8_t* images, const uint8_t* labels, int64_t m, const int32_t* indices,

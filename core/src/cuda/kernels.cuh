@@ -67,6 +67,13 @@ void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
 void kcrs_to_krsc_bf16(const float* in, uint16_t* out, int64_t k, int64_t c, int64_t rs,
                        cudaStream_t stream);
 
+/// The rows a 1x1 convolution of stride (sh, sw) reads from an NHWC (n, h, w, c): out is
+/// (n, ho, wo, c) with out(b, i, j) = x(b, i * sh, j * sw), each value rounded to bf16 when
+/// round_bf16 (round_to_bf16's values).
+void subsample_nhwc(const float* x, float* out, int64_t n, int64_t h, int64_t w, int64_t c,
+                    int64_t sh, int64_t sw, int64_t ho, int64_t wo, bool round_bf16,
+                    cudaStream_t stream);
+
 /// PyTorch SGD over flat buffers (optimizer.cu): d = g + wd * p; buf = momentum * buf + d (when
 /// buf); p -= lr * (buf, or d + momentum * buf with Nesterov, or d). grads are not modified.
 /// With lr_row.table (width 1) the learning rate is read from it (NaN for a cursor outside it).
