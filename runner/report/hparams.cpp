@@ -336,14 +336,15 @@ std::string scatter(const ExperimentTrials& x, size_t column, const Ranked& r,
 }
 
 // The best trials by the metric: each with its value of every swept setting, after a line with
-// the settings every trial shares that differ from dprun's defaults (so each row shows all that
-// is not a default).
+// the settings every trial shares that differ from the defaults the experiment was begun with
+// (so each row shows all that is not a default).
 std::string best_trials(const ExperimentTrials& x, const std::vector<size_t>& swept,
                         const Ranked& r, const html::TrialMetric& metric,
                         const std::vector<std::vector<dps::EpochRow>>& epochs) {
   using html::escape;
   using html::num;
-  const SettingTable& table = builtin_settings();
+  const SettingTable& table =
+      builtin_settings().with_defaults(std::clamp(x.experiment.defaults, 1, kDefaultsGeneration));
   std::string shared;
   for (size_t c = 0; c < x.settings[0].size(); ++c) {
     const auto& [name, text] = x.settings[0][c];

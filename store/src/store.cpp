@@ -258,10 +258,19 @@ int64_t Store::upsert_experiment(const std::string& name, const std::string& des
   ins.bind(1, name).bind(2, description).bind(3, toml_source).bind(4, sha256_hex(toml_source));
   ins.bind(5, int64_t{defaults});
   ins.run();
-  Stmt sel(db, "SELECT id FROM experiments WHERE name = ?1");
+  Stmt sel(db, "SELECT id, defaults FROM experiments WHERE name = ?1");
   sel.bind(1, name);
   if (!sel.step()) throw StoreError(impl_->path + ": experiment \"" + name + "\" vanished");
   int64_t id = sel.int64(0);
+  // The caller read its file with `defaults`' values for the keys it leaves out: trials of
+  // another generation's defaults would be other trials (nothing is written: the transaction
+  // rolls back).
+  if (const int64_t stored = sel.int64(1); stored != defaults) {
+    throw StoreError(impl_->path + ": experiment \"" + name + "\" was begun with the defaults of " +
+                     "generation " + std::to_string(stored) + ", but its file was read with " +
+                     "those of generation " + std::to_string(defaults) +
+                     " (another dprun began it meanwhile?): run the command again");
+  }
   txn.commit();
   return id;
 }

@@ -104,6 +104,8 @@ void task_database(const std::string& path, TrialStatus status, int epochs,
   dps::TrialStart start;
   start.backend = "cpu";
   start.host = "node1";
+  start.data_residence = "streamed";
+  start.layout_used = "nhwc";
   task.start_trial(id, start);
   for (int e = 1; e <= epochs; ++e) {
     dps::EpochRow row;
@@ -130,6 +132,8 @@ TEST_CASE("merge: a task that ended is collected once and merging again changes 
   CHECK(trial->status == TrialStatus::done);
   CHECK(trial->epochs_done == 2);
   CHECK(trial->host == "node1");
+  CHECK(trial->data_residence == "streamed");  // facts of the run come along
+  CHECK(trial->layout_used == "nhwc");
   CHECK(c.store.tasks(c.exp, true).empty());
 
   const std::string before = c.dump();

@@ -228,8 +228,13 @@ TEST_CASE("an experiment keeps the defaults generation it was made with", "[stor
   Store store(dir.file("results.db"));
   const int64_t a = store.upsert_experiment("a", "", "x = 1", 1);
   store.upsert_experiment("b", "", "x = 1", 3);
-  // Updated source, another generation given: the one it was made with stays.
-  CHECK(store.upsert_experiment("a", "changed", "x = 2", 3) == a);
+  CHECK(store.upsert_experiment("a", "changed", "x = 2", 1) == a);
+  // Its file read with another generation's defaults: refused, nothing changed.
+  CHECK_THROWS_WITH(store.upsert_experiment("a", "again", "x = 3", 3),
+                    Contains("experiment \"a\" was begun with the defaults of generation 1") &&
+                        Contains("read with those of generation 3"));
+  CHECK(dpstest::scalar(store, "SELECT description FROM experiments WHERE name = 'a'") ==
+        "changed");
   CHECK(store.find_experiment("a")->defaults == 1);
   CHECK(store.find_experiment("b")->defaults == 3);
   CHECK(store.experiments().at(1).defaults == 3);

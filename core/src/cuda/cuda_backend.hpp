@@ -281,11 +281,9 @@ class CudaBackend final : public Backend {
   /// y (fp32, no bias, not rounded) = the forward of x at batch n, enqueued.
   void run_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, const float* x, const float* w,
                         float* y, void* workspace);
-  /// Its time at batch n in ms (the best of three after a warm-up), at plan time, on the fp32
-  /// buffers x, w and y given (null: scratch of its own); a negative value when its workspace
-  /// would exceed `limit`.
-  float time_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, size_t limit, const void* x,
-                          const void* w, void* y);
+  /// Its time at batch n in ms (the best of three after a warm-up, on scratch buffers of its
+  /// own), at plan time; a negative value when its workspace would exceed `limit`.
+  float time_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, size_t limit);
   /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch; w itself
   /// in NCHW.
   const float* filter_for(const CudnnConvPlan& plan, const float* w);

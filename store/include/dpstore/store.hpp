@@ -273,7 +273,8 @@ class Store {
 
   /// Finds the experiment by name, or creates it with the defaults generation `defaults`; stores
   /// the TOML source and its sha256 (updated when the file changed). An experiment that exists
-  /// keeps its generation. Returns its id.
+  /// keeps its generation, and one of another generation than `defaults` is a StoreError that
+  /// changes nothing (its file was read with other defaults). Returns its id.
   int64_t upsert_experiment(const std::string& name, const std::string& description,
                             const std::string& toml_source, int defaults);
 

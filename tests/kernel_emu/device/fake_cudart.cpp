@@ -285,10 +285,11 @@ cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
 // No GPU clock here: every timed span reads 0.05 ms, less than the fake cuDNN's fastest
 // algorithm (0.1 ms), so where the CUDA backend times its own kernels against cuDNN's (its 1x1
-// forward), the measured choice takes its own, and the emulated runs exercise them. Always the
-// same: no emulated test depends on a host's speed.
+// forward), the measured choice takes its own, and the emulated runs exercise them; a test sets
+// DPRUN_EMULATED_EVENT_MS to see cuDNN win. Never the host's speed: no emulated test depends on it.
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
-  *ms = 0.05f;
+  const char* v = std::getenv("DPRUN_EMULATED_EVENT_MS");
+  *ms = v != nullptr && *v != '\0' ? std::strtof(v, nullptr) : 0.05f;
   return cudaSuccess;
 }
 
