@@ -125,6 +125,24 @@ TEST_CASE("status: seconds per epoch and ETAs, never guessed", "[status]") {
   CHECK_FALSE(eta.seconds.has_value());
   CHECK(eta.untimed == 1);
 
+  // What the time of an epoch depends on: exact fp32 against TF32, graphs, and the layout
+  // (whose "auto" resolves with allow_tf32) tell shapes apart; the learning rate does not.
+  const dps::SettingValues base{{"model", std::string("resnet18")},
+                                {"layout", std::string("auto")},
+                                {"allow_tf32", int64_t{1}},
+                                {"graphs", int64_t{0}},
+                                {"lr", 0.1}};
+  for (const auto& [key, other] : std::vector<std::pair<std::string, dps::SqlValue>>{
+           {"allow_tf32", int64_t{0}}, {"graphs", int64_t{1}}, {"layout", std::string("nchw")}}) {
+    dps::SettingValues changed = base;
+    changed[key] = other;
+    INFO(key);
+    CHECK(shape_of(changed) != shape_of(base));
+  }
+  dps::SettingValues lr = base;
+  lr["lr"] = 0.4;
+  CHECK(shape_of(lr) == shape_of(base));
+
   CHECK(format_duration(0) == "0s");
   CHECK(format_duration(0.3) == "<1s");
   CHECK(format_duration(59.4) == "59s");
