@@ -36,7 +36,8 @@ void Backend::refuse_while_capturing(const char* what) const {
   if (capturing_) {
     throw Error(prefix(what) +
                 "called while a step is being captured: it needs the host, and a captured step "
-                "replays without it (do it before begin_capture or after end_capture)");
+                "replays without it (do it before begin_capture or after end_capture; a model "
+                "whose step needs it trains with graphs = false)");
   }
 }
 

@@ -264,6 +264,8 @@ std::string train_option_metavar(const Setting& setting) {
   switch (setting.type) {
     case SettingType::boolean:
       return "true|false";
+    case SettingType::boolean_auto:
+      return "true|false|auto";
     case SettingType::integer:
       return "N";
     case SettingType::number:

@@ -194,6 +194,15 @@ std::optional<Val> Validator::read_train_value(const Setting& k, const toml::nod
       if (!n.is_boolean()) return type_error();
       v.value = n.as_boolean()->get();
       break;
+    case SettingType::boolean_auto:
+      if (n.is_boolean()) {
+        v.value = n.as_boolean()->get();
+      } else if (n.is_string()) {
+        v.value = n.as_string()->get();  // check_setting_value refuses all but "auto"
+      } else {
+        return type_error();
+      }
+      break;
     case SettingType::integer:
       if (!n.is_integer()) return type_error();
       v.value = n.as_integer()->get();

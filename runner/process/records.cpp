@@ -71,6 +71,7 @@ const JsonFields<dps::TrialStart>& start_fields() {
       field("hosts", &dps::TrialStart::hosts),
       field("data_residence", &dps::TrialStart::data_residence),
       field("layout_used", &dps::TrialStart::layout_used),
+      field("graphs_used", &dps::TrialStart::graphs_used),
   };
   return f;
 }

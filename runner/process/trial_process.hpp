@@ -8,7 +8,7 @@
 //   {"type":"start","backend":"cpu","devices":"CPU (2 threads, oneDNN 2.6.3 avx2)
 //   x2","plugin_path":"...",
 //    "plugin_sha256":"...","oversubscribed":false,"hosts":"vm","data_residence":"device",
-//    "layout_used":"nchw","rank_hosts":["vm"]}
+//    "layout_used":"nchw","graphs_used":0,"rank_hosts":["vm"]}
 //   {"type":"epoch","epoch":1,"train_loss":0.9,"train_acc":0.6,"test_acc":0.7,"seconds":1.2,
 //    "examples_per_second":500,"lr":0.1,"eval_seconds":0.1,"peak_memory_bytes":123}   (each)
 //   {"type":"checkpoint","role":"last","epoch":1,"path":"/abs/last.safetensors","sha256":"...",

@@ -1,6 +1,6 @@
-// What follows from the table of settings: checking rows and values, a trial's settings, their
-// text, their store values and their JSON record. The identity (config hash) is in
-// settings_identity.cpp, the rows themselves in settings_table.cpp.
+// What follows from the table of settings: checking rows and values, a trial's settings and their
+// text. Their store values and JSON record are in settings_records.cpp, the identity (config
+// hash) in settings_identity.cpp, the rows themselves in settings_table.cpp.
 #include "settings/settings.hpp"
 
 #include <algorithm>
@@ -15,10 +15,12 @@ namespace dprun {
 
 namespace {
 
-// The alternative of SettingValue a setting of this type holds.
+// The alternative of SettingValue a setting of this type holds (boolean_auto: the bool's; its
+// "auto" is a string).
 size_t value_index(SettingType t) {
   switch (t) {
     case SettingType::boolean:
+    case SettingType::boolean_auto:
       return 0;
     case SettingType::integer:
       return 1;
@@ -31,11 +33,21 @@ size_t value_index(SettingType t) {
   }
 }
 
-const char* type_name(SettingType t) {
+// Whether v is of the alternative a setting of type t holds ("auto" of a boolean_auto: its
+// value is checked by check_setting_value).
+bool of_type(SettingType t, const SettingValue& v) {
+  return v.index() == value_index(t) || (t == SettingType::boolean_auto && v.index() == 3);
+}
+
+}  // namespace
+
+const char* setting_type_name(SettingType t) {
   static const char* names[] = {"boolean", "integer", "number", "numbers", "choice",
-                                "model",   "text",    "json",   "dataset"};
+                                "model",   "text",    "json",   "dataset", "boolean-or-auto"};
   return names[static_cast<int>(t)];
 }
+
+namespace {
 
 std::string shortest(double d) {
   char buf[64];
@@ -113,8 +125,9 @@ SettingTable::SettingTable(std::vector<Setting> rows, int generation)
       if (!s.key.empty() && rows_[j].key == s.key) bad_row(s, "the key is used twice");
       if (!s.column.empty() && rows_[j].column == s.column) bad_row(s, "the column is used twice");
     }
-    if (s.default_value.index() != value_index(s.type))
-      bad_row(s, std::string("the default is not a value of a ") + type_name(s.type) + " setting");
+    if (!of_type(s.type, s.default_value))
+      bad_row(s, std::string("the default is not a value of a ") + setting_type_name(s.type) +
+                     " setting");
     if (s.type == SettingType::numbers && s.count == 0)
       bad_row(s, "a numbers setting needs a count");
     if (s.type == SettingType::choice && s.choices.empty()) bad_row(s, "a choice needs choices");
@@ -128,7 +141,7 @@ SettingTable::SettingTable(std::vector<Setting> rows, int generation)
       if (e.until <= until || e.until >= kDefaultsGeneration)
         bad_row(s, "earlier defaults must be of increasing generations before the current one");
       until = e.until;
-      if (e.value.index() != value_index(s.type))
+      if (!of_type(s.type, e.value))
         bad_row(s, "an earlier default is not a value of the setting's type");
       if (auto why = check_setting_value(s, e.value); !why.empty())
         bad_row(s, "an earlier default is refused by the setting's own check: " + why);
@@ -212,8 +225,8 @@ const SettingValue& TrialSettings::get(std::string_view column) const {
 void TrialSettings::set(std::string_view column, SettingValue value) {
   const size_t i = index(column);
   const Setting& s = *table_->recorded()[i];
-  if (value.index() != value_index(s.type))
-    throw std::logic_error("setting " + s.column + ": a " + type_name(s.type) +
+  if (!of_type(s.type, value))
+    throw std::logic_error("setting " + s.column + ": a " + setting_type_name(s.type) +
                            " setting given a value of another type");
   values_[i] = std::move(value);
 }
@@ -279,7 +292,7 @@ std::string setting_text(const SettingValue& v) {
 }
 
 std::string check_setting_value(const Setting& s, const SettingValue& v) {
-  if (v.index() != value_index(s.type)) return "expected " + expected_text(s, false);
+  if (!of_type(s.type, v)) return "expected " + expected_text(s, false);
   auto check_number = [&](double d) -> std::string {
     if (!std::isfinite(d)) return "must be a finite number, got " + shortest(d);
     if (!within(s.range, d)) return range_text(s.range) + ", got " + shortest(d);
@@ -302,6 +315,11 @@ std::string check_setting_value(const Setting& s, const SettingValue& v) {
       for (double d : list)
         if (auto why = check_number(d); !why.empty()) return "each value " + why;
       return "";
+    }
+    case SettingType::boolean_auto: {
+      const auto* text = std::get_if<std::string>(&v);
+      if (text == nullptr || *text == "auto") return "";
+      return "unknown value " + json_quote(*text) + " (expected " + expected_text(s, false) + ")";
     }
     case SettingType::choice: {
       const std::string& text = std::get<std::string>(v);
@@ -335,6 +353,10 @@ SettingValue setting_from_text(const Setting& setting, const std::string& text) 
     case SettingType::boolean:
       if (text != "true" && text != "false") throw expected();
       value = text == "true";
+      break;
+    case SettingType::boolean_auto:
+      if (text != "true" && text != "false" && text != "auto") throw expected();
+      if (text != "auto") value = text == "true";
       break;
     case SettingType::integer: {
       int64_t x = 0;
@@ -372,6 +394,9 @@ std::string expected_text(const Setting& s, bool list) {
     case SettingType::boolean:
       one = "a boolean", many = "a list of booleans";
       break;
+    case SettingType::boolean_auto:
+      one = "true, false or \"auto\"", many = "a list of true, false or \"auto\"";
+      break;
     case SettingType::integer:
       if (s.range.min == 1 && !s.range.min_open && !has_max(s.range))
         one = "a positive integer", many = "a list of positive integers";
@@ -403,6 +428,8 @@ std::string type_text(const Setting& s) {
   switch (s.type) {
     case SettingType::boolean:
       return "bool";
+    case SettingType::boolean_auto:
+      return "bool | \"auto\"";
     case SettingType::integer:
       return "int" + range_doc(s.range);
     case SettingType::number:
@@ -425,141 +452,6 @@ std::string type_text(const Setting& s) {
       return "dataset name";
   }
   return "";
-}
-
-// ---- the store ---------------------------------------------------------------------------------
-
-namespace {
-
-// A list of floats as stored: the JSON array of their exact values.
-std::string numbers_json(const std::vector<double>& list) {
-  Json a = Json::array();
-  for (double d : list) a.push(Json::number(d));
-  return a.dump();
-}
-
-}  // namespace
-
-dps::SettingValues to_store(const TrialSettings& settings) {
-  dps::SettingValues out;
-  const auto& recorded = settings.table().recorded();
-  for (size_t i = 0; i < recorded.size(); ++i) {
-    const SettingValue& v = settings.at(i);
-    dps::SqlValue sql;
-    if (auto* b = std::get_if<bool>(&v))
-      sql = int64_t{*b ? 1 : 0};  // SQLite has no boolean
-    else if (auto* n = std::get_if<int64_t>(&v))
-      sql = *n;
-    else if (auto* d = std::get_if<double>(&v))
-      sql = *d;
-    else if (auto* list = std::get_if<std::vector<double>>(&v))
-      sql = numbers_json(*list);
-    else
-      sql = std::get<std::string>(v);
-    out[recorded[i]->column] = std::move(sql);
-  }
-  return out;
-}
-
-SettingValue from_store(const Setting& s, const dps::SqlValue& v) {
-  auto bad = [&]() -> SettingValue {
-    throw std::runtime_error("stored setting " + s.column + ": not a value of a " +
-                             type_name(s.type) + " setting");
-  };
-  const auto* i = std::get_if<int64_t>(&v);
-  const auto* d = std::get_if<double>(&v);
-  const auto* t = std::get_if<std::string>(&v);
-  switch (s.type) {
-    case SettingType::boolean:
-      return i ? SettingValue(*i != 0) : bad();
-    case SettingType::integer:
-      return i ? SettingValue(*i) : bad();
-    case SettingType::number:
-      // A REAL column keeps an integral value as an integer on disk; it reads as REAL, but
-      // accept both.
-      return d ? SettingValue(*d) : i ? SettingValue(static_cast<double>(*i)) : bad();
-    case SettingType::numbers: {
-      if (!t) return bad();
-      std::vector<double> list;
-      try {
-        const Json parsed = Json::parse(*t);  // items() refers into it
-        for (const Json& item : parsed.items()) list.push_back(item.as_double());
-      } catch (const JsonError&) {
-        return bad();
-      }
-      return list;
-    }
-    default:
-      return t ? SettingValue(*t) : bad();
-  }
-}
-
-TrialSettings settings_from_store(const SettingTable& table, const dps::SettingValues& values) {
-  // A column the database lacks was not a setting yet: what dprun did then, its first default.
-  TrialSettings s(table);
-  for (const Setting* row : table.recorded()) {
-    if (auto it = values.find(row->column); it != values.end())
-      s.set(row->column, from_store(*row, it->second));
-    else
-      s.set(row->column, row->first_default());
-  }
-  return s;
-}
-
-// ---- the trial record --------------------------------------------------------------------------
-
-Json settings_to_json(const TrialSettings& settings) {
-  Json o = Json::object();
-  const auto& recorded = settings.table().recorded();
-  for (size_t i = 0; i < recorded.size(); ++i) {
-    const SettingValue& v = settings.at(i);
-    Json j;
-    if (auto* b = std::get_if<bool>(&v))
-      j = Json::boolean(*b);
-    else if (auto* n = std::get_if<int64_t>(&v))
-      j = Json::integer(*n);
-    else if (auto* d = std::get_if<double>(&v))
-      j = Json::number(*d);
-    else if (auto* list = std::get_if<std::vector<double>>(&v))
-      j = Json::parse(numbers_json(*list));
-    else
-      j = Json::string(std::get<std::string>(v));
-    o.set(recorded[i]->column, j);
-  }
-  return o;
-}
-
-TrialSettings settings_from_json(const Json& json, const SettingTable& table) {
-  TrialSettings s(table);
-  for (const auto& [name, unused] : json.members())
-    if (!table.by_column(name)) throw JsonError("settings: unknown setting \"" + name + "\"");
-  for (const Setting* row : table.recorded()) {
-    try {
-      const Json& j = json.at(row->column);
-      switch (row->type) {
-        case SettingType::boolean:
-          s.set(row->column, j.as_bool());
-          break;
-        case SettingType::integer:
-          s.set(row->column, j.as_int());
-          break;
-        case SettingType::number:
-          s.set(row->column, j.as_double());
-          break;
-        case SettingType::numbers: {
-          std::vector<double> list;
-          for (const Json& item : j.items()) list.push_back(item.as_double());
-          s.set(row->column, list);
-          break;
-        }
-        default:
-          s.set(row->column, j.as_string());
-      }
-    } catch (const JsonError& e) {
-      throw JsonError("settings: \"" + row->column + "\": " + e.what());
-    }
-  }
-  return s;
 }
 
 // ---- documentation -----------------------------------------------------------------------------

@@ -27,16 +27,21 @@ namespace dprun {
 using SettingValue = std::variant<bool, int64_t, double, std::string, std::vector<double>>;
 
 enum class SettingType {
-  boolean,  // true or false
-  integer,  // within the range
-  number,   // a finite float within the range (an integer is accepted)
-  numbers,  // `count` finite floats (or any number: kAnyCount), each within the range (betas)
-  choice,   // one of `choices`
-  model,    // the name of a model a plugin provides
-  text,     // free text (where the data lives)
-  json,     // a canonical JSON object (the plugin options)
-  dataset,  // the name of a dataset, built in or from a plugin
+  boolean,       // true or false
+  integer,       // within the range
+  number,        // a finite float within the range (an integer is accepted)
+  numbers,       // `count` finite floats (or any number: kAnyCount), each within the range (betas)
+  choice,        // one of `choices`
+  model,         // the name of a model a plugin provides
+  text,          // free text (where the data lives)
+  json,          // a canonical JSON object (the plugin options)
+  dataset,       // the name of a dataset, built in or from a plugin
+  boolean_auto,  // true, false or "auto" (resolved where the trial runs): a bool, or the string
+                 // "auto"
 };
+
+/// "boolean", "integer", ...: a type's name in messages.
+const char* setting_type_name(SettingType t);
 
 /// Bounds of an integer, number or numbers setting.
 struct Range {
@@ -63,11 +68,12 @@ struct AppliesWhen {
 inline constexpr size_t kAnyCount = static_cast<size_t>(-1);
 
 /// The generation of the defaults: what a key the experiment file leaves out means. It grows by
-/// one when a setting's default changes (2: layout "nchw" became "auto"). An experiment keeps
+/// one when a setting's default changes (2: layout "nchw" became "auto"; 3: graphs false became
+/// "auto"). An experiment keeps
 /// the generation it was begun with (the store records it), so a file run again against its
 /// database means what it meant then: its trials keep their identities, and nothing stored runs
 /// again. A new experiment gets this one.
-inline constexpr int kDefaultsGeneration = 2;
+inline constexpr int kDefaultsGeneration = 3;
 
 /// A default a setting had before it changed: the default for experiments begun under
 /// generation `until` or an earlier one.

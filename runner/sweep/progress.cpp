@@ -111,11 +111,14 @@ void Progress::trial_started(int index, const std::string& name, int64_t epochs,
   }
 }
 
-void Progress::trial_running(int index, const std::string& backend, const std::string& devices,
-                             bool oversubscribed) {
+void Progress::trial_running(int index, const dps::TrialStart& start) {
   if (running_.find(index) == running_.end()) return;
-  std::string line = prefix(index) + " on " + backend + ": " + devices;
-  if (oversubscribed) line += " (oversubscribed: replicas share GPUs)";
+  const std::string& backend = start.backend;
+  std::string line = prefix(index) + " on " + backend + ": " + start.devices;
+  if (start.oversubscribed) line += " (oversubscribed: replicas share GPUs)";
+  if (backend == "cuda" && !start.layout_used.empty() && start.graphs_used >= 0)
+    line += std::string(" (") + start.layout_used +
+            (start.graphs_used == 1 ? ", CUDA graphs" : ", no CUDA graphs") + ")";
   // `gpus` counts replicas; without a GPU they are CPU threads, which a user should not have to
   // guess from a setting named gpus.
   if (backend == "cpu") line += " (CPU backend: each replica is a CPU thread)";

@@ -25,9 +25,9 @@ class Progress {
   void trial_started(int index, const std::string& name, int64_t epochs,
                      const std::string& where = "");
   /// The trial's process says where it runs (its start record): one line naming the backend
-  /// and devices, so a `gpus=2` trial on the CPU backend is seen to be two CPU replicas.
-  void trial_running(int index, const std::string& backend, const std::string& devices,
-                     bool oversubscribed);
+  /// and devices, so a `gpus=2` trial on the CPU backend is seen to be two CPU replicas; on
+  /// CUDA also the layout and whether steps are captured, which "auto" settings resolve there.
+  void trial_running(int index, const dps::TrialStart& start);
   void epoch(int index, const dps::EpochRow& row);
   void trial_finished(int index, dps::TrialStatus status, const std::string& message);
   /// Any other message (a skip, a warning), printed on its own line.

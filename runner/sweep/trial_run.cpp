@@ -341,7 +341,7 @@ void TrialRun::handle(const TrialRecord& r) {
         return;
       }
       record_start(&r);
-      progress_.trial_running(index_, r.start.backend, r.start.devices, r.start.oversubscribed);
+      progress_.trial_running(index_, r.start);
       break;
     case TrialRecord::Kind::epoch: {
       if (!started_) record_start(nullptr);

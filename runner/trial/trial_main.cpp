@@ -260,6 +260,7 @@ void machine_options(dp::TrainerOptions& t, const TrialRequest& r, const Backend
   t.processes = processes > 1 ? group : nullptr;
   t.backend = backend.kind;
   t.layout = trial_layout(r.settings, backend.kind);
+  t.graphs = trial_graphs(r.settings, backend.kind, backend.oversubscribed);
   t.oversubscribe = r.run.oversubscribe;
   t.cpu_threads = r.run.threads;
   if (processes > 1) {
@@ -294,6 +295,7 @@ dps::TrialStart start_record(const dp::Trainer& trainer, const LoadedModel& mode
   start.oversubscribed = backend.oversubscribed;
   start.data_residence = trainer.data_residence().path;
   start.layout_used = dp::layout_name(trainer.options().layout);
+  start.graphs_used = trainer.options().graphs ? 1 : 0;
   return start;
 }
 

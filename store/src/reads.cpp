@@ -68,6 +68,7 @@ TrialRow read_trial(const std::vector<std::string>& setting_columns, const Stmt&
   r.note = s.text("note");
   r.data_residence = s.text("data_residence");
   r.layout_used = s.text("layout_used");
+  r.graphs_used = s.is_null("graphs_used") ? -1 : s.int64("graphs_used");
   const std::string tags = s.text("tags");
   for (size_t begin = 0; begin < tags.size();) {
     const size_t end = std::min(tags.find(',', begin), tags.size());

@@ -314,10 +314,18 @@ ALTER TABLE experiments ADD COLUMN defaults INTEGER NOT NULL DEFAULT 1 CHECK (de
 ALTER TABLE trials ADD COLUMN layout_used TEXT CHECK (layout_used IN ('nchw', 'nhwc'));
 )SQL";
 
-// Append new versions here ({9, kSchemaV9}, ...); applied ones are never edited.
+// Version 9 (graphs false became "auto", resolved on the machine that runs the trial):
+//   trials.graphs_used: whether the trial's last attempt captured its steps (CUDA graphs, or the
+//     CPU's recording), 1 or 0; NULL before the trial ran, and for trials run by an older dprun
+//     (which ran the graphs setting as given).
+constexpr const char* kSchemaV9 = R"SQL(
+ALTER TABLE trials ADD COLUMN graphs_used INTEGER CHECK (graphs_used IN (0, 1));
+)SQL";
+
+// Append new versions here ({10, kSchemaV10}, ...); applied ones are never edited.
 constexpr Migration kMigrations[] = {
-    {1, kSchemaV1}, {2, kSchemaV2}, {3, kSchemaV3}, {4, kSchemaV4},
-    {5, kSchemaV5}, {6, kSchemaV6}, {7, kSchemaV7}, {8, kSchemaV8},
+    {1, kSchemaV1}, {2, kSchemaV2}, {3, kSchemaV3}, {4, kSchemaV4}, {5, kSchemaV5},
+    {6, kSchemaV6}, {7, kSchemaV7}, {8, kSchemaV8}, {9, kSchemaV9},
 };
 
 }  // namespace
@@ -389,7 +397,7 @@ int migrate(sqlite3* db, const std::string& path) {
 }
 
 const std::vector<std::string>& own_trial_columns() {
-  // The columns of `trials` the store defines itself (schema versions 1 to 8); every other
+  // The columns of `trials` the store defines itself (schema versions 1 to 9); every other
   // column records a setting. A migration that adds a column of the store's own must add it here.
   static const std::vector<std::string> columns = {"id",
                                                    "experiment_id",
@@ -417,7 +425,8 @@ const std::vector<std::string>& own_trial_columns() {
                                                    "rung",
                                                    "note",
                                                    "data_residence",
-                                                   "layout_used"};
+                                                   "layout_used",
+                                                   "graphs_used"};
   return columns;
 }
 

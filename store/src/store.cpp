@@ -362,7 +362,8 @@ void Store::start_trial(int64_t trial_id, const TrialStart& start, int64_t resum
           ", finished_at = NULL, "
           "  backend = ?2, devices = ?3, host = ?4, dprun_version = ?5, plugin_path = ?6, "
           "  plugin_sha256 = ?7, oversubscribed = ?8, runner_pid = ?9, hosts = ?10, launch = ?11, "
-          "  device_set = ?12, resumed_from_epoch = ?13, data_residence = ?14, layout_used = ?15 "
+          "  device_set = ?12, resumed_from_epoch = ?13, data_residence = ?14, layout_used = ?15, "
+          "  graphs_used = ?16 "
           "WHERE id = ?1");
   up.bind(1, trial_id);
   up.bind_text_or_null(2, start.backend).bind_text_or_null(3, start.devices);
@@ -372,6 +373,11 @@ void Store::start_trial(int64_t trial_id, const TrialStart& start, int64_t resum
   up.bind_text_or_null(10, start.hosts).bind_text_or_null(11, start.launch);
   up.bind_text_or_null(12, start.device_set).bind_text_or_null(14, start.data_residence);
   up.bind_text_or_null(15, start.layout_used);
+  if (start.graphs_used >= 0) {
+    up.bind(16, start.graphs_used);
+  } else {
+    up.bind_null(16);
+  }
   if (resume_epoch > 0) {
     up.bind(13, resume_epoch);
   } else {

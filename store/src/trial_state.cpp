@@ -71,7 +71,8 @@ int64_t put_trial_state(sqlite3* db, const std::string& path,
           "  oversubscribed = ?7, host = ?8, dprun_version = ?9, plugin_path = ?10, "
           "  plugin_sha256 = ?11, runner_pid = ?12, started_at = ?13, finished_at = ?14, "
           "  heartbeat_at = ?15, hosts = ?16, launch = ?17, device_set = ?18, "
-          "  resumed_from_epoch = ?19, rung = ?20, data_residence = ?21, layout_used = ?22 "
+          "  resumed_from_epoch = ?19, rung = ?20, data_residence = ?21, layout_used = ?22, "
+          "  graphs_used = ?23 "
           "WHERE id = ?1");
   up.bind(1, id).bind(2, std::string(status_name(t.status))).bind_text_or_null(3, t.error);
   up.bind(4, t.attempts).bind_text_or_null(5, t.backend).bind_text_or_null(6, t.devices);
@@ -97,6 +98,11 @@ int64_t put_trial_state(sqlite3* db, const std::string& path,
     up.bind_null(20);
   }
   up.bind_text_or_null(21, t.data_residence).bind_text_or_null(22, t.layout_used);
+  if (t.graphs_used >= 0) {
+    up.bind(23, t.graphs_used);
+  } else {
+    up.bind_null(23);
+  }
   up.run();
 
   Stmt del_epochs(db, "DELETE FROM epochs WHERE trial_id = ?1");

@@ -2,8 +2,8 @@
 // and scaling matches a trial with its 1-GPU baseline on every setting but those allowed to
 // differ. Their column names are a documented interface (users query them), so a generated view
 // keeps every column the views of schema version 1 had. trial_summary reads trial_tags and
-// trials.note (schema 6), trials.data_residence (7) and trials.layout_used (8): the views are
-// generated only on databases migrated that far.
+// trials.note (schema 6), trials.data_residence (7), trials.layout_used (8) and
+// trials.graphs_used (9): the views are generated only on databases migrated that far.
 #include "views.hpp"
 
 namespace dps::detail {
@@ -58,7 +58,7 @@ SELECT
   t.hosts, t.launch, t.device_set,
   (SELECT group_concat(tag, ',')
    FROM (SELECT g.tag FROM trial_tags g WHERE g.trial_id = t.id ORDER BY g.tag)) AS tags,
-  t.note, t.data_residence, t.layout_used
+  t.note, t.data_residence, t.layout_used, t.graphs_used
 FROM trials t
 JOIN experiments e ON e.id = t.experiment_id
 LEFT JOIN (

@@ -69,6 +69,16 @@ add_test(NAME emulated_gpu_ops_poisoned
                  "cuda conv forward*,cuda bf16 conv forward*,cuda bf16 passes planned*,cuda graph of a step*")
 set_tests_properties(emulated_gpu_ops_poisoned PROPERTIES TIMEOUT 600 LABELS emulated_gpu
                      ENVIRONMENT "${dp_emu_env};DPRUN_CUDA_POISON_SCRATCH=1")
+# The runner with CUDA trials (tests/runner/test_emulated_gpu_runner.cpp, hidden from
+# test_runner's own run): what a trial process resolves on a GPU machine (graphs and layout
+# "auto"), recorded, and captured steps equal to eager ones through the runner. One emulated GPU,
+# so that two replicas share it.
+if(TARGET test_runner)
+  add_test(NAME emulated_gpu_runner COMMAND test_runner -w NoTests "[.emulated_gpu]")
+  set_tests_properties(emulated_gpu_runner PROPERTIES TIMEOUT 600 LABELS emulated_gpu
+    ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/emulated-gpu/lib;DPRUN_EMULATED_GPUS=1;DPRUN_SKIP_LOG=${DPRUN_SKIP_LOG}")
+  add_dependencies(test_runner dpcore_emulated_gpu)
+endif()
 # The longest tests start first (ctest runs higher costs first), so they overlap the short ones
 # rather than end the run alone: train took 219 s and core 97 s in a clean-clone CI run.
 set_tests_properties(emulated_gpu_train PROPERTIES COST 220)

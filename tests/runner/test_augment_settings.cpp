@@ -91,6 +91,9 @@ TEST_CASE("a trial records where its data lived, and streamed equals the device 
   // layout = "auto" (the default of a new experiment) ran as nchw on the CPU, and says so.
   CHECK(clitest::sql1(device_db, "SELECT layout || ' ' || layout_used FROM trial_summary") ==
         "auto nchw");
+  // So did graphs = "auto": off on the CPU, and recorded as such.
+  CHECK(clitest::sql1(device_db, "SELECT graphs || ' ' || graphs_used FROM trial_summary") ==
+        "auto 0");
   CHECK(clitest::sql1(device_db, "SELECT defaults FROM experiments") ==
         std::to_string(dprun::kDefaultsGeneration));
   CHECK(clitest::sql1(device_db,

@@ -106,6 +106,7 @@ void task_database(const std::string& path, TrialStatus status, int epochs,
   start.host = "node1";
   start.data_residence = "streamed";
   start.layout_used = "nhwc";
+  start.graphs_used = 1;
   task.start_trial(id, start);
   for (int e = 1; e <= epochs; ++e) {
     dps::EpochRow row;
@@ -134,6 +135,7 @@ TEST_CASE("merge: a task that ended is collected once and merging again changes 
   CHECK(trial->host == "node1");
   CHECK(trial->data_residence == "streamed");  // facts of the run come along
   CHECK(trial->layout_used == "nhwc");
+  CHECK(trial->graphs_used == 1);
   CHECK(c.store.tasks(c.exp, true).empty());
 
   const std::string before = c.dump();

@@ -279,12 +279,14 @@ TEST_CASE("identity: a setting added later enters the hash only when it is not i
   TrialSettings two = later;
   two.set("grad_accum", int64_t{2});
   CHECK(dprun::config_hash(two) != dprun::config_hash(today));
-  CHECK_THAT(dprun::canonical_settings(two), Catch::EndsWith("test_limit=0\ngrad_accum=2\n"));
+  // graphs = "auto" (generation 3's default, not its first) is in today's text too.
+  CHECK_THAT(dprun::canonical_settings(two),
+             Catch::EndsWith("test_limit=0\ngrad_accum=2\ngraphs=\"auto\"\n"));
   TrialSettings betas = later;
   betas.set("betas", std::vector<double>{0.5, 0.9});
   betas.set("nesterov", true);
   CHECK_THAT(dprun::canonical_settings(betas),
-             Catch::EndsWith("betas=[0.5,0.90000000000000002]\nnesterov=true\n"));
+             Catch::EndsWith("betas=[0.5,0.90000000000000002]\ngraphs=\"auto\"\nnesterov=true\n"));
 
   // A setting outside the identity never changes it.
   TrialSettings best = later;
@@ -302,12 +304,19 @@ TEST_CASE("defaults: a changed default is a new generation, earlier experiments 
   CHECK(first.generation() == 1);
   CHECK(std::get<std::string>(today.by_key("layout")->default_value) == "auto");
   CHECK(std::get<std::string>(first.by_key("layout")->default_value) == "nchw");
-  // layout is the only default generation 2 changed.
-  std::vector<std::string> changed;
-  for (size_t i = 0; i < today.rows().size(); ++i)
-    if (today.rows()[i].default_value != first.rows()[i].default_value)
-      changed.push_back(today.rows()[i].column);
-  CHECK(changed == std::vector<std::string>{"layout"});
+  CHECK(std::get<std::string>(today.by_key("graphs")->default_value) == "auto");
+  CHECK(std::get<bool>(first.by_key("graphs")->default_value) == false);
+  // Generation 2 changed layout's default only, generation 3 graphs' only.
+  const SettingTable& second = today.with_defaults(2);
+  auto changed = [](const SettingTable& a, const SettingTable& b) {
+    std::vector<std::string> columns;
+    for (size_t i = 0; i < a.rows().size(); ++i)
+      if (a.rows()[i].default_value != b.rows()[i].default_value)
+        columns.push_back(a.rows()[i].column);
+    return columns;
+  };
+  CHECK(changed(second, first) == std::vector<std::string>{"layout"});
+  CHECK(changed(today, second) == std::vector<std::string>{"graphs"});
   // Another trial: today's default is not generation 1's, so the identity differs.
   TrialSettings now(today), then(first);
   now.set("model", std::string("lenet"));
@@ -316,9 +325,17 @@ TEST_CASE("defaults: a changed default is a new generation, earlier experiments 
   CHECK(dprun::config_hash(now) != dprun::config_hash(then));
   // The store fills rows stored before a column existed with the first default, in every
   // generation.
-  for (const SettingTable* t : {&today, &first})
-    for (const auto& c : t->store_columns())
+  for (const SettingTable* t : {&today, &second, &first})
+    for (const auto& c : t->store_columns()) {
       if (c.name == "layout") CHECK(std::get<std::string>(c.default_value) == "nchw");
+      if (c.name == "graphs") CHECK(std::get<int64_t>(c.default_value) == 0);
+    }
+  // Generation 2's trials are generation 1's but for the layout: graphs = false, their first
+  // default, stays out of the text, so no trial of an experiment begun then is new.
+  TrialSettings before(second);
+  before.set("model", std::string("lenet"));
+  CHECK(dprun::canonical_settings(before).find("graphs") == std::string::npos);
+  CHECK(dprun::canonical_settings(now).find("\ngraphs=\"auto\"\n") != std::string::npos);
 
   // A later setting (not one of 0.1.0's, which are always written) whose default changed:
   // its identity is measured from its first default, whatever the experiment's generation.
@@ -361,6 +378,85 @@ TEST_CASE("defaults: layout auto runs nhwc on CUDA with TF32 or bf16, else nchw"
       CHECK(dprun::trial_layout(s, kind) == dp::parse_layout(given));
     CHECK(dprun::trainer_options(s).layout == dp::parse_layout(given));
   }
+}
+
+TEST_CASE("defaults: graphs auto captures on CUDA with a GPU per replica, else not", "[settings]") {
+  TrialSettings s;
+  s.set("model", std::string("lenet"));
+  REQUIRE(s.get("graphs") == dprun::SettingValue(std::string("auto")));
+  CHECK(dprun::trial_graphs(s, dp::BackendKind::cuda, false));
+  CHECK_FALSE(dprun::trial_graphs(s, dp::BackendKind::cuda, true));  // replicas share a GPU
+  CHECK_FALSE(dprun::trial_graphs(s, dp::BackendKind::cpu, false));
+  CHECK_FALSE(dprun::trainer_options(s).graphs);  // "auto" is the trial process's to resolve
+  for (const bool given : {false, true}) {
+    s.set("graphs", given);
+    for (const auto kind : {dp::BackendKind::cpu, dp::BackendKind::cuda})
+      for (const bool shared : {false, true}) CHECK(dprun::trial_graphs(s, kind, shared) == given);
+    CHECK(dprun::trainer_options(s).graphs == given);
+  }
+}
+
+TEST_CASE("settings: a true, false or auto setting reads, checks, stores and sends each value",
+          "[settings]") {
+  const SettingTable& table = dprun::builtin_settings();
+  const Setting& graphs = *table.by_key("graphs");
+  REQUIRE(graphs.type == dprun::SettingType::boolean_auto);
+  CHECK(dprun::type_text(graphs) == "bool | \"auto\"");
+  CHECK(why("graphs", true, table).empty());
+  CHECK(why("graphs", std::string("auto"), table).empty());
+  CHECK(why("graphs", std::string("on"), table) ==
+        "unknown value \"on\" (expected true, false or \"auto\")");
+  CHECK(why("graphs", int64_t{1}, table) == "expected true, false or \"auto\"");
+  CHECK(dprun::setting_from_text(graphs, "auto") == dprun::SettingValue(std::string("auto")));
+  CHECK(dprun::setting_from_text(graphs, "false") == dprun::SettingValue(false));
+  CHECK_THROWS_WITH(dprun::setting_from_text(graphs, "yes"), "expected true, false or \"auto\"");
+
+  // From the file: a boolean or "auto", and the usual located errors.
+  auto ex = parse(kHead + "[sweep]\ngraphs = [true, false, \"auto\"]\n", table);
+  REQUIRE(ex.trials.size() == 3);
+  CHECK(ex.trials[0].settings.get("graphs") == dprun::SettingValue(true));
+  CHECK(ex.trials[1].settings.get("graphs") == dprun::SettingValue(false));
+  CHECK(ex.trials[2].settings.get("graphs") == dprun::SettingValue(std::string("auto")));
+  CHECK(ex.trials[2].label == "graphs=auto");
+  try {
+    parse(kHead + "graphs = \"yes\"\nepochs = 1\n[sweep]\nseed = [1]\n", table);
+    FAIL("expected an error");
+  } catch (const dprun::ConfigErrors& e) {
+    CHECK_THAT(std::string(e.what()),
+               Contains("t.toml:5:10: train.graphs: unknown value \"yes\" (expected true, false "
+                        "or \"auto\")"));
+  }
+  try {
+    parse(kHead + "graphs = 1\n", table);
+    FAIL("expected an error");
+  } catch (const dprun::ConfigErrors& e) {
+    CHECK_THAT(std::string(e.what()),
+               Contains("t.toml:5:10: train.graphs: expected true, false or \"auto\", got 1"));
+  }
+
+  // The store keeps a bool as an integer (as every boolean) and "auto" as its text; the trial
+  // record as JSON's true, false or "auto".
+  for (const dprun::SettingValue& v : {dprun::SettingValue(true), dprun::SettingValue(false),
+                                       dprun::SettingValue(std::string("auto"))}) {
+    TrialSettings t(table);
+    t.set("model", std::string("lenet"));
+    t.set("graphs", v);
+    const dps::SettingValues stored = dprun::to_store(t);
+    if (std::holds_alternative<bool>(v))
+      CHECK(stored.at("graphs") == dps::SqlValue(int64_t{std::get<bool>(v) ? 1 : 0}));
+    else
+      CHECK(stored.at("graphs") == dps::SqlValue(std::string("auto")));
+    CHECK(dprun::settings_from_store(table, stored).get("graphs") == v);
+    const dprun::Json record = dprun::Json::parse(dprun::settings_to_json(t).dump());
+    CHECK(dprun::settings_from_json(record, table).get("graphs") == v);
+  }
+  dps::SettingValues bad = dprun::to_store(TrialSettings(table));
+  bad["graphs"] = std::string("on");
+  CHECK_THROWS_WITH(dprun::settings_from_store(table, bad), Contains("stored setting graphs"));
+  dprun::Json record = dprun::settings_to_json(TrialSettings(table));
+  record.set("graphs", dprun::Json::string("on"));
+  CHECK_THROWS_WITH(dprun::settings_from_json(record, table),
+                    Contains("\"graphs\": expected true, false or \"auto\", got \"on\""));
 }
 
 TEST_CASE("filters: every recorded setting by column or key, with a hint", "[settings][cli]") {

@@ -236,6 +236,34 @@ TEST_CASE("upgrade: an experiment keeps the defaults it was begun with, a new on
                                               Catch::Contains("was begun by a later dprun"));
 }
 
+TEST_CASE("upgrade: an experiment begun under generation 2 keeps graphs = false", "[upgrade]") {
+  Upgrade u;
+  dprun::SweepOptions o;
+  o.file = u.file;
+  o.db = u.dir.path() + "/generation-2.db";
+  {
+    // What a dprun of generation 2 (layout "auto", graphs false) left: the experiment begun.
+    dps::Store store(o.db, dps::Store::Mode::read_write, dprun::builtin_settings().store_columns());
+    store.upsert_experiment("upgrade", "", clitest::slurp(u.file), 2);
+  }
+  const dprun::Experiment then = dprun::load_sweep(o);
+  CHECK(then.settings->generation() == 2);
+  dprun::SweepOptions fresh = o;
+  fresh.db = u.dir.path() + "/fresh.db";
+  const dprun::Experiment now = dprun::load_sweep(fresh);
+  CHECK(now.settings->generation() == dprun::kDefaultsGeneration);
+  REQUIRE(then.trials.size() == now.trials.size());
+  for (size_t i = 0; i < then.trials.size(); ++i) {
+    const dprun::TrialSettings& s = then.trials[i].settings;
+    CHECK(s.get("graphs") == dprun::SettingValue(false));
+    CHECK(s[dprun::key::layout] == "auto");
+    // false is graphs' first default: not in the text, so the hashes generation 2 stored.
+    CHECK(dprun::canonical_settings(s).find("graphs") == std::string::npos);
+    CHECK(now.trials[i].settings.get("graphs") == dprun::SettingValue(std::string("auto")));
+    CHECK(now.trials[i].config_hash != then.trials[i].config_hash);
+  }
+}
+
 TEST_CASE("upgrade: this dprun still runs nothing on a database a later dprun migrated",
           "[upgrade][cli]") {
   Upgrade u;

@@ -84,12 +84,14 @@ void downgrade_to_schema_5(const std::string& db) {
   const size_t to = summary.find("\nFROM trials t");
   REQUIRE(from != std::string::npos);
   REQUIRE(to != std::string::npos);
-  summary.erase(from, to - from);  // tags, note, schema 7's data_residence and 8's layout_used
+  summary.erase(from,
+                to - from);  // tags, note, 7's data_residence, 8's layout_used, 9's graphs_used
   dpstest::raw_exec(db,
                     "DROP VIEW scaling; DROP VIEW trial_summary; DROP INDEX trial_tags_by_tag; "
                     "DROP TABLE trial_tags; ALTER TABLE trials DROP COLUMN note; "
                     "ALTER TABLE trials DROP COLUMN data_residence; "
                     "ALTER TABLE trials DROP COLUMN layout_used; "
+                    "ALTER TABLE trials DROP COLUMN graphs_used; "
                     "ALTER TABLE experiments DROP COLUMN defaults; " +
                         summary + "; " + scaling + "; PRAGMA user_version = 5;");
   REQUIRE(dpstest::raw_scalar(db, "PRAGMA user_version") == "5");

@@ -54,8 +54,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
   Store store(path);
   CHECK(store.path() == path);
   CHECK(store.user_version() == dps::schema_version());
-  CHECK(dps::schema_version() == 8);
-  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "8");
+  CHECK(dps::schema_version() == 9);
+  CHECK(dpstest::scalar(store, "PRAGMA user_version") == "9");
   CHECK(dpstest::raw_scalar(path, "PRAGMA journal_mode") == "wal");  // persistent in the file
   CHECK(dpstest::scalar(store, "PRAGMA foreign_keys") == "1");
   CHECK(dpstest::scalar(store, "PRAGMA synchronous") == "1");  // NORMAL
@@ -121,7 +121,8 @@ TEST_CASE("a fresh database has the schema, WAL and foreign keys", "[store]") {
                         "rung",
                         "note",
                         "data_residence",
-                        "layout_used"}) {
+                        "layout_used",
+                        "graphs_used"}) {
     INFO(c);
     CHECK(columns.count(c) == 1);
   }
@@ -137,7 +138,7 @@ TEST_CASE("reopening keeps the data and migrates nothing", "[store]") {
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store again(path);
-  CHECK(again.user_version() == 8);
+  CHECK(again.user_version() == 9);
   CHECK(again.upsert_experiment("quickstart", "first", "[model]\nname = \"lenet\"\n", 1) == exp);
   REQUIRE(again.trials(exp).size() == 1);
   // A second migration would have failed on "table experiments already exists"; also check the
@@ -193,7 +194,7 @@ TEST_CASE("read-only stores cannot write, through query or the connection", "[st
     store.ensure_trial(exp, "h1", 0, dpstest::settings("lenet", 1));
   }
   Store ro(path, Store::Mode::read_only);
-  CHECK(ro.user_version() == 8);
+  CHECK(ro.user_version() == 9);
   REQUIRE(ro.trials(exp).size() == 1);
   CHECK(dpstest::scalar(ro, "SELECT name FROM experiments") == "e");
   REQUIRE_THROWS_WITH(ro.query("INSERT INTO experiments (name, toml_source, toml_sha256) "

@@ -93,6 +93,10 @@ struct TrialRow {
   /// The activation layout its last attempt ran with (schema 8): "nchw" or "nhwc"; "": not
   /// started, or run by an older dprun (which ran its layout setting as given).
   std::string layout_used;
+  /// Whether its last attempt captured its steps (schema 9): 1 (CUDA graphs, or the CPU's
+  /// recording) or 0; -1 (NULL): not started, or run by an older dprun (which ran its graphs
+  /// setting as given).
+  int64_t graphs_used = -1;
 };
 
 /// Why `tag` is not a tag name, naming it ("" when it is one): a tag is 1 to 64 of the
@@ -211,6 +215,7 @@ struct TrialStart {
   std::string hosts, launch, device_set;  // as in TrialRow ("" is stored as NULL)
   std::string data_residence;             // as in TrialRow
   std::string layout_used;                // as in TrialRow
+  int64_t graphs_used = -1;               // as in TrialRow
 };
 
 /// The defaults generation experiment `name` was begun with in the database at `path`
