@@ -418,6 +418,15 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
   s.comms = make_communicators(backends, s.group);
   s.grad_group = s.group->duplicate();
   s.grad_comms = make_communicators(backends, s.grad_group.get());
+  if (options.graphs_auto) {
+    // Where capture is possible and was measured faster: CUDA with no two replicas of this
+    // process on one GPU (bench/results/2026-11-28-nvidia-h200-bf28c6d.json: a ResNet-18 step
+    // 7.92 ms captured against 9.09 ms eager, LeNet's 0.823 against 1.329 ms). On the CPU the
+    // recording replays the same ops, not measured faster: off, as it always ran. Each process
+    // decides for itself; the collectives are the same calls captured or not.
+    s.options.graphs = options.backend == BackendKind::cuda &&
+                       (s.world() == 1 || s.comms[0]->kind() != "cuda-same-device");
+  }
   // CPU communicators sum on the calling thread: a thread per replica lets that overlap
   // backward. GPU communicators enqueue on the replica's stream and return at once. Across
   // processes with synchronised BN both groups talk MPI at once, which needs an MPI library
@@ -431,7 +440,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     s.launchers.push_back(thread ? make_thread_launcher(*rep.grad_comm)
                                  : make_inline_launcher(*rep.grad_comm));
     rep.launcher = s.launchers.back().get();
-    if (options.graphs && !rep.backend->native_capture()) {
+    if (s.options.graphs && !rep.backend->native_capture()) {
       // The backend records its ops; the collectives, which its communicators run on the host,
       // are recorded with them.
       s.recorded_comms.push_back(recorded(*rep.comm, *rep.backend));
@@ -442,7 +451,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
     rep.buckets = std::make_unique<GradientBuckets>(*rep.params, options.bucket_bytes,
                                                     options.first_bucket_bytes);
   }
-  DP_CHECK(!options.graphs || s.world() == 1 || s.comms[0]->kind() != "cuda-same-device",
+  DP_CHECK(!s.options.graphs || s.world() == 1 || s.comms[0]->kind() != "cuda-same-device",
            std::to_string(k) + " replicas share " +
                (cuda_device_count() == 1 ? "one GPU" : "GPUs") +
                ": they cannot be captured in CUDA graphs (their collectives meet on the host); "

@@ -57,8 +57,11 @@ dp::TrainerOptions trainer_options(const TrialSettings& s) {
                  "conv_choice = \"%s\" decides (it is part of the trial's identity)\n",
                  env, s[key::conv_choice].c_str());
   }
-  // "auto" is the trial process's to resolve, on the machine it runs (trial_graphs).
-  if (const auto* graphs = std::get_if<bool>(&s.get("graphs"))) t.graphs = *graphs;
+  // "auto": the trainer decides, knowing where its replicas run.
+  if (const auto* graphs = std::get_if<bool>(&s.get("graphs")))
+    t.graphs = *graphs;
+  else
+    t.graphs_auto = true;
   t.augment.crop_padding = s[key::augment_crop_padding];
   t.augment.flip = s[key::augment_flip];
   for (double m : s[key::augment_mean]) t.augment.mean.push_back(static_cast<float>(m));
@@ -80,15 +83,6 @@ dp::Layout trial_layout(const TrialSettings& s, dp::BackendKind kind) {
   // backend, what they always ran.
   const bool measured_faster = s[key::allow_tf32] || s[key::precision] == "bf16";
   return kind == dp::BackendKind::cuda && measured_faster ? dp::Layout::nhwc : dp::Layout::nchw;
-}
-
-bool trial_graphs(const TrialSettings& s, dp::BackendKind kind, bool shared_gpus) {
-  if (const auto* graphs = std::get_if<bool>(&s.get("graphs"))) return *graphs;
-  // Measured side by side (bench/results/2026-11-28-nvidia-h200-bf28c6d.json, batch 256, TF32,
-  // NHWC): a ResNet-18 step took 7.92 ms with CUDA graphs against 9.09 ms without, LeNet's 0.823
-  // against 1.329 ms, the same bits. On the CPU a captured step is a recording of the same ops,
-  // not measured faster: off, as it always ran. Replicas sharing a GPU cannot be captured.
-  return kind == dp::BackendKind::cuda && !shared_gpus;
 }
 
 }  // namespace dprun

@@ -11,18 +11,13 @@ namespace dprun {
 /// trial process's to set: the backend kind, the replicas per process and the process group,
 /// CPU threads, oversubscription. Throws dp::Error naming a value the engine does not implement
 /// (an optimizer whose options do not fit it included).
-/// layout = "auto" is left to trial_layout, graphs = "auto" to trial_graphs (both false here).
+/// layout = "auto" is left to trial_layout; graphs = "auto" is the trainer's to resolve
+/// (TrainerOptions::graphs_auto).
 dp::TrainerOptions trainer_options(const TrialSettings& settings);
 
 /// The layout a trial runs with on backend `kind`: its setting, or for "auto" the faster there
 /// as measured: nhwc on CUDA with TF32 or bf16; nchw on the CPU, and for strict fp32 on CUDA
 /// (allow_tf32 = false; nhwc not measured there yet).
 dp::Layout trial_layout(const TrialSettings& settings, dp::BackendKind kind);
-
-/// Whether a trial captures its steps (dp::TrainerOptions::graphs) on backend `kind`: its
-/// setting, or for "auto" where measured faster and possible: on CUDA when every replica has a
-/// GPU of its own (shared_gpus false); off on the CPU (what it always ran) and where replicas
-/// share a GPU (their collectives cannot be captured).
-bool trial_graphs(const TrialSettings& settings, dp::BackendKind kind, bool shared_gpus);
 
 }  // namespace dprun

@@ -235,17 +235,17 @@ const SettingTable& builtin_settings() {
        .type = T::boolean_auto,
        .default_value = "auto"s,
        // Part of the identity although it computes the same values: a sweep over graphs is a
-       // speed comparison, and its trials must not be merged into one. "auto" resolves on the
-       // machine that runs the trial (trial_graphs), which records what ran
+       // speed comparison, and its trials must not be merged into one. "auto" is resolved by
+       // the trainer (TrainerOptions::graphs_auto), and the trial records what ran
        // (trials.graphs_used). Experiments begun before the default changed keep false.
        .identity = true,
        .help = "capture each training step and evaluation chunk once per batch size and replay "
                "it: CUDA graphs on GPUs (one launch per step); on the CPU a recording of the "
                "ops, the same results. Not with replicas sharing one GPU. \"auto\": on where "
-               "the trial runs on CUDA with a GPU per replica (a ResNet-18 step measured 13 % "
-               "faster, LeNet's 38 %), off on the CPU and where replicas share a GPU; trials "
-               "record which in column graphs_used. An experiment begun by an older dprun, "
-               "whose default was false, keeps false",
+               "the trial runs on CUDA with a GPU per replica (a ResNet-18 step took 13 % less "
+               "time on an H200, LeNet's 38 % less), off on the CPU and where replicas share a "
+               "GPU; trials record which in column graphs_used. An experiment begun by an older "
+               "dprun, whose default was false, keeps false",
        .earlier_defaults = {{2, false}}},
       {.key = "layout",
        .column = "layout",

@@ -260,7 +260,6 @@ void machine_options(dp::TrainerOptions& t, const TrialRequest& r, const Backend
   t.processes = processes > 1 ? group : nullptr;
   t.backend = backend.kind;
   t.layout = trial_layout(r.settings, backend.kind);
-  t.graphs = trial_graphs(r.settings, backend.kind, backend.oversubscribed);
   t.oversubscribe = r.run.oversubscribe;
   t.cpu_threads = r.run.threads;
   if (processes > 1) {

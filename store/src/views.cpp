@@ -6,6 +6,8 @@
 // trials.graphs_used (9): the views are generated only on databases migrated that far.
 #include "views.hpp"
 
+#include <algorithm>
+
 namespace dps::detail {
 
 namespace {
@@ -85,11 +87,21 @@ std::string scaling_view(const std::vector<std::string>& settings,
   }
   std::vector<std::string> on;
   for (const auto& m : matched) on.push_back("b." + m + " IS s." + m);
+  // Captured steps (graphs) take less time: a trial is compared with a baseline that ran the same
+  // way. graphs = "auto" resolves per trial (replicas sharing a GPU are not captured); a trial
+  // of an older dprun (graphs_used NULL) ran its graphs setting as given.
+  std::vector<std::string> select = matched, group = matched;
+  if (std::find(settings.begin(), settings.end(), "graphs") != settings.end()) {
+    select.push_back("COALESCE(graphs_used, graphs) AS ran_graphs");
+    group.push_back("COALESCE(graphs_used, graphs)");
+    on.push_back("b.ran_graphs IS COALESCE(s.graphs_used, s.graphs)");
+  }
   return R"SQL(CREATE VIEW scaling AS
 -- Done trials with their speedup over the 1-GPU trial of the same configuration:
 --   speedup = baseline seconds / this trial's mean_seconds_per_epoch; efficiency = speedup / gpus.
--- The baseline is the done 1-GPU trial of the same experiment and backend that shares every
--- setting but gpus and those that may legitimately vary with gpus or between repeats:
+-- The baseline is the done 1-GPU trial of the same experiment and backend, whose steps were
+-- captured or not as this trial's were (graphs_used), that shares every setting but gpus and
+-- those that may legitimately vary with gpus or between repeats:
 )SQL" + wrapped(differ, "", "--   ") +
          R"SQL(.
 -- A 1-GPU trial is its own baseline (speedup 1), whatever the others of its kind took: in a
@@ -110,13 +122,13 @@ SELECT
 FROM trial_summary s
 LEFT JOIN (
   SELECT
-)SQL" + wrapped(matched, "", "    ") +
+)SQL" + wrapped(select, "", "    ") +
          R"SQL(,
     AVG(mean_seconds_per_epoch) AS base_seconds
   FROM trial_summary
   WHERE status = 'done' AND gpus = 1
   GROUP BY
-)SQL" + wrapped(matched, "", "    ") +
+)SQL" + wrapped(group, "", "    ") +
          "\n) b ON\n" + wrapped(on, "", "  ", " AND") + "\nWHERE s.status = 'done'";
 }
 

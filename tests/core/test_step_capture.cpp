@@ -295,3 +295,28 @@ TEST_CASE("A model whose step needs the host fails with graphs, naming what it d
   CHECK_THAT(error_of([&] { (void)t.run_epoch(1); }),
              Catch::Contains("download: called while a step is being captured"));
 }
+
+TEST_CASE("graphs auto stays off on the CPU backend, which then runs every op as it always did",
+          "[capture][trainer]") {
+  // The CUDA side (on with a GPU per replica, off where replicas share one) is run by ctest
+  // emulated_gpu_runner through the runner.
+  const auto data = enginetest::synthetic_dataset(64, 23);
+  dp::TrainerOptions o;
+  o.batch_size = 32;
+  o.epochs = 1;
+  o.cpu_threads = 2;
+  o.graphs_auto = true;
+  const auto builder = [] {
+    auto net = std::make_unique<dp::Sequential>();
+    net->add(std::make_unique<Peeking>());  // needs the host: a capture would fail
+    net->add(std::make_unique<dp::Flatten>());
+    net->add(std::make_unique<dp::Linear>(784, 10));
+    return net;
+  };
+  for (const int replicas : {1, 2}) {
+    o.replicas = replicas;
+    dp::Trainer t(o, builder, data, data.head(0));
+    CHECK_FALSE(t.options().graphs);
+    CHECK(std::isfinite(t.run_epoch(1).train_loss));
+  }
+}

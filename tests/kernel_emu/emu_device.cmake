@@ -71,12 +71,13 @@ set_tests_properties(emulated_gpu_ops_poisoned PROPERTIES TIMEOUT 600 LABELS emu
                      ENVIRONMENT "${dp_emu_env};DPRUN_CUDA_POISON_SCRATCH=1")
 # The runner with CUDA trials (tests/runner/test_emulated_gpu_runner.cpp, hidden from
 # test_runner's own run): what a trial process resolves on a GPU machine (graphs and layout
-# "auto"), recorded, and captured steps equal to eager ones through the runner. One emulated GPU,
-# so that two replicas share it.
+# "auto"), recorded, and captured steps equal to eager ones through the runner. Two emulated GPUs:
+# one replica, and two with a GPU each (and a run with one emulated GPU, which two replicas
+# share).
 if(TARGET test_runner)
   add_test(NAME emulated_gpu_runner COMMAND test_runner -w NoTests "[.emulated_gpu]")
   set_tests_properties(emulated_gpu_runner PROPERTIES TIMEOUT 600 LABELS emulated_gpu
-    ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/emulated-gpu/lib;DPRUN_EMULATED_GPUS=1;DPRUN_SKIP_LOG=${DPRUN_SKIP_LOG}")
+    ENVIRONMENT "LD_LIBRARY_PATH=${CMAKE_BINARY_DIR}/emulated-gpu/lib;DPRUN_EMULATED_GPUS=2;DPRUN_SKIP_LOG=${DPRUN_SKIP_LOG}")
   add_dependencies(test_runner dpcore_emulated_gpu)
 endif()
 # The longest tests start first (ctest runs higher costs first), so they overlap the short ones

@@ -205,6 +205,48 @@ TEST_CASE("scaling: trials of another experiment or setting are not a baseline",
   }
 }
 
+TEST_CASE("scaling: a baseline ran its steps captured or not as the trial did", "[store]") {
+  // graphs = "auto" captures where each replica has a GPU of its own: with two replicas sharing
+  // one GPU the 1-GPU trial is captured and the 2-GPU one is not, and comparing their seconds
+  // would charge the capture's gain to the second GPU. A trial of an older dprun (graphs_used
+  // NULL) ran its graphs setting as given.
+  ScratchDir dir;
+  std::vector<dps::SettingColumn> columns = dpstest::setting_columns();
+  columns.push_back({"graphs", dps::SqlValue(int64_t{0}), false});
+  Store store(dir.file("results.db"), Store::Mode::read_write, columns);
+  const int64_t exp = store.upsert_experiment("auto", "", "", 3);
+  auto trial = [&](const std::string& hash, int64_t gpus, dps::SqlValue graphs, int64_t used,
+                   double seconds) {
+    dps::SettingValues v = dpstest::settings("lenet", gpus);
+    v["graphs"] = std::move(graphs);
+    static int64_t ordinal = 100;
+    const int64_t id = store.ensure_trial(exp, hash, ordinal++, v).id;
+    dps::TrialStart start;
+    start.backend = "cuda";
+    start.runner_pid = getpid();
+    start.graphs_used = used;
+    store.start_trial(id, start);
+    store.record_epoch(dpstest::epoch_row(id, 1, 0.8, 9.0, 1.0));
+    store.record_epoch(dpstest::epoch_row(id, 2, 0.8, seconds, 1.0));
+    store.finish_trial(id, TrialStatus::done);
+    return id;
+  };
+  const dps::SqlValue automatic = std::string("auto");
+  trial("1-captured", 1, automatic, 1, 6.0);
+  const int64_t shared = trial("2-shared", 2, automatic, 0, 4.0);
+  const int64_t own = trial("2-own", 2, automatic, 1, 4.0);  // a machine with two GPUs
+  // Older trials: graphs = true ran captured, false did not.
+  trial("1-old-true", 1, dps::SqlValue(int64_t{1}), -1, 5.0);
+  const int64_t old_true = trial("2-old-true", 2, dps::SqlValue(int64_t{1}), -1, 2.5);
+  const int64_t eager = trial("2-old-false", 2, dps::SqlValue(int64_t{0}), -1, 3.0);
+  auto rows = by_trial(store.query("SELECT trial_id, speedup FROM scaling WHERE gpus = 2"));
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[std::to_string(shared)]["speedup"] == std::nullopt);   // no eager 1-GPU "auto" trial
+  CHECK(num(rows[std::to_string(own)]["speedup"]) == Approx(1.5));  // 6 s / 4 s
+  CHECK(num(rows[std::to_string(old_true)]["speedup"]) == Approx(2.0));  // 5 s / 2.5 s
+  CHECK(rows[std::to_string(eager)]["speedup"] == std::nullopt);         // graphs differs from both
+}
+
 TEST_CASE("trial_summaries: each trial with its results, in sweep order", "[store]") {
   ScratchDir dir;
   Store store = dpstest::open_store(dir.file("results.db"));
