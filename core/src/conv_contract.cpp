@@ -45,10 +45,13 @@ constexpr std::array<AlgoInfo, 7> kBackwardFilter = {{{"ALGO_0", ConvFamily::gem
                                                        {"FFT_TILING", ConvFamily::fft}}};
 
 constexpr AlgoInfo kDprunGemm1x1 = {"DPRUN_GEMM_1X1", ConvFamily::gemm};
+constexpr AlgoInfo kDprunSmallC = {"DPRUN_DIRECT_SMALL_C", ConvFamily::direct};
 
 const AlgoInfo* find(ConvDirection d, int algo) {
   if (algo < 0) return nullptr;
   if (algo == kConvAlgoDprunGemm1x1) return d == ConvDirection::forward ? &kDprunGemm1x1 : nullptr;
+  if (algo == kConvAlgoDprunSmallC)
+    return d == ConvDirection::backward_data ? nullptr : &kDprunSmallC;
   const auto i = static_cast<size_t>(algo);
   switch (d) {
     case ConvDirection::forward:

@@ -615,3 +615,108 @@ TEST_CASE("cuda conv: the measured choice keeps the faster of cuDNN's forward an
   }
   if (emulated) ::unsetenv("DPRUN_EMULATED_EVENT_MS");
 }
+
+TEST_CASE(
+    "cuda conv: dprun's few-channel passes are listed where they compute the layer and stay "
+    "inside every contract",
+    "[cuda]") {
+  // Not [algorithms]: the emulated GPU runs these kernels of ours for real (only cuDNN's are
+  // stand-ins there), so CI runs this. A 1-channel stem (28x28 is the models'; 9x8 keeps the
+  // emulator quick) and 3 channels with stride and padding.
+  const ConvShape stem{"stem 1->12 3x3", 3, 1, 9, 8, 12, 3, 3, 1, 1};
+  const ConvShape rgb{"3->8 3x3 stride 2", 2, 3, 9, 7, 8, 3, 3, 2, 1};
+  const auto own_in = [](dp::Backend& gpu, dp::ConvPlan& plan, ConvDirection d, int64_t n) {
+    std::optional<dp::ConvAlgorithm> own;
+    for (const dp::ConvAlgorithm& a : dp::cuda_conv_algorithms(gpu, plan, d, n))
+      if (a.algo == dp::kConvAlgoDprunSmallC) own = a;
+    return own;
+  };
+  for (const ConvContract contract :
+       {ConvContract::fp32_exact, ConvContract::tf32, ConvContract::bf16}) {
+    auto gpu = gpu_backend(contract, dp::ConvChoice::heuristic);
+    for (const ConvShape& cs : {stem, rgb}) {
+      INFO(cs.what << ", " << dp::conv_contract_name(contract));
+      const Reference ref = cpu_reference(cs, cpu_oracle(contract));
+      dp::ConvUse use;
+      use.forward_bias = true;
+      auto plan = gpu->plan_conv(cs.geometry(Layout::nhwc), use);
+      for (const ConvDirection d : {ConvDirection::forward, ConvDirection::backward_filter}) {
+        INFO(dp::conv_direction_name(d));
+        const std::optional<dp::ConvAlgorithm> own = own_in(*gpu, *plan, d, cs.n);
+        REQUIRE(own);
+        CHECK(own->math == dp::ConvMath::fma);  // fp32 sums of products, under every contract
+        CHECK(own->deterministic);
+        dp::cuda_use_conv_algorithm(*gpu, *plan, *own);
+        CHECK_THAT(plan->implementation(),
+                   Catch::Contains(std::string(dp::conv_direction_name(d)) +
+                                   ": dprun's DPRUN_DIRECT_SMALL_C (direct, few channels)"));
+        int64_t outside = 0;
+        worst_fraction(run_direction(*gpu, *plan, d, cs, Layout::nhwc, ref), expected_of(ref, d),
+                       magnitude_of(ref, d), contract, ConvFamily::direct, sum_length(cs, d),
+                       &outside, d == ConvDirection::forward);
+        CHECK(outside == 0);
+      }
+      // Its input gradient is cuDNN's: the layer is a model's first, which needs none.
+      CHECK_FALSE(own_in(*gpu, *plan, ConvDirection::backward_data, cs.n));
+
+      // The bias joins the forward's fp32 sum before bf16's one rounding, and db sums the dy the
+      // pass took (rounded in bf16), as the cpu does.
+      const dp::ConvGeometry g = cs.geometry(Layout::nhwc);
+      const int64_t p = g.out_h(), q = g.out_w();
+      std::vector<float> bias(static_cast<size_t>(cs.k));
+      for (size_t k = 0; k < bias.size(); ++k) bias[k] = 0.25f * static_cast<float>(k) - 1.0f;
+      dptest::DeviceBuffer x(*gpu, {cs.n, cs.c, cs.h, cs.w}, dp::DType::f32, Layout::nhwc);
+      dptest::DeviceBuffer w(*gpu, {cs.k, cs.c, cs.r, cs.s}), b(*gpu, {cs.k}), db(*gpu, {cs.k});
+      dptest::DeviceBuffer dw(*gpu, {cs.k, cs.c, cs.r, cs.s});
+      dptest::DeviceBuffer y(*gpu, {cs.n, cs.k, p, q}, dp::DType::f32, Layout::nhwc);
+      dptest::DeviceBuffer dy(*gpu, {cs.n, cs.k, p, q}, dp::DType::f32, Layout::nhwc);
+      x.upload(dptest::to_nhwc(ref.x, cs.n, cs.c, cs.h, cs.w));
+      dy.upload(dptest::to_nhwc(ref.dy, cs.n, cs.k, p, q));
+      w.upload(ref.w);
+      b.upload(bias);
+      const dp::Tensor bt = b.tensor(), dbt = db.tensor();
+      gpu->conv_forward(*plan, x.tensor(), w.tensor(), &bt, y.tensor());
+      gpu->conv_backward_filter(*plan, x.tensor(), dy.tensor(), dw.tensor(), &dbt);
+      dp::Backend& cpu = cpu_oracle(contract);
+      auto cpu_plan = cpu.plan_conv(cs.geometry(Layout::nchw), use);
+      dptest::DeviceBuffer cx(cpu, {cs.n, cs.c, cs.h, cs.w}), cdy(cpu, {cs.n, cs.k, p, q});
+      dptest::DeviceBuffer cw(cpu, {cs.k, cs.c, cs.r, cs.s}), cb(cpu, {cs.k}), cdb(cpu, {cs.k});
+      dptest::DeviceBuffer cy(cpu, {cs.n, cs.k, p, q}), cdw(cpu, {cs.k, cs.c, cs.r, cs.s});
+      cx.upload(ref.x);
+      cdy.upload(ref.dy);
+      cw.upload(ref.w);
+      cb.upload(bias);
+      const dp::Tensor cbt = cb.tensor(), cdbt = cdb.tensor();
+      cpu.conv_forward(*cpu_plan, cx.tensor(), cw.tensor(), &cbt, cy.tensor());
+      cpu.conv_backward_filter(*cpu_plan, cx.tensor(), cdy.tensor(), cdw.tensor(), &cdbt);
+      std::vector<float> magnitude = ref.my;
+      for (size_t i = 0; i < magnitude.size(); ++i)
+        magnitude[i] += std::fabs(bias[(i / static_cast<size_t>(p * q)) % bias.size()]);
+      int64_t outside = 0;
+      worst_fraction(dptest::to_nchw(y.download_f32(), cs.n, cs.k, p, q), cy.download_f32(),
+                     magnitude, contract, ConvFamily::direct,
+                     sum_length(cs, ConvDirection::forward), &outside, true);
+      CHECK(outside == 0);
+      // db: a sum of n * p * q values of dy, |dy| summed as its magnitude.
+      std::vector<float> db_magnitude(bias.size(), 0.0f);
+      for (size_t i = 0; i < ref.dy.size(); ++i)
+        db_magnitude[(i / static_cast<size_t>(p * q)) % bias.size()] += std::fabs(ref.dy[i]);
+      worst_fraction(db.download_f32(), cdb.download_f32(), db_magnitude, contract,
+                     ConvFamily::direct, sum_length(cs, ConvDirection::backward_filter), &outside);
+      CHECK(outside == 0);
+    }
+    // Where it does not compute the layer: never listed, and refused when asked for.
+    const ConvShape five{"5 channels", 2, 5, 6, 6, 8, 3, 3, 1, 1};
+    for (const auto& [cs, layout] :
+         {std::pair{stem, Layout::nchw}, std::pair{five, Layout::nhwc}}) {
+      INFO(cs.what << " " << dp::layout_name(layout));
+      auto plan = gpu->plan_conv(cs.geometry(layout));
+      for (const ConvDirection d : kDirections) CHECK_FALSE(own_in(*gpu, *plan, d, cs.n));
+      dp::ConvAlgorithm asked = dp::cuda_conv_choice(*gpu, *plan, ConvDirection::forward, cs.n);
+      asked.algo = dp::kConvAlgoDprunSmallC;
+      asked.math = dp::ConvMath::fma;
+      CHECK_THROWS_WITH(dp::cuda_use_conv_algorithm(*gpu, *plan, asked),
+                        Catch::Contains("computes NHWC convolutions of at most 4 input"));
+    }
+  }
+}

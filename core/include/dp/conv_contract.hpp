@@ -49,6 +49,14 @@ const char* conv_direction_name(ConvDirection d);  // "forward", "backward-data"
 /// kernel without tensor cores (127-152 us a launch); the measured choice times this against
 /// cuDNN's and keeps the faster.
 inline constexpr int kConvAlgoDprunGemm1x1 = 100;
+/// dprun's own forward and filter gradient of an NHWC convolution with few input channels (at
+/// most 4, an image model's first layer; the limits are kernels::small_conv_fits'): a direct
+/// family algorithm, every output an fp32 sum of products in the filter's (c, r, s) order, FMA
+/// math under every contract (with bf16 the operands rounded first). On the H200, cuDNN took
+/// 64 us forward and 294 us for the filter gradient of ResNet-18's first convolution (1 -> 64
+/// channels, 3x3, batch 256), where the data moved takes about 13 us; the measured choice times
+/// this against cuDNN's and keeps the faster.
+inline constexpr int kConvAlgoDprunSmallC = 101;
 
 /// How an algorithm computes, which decides its rounding: an fp32 dot product (gemm, direct) or
 /// a transform of the inputs (fft, winograd), whose errors are of another kind.
@@ -58,8 +66,8 @@ const char* conv_family_name(ConvFamily f);
 /// cudnnConvolutionBwdDataAlgo_t, cudnnConvolutionBwdFilterAlgo_t) in direction d.
 ConvFamily conv_family(ConvDirection d, int algo);
 /// cuDNN's name without the prefix: "IMPLICIT_PRECOMP_GEMM", "ALGO_1", "WINOGRAD_NONFUSED",
-/// "DPRUN_GEMM_1X1" (kConvAlgoDprunGemm1x1), or "algorithm 9" for a number this dprun does not
-/// know.
+/// "DPRUN_GEMM_1X1" (kConvAlgoDprunGemm1x1), "DPRUN_DIRECT_SMALL_C" (kConvAlgoDprunSmallC), or
+/// "algorithm 9" for a number this dprun does not know.
 std::string conv_algorithm_name(ConvDirection d, int algo);
 
 /// cuDNN's math types, with cudnnMathType_t's numbers (cuda_conv.cpp checks them against cudnn.h).

@@ -267,23 +267,33 @@ class CudaBackend final : public Backend {
   /// "cuDNN 91900, CUDA runtime 13000, NVIDIA H100 80GB HBM3 sm_90": what choices depend on.
   std::string choice_scope_;
   bool measure_choices_ = true;
-  // dprun's own forward of an NHWC 1x1 convolution (dp::kConvAlgoDprunGemm1x1): the strided
-  // rows gathered (with bf16 rounded) into its workspace, then one cuBLAS GEMM with the (K, C)
-  // filter as it is. The measured choice times it against cuDNN's fastest (cuda_conv.cpp).
-  /// Whether the plan's forward can run it: NHWC, a 1x1 kernel, no padding.
+  // dprun's own passes beside cuDNN's (dp/conv_contract.hpp): the forward of an NHWC 1x1
+  // convolution as one cuBLAS GEMM (dp::kConvAlgoDprunGemm1x1: the strided rows gathered, with
+  // bf16 rounded, into its workspace, then the (K, C) filter as it is), and the direct forward
+  // and filter gradient of an NHWC convolution with few input channels (dp::kConvAlgoDprunSmallC,
+  // conv_small.cu). The measured choice times them against cuDNN's fastest (cuda_conv.cpp).
+  /// dprun's own algorithms that can run the plan's `direction`, in the order they are timed.
+  static std::vector<int> own_algorithms(const CudnnConvPlan& plan, int direction);
+  static bool own_algorithm_runs(const CudnnConvPlan& plan, int algo, int direction);
+  /// Whether the plan's forward can run the GEMM: NHWC, a 1x1 kernel, no padding.
   static bool own_gemm_1x1(const CudnnConvPlan& plan);
-  /// The workspace it needs at batch n: the gathered rows (when strided, or rounded in bf16)
-  /// and, in bf16, the filter's rounded copy.
-  size_t own_gemm_1x1_workspace(const CudnnConvPlan& plan, int64_t n) const;
-  /// The math it runs with, as cuDNN's math types say it: the cuBLAS handle's (TF32 when
-  /// allow_tf32, else FMA).
-  cudnnMathType_t own_gemm_math() const;
-  /// y (fp32, no bias, not rounded) = the forward of x at batch n, enqueued.
-  void run_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, const float* x, const float* w,
-                        float* y, void* workspace);
+  /// Whether the plan can run the few-channel passes (NHWC, kernels::small_conv_fits).
+  static bool own_small_c(const CudnnConvPlan& plan);
+  /// The workspace own algorithm `algo` needs in `direction` at batch n: the GEMM's gathered
+  /// rows (when strided, or rounded in bf16) and, in bf16, its filter's rounded copy; the
+  /// few-channel filter gradient's partial sums.
+  size_t own_workspace(const CudnnConvPlan& plan, int algo, int direction, int64_t n) const;
+  /// The math it runs with, as cuDNN's math types say it: the GEMM's is the cuBLAS handle's
+  /// (TF32 when allow_tf32, else FMA); the direct passes' FMA.
+  cudnnMathType_t own_math(int algo) const;
+  /// Enqueues own algorithm `algo`: forward, out = y (fp32, no bias, not rounded) from a = x and
+  /// b = w; backward-filter, out = dw (K, C, R, S) from a = x and b = dy. With bf16 the operands
+  /// are rounded as they are read (the GEMM: into its workspace).
+  void run_own(const CudnnConvPlan& plan, int algo, int direction, int64_t n, const float* a,
+               const float* b, float* out, void* workspace);
   /// Its time at batch n in ms (the best of three after a warm-up, on scratch buffers of its
   /// own), at plan time; a negative value when its workspace would exceed `limit`.
-  float time_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, size_t limit);
+  float time_own(const CudnnConvPlan& plan, int algo, int direction, int64_t n, size_t limit);
   /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch; w itself
   /// in NCHW.
   const float* filter_for(const CudnnConvPlan& plan, const float* w);

@@ -156,11 +156,13 @@ class CudnnConvPlan final : public ConvPlan {
         if (!b->choice[d].chosen) continue;
         const ConvBatch::Choice& c = b->choice[d];
         const auto dir = static_cast<ConvDirection>(d);
-        const bool own = c.algo == kConvAlgoDprunGemm1x1;
+        const bool own = c.algo == kConvAlgoDprunGemm1x1 || c.algo == kConvAlgoDprunSmallC;
+        const char* how = c.algo == kConvAlgoDprunGemm1x1 ? " (gather, cuBLAS GEMM), "
+                                                          : " (direct, few channels), ";
         out += std::string(out.empty() ? "" : "; ") + "batch " + std::to_string(b->n) + " " +
                kDirectionNames[d] + (own ? ": dprun's " : ": cuDNN ") +
                conv_algorithm_name(dir, c.algo) +
-               (own ? " (gather, cuBLAS GEMM), " : " (algo " + std::to_string(c.algo) + "), ") +
+               (own ? how : " (algo " + std::to_string(c.algo) + "), ") +
                (io_bf16[d] && !own ? "bf16 data, " : "") +
                conv_math_name(static_cast<ConvMath>(c.math)) + " math, workspace " +
                std::to_string(c.workspace) + " bytes";
@@ -618,15 +620,60 @@ std::string fastest(const Perf* perf, int returned, size_t limit, ConvContract c
 
 }  // namespace
 
-// ---- dprun's own 1x1 forward (dp::kConvAlgoDprunGemm1x1) -----------------------------------
+// ---- dprun's own passes (dp::kConvAlgoDprunGemm1x1, dp::kConvAlgoDprunSmallC) -----------------
+
+namespace {
+
+kernels::SmallConv small_conv_shape(const ConvGeometry& g, int64_t n) {
+  kernels::SmallConv s;
+  s.n = n;
+  s.h = g.in_h;
+  s.w = g.in_w;
+  s.out_h = g.out_h();
+  s.out_w = g.out_w();
+  // Clamped, not narrowed: a shape beyond int is refused by small_conv_fits.
+  const auto narrow = [](int64_t v) { return static_cast<int>(std::min<int64_t>(v, 1 << 30)); };
+  s.c = narrow(g.in_channels);
+  s.k = narrow(g.out_channels);
+  s.r = narrow(g.kernel_h);
+  s.s = narrow(g.kernel_w);
+  s.stride_h = narrow(g.stride_h);
+  s.stride_w = narrow(g.stride_w);
+  s.pad_h = narrow(g.pad_h);
+  s.pad_w = narrow(g.pad_w);
+  return s;
+}
+
+}  // namespace
 
 bool CudaBackend::own_gemm_1x1(const CudnnConvPlan& plan) {
   const ConvGeometry& g = plan.geometry();
   return plan.nhwc() && g.kernel_h == 1 && g.kernel_w == 1 && g.pad_h == 0 && g.pad_w == 0;
 }
 
-size_t CudaBackend::own_gemm_1x1_workspace(const CudnnConvPlan& plan, int64_t n) const {
+bool CudaBackend::own_small_c(const CudnnConvPlan& plan) {
+  return plan.nhwc() && kernels::small_conv_fits(small_conv_shape(plan.geometry(), 1));
+}
+
+std::vector<int> CudaBackend::own_algorithms(const CudnnConvPlan& plan, int direction) {
+  std::vector<int> out;
+  if (direction == kForward && own_gemm_1x1(plan)) out.push_back(kConvAlgoDprunGemm1x1);
+  if (direction != kBackwardData && own_small_c(plan)) out.push_back(kConvAlgoDprunSmallC);
+  return out;
+}
+
+bool CudaBackend::own_algorithm_runs(const CudnnConvPlan& plan, int algo, int direction) {
+  const std::vector<int> own = own_algorithms(plan, direction);
+  return std::find(own.begin(), own.end(), algo) != own.end();
+}
+
+size_t CudaBackend::own_workspace(const CudnnConvPlan& plan, int algo, int direction,
+                                  int64_t n) const {
   const ConvGeometry& g = plan.geometry();
+  if (algo == kConvAlgoDprunSmallC) {
+    if (direction != kBackwardFilter) return 0;
+    return kernels::small_conv_filter_scratch_floats(small_conv_shape(g, n)) * sizeof(float);
+  }
   const bool strided = g.stride_h != 1 || g.stride_w != 1;
   int64_t floats = 0;
   if (strided || bf16()) floats += aligned_floats(n * g.out_h() * g.out_w() * g.in_channels);
@@ -634,13 +681,26 @@ size_t CudaBackend::own_gemm_1x1_workspace(const CudnnConvPlan& plan, int64_t n)
   return static_cast<size_t>(floats) * sizeof(float);
 }
 
-cudnnMathType_t CudaBackend::own_gemm_math() const {
+cudnnMathType_t CudaBackend::own_math(int algo) const {
+  if (algo == kConvAlgoDprunSmallC) return CUDNN_FMA_MATH;
   return allow_tf32_ ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;  // the cuBLAS handle's math mode
 }
 
-void CudaBackend::run_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, const float* x,
-                                   const float* w, float* y, void* workspace) {
+void CudaBackend::run_own(const CudnnConvPlan& plan, int algo, int direction, int64_t n,
+                          const float* a, const float* b, float* out, void* workspace) {
   const ConvGeometry& g = plan.geometry();
+  if (algo == kConvAlgoDprunSmallC) {
+    if (direction == kForward) {
+      kernels::small_conv_forward(a, b, out, small_conv_shape(g, n), bf16(), stream_);
+    } else {
+      kernels::small_conv_filter(a, b, out, small_conv_shape(g, n), static_cast<float*>(workspace),
+                                 bf16(), stream_);
+    }
+    return;
+  }
+  const float* x = a;
+  const float* w = b;
+  float* y = out;
   const int64_t ho = g.out_h(), wo = g.out_w(), rows = n * ho * wo;
   auto* room = static_cast<float*>(workspace);
   // The rows it reads: x itself when every pixel is read and kept as it is.
@@ -678,8 +738,9 @@ struct Event {
 
 }  // namespace
 
-float CudaBackend::time_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, size_t limit) {
-  const size_t need = own_gemm_1x1_workspace(plan, n);
+float CudaBackend::time_own(const CudnnConvPlan& plan, int algo, int direction, int64_t n,
+                            size_t limit) {
+  const size_t need = own_workspace(plan, algo, direction, n);
   if (need > limit) return -1.0f;
   const ConvGeometry& g = plan.geometry();
   const auto bytes = [](int64_t count) { return static_cast<size_t>(count) * sizeof(float); };
@@ -688,10 +749,17 @@ float CudaBackend::time_own_gemm_1x1(const CudnnConvPlan& plan, int64_t n, size_
   Scratch w(*this, stream_, bytes(plan.filter_numel()));
   Scratch ws(*this, stream_, need);
   const auto run = [&] {
-    run_own_gemm_1x1(plan, n, static_cast<const float*>(x.get()),
-                     static_cast<const float*>(w.get()), static_cast<float*>(y.get()), ws.get());
+    // Forward reads x and w into y; the filter gradient reads x and dy (y's buffer) into w's.
+    const auto* xs = static_cast<const float*>(x.get());
+    if (direction == kForward) {
+      run_own(plan, algo, direction, n, xs, static_cast<const float*>(w.get()),
+              static_cast<float*>(y.get()), ws.get());
+    } else {
+      run_own(plan, algo, direction, n, xs, static_cast<const float*>(y.get()),
+              static_cast<float*>(w.get()), ws.get());
+    }
   };
-  run();  // warm-up: cuBLAS picks and loads its kernel
+  run();  // warm-up: cuBLAS picks and loads its kernel, the kernels are loaded
   Event start, stop;
   float best = -1.0f;
   for (int i = 0; i < 3; ++i) {
@@ -713,13 +781,15 @@ std::string CudaBackend::choice_key(const CudnnConvPlan& plan, int64_t n, int di
   // The contract is part of the key: choices cached before the contract existed ("fp32") are
   // never read as fp32-exact ones.
   // bf16 data ("data bf16") runs other kernels than its contract's fp32 data: timed apart.
-  // A choice that dprun's own 1x1 forward took part in says so: one cached before it existed
+  // A choice that dprun's own passes took part in names them: one cached before they existed
   // (cuDNN's alone) is measured again, once.
+  std::string own;
+  for (const int algo : own_algorithms(plan, direction))
+    own += algo == kConvAlgoDprunGemm1x1 ? " with dprun-gemm-1x1" : " with dprun-small-c";
   return std::string(kDirectionNames[static_cast<size_t>(direction)]) + " " + shape.str() + " " +
          conv_contract_name(contract_) +
          (plan.io_bf16[static_cast<size_t>(direction)] ? " data bf16" : "") +
-         " workspace<=" + std::to_string(limit) +
-         (direction == kForward && own_gemm_1x1(plan) ? " with dprun-gemm-1x1" : "");
+         " workspace<=" + std::to_string(limit) + own;
 }
 
 bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t limit) {
@@ -761,34 +831,40 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &returned, perf, ws.get(), room));
     return fastest(perf, returned, limit, contract_, dir);
   };
-  // dprun's own 1x1 forward, timed after cuDNN's buffers are gone (the peak at setup is the
-  // larger of the two timings, not their sum), and kept when faster. Both are events around the
-  // launches; cuDNN's time leaves out its filter transpose and bf16 packing, the GEMM's includes
-  // its gather: a tie goes to cuDNN. A failure to time it keeps cuDNN's measurement.
+  // dprun's own passes, each timed after cuDNN's buffers are gone (the peak at setup is the
+  // largest of the timings, not their sum), and kept when faster than the best so far. All are
+  // events around the launches; cuDNN's time leaves out its filter transposes and bf16 packing,
+  // the GEMM's includes its gather: a tie goes to the earlier. A failure to time one keeps the
+  // best so far.
   const auto measure = [&]() -> std::string {
     std::string best = measure_cudnn();
-    if (direction != kForward || !own_gemm_1x1(plan)) return best;
-    float own_ms = -1.0f;
-    try {
-      own_ms = time_own_gemm_1x1(plan, b.n, limit);
-    } catch (const Error& e) {
-      std::fprintf(stderr,
-                   "dprun: warning: cuda backend: %s forward at batch %lld: timing dprun's 1x1 "
-                   "GEMM failed (%s); cuDNN's measurement decides\n",
-                   plan.describe().c_str(), static_cast<long long>(b.n), e.what());
+    for (const int algo : own_algorithms(plan, direction)) {
+      const auto math = static_cast<ConvMath>(own_math(algo));
+      if (!conv_contract_allows(contract_, dir, algo, math)) continue;
+      float own_ms = -1.0f;
+      try {
+        own_ms = time_own(plan, algo, direction, b.n, limit);
+      } catch (const Error& e) {
+        std::fprintf(stderr,
+                     "dprun: warning: cuda backend: %s %s at batch %lld: timing dprun's %s "
+                     "failed (%s); the other measurements decide\n",
+                     plan.describe().c_str(), kDirectionNames[d], static_cast<long long>(b.n),
+                     conv_algorithm_name(dir, algo).c_str(), e.what());
+      }
+      double best_ms = 0;
+      const bool faster =
+          own_ms >= 0 &&
+          (best.empty() ||
+           (std::sscanf(best.c_str(), "algo %*d math %*d workspace %*u ms %lf", &best_ms) == 1 &&
+            own_ms < best_ms));
+      if (!faster) continue;
+      char text[128];
+      std::snprintf(text, sizeof text, "algo %d math %d workspace %zu ms %.4f", algo,
+                    static_cast<int>(math), own_workspace(plan, algo, direction, b.n),
+                    static_cast<double>(own_ms));
+      best = text;
     }
-    double cudnn_ms = 0;
-    const bool faster =
-        own_ms >= 0 &&
-        (best.empty() ||
-         (std::sscanf(best.c_str(), "algo %*d math %*d workspace %*u ms %lf", &cudnn_ms) == 1 &&
-          own_ms < cudnn_ms));
-    if (!faster) return best;
-    char text[128];
-    std::snprintf(text, sizeof text, "algo %d math %d workspace %zu ms %.4f", kConvAlgoDprunGemm1x1,
-                  static_cast<int>(own_gemm_math()), own_gemm_1x1_workspace(plan, b.n),
-                  static_cast<double>(own_ms));
-    return text;
+    return best;
   };
   const auto give_up = [&](const std::string& why) {
     CUDNN_WARN(cudnnSetConvolutionMathType(conv, wanted));
@@ -819,19 +895,20 @@ bool CudaBackend::choose_measured(CudnnConvPlan& plan, ConvBatch& b, int directi
       !refusal.empty()) {
     return give_up("the recorded choice '" + value + "' is outside the contract (" + refusal + ")");
   }
-  if (algo == kConvAlgoDprunGemm1x1) {
-    // dprun's own: its math is the cuBLAS handle's, its workspace its own.
-    const size_t own = own_gemm_1x1_workspace(plan, b.n);
-    if (direction != kForward || !own_gemm_1x1(plan) || m != own_gemm_math() || own > limit)
+  if (algo == kConvAlgoDprunGemm1x1 || algo == kConvAlgoDprunSmallC) {
+    // dprun's own: its math and its workspace are its own.
+    const size_t own = own_workspace(plan, algo, direction, b.n);
+    if (!own_algorithm_runs(plan, algo, direction) || m != own_math(algo) || own > limit)
       return give_up("the recorded choice '" + value + "' does not fit this plan");
     CUDNN_CHECK(cudnnSetConvolutionMathType(conv, wanted));
     b.choice[d] = {true, algo, own, m};
     if (log_choices()) {
       std::fprintf(stderr,
-                   "dprun: cudnn: %s batch %lld forward: dprun's DPRUN_GEMM_1X1, %s math, "
-                   "workspace %zu bytes, measured %.4f ms\n",
-                   plan.describe().c_str(), static_cast<long long>(b.n),
-                   conv_math_name(static_cast<ConvMath>(m)), own, ms);
+                   "dprun: cudnn: %s batch %lld %s: dprun's %s, %s math, workspace %zu bytes, "
+                   "measured %.4f ms\n",
+                   plan.describe().c_str(), static_cast<long long>(b.n), kDirectionNames[d],
+                   conv_algorithm_name(dir, algo).c_str(), conv_math_name(static_cast<ConvMath>(m)),
+                   own, ms);
     }
     return true;
   }
@@ -1009,11 +1086,11 @@ std::vector<ConvAlgorithm> CudaBackend::conv_algorithms(ConvPlan& plan_base, Con
     }
   }
   CUDNN_CHECK(cudnnSetConvolutionMathType(conv, before));
-  if (d == ConvDirection::forward && own_gemm_1x1(plan)) {
-    const auto math = static_cast<ConvMath>(own_gemm_math());
-    const size_t ws = own_gemm_1x1_workspace(plan, n);
-    if (conv_contract_allows(contract_, d, kConvAlgoDprunGemm1x1, math) && ws <= kMaxWorkspaceBytes)
-      out.push_back({d, n, kConvAlgoDprunGemm1x1, math, ws, true});
+  for (const int algo : own_algorithms(plan, direction)) {
+    const auto math = static_cast<ConvMath>(own_math(algo));
+    const size_t ws = own_workspace(plan, algo, direction, n);
+    if (conv_contract_allows(contract_, d, algo, math) && ws <= kMaxWorkspaceBytes)
+      out.push_back({d, n, algo, math, ws, true});
   }
   return out;
 }
@@ -1054,20 +1131,25 @@ void CudaBackend::use_conv_algorithm(ConvPlan& plan_base, const ConvAlgorithm& a
   activate();
   ConvBatch& b = batch_state(plan, a.batch);
   const int direction = static_cast<int>(a.direction);
-  if (a.algo == kConvAlgoDprunGemm1x1) {
-    if (!own_gemm_1x1(plan))
-      fail(op,
-           plan.describe() + ": " + a.str() + " computes NHWC 1x1 convolutions without padding");
-    if (static_cast<cudnnMathType_t>(a.math) != own_gemm_math())
-      fail(op, plan.describe() + ": " + a.str() + ": it runs with the cuBLAS handle's " +
-                   conv_math_name(static_cast<ConvMath>(own_gemm_math())) + " math");
+  const bool own = a.algo == kConvAlgoDprunGemm1x1 || a.algo == kConvAlgoDprunSmallC;
+  if (own) {
+    if (!own_algorithm_runs(plan, a.algo, direction)) {
+      fail(op, plan.describe() + ": " + a.str() +
+                   (a.algo == kConvAlgoDprunGemm1x1
+                        ? " computes NHWC 1x1 convolutions without padding"
+                        : " computes NHWC convolutions of at most 4 input and 256 output "
+                          "channels (at most 36 filter taps per output channel, 8192 filter "
+                          "values in all)"));
+    }
+    if (static_cast<cudnnMathType_t>(a.math) != own_math(a.algo))
+      fail(op, plan.describe() + ": " + a.str() + ": it runs with " +
+                   conv_math_name(static_cast<ConvMath>(own_math(a.algo))) + " math");
   }
   cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
   cudnnMathType_t before = CUDNN_DEFAULT_MATH;
   CUDNN_CHECK(cudnnGetConvolutionMathType(conv, &before));
-  const bool own = a.algo == kConvAlgoDprunGemm1x1;
   if (!own) CUDNN_CHECK(cudnnSetConvolutionMathType(conv, static_cast<cudnnMathType_t>(a.math)));
-  size_t ws = own ? own_gemm_1x1_workspace(plan, a.batch) : 0;
+  size_t ws = own ? own_workspace(plan, a.algo, direction, a.batch) : 0;
   const cudnnStatus_t status =
       own ? CUDNN_STATUS_SUCCESS : workspace_size(cudnn_, plan, b, direction, a.algo, &ws);
   if (status != CUDNN_STATUS_SUCCESS || ws > kMaxWorkspaceBytes) {
@@ -1166,9 +1248,10 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
                    plan.copy_floats(kForward, x.numel(), w.numel(), y.numel()), "conv_forward");
   ConvBatch& cb = conv_batch(plan, n, kForward, false, scratch.cudnn_bytes);
   poison_pass(scratch, cb.choice[kForward].workspace);
-  if (cb.choice[kForward].algo == kConvAlgoDprunGemm1x1) {
+  if (const int own = cb.choice[kForward].algo;
+      own == kConvAlgoDprunGemm1x1 || own == kConvAlgoDprunSmallC) {
     // The bias joins the fp32 sum, then (bf16) the output's one rounding, as after cuDNN.
-    run_own_gemm_1x1(plan, n, x.f32(), w.f32(), y.f32(), scratch.cudnn);
+    run_own(plan, own, kForward, n, x.f32(), w.f32(), y.f32(), scratch.cudnn);
     finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), true);
     return;
   }
@@ -1234,6 +1317,17 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(cb.choice[kBackwardFilter].algo);
   const float one = 1.0f, zero = 0.0f;
   // In bf16 dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds.
+  if (cb.choice[kBackwardFilter].algo == kConvAlgoDprunSmallC) {
+    // dw (K, C, R, S) directly, no transposed copy; in bf16 x and dy are rounded as they are
+    // read, not copied first (db sums the rounded dy too).
+    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, x.f32(), dy.f32(), dw.f32(),
+            scratch.cudnn);
+    if (db != nullptr) {
+      kernels::channel_sum(dy.f32(), db->f32(), n, g.out_channels, g.out_h() * g.out_w(), true,
+                           reduce_scratch_, stream_, bf16());
+    }
+    return;
+  }
   const auto [xs, dys] = pass_operands(x, dy, scratch.bf16);
   float* target = plan.nhwc() ? filter_scratch_ + plan.filter_numel() : dw.f32();
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, xs, cb.y, dys,

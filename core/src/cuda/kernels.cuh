@@ -74,6 +74,37 @@ void subsample_nhwc(const float* x, float* out, int64_t n, int64_t h, int64_t w,
                     int64_t sh, int64_t sw, int64_t ho, int64_t wo, bool round_bf16,
                     cudaStream_t stream);
 
+// ---- convolutions of few input channels, channels-last (conv_small.cu) ---------------------
+/// x (n, h, w, c) NHWC, filter (k, c, r, s) as PyTorch keeps it, y (n, out_h, out_w, k) NHWC.
+struct SmallConv {
+  int64_t n = 0, h = 0, w = 0, out_h = 0, out_w = 0;
+  int c = 0, k = 0, r = 0, s = 0;
+  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+};
+constexpr int kSmallConvMaxChannels = 4;              // c
+constexpr int kSmallConvMaxTaps = 36;                 // c * r * s: registers of the filter gradient
+constexpr int kSmallConvMaxFilter = 8192;             // k * c * r * s: the forward's shared memory
+constexpr int64_t kSmallConvPositionsPerBlock = 512;  // the filter gradient's first level
+constexpr int64_t kSmallConvMaxBlocks = 1024;
+/// Whether the passes below take this shape (c <= 4, k <= 256, c * r * s <= 36, the filter
+/// <= 8192 values).
+bool small_conv_fits(const SmallConv& g);
+/// y = the convolution of x with w, each product's operands rounded to bf16 when round_bf16
+/// (the fp32 sum of bf16 products, as cuDNN's bf16 kernels take them); no bias. Each output an
+/// fp32 sum in the filter's (c, r, s) order.
+void small_conv_forward(const float* x, const float* w, float* y, const SmallConv& g,
+                        bool round_bf16, cudaStream_t stream);
+/// The blocks of small_conv_filter's first level: a function of the shape alone, so its sums
+/// are added in the same order on every device.
+int64_t small_conv_filter_blocks(const SmallConv& g);
+/// Scratch floats small_conv_filter needs (one partial filter per block).
+size_t small_conv_filter_scratch_floats(const SmallConv& g);
+/// dw (k, c, r, s) = sum over the n * out_h * out_w positions of dy * x (overwritten, not
+/// accumulated), x and dy rounded to bf16 as they are read when round_bf16: per block a fixed
+/// range of positions, then the blocks in order (deterministic).
+void small_conv_filter(const float* x, const float* dy, float* dw, const SmallConv& g,
+                       float* scratch, bool round_bf16, cudaStream_t stream);
+
 /// PyTorch SGD over flat buffers (optimizer.cu): d = g + wd * p; buf = momentum * buf + d (when
 /// buf); p -= lr * (buf, or d + momentum * buf with Nesterov, or d). grads are not modified.
 /// With lr_row.table (width 1) the learning rate is read from it (NaN for a cursor outside it).

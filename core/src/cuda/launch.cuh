@@ -38,6 +38,14 @@ inline bool aligned16(const void* p) {
   return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+/// Full unrolling of a loop with a constant trip count (registers indexed by the loop variable stay
+/// registers): nvcc's pragma; the kernel emulator's host compiler takes GCC's.
+#if defined(__CUDACC__)
+#define DP_UNROLL _Pragma("unroll")
+#else
+#define DP_UNROLL _Pragma("GCC unroll 64")
+#endif
+
 #define DP_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)

@@ -1,0 +1,204 @@
+// dprun's own convolution passes for few input channels (conv_small.cu: dp::kConvAlgoDprunSmallC),
+// run by the kernel emulator against an exact reference: each output, forward y or filter
+// gradient dw, is a sum of L products computed in double, and the kernel's fp32 sum of the same
+// products (in any order, one rounding per addition) is within L * 2^-24 * M of it, M the sum of
+// the products' magnitudes (the standard bound of a sum of L terms). With bf16 the forward rounds
+// its operands first: the reference takes the same rounded operands. Two runs give the same
+// bits, and nothing is written outside the outputs.
+#include <bit>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cuda/kernels.cuh"
+#include "dp/bf16.hpp"
+#include "emu_buffers.hpp"
+#include "support/check.hpp"
+
+namespace kernels = dp::cuda_emu::kernels;
+using emutest::Guarded;
+using fvec = std::vector<float>;
+
+namespace {
+
+struct Shape {
+  int64_t n, h, w;
+  int c, k, r, s, stride, pad;
+  kernels::SmallConv conv() const {
+    kernels::SmallConv g;
+    g.n = n;
+    g.h = h;
+    g.w = w;
+    g.out_h = (h + 2 * pad - r) / stride + 1;
+    g.out_w = (w + 2 * pad - s) / stride + 1;
+    g.c = c;
+    g.k = k;
+    g.r = r;
+    g.s = s;
+    g.stride_h = g.stride_w = stride;
+    g.pad_h = g.pad_w = pad;
+    return g;
+  }
+};
+
+float bf16(float v) {
+  return std::bit_cast<float>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(v)));
+}
+
+/// The exact results (in double) and magnitudes of y = conv(x, w) (NHWC) and
+/// dw = sum dy * x (KCRS), x NHWC, w KCRS, dy NHWC.
+struct Exact {
+  std::vector<double> y, my, dw, mdw;
+};
+Exact exact(const kernels::SmallConv& g, const fvec& x, const fvec& w, const fvec& dy) {
+  Exact e;
+  const int64_t outputs = g.n * g.out_h * g.out_w * g.k, values = int64_t{g.k} * g.c * g.r * g.s;
+  e.y.assign(static_cast<size_t>(outputs), 0.0);
+  e.my = e.y;
+  e.dw.assign(static_cast<size_t>(values), 0.0);
+  e.mdw = e.dw;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t oh = 0; oh < g.out_h; ++oh)
+      for (int64_t ow = 0; ow < g.out_w; ++ow)
+        for (int k = 0; k < g.k; ++k) {
+          const auto out = static_cast<size_t>(((n * g.out_h + oh) * g.out_w + ow) * g.k + k);
+          for (int c = 0; c < g.c; ++c)
+            for (int r = 0; r < g.r; ++r)
+              for (int s = 0; s < g.s; ++s) {
+                const int64_t ih = oh * g.stride_h - g.pad_h + r,
+                              iw = ow * g.stride_w - g.pad_w + s;
+                if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+                const double xv = x[static_cast<size_t>(((n * g.h + ih) * g.w + iw) * g.c + c)];
+                const auto tap = static_cast<size_t>(((int64_t{k} * g.c + c) * g.r + r) * g.s + s);
+                e.y[out] += xv * w[tap];
+                e.my[out] += std::fabs(xv * w[tap]);
+                e.dw[tap] += xv * dy[out];
+                e.mdw[tap] += std::fabs(xv * dy[out]);
+              }
+        }
+  return e;
+}
+
+/// How many of `actual` are farther from `expected` than L * 2^-24 * M (L terms per sum).
+int64_t outside(const fvec& actual, const std::vector<double>& expected,
+                const std::vector<double>& magnitude, double terms) {
+  REQUIRE(actual.size() == expected.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double bound = terms * std::ldexp(1.0, -24) * magnitude[i];
+    if (!(std::fabs(actual[i] - expected[i]) <= bound)) {
+      if (bad < 3) UNSCOPED_INFO("output " << i << ": " << actual[i] << " against " << expected[i]);
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+bool same_bits(const fvec& a, const fvec& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](float p, float q) {
+           return std::bit_cast<uint32_t>(p) == std::bit_cast<uint32_t>(q);
+         });
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: the few-channel convolution's forward and filter gradient are exact sums",
+          "[emulated][conv]") {
+  // ResNet-18's and LeNet's first layers (small batches), padding wider than the kernel's
+  // reach, strides with odd edges, 3 and 4 channels, 1x1 and 5x5, K not dividing 256, the
+  // largest filter the passes take (K 256, 32 taps), and more positions than one block of the
+  // filter gradient sums (so its second level adds several).
+  const Shape shape =
+      GENERATE(Shape{3, 28, 28, 1, 64, 3, 3, 1, 1}, Shape{2, 28, 28, 1, 20, 3, 3, 1, 0},
+               Shape{2, 9, 7, 3, 12, 3, 3, 2, 2}, Shape{3, 6, 5, 4, 20, 1, 1, 2, 0},
+               Shape{2, 12, 11, 1, 6, 5, 5, 1, 2}, Shape{1, 5, 6, 2, 256, 4, 4, 1, 1},
+               Shape{5, 16, 16, 1, 3, 3, 3, 1, 1});
+  const kernels::SmallConv g = shape.conv();
+  INFO("n " << g.n << " " << g.h << "x" << g.w << " c " << g.c << " k " << g.k << " " << g.r << "x"
+            << g.s << " stride " << g.stride_h << " pad " << g.pad_h);
+  REQUIRE(kernels::small_conv_fits(g));
+  const int64_t positions = g.n * g.out_h * g.out_w;
+  const auto y_n = static_cast<size_t>(positions * g.k);
+  const auto w_n = static_cast<size_t>(int64_t{g.k} * g.c * g.r * g.s);
+  const fvec x = dptest::random_vector(g.n * g.h * g.w * g.c, 71, -2.0f, 2.0f);
+  const fvec w = dptest::random_vector(static_cast<int64_t>(w_n), 72);
+  const fvec dy = dptest::random_vector(static_cast<int64_t>(y_n), 73);
+
+  for (const bool round : {false, true}) {
+    INFO((round ? "operands rounded to bf16" : "fp32"));
+    fvec xr = x, wr = w;
+    if (round) {
+      for (float& v : xr) v = bf16(v);
+      for (float& v : wr) v = bf16(v);
+    }
+    const Exact e = exact(g, xr, wr, dy);
+    fvec first;
+    for (int run = 0; run < 2; ++run) {
+      Guarded<float> in(x), filter(w), y(y_n);
+      kernels::small_conv_forward(in.data(), filter.data(), y.data(), g, round, nullptr);
+      emutest::require_no_pending_error();
+      CHECK(outside(y.values(), e.y, e.my, g.c * g.r * g.s) == 0);
+      EMU_CHECK_INTACT(y);
+      if (run == 0)
+        first = y.values();
+      else
+        CHECK(same_bits(y.values(), first));
+    }
+  }
+
+  // The filter gradient, with x and dy rounded to bf16 as they are read (a bf16 pass) or not.
+  const size_t scratch = kernels::small_conv_filter_scratch_floats(g);
+  CHECK(scratch == static_cast<size_t>(kernels::small_conv_filter_blocks(g)) * w_n);
+  for (const bool round : {false, true}) {
+    INFO((round ? "operands rounded to bf16" : "fp32"));
+    fvec xr = x, dyr = dy;
+    if (round) {
+      for (float& v : xr) v = bf16(v);
+      for (float& v : dyr) v = bf16(v);
+    }
+    const Exact e = exact(g, xr, w, dyr);
+    fvec first;
+    for (int run = 0; run < 2; ++run) {
+      Guarded<float> in(x), grad(dy), dw(w_n), partial(scratch);
+      kernels::small_conv_filter(in.data(), grad.data(), dw.data(), g, partial.data(), round,
+                                 nullptr);
+      emutest::require_no_pending_error();
+      CHECK(outside(dw.values(), e.dw, e.mdw, static_cast<double>(positions)) == 0);
+      EMU_CHECK_INTACT(dw);
+      EMU_CHECK_INTACT(partial);
+      if (run == 0)
+        first = dw.values();
+      else
+        CHECK(same_bits(dw.values(), first));
+    }
+  }
+}
+
+TEST_CASE("emulated cuda: the few-channel convolution takes what fits its registers and memory",
+          "[emulated][conv]") {
+  const Shape base{2, 8, 8, 1, 64, 3, 3, 1, 1};
+  CHECK(kernels::small_conv_fits(base.conv()));
+  auto with = [&](int c, int k, int r, int s) {
+    Shape t = base;
+    t.c = c;
+    t.k = k;
+    t.r = r;
+    t.s = s;
+    return kernels::small_conv_fits(t.conv());
+  };
+  CHECK(with(4, 64, 3, 3));         // 36 taps
+  CHECK_FALSE(with(5, 8, 1, 1));    // 5 channels
+  CHECK_FALSE(with(2, 8, 5, 5));    // 50 taps
+  CHECK(with(1, 256, 5, 5));        // 25 taps, 6400 filter values
+  CHECK_FALSE(with(1, 257, 1, 1));  // more output channels than a block has threads
+  CHECK_FALSE(with(4, 256, 3, 3));  // 9216 filter values
+  // The filter gradient's blocks depend on the shape alone: 512 positions each, at most 1024.
+  Shape big = base;
+  big.n = 256;
+  big.h = big.w = 28;
+  CHECK(kernels::small_conv_filter_blocks(big.conv()) == 392);
+  big.n = 4096;
+  CHECK(kernels::small_conv_filter_blocks(big.conv()) == 1024);
+  CHECK(kernels::small_conv_filter_blocks(base.conv()) == 1);
+}
