@@ -96,6 +96,19 @@ TEST_CASE("conv contract: cuDNN's algorithms by number, name and family", "[conv
   CHECK_THAT(dp::conv_contract_refusal(ConvContract::tf32, ConvDirection::backward_data, own,
                                        ConvMath::fma),
              Catch::Contains("neither one of cuDNN 9's nor dprun's own"));
+  // dprun's few-channel passes: direct, forward and filter gradient, FMA math under every
+  // contract; no input gradient.
+  const int small = dp::kConvAlgoDprunSmallC;
+  for (const ConvDirection d : {ConvDirection::forward, ConvDirection::backward_filter}) {
+    INFO(dp::conv_direction_name(d));
+    CHECK(dp::conv_algorithm_name(d, small) == "DPRUN_DIRECT_SMALL_C");
+    CHECK(dp::conv_family(d, small) == ConvFamily::direct);
+    for (const ConvContract c : {ConvContract::fp32_exact, ConvContract::tf32, ConvContract::bf16})
+      CHECK(dp::conv_contract_allows(c, d, small, ConvMath::fma));
+  }
+  CHECK(dp::conv_family(ConvDirection::backward_data, small) == ConvFamily::unknown);
+  CHECK_FALSE(dp::conv_contract_allows(ConvContract::tf32, ConvDirection::backward_data, small,
+                                       ConvMath::fma));
 }
 
 TEST_CASE("conv contract: fp32-exact allows GEMM and direct algorithms with FMA math only",

@@ -25,39 +25,39 @@ __device__ __forceinline__ float maybe_bf16(float v) {
 
 // Each thread computes kPer consecutive channels k0 .. k0 + kPer - 1 of one output position (K a
 // multiple of kPer), stored together: the lanes of a warp that share a position read its taps
-// once, broadcast. The filter is in shared memory as [tap][k], so the lanes
-// read consecutive values.
+// once, broadcast. The filter is in shared memory as [tap][k], so the lanes read consecutive
+// values. Indices fit in 32 bits (small_conv_fits), which divide far faster than 64-bit ones.
 template <bool kRound, int kPer>
 __global__ void small_conv_forward_kernel(const float* x, const float* w, float* y, SmallConv g,
-                                          int64_t total) {
+                                          int total) {
   __shared__ float filter[kSmallConvMaxFilter];
-  const int taps = g.c * g.r * g.s;
-  for (int i = threadIdx.x; i < g.k * taps; i += blockDim.x) {
+  const int taps = g.c * g.r * g.s, K = g.k, H = static_cast<int>(g.h), W = static_cast<int>(g.w);
+  const int P = static_cast<int>(g.out_h), Q = static_cast<int>(g.out_w);
+  for (int i = threadIdx.x; i < K * taps; i += blockDim.x) {
     const int k = i / taps, t = i % taps;  // w is (K, taps)
-    filter[t * g.k + k] = maybe_bf16<kRound>(w[i]);
+    filter[t * K + k] = maybe_bf16<kRound>(w[i]);
   }
   __syncthreads();
-  const int64_t groups = total / kPer;
-  DP_GRID_STRIDE(i, groups) {
-    const int64_t first = i * kPer;
-    const int k0 = static_cast<int>(first % g.k);
-    int64_t rest = first / g.k;
-    const int64_t ow = rest % g.out_w;
-    rest /= g.out_w;
-    const int64_t oh = rest % g.out_h, n = rest / g.out_h;
+  const int groups = total / kPer;
+  DP_GRID_STRIDE(i64, groups) {
+    const int i = static_cast<int>(i64), first = i * kPer;
+    const int k0 = first % K, pos = first / K;
+    const int q = pos % Q, rest = pos / Q;
+    const int p = rest % P, n = rest / P;
     // Taps in the filter's own order, (c, r, s): the same order as the filter gradient's.
     float acc[kPer];
     DP_UNROLL
     for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
     const float* f = filter + k0;
+    const float* xn = x + n * H * W * g.c;
     for (int c = 0; c < g.c; ++c) {
       for (int r = 0; r < g.r; ++r) {
-        const int64_t ih = oh * g.stride_h - g.pad_h + r;
-        const bool row = ih >= 0 && ih < g.h;
-        for (int s = 0; s < g.s; ++s, f += g.k) {
-          const int64_t iw = ow * g.stride_w - g.pad_w + s;
-          if (!row || iw < 0 || iw >= g.w) continue;
-          const float v = maybe_bf16<kRound>(x[((n * g.h + ih) * g.w + iw) * g.c + c]);
+        const int ih = p * g.stride_h - g.pad_h + r;
+        const bool row = ih >= 0 && ih < H;
+        for (int s = 0; s < g.s; ++s, f += K) {
+          const int iw = q * g.stride_w - g.pad_w + s;
+          if (!row || iw < 0 || iw >= W) continue;
+          const float v = maybe_bf16<kRound>(xn[(ih * W + iw) * g.c + c]);
           DP_UNROLL
           for (int j = 0; j < kPer; ++j) acc[j] = fmaf(v, f[j], acc[j]);
         }
@@ -76,59 +76,69 @@ __global__ void small_conv_forward_kernel(const float* x, const float* w, float*
 // (a fixed split of the N*P*Q positions) into partial[b][k][tap]. Thread t takes channel
 // t % K and every (256 / K)-th position of the block's range, from the (t / K)-th; the groups'
 // sums are added in group order. kTaps bounds the taps (registers); kRound rounds x and dy to
-// bf16 as they are read.
+// bf16 as they are read. 32-bit indices, as the forward's.
 template <int kTaps, bool kRound>
 __global__ void small_conv_filter_partial_kernel(const float* x, const float* dy, float* partial,
-                                                 SmallConv g, int64_t positions) {
+                                                 SmallConv g, int positions) {
   __shared__ float sums[kThreads * kTaps];
-  const int taps = g.c * g.r * g.s;
-  const int groups = kThreads / g.k;
-  const int k = static_cast<int>(threadIdx.x) % g.k, group = static_cast<int>(threadIdx.x) / g.k;
-  const int64_t blocks = gridDim.x, b = blockIdx.x;
-  const int64_t begin = positions * b / blocks, end = positions * (b + 1) / blocks;
-  // Tap t = (c * R + r) * S + s, the filter's KCRS order: its row, column and channel offsets.
-  float acc[kTaps];
-  int tap_r[kTaps], tap_s[kTaps], tap_c[kTaps];
-  DP_UNROLL
-  for (int t = 0; t < kTaps; ++t) {
-    acc[t] = 0.0f;
+  const int taps = g.c * g.r * g.s, K = g.k, H = static_cast<int>(g.h), W = static_cast<int>(g.w);
+  const int P = static_cast<int>(g.out_h), Q = static_cast<int>(g.out_w);
+  const int groups = kThreads / K;
+  const int k = static_cast<int>(threadIdx.x) % K, group = static_cast<int>(threadIdx.x) / K;
+  const int blocks = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
+  const int begin = static_cast<int>(int64_t{positions} * b / blocks);
+  const int end = static_cast<int>(int64_t{positions} * (b + 1) / blocks);
+  // Tap t = (c * R + r) * S + s, the filter's KCRS order: its row and column offsets and its
+  // channel, in shared memory (every lane reads the same tap at once: a broadcast), which keeps
+  // the registers for the sums.
+  __shared__ int tap_r[kTaps], tap_s[kTaps], tap_c[kTaps];
+  for (int t = threadIdx.x; t < kTaps; t += blockDim.x) {
     tap_s[t] = t % g.s;
     tap_r[t] = (t / g.s) % g.r;
     tap_c[t] = t / (g.s * g.r);
   }
+  __syncthreads();
+  float acc[kTaps];
+  DP_UNROLL
+  for (int t = 0; t < kTaps; ++t) acc[t] = 0.0f;
   if (group < groups) {
-    for (int64_t p = begin + group; p < end; p += groups) {
-      const int64_t ow = p % g.out_w, rest = p / g.out_w;
-      const int64_t oh = rest % g.out_h, n = rest / g.out_h;
-      const int64_t ih0 = oh * g.stride_h - g.pad_h, iw0 = ow * g.stride_w - g.pad_w;
-      const float* xn = x + n * g.h * g.w * g.c;
-      const float d = maybe_bf16<kRound>(dy[p * g.k + k]);
+    for (int pos = begin + group; pos < end; pos += groups) {
+      const int q = pos % Q, rest = pos / Q;
+      const int p = rest % P, n = rest / P;
+      const int ih0 = p * g.stride_h - g.pad_h, iw0 = q * g.stride_w - g.pad_w;
+      const float* xn = x + n * H * W * g.c;
+      const float d = maybe_bf16<kRound>(dy[pos * K + k]);
       DP_UNROLL
       for (int t = 0; t < kTaps; ++t) {
-        const int64_t ih = ih0 + tap_r[t], iw = iw0 + tap_s[t];
-        if (t < taps && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w)
-          acc[t] = fmaf(d, maybe_bf16<kRound>(xn[(ih * g.w + iw) * g.c + tap_c[t]]), acc[t]);
+        const int ih = ih0 + tap_r[t], iw = iw0 + tap_s[t];
+        if (t < taps && ih >= 0 && ih < H && iw >= 0 && iw < W)
+          acc[t] = fmaf(d, maybe_bf16<kRound>(xn[(ih * W + iw) * g.c + tap_c[t]]), acc[t]);
       }
     }
   }
   DP_UNROLL
   for (int t = 0; t < kTaps; ++t) sums[threadIdx.x * kTaps + t] = acc[t];
   __syncthreads();
-  for (int i = threadIdx.x; i < g.k * taps; i += blockDim.x) {
+  for (int i = threadIdx.x; i < K * taps; i += blockDim.x) {
     const int kk = i / taps, t = i % taps;
     float s = 0.0f;
-    for (int j = 0; j < groups; ++j) s += sums[(j * g.k + kk) * kTaps + t];
-    partial[b * g.k * taps + i] = s;
+    for (int j = 0; j < groups; ++j) s += sums[(j * K + kk) * kTaps + t];
+    partial[int64_t{b} * K * taps + i] = s;
   }
 }
 
-// The second level: dw[i] = the blocks' partial sums, added in block order.
-__global__ void small_conv_filter_finish_kernel(const float* partial, float* dw, int64_t values,
-                                                int64_t blocks) {
-  DP_GRID_STRIDE(i, values) {
+// The second level: a warp per value i; lane l adds the partials of blocks l, l + 32, ... in
+// order, then the lanes' sums meet in a fixed tree (deterministic).
+__global__ void small_conv_filter_finish_kernel(const float* partial, float* dw, int values,
+                                                int blocks) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warps = static_cast<int>(blockDim.x * gridDim.x) / 32;
+  for (int i = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32); i < values;
+       i += warps) {
     float s = 0.0f;
-    for (int64_t b = 0; b < blocks; ++b) s += partial[b * values + i];
-    dw[i] = s;
+    for (int b = lane; b < blocks; b += 32) s += partial[int64_t{b} * values + i];
+    for (int offset = 16; offset > 0; offset /= 2) s += __shfl_down_sync(0xffffffffu, s, offset);
+    if (lane == 0) dw[i] = s;
   }
 }
 
@@ -138,8 +148,11 @@ constexpr unsigned kSmallConvForwardBlocks = 2048;
 
 bool small_conv_fits(const SmallConv& g) {
   const int64_t taps = static_cast<int64_t>(g.c) * g.r * g.s;
+  // 32-bit indices: x and y of the largest batch (g.n) hold fewer than 2^31 values.
+  constexpr int64_t kIndexLimit = int64_t{1} << 31;
   return g.c >= 1 && g.c <= kSmallConvMaxChannels && g.k >= 1 && g.k <= kThreads &&
-         taps <= kSmallConvMaxTaps && g.k * taps <= kSmallConvMaxFilter;
+         taps <= kSmallConvMaxTaps && g.k * taps <= kSmallConvMaxFilter &&
+         g.n * g.h * g.w * g.c < kIndexLimit && g.n * g.out_h * g.out_w * g.k < kIndexLimit;
 }
 
 int64_t small_conv_filter_blocks(const SmallConv& g) {
@@ -155,7 +168,7 @@ size_t small_conv_filter_scratch_floats(const SmallConv& g) {
 
 void small_conv_forward(const float* x, const float* w, float* y, const SmallConv& g,
                         bool round_bf16, cudaStream_t stream) {
-  const int64_t total = g.n * g.out_h * g.out_w * g.k;
+  const int total = static_cast<int>(g.n * g.out_h * g.out_w * g.k);  // small_conv_fits
   if (total <= 0) return;
   // Each block first loads the filter: a few thousand blocks stride over the outputs, not one
   // block per 256 of them.
@@ -180,13 +193,13 @@ namespace {
 
 template <bool kRound>
 void small_conv_filter_partial(const float* x, const float* dy, float* scratch, const SmallConv& g,
-                               int64_t positions, unsigned grid, cudaStream_t stream) {
+                               int positions, unsigned grid, cudaStream_t stream) {
   const int taps = g.c * g.r * g.s;
   if (taps <= 9) {
     small_conv_filter_partial_kernel<9, kRound>
         <<<grid, kThreads, 0, stream>>>(x, dy, scratch, g, positions);
-  } else if (taps <= 25) {
-    small_conv_filter_partial_kernel<25, kRound>
+  } else if (taps <= 27) {  // 5x5 of one channel, 3x3 of three (CIFAR-10's first layer)
+    small_conv_filter_partial_kernel<27, kRound>
         <<<grid, kThreads, 0, stream>>>(x, dy, scratch, g, positions);
   } else {
     small_conv_filter_partial_kernel<kSmallConvMaxTaps, kRound>
@@ -199,16 +212,17 @@ void small_conv_filter_partial(const float* x, const float* dy, float* scratch, 
 
 void small_conv_filter(const float* x, const float* dy, float* dw, const SmallConv& g,
                        float* scratch, bool round_bf16, cudaStream_t stream) {
-  const int64_t positions = g.n * g.out_h * g.out_w, values = g.k * g.c * g.r * g.s;
-  const int64_t blocks = small_conv_filter_blocks(g);
+  const auto positions = static_cast<int>(g.n * g.out_h * g.out_w);  // small_conv_fits
+  const int values = g.k * g.c * g.r * g.s;
+  const auto blocks = static_cast<int>(small_conv_filter_blocks(g));
   const auto grid = static_cast<unsigned>(blocks);
   if (round_bf16) {
     small_conv_filter_partial<true>(x, dy, scratch, g, positions, grid, stream);
   } else {
     small_conv_filter_partial<false>(x, dy, scratch, g, positions, grid, stream);
   }
-  small_conv_filter_finish_kernel<<<grid_for(values), kThreads, 0, stream>>>(scratch, dw, values,
-                                                                             blocks);
+  small_conv_filter_finish_kernel<<<grid_for(int64_t{values} * 32), kThreads, 0, stream>>>(
+      scratch, dw, values, blocks);
   CUDA_CHECK_LAUNCH(small_conv_filter_finish_kernel);
 }
 

@@ -652,7 +652,8 @@ bool CudaBackend::own_gemm_1x1(const CudnnConvPlan& plan) {
 }
 
 bool CudaBackend::own_small_c(const CudnnConvPlan& plan) {
-  return plan.nhwc() && kernels::small_conv_fits(small_conv_shape(plan.geometry(), 1));
+  const ConvGeometry& g = plan.geometry();
+  return plan.nhwc() && kernels::small_conv_fits(small_conv_shape(g, g.max_batch));
 }
 
 std::vector<int> CudaBackend::own_algorithms(const CudnnConvPlan& plan, int direction) {
@@ -1141,9 +1142,11 @@ void CudaBackend::use_conv_algorithm(ConvPlan& plan_base, const ConvAlgorithm& a
                           "channels (at most 36 filter taps per output channel, 8192 filter "
                           "values in all)"));
     }
-    if (static_cast<cudnnMathType_t>(a.math) != own_math(a.algo))
+    if (static_cast<cudnnMathType_t>(a.math) != own_math(a.algo)) {
       fail(op, plan.describe() + ": " + a.str() + ": it runs with " +
+                   (a.algo == kConvAlgoDprunGemm1x1 ? "the cuBLAS handle's " : "") +
                    conv_math_name(static_cast<ConvMath>(own_math(a.algo))) + " math");
+    }
   }
   cudnnConvolutionDescriptor_t conv = b.conv[static_cast<size_t>(direction)];
   cudnnMathType_t before = CUDNN_DEFAULT_MATH;

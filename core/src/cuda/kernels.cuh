@@ -87,7 +87,7 @@ constexpr int kSmallConvMaxFilter = 8192;             // k * c * r * s: the forw
 constexpr int64_t kSmallConvPositionsPerBlock = 512;  // the filter gradient's first level
 constexpr int64_t kSmallConvMaxBlocks = 1024;
 /// Whether the passes below take this shape (c <= 4, k <= 256, c * r * s <= 36, the filter
-/// <= 8192 values).
+/// <= 8192 values, x and y of n examples under 2^31 values each: they index in 32 bits).
 bool small_conv_fits(const SmallConv& g);
 /// y = the convolution of x with w, each product's operands rounded to bf16 when round_bf16
 /// (the fp32 sum of bf16 products, as cuDNN's bf16 kernels take them); no bias. Each output an
