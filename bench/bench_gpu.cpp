@@ -2,7 +2,8 @@
 // path dprun uses) at batches 64, 256 and 1024: TF32 (as PyTorch's default for convolutions) in
 // NCHW and NHWC, strict fp32 in NCHW and NHWC, precision bf16 in NHWC and NCHW; at batch 256 also
 // NHWC with cuDNN's batch norm instead of ours (DPRUN_CUDA_NHWC_BN=cudnn, the comparison issue 21
-// asks for) and NHWC with every step a CUDA graph (TrainerOptions::graphs). Per configuration:
+// asks for) and, each step a CUDA graph (TrainerOptions::graphs), TF32 and bf16 in NHWC and
+// strict fp32 in NCHW: the paths graphs = "auto" and layout = "auto" give. Per configuration:
 // warm-up steps, then the median of timed steps (each step ends with a host synchronisation:
 // Trainer::step downloads the loss), projected seconds per epoch (ceil(60000 / batch) steps), peak
 // GPU memory the backend allocated, and at batch 256 one real epoch of Fashion-MNIST through
@@ -384,6 +385,10 @@ std::vector<Config> all_configs(const Args& args) {
           configs.push_back({model, dp::Layout::nhwc, Arith::tf32, lr, batch, false, true});
         }
         configs.push_back({model, dp::Layout::nhwc, Arith::tf32, lr, batch, true});
+        // The other paths "auto" gives a trial with a GPU to itself: bf16 in nhwc, strict fp32
+        // in nchw, both captured (graphs = "auto").
+        configs.push_back({model, dp::Layout::nhwc, Arith::bf16, lr, batch, true});
+        configs.push_back({model, dp::Layout::nchw, Arith::fp32, lr, batch, true});
       }
     }
   }
