@@ -271,6 +271,15 @@ class Peeking final : public dp::Module {
   dp::Tensor do_backward(dp::RunContext&, const dp::Tensor& dy, bool) override { return dy; }
 };
 
+// A small net whose forward needs the host (Peeking): a capture of its step fails.
+std::unique_ptr<dp::Module> peeking_net() {
+  auto net = std::make_unique<dp::Sequential>();
+  net->add(std::make_unique<Peeking>());
+  net->add(std::make_unique<dp::Flatten>());
+  net->add(std::make_unique<dp::Linear>(784, 10));
+  return net;
+}
+
 }  // namespace
 
 TEST_CASE("A model whose step needs the host fails with graphs, naming what it did",
@@ -280,13 +289,7 @@ TEST_CASE("A model whose step needs the host fails with graphs, naming what it d
   o.batch_size = 32;
   o.epochs = 1;
   o.cpu_threads = 2;
-  const auto builder = [] {
-    auto net = std::make_unique<dp::Sequential>();
-    net->add(std::make_unique<Peeking>());
-    net->add(std::make_unique<dp::Flatten>());
-    net->add(std::make_unique<dp::Linear>(784, 10));
-    return net;
-  };
+  const auto builder = peeking_net;
   o.graphs = false;
   dp::Trainer fine(o, builder, data, data.head(0));
   CHECK(std::isfinite(fine.run_epoch(1).train_loss));
@@ -306,13 +309,7 @@ TEST_CASE("graphs auto stays off on the CPU backend, which then runs every op as
   o.epochs = 1;
   o.cpu_threads = 2;
   o.graphs_auto = true;
-  const auto builder = [] {
-    auto net = std::make_unique<dp::Sequential>();
-    net->add(std::make_unique<Peeking>());  // needs the host: a capture would fail
-    net->add(std::make_unique<dp::Flatten>());
-    net->add(std::make_unique<dp::Linear>(784, 10));
-    return net;
-  };
+  const auto builder = peeking_net;  // needs the host: a capture would fail
   for (const int replicas : {1, 2}) {
     o.replicas = replicas;
     dp::Trainer t(o, builder, data, data.head(0));
