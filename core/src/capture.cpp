@@ -34,10 +34,11 @@ void Backend::record(std::function<void()> op) { recording_->add(std::move(op));
 
 void Backend::refuse_while_capturing(const char* what) const {
   if (capturing_) {
-    throw Error(prefix(what) +
-                "called while a step is being captured: it needs the host, and a captured step "
-                "replays without it (do it before begin_capture or after end_capture; a model "
-                "whose step needs it trains with graphs = false)");
+    throw CaptureRefused(
+        prefix(what) +
+        "called while a step is being captured: it needs the host, and a captured step "
+        "replays without it (do it before begin_capture or after end_capture; a model "
+        "whose step needs it trains with graphs = false)");
   }
 }
 
@@ -85,9 +86,10 @@ void Backend::replay(const CapturedOps& ops) {
 
 void Backend::host_work(std::function<void()> work) {
   if (capturing_ && native_capture()) {
-    throw Error(prefix("host_work") +
-                "host work cannot be part of a captured step on this backend (its capture is the "
-                "device's own, a CUDA graph)");
+    throw CaptureRefused(
+        prefix("host_work") +
+        "host work cannot be part of a captured step on this backend (its capture is the "
+        "device's own, a CUDA graph)");
   }
   run(std::move(work));
 }

@@ -177,46 +177,6 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train,
   b.synchronize();
 }
 
-void Trainer::Impl::run_captured(
-    Replica& r, std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>>& graphs, int64_t size,
-    bool collectives, const std::function<void()>& ops) {
-  if (!options.graphs) {
-    ops();
-    return;
-  }
-  Backend& b = *r.backend;
-  auto it =
-      std::find_if(graphs.begin(), graphs.end(), [&](const auto& g) { return g.first == size; });
-  if (it == graphs.end()) {
-    b.begin_capture();
-    try {
-      ops();
-      graphs.emplace_back(size, b.end_capture());
-    } catch (...) {
-      b.discard_capture();
-      throw;
-    }
-    it = graphs.end() - 1;
-  }
-  const CapturedOps& step = *it->second;
-  if (!collectives || !b.native_capture()) {
-    b.replay(step);
-    return;
-  }
-  // The graph's collectives run no host call: their communicators launch it, so an aborted
-  // group refuses it and the launched work is watched.
-  Communicator* grad = r.grad_comm;
-  if (options.sync_bn) {
-    grad->launch_captured([&] { r.comm->launch_captured([&] { b.replay(step); }); });
-  } else {
-    grad->launch_captured([&] { b.replay(step); });
-  }
-}
-
-void Trainer::Impl::train_step(Replica& r, int64_t n) {
-  run_captured(r, r.train_graphs, n, true, [&] { train_step_ops(r, n); });
-}
-
 void Trainer::Impl::train_step_ops(Replica& r, int64_t n) {
   Backend& b = *r.backend;
   // This replica's shard size as split() cuts it, computed without a vector: nothing is
@@ -252,22 +212,6 @@ void Trainer::Impl::train_step_ops(Replica& r, int64_t n) {
   r.optimizer->update_at(b, r.params->params_flat(), grads, r.params->state_flat(),
                          StepRow{r.step_scalars, r.cursor});
   b.advance(r.cursor);
-}
-
-void Trainer::Impl::eval_chunk(Replica& r, size_t set, int64_t m) {
-  Replica::Eval& ev = r.evals[set];
-  run_captured(r, ev.graphs, m, false, [&] {
-    Backend& b = *r.backend;
-    const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
-    const StepRow start{ev.start, r.eval_cursor};
-    b.gather_batch(ev.images, ev.labels, ev.index, x, y, &start, r.eval_transform.get());
-    RunContext ctx{b, *r.params, false, nullptr, 0, nullptr};
-    const Tensor logits = r.model->forward(ctx, x);
-    // The loss and the correct count in one pass; the gradient (scaled by 0) is not used.
-    b.softmax_cross_entropy(logits, y, 0.0f, r.dlogits.with_batch(m), ev.loss_slots,
-                            ev.correct_slots, &r.eval_cursor);
-    b.advance(r.eval_cursor);
-  });
 }
 
 void Trainer::Impl::evaluate_replica(Replica& r, std::vector<int64_t>& correct,
@@ -456,6 +400,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
                (cuda_device_count() == 1 ? "one GPU" : "GPUs") +
                ": they cannot be captured in CUDA graphs (their collectives meet on the host); "
                "set graphs = false, or use one GPU per replica");
+  if (options.graphs_auto && s.options.graphs) s.capture_or_run_eagerly();
 }
 
 Trainer::~Trainer() {

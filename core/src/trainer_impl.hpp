@@ -226,8 +226,15 @@ struct Trainer::Impl {
   void train_step(Replica& r, int64_t n);
   // The ops of that step: everything that changes between steps is read at the cursor.
   void train_step_ops(Replica& r, int64_t n);
-  // One evaluation chunk of m examples of set `set` at the evaluation cursor.
+  // One evaluation chunk of m examples of set `set` at the evaluation cursor (captured once per
+  // m with options.graphs), and its ops.
   void eval_chunk(Replica& r, size_t set, int64_t m);
+  void eval_chunk_ops(Replica& r, size_t set, int64_t m);
+  // graphs = "auto" where it chose graphs (trainer_capture.cpp): captures the first training
+  // step and each set's first evaluation chunk on every replica now, before anything runs, and
+  // keeps them; where the backend refuses a capture (the step needs the host: CaptureRefused),
+  // clears options.graphs instead, so the steps run eagerly and options() says so.
+  void capture_or_run_eagerly();
   // Runs ops(), or with options.graphs replays its capture for `size` (capturing it first);
   // `collectives`: the ops hold the replica's collectives (a training step), whose
   // communicators then launch the replay (Communicator::launch_captured).

@@ -12,6 +12,7 @@
 #include "engine_test_util.hpp"
 #include "support/backend_cases.hpp"
 #include "support/check.hpp"
+#include "support/host_needing_net.hpp"
 #include "support/step_cases.hpp"
 
 namespace {
@@ -253,35 +254,6 @@ TEST_CASE("Trainer with graphs computes the same bits as running every op", "[ca
   CHECK(eager.reports.back().train_loss < eager.reports.front().train_loss);
 }
 
-namespace {
-
-// A module that reads a device value back to the host in its forward pass: a step that cannot
-// be replayed without the host.
-class Peeking final : public dp::Module {
- public:
-  const char* type() const override { return "Peeking"; }
-
- protected:
-  dp::Shape do_setup(dp::SetupContext&, const dp::Shape& input) override { return input; }
-  dp::Tensor do_forward(dp::RunContext& ctx, const dp::Tensor& x) override {
-    float first = 0;
-    if (x.numel() > 0) ctx.backend.download(&first, x.data, sizeof first);
-    return x;
-  }
-  dp::Tensor do_backward(dp::RunContext&, const dp::Tensor& dy, bool) override { return dy; }
-};
-
-// A small net whose forward needs the host (Peeking): a capture of its step fails.
-std::unique_ptr<dp::Module> peeking_net() {
-  auto net = std::make_unique<dp::Sequential>();
-  net->add(std::make_unique<Peeking>());
-  net->add(std::make_unique<dp::Flatten>());
-  net->add(std::make_unique<dp::Linear>(784, 10));
-  return net;
-}
-
-}  // namespace
-
 TEST_CASE("A model whose step needs the host fails with graphs, naming what it did",
           "[capture][trainer]") {
   const auto data = enginetest::synthetic_dataset(64, 23);
@@ -289,7 +261,7 @@ TEST_CASE("A model whose step needs the host fails with graphs, naming what it d
   o.batch_size = 32;
   o.epochs = 1;
   o.cpu_threads = 2;
-  const auto builder = peeking_net;
+  const auto builder = [] { return dptest::host_needing_net(dptest::PeekIn::forward); };
   o.graphs = false;
   dp::Trainer fine(o, builder, data, data.head(0));
   CHECK(std::isfinite(fine.run_epoch(1).train_loss));
@@ -309,7 +281,7 @@ TEST_CASE("graphs auto stays off on the CPU backend, which then runs every op as
   o.epochs = 1;
   o.cpu_threads = 2;
   o.graphs_auto = true;
-  const auto builder = peeking_net;  // needs the host: a capture would fail
+  const auto builder = [] { return dptest::host_needing_net(dptest::PeekIn::forward); };
   for (const int replicas : {1, 2}) {
     o.replicas = replicas;
     dp::Trainer t(o, builder, data, data.head(0));

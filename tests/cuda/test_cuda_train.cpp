@@ -24,13 +24,17 @@
 // gradient (any tensor whose update is not pure rounding) or ignored weight decay fail.
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "dp/layers.hpp"
 #include "dp/trainer.hpp"
 #include "support/check.hpp"
+#include "support/error_message.hpp"
+#include "support/host_needing_net.hpp"
 #include "support/train_steps.hpp"
 
 namespace {
@@ -372,5 +376,89 @@ TEST_CASE("cuda: two fresh runs of one trial compute the same bits (TF32, measur
     }
     CHECK(second.first == first.first);
     CHECK(second.second == first.second);
+  }
+}
+
+TEST_CASE("cuda graphs auto trains a model whose step needs the host without graphs",
+          "[cuda][train]") {
+  // graphs = "auto" captures the first step at setup: a capture the backend refuses (a download
+  // in the forward or the backward pass) leaves the trial to run without graphs, with the bits of
+  // graphs = false, and options() says so before anything is recorded. A model that can be
+  // captured is captured at once and computes the same bits as without graphs.
+  if (!have_data()) return;
+  const auto& data = dptest::fashion_mnist_subset();
+  const dp::Dataset train = data.train.head(96), test = data.test.head(64);
+  dp::TrainerOptions o;
+  o.backend = dp::BackendKind::cuda;
+  o.allow_tf32 = false;
+  o.batch_size = 32;
+  o.eval_batch_size = 50;
+  o.epochs = 1;
+  o.seed = 4;
+  o.lr.base = 0.05;
+  o.optimizer.momentum = 0.9f;
+  struct Run {
+    dp::EpochReport report;
+    std::vector<float> parameters;
+    size_t captured_at_setup = 0, captured = 0;
+    bool graphs = false;
+  };
+  const auto run = [&](const dp::ModelBuilder& builder, bool graphs, bool automatic) {
+    o.graphs = graphs;
+    o.graphs_auto = automatic;
+    dp::Trainer t(o, builder, train, test);
+    Run r;
+    r.graphs = t.options().graphs;
+    r.captured_at_setup = t.captured_steps();
+    r.report = t.run_epoch(1);
+    r.parameters = t.parameters(0);
+    r.captured = t.captured_steps();
+    return r;
+  };
+  const auto same_bits = [](const Run& a, const Run& b) {
+    CHECK(a.report.train_loss == b.report.train_loss);
+    CHECK(a.report.test_loss == b.report.test_loss);
+    CHECK(a.report.test_acc == b.report.test_acc);
+    CHECK(a.parameters == b.parameters);
+  };
+  std::vector<int> replica_counts{1};
+  if (dp::cuda_device_count() >= 2) replica_counts.push_back(2);  // a GPU each: "auto" is on
+  for (const int replicas : replica_counts) {
+    o.replicas = replicas;
+    for (const dptest::PeekIn where : {dptest::PeekIn::forward, dptest::PeekIn::backward}) {
+      INFO(replicas << " replicas, a download in the "
+                    << (where == dptest::PeekIn::forward ? "forward" : "backward") << " pass");
+      const dp::ModelBuilder peeking = [where] { return dptest::host_needing_net(where); };
+      const Run eager = run(peeking, false, false);
+      const Run automatic = run(peeking, false, true);
+      CHECK_FALSE(automatic.graphs);
+      CHECK(automatic.captured_at_setup == 0);
+      CHECK(automatic.captured == 0);
+      same_bits(automatic, eager);
+      // Asked for, graphs stay refused, naming what needs the host.
+      o.graphs = true;
+      o.graphs_auto = false;
+      dp::Trainer forced(o, peeking, train, test);
+      CHECK_THAT(dptest::error_message_of([&] { (void)forced.run_epoch(1); }),
+                 Catch::Contains("download: called while a step is being captured"));
+    }
+    INFO(replicas << " replicas, a model that can be captured");
+    const dp::ModelBuilder plain = [] {
+      auto net = std::make_unique<dp::Sequential>();
+      net->add(std::make_unique<dp::Flatten>());
+      net->add(std::make_unique<dp::Linear>(784, 32));
+      net->add(std::make_unique<dp::ReLU>());
+      net->add(std::make_unique<dp::Linear>(32, 10));
+      return std::unique_ptr<dp::Module>(std::move(net));
+    };
+    const Run eager = run(plain, false, false);
+    const Run forced = run(plain, true, false);
+    const Run automatic = run(plain, false, true);
+    CHECK(automatic.graphs);
+    CHECK(forced.captured_at_setup == 0);
+    CHECK(automatic.captured_at_setup == 2);  // the step of 32 and the first test chunk
+    CHECK(automatic.captured == forced.captured);
+    same_bits(automatic, eager);
+    same_bits(forced, eager);
   }
 }

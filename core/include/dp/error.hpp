@@ -24,6 +24,14 @@ class AbortedError : public Error {
   using Error::Error;
 };
 
+/// Raised when a step being captured (Backend::begin_capture) calls what needs the host, or
+/// grows memory: that step cannot be captured, and runs as it is without graphs. The trainer's
+/// graphs = "auto" catches it and trains without graphs.
+class CaptureRefused : public Error {
+ public:
+  using Error::Error;
+};
+
 /// `message` followed by " (file:line)", the file without its folders: what throw_error throws.
 std::string located(const char* file, int line, const std::string& message);
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);

@@ -242,9 +242,10 @@ class SameDeviceCommunicator final : public Communicator {
   /// graph of one stream cannot hold.
   void refuse_capture(const char* what) const {
     if (backend_->capturing()) {
-      throw Error(std::string(what) +
-                  ": replicas sharing one GPU cannot be captured in CUDA graphs (their "
-                  "collectives meet on the host); run them without graphs, or one per GPU");
+      throw CaptureRefused(
+          std::string(what) +
+          ": replicas sharing one GPU cannot be captured in CUDA graphs (their "
+          "collectives meet on the host); run them without graphs, or one per GPU");
     }
   }
 

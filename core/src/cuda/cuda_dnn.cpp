@@ -49,7 +49,8 @@ float* CudaBackend::bn_scratch_for(int64_t rows, int64_t c, const char* op) {
 float* CudaBackend::regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
                                    const std::string& needs, const char* remedy) {
   if (capturing()) {
-    fail(op, needs + ", which cannot be allocated while a step is being captured: " + remedy);
+    throw CaptureRefused(std::string("cuda backend: ") + op + ": " + needs +
+                         ", which cannot be allocated while a step is being captured: " + remedy);
   }
   replace_scratch(buffer, held, floats, sizeof(float));
   return buffer;

@@ -1,0 +1,131 @@
+// The trainer's steps and evaluation chunks, run as they are or captured once per size and
+// replayed (options.graphs), and graphs = "auto"'s test of whether a model's step can be captured
+// at all.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "dp/backend.hpp"
+#include "dp/comm.hpp"
+#include "dp/error.hpp"
+#include "trainer_impl.hpp"
+
+namespace dp {
+
+namespace {
+
+using Graphs = std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>>;
+
+/// Captures ops() as the graph for `size` without running it. Returns why the backend refused
+/// (the step needs the host: CaptureRefused), with nothing kept; anything else propagates.
+std::string capture_only(Backend& b, Graphs& graphs, int64_t size,
+                         const std::function<void()>& ops) {
+  b.begin_capture();
+  try {
+    ops();
+    graphs.emplace_back(size, b.end_capture());
+  } catch (const CaptureRefused& e) {
+    b.discard_capture();
+    return e.what();
+  } catch (...) {
+    b.discard_capture();
+    throw;
+  }
+  return {};
+}
+
+}  // namespace
+
+void Trainer::Impl::run_captured(Replica& r, Graphs& graphs, int64_t size, bool collectives,
+                                 const std::function<void()>& ops) {
+  if (!options.graphs) {
+    ops();
+    return;
+  }
+  Backend& b = *r.backend;
+  auto it =
+      std::find_if(graphs.begin(), graphs.end(), [&](const auto& g) { return g.first == size; });
+  if (it == graphs.end()) {
+    b.begin_capture();
+    try {
+      ops();
+      graphs.emplace_back(size, b.end_capture());
+    } catch (...) {
+      b.discard_capture();
+      throw;
+    }
+    it = graphs.end() - 1;
+  }
+  const CapturedOps& step = *it->second;
+  if (!collectives || !b.native_capture()) {
+    b.replay(step);
+    return;
+  }
+  // The graph's collectives run no host call: their communicators launch it, so an aborted
+  // group refuses it and the launched work is watched.
+  Communicator* grad = r.grad_comm;
+  if (options.sync_bn) {
+    grad->launch_captured([&] { r.comm->launch_captured([&] { b.replay(step); }); });
+  } else {
+    grad->launch_captured([&] { b.replay(step); });
+  }
+}
+
+void Trainer::Impl::train_step(Replica& r, int64_t n) {
+  run_captured(r, r.train_graphs, n, true, [&] { train_step_ops(r, n); });
+}
+
+void Trainer::Impl::eval_chunk(Replica& r, size_t set, int64_t m) {
+  run_captured(r, r.evals[set].graphs, m, false, [&] { eval_chunk_ops(r, set, m); });
+}
+
+void Trainer::Impl::eval_chunk_ops(Replica& r, size_t set, int64_t m) {
+  Replica::Eval& ev = r.evals[set];
+  Backend& b = *r.backend;
+  const Tensor x = r.x.with_batch(m), y = r.y.with_batch(m);
+  const StepRow start{ev.start, r.eval_cursor};
+  b.gather_batch(ev.images, ev.labels, ev.index, x, y, &start, r.eval_transform.get());
+  RunContext ctx{b, *r.params, false, nullptr, 0, nullptr};
+  const Tensor logits = r.model->forward(ctx, x);
+  // The loss and the correct count in one pass; the gradient (scaled by 0) is not used.
+  b.softmax_cross_entropy(logits, y, 0.0f, r.dlogits.with_batch(m), ev.loss_slots, ev.correct_slots,
+                          &r.eval_cursor);
+  b.advance(r.eval_cursor);
+}
+
+void Trainer::Impl::capture_or_run_eagerly() {
+  // A capture records the ops without running them, and a step reads everything that changes
+  // between steps from device memory (step tables, cursors): the graphs captured here are the
+  // ones the first step and the first chunk of each set would capture, and they are kept. What a
+  // refused capture leaves on the host (the gradient buckets' progress, the layers' saved
+  // tensors) is set afresh by the next step.
+  const int64_t n = std::min(options.batch_size, train_meta.count);
+  std::vector<std::string> refused(replicas.size());
+  run_all([&](Replica& r) {
+    std::string& why = refused[static_cast<size_t>(r.rank)];
+    Backend& b = *r.backend;
+    if (n > 0) why = capture_only(b, r.train_graphs, n, [&] { train_step_ops(r, n); });
+    for (size_t set = 0; set < r.evals.size() && why.empty(); ++set) {
+      const std::vector<Unit> units = eval_units(r, set);
+      if (units.empty()) continue;
+      const int64_t m = units[0].size;
+      why = capture_only(b, r.evals[set].graphs, m, [&] { eval_chunk_ops(r, set, m); });
+    }
+  });
+  const auto first = std::find_if(refused.begin(), refused.end(),
+                                  [](const std::string& why) { return !why.empty(); });
+  if (first == refused.end()) return;
+  // Every replica of the process runs eagerly, whatever the others captured (nothing captured
+  // has run, so nothing is lost).
+  options.graphs = false;
+  for (Replica& r : replicas) {
+    r.train_graphs.clear();
+    for (auto& e : r.evals) e.graphs.clear();
+  }
+  std::fprintf(stderr,
+               "dprun: graphs = \"auto\": this model's step cannot be captured in a CUDA graph, "
+               "so its steps run without graphs: %s\n",
+               first->c_str());
+}
+
+}  // namespace dp
