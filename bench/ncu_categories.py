@@ -3,14 +3,16 @@
 
     ncu --profile-from-start off --metrics gpu__time_duration.sum --csv --print-units base \\
         bench_gpu --config resnet18-nhwc-tf32-b256 --profile > step.csv
-    bench/ncu_categories.py step.csv [--json FILE] [--top 15]
+    bench/ncu_categories.py step.csv [--json FILE] [--top 15] [--choices LOG]
 
 bench_gpu --profile brackets one step (after its warm-up) with cudaProfilerStart/Stop, so the
 CSV holds exactly the kernels of one step. Each kernel is put in the first category whose
 pattern its name matches (CATEGORIES, in order); the table gives each category's time, share
 and kernel count, then the most expensive kernels, so the next speed-up is chosen from data.
 --json writes {"total_ms", "kernels", "categories": [{"category", "ms", "count", "share"}],
-"top": [{"name", "ms", "count"}]}.
+"top": [{"name", "ms", "count"}]}; with --choices, also "choices": the lines of LOG that
+DPRUN_CUDNN_LOG=1 printed ("dprun: cudnn: <layer> batch N <direction>: algo A, ... math,
+workspace W bytes, measured T ms"), so each convolution's kernel can be traced to its layer.
 """
 import argparse
 import csv
@@ -93,12 +95,20 @@ def main():
     p.add_argument("csv")
     p.add_argument("--json")
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--choices", help="a log with DPRUN_CUDNN_LOG=1's lines")
     args = p.parse_args()
     try:
         with open(args.csv) as f:
             summary = summarise(kernel_times(f.read()), args.top)
     except (OSError, ValueError) as e:
         sys.exit(f"ncu_categories: {args.csv}: {e}")
+    if args.choices:
+        try:
+            with open(args.choices) as f:
+                summary["choices"] = [line.rstrip("\n") for line in f
+                                      if line.startswith("dprun: cudnn: ")]
+        except OSError as e:
+            sys.exit(f"ncu_categories: {args.choices}: {e}")
     print(f"{summary['kernels']} kernels, {summary['total_ms']:.3f} ms of GPU time")
     for c in summary["categories"]:
         print(f"  {c['category']:32} {c['ms']:9.3f} ms {100 * c['share']:5.1f} %  "

@@ -309,6 +309,9 @@ echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stre
 echo '"0","1","bench_gpu","h","sm90_xmma_fprop_implicit_gemm_tf32f32","1","7","(128, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","1,500,000"'
 echo '"1","1","bench_gpu","h","void dp::cuda::kernels::(anonymous namespace)::stats_partial_kernel(...)","1","7","(32, 8, 1)","(2, 512, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","250"'
 echo '"2","1","bench_gpu","h","nchwToNhwcKernel","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","250000"'
+if [ "$DPRUN_CUDNN_LOG" = 1 ]; then
+  echo "dprun: cudnn: conv1 batch 256 forward: algo 1, tensor-op math, workspace 0 bytes, measured 0.0500 ms" >&2
+fi
 NCU
 chmod +x "$T/bin/ncu"
 pack
@@ -320,12 +323,14 @@ check "bench, pytorch and profile pass on stand-ins (exit $rc)" test $rc -eq 0
 for phase in bench pytorch profile; do
   check "the $phase phase writes its record" test -s "$T/out/record-$phase.json"
 done
-check "the profile sums one step by category" python3 -c '
+check "the profile sums one step by category and keeps the layers' algorithms" python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))["result"]["resnet18-nhwc-tf32-b256"]
 cats = {c["category"]: c["ms"] for c in r["categories"]}
 assert r["kernels"] == 3 and abs(r["total_ms"] - 2.0) < 1e-9, r
 assert cats == {"convolution": 1.5, "batch norm": 0.25, "layout transpose": 0.25}, cats
+assert r["choices"] == ["dprun: cudnn: conv1 batch 256 forward: algo 1, tensor-op math, "
+                        "workspace 0 bytes, measured 0.0500 ms"], r.get("choices")
 ' "$T/out/record-profile.json"
 folded=$(python3 "$T/repo/scripts/gpu-record" fold "$T/out")
 check "the folded record compares dprun and PyTorch with the keys issue 21 names" python3 -c '
