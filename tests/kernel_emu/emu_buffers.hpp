@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels.cuh"
+
 #if DP_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
@@ -92,6 +94,21 @@ class Guarded {
     INFO(#buffer << " " << (buffer).damage()); \
     CHECK((buffer).damage().empty());          \
   } while (0)
+
+/// Sets kernels::force_wide_indices for its lifetime: the kernels that index in 32 bits where a
+/// tensor allows take the 64-bit path that only tensors of over 2^31 values reach on a GPU.
+class WideIndices {
+ public:
+  explicit WideIndices(bool wide) : before_(dp::cuda_emu::kernels::force_wide_indices) {
+    dp::cuda_emu::kernels::force_wide_indices = wide;
+  }
+  ~WideIndices() { dp::cuda_emu::kernels::force_wide_indices = before_; }
+  WideIndices(const WideIndices&) = delete;
+  WideIndices& operator=(const WideIndices&) = delete;
+
+ private:
+  bool before_;
+};
 
 /// The launchers throw (CUDA_CHECK_LAUNCH) on a launch error; nothing may be left pending.
 inline void require_no_pending_error() {

@@ -112,6 +112,9 @@ TEST_CASE("emulated cuda: channels-last batch norm over the layer sweep's shapes
   const bool residual = GENERATE(false, true);
   const bool relu = GENERATE(false, true);
   const size_t offset = GENERATE(size_t{0}, size_t{1});
+  const bool wide_indices = GENERATE(false, true);
+  const emutest::WideIndices forced(wide_indices);
+  INFO((wide_indices ? "64-bit indices" : "32-bit indices where they fit"));
   INFO("N " << n << " C " << c << " H " << h << " W " << w << (residual ? ", residual" : "")
             << (relu ? ", ReLU" : "") << ", offset " << offset);
   check_nhwc_kernels(make_case(n, c, h, w), residual, relu, offset);

@@ -232,6 +232,9 @@ TEST_CASE("emulated cuda: channel_sum, one pass and two-level, is deterministic 
 
 TEST_CASE("emulated cuda: filter layout transposes are inverse permutations",
           "[emulated][elementwise]") {
+  const bool wide_indices = GENERATE(false, true);
+  const emutest::WideIndices forced(wide_indices);
+  INFO((wide_indices ? "64-bit indices" : "32-bit indices where they fit"));
   const int64_t k = 7, c = 5, rs = 9;
   const auto total = static_cast<size_t>(k * c * rs);
   fvec w(total);
@@ -318,6 +321,9 @@ TEST_CASE("emulated cuda: pooling equals the cpu backend (ties: first maximum)",
                std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>{1, 5, 7, 7,
                                                                                          2, 2, 0});
   const dp::Layout layout = GENERATE(dp::Layout::nchw, dp::Layout::nhwc);
+  const bool wide_indices = GENERATE(false, true);
+  const emutest::WideIndices forced(wide_indices);
+  INFO((wide_indices ? "64-bit indices" : "32-bit indices where they fit"));
   const bool nhwc = layout == dp::Layout::nhwc;
   dp::PoolGeometry g;
   g.kernel_h = g.kernel_w = kk;

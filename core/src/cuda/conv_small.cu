@@ -101,10 +101,13 @@ __global__ void small_conv_filter_partial_kernel(const float* x, const float* dy
   float acc[kTaps];
   DP_UNROLL
   for (int t = 0; t < kTaps; ++t) acc[t] = 0.0f;
-  if (group < groups) {
-    for (int pos = begin + group; pos < end; pos += groups) {
-      const int q = pos % Q, rest = pos / Q;
-      const int p = rest % P, n = rest / P;
+  if (group < groups && begin + group < end) {
+    // The first position's (n, p, q) by division, then each next one (groups further on) by
+    // stepping: divisions in the loop cost more than its products (ResNet-18's first layer has
+    // 9 products a position).
+    int pos = begin + group;
+    int q = pos % Q, p = (pos / Q) % P, n = pos / (Q * P);
+    for (; pos < end; pos += groups) {
       const int ih0 = p * g.stride_h - g.pad_h, iw0 = q * g.stride_w - g.pad_w;
       const float* xn = x + n * H * W * g.c;
       const float d = maybe_bf16<kRound>(dy[pos * K + k]);
@@ -113,6 +116,13 @@ __global__ void small_conv_filter_partial_kernel(const float* x, const float* dy
         const int ih = ih0 + tap_r[t], iw = iw0 + tap_s[t];
         if (t < taps && ih >= 0 && ih < H && iw >= 0 && iw < W)
           acc[t] = fmaf(d, maybe_bf16<kRound>(xn[(ih * W + iw) * g.c + tap_c[t]]), acc[t]);
+      }
+      for (q += groups; q >= Q;) {
+        q -= Q;
+        if (++p == P) {
+          p = 0;
+          ++n;
+        }
       }
     }
   }

@@ -18,6 +18,11 @@ struct DeviceRow {
   int64_t rows = 0, width = 1;
 };
 
+/// Tests only: the kernels that index in 32 bits where a tensor allows it (launch.cuh's
+/// fits_int32: pooling, the filter transposes, the batch norm applies) take their 64-bit path,
+/// which otherwise only tensors of over 2^31 values reach.
+inline bool force_wide_indices = false;
+
 /// cursor (1) i32 += 1 (one thread).
 void advance(int32_t* cursor, cudaStream_t stream);
 

@@ -50,10 +50,16 @@ inline bool aligned16(const void* p) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
-/// Memory offset of logical (n, c, h, w).
-template <bool kNhwc>
-__device__ __forceinline__ int64_t offset4(int64_t n, int64_t c, int64_t h, int64_t w, int64_t C,
-                                           int64_t H, int64_t W) {
+/// DP_GRID_STRIDE in index type I (its bound plus the grid's threads must fit I).
+#define DP_GRID_STRIDE_AS(I, i, n)                                                                \
+  for (I i =                                                                                      \
+           static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x); \
+       i < (n); i += static_cast<I>(blockDim.x) * static_cast<I>(gridDim.x))
+
+/// Memory offset of logical (n, c, h, w), in index type I (int64_t, or int32_t where every offset
+/// of the tensor fits: 32-bit division and multiplication are several times cheaper on the GPU).
+template <bool kNhwc, typename I>
+__device__ __forceinline__ I offset4(I n, I c, I h, I w, I C, I H, I W) {
   if constexpr (kNhwc) {
     return ((n * H + h) * W + w) * C + c;
   } else {
@@ -62,9 +68,8 @@ __device__ __forceinline__ int64_t offset4(int64_t n, int64_t c, int64_t h, int6
 }
 
 /// Logical (n, c, h, w) of memory offset i.
-template <bool kNhwc>
-__device__ __forceinline__ void decode4(int64_t i, int64_t C, int64_t H, int64_t W, int64_t& n,
-                                        int64_t& c, int64_t& h, int64_t& w) {
+template <bool kNhwc, typename I>
+__device__ __forceinline__ void decode4(I i, I C, I H, I W, I& n, I& c, I& h, I& w) {
   if constexpr (kNhwc) {
     c = i % C;
     i /= C;
@@ -81,5 +86,9 @@ __device__ __forceinline__ void decode4(int64_t i, int64_t C, int64_t H, int64_t
     n = i / C;
   }
 }
+
+/// Whether every offset below `count` fits int32_t: the kernels then index in 32 bits (unless a
+/// test forces the 64-bit path: force_wide_indices).
+inline bool fits_int32(int64_t count) { return !force_wide_indices && count <= INT32_MAX; }
 
 }  // namespace dp::cuda::kernels

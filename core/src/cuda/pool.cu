@@ -1,6 +1,9 @@
 // Pooling kernels, NCHW and NHWC. Backward passes are written as gathers (one thread per input
 // element visits the windows that contain it), so they need no atomics and are deterministic.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.cuh"
@@ -9,26 +12,48 @@
 namespace dp::cuda::kernels {
 namespace {
 
+/// A PoolShape in the kernels' index type I: int32_t where every offset of x and y fits (32-bit
+/// division is several times cheaper than 64-bit, which the GPU emulates; LeNet's average pools
+/// spent most of their time decoding indices), else int64_t.
+template <typename I>
+struct Pool {
+  I n, c, h, w, p, q, kh, kw, sh, sw, ph, pw;
+  explicit Pool(const PoolShape& s)
+      : n(static_cast<I>(s.n)),
+        c(static_cast<I>(s.c)),
+        h(static_cast<I>(s.h)),
+        w(static_cast<I>(s.w)),
+        p(static_cast<I>(s.p)),
+        q(static_cast<I>(s.q)),
+        kh(static_cast<I>(s.kh)),
+        kw(static_cast<I>(s.kw)),
+        sh(static_cast<I>(s.sh)),
+        sw(static_cast<I>(s.sw)),
+        ph(static_cast<I>(s.ph)),
+        pw(static_cast<I>(s.pw)) {}
+};
+
 /// Output rows p (or columns) whose window covers input row h: [lo, hi].
-__device__ __forceinline__ void covering(int64_t h, int64_t k, int64_t stride, int64_t pad,
-                                         int64_t out, int64_t& lo, int64_t& hi) {
-  const int64_t first = h + pad - k + 1;  // smallest window start that still covers h
+template <typename I>
+__device__ __forceinline__ void covering(I h, I k, I stride, I pad, I out, I& lo, I& hi) {
+  const I first = h + pad - k + 1;  // smallest window start that still covers h
   lo = first <= 0 ? 0 : (first + stride - 1) / stride;
   hi = min((h + pad) / stride, out - 1);
 }
 
-template <bool kNhwc>
-__global__ void avgpool_forward_kernel(PoolShape s, const float* x, float* y) {
+template <bool kNhwc, typename I>
+__global__ void avgpool_forward_kernel(Pool<I> s, const float* x, float* y) {
   const float divisor = static_cast<float>(s.kh * s.kw);
-  DP_GRID_STRIDE(i, s.n * s.c * s.p * s.q) {
-    int64_t n, c, p, q;
+  const I total = s.n * s.c * s.p * s.q;
+  DP_GRID_STRIDE_AS(I, i, total) {
+    I n, c, p, q;
     decode4<kNhwc>(i, s.c, s.p, s.q, n, c, p, q);
     float sum = 0.0f;
-    for (int64_t r = 0; r < s.kh; ++r) {
-      const int64_t h = p * s.sh - s.ph + r;
+    for (I r = 0; r < s.kh; ++r) {
+      const I h = p * s.sh - s.ph + r;
       if (h < 0 || h >= s.h) continue;
-      for (int64_t t = 0; t < s.kw; ++t) {
-        const int64_t w = q * s.sw - s.pw + t;
+      for (I t = 0; t < s.kw; ++t) {
+        const I w = q * s.sw - s.pw + t;
         if (w < 0 || w >= s.w) continue;
         sum += x[offset4<kNhwc>(n, c, h, w, s.c, s.h, s.w)];
       }
@@ -37,18 +62,19 @@ __global__ void avgpool_forward_kernel(PoolShape s, const float* x, float* y) {
   }
 }
 
-template <bool kNhwc>
-__global__ void avgpool_backward_kernel(PoolShape s, const float* dy, float* dx) {
+template <bool kNhwc, typename I>
+__global__ void avgpool_backward_kernel(Pool<I> s, const float* dy, float* dx) {
   const float divisor = static_cast<float>(s.kh * s.kw);
-  DP_GRID_STRIDE(i, s.n * s.c * s.h * s.w) {
-    int64_t n, c, h, w;
+  const I total = s.n * s.c * s.h * s.w;
+  DP_GRID_STRIDE_AS(I, i, total) {
+    I n, c, h, w;
     decode4<kNhwc>(i, s.c, s.h, s.w, n, c, h, w);
-    int64_t p_lo, p_hi, q_lo, q_hi;
+    I p_lo, p_hi, q_lo, q_hi;
     covering(h, s.kh, s.sh, s.ph, s.p, p_lo, p_hi);
     covering(w, s.kw, s.sw, s.pw, s.q, q_lo, q_hi);
     float sum = 0.0f;
-    for (int64_t p = p_lo; p <= p_hi; ++p) {
-      for (int64_t q = q_lo; q <= q_hi; ++q) {
+    for (I p = p_lo; p <= p_hi; ++p) {
+      for (I q = q_lo; q <= q_hi; ++q) {
         sum += dy[offset4<kNhwc>(n, c, p, q, s.c, s.p, s.q)] / divisor;
       }
     }
@@ -58,18 +84,17 @@ __global__ void avgpool_backward_kernel(PoolShape s, const float* dy, float* dx)
 
 /// The first maximum of window (p, q) in row-major window order, padded positions excluded; the
 /// first NaN wins over any number (NaN propagates, as on the CPU and in PyTorch).
-template <bool kNhwc>
-__device__ __forceinline__ float window_max(const PoolShape& s, const float* x, int64_t n,
-                                            int64_t c, int64_t p, int64_t q, int64_t& best_h,
-                                            int64_t& best_w) {
+template <bool kNhwc, typename I>
+__device__ __forceinline__ float window_max(const Pool<I>& s, const float* x, I n, I c, I p, I q,
+                                            I& best_h, I& best_w) {
   float best = -INFINITY;
   best_h = -1;
   best_w = -1;
-  for (int64_t r = 0; r < s.kh; ++r) {
-    const int64_t h = p * s.sh - s.ph + r;
+  for (I r = 0; r < s.kh; ++r) {
+    const I h = p * s.sh - s.ph + r;
     if (h < 0 || h >= s.h) continue;
-    for (int64_t t = 0; t < s.kw; ++t) {
-      const int64_t w = q * s.sw - s.pw + t;
+    for (I t = 0; t < s.kw; ++t) {
+      const I w = q * s.sw - s.pw + t;
       if (w < 0 || w >= s.w) continue;
       const float v = x[offset4<kNhwc>(n, c, h, w, s.c, s.h, s.w)];
       if (best_h < 0 || v > best || (isnan(v) && !isnan(best))) {
@@ -82,32 +107,51 @@ __device__ __forceinline__ float window_max(const PoolShape& s, const float* x, 
   return best;
 }
 
-template <bool kNhwc>
-__global__ void maxpool_forward_kernel(PoolShape s, const float* x, float* y) {
-  DP_GRID_STRIDE(i, s.n * s.c * s.p * s.q) {
-    int64_t n, c, p, q, bh, bw;
+template <bool kNhwc, typename I>
+__global__ void maxpool_forward_kernel(Pool<I> s, const float* x, float* y) {
+  const I total = s.n * s.c * s.p * s.q;
+  DP_GRID_STRIDE_AS(I, i, total) {
+    I n, c, p, q, bh, bw;
     decode4<kNhwc>(i, s.c, s.p, s.q, n, c, p, q);
     y[i] = window_max<kNhwc>(s, x, n, c, p, q, bh, bw);
   }
 }
 
-template <bool kNhwc>
-__global__ void maxpool_backward_kernel(PoolShape s, const float* x, const float* dy, float* dx) {
-  DP_GRID_STRIDE(i, s.n * s.c * s.h * s.w) {
-    int64_t n, c, h, w;
+template <bool kNhwc, typename I>
+__global__ void maxpool_backward_kernel(Pool<I> s, const float* x, const float* dy, float* dx) {
+  const I total = s.n * s.c * s.h * s.w;
+  DP_GRID_STRIDE_AS(I, i, total) {
+    I n, c, h, w;
     decode4<kNhwc>(i, s.c, s.h, s.w, n, c, h, w);
-    int64_t p_lo, p_hi, q_lo, q_hi;
+    I p_lo, p_hi, q_lo, q_hi;
     covering(h, s.kh, s.sh, s.ph, s.p, p_lo, p_hi);
     covering(w, s.kw, s.sw, s.pw, s.q, q_lo, q_hi);
     float sum = 0.0f;
-    for (int64_t p = p_lo; p <= p_hi; ++p) {
-      for (int64_t q = q_lo; q <= q_hi; ++q) {
-        int64_t bh, bw;
+    for (I p = p_lo; p <= p_hi; ++p) {
+      for (I q = q_lo; q <= q_hi; ++q) {
+        I bh, bw;
         window_max<kNhwc>(s, x, n, c, p, q, bh, bw);
         if (bh == h && bw == w) sum += dy[offset4<kNhwc>(n, c, p, q, s.c, s.p, s.q)];
       }
     }
     dx[i] = sum;
+  }
+}
+
+/// Calls launch(nhwc, index) with nhwc a std::bool_constant of s.nhwc and index an int32_t where
+/// every offset of the input, the output and the grid-stride loop fits it, else an int64_t.
+template <typename Launch>
+void dispatch_pool(const PoolShape& s, int64_t total, Launch&& launch) {
+  const bool narrow =
+      fits_int32(s.n * s.c * std::max(s.h * s.w, s.p * s.q) + int64_t{kThreads} * grid_for(total));
+  if (s.nhwc && narrow) {
+    launch(std::true_type{}, int32_t{});
+  } else if (s.nhwc) {
+    launch(std::true_type{}, int64_t{});
+  } else if (narrow) {
+    launch(std::false_type{}, int32_t{});
+  } else {
+    launch(std::false_type{}, int64_t{});
   }
 }
 
@@ -150,33 +194,33 @@ __global__ void global_avgpool_backward_kernel(const float* dy, float* dx, int64
 void avgpool_forward(const PoolShape& s, const float* x, float* y, cudaStream_t stream) {
   const int64_t total = s.n * s.c * s.p * s.q;
   if (total <= 0) return;
-  if (s.nhwc) {
-    avgpool_forward_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(s, x, y);
-  } else {
-    avgpool_forward_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(s, x, y);
-  }
+  dispatch_pool(s, total, [&](auto nhwc, auto index) {
+    using I = decltype(index);
+    avgpool_forward_kernel<decltype(nhwc)::value, I>
+        <<<grid_for(total), kThreads, 0, stream>>>(Pool<I>(s), x, y);
+  });
   CUDA_CHECK_LAUNCH(avgpool_forward_kernel);
 }
 
 void avgpool_backward(const PoolShape& s, const float* dy, float* dx, cudaStream_t stream) {
   const int64_t total = s.n * s.c * s.h * s.w;
   if (total <= 0) return;
-  if (s.nhwc) {
-    avgpool_backward_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(s, dy, dx);
-  } else {
-    avgpool_backward_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(s, dy, dx);
-  }
+  dispatch_pool(s, total, [&](auto nhwc, auto index) {
+    using I = decltype(index);
+    avgpool_backward_kernel<decltype(nhwc)::value, I>
+        <<<grid_for(total), kThreads, 0, stream>>>(Pool<I>(s), dy, dx);
+  });
   CUDA_CHECK_LAUNCH(avgpool_backward_kernel);
 }
 
 void maxpool_forward(const PoolShape& s, const float* x, float* y, cudaStream_t stream) {
   const int64_t total = s.n * s.c * s.p * s.q;
   if (total <= 0) return;
-  if (s.nhwc) {
-    maxpool_forward_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(s, x, y);
-  } else {
-    maxpool_forward_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(s, x, y);
-  }
+  dispatch_pool(s, total, [&](auto nhwc, auto index) {
+    using I = decltype(index);
+    maxpool_forward_kernel<decltype(nhwc)::value, I>
+        <<<grid_for(total), kThreads, 0, stream>>>(Pool<I>(s), x, y);
+  });
   CUDA_CHECK_LAUNCH(maxpool_forward_kernel);
 }
 
@@ -184,11 +228,11 @@ void maxpool_backward(const PoolShape& s, const float* x, const float* dy, float
                       cudaStream_t stream) {
   const int64_t total = s.n * s.c * s.h * s.w;
   if (total <= 0) return;
-  if (s.nhwc) {
-    maxpool_backward_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(s, x, dy, dx);
-  } else {
-    maxpool_backward_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(s, x, dy, dx);
-  }
+  dispatch_pool(s, total, [&](auto nhwc, auto index) {
+    using I = decltype(index);
+    maxpool_backward_kernel<decltype(nhwc)::value, I>
+        <<<grid_for(total), kThreads, 0, stream>>>(Pool<I>(s), x, dy, dx);
+  });
   CUDA_CHECK_LAUNCH(maxpool_backward_kernel);
 }
 
