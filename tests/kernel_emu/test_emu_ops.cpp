@@ -116,7 +116,10 @@ TEST_CASE("emulated cuda: the bias add, its bf16-rounding twin and bf16 rounding
                                    std::tuple<int64_t, int64_t, int64_t>{2, 64, 1},
                                    std::tuple<int64_t, int64_t, int64_t>{1, 3, 1000});
   const bool nhwc = GENERATE(false, true);
-  INFO("N " << n << " C " << c << " HW " << hw << (nhwc ? ", NHWC" : ", NCHW"));
+  const bool wide_indices = GENERATE(false, true);
+  const emutest::WideIndices forced(wide_indices);
+  INFO("N " << n << " C " << c << " HW " << hw << (nhwc ? ", NHWC" : ", NCHW")
+            << (wide_indices ? ", 64-bit indices" : ""));
   const auto total = static_cast<size_t>(n * c * hw);
   const fvec y0 = dptest::random_vector(static_cast<int64_t>(total), 21, -4.0f, 4.0f);
   const fvec b = dptest::random_vector(c, 22);

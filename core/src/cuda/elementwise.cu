@@ -123,10 +123,12 @@ __device__ __forceinline__ float summand(float v) {
   return kRound ? bf16_nearest(v) : v;
 }
 
-template <bool kNhwc, bool kRound>
-__global__ void bias_add_kernel(float* y, const float* b, int64_t total, int64_t c, int64_t hw) {
-  DP_GRID_STRIDE(i, total) {
-    const int64_t ch = kNhwc ? i % c : (i / hw) % c;
+// I: int32_t where every offset fits (the channel of each value is a division: 64-bit ones, which
+// the GPU emulates, cost several times more).
+template <bool kNhwc, bool kRound, typename I>
+__global__ void bias_add_kernel(float* y, const float* b, I total, I c, I hw) {
+  DP_GRID_STRIDE_AS(I, i, total) {
+    const I ch = kNhwc ? i % c : (i / hw) % c;
     const float v = y[i] + b[ch];
     y[i] = kRound ? bf16_nearest(v) : v;
   }
@@ -387,10 +389,19 @@ void launch_bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw,
                      cudaStream_t stream) {
   const int64_t total = n * c * hw;
   if (total <= 0) return;
-  if (nhwc) {
-    bias_add_kernel<true, kRound><<<grid_for(total), kThreads, 0, stream>>>(y, b, total, c, hw);
+  const unsigned grid = grid_for(total);
+  if (fits_int32(total + int64_t{kThreads} * grid)) {
+    const auto t32 = static_cast<int32_t>(total), c32 = static_cast<int32_t>(c),
+               hw32 = static_cast<int32_t>(hw);
+    if (nhwc) {
+      bias_add_kernel<true, kRound, int32_t><<<grid, kThreads, 0, stream>>>(y, b, t32, c32, hw32);
+    } else {
+      bias_add_kernel<false, kRound, int32_t><<<grid, kThreads, 0, stream>>>(y, b, t32, c32, hw32);
+    }
+  } else if (nhwc) {
+    bias_add_kernel<true, kRound, int64_t><<<grid, kThreads, 0, stream>>>(y, b, total, c, hw);
   } else {
-    bias_add_kernel<false, kRound><<<grid_for(total), kThreads, 0, stream>>>(y, b, total, c, hw);
+    bias_add_kernel<false, kRound, int64_t><<<grid, kThreads, 0, stream>>>(y, b, total, c, hw);
   }
   CUDA_CHECK_LAUNCH(bias_add_kernel);
 }

@@ -19,8 +19,8 @@ struct DeviceRow {
 };
 
 /// Tests only: the kernels that index in 32 bits where a tensor allows it (launch.cuh's
-/// fits_int32: pooling, the filter transposes, the batch norm applies) take their 64-bit path,
-/// which otherwise only tensors of over 2^31 values reach.
+/// fits_int32: pooling, the filter transposes, the bias add, the batch norm applies) take their
+/// 64-bit path, which otherwise only tensors of over 2^31 values reach.
 inline bool force_wide_indices = false;
 
 /// cursor (1) i32 += 1 (one thread).
