@@ -54,8 +54,9 @@ void to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream);
 /// y = x (packed bf16) widened to fp32, exactly.
 void from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream);
 
-/// Row-groups of the two-level channel reduction; `partial` must hold groups * c floats.
-constexpr int kChannelSumGroups = 64;
+/// Row-groups of the two-level channel reduction (at most; one per 256 values of a channel);
+/// `partial` must hold kChannelSumGroups * c floats.
+constexpr int kChannelSumGroups = 256;
 /// out (C) = sum over n and hw of x (N,C,HW), in a fixed order (deterministic). With
 /// partial == nullptr one pass without scratch (fine for small inputs, e.g. linear bias grads);
 /// else a two-level reduction through partial (kChannelSumGroups * C floats). round_bf16: each
