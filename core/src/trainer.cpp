@@ -400,7 +400,7 @@ Trainer::Trainer(const TrainerOptions& options, const ModelBuilder& builder, con
                (cuda_device_count() == 1 ? "one GPU" : "GPUs") +
                ": they cannot be captured in CUDA graphs (their collectives meet on the host); "
                "set graphs = false, or use one GPU per replica");
-  if (options.graphs_auto && s.options.graphs) s.capture_or_run_eagerly();
+  if (options.graphs_auto) s.capture_or_run_eagerly();
 }
 
 Trainer::~Trainer() {

@@ -95,37 +95,71 @@ void Trainer::Impl::eval_chunk_ops(Replica& r, size_t set, int64_t m) {
 
 void Trainer::Impl::capture_or_run_eagerly() {
   // A capture records the ops without running them, and a step reads everything that changes
-  // between steps from device memory (step tables, cursors): the graphs captured here are the
-  // ones the first step and the first chunk of each set would capture, and they are kept. What a
-  // refused capture leaves on the host (the gradient buckets' progress, the layers' saved
-  // tensors) is set afresh by the next step.
-  const int64_t n = std::min(options.batch_size, train_meta.count);
+  // between steps from device memory (step tables, cursors): the graphs captured here, one per
+  // training step size (the full batch, the epoch's last) and per evaluation chunk size, are the
+  // ones the first epoch would capture, and they are kept. What a refused capture leaves on the
+  // host (the gradient buckets' progress, the layers' saved tensors) is set afresh by the next
+  // step; a plugin's own host state would see one partial step more.
+  const bool local = options.graphs;  // "auto"'s choice for this process's device
+  const int64_t count = train_meta.count, batch = options.batch_size;
+  std::vector<int64_t> train_sizes{std::min(batch, count)};
+  if (count > batch && count % batch != 0) train_sizes.push_back(count % batch);
   std::vector<std::string> refused(replicas.size());
-  run_all([&](Replica& r) {
-    std::string& why = refused[static_cast<size_t>(r.rank)];
-    Backend& b = *r.backend;
-    if (n > 0) why = capture_only(b, r.train_graphs, n, [&] { train_step_ops(r, n); });
-    for (size_t set = 0; set < r.evals.size() && why.empty(); ++set) {
-      const std::vector<Unit> units = eval_units(r, set);
-      if (units.empty()) continue;
-      const int64_t m = units[0].size;
-      why = capture_only(b, r.evals[set].graphs, m, [&] { eval_chunk_ops(r, set, m); });
+  const auto clear_graphs = [&] {
+    for (Replica& r : replicas) {
+      r.train_graphs.clear();
+      for (auto& e : r.evals) e.graphs.clear();
     }
-  });
+  };
+  if (local) {
+    try {
+      run_all([&](Replica& r) {
+        std::string& why = refused[static_cast<size_t>(r.rank)];
+        Backend& b = *r.backend;
+        for (const int64_t n : train_sizes) {
+          if (why.empty()) why = capture_only(b, r.train_graphs, n, [&] { train_step_ops(r, n); });
+        }
+        for (size_t set = 0; set < r.evals.size(); ++set) {
+          std::vector<int64_t> sizes;
+          for (const Unit& u : eval_units(r, set)) {
+            if (std::find(sizes.begin(), sizes.end(), u.size) == sizes.end())
+              sizes.push_back(u.size);
+          }
+          for (const int64_t m : sizes) {
+            if (why.empty()) {
+              why = capture_only(b, r.evals[set].graphs, m, [&] { eval_chunk_ops(r, set, m); });
+            }
+          }
+        }
+      });
+    } catch (...) {
+      // The constructor fails: graphs holding collectives must go before their communicators
+      // (~Trainer, which does that, does not run for a constructor that throws).
+      clear_graphs();
+      throw;
+    }
+  }
   const auto first = std::find_if(refused.begin(), refused.end(),
                                   [](const std::string& why) { return !why.empty(); });
-  if (first == refused.end()) return;
-  // Every replica of the process runs eagerly, whatever the others captured (nothing captured
-  // has run, so nothing is lost).
+  // Every process of the trial runs alike, so the trial's graphs_used speaks for all of them.
+  double off = !local || first != refused.end() ? 1.0 : 0.0;
+  group->allreduce_sum(&off, 1);
+  if (off == 0.0) return;
+  // Every replica runs eagerly, whatever the others captured (nothing captured has run, so
+  // nothing is lost).
   options.graphs = false;
-  for (Replica& r : replicas) {
-    r.train_graphs.clear();
-    for (auto& e : r.evals) e.graphs.clear();
+  clear_graphs();
+  if (first != refused.end()) {
+    std::fprintf(stderr,
+                 "dprun: warning: graphs = \"auto\": this model's step cannot be captured in a "
+                 "CUDA graph, so its steps run without graphs: %s\n",
+                 first->c_str());
+  } else if (local) {
+    std::fprintf(stderr,
+                 "dprun: warning: graphs = \"auto\": another process of this trial runs its steps "
+                 "without CUDA graphs (its replicas share a GPU, or its capture was refused), so "
+                 "this one does too\n");
   }
-  std::fprintf(stderr,
-               "dprun: graphs = \"auto\": this model's step cannot be captured in a CUDA graph, "
-               "so its steps run without graphs: %s\n",
-               first->c_str());
 }
 
 }  // namespace dp

@@ -230,10 +230,12 @@ struct Trainer::Impl {
   // m with options.graphs), and its ops.
   void eval_chunk(Replica& r, size_t set, int64_t m);
   void eval_chunk_ops(Replica& r, size_t set, int64_t m);
-  // graphs = "auto" where it chose graphs (trainer_capture.cpp): captures the first training
-  // step and each set's first evaluation chunk on every replica now, before anything runs, and
-  // keeps them; where the backend refuses a capture (the step needs the host: CaptureRefused),
-  // clears options.graphs instead, so the steps run eagerly and options() says so.
+  // graphs = "auto" (trainer_capture.cpp), after options.graphs holds its choice for this
+  // process: captures every training step size and evaluation chunk size on every replica now,
+  // before anything runs, and keeps them; where the backend refuses a capture (the step needs
+  // the host: CaptureRefused), or another process of the trial runs eagerly, clears
+  // options.graphs instead, so the steps run eagerly and options() says so. Every process calls
+  // it (one collective over the process group).
   void capture_or_run_eagerly();
   // Runs ops(), or with options.graphs replays its capture for `size` (capturing it first);
   // `collectives`: the ops hold the replica's collectives (a training step), whose

@@ -381,7 +381,7 @@ TEST_CASE("cuda: two fresh runs of one trial compute the same bits (TF32, measur
 
 TEST_CASE("cuda graphs auto trains a model whose step needs the host without graphs",
           "[cuda][train]") {
-  // graphs = "auto" captures the first step at setup: a capture the backend refuses (a download
+  // graphs = "auto" captures every step size at setup: a capture the backend refuses (a download
   // in the forward or the backward pass) leaves the trial to run without graphs, with the bits of
   // graphs = false, and options() says so before anything is recorded. A model that can be
   // captured is captured at once and computes the same bits as without graphs.
@@ -456,7 +456,9 @@ TEST_CASE("cuda graphs auto trains a model whose step needs the host without gra
     const Run automatic = run(plain, false, true);
     CHECK(automatic.graphs);
     CHECK(forced.captured_at_setup == 0);
-    CHECK(automatic.captured_at_setup == 2);  // the step of 32 and the first test chunk
+    // Every size at setup: the step of 32, the test set's chunks (50 and 14 on one replica, 25
+    // and 7 on each of two).
+    CHECK(automatic.captured_at_setup == 3);
     CHECK(automatic.captured == forced.captured);
     same_bits(automatic, eager);
     same_bits(forced, eager);

@@ -71,9 +71,10 @@ struct TrainerOptions {
   /// graphs = "auto" (the runner's default): the trainer sets graphs itself, on where the steps
   /// can be captured and were measured faster: the CUDA backend with no two replicas of this
   /// process sharing a GPU (a ResNet-18 step took 13 % less time on an H200, LeNet's 38 % less).
-  /// There it captures the first training step and evaluation chunk in the constructor; a model
-  /// whose step the backend refuses to capture (it needs the host: CaptureRefused) runs without
-  /// graphs, with a line on stderr. options() then says what it chose.
+  /// There it captures every step and evaluation chunk size in the constructor; a model whose
+  /// step the backend refuses to capture (it needs the host: CaptureRefused) runs without graphs,
+  /// with a warning on stderr, and so do the other processes of its trial. options() then says
+  /// what it chose.
   bool graphs_auto = false;
   /// The layers' outputs and gradients share memory when their lifetimes in a training step do
   /// not overlap (memory_plan.hpp); false: each its own, for comparisons. The same results

@@ -107,6 +107,7 @@ __global__ void small_conv_filter_partial_kernel(const float* x, const float* dy
     // 9 products a position).
     int pos = begin + group;
     int q = pos % Q, p = (pos / Q) % P, n = pos / (Q * P);
+    const int step_q = groups % Q, step_p = (groups / Q) % P, step_n = groups / (Q * P);
     for (; pos < end; pos += groups) {
       const int ih0 = p * g.stride_h - g.pad_h, iw0 = q * g.stride_w - g.pad_w;
       const float* xn = x + n * H * W * g.c;
@@ -117,12 +118,17 @@ __global__ void small_conv_filter_partial_kernel(const float* x, const float* dy
         if (t < taps && ih >= 0 && ih < H && iw >= 0 && iw < W)
           acc[t] = fmaf(d, maybe_bf16<kRound>(xn[(ih * W + iw) * g.c + tap_c[t]]), acc[t]);
       }
-      for (q += groups; q >= Q;) {
+      // (n, p, q) += groups, each digit below its base: one carry at most.
+      q += step_q;
+      p += step_p;
+      n += step_n;
+      if (q >= Q) {
         q -= Q;
-        if (++p == P) {
-          p = 0;
-          ++n;
-        }
+        ++p;
+      }
+      if (p >= P) {
+        p -= P;
+        ++n;
       }
     }
   }

@@ -26,6 +26,33 @@ void throw_library_error(const char* library, const char* statement, const char*
   throw_error(file, line, message);
 }
 
+bool is_capture_error(cudaError_t status) noexcept {
+  switch (status) {
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureMerge:
+    case cudaErrorStreamCaptureUnmatched:
+    case cudaErrorStreamCaptureUnjoined:
+    case cudaErrorStreamCaptureIsolation:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorCapturedEvent:
+    case cudaErrorStreamCaptureWrongThread:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void throw_cuda_error(const char* statement, const char* file, int line, cudaError_t status) {
+  if (is_capture_error(status)) {
+    throw CaptureRefused(
+        located(file, line,
+                std::string("CUDA error in `") + statement +
+                    "` while a step was being captured: " + cudaGetErrorString(status)));
+  }
+  throw_library_error("CUDA", statement, file, line, cudaGetErrorString(status));
+}
+
 void warn_library_error(const char* library, const char* statement, const char* file, int line,
                         const std::string& what) noexcept {
   std::fprintf(stderr, "dprun: warning: %s error in `%s`: %s (%s:%d)\n", library, statement,
@@ -346,10 +373,14 @@ std::unique_ptr<CapturedOps> CudaBackend::end_capture_impl() {
   if (status != cudaSuccess || graph == nullptr) {
     if (graph != nullptr) CUDA_WARN(cudaGraphDestroy(graph));
     (void)cudaGetLastError();
-    throw Error(std::string("cuda backend: end_capture: the step could not be captured as a "
-                            "CUDA graph: ") +
-                cudaGetErrorString(status) +
-                " (an op in the step needs the host or another stream; run without graphs)");
+    const std::string message =
+        std::string("cuda backend: end_capture: the step could not be captured as a CUDA graph: ") +
+        cudaGetErrorString(status) +
+        " (an op in the step needs the host or another stream; run without graphs)";
+    // The runtime's verdict on what the stream did while capturing: the step cannot be
+    // captured, and runs as it is without graphs (graphs = "auto" falls back on CaptureRefused).
+    if (is_capture_error(status)) throw CaptureRefused(message);
+    throw Error(message);
   }
   auto captured = std::make_unique<CudaGraph>(graph);
   ++graphs_captured_;  // scratch replaced from now on is kept (replace_scratch)
