@@ -81,6 +81,19 @@ TEST_CASE("emulated cuda: relu, add, scale and fill equal the cpu backend's bits
   cpu().relu_backward(t(y, {n}), t(dy, {n}), t(dx, {n}));
   kernels::relu_backward(gy.data(), gdy.data(), gdx.data(), n, nullptr);
   CHECK(same_bits(gdx.values(), dx));
+  if (n > 1) {
+    // One element in: no pointer 16-byte aligned, the scalar kernels (above: the float4 ones
+    // and their tail).
+    Guarded<float> ry(s), rdx(s);
+    kernels::relu_forward(ga.data() + 1, ry.data() + 1, n - 1, nullptr);
+    kernels::relu_backward(gy.data() + 1, gdy.data() + 1, rdx.data() + 1, n - 1, nullptr);
+    const fvec ry_values = ry.values(), rdx_values = rdx.values();
+    CHECK(same_bits(fvec(ry_values.begin() + 1, ry_values.end()), fvec(y.begin() + 1, y.end())));
+    CHECK(
+        same_bits(fvec(rdx_values.begin() + 1, rdx_values.end()), fvec(dx.begin() + 1, dx.end())));
+    EMU_CHECK_INTACT(ry);
+    EMU_CHECK_INTACT(rdx);
+  }
 
   for (const float alpha : {1.0f, -0.3f}) {
     cpu().add(t(y, {n}), t(b, {n}), t(y, {n}), alpha);

@@ -21,6 +21,39 @@ __global__ void relu_backward_kernel(const float* y, const float* dy, float* dx,
   DP_GRID_STRIDE(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
+// The same two with 16-byte loads and stores over the first 4 * n4 elements, then the tail of
+// fewer than 4 one by one, in one launch (every pointer 16-byte aligned), as add4_kernel.
+__device__ __forceinline__ float relu_of(float v) { return v < 0.0f ? 0.0f : v; }
+__device__ __forceinline__ float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
+__global__ void relu_forward4_kernel(const float* x, float* y, int64_t n4, int64_t tail) {
+  DP_GRID_STRIDE(i, n4 + tail) {
+    if (i < n4) {
+      const float4 v = reinterpret_cast<const float4*>(x)[i];
+      reinterpret_cast<float4*>(y)[i] =
+          make_float4(relu_of(v.x), relu_of(v.y), relu_of(v.z), relu_of(v.w));
+    } else {
+      const int64_t j = 4 * n4 + (i - n4);
+      y[j] = relu_of(x[j]);
+    }
+  }
+}
+
+__global__ void relu_backward4_kernel(const float* y, const float* dy, float* dx, int64_t n4,
+                                      int64_t tail) {
+  DP_GRID_STRIDE(i, n4 + tail) {
+    if (i < n4) {
+      const float4 v = reinterpret_cast<const float4*>(y)[i];
+      const float4 g = reinterpret_cast<const float4*>(dy)[i];
+      reinterpret_cast<float4*>(dx)[i] = make_float4(relu_grad(v.x, g.x), relu_grad(v.y, g.y),
+                                                     relu_grad(v.z, g.z), relu_grad(v.w, g.w));
+    } else {
+      const int64_t j = 4 * n4 + (i - n4);
+      dx[j] = relu_grad(y[j], dy[j]);
+    }
+  }
+}
+
 __global__ void add_kernel(const float* a, const float* b, float* y, int64_t n, float alpha) {
   DP_GRID_STRIDE(i, n) y[i] = fmaf(alpha, b[i], a[i]);  // alpha = 1: a + b exactly
 }
@@ -362,12 +395,24 @@ void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream) {
 
 void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (aligned16(x) && aligned16(y)) {
+    const int64_t n4 = n / 4;
+    relu_forward4_kernel<<<grid_for(n4 + n % 4), kThreads, 0, stream>>>(x, y, n4, n % 4);
+    CUDA_CHECK_LAUNCH(relu_forward4_kernel);
+    return;
+  }
   relu_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
   CUDA_CHECK_LAUNCH(relu_forward_kernel);
 }
 
 void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
+  if (aligned16(y) && aligned16(dy) && aligned16(dx)) {
+    const int64_t n4 = n / 4;
+    relu_backward4_kernel<<<grid_for(n4 + n % 4), kThreads, 0, stream>>>(y, dy, dx, n4, n % 4);
+    CUDA_CHECK_LAUNCH(relu_backward4_kernel);
+    return;
+  }
   relu_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, dy, dx, n);
   CUDA_CHECK_LAUNCH(relu_backward_kernel);
 }
