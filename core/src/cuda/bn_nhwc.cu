@@ -107,21 +107,25 @@ __device__ __forceinline__ float4 sub4(float4 a, float4 b) {
   return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w);
 }
 
-/// write_partial for the 16-byte kernels: channels ch .. ch + 3 (ch < c, c % 4 == 0).
+/// write_partial for the 16-byte kernels: channels ch .. ch + 3 (ch < c, c % 4 == 0). The 32 row
+/// lanes meet in a fixed pairwise tree (5 steps, every lane adding), where one lane adding all 32
+/// in a row was as long as a small layer's whole pass.
 __device__ __forceinline__ void write_partial4(float4 a, float4 b, int64_t ch, int64_t c, int64_t g,
                                                float* out_a, float* out_b) {
   __shared__ float4 sa[kRowLanes4][kQuadLanes], sb[kRowLanes4][kQuadLanes];
   sa[threadIdx.y][threadIdx.x] = a;
   sb[threadIdx.y][threadIdx.x] = b;
   __syncthreads();
-  if (threadIdx.y == 0 && ch < c) {
-    float4 ta = make_float4(0.0f, 0.0f, 0.0f, 0.0f), tb = ta;
-    for (int k = 0; k < kRowLanes4; ++k) {
-      add4(ta, sa[k][threadIdx.x]);
-      add4(tb, sb[k][threadIdx.x]);
+  for (int stride = kRowLanes4 / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.y) < stride) {
+      add4(sa[threadIdx.y][threadIdx.x], sa[threadIdx.y + stride][threadIdx.x]);
+      add4(sb[threadIdx.y][threadIdx.x], sb[threadIdx.y + stride][threadIdx.x]);
     }
-    *reinterpret_cast<float4*>(out_a + g * c + ch) = ta;
-    *reinterpret_cast<float4*>(out_b + g * c + ch) = tb;
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && ch < c) {
+    *reinterpret_cast<float4*>(out_a + g * c + ch) = sa[0][threadIdx.x];
+    *reinterpret_cast<float4*>(out_b + g * c + ch) = sb[0][threadIdx.x];
   }
 }
 
