@@ -143,7 +143,12 @@ void Trainer::Impl::capture_or_run_eagerly() {
                                   [](const std::string& why) { return !why.empty(); });
   // Every process of the trial runs alike, so the trial's graphs_used speaks for all of them.
   double off = !local || first != refused.end() ? 1.0 : 0.0;
-  group->allreduce_sum(&off, 1);
+  try {
+    group->allreduce_sum(&off, 1);
+  } catch (...) {
+    clear_graphs();  // as above: another process failed, and this constructor fails too
+    throw;
+  }
   if (off == 0.0) return;
   // Every replica runs eagerly, whatever the others captured (nothing captured has run, so
   // nothing is lost).

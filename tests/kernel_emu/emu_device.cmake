@@ -43,6 +43,10 @@ if(DPRUN_WITH_MPI)
   target_link_libraries(dpcore_emulated_gpu PRIVATE MPI::MPI_C)
 endif()
 dprun_warnings(dpcore_emulated_gpu)
+# Every symbol resolved at link time: a dpcore object compiled against the real CUDA headers and a
+# kernel compiled against the emulator's could otherwise disagree on a signature (a cudaError_t
+# parameter mangles differently) and fail only when the call is made.
+target_link_options(dpcore_emulated_gpu PRIVATE -Wl,--no-undefined)
 
 # test_cuda's groups (as cuda_* above) and test_core (its layer tests' CUDA passes must run:
 # DPRUN_REQUIRE_CUDA) against the emulated GPU. Left out, each for its reason (README, "What runs

@@ -13,11 +13,10 @@ void throw_library_error(const char* library, const char* statement, const char*
   throw_error(file, line, std::string(library) + " error in `" + statement + "`: " + what);
 }
 
-// The kernel emulator has no stream capture (its cudaError_t has no capture verdicts).
-bool is_capture_error(cudaError_t) noexcept { return false; }
-
-void throw_cuda_error(const char* statement, const char* file, int line, cudaError_t status) {
-  throw_library_error("CUDA", statement, file, line, cudaGetErrorString(status));
+// The kernel emulator has no stream capture: never a capture verdict.
+void throw_cuda_error(const char* statement, const char* file, int line, int /*status*/,
+                      const char* text) {
+  throw_library_error("CUDA", statement, file, line, text);
 }
 
 void warn_library_error(const char* library, const char* statement, const char* file, int line,

@@ -43,14 +43,14 @@ bool is_capture_error(cudaError_t status) noexcept {
   }
 }
 
-void throw_cuda_error(const char* statement, const char* file, int line, cudaError_t status) {
-  if (is_capture_error(status)) {
-    throw CaptureRefused(
-        located(file, line,
-                std::string("CUDA error in `") + statement +
-                    "` while a step was being captured: " + cudaGetErrorString(status)));
+void throw_cuda_error(const char* statement, const char* file, int line, int status,
+                      const char* text) {
+  if (is_capture_error(static_cast<cudaError_t>(status))) {
+    throw CaptureRefused(located(
+        file, line,
+        std::string("CUDA error in `") + statement + "` while a step was being captured: " + text));
   }
-  throw_library_error("CUDA", statement, file, line, cudaGetErrorString(status));
+  throw_library_error("CUDA", statement, file, line, text);
 }
 
 void warn_library_error(const char* library, const char* statement, const char* file, int line,

@@ -26,20 +26,24 @@ class CudnnError : public Error {
 /// captured (cudaErrorStreamCapture*, cudaErrorCapturedEvent): the step cannot be captured.
 bool is_capture_error(cudaError_t status) noexcept;
 /// CUDA_CHECK's throw: dp::CaptureRefused for a capture verdict (is_capture_error), so that
-/// graphs = "auto" runs such a step without graphs; dp::Error otherwise.
-[[noreturn]] void throw_cuda_error(const char* statement, const char* file, int line,
-                                   cudaError_t status);
+/// graphs = "auto" runs such a step without graphs; dp::Error otherwise. The status travels as an
+/// int, with its text: the emulated GPU's kernels are compiled against another cudaError_t, whose
+/// mangled name would not match this definition's.
+[[noreturn]] void throw_cuda_error(const char* statement, const char* file, int line, int status,
+                                   const char* text);
 /// Prints the same message to stderr as a warning (never throws).
 void warn_library_error(const char* library, const char* statement, const char* file, int line,
                         const std::string& what) noexcept;
 
 }  // namespace dp::cuda
 
-#define CUDA_CHECK(statement)                                                        \
-  do {                                                                               \
-    const cudaError_t dp_cuda_status_ = (statement);                                 \
-    if (dp_cuda_status_ != cudaSuccess)                                              \
-      ::dp::cuda::throw_cuda_error(#statement, __FILE__, __LINE__, dp_cuda_status_); \
+#define CUDA_CHECK(statement)                                            \
+  do {                                                                   \
+    const cudaError_t dp_cuda_status_ = (statement);                     \
+    if (dp_cuda_status_ != cudaSuccess)                                  \
+      ::dp::cuda::throw_cuda_error(#statement, __FILE__, __LINE__,       \
+                                   static_cast<int>(dp_cuda_status_),    \
+                                   cudaGetErrorString(dp_cuda_status_)); \
   } while (0)
 
 #define CUDA_WARN(statement)                                                 \
