@@ -599,8 +599,13 @@ std::string Trainer::communicator_kind() const { return impl_->comms[0]->kind();
 
 size_t Trainer::captured_steps() const {
   const auto& r = impl_->replicas[0];
-  size_t n = r.train_graphs.size();
-  for (const auto& e : r.evals) n += e.graphs.size();
+  // Sizes whose capture "auto" found refused hold no graph.
+  const auto live = [](const auto& graphs) {
+    return static_cast<size_t>(std::count_if(graphs.begin(), graphs.end(),
+                                             [](const auto& g) { return g.second != nullptr; }));
+  };
+  size_t n = live(r.train_graphs);
+  for (const auto& e : r.evals) n += live(e.graphs);
   return n;
 }
 

@@ -16,20 +16,27 @@ namespace {
 
 using Graphs = std::vector<std::pair<int64_t, std::unique_ptr<CapturedOps>>>;
 
-/// Captures ops() as the graph for `size` without running it. Returns why the backend refused
-/// (the step needs the host: CaptureRefused), with nothing kept; anything else propagates.
-std::string capture_only(Backend& b, Graphs& graphs, int64_t size,
-                         const std::function<void()>& ops) {
+/// Captures ops() as the graph for `size` without running it; what the capture throws
+/// propagates, the capture discarded.
+void capture(Backend& b, Graphs& graphs, int64_t size, const std::function<void()>& ops) {
   b.begin_capture();
   try {
     ops();
     graphs.emplace_back(size, b.end_capture());
-  } catch (const CaptureRefused& e) {
-    b.discard_capture();
-    return e.what();
   } catch (...) {
     b.discard_capture();
     throw;
+  }
+}
+
+/// capture(), except that the backend's refusal (the step needs the host: CaptureRefused) is
+/// returned, with nothing kept; anything else propagates.
+std::string capture_only(Backend& b, Graphs& graphs, int64_t size,
+                         const std::function<void()>& ops) {
+  try {
+    capture(b, graphs, size, ops);
+  } catch (const CaptureRefused& e) {
+    return e.what();
   }
   return {};
 }
@@ -46,15 +53,26 @@ void Trainer::Impl::run_captured(Replica& r, Graphs& graphs, int64_t size, bool 
   auto it =
       std::find_if(graphs.begin(), graphs.end(), [&](const auto& g) { return g.first == size; });
   if (it == graphs.end()) {
-    b.begin_capture();
-    try {
-      ops();
-      graphs.emplace_back(size, b.end_capture());
-    } catch (...) {
-      b.discard_capture();
-      throw;
+    // A size setup did not capture (Trainer::step's batches). Under "auto", one whose capture is
+    // refused runs eagerly from now on (a null graph marks it), as setup does for the trial.
+    std::string refused;
+    if (options.graphs_auto) {
+      refused = capture_only(b, graphs, size, ops);
+    } else {
+      capture(b, graphs, size, ops);
+    }
+    if (!refused.empty()) {
+      std::fprintf(stderr,
+                   "dprun: warning: graphs = \"auto\": steps of %lld examples cannot be captured "
+                   "in a CUDA graph, so they run without graphs: %s\n",
+                   static_cast<long long>(size), refused.c_str());
+      graphs.emplace_back(size, nullptr);
     }
     it = graphs.end() - 1;
+  }
+  if (it->second == nullptr) {
+    ops();
+    return;
   }
   const CapturedOps& step = *it->second;
   if (!collectives || !b.native_capture()) {

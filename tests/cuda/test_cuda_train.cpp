@@ -464,3 +464,56 @@ TEST_CASE("cuda graphs auto trains a model whose step needs the host without gra
     same_bits(forced, eager);
   }
 }
+
+TEST_CASE("cuda graphs auto runs a batch size whose capture is refused without graphs",
+          "[cuda][train]") {
+  // Setup captures the trial's step and chunk sizes; Trainer::step may meet another size later.
+  // Under "auto" a size whose capture is refused (here only steps of 7 examples download) runs
+  // eagerly, the captured sizes stay captured, and the bits are those of graphs = false.
+  if (!have_data()) return;
+  const auto& data = dptest::fashion_mnist_subset();
+  const dp::Dataset train = data.train.head(96), test = data.test.head(64);
+  dp::TrainerOptions o;
+  o.backend = dp::BackendKind::cuda;
+  o.allow_tf32 = false;
+  o.batch_size = 32;
+  o.eval_batch_size = 50;
+  o.epochs = 1;
+  o.seed = 6;
+  o.lr.base = 0.05;
+  const dp::ModelBuilder peeking_at_7 = [] {
+    return dptest::host_needing_net(dptest::PeekIn::forward, 7);
+  };
+  const std::vector<int32_t> seven{3, 1, 4, 15, 9, 26, 5};
+  struct Run {
+    double loss = 0;
+    std::vector<float> parameters;
+    bool graphs = false;
+    size_t captured = 0;
+  };
+  const auto run = [&](bool graphs, bool automatic) {
+    o.graphs = graphs;
+    o.graphs_auto = automatic;
+    dp::Trainer t(o, peeking_at_7, train, test);
+    Run r;
+    r.graphs = t.options().graphs;
+    (void)t.run_epoch(1);
+    r.loss = t.step(seven);
+    r.parameters = t.parameters(0);
+    r.captured = t.captured_steps();
+    return r;
+  };
+  const Run eager = run(false, false);
+  const Run automatic = run(false, true);
+  CHECK(automatic.graphs);         // every size of the trial captured at setup
+  CHECK(automatic.captured == 3);  // 32, and the chunks 50 and 14; not 7
+  CHECK(automatic.loss == eager.loss);
+  CHECK(automatic.parameters == eager.parameters);
+  // Asked for, graphs fail that step, naming what needs the host.
+  o.graphs = true;
+  o.graphs_auto = false;
+  dp::Trainer forced(o, peeking_at_7, train, test);
+  (void)forced.run_epoch(1);
+  CHECK_THAT(dptest::error_message_of([&] { (void)forced.step(seven); }),
+             Catch::Contains("download: called while a step is being captured"));
+}
