@@ -92,6 +92,20 @@ void check_cuda_equals_cpu(const std::string& name) {
   check_same_steps(name + " cuda vs cpu", gpu, cpu, noise);
 }
 
+/// The graphs = "auto" fallback tests' trials: one epoch of 96 examples in steps of 32 (3 steps),
+/// evaluation in chunks of 50, strict fp32.
+dp::TrainerOptions capture_fallback_options(uint64_t seed) {
+  dp::TrainerOptions o;
+  o.backend = dp::BackendKind::cuda;
+  o.allow_tf32 = false;
+  o.batch_size = 32;
+  o.eval_batch_size = 50;
+  o.epochs = 1;
+  o.seed = seed;
+  o.lr.base = 0.05;
+  return o;
+}
+
 bool have_data() {
   if (dptest::fashion_mnist_subset().ok) return true;
   DPTEST_SKIPPED("Fashion-MNIST not found (set DPRUN_DATA): skipping a training-step test");
@@ -388,14 +402,7 @@ TEST_CASE("cuda graphs auto trains a model whose step needs the host without gra
   if (!have_data()) return;
   const auto& data = dptest::fashion_mnist_subset();
   const dp::Dataset train = data.train.head(96), test = data.test.head(64);
-  dp::TrainerOptions o;
-  o.backend = dp::BackendKind::cuda;
-  o.allow_tf32 = false;
-  o.batch_size = 32;
-  o.eval_batch_size = 50;
-  o.epochs = 1;
-  o.seed = 4;
-  o.lr.base = 0.05;
+  dp::TrainerOptions o = capture_fallback_options(4);
   o.optimizer.momentum = 0.9f;
   struct Run {
     dp::EpochReport report;
@@ -473,14 +480,7 @@ TEST_CASE("cuda graphs auto runs a batch size whose capture is refused without g
   if (!have_data()) return;
   const auto& data = dptest::fashion_mnist_subset();
   const dp::Dataset train = data.train.head(96), test = data.test.head(64);
-  dp::TrainerOptions o;
-  o.backend = dp::BackendKind::cuda;
-  o.allow_tf32 = false;
-  o.batch_size = 32;
-  o.eval_batch_size = 50;
-  o.epochs = 1;
-  o.seed = 6;
-  o.lr.base = 0.05;
+  dp::TrainerOptions o = capture_fallback_options(6);
   const dp::ModelBuilder peeking_at_7 = [] {
     return dptest::host_needing_net(dptest::PeekIn::forward, 7);
   };

@@ -288,13 +288,11 @@ void launch_apply(const float* x, const float* mean, const float* scale, const f
     const auto* r4 = reinterpret_cast<const float4*>(residual);
     auto* y4 = reinterpret_cast<float4*>(y);
     const unsigned grid = grid_for(total4);
-    if (fits_int32(total + 4 * int64_t{kThreads} * grid)) {
-      apply4_kernel<kResidual, kRelu, int32_t><<<grid, kThreads, 0, stream>>>(
-          x4, mean, scale, beta, r4, y4, static_cast<int32_t>(total4), static_cast<int32_t>(c));
-    } else {
-      apply4_kernel<kResidual, kRelu, int64_t>
-          <<<grid, kThreads, 0, stream>>>(x4, mean, scale, beta, r4, y4, total4, c);
-    }
+    dispatch_index(total + 4 * int64_t{kThreads} * grid, [&](auto index) {
+      using I = decltype(index);
+      apply4_kernel<kResidual, kRelu, I><<<grid, kThreads, 0, stream>>>(
+          x4, mean, scale, beta, r4, y4, static_cast<I>(total4), static_cast<I>(c));
+    });
     CUDA_CHECK_LAUNCH(apply4_kernel);
   } else {
     apply_kernel<kResidual, kRelu>
@@ -486,13 +484,11 @@ void bn_nhwc_backward(const float* x, const float* dy, const float* y, float* dz
     const auto* g4 = reinterpret_cast<const float4*>(g);
     auto* dx4 = reinterpret_cast<float4*>(dx);
     const unsigned grid = grid_for(total4);
-    if (fits_int32(total + 4 * int64_t{kThreads} * grid)) {
-      backward_apply4_kernel<int32_t><<<grid, kThreads, 0, stream>>>(
-          x4, g4, save_mean, coef, dx4, static_cast<int32_t>(total4), static_cast<int32_t>(c));
-    } else {
-      backward_apply4_kernel<int64_t>
-          <<<grid, kThreads, 0, stream>>>(x4, g4, save_mean, coef, dx4, total4, c);
-    }
+    dispatch_index(total + 4 * int64_t{kThreads} * grid, [&](auto index) {
+      using I = decltype(index);
+      backward_apply4_kernel<I><<<grid, kThreads, 0, stream>>>(
+          x4, g4, save_mean, coef, dx4, static_cast<I>(total4), static_cast<I>(c));
+    });
     CUDA_CHECK_LAUNCH(backward_apply4_kernel);
   } else {
     backward_apply_kernel<<<grid_for(total), kThreads, 0, stream>>>(x, g, save_mean, coef, dx,

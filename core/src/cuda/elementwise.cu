@@ -268,12 +268,11 @@ void launch_kcrs_to_krsc(const float* in, Out* out, int64_t k, int64_t c, int64_
   const int64_t n = k * c * rs;
   if (n <= 0) return;
   const unsigned grid = grid_for(n);
-  if (fits_int32(n + int64_t{kThreads} * grid)) {
-    kcrs_to_krsc_kernel<int32_t, Out><<<grid, kThreads, 0, stream>>>(
-        in, out, static_cast<int32_t>(k), static_cast<int32_t>(c), static_cast<int32_t>(rs));
-  } else {
-    kcrs_to_krsc_kernel<int64_t, Out><<<grid, kThreads, 0, stream>>>(in, out, k, c, rs);
-  }
+  dispatch_index(n + int64_t{kThreads} * grid, [&](auto index) {
+    using I = decltype(index);
+    kcrs_to_krsc_kernel<I, Out><<<grid, kThreads, 0, stream>>>(
+        in, out, static_cast<I>(k), static_cast<I>(c), static_cast<I>(rs));
+  });
   CUDA_CHECK_LAUNCH(kcrs_to_krsc_kernel);
 }
 
@@ -442,19 +441,15 @@ void launch_bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw,
   const int64_t total = n * c * hw;
   if (total <= 0) return;
   const unsigned grid = grid_for(total);
-  if (fits_int32(total + int64_t{kThreads} * grid)) {
-    const auto t32 = static_cast<int32_t>(total), c32 = static_cast<int32_t>(c),
-               hw32 = static_cast<int32_t>(hw);
+  dispatch_index(total + int64_t{kThreads} * grid, [&](auto index) {
+    using I = decltype(index);
+    const auto t = static_cast<I>(total), cc = static_cast<I>(c), hwi = static_cast<I>(hw);
     if (nhwc) {
-      bias_add_kernel<true, kRound, int32_t><<<grid, kThreads, 0, stream>>>(y, b, t32, c32, hw32);
+      bias_add_kernel<true, kRound, I><<<grid, kThreads, 0, stream>>>(y, b, t, cc, hwi);
     } else {
-      bias_add_kernel<false, kRound, int32_t><<<grid, kThreads, 0, stream>>>(y, b, t32, c32, hw32);
+      bias_add_kernel<false, kRound, I><<<grid, kThreads, 0, stream>>>(y, b, t, cc, hwi);
     }
-  } else if (nhwc) {
-    bias_add_kernel<true, kRound, int64_t><<<grid, kThreads, 0, stream>>>(y, b, total, c, hw);
-  } else {
-    bias_add_kernel<false, kRound, int64_t><<<grid, kThreads, 0, stream>>>(y, b, total, c, hw);
-  }
+  });
   CUDA_CHECK_LAUNCH(bias_add_kernel);
 }
 }  // namespace
@@ -558,12 +553,11 @@ void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
   const int64_t n = k * c * rs;
   if (n <= 0) return;
   const unsigned grid = grid_for(n);
-  if (fits_int32(n + int64_t{kThreads} * grid)) {
-    krsc_to_kcrs_kernel<int32_t><<<grid, kThreads, 0, stream>>>(
-        in, out, static_cast<int32_t>(k), static_cast<int32_t>(c), static_cast<int32_t>(rs));
-  } else {
-    krsc_to_kcrs_kernel<int64_t><<<grid, kThreads, 0, stream>>>(in, out, k, c, rs);
-  }
+  dispatch_index(n + int64_t{kThreads} * grid, [&](auto index) {
+    using I = decltype(index);
+    krsc_to_kcrs_kernel<I><<<grid, kThreads, 0, stream>>>(in, out, static_cast<I>(k),
+                                                          static_cast<I>(c), static_cast<I>(rs));
+  });
   CUDA_CHECK_LAUNCH(krsc_to_kcrs_kernel);
 }
 

@@ -91,4 +91,16 @@ __device__ __forceinline__ void decode4(I i, I C, I H, I W, I& n, I& c, I& h, I&
 /// test forces the 64-bit path: force_wide_indices).
 inline bool fits_int32(int64_t count) { return !force_wide_indices && count <= INT32_MAX; }
 
+/// Calls launch(index) with index an int32_t where every offset and grid-stride step a kernel
+/// makes stays below `bound`, which fits_int32, else an int64_t: the launch inside instantiates
+/// its kernel for decltype(index).
+template <typename Launch>
+void dispatch_index(int64_t bound, Launch&& launch) {
+  if (fits_int32(bound)) {
+    launch(int32_t{});
+  } else {
+    launch(int64_t{});
+  }
+}
+
 }  // namespace dp::cuda::kernels

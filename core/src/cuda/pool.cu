@@ -142,17 +142,14 @@ __global__ void maxpool_backward_kernel(Pool<I> s, const float* x, const float* 
 /// every offset of the input, the output and the grid-stride loop fits it, else an int64_t.
 template <typename Launch>
 void dispatch_pool(const PoolShape& s, int64_t total, Launch&& launch) {
-  const bool narrow =
-      fits_int32(s.n * s.c * std::max(s.h * s.w, s.p * s.q) + int64_t{kThreads} * grid_for(total));
-  if (s.nhwc && narrow) {
-    launch(std::true_type{}, int32_t{});
-  } else if (s.nhwc) {
-    launch(std::true_type{}, int64_t{});
-  } else if (narrow) {
-    launch(std::false_type{}, int32_t{});
-  } else {
-    launch(std::false_type{}, int64_t{});
-  }
+  dispatch_index(s.n * s.c * std::max(s.h * s.w, s.p * s.q) + int64_t{kThreads} * grid_for(total),
+                 [&](auto index) {
+                   if (s.nhwc) {
+                     launch(std::true_type{}, index);
+                   } else {
+                     launch(std::false_type{}, index);
+                   }
+                 });
 }
 
 // NCHW: one warp per (n, c) plane.
