@@ -12,6 +12,10 @@ using namespace checks;
 
 // ---- batch norm ---------------------------------------------------------------------------------
 
+bool Backend::batchnorm_takes(DType dtype, Layout layout) const {
+  return dtype == DType::f32 || batchnorm_takes_impl(dtype, layout);
+}
+
 void Backend::prepare_batchnorm(const Shape& max_input, Layout layout) {
   refuse_while_capturing("prepare_batchnorm");
   const Checker check(*this, "prepare_batchnorm");
@@ -25,6 +29,21 @@ void Backend::prepare_batchnorm(const Shape& max_input, Layout layout) {
 }
 
 namespace {
+/// A batch norm's x: an f32 activation ((N, C, H, W) or (N, C)), or (N, C, H, W) of another
+/// dtype in a layout the backend's batch norm takes it in (Backend::batchnorm_takes).
+Shape check_input(const Checker& check, const Backend& backend, const Tensor& x) {
+  if (x.dtype == DType::f32) return check.activation(x, "x", /*allow_rank2=*/true);
+  if (x.shape.rank != 4 || !backend.batchnorm_takes(x.dtype, x.layout)) {
+    check.fail(
+        std::string("x is ") + dtype_name(x.dtype) + " " +
+        (x.shape.rank == 4 ? std::string(layout_name(x.layout)) : "of shape " + x.shape.str()) +
+        ", which this backend's batch norm does not take (f32 always; another dtype only "
+        "(N, C, H, W) where Backend::batchnorm_takes says so)");
+  }
+  check.tensor(x, x.dtype, "x");
+  return x.shape;
+}
+
 void check_count(const Checker& check, int64_t count) {
   if (count < 2) {
     check.fail("count is " + std::to_string(count) +
@@ -78,7 +97,7 @@ void Backend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, cons
                                       const Tensor& save_invstd, const Tensor& y,
                                       const BnEpilogue& epilogue) {
   const Checker check(*this, "batchnorm_forward_train");
-  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  const Shape s = check_input(check, *this, x);
   check.like(y, x, "y", "x");
   check_epilogue(check, epilogue, x, y);
   channel_vectors(check, s[1],
@@ -104,7 +123,7 @@ void Backend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, cons
                                       const Tensor& running_mean, const Tensor& running_var,
                                       float eps, const Tensor& y, const BnEpilogue& epilogue) {
   const Checker check(*this, "batchnorm_forward_infer");
-  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  const Shape s = check_input(check, *this, x);
   check.like(y, x, "y", "x");
   check_epilogue(check, epilogue, x, y);
   channel_vectors(check, s[1],
@@ -125,7 +144,7 @@ void Backend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor
                                  const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
                                  const BnEpilogueGrad& epilogue) {
   const Checker check(*this, "batchnorm_backward");
-  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  const Shape s = check_input(check, *this, x);
   check.like(dy, x, "dy", "x");
   check.like(dx, x, "dx", "x");
   check_epilogue_grad(check, epilogue, x, dy);
@@ -149,7 +168,7 @@ void Backend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor
 
 void Backend::batchnorm_sums(const Tensor& x, const Tensor* mean, const Tensor& sums) {
   const Checker check(*this, "batchnorm_sums");
-  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  const Shape s = check_input(check, *this, x);
   check.optional_f32(mean, {s[1]}, "mean");
   check.f32(sums, {s[1]}, "sums");
   // Also for N = 0: the sums are then zero.
@@ -163,7 +182,7 @@ void Backend::batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const 
                                     const Tensor& save_mean, const Tensor& save_invstd,
                                     const Tensor& y, const BnEpilogue& epilogue) {
   const Checker check(*this, "batchnorm_apply_stats");
-  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  const Shape s = check_input(check, *this, x);
   check.like(y, x, "y", "x");
   check_epilogue(check, epilogue, x, y);
   channel_vectors(check, s[1],
@@ -194,7 +213,7 @@ void Backend::batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const T
                                       const Tensor& save_invstd, const Tensor& sums,
                                       const BnEpilogueGrad& epilogue) {
   const Checker check(*this, "batchnorm_backward_sums");
-  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  const Shape s = check_input(check, *this, x);
   check.like(dy, x, "dy", "x");
   check_epilogue_grad(check, epilogue, x, dy);
   channel_vectors(check, s[1], {{&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
@@ -208,7 +227,7 @@ void Backend::batchnorm_backward_apply(const Tensor& x, const Tensor& dy, const 
                                        const Tensor& save_mean, const Tensor& save_invstd,
                                        const Tensor& sums, int64_t count, const Tensor& dx) {
   const Checker check(*this, "batchnorm_backward_apply");
-  const Shape s = check.activation(x, "x", /*allow_rank2=*/true);
+  const Shape s = check_input(check, *this, x);
   check.like(dy, x, "dy", "x");
   check.like(dx, x, "dx", "x");
   channel_vectors(check, s[1],

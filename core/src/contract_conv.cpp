@@ -41,6 +41,14 @@ std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUs
   DP_ASSERT(plan != nullptr);
   plan->owner_ = this;
   plan_workspace(*plan, use);
+  plan->output_dtype_ = conv_output_dtype_impl(*plan);
+  if (plan->output_dtype_ != DType::f32 &&
+      !(use.output_to_batchnorm && batchnorm_takes(plan->output_dtype_, g.layout))) {
+    throw InternalError(prefix("plan_conv") + "the plan's output is " +
+                        dtype_name(plan->output_dtype_) +
+                        ", which only a batch norm that takes it may read (ConvUse::"
+                        "output_to_batchnorm, Backend::batchnorm_takes)");
+  }
   DP_ASSERT(use.planned_workspace ||
             (plan->workspace_bytes_[0] == 0 && plan->workspace_bytes_[1] == 0));
   return plan;
@@ -109,7 +117,12 @@ void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, con
         "a bias was given to a plan made with ConvUse::forward_bias = false (declare the "
         "bias when the plan is made)");
   }
-  check.f32(y, {n, g.out_channels, g.out_h(), g.out_w()}, "y");
+  if (y.dtype != plan.output_dtype()) {
+    check.fail(std::string("y must be ") + dtype_name(plan.output_dtype()) +
+               " (the plan's output_dtype), got " + dtype_name(y.dtype));
+  }
+  check.tensor(y, plan.output_dtype(), "y");
+  check.shape(y, {n, g.out_channels, g.out_h(), g.out_w()}, "y");
   plan_layout(check, g, y, "y");
   check_workspace(check, plan, ConvStage::forward, workspace);
   if (n > 0) {

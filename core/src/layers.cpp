@@ -131,6 +131,7 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   // Under the memory plan each pass's workspace is a buffer of its own step.
   use.planned_workspace = ctx.arena.memory_plan();
   use.forward_bias = b_.valid() && !bias_folded_;  // a folded bias is the batch norm's
+  use.output_to_batchnorm = to_batchnorm_;
   plan_ = ctx.backend.plan_conv(g, use);
   for (const ConvStage stage : {ConvStage::forward, ConvStage::backward}) {
     Tensor& ws = workspace_[static_cast<int>(stage)];
@@ -140,7 +141,8 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
       ctx.arena.allocate_planned(ws, Shape{static_cast<int64_t>((bytes + 3) / sizeof(float))});
   }
   x_planned_ = {};
-  ctx.arena.allocate_planned(y_, out, DType::f32, ctx.layout);
+  // bf16 where the backend stores a bf16 convolution's output so for the batch norm after it.
+  ctx.arena.allocate_planned(y_, out, plan_->output_dtype(), ctx.layout);
   ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
   return out;
 }
@@ -226,15 +228,16 @@ void BatchNorm2d::fold_bias_of(Conv2d& conv) {
   DP_CHECK(conv.out_ == c_, me + ": the convolution gives " + std::to_string(conv.out_) +
                                 " channels");
   conv.bias_folded_ = true;
+  conv.to_batchnorm_ = true;
   bias_of_ = &conv;
 }
 
 bool BatchNorm2d::fold_previous(Module& previous) {
   auto* conv = dynamic_cast<Conv2d*>(&previous);
-  if (conv == nullptr || !conv->opt_.bias || conv->bias_folded_ || conv->out_ != c_ ||
-      bias_of_ != nullptr || input_shape().rank != 0) {
-    return false;
-  }
+  if (conv == nullptr || conv->out_ != c_ || input_shape().rank != 0) return false;
+  // Only this layer reads the convolution's output: the backend may store it narrower.
+  if (conv->input_shape().rank == 0) conv->to_batchnorm_ = true;
+  if (!conv->opt_.bias || conv->bias_folded_ || bias_of_ != nullptr) return false;
   fold_bias_of(*conv);
   return true;
 }

@@ -29,6 +29,7 @@
 
 #include "cuda_test_util.hpp"
 #include "dp/backend.hpp"
+#include "dp/choice_cache.hpp"
 #include "dp/conv_contract.hpp"
 #include "support/check.hpp"
 #include "support/env_var.hpp"
@@ -414,5 +415,267 @@ TEST_CASE("cuda bf16 LeNet steps equal the cpu's bf16 steps up to summation orde
     CHECK(d.params <= bound.params);
     CHECK(d.update <= bound.update);
     CHECK(d.loss <= bound.loss);
+  }
+}
+
+TEST_CASE(
+    "cuda bf16 stores the output of a convolution that feeds a batch norm as bf16, with the bits "
+    "of f32 storage",
+    "[cuda][train][bf16]") {
+  // Precision bf16 in NHWC: cuDNN's bf16 output of conv1/conv2 (and the stem) stays packed for
+  // the batch norm after it, which widens it as it reads; DPRUN_CUDA_BF16_CONV_OUTPUT=f32 widens
+  // it into an f32 tensor first, as before. The values are the same, so every bit must be: the
+  // losses, the accuracy, the parameters and the running statistics, on one replica and on two
+  // with synchronised batch norm (its own kernels). The planned memory must shrink by the
+  // outputs' halves.
+  if (!dptest::fashion_mnist_subset().ok) {
+    DPTEST_SKIPPED("Fashion-MNIST not found (set DPRUN_DATA): skipping a bf16 training test");
+    return;
+  }
+  const auto& data = dptest::fashion_mnist_subset();
+  dp::TrainerOptions o;
+  o.backend = dp::BackendKind::cuda;
+  o.precision = dp::Precision::bf16;
+  o.layout = Layout::nhwc;
+  o.conv_choice = dp::ConvChoice::heuristic;
+  o.graphs = false;
+  o.batch_size = 16;
+  o.eval_batch_size = 16;
+  o.epochs = 1;
+  o.seed = 11;
+  o.lr.base = 0.05;
+  o.optimizer.momentum = 0.9f;
+  // Width 8 (C = 8 .. 64, multiples of 4: the 16-byte kernels): the emulated GPU's time.
+  const dp::ModelBuilder resnet = dptest::plugin_builder("resnet18", {{"width", int64_t{8}}});
+  for (const int replicas : {1, 2}) {
+    o.replicas = replicas;
+    o.sync_bn = replicas > 1;
+    INFO(replicas << " replica(s)" << (o.sync_bn ? ", synchronised batch norm" : ""));
+    struct Run {
+      std::vector<dp::EpochReport> reports;
+      std::vector<float> params, buffers;
+      dp::Arena::PlanStats plan;
+    };
+    const auto run = [&](const char* storage) {
+      const dptest::EnvVar env("DPRUN_CUDA_BF16_CONV_OUTPUT", std::string(storage));
+      Run r;
+      dp::Trainer t(o, resnet, data.train.head(32), data.test.head(16));
+      t.fit([&](const dp::EpochReport& e) {
+        r.reports.push_back(e);
+        return true;
+      });
+      r.params = t.parameters(0);
+      r.buffers = t.buffers(0);
+      r.plan = t.memory_plan_stats();
+      return r;
+    };
+    const Run wide = run("f32"), packed = run("bf16");
+    REQUIRE(packed.reports.size() == wide.reports.size());
+    for (size_t e = 0; e < wide.reports.size(); ++e) {
+      CHECK(std::bit_cast<uint64_t>(packed.reports[e].train_loss) ==
+            std::bit_cast<uint64_t>(wide.reports[e].train_loss));
+      CHECK(packed.reports[e].test_acc == wide.reports[e].test_acc);
+    }
+    CHECK(packed.params == wide.params);
+    CHECK(packed.buffers == wide.buffers);
+    std::printf(
+        "  bf16 conv outputs for batch norm, %d replica(s): planned %zu -> %zu bytes, "
+        "placed %zu -> %zu\n",
+        replicas, wide.plan.requested, packed.plan.requested, wide.plan.placed, packed.plan.placed);
+    CHECK(packed.plan.requested < wide.plan.requested);
+    CHECK(packed.plan.placed < wide.plan.placed);
+  }
+}
+
+TEST_CASE("cuda bf16: which convolutions store their output as bf16, and who takes it",
+          "[cuda][bf16]") {
+  Bf16Backends B;
+  CHECK(B.gpu->batchnorm_takes(DType::f32, Layout::nchw));
+  CHECK(B.gpu->batchnorm_takes(DType::bf16, Layout::nhwc));
+  CHECK_FALSE(B.gpu->batchnorm_takes(DType::bf16, Layout::nchw));
+  CHECK_FALSE(B.cpu->batchnorm_takes(DType::bf16, Layout::nhwc));
+  const ConvCase cc{4, 4, 8, 6, 6, 16, 3, 3, 1, 1, false};
+  const auto output = [&](dp::Backend& b, Layout layout, bool bias, bool to_batchnorm) {
+    dp::ConvUse use;
+    use.forward_bias = bias;
+    use.output_to_batchnorm = to_batchnorm;
+    return b.plan_conv(cc.geometry(layout), use)->output_dtype();
+  };
+  CHECK(output(*B.gpu, Layout::nhwc, false, true) == DType::bf16);
+  CHECK(output(*B.gpu, Layout::nhwc, true, true) == DType::f32);  // the bias joins the fp32 sum
+  CHECK(output(*B.gpu, Layout::nhwc, false, false) == DType::f32);
+  CHECK(output(*B.gpu, Layout::nchw, false, true) == DType::f32);
+  CHECK(output(*B.cpu, Layout::nhwc, false, true) == DType::f32);
+  {
+    const dptest::EnvVar env("DPRUN_CUDA_BF16_CONV_OUTPUT", std::string("f32"));
+    dp::BackendOptions g;
+    g.kind = dp::BackendKind::cuda;
+    g.precision = dp::Precision::bf16;
+    g.conv_choice = dp::ConvChoice::heuristic;
+    auto wide = dp::create_backend(g);
+    CHECK(output(*wide, Layout::nhwc, false, true) == DType::f32);
+  }
+  {
+    const dptest::EnvVar env("DPRUN_CUDA_BF16_CONV_OUTPUT", std::string("half"));
+    dp::BackendOptions g;
+    g.kind = dp::BackendKind::cuda;
+    g.precision = dp::Precision::bf16;
+    CHECK_THROWS_WITH(dp::create_backend(g),
+                      Catch::Contains("DPRUN_CUDA_BF16_CONV_OUTPUT is 'half'"));
+  }
+  // The cpu backend's batch norm refuses the bf16 x the GPU's takes, saying so.
+  dptest::DeviceBuffer x(*B.cpu, {2, 3, 4, 4}, DType::bf16, Layout::nhwc),
+      y(*B.cpu, {2, 3, 4, 4}, DType::f32, Layout::nhwc), c(*B.cpu, {3});
+  CHECK_THROWS_WITH(
+      B.cpu->batchnorm_forward_train(x.tensor(), c.tensor(), c.tensor(), c.tensor(), c.tensor(),
+                                     0.1f, 1e-5f, c.tensor(), c.tensor(), y.tensor()),
+      Catch::Contains("x is bf16 nhwc") && Catch::Contains("Backend::batchnorm_takes"));
+}
+
+namespace {
+
+/// Fills a device tensor with 0xFF bytes (NaN in fp32 and in bf16), so that an output a pass
+/// leaves unwritten shows.
+void poison(dp::Backend& b, const dp::Tensor& t) {
+  const std::vector<unsigned char> bytes(t.bytes(), 0xFF);
+  b.upload(t.data, bytes.data(), bytes.size());
+}
+
+/// y16 (packed bf16, downloaded) against y32 widened: how many differ in their bits.
+size_t packed_differences(dp::Backend& b, const dp::Tensor& y16, const std::vector<float>& y32) {
+  std::vector<uint16_t> packed(static_cast<size_t>(y16.numel()));
+  b.download(packed.data(), y16.data, packed.size() * sizeof(uint16_t));
+  size_t differ = 0;
+  for (size_t i = 0; i < packed.size(); ++i)
+    differ += (uint32_t{packed[i]} << 16) != std::bit_cast<uint32_t>(y32[i]) ? 1 : 0;
+  return differ;
+}
+
+bool own_algorithm(int algo) {
+  return algo == dp::kConvAlgoDprunGemm1x1 || algo == dp::kConvAlgoDprunSmallC;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "cuda bf16 conv forward into a bf16 y gives the packed bits of the f32 y, on every "
+    "algorithm",
+    "[cuda][bf16]") {
+  // ConvUse::output_to_batchnorm in NHWC without a bias: cuDNN writes its bf16 output into y
+  // itself; dprun's own algorithms write fp32 sums at the end of their workspace and round them
+  // into y. Either way y must hold the bits that the f32 y of a plan without it holds, widened.
+  // Both outputs are filled with NaN before each pass.
+  Bf16Backends B;
+  size_t own_runs = 0;
+  const ConvCase cases[] = {
+      {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, false},   // cuDNN, and the few-channel direct kernel
+      {4, 4, 8, 6, 6, 16, 1, 1, 1, 0, false},  // the 1x1 GEMM too
+      {4, 3, 16, 5, 5, 8, 3, 3, 2, 1, false},  // cuDNN only, a batch below the plan's
+  };
+  for (const ConvCase& cc : cases) {
+    const dp::ConvGeometry g = cc.geometry(Layout::nhwc);
+    INFO(g.str() << " at batch " << cc.n);
+    dp::ConvUse use;
+    use.forward_bias = false;
+    use.train_batches = {cc.n};
+    use.output_to_batchnorm = true;
+    auto packed_plan = B.gpu->plan_conv(g, use);
+    use.output_to_batchnorm = false;
+    auto wide_plan = B.gpu->plan_conv(g, use);
+    REQUIRE(packed_plan->output_dtype() == DType::bf16);
+    REQUIRE(wide_plan->output_dtype() == DType::f32);
+    const dp::Shape out{cc.n, cc.k, g.out_h(), g.out_w()};
+    dptest::DeviceBuffer x(*B.gpu, {cc.n, cc.c, cc.h, cc.w}, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer w(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+    dptest::DeviceBuffer y32(*B.gpu, out, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer y16(*B.gpu, out, DType::bf16, Layout::nhwc);
+    x.upload(dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 31));
+    w.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 32, -0.5f, 0.5f));
+    for (const dp::ConvAlgorithm& a :
+         dp::cuda_conv_algorithms(*B.gpu, *packed_plan, dp::ConvDirection::forward, cc.n)) {
+      if (!a.deterministic) continue;
+      INFO(a.str());
+      dp::cuda_use_conv_algorithm(*B.gpu, *packed_plan, a);
+      dp::cuda_use_conv_algorithm(*B.gpu, *wide_plan, a);
+      poison(*B.gpu, y32.tensor());
+      poison(*B.gpu, y16.tensor());
+      B.gpu->conv_forward(*wide_plan, x.tensor(), w.tensor(), nullptr, y32.tensor());
+      B.gpu->conv_forward(*packed_plan, x.tensor(), w.tensor(), nullptr, y16.tensor());
+      const std::vector<float> wide = y32.download_f32();
+      CHECK(std::none_of(wide.begin(), wide.end(), [](float v) { return std::isnan(v); }));
+      CHECK(packed_differences(*B.gpu, y16.tensor(), wide) == 0);
+      own_runs += own_algorithm(a.algo) ? 1 : 0;
+    }
+  }
+  CHECK(own_runs >= 2);  // both of dprun's own forward algorithms ran
+}
+
+TEST_CASE("cuda bf16 conv forward into a bf16 y on dprun's own algorithms in a planned workspace",
+          "[cuda][bf16]") {
+  // As a Conv2d under the memory plan runs it: the workspace is the caller's, sized at plan
+  // time from the chosen algorithm, which must then hold the fp32 sums too. The choice is made
+  // measured, from a recorded choice of each of dprun's own algorithms (the emulated GPU's
+  // timings would pick any).
+  const ConvCase cases[] = {
+      {3, 3, 2, 7, 5, 12, 3, 3, 1, 1, false},  // the few-channel direct kernel
+      {4, 4, 8, 5, 5, 12, 1, 1, 2, 0, false},  // the 1x1 GEMM, strided (its gathered rows first)
+  };
+  for (const ConvCase& cc : cases) {
+    const dp::ConvGeometry g = cc.geometry(Layout::nhwc);
+    INFO(g.str());
+    dp::ConvUse use;
+    use.forward_bias = false;
+    use.train_batches = {cc.n};
+    use.output_to_batchnorm = true;
+    use.planned_workspace = true;
+    Bf16Backends B;  // heuristic: it records nothing
+    auto probe = B.gpu->plan_conv(g, use);
+    const dp::ConvChoiceKey key =
+        dp::cuda_conv_choice_key(*B.gpu, *probe, dp::ConvDirection::forward, cc.n);
+    int own = -1;
+    for (const dp::ConvAlgorithm& a :
+         dp::cuda_conv_algorithms(*B.gpu, *probe, dp::ConvDirection::forward, cc.n)) {
+      if (!own_algorithm(a.algo)) continue;
+      own = a.algo;
+      char value[128];
+      std::snprintf(value, sizeof value, "algo %d math %d workspace %zu ms 0.0001", a.algo,
+                    static_cast<int>(a.math), a.workspace);
+      REQUIRE(dp::ChoiceCache::shared(key.scope).put(key.key, value) == value);
+      break;
+    }
+    REQUIRE(own >= 0);
+    dp::BackendOptions o;
+    o.kind = dp::BackendKind::cuda;
+    o.precision = dp::Precision::bf16;
+    o.conv_choice = dp::ConvChoice::measured;
+    auto measured = dp::create_backend(o);
+    auto plan = measured->plan_conv(g, use);
+    REQUIRE(plan->output_dtype() == DType::bf16);
+    REQUIRE(dp::cuda_conv_choice(*measured, *plan, dp::ConvDirection::forward, cc.n).algo == own);
+    const size_t bytes = plan->workspace_bytes(dp::ConvStage::forward);
+    REQUIRE(bytes > 0);
+    const dp::Shape out{cc.n, cc.k, g.out_h(), g.out_w()};
+    dptest::DeviceBuffer x(*measured, {cc.n, cc.c, cc.h, cc.w}, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer w(*measured, {cc.k, cc.c, cc.r, cc.s});
+    dptest::DeviceBuffer ws(*measured, {static_cast<int64_t>((bytes + 3) / 4)});
+    dptest::DeviceBuffer y16(*measured, out, DType::bf16, Layout::nhwc);
+    x.upload(dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 33));
+    w.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 34, -0.5f, 0.5f));
+    poison(*measured, y16.tensor());
+    measured->conv_forward(*plan, x.tensor(), w.tensor(), nullptr, y16.tensor(), ws.ptr());
+    // The reference: the same algorithm into an f32 y, on the heuristic backend.
+    use.output_to_batchnorm = false;
+    use.planned_workspace = false;
+    auto wide_plan = B.gpu->plan_conv(g, use);
+    dp::cuda_use_conv_algorithm(
+        *B.gpu, *wide_plan,
+        dp::cuda_conv_choice(*measured, *plan, dp::ConvDirection::forward, cc.n));
+    dptest::DeviceBuffer x2(*B.gpu, {cc.n, cc.c, cc.h, cc.w}, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer w2(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+    dptest::DeviceBuffer y32(*B.gpu, out, DType::f32, Layout::nhwc);
+    x2.upload(dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 33));
+    w2.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 34, -0.5f, 0.5f));
+    B.gpu->conv_forward(*wide_plan, x2.tensor(), w2.tensor(), nullptr, y32.tensor());
+    CHECK(packed_differences(*measured, y16.tensor(), y32.download_f32()) == 0);
   }
 }

@@ -4,12 +4,14 @@
 // the shapes of the layer's sweep (C in {1, 3, 4, 8, 64}, H != W, N in {1, 3}) and row counts that
 // take the multi-group reductions, on aligned and misaligned buffers (the float4 path and the
 // scalar one). Until now these ran only on a GPU machine, which most sessions do not have.
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <tuple>
 #include <vector>
 
 #include "cuda/kernels.cuh"
+#include "dp/bf16.hpp"
 #include "emu_buffers.hpp"
 #include "support/bn_reference.hpp"
 #include "support/check.hpp"
@@ -198,4 +200,108 @@ TEST_CASE("emulated cuda: synchronised batch norm sums over a replica with no ex
                             0, c, 12, channels_last, nullptr);
   CHECK(grad_sums.values() == std::vector<float>(10, 0.0f));
   emutest::require_no_pending_error();
+}
+
+namespace {
+
+/// v rounded to bf16: packed (2 bytes each), and widened back to the fp32 tensor precision bf16
+/// held before it stored such activations packed.
+std::vector<uint16_t> packed_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(v[i])) >> 16);
+  return out;
+}
+std::vector<float> widened(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = std::bit_cast<float>(uint32_t{v[i]} << 16);
+  return out;
+}
+
+/// Every output of the batch norm kernels for one x type (float: the widened values; uint16_t:
+/// the packed ones), in the order they are compared.
+template <typename T>
+std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>& x_values,
+                                           bool sync, size_t offset) {
+  const int64_t rows = k.n * k.h * k.w, c = k.c, hw = k.h * k.w;
+  const auto total = static_cast<size_t>(rows * c), cs = static_cast<size_t>(c);
+  Guarded<T> x(x_values, offset);
+  Guarded<float> r(nhwc(k, k.residual), offset), y(total, offset), y_eval(total, offset);
+  Guarded<float> gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
+  Guarded<float> save_mean(cs), save_invstd(cs), dgamma(cs), dbeta(cs), sums(cs), sq(cs);
+  Guarded<float> dy(nhwc(k, k.dy), offset), dz(total, offset), dx(total, offset);
+  Guarded<float> grad_sums(2 * cs), scratch(kernels::bn_nhwc_scratch_floats(rows, c));
+  // The global statistics a synchronised batch norm would have allreduced (any will do here).
+  Guarded<float> mean_in(k.running_mean), var_in(k.running_var);
+  if (sync) {  // the synchronised pieces, on one replica
+    kernels::bn_sums(x.data(), nullptr, sums.data(), k.n, c, hw, true, nullptr);
+    kernels::bn_sums(x.data(), mean_in.data(), sq.data(), k.n, c, hw, true, nullptr);
+    kernels::bn_apply_stats(x.data(), gamma.data(), beta.data(), mean_in.data(), var_in.data(),
+                            rm.data(), rv.data(), kMomentum, kEps, rows, save_mean.data(),
+                            save_invstd.data(), y.data(), k.n, c, hw, true, nullptr);
+    kernels::bn_backward_sums(x.data(), dy.data(), save_mean.data(), save_invstd.data(),
+                              grad_sums.data(), k.n, c, hw, true, nullptr);
+    kernels::bn_backward_apply(x.data(), dy.data(), gamma.data(), save_mean.data(),
+                               save_invstd.data(), grad_sums.data(), rows, dx.data(), k.n, c, hw,
+                               true, nullptr);
+  } else {
+    kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
+                                   kMomentum, kEps, save_mean.data(), save_invstd.data(), r.data(),
+                                   true, y.data(), rows, c, scratch.data(), nullptr);
+    kernels::bn_nhwc_backward(x.data(), dy.data(), y.data(), dz.data(), gamma.data(),
+                              save_mean.data(), save_invstd.data(), dx.data(), dgamma.data(),
+                              dbeta.data(), rows, c, scratch.data(), nullptr);
+    kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), kEps,
+                                   nullptr, false, y_eval.data(), rows, c, scratch.data(), nullptr);
+  }
+  emutest::require_no_pending_error();
+  EMU_CHECK_INTACT(x);
+  for (const Guarded<float>* b : {&r, &y, &y_eval, &rm, &rv, &save_mean, &save_invstd, &dgamma,
+                                  &dbeta, &sums, &sq, &dz, &dx, &grad_sums, &scratch}) {
+    EMU_CHECK_INTACT(*b);
+  }
+  return {y.values(),         y_eval.values(),      rm.values(),     rv.values(),
+          save_mean.values(), save_invstd.values(), dgamma.values(), dbeta.values(),
+          sums.values(),      sq.values(),          dz.values(),     dx.values(),
+          grad_sums.values()};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: batch norm kernels given packed bf16 x compute the bits of its widening",
+          "[emulated][batchnorm][bf16]") {
+  // Precision bf16 stores a convolution's output that feeds a batch norm as packed bf16: every
+  // kernel must read it as the fp32 tensor of the same values, which it was before.
+  const int64_t c = GENERATE(3, 4, 64);
+  const size_t offset = GENERATE(size_t{0}, size_t{1});
+  const bool sync = GENERATE(false, true);
+  const bool wide_indices = GENERATE(false, true);
+  const emutest::WideIndices forced(wide_indices);
+  const BnCase k = make_case(3, c, 5, 7);
+  INFO("C " << c << ", offset " << offset << (sync ? ", synchronised kernels" : ", nhwc kernels")
+            << (wide_indices ? ", 64-bit indices" : ""));
+  const std::vector<uint16_t> x16 = packed_bf16(nhwc(k, k.x));
+  const std::vector<float> x32 = widened(x16);
+  REQUIRE(x32 != nhwc(k, k.x));  // the rounding changed values: the case tells them apart
+  const auto want = bn_outputs(k, x32, sync, offset);
+  const auto got = bn_outputs(k, x16, sync, offset);
+  const char* names[] = {"y",           "y_eval", "running_mean", "running_var", "save_mean",
+                         "save_invstd", "dgamma", "dbeta",        "sums",        "sq",
+                         "dz",          "dx",     "grad_sums"};
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO(names[i]);
+    CHECK(same_bits(want[i], got[i]));
+  }
+  // And the packed x changes the result where its values differ (the kernels do read it).
+  std::vector<uint16_t> other = x16;
+  other[static_cast<size_t>(c)] ^= 0x0040;
+  CHECK_FALSE(same_bits(bn_outputs(k, other, sync, offset)[0], want[0]));
 }

@@ -112,6 +112,9 @@ BackendCases::BackendCases(dp::Backend& backend)
       [=] { bk->conv_forward(*plan, null_data(x), w, nullptr, y); });
   add("conv_forward", "x on another device", {"x lives on", "this backend computes on"},
       [=] { bk->conv_forward(*plan, elsewhere(x, other), w, nullptr, y); });
+  add("conv_forward", "a bf16 y for a plan whose output is f32",
+      {"y must be f32 (the plan's output_dtype), got bf16"},
+      [=] { bk->conv_forward(*plan, x, w, nullptr, retyped(y, DType::bf16)); });
   add("conv_backward_data", "dx of another shape", {"dx has shape (3, 2, 4, 4)"}, [=] {
     bk->conv_backward_data(*plan, dy, w, reshaped(dx, {3, 2, 4, 4}));
   });
@@ -153,6 +156,13 @@ BackendCases::BackendCases(dp::Backend& backend)
     bk->batchnorm_forward_train(reshaped(bx, {1, 2, 1, 1}), c2, c2, c2, c2, 0.1f, 1e-5f, c2, c2,
                                 reshaped(by, {1, 2, 1, 1}));
   });
+  add("batchnorm_forward_train", "a bf16 x in nchw", {"x is bf16 nchw", "Backend::batchnorm_takes"},
+      [=] {
+        bk->batchnorm_forward_train(retyped(bx, DType::bf16), c2, c2, c2, c2, 0.1f, 1e-5f, c2, c2,
+                                    by);
+      });
+  add("batchnorm_sums", "an i32 x", {"x is i32 nchw", "Backend::batchnorm_takes"},
+      [=] { bk->batchnorm_sums(retyped(bx, DType::i32), nullptr, c2); });
   add("batchnorm_forward_train", "a zero eps", {"eps must be positive"},
       [=] { bk->batchnorm_forward_train(bx, c2, c2, c2, c2, 0.1f, 0.0f, c2, c2, by); });
   add("batchnorm_forward_train", "momentum above 1", {"momentum must be in [0, 1]"},

@@ -64,6 +64,10 @@ struct ConvUse {
   /// kernels that round their output themselves (precision bf16 on the GPU: cuDNN's bf16
   /// kernels, whose rounding the bias could no longer join), and a bias is then refused.
   bool forward_bias = true;
+  /// Whether the output is read only by a batch norm's ops (a Conv2d whose output goes to a
+  /// BatchNorm2d alone). A backend may then store it in a narrower type that its batch norm
+  /// takes (Backend::batchnorm_takes): ConvPlan::output_dtype says which.
+  bool output_to_batchnorm = false;
 };
 
 /// The passes of a convolution that run together in a training step: forward (also in
@@ -91,6 +95,11 @@ class ConvPlan {
   }
   /// Made with ConvUse::forward_bias: its forward passes take a bias.
   bool forward_bias() const { return forward_bias_; }
+  /// The dtype of the forward passes' y: f32, or with ConvUse::output_to_batchnorm a type the
+  /// backend's batch norm takes in this layout (the cuda backend in precision bf16, NHWC: the
+  /// bf16 its cuDNN kernels write, the values of the f32 tensor that precision bf16 would hold,
+  /// in half the memory and without a widening pass).
+  DType output_dtype() const { return output_dtype_; }
 
  private:
   friend class Backend;
@@ -98,6 +107,7 @@ class ConvPlan {
   const Backend* owner_ = nullptr;  // set by Backend::plan_conv: a plan works with its backend only
   bool planned_workspace_ = false;
   bool forward_bias_ = true;
+  DType output_dtype_ = DType::f32;
   size_t workspace_bytes_[2] = {0, 0};
 };
 
@@ -314,6 +324,10 @@ class Backend {
   /// before the step loop. Optional: a larger call than declared still works, preparing then,
   /// but not while a step is being captured.
   void prepare_batchnorm(const Shape& max_input, Layout layout);
+  /// Whether the batch-norm ops take an (N, C, H, W) x of `dtype` in `layout` (f32: always; bf16:
+  /// the cuda backend's channels-last kernels, which widen it as they read). Everything else of
+  /// theirs (y, dy, dx, the epilogue's tensors, the per-channel vectors) stays f32.
+  bool batchnorm_takes(DType dtype, Layout layout) const;
   /// Training: normalise with this batch's mean and biased variance; update running stats as
   /// PyTorch does (running = (1-momentum)*running + momentum*stat, the variance unbiased by
   /// n/(n-1) where n = N*H*W, which must be > 1); save_mean, save_invstd (C) = mean and
@@ -465,6 +479,10 @@ class Backend {
   /// Nothing to prepare by default.
   virtual void prepare_linear_impl(int64_t /*max_batch*/, int64_t /*in*/, int64_t /*out*/) {}
   virtual void prepare_batchnorm_impl(const Shape& /*max_input*/, Layout /*layout*/) {}
+  /// batchnorm_takes for a dtype other than f32: none by default.
+  virtual bool batchnorm_takes_impl(DType /*dtype*/, Layout /*layout*/) const { return false; }
+  /// The output dtype of a plan plan_conv_impl made (ConvPlan::output_dtype): f32 by default.
+  virtual DType conv_output_dtype_impl(const ConvPlan& /*plan*/) const { return DType::f32; }
   /// workspace: the caller's, checked, for a plan with planned_workspace() (null when it needs
   /// none); null for any other plan.
   virtual void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,

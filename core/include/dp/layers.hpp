@@ -43,10 +43,13 @@ class Conv2d : public Module {
   Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
 
  private:
-  friend class BatchNorm2d;  // fold_bias_of sets bias_folded_
+  friend class BatchNorm2d;  // fold_bias_of sets bias_folded_ and to_batchnorm_
   int64_t in_, out_;
   Options opt_;
   bool bias_folded_ = false;
+  /// Only a batch norm reads the output (ConvUse::output_to_batchnorm): set by the
+  /// BatchNorm2d that folds the bias or that Sequential adds right after this layer.
+  bool to_batchnorm_ = false;
   std::string name_;  // the dotted path, for the backend's messages ("resnet_block2.0.conv1")
   ParamHandle w_, b_;
   std::unique_ptr<ConvPlan> plan_;
@@ -111,7 +114,9 @@ class BatchNorm2d : public Module {
   /// comment). Before setup; conv must have a bias not folded elsewhere and this layer's channel
   /// count, and this layer no other folded bias. Throws dp::Error otherwise.
   void fold_bias_of(Conv2d& conv);
-  /// A Conv2d with a bias that is not folded yet, of this layer's channel count: fold_bias_of.
+  /// A Conv2d of this layer's channel count, whose output only this layer reads: marked so
+  /// (ConvUse::output_to_batchnorm, with or without a bias), and with a bias not folded yet,
+  /// fold_bias_of. Returns whether the bias was folded.
   bool fold_previous(Module& previous) override;
 
   StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;

@@ -11,6 +11,8 @@
 // against (dp::Module's virtual functions, the layers' sizes, the factories): version 2 added
 // Module::fold_previous and the layers' bias fold, so a plugin built against version 1's headers
 // would call through another vtable and allocate layers too small; it is refused instead.
+// Version 3: dp::Backend gained virtual functions (batchnorm_takes_impl, conv_output_dtype_impl)
+// before others in its vtable, and dp::ConvUse a member (output_to_batchnorm).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -22,7 +24,7 @@
 #include "dp/data.hpp"
 #include "dp/module.hpp"
 
-#define DPRUN_PLUGIN_ABI_VERSION 2u
+#define DPRUN_PLUGIN_ABI_VERSION 3u
 #define DPRUN_PLUGIN_MAGIC 0x4450524Eu /* "DPRN" */
 
 namespace dp {

@@ -129,17 +129,18 @@ __device__ __forceinline__ void write_partial4(float4 a, float4 b, int64_t ch, i
   }
 }
 
-__global__ void stats_partial4_kernel(const float* x, int64_t rows, int64_t c, int64_t groups,
+template <typename T>
+__global__ void stats_partial4_kernel(const T* x, int64_t rows, int64_t c, int64_t groups,
                                       float* s1, float* s2) {
   const int64_t ch = (static_cast<int64_t>(blockIdx.x) * kQuadLanes + threadIdx.x) * 4;
   const int64_t g = blockIdx.y;
   float4 a1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a2 = a1;
   if (ch < c) {
-    const float4 pivot = *reinterpret_cast<const float4*>(x + ch);
+    const float4 pivot = load4_f32(x, ch);
     int64_t begin = 0, end = 0;
     group_rows(rows, groups, g, begin, end);
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes4) {
-      const float4 d = sub4(*reinterpret_cast<const float4*>(x + r * c + ch), pivot);
+      const float4 d = sub4(load4_f32(x, r * c + ch), pivot);
       add4(a1, d);
       add4(a2, mul4(d, d));
     }
@@ -147,8 +148,8 @@ __global__ void stats_partial4_kernel(const float* x, int64_t rows, int64_t c, i
   write_partial4(a1, a2, ch, c, g, s1, s2);
 }
 
-template <bool kRelu>
-__global__ void backward_partial4_kernel(const float* x, const float* dy, const float* y, float* dz,
+template <bool kRelu, typename T>
+__global__ void backward_partial4_kernel(const T* x, const float* dy, const float* y, float* dz,
                                          const float* mean, int64_t rows, int64_t c, int64_t groups,
                                          float* sg, float* sgx) {
   const int64_t ch = (static_cast<int64_t>(blockIdx.x) * kQuadLanes + threadIdx.x) * 4;
@@ -168,7 +169,7 @@ __global__ void backward_partial4_kernel(const float* x, const float* dy, const 
         *reinterpret_cast<float4*>(dz + i) = gv;
       }
       add4(a1, gv);
-      add4(a2, mul4(gv, sub4(*reinterpret_cast<const float4*>(x + i), m)));
+      add4(a2, mul4(gv, sub4(load4_f32(x, i), m)));
     }
   }
   write_partial4(a1, a2, ch, c, g, sg, sgx);
@@ -185,17 +186,18 @@ bool partials4(int64_t c, std::initializer_list<const void*> ptrs) {
 }
 
 // Partial sums of d = x - x[0, ch] and d^2 per (group, channel).
-__global__ void stats_partial_kernel(const float* x, int64_t rows, int64_t c, int64_t groups,
-                                     float* s1, float* s2) {
+template <typename T>
+__global__ void stats_partial_kernel(const T* x, int64_t rows, int64_t c, int64_t groups, float* s1,
+                                     float* s2) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   const int64_t g = blockIdx.y;
   float a1 = 0.0f, a2 = 0.0f;
   if (ch < c) {
-    const float pivot = x[ch];
+    const float pivot = load_f32(x, ch);
     int64_t begin = 0, end = 0;
     group_rows(rows, groups, g, begin, end);
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
-      const float d = x[r * c + ch] - pivot;
+      const float d = load_f32(x, r * c + ch) - pivot;
       a1 += d;
       a2 += d * d;
     }
@@ -206,8 +208,9 @@ __global__ void stats_partial_kernel(const float* x, int64_t rows, int64_t c, in
 // Per channel: the batch's mean and biased variance from the partials, save_mean, save_invstd,
 // the running statistics (PyTorch's update, the variance unbiased by M / (M - 1)) and
 // scale = gamma * invstd.
-__global__ void stats_finalize_kernel(const float* x, const float* s1, const float* s2,
-                                      int64_t rows, int64_t c, int64_t groups, const float* gamma,
+template <typename T>
+__global__ void stats_finalize_kernel(const T* x, const float* s1, const float* s2, int64_t rows,
+                                      int64_t c, int64_t groups, const float* gamma,
                                       float* running_mean, float* running_var, float momentum,
                                       float eps, float* save_mean, float* save_invstd,
                                       float* scale) {
@@ -219,7 +222,7 @@ __global__ void stats_finalize_kernel(const float* x, const float* s1, const flo
     const double shift = t1 / m;
     double var = t2 / m - shift * shift;
     if (var < 0.0) var = 0.0;
-    const double mean = static_cast<double>(x[ch]) + shift;
+    const double mean = static_cast<double>(load_f32(x, ch)) + shift;
     const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
     save_mean[ch] = static_cast<float>(mean);
     save_invstd[ch] = static_cast<float>(invstd);
@@ -249,13 +252,12 @@ __device__ __forceinline__ float normalised(float x, float mean, float scale, fl
 }
 
 // y = epilogue((x - mean) * scale + beta), one element per thread step.
-template <bool kResidual, bool kRelu>
-__global__ void apply_kernel(const float* x, const float* mean, const float* scale,
-                             const float* beta, const float* residual, float* y, int64_t total,
-                             int64_t c) {
+template <bool kResidual, bool kRelu, typename T>
+__global__ void apply_kernel(const T* x, const float* mean, const float* scale, const float* beta,
+                             const float* residual, float* y, int64_t total, int64_t c) {
   DP_GRID_STRIDE(i, total) {
     const int64_t ch = i % c;
-    y[i] = normalised<kResidual, kRelu>(x[i], mean[ch], scale[ch], beta[ch],
+    y[i] = normalised<kResidual, kRelu>(load_f32(x, i), mean[ch], scale[ch], beta[ch],
                                         kResidual ? residual[i] : 0.0f);
   }
 }
@@ -263,12 +265,12 @@ __global__ void apply_kernel(const float* x, const float* mean, const float* sca
 // The same with 16-byte loads and stores: C a multiple of 4 and every pointer 16-byte aligned.
 // I: the index type, int32_t where every offset fits (the channel of each float4 is a division,
 // which the GPU emulates in 64 bits).
-template <bool kResidual, bool kRelu, typename I>
-__global__ void apply4_kernel(const float4* x, const float* mean, const float* scale,
-                              const float* beta, const float4* residual, float4* y, I total4, I c) {
+template <bool kResidual, bool kRelu, typename T, typename I>
+__global__ void apply4_kernel(const T* x, const float* mean, const float* scale, const float* beta,
+                              const float4* residual, float4* y, I total4, I c) {
   DP_GRID_STRIDE_AS(I, i, total4) {
     const I ch = (4 * i) % c;
-    const float4 v = x[i];
+    const float4 v = load4_f32(x, 4 * i);
     const float4 r = kResidual ? residual[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 out;
     out.x = normalised<kResidual, kRelu>(v.x, mean[ch], scale[ch], beta[ch], r.x);
@@ -279,49 +281,49 @@ __global__ void apply4_kernel(const float4* x, const float* mean, const float* s
   }
 }
 
-template <bool kResidual, bool kRelu>
-void launch_apply(const float* x, const float* mean, const float* scale, const float* beta,
+template <bool kResidual, bool kRelu, typename T>
+void launch_apply(const T* x, const float* mean, const float* scale, const float* beta,
                   const float* residual, float* y, int64_t total, int64_t c, cudaStream_t stream) {
   if (c % 4 == 0 && aligned16(x) && aligned16(residual) && aligned16(y)) {
     const int64_t total4 = total / 4;
-    const auto* x4 = reinterpret_cast<const float4*>(x);
     const auto* r4 = reinterpret_cast<const float4*>(residual);
     auto* y4 = reinterpret_cast<float4*>(y);
     const unsigned grid = grid_for(total4);
     dispatch_index(total + 4 * int64_t{kThreads} * grid, [&](auto index) {
       using I = decltype(index);
-      apply4_kernel<kResidual, kRelu, I><<<grid, kThreads, 0, stream>>>(
-          x4, mean, scale, beta, r4, y4, static_cast<I>(total4), static_cast<I>(c));
+      apply4_kernel<kResidual, kRelu, T, I><<<grid, kThreads, 0, stream>>>(
+          x, mean, scale, beta, r4, y4, static_cast<I>(total4), static_cast<I>(c));
     });
     CUDA_CHECK_LAUNCH(apply4_kernel);
   } else {
-    apply_kernel<kResidual, kRelu>
+    apply_kernel<kResidual, kRelu, T>
         <<<grid_for(total), kThreads, 0, stream>>>(x, mean, scale, beta, residual, y, total, c);
     CUDA_CHECK_LAUNCH(apply_kernel);
   }
 }
 
-void apply(const float* x, const float* mean, const float* scale, const float* beta,
+template <typename T>
+void apply(const T* x, const float* mean, const float* scale, const float* beta,
            const float* residual, bool relu, float* y, int64_t total, int64_t c,
            cudaStream_t stream) {
   if (total == 0) return;
   if (residual != nullptr) {
     if (relu) {
-      launch_apply<true, true>(x, mean, scale, beta, residual, y, total, c, stream);
+      launch_apply<true, true, T>(x, mean, scale, beta, residual, y, total, c, stream);
     } else {
-      launch_apply<true, false>(x, mean, scale, beta, residual, y, total, c, stream);
+      launch_apply<true, false, T>(x, mean, scale, beta, residual, y, total, c, stream);
     }
   } else if (relu) {
-    launch_apply<false, true>(x, mean, scale, beta, residual, y, total, c, stream);
+    launch_apply<false, true, T>(x, mean, scale, beta, residual, y, total, c, stream);
   } else {
-    launch_apply<false, false>(x, mean, scale, beta, residual, y, total, c, stream);
+    launch_apply<false, false, T>(x, mean, scale, beta, residual, y, total, c, stream);
   }
 }
 
 // Partial sums of g and g * (x - mean) per (group, channel), g = dy, or with the ReLU epilogue
 // g = y > 0 ? dy : 0, written to dz.
-template <bool kRelu>
-__global__ void backward_partial_kernel(const float* x, const float* dy, const float* y, float* dz,
+template <bool kRelu, typename T>
+__global__ void backward_partial_kernel(const T* x, const float* dy, const float* y, float* dz,
                                         const float* mean, int64_t rows, int64_t c, int64_t groups,
                                         float* sg, float* sgx) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
@@ -339,7 +341,7 @@ __global__ void backward_partial_kernel(const float* x, const float* dy, const f
         dz[i] = gv;
       }
       a1 += gv;
-      a2 += gv * (x[i] - m);
+      a2 += gv * (load_f32(x, i) - m);
     }
   }
   write_partial(a1, a2, ch, c, g, sg, sgx);
@@ -372,19 +374,20 @@ __device__ __forceinline__ float backward_value(float x, float g, const float* m
   return coef[ch] * g + coef[c + ch] + coef[2 * c + ch] * (x - mean[ch]);
 }
 
-__global__ void backward_apply_kernel(const float* x, const float* g, const float* mean,
+template <typename T>
+__global__ void backward_apply_kernel(const T* x, const float* g, const float* mean,
                                       const float* coef, float* dx, int64_t total, int64_t c) {
-  DP_GRID_STRIDE(i, total) { dx[i] = backward_value(x[i], g[i], mean, coef, i % c, c); }
+  DP_GRID_STRIDE(i, total) { dx[i] = backward_value(load_f32(x, i), g[i], mean, coef, i % c, c); }
 }
 
 // The same with 16-byte loads and stores (as apply4_kernel; on the H200 the scalar kernel took
 // 0.89 ms of ResNet-18's step against the forward's float4 apply's 0.34 for as many bytes).
-template <typename I>
-__global__ void backward_apply4_kernel(const float4* x, const float4* g, const float* mean,
+template <typename T, typename I>
+__global__ void backward_apply4_kernel(const T* x, const float4* g, const float* mean,
                                        const float* coef, float4* dx, I total4, I c) {
   DP_GRID_STRIDE_AS(I, i, total4) {
     const I ch = (4 * i) % c;
-    const float4 xv = x[i], gv = g[i];
+    const float4 xv = load4_f32(x, 4 * i), gv = g[i];
     float4 out;
     out.x = backward_value(xv.x, gv.x, mean, coef, ch, c);
     out.y = backward_value(xv.y, gv.y, mean, coef, ch + 1, c);
@@ -405,33 +408,34 @@ size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c) {
   return static_cast<size_t>(2 * bn_nhwc_groups(rows) * c + 3 * c);
 }
 
-void bn_nhwc_forward_train(const float* x, const float* gamma, const float* beta,
-                           float* running_mean, float* running_var, float momentum, float eps,
-                           float* save_mean, float* save_invstd, const float* residual, bool relu,
-                           float* y, int64_t rows, int64_t c, float* scratch,
-                           cudaStream_t stream) {
+template <typename T>
+void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, float* running_mean,
+                           float* running_var, float momentum, float eps, float* save_mean,
+                           float* save_invstd, const float* residual, bool relu, float* y,
+                           int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   const int64_t groups = bn_nhwc_groups(rows);
   float* s1 = scratch;
   float* s2 = scratch + groups * c;
   float* scale = scratch + 2 * groups * c;
   if (partials4(c, {x, s1, s2})) {
-    stats_partial4_kernel<<<reduce_grid(c, groups), dim3(kQuadLanes, kRowLanes4), 0, stream>>>(
+    stats_partial4_kernel<T><<<reduce_grid(c, groups), dim3(kQuadLanes, kRowLanes4), 0, stream>>>(
         x, rows, c, groups, s1, s2);
     CUDA_CHECK_LAUNCH(stats_partial4_kernel);
   } else {
-    stats_partial_kernel<<<reduce_grid(c, groups), dim3(kLanes, kRowLanes), 0, stream>>>(
+    stats_partial_kernel<T><<<reduce_grid(c, groups), dim3(kLanes, kRowLanes), 0, stream>>>(
         x, rows, c, groups, s1, s2);
     CUDA_CHECK_LAUNCH(stats_partial_kernel);
   }
-  stats_finalize_kernel<<<finalize_grid(c), dim3(kLanes, kSumLanes), 0, stream>>>(
+  stats_finalize_kernel<T><<<finalize_grid(c), dim3(kLanes, kSumLanes), 0, stream>>>(
       x, s1, s2, rows, c, groups, gamma, running_mean, running_var, momentum, eps, save_mean,
       save_invstd, scale);
   CUDA_CHECK_LAUNCH(stats_finalize_kernel);
   apply(x, save_mean, scale, beta, residual, relu, y, rows * c, c, stream);
 }
 
-void bn_nhwc_forward_infer(const float* x, const float* gamma, const float* beta,
+template <typename T>
+void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
                            const float* running_mean, const float* running_var, float eps,
                            const float* residual, bool relu, float* y, int64_t rows, int64_t c,
                            float* scratch, cudaStream_t stream) {
@@ -441,10 +445,10 @@ void bn_nhwc_forward_infer(const float* x, const float* gamma, const float* beta
   apply(x, running_mean, scratch, beta, residual, relu, y, rows * c, c, stream);
 }
 
-void bn_nhwc_backward(const float* x, const float* dy, const float* y, float* dz,
-                      const float* gamma, const float* save_mean, const float* save_invstd,
-                      float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t c,
-                      float* scratch, cudaStream_t stream) {
+template <typename T>
+void bn_nhwc_backward(const T* x, const float* dy, const float* y, float* dz, const float* gamma,
+                      const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
+                      float* dbeta, int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   const int64_t groups = bn_nhwc_groups(rows);
   float* sg = scratch;
@@ -455,21 +459,21 @@ void bn_nhwc_backward(const float* x, const float* dy, const float* y, float* dz
   if (partials4(c, {x, dy, y, dz, save_mean, sg, sgx})) {
     const dim3 block(kQuadLanes, kRowLanes4);
     if (relu) {
-      backward_partial4_kernel<true>
+      backward_partial4_kernel<true, T>
           <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
     } else {
-      backward_partial4_kernel<false><<<grid, block, 0, stream>>>(
+      backward_partial4_kernel<false, T><<<grid, block, 0, stream>>>(
           x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
     }
     CUDA_CHECK_LAUNCH(backward_partial4_kernel);
   } else {
     const dim3 block(kLanes, kRowLanes);
     if (relu) {
-      backward_partial_kernel<true>
+      backward_partial_kernel<true, T>
           <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
     } else {
-      backward_partial_kernel<false><<<grid, block, 0, stream>>>(x, dy, nullptr, nullptr, save_mean,
-                                                                 rows, c, groups, sg, sgx);
+      backward_partial_kernel<false, T><<<grid, block, 0, stream>>>(
+          x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
     }
     CUDA_CHECK_LAUNCH(backward_partial_kernel);
   }
@@ -480,21 +484,35 @@ void bn_nhwc_backward(const float* x, const float* dy, const float* y, float* dz
   const float* g = relu ? dz : dy;
   if (c % 4 == 0 && aligned16(x) && aligned16(g) && aligned16(dx)) {
     const int64_t total4 = total / 4;
-    const auto* x4 = reinterpret_cast<const float4*>(x);
     const auto* g4 = reinterpret_cast<const float4*>(g);
     auto* dx4 = reinterpret_cast<float4*>(dx);
     const unsigned grid = grid_for(total4);
     dispatch_index(total + 4 * int64_t{kThreads} * grid, [&](auto index) {
       using I = decltype(index);
-      backward_apply4_kernel<I><<<grid, kThreads, 0, stream>>>(
-          x4, g4, save_mean, coef, dx4, static_cast<I>(total4), static_cast<I>(c));
+      backward_apply4_kernel<T, I><<<grid, kThreads, 0, stream>>>(
+          x, g4, save_mean, coef, dx4, static_cast<I>(total4), static_cast<I>(c));
     });
     CUDA_CHECK_LAUNCH(backward_apply4_kernel);
   } else {
-    backward_apply_kernel<<<grid_for(total), kThreads, 0, stream>>>(x, g, save_mean, coef, dx,
-                                                                    total, c);
+    backward_apply_kernel<T>
+        <<<grid_for(total), kThreads, 0, stream>>>(x, g, save_mean, coef, dx, total, c);
     CUDA_CHECK_LAUNCH(backward_apply_kernel);
   }
 }
+
+// fp32 activations, and packed bf16 ones (the stored output of a bf16 convolution).
+#define DP_BN_NHWC_INPUT(T)                                                                        \
+  template void bn_nhwc_forward_train<T>(const T*, const float*, const float*, float*, float*,     \
+                                         float, float, float*, float*, const float*, bool, float*, \
+                                         int64_t, int64_t, float*, cudaStream_t);                  \
+  template void bn_nhwc_forward_infer<T>(const T*, const float*, const float*, const float*,       \
+                                         const float*, float, const float*, bool, float*, int64_t, \
+                                         int64_t, float*, cudaStream_t);                           \
+  template void bn_nhwc_backward<T>(const T*, const float*, const float*, float*, const float*,    \
+                                    const float*, const float*, float*, float*, float*, int64_t,   \
+                                    int64_t, float*, cudaStream_t);
+DP_BN_NHWC_INPUT(float)
+DP_BN_NHWC_INPUT(uint16_t)
+#undef DP_BN_NHWC_INPUT
 
 }  // namespace dp::cuda::kernels

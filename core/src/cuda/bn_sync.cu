@@ -28,15 +28,15 @@ __device__ __forceinline__ int64_t channel_offset(int64_t e, int64_t ch, int64_t
 }
 
 // Block `ch`: out[ch] = sum x, or sum (x - mean[ch])^2 when mean is given.
-template <bool kNhwc>
-__global__ void bn_sums_kernel(const float* x, const float* mean, float* out, int64_t c, int64_t hw,
+template <bool kNhwc, typename T>
+__global__ void bn_sums_kernel(const T* x, const float* mean, float* out, int64_t c, int64_t hw,
                                int64_t total) {
   __shared__ double shared[kThreads];
   const int64_t ch = blockIdx.x;
   const double m = mean != nullptr ? mean[ch] : 0.0;
   double acc = 0.0;
   for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
-    const double v = x[channel_offset<kNhwc>(e, ch, c, hw)];
+    const double v = load_f32(x, channel_offset<kNhwc>(e, ch, c, hw));
     acc += mean != nullptr ? (v - m) * (v - m) : v;
   }
   const double s = block_sum_f64(acc, shared);
@@ -44,8 +44,8 @@ __global__ void bn_sums_kernel(const float* x, const float* mean, float* out, in
 }
 
 // Block `ch`: sums[ch] = sum dy, sums[C + ch] = sum dy * (x - mean) * invstd.
-template <bool kNhwc>
-__global__ void bn_backward_sums_kernel(const float* x, const float* dy, const float* mean,
+template <bool kNhwc, typename T>
+__global__ void bn_backward_sums_kernel(const T* x, const float* dy, const float* mean,
                                         const float* invstd, float* sums, int64_t c, int64_t hw,
                                         int64_t total) {
   __shared__ double shared[kThreads];
@@ -55,7 +55,7 @@ __global__ void bn_backward_sums_kernel(const float* x, const float* dy, const f
   for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
     const int64_t i = channel_offset<kNhwc>(e, ch, c, hw);
     sum_dy += dy[i];
-    sum_dy_xhat += static_cast<double>(dy[i]) * ((x[i] - m) * is);
+    sum_dy_xhat += static_cast<double>(dy[i]) * ((load_f32(x, i) - m) * is);
   }
   const double a = block_sum_f64(sum_dy, shared);
   if (threadIdx.x == 0) sums[ch] = static_cast<float>(a);
@@ -79,19 +79,19 @@ __global__ void bn_finalize_stats_kernel(const float* mean, const float* var, fl
   }
 }
 
-template <bool kNhwc>
-__global__ void bn_normalize_kernel(const float* x, const float* gamma, const float* beta,
+template <bool kNhwc, typename T>
+__global__ void bn_normalize_kernel(const T* x, const float* gamma, const float* beta,
                                     const float* mean, const float* invstd, float* y, int64_t n,
                                     int64_t c, int64_t hw) {
   DP_GRID_STRIDE(i, n) {
     const int64_t ch = kNhwc ? i % c : (i / hw) % c;
     const float scale = gamma[ch] * invstd[ch];
-    y[i] = x[i] * scale + (beta[ch] - mean[ch] * scale);
+    y[i] = load_f32(x, i) * scale + (beta[ch] - mean[ch] * scale);
   }
 }
 
-template <bool kNhwc>
-__global__ void bn_backward_apply_kernel(const float* x, const float* dy, const float* gamma,
+template <bool kNhwc, typename T>
+__global__ void bn_backward_apply_kernel(const T* x, const float* dy, const float* gamma,
                                          const float* mean, const float* invstd, const float* sums,
                                          int64_t count, float* dx, int64_t n, int64_t c,
                                          int64_t hw) {
@@ -101,25 +101,27 @@ __global__ void bn_backward_apply_kernel(const float* x, const float* dy, const 
     const auto dy_scale = static_cast<float>(k * static_cast<double>(count));
     const auto offset = static_cast<float>(-k * static_cast<double>(sums[ch]));
     const auto xhat_scale = static_cast<float>(-k * static_cast<double>(sums[c + ch]));
-    dx[i] = dy_scale * dy[i] + offset + xhat_scale * ((x[i] - mean[ch]) * invstd[ch]);
+    dx[i] = dy_scale * dy[i] + offset + xhat_scale * ((load_f32(x, i) - mean[ch]) * invstd[ch]);
   }
 }
 
 }  // namespace
 
-void bn_sums(const float* x, const float* mean, float* out, int64_t n, int64_t c, int64_t hw,
-             bool nhwc, cudaStream_t stream) {
+template <typename T>
+void bn_sums(const T* x, const float* mean, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
+             cudaStream_t stream) {
   if (c <= 0) return;
   const auto grid = static_cast<unsigned>(c);
   if (nhwc) {
-    bn_sums_kernel<true><<<grid, kThreads, 0, stream>>>(x, mean, out, c, hw, n * hw);
+    bn_sums_kernel<true, T><<<grid, kThreads, 0, stream>>>(x, mean, out, c, hw, n * hw);
   } else {
-    bn_sums_kernel<false><<<grid, kThreads, 0, stream>>>(x, mean, out, c, hw, n * hw);
+    bn_sums_kernel<false, T><<<grid, kThreads, 0, stream>>>(x, mean, out, c, hw, n * hw);
   }
   CUDA_CHECK_LAUNCH(bn_sums_kernel);
 }
 
-void bn_apply_stats(const float* x, const float* gamma, const float* beta, const float* mean,
+template <typename T>
+void bn_apply_stats(const T* x, const float* gamma, const float* beta, const float* mean,
                     const float* var, float* running_mean, float* running_var, float momentum,
                     float eps, int64_t count, float* save_mean, float* save_invstd, float* y,
                     int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream) {
@@ -129,43 +131,61 @@ void bn_apply_stats(const float* x, const float* gamma, const float* beta, const
   const int64_t total = n * c * hw;
   if (total == 0) return;
   if (nhwc) {
-    bn_normalize_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(
+    bn_normalize_kernel<true, T><<<grid_for(total), kThreads, 0, stream>>>(
         x, gamma, beta, save_mean, save_invstd, y, total, c, hw);
   } else {
-    bn_normalize_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(
+    bn_normalize_kernel<false, T><<<grid_for(total), kThreads, 0, stream>>>(
         x, gamma, beta, save_mean, save_invstd, y, total, c, hw);
   }
   CUDA_CHECK_LAUNCH(bn_normalize_kernel);
 }
 
-void bn_backward_sums(const float* x, const float* dy, const float* save_mean,
-                      const float* save_invstd, float* sums, int64_t n, int64_t c, int64_t hw,
-                      bool nhwc, cudaStream_t stream) {
+template <typename T>
+void bn_backward_sums(const T* x, const float* dy, const float* save_mean, const float* save_invstd,
+                      float* sums, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                      cudaStream_t stream) {
   if (c <= 0) return;
   const auto grid = static_cast<unsigned>(c);
   if (nhwc) {
-    bn_backward_sums_kernel<true>
+    bn_backward_sums_kernel<true, T>
         <<<grid, kThreads, 0, stream>>>(x, dy, save_mean, save_invstd, sums, c, hw, n * hw);
   } else {
-    bn_backward_sums_kernel<false>
+    bn_backward_sums_kernel<false, T>
         <<<grid, kThreads, 0, stream>>>(x, dy, save_mean, save_invstd, sums, c, hw, n * hw);
   }
   CUDA_CHECK_LAUNCH(bn_backward_sums_kernel);
 }
 
-void bn_backward_apply(const float* x, const float* dy, const float* gamma, const float* save_mean,
+template <typename T>
+void bn_backward_apply(const T* x, const float* dy, const float* gamma, const float* save_mean,
                        const float* save_invstd, const float* sums, int64_t count, float* dx,
                        int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream) {
   const int64_t total = n * c * hw;
   if (total == 0) return;
   if (nhwc) {
-    bn_backward_apply_kernel<true><<<grid_for(total), kThreads, 0, stream>>>(
+    bn_backward_apply_kernel<true, T><<<grid_for(total), kThreads, 0, stream>>>(
         x, dy, gamma, save_mean, save_invstd, sums, count, dx, total, c, hw);
   } else {
-    bn_backward_apply_kernel<false><<<grid_for(total), kThreads, 0, stream>>>(
+    bn_backward_apply_kernel<false, T><<<grid_for(total), kThreads, 0, stream>>>(
         x, dy, gamma, save_mean, save_invstd, sums, count, dx, total, c, hw);
   }
   CUDA_CHECK_LAUNCH(bn_backward_apply_kernel);
 }
+
+// fp32 activations, and packed bf16 ones (the stored output of a bf16 convolution).
+#define DP_BN_SYNC_INPUT(T)                                                                       \
+  template void bn_sums<T>(const T*, const float*, float*, int64_t, int64_t, int64_t, bool,       \
+                           cudaStream_t);                                                         \
+  template void bn_apply_stats<T>(const T*, const float*, const float*, const float*,             \
+                                  const float*, float*, float*, float, float, int64_t, float*,    \
+                                  float*, float*, int64_t, int64_t, int64_t, bool, cudaStream_t); \
+  template void bn_backward_sums<T>(const T*, const float*, const float*, const float*, float*,   \
+                                    int64_t, int64_t, int64_t, bool, cudaStream_t);               \
+  template void bn_backward_apply<T>(const T*, const float*, const float*, const float*,          \
+                                     const float*, const float*, int64_t, float*, int64_t,        \
+                                     int64_t, int64_t, bool, cudaStream_t);
+DP_BN_SYNC_INPUT(float)
+DP_BN_SYNC_INPUT(uint16_t)
+#undef DP_BN_SYNC_INPUT
 
 }  // namespace dp::cuda::kernels

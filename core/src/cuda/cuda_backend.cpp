@@ -125,6 +125,17 @@ CudaBackend::CudaBackend(const BackendOptions& options)
       }
       own_nhwc_bn_ = which == "ours";
     }
+    // Which dtype holds a bf16 convolution's output that only our batch norm reads: packed bf16
+    // (the default) or f32 (the widened copy), for benchmarks and tests that compare them.
+    if (const char* out = std::getenv("DPRUN_CUDA_BF16_CONV_OUTPUT"); out != nullptr && *out) {
+      const std::string which = out;
+      if (which != "bf16" && which != "f32") {
+        throw Error("cuda backend: DPRUN_CUDA_BF16_CONV_OUTPUT is '" + which +
+                    "'; use bf16 (a bf16 convolution that feeds a batch norm writes its output as "
+                    "bf16, the default) or f32 (widened to f32)");
+      }
+      bf16_conv_output_ = which == "bf16";
+    }
     // A check for reads of scratch nobody wrote (scripts/gpu-check runs the op tests under it):
     // each convolution pass's scratch, the operand copies and cuDNN's workspace, is filled with
     // 0xFF bytes (NaN in fp32 and in bf16) right before the pass, so a library's kernel or ours

@@ -117,6 +117,8 @@ class CudaBackend final : public Backend {
   void fill_impl(const Tensor& t, float value) override;
 
   std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
+  DType conv_output_dtype_impl(const ConvPlan& plan) const override;
+  bool batchnorm_takes_impl(DType dtype, Layout layout) const override;
   void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                          const Tensor& y, const Tensor* workspace) override;
   void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
@@ -248,9 +250,11 @@ class CudaBackend final : public Backend {
   /// algorithm needs (cudnn_need bytes) with 0xFF bytes, in stream order before the pass.
   void poison_pass(const PassScratch& s, size_t cudnn_need);
   /// plan_conv_impl's plan, cuDNN given packed bf16 data in the directions io_bf16 says
-  /// (forward, backward-data, backward-filter).
+  /// (forward, backward-data, backward-filter); bf16_output: y is packed bf16
+  /// (CudnnConvPlan::bf16_output, with io_bf16[forward]).
   std::unique_ptr<CudnnConvPlan> make_conv_plan(const ConvGeometry& g, const ConvUse& use,
-                                                std::array<bool, 3> io_bf16);
+                                                std::array<bool, 3> io_bf16,
+                                                bool bf16_output = false);
   /// The descriptors of batch size n of a plan, created on first use; nothing chosen.
   ConvBatch& batch_state(CudnnConvPlan& plan, int64_t n);
   void choose_algorithm(CudnnConvPlan& plan, ConvBatch& b, int direction, size_t workspace_limit,
@@ -279,10 +283,13 @@ class CudaBackend final : public Backend {
   static bool own_gemm_1x1(const CudnnConvPlan& plan);
   /// Whether the plan can run the few-channel passes (NHWC, kernels::small_conv_fits).
   static bool own_small_c(const CudnnConvPlan& plan);
-  /// The workspace own algorithm `algo` needs in `direction` at batch n: the GEMM's gathered
-  /// rows (when strided, or rounded in bf16) and, in bf16, its filter's rounded copy; the
-  /// few-channel filter gradient's partial sums.
+  /// The workspace own algorithm `algo` needs in `direction` at batch n: its own_scratch, then,
+  /// for a forward into a bf16 y (CudnnConvPlan::bf16_output), its fp32 sums.
   size_t own_workspace(const CudnnConvPlan& plan, int algo, int direction, int64_t n) const;
+  /// What the algorithm itself uses at the start of its workspace: the GEMM's gathered rows
+  /// (when strided, or rounded in bf16) and, in bf16, its filter's rounded copy; the few-channel
+  /// filter gradient's partial sums.
+  size_t own_scratch(const CudnnConvPlan& plan, int algo, int direction, int64_t n) const;
   /// The math it runs with, as cuDNN's math types say it: the GEMM's is the cuBLAS handle's
   /// (TF32 when allow_tf32, else FMA); the direct passes' FMA.
   cudnnMathType_t own_math(int algo) const;
@@ -367,6 +374,9 @@ class CudaBackend final : public Backend {
   size_t reduce_scratch_floats_ = 0;
   /// NHWC batch norm by bn_nhwc.cu (true) or cuDNN (DPRUN_CUDA_NHWC_BN=cudnn, for comparisons).
   bool own_nhwc_bn_ = true;
+  /// Precision bf16: a convolution whose output only a batch norm of ours reads writes it as
+  /// packed bf16 (true), or widened to f32 (DPRUN_CUDA_BF16_CONV_OUTPUT=f32, for comparisons).
+  bool bf16_conv_output_ = true;
   bool poison_scratch_ = false;  // DPRUN_CUDA_POISON_SCRATCH=1: see the constructor
   /// Whether x's batch norm goes to bn_nhwc.cu.
   bool own_bn(const Tensor& x) const {

@@ -132,12 +132,18 @@ class CudnnConvPlan final : public ConvPlan {
   bool nhwc() const { return geometry().layout == Layout::nhwc; }
   const std::array<bool, 3> io_bf16;
   bool any_bf16() const { return io_bf16[0] || io_bf16[1] || io_bf16[2]; }
+  /// Precision bf16, NHWC, with ConvUse::output_to_batchnorm and io_bf16[forward]: y is packed
+  /// bf16 (ConvPlan::output_dtype), written by cuDNN itself. A forward on one of dprun's own
+  /// algorithms writes its fp32 sums at the end of its workspace (CudaBackend::own_workspace),
+  /// then rounds them into y.
+  bool bf16_output = false;
   /// With a planned workspace in bf16: the floats of operand copies (and packed outputs) at its
   /// start, per stage (forward, backward), before cuDNN's workspace.
   size_t bf16_floats[2] = {0, 0};
   /// precision bf16: the floats of scratch a pass in `direction` needs for its copies, with
   /// these element counts of x, w and y (bf16_operand_floats or bf16_packed_floats).
   size_t copy_floats(int direction, int64_t x, int64_t w, int64_t y) const {
+    if (direction == kForward && bf16_output) return bf16_packed_floats({x, w});  // y is cuDNN's
     if (direction == kForward)
       return io_bf16[kForward] ? bf16_packed_floats({x, w, y}) : bf16_operand_floats({x, w});
     if (direction == kBackwardData)
@@ -428,8 +434,12 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
     // no deterministic algorithm within the workspace), fp32 kernels on rounded copies give the
     // same values. Decided here, at setup only: a batch size first met later takes what its
     // plan has.
+    // A forward without a bias whose output only our batch norm reads keeps cuDNN's bf16 output
+    // as it is: y is packed bf16 (the values the f32 y would hold, in half the memory).
+    const bool bf16_output = use.output_to_batchnorm && !use.forward_bias && bf16_conv_output_ &&
+                             batchnorm_takes_impl(DType::bf16, g.layout);
     try {
-      return make_conv_plan(g, use, {!use.forward_bias, true, false});
+      return make_conv_plan(g, use, {!use.forward_bias, true, false}, bf16_output);
     } catch (const CudnnError& e) {
       // Only cuDNN's own refusals: anything else (memory, a bug) is no reason to change kernels.
       // What the attempt reserved stays (workspace, scratch), as its timed choices stay cached.
@@ -445,8 +455,10 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
 
 std::unique_ptr<CudnnConvPlan> CudaBackend::make_conv_plan(const ConvGeometry& g,
                                                            const ConvUse& use,
-                                                           std::array<bool, 3> io_bf16) {
+                                                           std::array<bool, 3> io_bf16,
+                                                           bool bf16_output) {
   auto plan = std::make_unique<CudnnConvPlan>(g, use.layer, io_bf16);
+  plan->bf16_output = bf16_output && io_bf16[kForward];
   // Known before the algorithms are chosen (conv_batch sizes the caller's workspace, not ours).
   plan_workspace(*plan, use);
   if (plan->nhwc()) reserve_filter_scratch(2 * static_cast<size_t>(plan->filter_numel()));
@@ -670,6 +682,17 @@ bool CudaBackend::own_algorithm_runs(const CudnnConvPlan& plan, int algo, int di
 
 size_t CudaBackend::own_workspace(const CudnnConvPlan& plan, int algo, int direction,
                                   int64_t n) const {
+  size_t bytes = own_scratch(plan, algo, direction, n);
+  if (direction == kForward && plan.bf16_output) {  // the fp32 sums, packed into y after
+    const ConvGeometry& g = plan.geometry();
+    bytes += static_cast<size_t>(aligned_floats(n * g.out_channels * g.out_h() * g.out_w())) *
+             sizeof(float);
+  }
+  return bytes;
+}
+
+size_t CudaBackend::own_scratch(const CudnnConvPlan& plan, int algo, int direction,
+                                int64_t n) const {
   const ConvGeometry& g = plan.geometry();
   if (algo == kConvAlgoDprunSmallC) {
     if (direction != kBackwardFilter) return 0;
@@ -1230,6 +1253,10 @@ CudaBackend::PackedOperands CudaBackend::packed_operands(const CudnnConvPlan& pl
   return {data16, w16, copies.room_packed(out_numel)};
 }
 
+DType CudaBackend::conv_output_dtype_impl(const ConvPlan& plan) const {
+  return static_cast<const CudnnConvPlan&>(plan).bf16_output ? DType::bf16 : DType::f32;
+}
+
 const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const float* w) {
   if (!plan.nhwc()) return w;
   const ConvGeometry& g = plan.geometry();
@@ -1253,6 +1280,13 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
   poison_pass(scratch, cb.choice[kForward].workspace);
   if (const int own = cb.choice[kForward].algo;
       own == kConvAlgoDprunGemm1x1 || own == kConvAlgoDprunSmallC) {
+    if (plan.bf16_output) {  // the fp32 sums after the algorithm's scratch, then y's rounding
+      float* sums = reinterpret_cast<float*>(static_cast<char*>(scratch.cudnn) +
+                                             own_scratch(plan, own, kForward, n));
+      run_own(plan, own, kForward, n, x.f32(), w.f32(), sums, scratch.cudnn);
+      kernels::to_bf16(sums, static_cast<uint16_t*>(y.data), y.numel(), stream_);
+      return;
+    }
     // The bias joins the fp32 sum, then (bf16) the output's one rounding, as after cuDNN.
     run_own(plan, own, kForward, n, x.f32(), w.f32(), y.f32(), scratch.cudnn);
     finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), true);
@@ -1261,12 +1295,15 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
   const float one = 1.0f, zero = 0.0f;
   if (plan.io_bf16[kForward]) {
-    // No bias (Backend::conv_forward refuses one): cuDNN's bf16 output is the rounded fp32 sum.
-    const PackedOperands p = packed_operands(plan, scratch.bf16, x, w, y.numel());
+    // No bias (Backend::conv_forward refuses one): cuDNN's bf16 output is the rounded fp32 sum,
+    // y itself when y is bf16, else widened into y.
+    const PackedOperands p =
+        packed_operands(plan, scratch.bf16, x, w, plan.bf16_output ? 0 : y.numel());
+    void* out = plan.bf16_output ? y.data : static_cast<void*>(p.out);
     CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x16, p.data, plan.w_desc16, p.filter,
                                         cb.conv[kForward], algo, scratch.cudnn, scratch.cudnn_bytes,
-                                        &zero, cb.y16, p.out));
-    kernels::from_bf16(p.out, y.f32(), y.numel(), stream_);
+                                        &zero, cb.y16, out));
+    if (!plan.bf16_output) kernels::from_bf16(p.out, y.f32(), y.numel(), stream_);
     return;
   }
   const auto [xs, ws] = pass_operands(x, w, scratch.bf16);

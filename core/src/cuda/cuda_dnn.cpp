@@ -17,6 +17,16 @@
 namespace dp::cuda {
 namespace {
 Layout layout_of(const Tensor& t) { return t.shape.rank == 4 ? t.layout : Layout::nchw; }
+
+/// Calls f with x's data as the kernels take it: fp32, or packed bf16 (batchnorm_takes_impl).
+template <typename F>
+void with_input(const Tensor& x, F&& f) {
+  if (x.dtype == DType::bf16) {
+    f(static_cast<const uint16_t*>(x.data));
+  } else {
+    f(static_cast<const float*>(x.f32()));
+  }
+}
 }  // namespace
 
 // ---- batch norm --------------------------------------------------------------------------------
@@ -29,6 +39,11 @@ void CudaBackend::set_bn_descriptors(const Dims& d, Layout layout) {
       bn_x_desc_, layout == Layout::nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
       static_cast<int>(d.n), static_cast<int>(d.c), static_cast<int>(d.h), static_cast<int>(d.w)));
   CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn_param_desc_, bn_x_desc_, CUDNN_BATCHNORM_SPATIAL));
+}
+
+// A bf16 x (a bf16 convolution's stored output) goes to our channels-last kernels only.
+bool CudaBackend::batchnorm_takes_impl(DType dtype, Layout layout) const {
+  return dtype == DType::bf16 && layout == Layout::nhwc && own_nhwc_bn_;
 }
 
 void CudaBackend::prepare_batchnorm_impl(const Shape& max_input, Layout layout) {
@@ -75,11 +90,14 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
   activate();
   if (own_bn(x)) {
     const Dims d = dims_of(x);
-    kernels::bn_nhwc_forward_train(
-        x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), momentum, eps,
-        save_mean.f32(), save_invstd.f32(),
-        epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, y.f32(),
-        d.n * d.hw(), d.c, bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_train"), stream_);
+    float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_train");
+    with_input(x, [&](const auto* xs) {
+      kernels::bn_nhwc_forward_train(
+          xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), momentum, eps,
+          save_mean.f32(), save_invstd.f32(),
+          epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, y.f32(),
+          d.n * d.hw(), d.c, scratch, stream_);
+    });
     return;
   }
   set_bn_descriptors(dims_of(x), layout_of(x));
@@ -98,10 +116,13 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
   activate();
   if (own_bn(x)) {
     const Dims d = dims_of(x);
-    kernels::bn_nhwc_forward_infer(
-        x.f32(), gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps,
-        epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, y.f32(),
-        d.n * d.hw(), d.c, bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_infer"), stream_);
+    float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_infer");
+    with_input(x, [&](const auto* xs) {
+      kernels::bn_nhwc_forward_infer(
+          xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps,
+          epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, y.f32(),
+          d.n * d.hw(), d.c, scratch, stream_);
+    });
     return;
   }
   set_bn_descriptors(dims_of(x), layout_of(x));
@@ -121,11 +142,13 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
   if (own_bn(x)) {
     const Dims d = dims_of(x);
     const bool relu = epilogue.y != nullptr;
-    kernels::bn_nhwc_backward(x.f32(), dy.f32(), relu ? epilogue.y->f32() : nullptr,
-                              relu ? epilogue.dz->f32() : nullptr, gamma.f32(), save_mean.f32(),
-                              save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32(),
-                              d.n * d.hw(), d.c,
-                              bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_backward"), stream_);
+    float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_backward");
+    with_input(x, [&](const auto* xs) {
+      kernels::bn_nhwc_backward(xs, dy.f32(), relu ? epilogue.y->f32() : nullptr,
+                                relu ? epilogue.dz->f32() : nullptr, gamma.f32(), save_mean.f32(),
+                                save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32(),
+                                d.n * d.hw(), d.c, scratch, stream_);
+    });
     return;
   }
   const Tensor& g = epilogue_gradient(dy, epilogue);
@@ -142,8 +165,10 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
 void CudaBackend::batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) {
   const Dims d = dims_of(x);
   activate();
-  kernels::bn_sums(x.f32(), mean != nullptr ? mean->f32() : nullptr, sums.f32(), d.n, d.c, d.hw(),
-                   is_nhwc(x), stream_);
+  with_input(x, [&](const auto* xs) {
+    kernels::bn_sums(xs, mean != nullptr ? mean->f32() : nullptr, sums.f32(), d.n, d.c, d.hw(),
+                     is_nhwc(x), stream_);
+  });
 }
 
 void CudaBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma,
@@ -155,10 +180,11 @@ void CudaBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamm
                                              const BnEpilogue& epilogue) {
   const Dims d = dims_of(x);
   activate();
-  kernels::bn_apply_stats(x.f32(), gamma.f32(), beta.f32(), mean.f32(), var.f32(),
-                          running_mean.f32(), running_var.f32(), momentum, eps, count,
-                          save_mean.f32(), save_invstd.f32(), y.f32(), d.n, d.c, d.hw(), is_nhwc(x),
-                          stream_);
+  with_input(x, [&](const auto* xs) {
+    kernels::bn_apply_stats(xs, gamma.f32(), beta.f32(), mean.f32(), var.f32(), running_mean.f32(),
+                            running_var.f32(), momentum, eps, count, save_mean.f32(),
+                            save_invstd.f32(), y.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+  });
   if (d.n > 0) apply_epilogue(y, epilogue);
 }
 
@@ -168,8 +194,10 @@ void CudaBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy
   const Dims d = dims_of(x);
   activate();
   const Tensor& g = d.n > 0 ? epilogue_gradient(dy, epilogue) : dy;
-  kernels::bn_backward_sums(x.f32(), g.f32(), save_mean.f32(), save_invstd.f32(), sums.f32(), d.n,
-                            d.c, d.hw(), is_nhwc(x), stream_);
+  with_input(x, [&](const auto* xs) {
+    kernels::bn_backward_sums(xs, g.f32(), save_mean.f32(), save_invstd.f32(), sums.f32(), d.n, d.c,
+                              d.hw(), is_nhwc(x), stream_);
+  });
 }
 
 void CudaBackend::batchnorm_backward_apply_impl(const Tensor& x, const Tensor& dy,
@@ -178,8 +206,10 @@ void CudaBackend::batchnorm_backward_apply_impl(const Tensor& x, const Tensor& d
                                                 int64_t count, const Tensor& dx) {
   const Dims d = dims_of(x);
   activate();
-  kernels::bn_backward_apply(x.f32(), dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
-                             sums.f32(), count, dx.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+  with_input(x, [&](const auto* xs) {
+    kernels::bn_backward_apply(xs, dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
+                               sums.f32(), count, dx.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+  });
 }
 
 // ---- linear ------------------------------------------------------------------------------------

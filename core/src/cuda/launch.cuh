@@ -38,6 +38,31 @@ inline bool aligned16(const void* p) {
   return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+/// An activation value as fp32: itself, or a packed bf16 (precision bf16 stores the outputs of
+/// the convolutions that feed a batch norm so, ConvPlan::output_dtype) widened, exactly.
+template <typename I>
+__device__ __forceinline__ float load_f32(const float* p, I i) {
+  return p[i];
+}
+template <typename I>
+__device__ __forceinline__ float load_f32(const uint16_t* p, I i) {
+  return __uint_as_float(static_cast<uint32_t>(p[i]) << 16);
+}
+/// The four values at i, a multiple of 4, in one load (16 bytes of fp32, 8 of bf16): p must be
+/// aligned for it (aligned16 covers both).
+template <typename I>
+__device__ __forceinline__ float4 load4_f32(const float* p, I i) {
+  return *reinterpret_cast<const float4*>(p + i);
+}
+template <typename I>
+__device__ __forceinline__ float4 load4_f32(const uint16_t* p, I i) {
+  const uint64_t v = *reinterpret_cast<const uint64_t*>(p + i);
+  return make_float4(__uint_as_float(static_cast<uint32_t>(v << 16)),
+                     __uint_as_float(static_cast<uint32_t>(v) & 0xFFFF0000u),
+                     __uint_as_float(static_cast<uint32_t>(v >> 16) & 0xFFFF0000u),
+                     __uint_as_float(static_cast<uint32_t>(v >> 32) & 0xFFFF0000u));
+}
+
 /// Full unrolling of a loop with a constant trip count (registers indexed by the loop variable stay
 /// registers): nvcc's pragma; the kernel emulator's host compiler takes GCC's.
 #if defined(__CUDACC__)
