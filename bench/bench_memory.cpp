@@ -3,6 +3,13 @@
 // has cuDNN's workspaces):
 //
 //   bench_memory [--model resnet18|lenet] [--batches 64,256,1024] [--layout nchw|nhwc]
+//                [--backend cpu|cuda]
+//
+// --backend cuda sets the replica up on the CUDA backend (on a machine without a GPU: the
+// emulated one, tests/kernel_emu), with cuDNN's heuristics and no graphs: nothing runs but the
+// setup. Its planned bytes are the GPU's (layer outputs and gradients in the dtypes it stores
+// them in: precision bf16 keeps the outputs of convolutions that feed a batch norm, and the
+// batch norms' input gradients, as bf16 in nhwc); its workspaces are the cuDNN it runs on.
 //
 // For each per-replica batch: one replica set up on a training set of one batch (so the data is
 // small and known), with the plan off and on. Prints the arena's bytes by kind: parameters,
@@ -29,6 +36,7 @@ struct Args {
   std::string model = "resnet18";
   std::vector<int64_t> batches = {64, 256, 1024};
   dp::Layout layout = dp::Layout::nchw;
+  dp::BackendKind backend = dp::BackendKind::cpu;
 };
 
 Args parse(int argc, char** argv) {
@@ -48,6 +56,8 @@ Args parse(int argc, char** argv) {
       for (std::string item; std::getline(in, item, ',');) a.batches.push_back(std::stoll(item));
     } else if (k == "--layout") {
       a.layout = v == "nhwc" ? dp::Layout::nhwc : dp::Layout::nchw;
+    } else if (k == "--backend" && (v == "cpu" || v == "cuda")) {
+      a.backend = v == "cuda" ? dp::BackendKind::cuda : dp::BackendKind::cpu;
     } else {
       std::fprintf(stderr, "bench_memory: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -79,20 +89,24 @@ int main(int argc, char** argv) {
   }
   const dp::ModelFactory& factory = found->second.factory;
   const dp::ModelOptions options = dp::resolve_model_options(factory, {});
-  std::printf("model %s, layout %s, one replica, CPU backend, SGD with momentum; MiB\n",
-              a.model.c_str(), a.layout == dp::Layout::nhwc ? "nhwc" : "nchw");
-  std::printf("%6s  %10s  %10s  %7s  %12s  %10s  %30s  %10s  %10s\n", "batch", "total off",
+  std::printf("model %s, layout %s, one replica, %s backend, SGD with momentum; MiB\n",
+              a.model.c_str(), a.layout == dp::Layout::nhwc ? "nhwc" : "nchw",
+              a.backend == dp::BackendKind::cuda ? "CUDA" : "CPU");
+  std::printf("%6s  %10s  %10s  %7s  %12s  %10s  %30s  %10s  %10s  %30s\n", "batch", "total off",
               "total on", "saved", "params+grads", "data", "planned: apart/placed/bound",
-              "unplanned", "bf16 adds");
+              "unplanned", "bf16 adds", "bf16 planned: apart/placed/bound");
   for (const int64_t batch : a.batches) {
     size_t total[2] = {0, 0};
-    dp::Arena::PlanStats plan;
+    dp::Arena::PlanStats plan, plan16;
     size_t registry = 0, data = 0, arena = 0;
     size_t bf16_total = 0;
     // Runs 0 and 1: fp32 with the plan off and on; run 2: bf16 with the plan on.
     for (int run = 0; run < 3; ++run) {
       const int on = run == 0 ? 0 : 1;
       dp::TrainerOptions o;
+      o.backend = a.backend;
+      o.conv_choice = dp::ConvChoice::heuristic;  // nothing timed (on the CPU: the same)
+      o.graphs = false;
       o.batch_size = batch;
       o.epochs = 1;
       o.cpu_threads = 1;
@@ -104,6 +118,7 @@ int main(int argc, char** argv) {
       dp::Trainer t(o, [&] { return factory.build(options, {1, 28, 28, 10}); }, train, test);
       if (run == 2) {
         bf16_total = t.peak_memory_bytes();
+        plan16 = t.memory_plan_stats();
         continue;
       }
       total[on] = t.peak_memory_bytes();
@@ -117,13 +132,16 @@ int main(int argc, char** argv) {
       data = static_cast<size_t>(2 * batch * (train.example_bytes() + 1 + 4));
     }
     const size_t unplanned = arena - plan.placed - data;
-    char planned[96];
+    char planned[96], planned16[96];
     std::snprintf(planned, sizeof planned, "%.1f / %.1f / %.1f", mib(plan.requested),
                   mib(plan.placed), mib(plan.bound));
-    std::printf("%6lld  %10.1f  %10.1f  %6.1f%%  %12.1f  %10.1f  %30s  %10.1f  %10.1f\n",
+    std::snprintf(planned16, sizeof planned16, "%.1f / %.1f / %.1f", mib(plan16.requested),
+                  mib(plan16.placed), mib(plan16.bound));
+    std::printf("%6lld  %10.1f  %10.1f  %6.1f%%  %12.1f  %10.1f  %30s  %10.1f  %10.1f  %30s\n",
                 static_cast<long long>(batch), mib(total[0]), mib(total[1]),
                 100.0 * (1.0 - static_cast<double>(total[1]) / static_cast<double>(total[0])),
-                mib(registry), mib(data), planned, mib(unplanned), mib(bf16_total) - mib(total[1]));
+                mib(registry), mib(data), planned, mib(unplanned), mib(bf16_total) - mib(total[1]),
+                planned16);
   }
   std::printf(
       "total: the backend's peak of allocated bytes (arena blocks, parameters, scratch);\n"

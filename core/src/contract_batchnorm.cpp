@@ -44,6 +44,21 @@ Shape check_input(const Checker& check, const Backend& backend, const Tensor& x)
   return x.shape;
 }
 
+/// dx has x's shape, layout and dtype: a bf16 x's gradient goes, rounded to bf16, to the
+/// convolution that wrote x, which rounds its output gradient so anyway (ConvPlan::output_dtype).
+void check_input_grad(const Checker& check, const Tensor& dx, const Tensor& x) {
+  if (dx.dtype != x.dtype) {
+    check.fail(std::string("dx is ") + dtype_name(dx.dtype) + " but x is " + dtype_name(x.dtype) +
+               "; dx takes x's dtype");
+  }
+  check.tensor(dx, x.dtype, "dx");
+  if (dx.shape != x.shape) {
+    check.fail("dx has shape " + dx.shape.str() + " but x has " + x.shape.str() +
+               "; they must match");
+  }
+  check.same_layout(dx, x, "dx", "x");
+}
+
 void check_count(const Checker& check, int64_t count) {
   if (count < 2) {
     check.fail("count is " + std::to_string(count) +
@@ -146,7 +161,7 @@ void Backend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor
   const Checker check(*this, "batchnorm_backward");
   const Shape s = check_input(check, *this, x);
   check.like(dy, x, "dy", "x");
-  check.like(dx, x, "dx", "x");
+  check_input_grad(check, dx, x);
   check_epilogue_grad(check, epilogue, x, dy);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"},
@@ -229,7 +244,7 @@ void Backend::batchnorm_backward_apply(const Tensor& x, const Tensor& dy, const 
   const Checker check(*this, "batchnorm_backward_apply");
   const Shape s = check_input(check, *this, x);
   check.like(dy, x, "dy", "x");
-  check.like(dx, x, "dx", "x");
+  check_input_grad(check, dx, x);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
   check.f32(sums, {2 * s[1]}, "sums");

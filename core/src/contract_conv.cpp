@@ -60,6 +60,21 @@ void Backend::need_workspace(ConvPlan& plan, ConvStage stage, size_t bytes) {
 }
 
 namespace {
+// A backward pass's dy: (N <= max_batch, K, P, Q) in the plan's layout, of the plan's output
+// dtype. Returns N.
+int64_t plan_output_grad(const Checker& check, const ConvPlan& plan, const Tensor& dy) {
+  const ConvGeometry& g = plan.geometry();
+  if (dy.dtype != plan.output_dtype()) {
+    check.fail(std::string("dy must be ") + dtype_name(plan.output_dtype()) +
+               " (the plan's output_dtype), got " + dtype_name(dy.dtype));
+  }
+  Tensor as_f32 = dy;  // the shape and layout checks of an activation, whatever its dtype
+  as_f32.dtype = DType::f32;
+  const int64_t n = plan_activation(check, g, as_f32, g.out_channels, g.out_h(), g.out_w(), "dy");
+  check.tensor(dy, dy.dtype, "dy");
+  return n;
+}
+
 // The workspace argument of a pass of `plan` in `stage`: a plan with a planned workspace needs
 // one at least as large as it said (none when it said 0); any other plan takes none.
 void check_workspace(const Checker& check, const ConvPlan& plan, ConvStage stage,
@@ -137,7 +152,7 @@ void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor&
   const char* op = "conv_backward_data";
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
-  const int64_t n = plan_activation(check, g, dy, g.out_channels, g.out_h(), g.out_w(), "dy");
+  const int64_t n = plan_output_grad(check, plan, dy);
   check.f32(w, filter_shape(g), "w");
   check.f32(dx, {n, g.in_channels, g.in_h, g.in_w}, "dx");
   plan_layout(check, g, dx, "dx");
@@ -155,10 +170,17 @@ void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
   const int64_t n = plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x");
-  check.f32(dy, {n, g.out_channels, g.out_h(), g.out_w()}, "dy");
-  plan_layout(check, g, dy, "dy");
+  if (plan_output_grad(check, plan, dy) != n) {
+    check.fail("dy has shape " + dy.shape.str() + " but x has " + x.shape.str() +
+               ": they must hold the same examples");
+  }
   check.f32(dw, filter_shape(g), "dw");
   check.optional_f32(db, {g.out_channels}, "db");
+  if (db != nullptr && dy.dtype != DType::f32) {
+    check.fail("a bias gradient was asked of a plan whose output is " +
+               std::string(dtype_name(dy.dtype)) +
+               ", which has no bias (ConvUse::output_to_batchnorm)");
+  }
   check_workspace(check, plan, ConvStage::backward, workspace);
   run([=, this, &plan, hdb = Held(db), hws = Held(workspace)] {
     if (n > 0) {

@@ -147,6 +147,8 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   return out;
 }
 
+DType Conv2d::output_dtype() const { return plan_ ? plan_->output_dtype() : DType::f32; }
+
 const Tensor* Conv2d::workspace(ConvStage stage) const {
   return plan_->workspace_bytes(stage) > 0 ? &workspace_[static_cast<int>(stage)] : nullptr;
 }
@@ -227,16 +229,23 @@ void BatchNorm2d::fold_bias_of(Conv2d& conv) {
   DP_CHECK(!conv.bias_folded_, me + ": the convolution's bias is already folded elsewhere");
   DP_CHECK(conv.out_ == c_, me + ": the convolution gives " + std::to_string(conv.out_) +
                                 " channels");
+  DP_CHECK(input_of_ == nullptr || input_of_ == &conv,
+           me + " already reads another convolution's output alone; it can fold the bias of that "
+                "one only");
   conv.bias_folded_ = true;
   conv.to_batchnorm_ = true;
   bias_of_ = &conv;
+  input_of_ = &conv;
 }
 
 bool BatchNorm2d::fold_previous(Module& previous) {
   auto* conv = dynamic_cast<Conv2d*>(&previous);
   if (conv == nullptr || conv->out_ != c_ || input_shape().rank != 0) return false;
   // Only this layer reads the convolution's output: the backend may store it narrower.
-  if (conv->input_shape().rank == 0) conv->to_batchnorm_ = true;
+  if (conv->input_shape().rank == 0 && input_of_ == nullptr) {
+    conv->to_batchnorm_ = true;
+    input_of_ = conv;
+  }
   if (!conv->opt_.bias || conv->bias_folded_ || bias_of_ != nullptr) return false;
   fold_bias_of(*conv);
   return true;
@@ -259,7 +268,9 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
   const Layout l = layout_for(input, ctx.layout);
   x_planned_ = y_planned_ = {};
   ctx.arena.allocate_planned(y_, input, DType::f32, l);
-  ctx.arena.allocate_planned(dx_, input, DType::f32, l);
+  // dx goes to the convolution that wrote x alone (input_of_): of its output dtype, as x.
+  ctx.arena.allocate_planned(dx_, input,
+                             input_of_ != nullptr ? input_of_->output_dtype() : DType::f32, l);
   if (fused_.relu) ctx.arena.allocate_planned(dz_, input, DType::f32, l);
   save_mean_ = ctx.arena.allocate({c_});
   save_invstd_ = ctx.arena.allocate({c_});

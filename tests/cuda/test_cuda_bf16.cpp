@@ -29,6 +29,7 @@
 
 #include "cuda_test_util.hpp"
 #include "dp/backend.hpp"
+#include "dp/bf16.hpp"
 #include "dp/choice_cache.hpp"
 #include "dp/conv_contract.hpp"
 #include "support/check.hpp"
@@ -678,4 +679,83 @@ TEST_CASE("cuda bf16 conv forward into a bf16 y on dprun's own algorithms in a p
     B.gpu->conv_forward(*wide_plan, x2.tensor(), w2.tensor(), nullptr, y32.tensor());
     CHECK(packed_differences(*measured, y16.tensor(), y32.download_f32()) == 0);
   }
+}
+
+TEST_CASE(
+    "cuda bf16 conv backward from a bf16 dy computes the bits of its widening, on every "
+    "algorithm",
+    "[cuda][bf16]") {
+  // A plan whose output is bf16 takes its output gradient as bf16 too (the batch norm's dx,
+  // rounded): backward-data gives it to cuDNN as it is, backward-filter widens it into its copy
+  // (cuDNN's TF32 kernels, or dprun's few-channel one). The results must be the bits of the f32
+  // plan's passes given the widened dy.
+  Bf16Backends B;
+  size_t own_runs = 0, data_runs = 0;
+  const ConvCase cases[] = {
+      {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, false},   // cuDNN, and the few-channel filter gradient
+      {4, 3, 16, 5, 5, 8, 3, 3, 2, 1, false},  // strided, a batch below the plan's
+  };
+  for (const ConvCase& cc : cases) {
+    const dp::ConvGeometry g = cc.geometry(Layout::nhwc);
+    INFO(g.str() << " at batch " << cc.n);
+    dp::ConvUse use;
+    use.forward_bias = false;
+    use.train_batches = {cc.n};
+    use.output_to_batchnorm = true;
+    auto packed_plan = B.gpu->plan_conv(g, use);
+    use.output_to_batchnorm = false;
+    auto wide_plan = B.gpu->plan_conv(g, use);
+    REQUIRE(packed_plan->output_dtype() == DType::bf16);
+    const dp::Shape out{cc.n, cc.k, g.out_h(), g.out_w()};
+    const dp::Shape in{cc.n, cc.c, cc.h, cc.w};
+    dptest::DeviceBuffer x(*B.gpu, in, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer w(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+    dptest::DeviceBuffer dy32(*B.gpu, out, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer dy16(*B.gpu, out, DType::bf16, Layout::nhwc);
+    dptest::DeviceBuffer dx_a(*B.gpu, in, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer dx_b(*B.gpu, in, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer dw_a(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+    dptest::DeviceBuffer dw_b(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+    x.upload(dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 41));
+    w.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 42, -0.5f, 0.5f));
+    // dy as bf16 values: packed for one plan, widened for the other.
+    std::vector<float> dy = dptest::random_vector(out.numel(), 43);
+    std::vector<uint16_t> packed(dy.size());
+    for (size_t i = 0; i < dy.size(); ++i) {
+      packed[i] =
+          static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(dy[i])) >> 16);
+      dy[i] = std::bit_cast<float>(uint32_t{packed[i]} << 16);
+    }
+    dy32.upload(dy);
+    B.gpu->upload(dy16.tensor().data, packed.data(), packed.size() * sizeof(uint16_t));
+    for (const dp::ConvDirection d :
+         {dp::ConvDirection::backward_data, dp::ConvDirection::backward_filter}) {
+      for (const dp::ConvAlgorithm& a : dp::cuda_conv_algorithms(*B.gpu, *packed_plan, d, cc.n)) {
+        if (!a.deterministic) continue;
+        INFO(a.str());
+        dp::cuda_use_conv_algorithm(*B.gpu, *packed_plan, a);
+        dp::cuda_use_conv_algorithm(*B.gpu, *wide_plan, a);
+        for (const auto* t : {&dx_a, &dx_b, &dw_a, &dw_b}) poison(*B.gpu, t->tensor());
+        if (d == dp::ConvDirection::backward_data) {
+          B.gpu->conv_backward_data(*wide_plan, dy32.tensor(), w.tensor(), dx_a.tensor());
+          B.gpu->conv_backward_data(*packed_plan, dy16.tensor(), w.tensor(), dx_b.tensor());
+          const std::vector<float> want = dx_a.download_f32(), got = dx_b.download_f32();
+          CHECK(std::none_of(want.begin(), want.end(), [](float v) { return std::isnan(v); }));
+          CHECK(want == got);
+          ++data_runs;
+        } else {
+          B.gpu->conv_backward_filter(*wide_plan, x.tensor(), dy32.tensor(), dw_a.tensor(),
+                                      nullptr);
+          B.gpu->conv_backward_filter(*packed_plan, x.tensor(), dy16.tensor(), dw_b.tensor(),
+                                      nullptr);
+          const std::vector<float> want = dw_a.download_f32(), got = dw_b.download_f32();
+          CHECK(std::none_of(want.begin(), want.end(), [](float v) { return std::isnan(v); }));
+          CHECK(want == got);
+        }
+        own_runs += own_algorithm(a.algo) ? 1 : 0;
+      }
+    }
+  }
+  CHECK(own_runs >= 1);   // dprun's few-channel filter gradient ran
+  CHECK(data_runs >= 2);  // cuDNN's backward-data took the packed dy, in both cases
 }

@@ -115,6 +115,9 @@ BackendCases::BackendCases(dp::Backend& backend)
   add("conv_forward", "a bf16 y for a plan whose output is f32",
       {"y must be f32 (the plan's output_dtype), got bf16"},
       [=] { bk->conv_forward(*plan, x, w, nullptr, retyped(y, DType::bf16)); });
+  add("conv_backward_data", "a bf16 dy for a plan whose output is f32",
+      {"dy must be f32 (the plan's output_dtype), got bf16"},
+      [=] { bk->conv_backward_data(*plan, retyped(dy, DType::bf16), w, dx); });
   add("conv_backward_data", "dx of another shape", {"dx has shape (3, 2, 4, 4)"}, [=] {
     bk->conv_backward_data(*plan, dy, w, reshaped(dx, {3, 2, 4, 4}));
   });
@@ -173,6 +176,8 @@ BackendCases::BackendCases(dp::Backend& backend)
       [=] { bk->prepare_batchnorm({3, 0, 5, 5}, Layout::nhwc); });
   add("batchnorm_forward_infer", "gamma of the wrong length", {"gamma has shape (5)"},
       [=] { bk->batchnorm_forward_infer(bx, lb, c2, c2, c2, 1e-5f, by); });
+  add("batchnorm_backward", "a bf16 dx for an f32 x", {"dx is bf16 but x is f32", "x's dtype"},
+      [=] { bk->batchnorm_backward(bx, by, c2, c2, c2, 1e-5f, retyped(by, DType::bf16), c2, c2); });
   add("batchnorm_backward", "dy in another layout", {"dy is nhwc but x is nchw"},
       [=] { bk->batchnorm_backward(bx, relaid(by, Layout::nhwc), c2, c2, c2, 1e-5f, dx, c2, c2); });
   // the fused epilogue (residual add, ReLU) and its gradient

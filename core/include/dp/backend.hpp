@@ -98,7 +98,9 @@ class ConvPlan {
   /// The dtype of the forward passes' y: f32, or with ConvUse::output_to_batchnorm a type the
   /// backend's batch norm takes in this layout (the cuda backend in precision bf16, NHWC: the
   /// bf16 its cuDNN kernels write, the values of the f32 tensor that precision bf16 would hold,
-  /// in half the memory and without a widening pass).
+  /// in half the memory and without a widening pass). The backward passes' dy has it too: the
+  /// batch norm's dx, which takes its x's dtype (a bf16 dy holds the values precision bf16 rounds
+  /// the output gradient to before it multiplies).
   DType output_dtype() const { return output_dtype_; }
 
  private:
@@ -289,11 +291,13 @@ class Backend {
   /// when that is 0); any other plan takes none.
   void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                     const Tensor& y, const Tensor* workspace = nullptr);
-  /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w). workspace: as conv_forward's, for backward.
+  /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w). dy is of the plan's output_dtype (as are
+  /// conv_backward_filter's). workspace: as conv_forward's, for backward.
   void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
                           const Tensor* workspace = nullptr);
-  /// dw (K,C,R,S) = sum_n corr(x, dy); db (K) = sum_{n,p,q} dy (db may be null). Overwrites;
-  /// zero for a batch of 0 examples. workspace: as conv_forward's, for backward.
+  /// dw (K,C,R,S) = sum_n corr(x, dy); db (K) = sum_{n,p,q} dy (db may be null; refused when the
+  /// plan's output is not f32: such a plan has no bias). Overwrites; zero for a batch of 0
+  /// examples. workspace: as conv_forward's, for backward.
   void conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor& dy, const Tensor& dw,
                             const Tensor* db, const Tensor* workspace = nullptr);
 
@@ -325,8 +329,10 @@ class Backend {
   /// but not while a step is being captured.
   void prepare_batchnorm(const Shape& max_input, Layout layout);
   /// Whether the batch-norm ops take an (N, C, H, W) x of `dtype` in `layout` (f32: always; bf16:
-  /// the cuda backend's channels-last kernels, which widen it as they read). Everything else of
-  /// theirs (y, dy, dx, the epilogue's tensors, the per-channel vectors) stays f32.
+  /// the cuda backend's channels-last kernels, which widen it as they read). dx takes x's dtype
+  /// (a bf16 dx is the fp32 gradient rounded to bf16, as the convolution that wrote x rounds its
+  /// output gradient anyway); everything else of theirs (y, dy, the epilogue's tensors, the
+  /// per-channel vectors) stays f32.
   bool batchnorm_takes(DType dtype, Layout layout) const;
   /// Training: normalise with this batch's mean and biased variance; update running stats as
   /// PyTorch does (running = (1-momentum)*running + momentum*stat, the variance unbiased by

@@ -36,6 +36,9 @@ class Conv2d : public Module {
   /// Whether the batch norm after it adds the bias instead (BatchNorm2d::fold_bias_of): then
   /// forward leaves it out and backward writes its gradient as 0.
   bool bias_folded() const { return bias_folded_; }
+  /// The dtype of its output (after setup): f32, or where only a batch norm reads it, what the
+  /// backend stores it as (ConvPlan::output_dtype). Its output gradient has it too.
+  DType output_dtype() const;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -148,6 +151,9 @@ class BatchNorm2d : public Module {
   Tensor stats_;            // (4C): mean, var, then the backward sums (2C), for the allreduces
   int64_t sync_count_ = 0;  // values per channel over every replica in the last sync forward
   Conv2d* bias_of_ = nullptr;  // the convolution whose bias this layer adds (fold_bias_of)
+  /// The convolution whose output only this layer reads (fold_bias_of, fold_previous): x and
+  /// dx take its output dtype.
+  Conv2d* input_of_ = nullptr;
   Tensor shifted_mean_;        // (C) with bias_of_: running_mean - bias, for evaluation
 };
 

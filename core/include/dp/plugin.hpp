@@ -12,7 +12,8 @@
 // Module::fold_previous and the layers' bias fold, so a plugin built against version 1's headers
 // would call through another vtable and allocate layers too small; it is refused instead.
 // Version 3: dp::Backend gained virtual functions (batchnorm_takes_impl, conv_output_dtype_impl)
-// before others in its vtable, and dp::ConvUse a member (output_to_batchnorm).
+// before others in its vtable, dp::ConvUse a member (output_to_batchnorm), and BatchNorm2d one
+// (input_of_), which moves its later members.
 #include <cstdint>
 #include <functional>
 #include <map>

@@ -93,15 +93,15 @@ __global__ void bn_normalize_kernel(const T* x, const float* gamma, const float*
 template <bool kNhwc, typename T>
 __global__ void bn_backward_apply_kernel(const T* x, const float* dy, const float* gamma,
                                          const float* mean, const float* invstd, const float* sums,
-                                         int64_t count, float* dx, int64_t n, int64_t c,
-                                         int64_t hw) {
+                                         int64_t count, T* dx, int64_t n, int64_t c, int64_t hw) {
   DP_GRID_STRIDE(i, n) {
     const int64_t ch = kNhwc ? i % c : (i / hw) % c;
     const double k = static_cast<double>(gamma[ch]) * invstd[ch] / static_cast<double>(count);
     const auto dy_scale = static_cast<float>(k * static_cast<double>(count));
     const auto offset = static_cast<float>(-k * static_cast<double>(sums[ch]));
     const auto xhat_scale = static_cast<float>(-k * static_cast<double>(sums[c + ch]));
-    dx[i] = dy_scale * dy[i] + offset + xhat_scale * ((load_f32(x, i) - mean[ch]) * invstd[ch]);
+    store_f32(dx, i,
+              dy_scale * dy[i] + offset + xhat_scale * ((load_f32(x, i) - mean[ch]) * invstd[ch]));
   }
 }
 
@@ -158,8 +158,8 @@ void bn_backward_sums(const T* x, const float* dy, const float* save_mean, const
 
 template <typename T>
 void bn_backward_apply(const T* x, const float* dy, const float* gamma, const float* save_mean,
-                       const float* save_invstd, const float* sums, int64_t count, float* dx,
-                       int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream) {
+                       const float* save_invstd, const float* sums, int64_t count, T* dx, int64_t n,
+                       int64_t c, int64_t hw, bool nhwc, cudaStream_t stream) {
   const int64_t total = n * c * hw;
   if (total == 0) return;
   if (nhwc) {
@@ -182,8 +182,8 @@ void bn_backward_apply(const T* x, const float* dy, const float* gamma, const fl
   template void bn_backward_sums<T>(const T*, const float*, const float*, const float*, float*,   \
                                     int64_t, int64_t, int64_t, bool, cudaStream_t);               \
   template void bn_backward_apply<T>(const T*, const float*, const float*, const float*,          \
-                                     const float*, const float*, int64_t, float*, int64_t,        \
-                                     int64_t, int64_t, bool, cudaStream_t);
+                                     const float*, const float*, int64_t, T*, int64_t, int64_t,   \
+                                     int64_t, bool, cudaStream_t);
 DP_BN_SYNC_INPUT(float)
 DP_BN_SYNC_INPUT(uint16_t)
 #undef DP_BN_SYNC_INPUT

@@ -402,11 +402,13 @@ size_t bf16_operand_floats(std::initializer_list<int64_t> counts);
 size_t bf16_packed_floats(std::initializer_list<int64_t> counts);
 /// A pass's operand copies, carved in order from scratch holding bf16_operand_floats (take) and
 /// bf16_packed_floats (take_packed, room_packed) of them: take and take_packed enqueue the
-/// rounding on `stream` and return the copy; room_packed returns room for a packed output.
+/// rounding (or widening) on `stream` and return the copy; room_packed returns room for a packed
+/// output.
 class Bf16Operands {
  public:
   Bf16Operands(float* scratch, cudaStream_t stream) : next_(scratch), stream_(stream) {}
-  const float* take(const float* src, int64_t n);
+  /// t rounded to bf16 (fp32 values) in an fp32 copy; a packed bf16 t widened into it.
+  const float* take(const Tensor& t);
   const uint16_t* take_packed(const float* src, int64_t n);
   uint16_t* room_packed(int64_t n);
 

@@ -392,14 +392,18 @@ std::array<const float*, 2> CudaBackend::pass_operands(const Tensor& a, const Te
                                                        float* bf16_scratch) {
   if (!bf16()) return {a.f32(), b.f32()};
   Bf16Operands copies(bf16_scratch, stream_);
-  const float* first = copies.take(a.f32(), a.numel());
-  return {first, copies.take(b.f32(), b.numel())};
+  const float* first = copies.take(a);
+  return {first, copies.take(b)};
 }
 
-const float* Bf16Operands::take(const float* src, int64_t n) {
+const float* Bf16Operands::take(const Tensor& t) {
   float* copy = next_;
-  kernels::round_to_bf16(src, copy, n, stream_);
-  next_ += aligned_floats(n);
+  if (t.dtype == DType::bf16) {  // already rounded: widened
+    kernels::from_bf16(static_cast<const uint16_t*>(t.data), copy, t.numel(), stream_);
+  } else {
+    kernels::round_to_bf16(t.f32(), copy, t.numel(), stream_);
+  }
+  next_ += aligned_floats(t.numel());
   return copy;
 }
 
@@ -1239,7 +1243,9 @@ CudaBackend::PackedOperands CudaBackend::packed_operands(const CudnnConvPlan& pl
                                                          const Tensor& data, const Tensor& w,
                                                          int64_t out_numel) {
   Bf16Operands copies(scratch, stream_);
-  const uint16_t* data16 = copies.take_packed(data.f32(), data.numel());
+  // A bf16 tensor (a batch norm's dx, ConvPlan::output_dtype) is cuDNN's operand as it is.
+  const uint16_t* data16 = data.dtype == DType::bf16 ? static_cast<const uint16_t*>(data.data)
+                                                     : copies.take_packed(data.f32(), data.numel());
   const uint16_t* w16 = nullptr;
   if (plan.nhwc()) {  // transposed to cuDNN's KRSC and packed in one pass
     uint16_t* room = copies.room_packed(w.numel());
@@ -1334,7 +1340,12 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
     return;
   }
   // fp32, or bf16 where cuDNN could not take bf16 data (plan_conv_impl): rounded copies, and dx
-  // rounded once.
+  // rounded once. (A bf16 dy comes with bf16 data: plan_conv_impl.)
+  if (dy.dtype != DType::f32) {
+    throw InternalError(
+        "cuda backend: conv_backward_data: a bf16 dy for a plan whose "
+        "backward-data takes fp32 data");
+  }
   const auto [dys, ws] = pass_operands(dy, w, scratch.bf16);
   CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, ws), cb.y,
                                            dys, cb.conv[kBackwardData], algo, scratch.cudnn,
@@ -1360,10 +1371,12 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   if (cb.choice[kBackwardFilter].algo == kConvAlgoDprunSmallC) {
     // dw (K, C, R, S) directly, no transposed copy; in bf16 x and dy are rounded as they are
     // read, not copied first (db sums the rounded dy too).
-    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, x.f32(), dy.f32(), dw.f32(),
-            scratch.cudnn);
+    // A bf16 dy (rounded already) is widened into the copies' room first.
+    const float* dys =
+        dy.dtype == DType::bf16 ? Bf16Operands(scratch.bf16, stream_).take(dy) : dy.f32();
+    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, x.f32(), dys, dw.f32(), scratch.cudnn);
     if (db != nullptr) {
-      kernels::channel_sum(dy.f32(), db->f32(), n, g.out_channels, g.out_h() * g.out_w(), true,
+      kernels::channel_sum(dys, db->f32(), n, g.out_channels, g.out_h() * g.out_w(), true,
                            reduce_scratch_, stream_, bf16());
     }
     return;

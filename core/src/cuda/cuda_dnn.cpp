@@ -27,6 +27,11 @@ void with_input(const Tensor& x, F&& f) {
     f(static_cast<const float*>(x.f32()));
   }
 }
+/// The data of dx, which has the type of the x that with_input passed as xs.
+template <typename T>
+T* like_input(const Tensor& dx, const T* /*xs*/) {
+  return static_cast<T*>(dx.data);
+}
 }  // namespace
 
 // ---- batch norm --------------------------------------------------------------------------------
@@ -146,7 +151,7 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
     with_input(x, [&](const auto* xs) {
       kernels::bn_nhwc_backward(xs, dy.f32(), relu ? epilogue.y->f32() : nullptr,
                                 relu ? epilogue.dz->f32() : nullptr, gamma.f32(), save_mean.f32(),
-                                save_invstd.f32(), dx.f32(), dgamma.f32(), dbeta.f32(),
+                                save_invstd.f32(), like_input(dx, xs), dgamma.f32(), dbeta.f32(),
                                 d.n * d.hw(), d.c, scratch, stream_);
     });
     return;
@@ -208,7 +213,8 @@ void CudaBackend::batchnorm_backward_apply_impl(const Tensor& x, const Tensor& d
   activate();
   with_input(x, [&](const auto* xs) {
     kernels::bn_backward_apply(xs, dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
-                               sums.f32(), count, dx.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+                               sums.f32(), count, like_input(dx, xs), d.n, d.c, d.hw(), is_nhwc(x),
+                               stream_);
   });
 }
 

@@ -155,7 +155,8 @@ struct RankPointers {
 void sum_across_ranks(const RankPointers& ranks, int64_t begin, int64_t end, cudaStream_t stream);
 
 // ---- synchronised batch norm (bn_sync.cu); x (N,C,HW) in `nhwc` or NCHW order -----------------
-// x is fp32 (T = float) or packed bf16 (T = uint16_t, see load_f32); everything else fp32.
+// x, and dx, of x's type, are fp32 (T = float) or packed bf16 (T = uint16_t: load_f32, store_f32);
+// everything else is fp32.
 /// out (C) = sum x, or sum (x - mean)^2 when mean is given (deterministic).
 template <typename T>
 void bn_sums(const T* x, const float* mean, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
@@ -175,11 +176,12 @@ void bn_backward_sums(const T* x, const float* dy, const float* save_mean, const
 /// dx = gamma * invstd / count * (count * dy - sums[0:C] - xhat * sums[C:2C]).
 template <typename T>
 void bn_backward_apply(const T* x, const float* dy, const float* gamma, const float* save_mean,
-                       const float* save_invstd, const float* sums, int64_t count, float* dx,
-                       int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream);
+                       const float* save_invstd, const float* sums, int64_t count, T* dx, int64_t n,
+                       int64_t c, int64_t hw, bool nhwc, cudaStream_t stream);
 
 // ---- batch norm over channels-last activations (bn_nhwc.cu); x is rows = N*H*W rows of c ----
-// x is fp32 (T = float) or packed bf16 (T = uint16_t, see load_f32); everything else fp32.
+// x, and dx, of x's type, are fp32 (T = float) or packed bf16 (T = uint16_t: load_f32, store_f32);
+// everything else is fp32.
 /// Row groups of the two-level reductions: a function of the rows alone, so the sums are made in
 /// the same order on every device.
 int64_t bn_nhwc_groups(int64_t rows);
@@ -205,7 +207,7 @@ void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
 /// sum g xhat, dx = gamma invstd / M (M g - dbeta - xhat dgamma).
 template <typename T>
 void bn_nhwc_backward(const T* x, const float* dy, const float* y, float* dz, const float* gamma,
-                      const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
+                      const float* save_mean, const float* save_invstd, T* dx, float* dgamma,
                       float* dbeta, int64_t rows, int64_t c, float* scratch, cudaStream_t stream);
 
 // ---- pooling (pool.cu) ----------------------------------------------------------------------

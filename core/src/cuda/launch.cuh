@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/kernels.cuh"
+#include "dp/bf16.hpp"
 
 namespace dp::cuda::kernels {
 
@@ -61,6 +62,30 @@ __device__ __forceinline__ float4 load4_f32(const uint16_t* p, I i) {
                      __uint_as_float(static_cast<uint32_t>(v) & 0xFFFF0000u),
                      __uint_as_float(static_cast<uint32_t>(v >> 16) & 0xFFFF0000u),
                      __uint_as_float(static_cast<uint32_t>(v >> 32) & 0xFFFF0000u));
+}
+
+/// Stores an fp32 result where load_f32 reads: itself, or its nearest bf16, packed
+/// (dp::round_bits_to_bf16's bits, the cpu backend's rounding).
+template <typename I>
+__device__ __forceinline__ void store_f32(float* p, I i, float v) {
+  p[i] = v;
+}
+template <typename I>
+__device__ __forceinline__ void store_f32(uint16_t* p, I i, float v) {
+  p[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(__float_as_uint(v)) >> 16);
+}
+/// The four values at i (a multiple of 4) in one store; p aligned as for load4_f32.
+template <typename I>
+__device__ __forceinline__ void store4_f32(float* p, I i, float4 v) {
+  *reinterpret_cast<float4*>(p + i) = v;
+}
+template <typename I>
+__device__ __forceinline__ void store4_f32(uint16_t* p, I i, float4 v) {
+  const auto bits = [](float f) {
+    return static_cast<uint64_t>(dp::round_bits_to_bf16(__float_as_uint(f)) >> 16);
+  };
+  *reinterpret_cast<uint64_t*>(p + i) =
+      bits(v.x) | bits(v.y) << 16 | bits(v.z) << 32 | bits(v.w) << 48;
 }
 
 /// Full unrolling of a loop with a constant trip count (registers indexed by the loop variable stay
