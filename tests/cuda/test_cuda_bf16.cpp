@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.hpp"
@@ -552,6 +553,22 @@ size_t packed_differences(dp::Backend& b, const dp::Tensor& y16, const std::vect
   return differ;
 }
 
+/// Two plans of g without a bias, for batch n: one whose output goes to a batch norm (bf16 on
+/// the GPU in NHWC), one whose output does not (f32).
+std::pair<std::unique_ptr<dp::ConvPlan>, std::unique_ptr<dp::ConvPlan>> plan_pair(
+    dp::Backend& gpu, const dp::ConvGeometry& g, int64_t n) {
+  dp::ConvUse use;
+  use.forward_bias = false;
+  use.train_batches = {n};
+  use.output_to_batchnorm = true;
+  auto packed = gpu.plan_conv(g, use);
+  use.output_to_batchnorm = false;
+  auto wide = gpu.plan_conv(g, use);
+  REQUIRE(packed->output_dtype() == DType::bf16);
+  REQUIRE(wide->output_dtype() == DType::f32);
+  return {std::move(packed), std::move(wide)};
+}
+
 bool own_algorithm(int algo) {
   return algo == dp::kConvAlgoDprunGemm1x1 || algo == dp::kConvAlgoDprunSmallC;
 }
@@ -576,15 +593,7 @@ TEST_CASE(
   for (const ConvCase& cc : cases) {
     const dp::ConvGeometry g = cc.geometry(Layout::nhwc);
     INFO(g.str() << " at batch " << cc.n);
-    dp::ConvUse use;
-    use.forward_bias = false;
-    use.train_batches = {cc.n};
-    use.output_to_batchnorm = true;
-    auto packed_plan = B.gpu->plan_conv(g, use);
-    use.output_to_batchnorm = false;
-    auto wide_plan = B.gpu->plan_conv(g, use);
-    REQUIRE(packed_plan->output_dtype() == DType::bf16);
-    REQUIRE(wide_plan->output_dtype() == DType::f32);
+    auto [packed_plan, wide_plan] = plan_pair(*B.gpu, g, cc.n);
     const dp::Shape out{cc.n, cc.k, g.out_h(), g.out_w()};
     dptest::DeviceBuffer x(*B.gpu, {cc.n, cc.c, cc.h, cc.w}, DType::f32, Layout::nhwc);
     dptest::DeviceBuffer w(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
@@ -698,14 +707,7 @@ TEST_CASE(
   for (const ConvCase& cc : cases) {
     const dp::ConvGeometry g = cc.geometry(Layout::nhwc);
     INFO(g.str() << " at batch " << cc.n);
-    dp::ConvUse use;
-    use.forward_bias = false;
-    use.train_batches = {cc.n};
-    use.output_to_batchnorm = true;
-    auto packed_plan = B.gpu->plan_conv(g, use);
-    use.output_to_batchnorm = false;
-    auto wide_plan = B.gpu->plan_conv(g, use);
-    REQUIRE(packed_plan->output_dtype() == DType::bf16);
+    auto [packed_plan, wide_plan] = plan_pair(*B.gpu, g, cc.n);
     const dp::Shape out{cc.n, cc.k, g.out_h(), g.out_w()};
     const dp::Shape in{cc.n, cc.c, cc.h, cc.w};
     dptest::DeviceBuffer x(*B.gpu, in, DType::f32, Layout::nhwc);
