@@ -44,9 +44,10 @@ class Checker {
     shape(t, expected, what);
   }
 
-  /// A rank-4 f32 activation (or rank 2 when allowed); returns its shape.
-  Shape activation(const Tensor& t, const char* what, bool allow_rank2 = false) const {
-    tensor(t, DType::f32, what);
+  /// A rank-4 activation of `dtype` (or rank 2 when allowed); returns its shape.
+  Shape activation(const Tensor& t, const char* what, bool allow_rank2 = false,
+                   DType dtype = DType::f32) const {
+    tensor(t, dtype, what);
     if (t.shape.rank != 4 && !(allow_rank2 && t.shape.rank == 2)) {
       fail(std::string(what) + " has shape " + t.shape.str() + ", expected (N, C, H, W)" +
            (allow_rank2 ? " or (N, C)" : ""));
@@ -102,8 +103,9 @@ inline void plan_layout(const Checker& check, const ConvGeometry& g, const Tenso
 /// An activation of a convolution plan: (N <= max_batch, c, h, w) in the plan's layout.
 /// Returns N.
 inline int64_t plan_activation(const Checker& check, const ConvGeometry& g, const Tensor& t,
-                               int64_t c, int64_t h, int64_t w, const char* what) {
-  const Shape s = check.activation(t, what);
+                               int64_t c, int64_t h, int64_t w, const char* what,
+                               DType dtype = DType::f32) {
+  const Shape s = check.activation(t, what, false, dtype);
   if (s[1] != c || s[2] != h || s[3] != w || s[0] > g.max_batch) {
     check.fail(std::string(what) + " has shape " + s.str() +
                ", expected (N <= " + std::to_string(g.max_batch) + ", " + std::to_string(c) + ", " +

@@ -40,8 +40,7 @@ Shape check_input(const Checker& check, const Backend& backend, const Tensor& x)
         ", which this backend's batch norm does not take (f32 always; another dtype only "
         "(N, C, H, W) where Backend::batchnorm_takes says so)");
   }
-  check.tensor(x, x.dtype, "x");
-  return x.shape;
+  return check.activation(x, "x", false, x.dtype);
 }
 
 /// dx has x's shape, layout and dtype: a bf16 x's gradient goes, rounded to bf16, to the

@@ -60,19 +60,22 @@ void Backend::need_workspace(ConvPlan& plan, ConvStage stage, size_t bytes) {
 }
 
 namespace {
+// y, or dy, has the plan's output dtype (named in the message, ConvPlan::output_dtype).
+void check_output_dtype(const Checker& check, const ConvPlan& plan, const Tensor& t,
+                        const char* what) {
+  if (t.dtype != plan.output_dtype()) {
+    check.fail(std::string(what) + " must be " + dtype_name(plan.output_dtype()) +
+               " (the plan's output_dtype), got " + dtype_name(t.dtype));
+  }
+}
+
 // A backward pass's dy: (N <= max_batch, K, P, Q) in the plan's layout, of the plan's output
 // dtype. Returns N.
 int64_t plan_output_grad(const Checker& check, const ConvPlan& plan, const Tensor& dy) {
   const ConvGeometry& g = plan.geometry();
-  if (dy.dtype != plan.output_dtype()) {
-    check.fail(std::string("dy must be ") + dtype_name(plan.output_dtype()) +
-               " (the plan's output_dtype), got " + dtype_name(dy.dtype));
-  }
-  Tensor as_f32 = dy;  // the shape and layout checks of an activation, whatever its dtype
-  as_f32.dtype = DType::f32;
-  const int64_t n = plan_activation(check, g, as_f32, g.out_channels, g.out_h(), g.out_w(), "dy");
-  check.tensor(dy, dy.dtype, "dy");
-  return n;
+  check_output_dtype(check, plan, dy, "dy");
+  return plan_activation(check, g, dy, g.out_channels, g.out_h(), g.out_w(), "dy",
+                         plan.output_dtype());
 }
 
 // The workspace argument of a pass of `plan` in `stage`: a plan with a planned workspace needs
@@ -132,10 +135,7 @@ void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, con
         "a bias was given to a plan made with ConvUse::forward_bias = false (declare the "
         "bias when the plan is made)");
   }
-  if (y.dtype != plan.output_dtype()) {
-    check.fail(std::string("y must be ") + dtype_name(plan.output_dtype()) +
-               " (the plan's output_dtype), got " + dtype_name(y.dtype));
-  }
+  check_output_dtype(check, plan, y, "y");
   check.tensor(y, plan.output_dtype(), "y");
   check.shape(y, {n, g.out_channels, g.out_h(), g.out_w()}, "y");
   plan_layout(check, g, y, "y");

@@ -13,6 +13,7 @@
 #include "dp/trainer.hpp"
 #include "engine_test_util.hpp"
 #include "support/check.hpp"
+#include "support/train_steps.hpp"
 
 namespace {
 
@@ -258,32 +259,6 @@ TEST_CASE("The memory plan's walk keeps what a layer of the user's own was given
   arena.discard_planned();
 }
 
-namespace {
-
-struct Run {
-  std::vector<dp::EpochReport> reports;
-  std::vector<float> params, buffers;
-  dp::Arena::PlanStats plan;
-  size_t peak = 0;  // the backend's peak of allocated bytes
-};
-
-Run train(const dp::TrainerOptions& o, const dp::ModelBuilder& builder, const dp::Dataset& train,
-          const dp::Dataset& test) {
-  dp::Trainer t(o, builder, train, test);
-  Run r;
-  t.fit([&](const dp::EpochReport& e) {
-    r.reports.push_back(e);
-    return true;
-  });
-  r.params = t.parameters(0);
-  r.buffers = t.buffers(0);
-  r.plan = t.memory_plan_stats();
-  r.peak = t.peak_memory_bytes();
-  return r;
-}
-
-}  // namespace
-
 TEST_CASE("Training with the memory plan computes the same bits as without it, in less memory",
           "[memory_plan][trainer]") {
   const auto train_set = enginetest::synthetic_dataset(160, 31);
@@ -332,9 +307,9 @@ TEST_CASE("Training with the memory plan computes the same bits as without it, i
     };
   }
   o.memory_plan = false;
-  const Run apart = train(o, builder, train_set, test_set);
+  const dptest::FitRun apart = dptest::fit_run(o, builder, train_set, test_set);
   o.memory_plan = true;
-  const Run planned = train(o, builder, train_set, test_set);
+  const dptest::FitRun planned = dptest::fit_run(o, builder, train_set, test_set);
   REQUIRE(planned.reports.size() == apart.reports.size());
   for (size_t e = 0; e < apart.reports.size(); ++e) {
     INFO("epoch " << e + 1);

@@ -453,25 +453,11 @@ TEST_CASE(
     o.replicas = replicas;
     o.sync_bn = replicas > 1;
     INFO(replicas << " replica(s)" << (o.sync_bn ? ", synchronised batch norm" : ""));
-    struct Run {
-      std::vector<dp::EpochReport> reports;
-      std::vector<float> params, buffers;
-      dp::Arena::PlanStats plan;
-    };
     const auto run = [&](const char* storage) {
       const dptest::EnvVar env("DPRUN_CUDA_BF16_CONV_OUTPUT", std::string(storage));
-      Run r;
-      dp::Trainer t(o, resnet, data.train.head(32), data.test.head(16));
-      t.fit([&](const dp::EpochReport& e) {
-        r.reports.push_back(e);
-        return true;
-      });
-      r.params = t.parameters(0);
-      r.buffers = t.buffers(0);
-      r.plan = t.memory_plan_stats();
-      return r;
+      return dptest::fit_run(o, resnet, data.train.head(32), data.test.head(16));
     };
-    const Run wide = run("f32"), packed = run("bf16");
+    const dptest::FitRun wide = run("f32"), packed = run("bf16");
     REQUIRE(packed.reports.size() == wide.reports.size());
     for (size_t e = 0; e < wide.reports.size(); ++e) {
       CHECK(std::bit_cast<uint64_t>(packed.reports[e].train_loss) ==

@@ -787,6 +787,23 @@ TEST_CASE("cuda backend refuses a DPRUN_CUDA_POISON_SCRATCH other than 0 or 1, n
       Catch::Contains("DPRUN_CUDA_POISON_SCRATCH is 'yes'") && Catch::Contains("use 1"));
 }
 
+TEST_CASE("cuda backend refuses a value of its other environment switches, naming both choices",
+          "[cuda]") {
+  dp::BackendOptions options;
+  options.kind = dp::BackendKind::cuda;
+  for (const auto& [name, usage] : {std::pair{"DPRUN_CUDNN_CHOICE", "use measured"},
+                                    std::pair{"DPRUN_CUDA_NHWC_BN", "use ours"},
+                                    std::pair{"DPRUN_CUDA_BF16_CONV_OUTPUT", "use bf16"}}) {
+    INFO(name);
+    const dptest::EnvVar bad(name, std::string("maybe"));
+    CHECK_THROWS_WITH(dp::create_backend(options),
+                      Catch::Contains(std::string(name) + " is 'maybe'") && Catch::Contains(usage));
+  }
+  // Set but empty: the default.
+  const dptest::EnvVar empty("DPRUN_CUDA_NHWC_BN", std::string());
+  CHECK_NOTHROW(dp::create_backend(options));
+}
+
 TEST_CASE("cuda ops reading a step's values at a cursor equal their host-valued twins",
           "[cuda][capture]") {
   // The same kernels with the value read from device memory instead of a kernel argument: the

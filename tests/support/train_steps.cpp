@@ -334,6 +334,21 @@ RunDistance bf16_run_bounds() {
   return b;
 }
 
+FitRun fit_run(const dp::TrainerOptions& o, const dp::ModelBuilder& builder,
+               const dp::Dataset& train, const dp::Dataset& test) {
+  dp::Trainer t(o, builder, train, test);
+  FitRun r;
+  t.fit([&](const dp::EpochReport& e) {
+    r.reports.push_back(e);
+    return true;
+  });
+  r.params = t.parameters(0);
+  r.buffers = t.buffers(0);
+  r.plan = t.memory_plan_stats();
+  r.peak = t.peak_memory_bytes();
+  return r;
+}
+
 dp::ModelBuilder plugin_builder(const std::string& model, const dp::ModelOptions& options) {
   static std::mutex mutex;
   static std::map<std::string, std::vector<dprun::LoadedModel>> loaded;  // kept alive

@@ -170,6 +170,17 @@ std::vector<int32_t> batch_indices(int64_t n, int64_t offset = 0);
 /// else the build tree's plugin folder. The library stays loaded until the process ends.
 dp::ModelBuilder plugin_builder(const std::string& model, const dp::ModelOptions& options = {});
 
+/// What a whole fit() of a trainer left: every epoch's report, replica 0's parameters and
+/// buffers, the memory plan's figures and the backend's peak of allocated bytes.
+struct FitRun {
+  std::vector<dp::EpochReport> reports;
+  std::vector<float> params, buffers;
+  dp::Arena::PlanStats plan;
+  size_t peak = 0;
+};
+FitRun fit_run(const dp::TrainerOptions& o, const dp::ModelBuilder& builder,
+               const dp::Dataset& train, const dp::Dataset& test);
+
 /// The first 512 training and 256 test images of Fashion-MNIST ($DPRUN_DATA honoured), loaded
 /// once; `ok` false when the data is not installed.
 struct TrainSubset {

@@ -17,6 +17,21 @@
 
 namespace dp::cuda {
 
+namespace {
+/// A two-way switch from the environment: `fallback` when `name` is unset or empty, true for
+/// `on`, false for `off`; any other value is refused, with `usage` saying what each does.
+bool env_switch(const char* name, const char* on, const char* off, bool fallback,
+                const char* usage) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  const std::string v = value;
+  if (v != on && v != off) {
+    throw Error(std::string("cuda backend: ") + name + " is '" + v + "'; " + usage);
+  }
+  return v == on;
+}
+}  // namespace
+
 // ---- errors and checks --------------------------------------------------------------------------
 
 void throw_library_error(const char* library, const char* statement, const char* file, int line,
@@ -103,51 +118,30 @@ CudaBackend::CudaBackend(const BackendOptions& options)
                     std::to_string(runtime) + ", " + description_ + " sm_" +
                     std::to_string(prop.major) + std::to_string(prop.minor);
     if (options.conv_choice == ConvChoice::automatic) {
-      const char* choice = std::getenv("DPRUN_CUDNN_CHOICE");
-      const std::string how = choice != nullptr ? choice : "";
-      if (!how.empty() && how != "measured" && how != "heuristic") {
-        throw Error("cuda backend: DPRUN_CUDNN_CHOICE is '" + how +
-                    "'; use measured (cuDNN times the algorithms once per shape, the results "
-                    "kept on disk) or heuristic (cuDNN's heuristics, nothing timed)");
-      }
-      measure_choices_ = how != "heuristic";
+      measure_choices_ = env_switch("DPRUN_CUDNN_CHOICE", "measured", "heuristic", true,
+                                    "use measured (cuDNN times the algorithms once per shape, the "
+                                    "results kept on disk) or heuristic (cuDNN's heuristics, "
+                                    "nothing timed)");
     } else {
       measure_choices_ = options.conv_choice == ConvChoice::measured;
     }
     // Which batch norm computes NHWC activations: ours (bn_nhwc.cu, the default) or cuDNN's
     // legacy one, for benchmarks that compare them.
-    if (const char* bn = std::getenv("DPRUN_CUDA_NHWC_BN"); bn != nullptr && *bn != '\0') {
-      const std::string which = bn;
-      if (which != "ours" && which != "cudnn") {
-        throw Error("cuda backend: DPRUN_CUDA_NHWC_BN is '" + which +
-                    "'; use ours (dprun's channels-last kernels, the default) or cudnn (cuDNN's "
-                    "legacy batch norm)");
-      }
-      own_nhwc_bn_ = which == "ours";
-    }
+    own_nhwc_bn_ = env_switch("DPRUN_CUDA_NHWC_BN", "ours", "cudnn", true,
+                              "use ours (dprun's channels-last kernels, the default) or cudnn "
+                              "(cuDNN's legacy batch norm)");
     // Which dtype holds a bf16 convolution's output that only our batch norm reads: packed bf16
     // (the default) or f32 (the widened copy), for benchmarks and tests that compare them.
-    if (const char* out = std::getenv("DPRUN_CUDA_BF16_CONV_OUTPUT"); out != nullptr && *out) {
-      const std::string which = out;
-      if (which != "bf16" && which != "f32") {
-        throw Error("cuda backend: DPRUN_CUDA_BF16_CONV_OUTPUT is '" + which +
-                    "'; use bf16 (a bf16 convolution that feeds a batch norm writes its output as "
-                    "bf16, the default) or f32 (widened to f32)");
-      }
-      bf16_conv_output_ = which == "bf16";
-    }
+    bf16_conv_output_ = env_switch("DPRUN_CUDA_BF16_CONV_OUTPUT", "bf16", "f32", true,
+                                   "use bf16 (a bf16 convolution that feeds a batch norm writes "
+                                   "its output as bf16, the default) or f32 (widened to f32)");
     // A check for reads of scratch nobody wrote (scripts/gpu-check runs the op tests under it):
     // each convolution pass's scratch, the operand copies and cuDNN's workspace, is filled with
     // 0xFF bytes (NaN in fp32 and in bf16) right before the pass, so a library's kernel or ours
     // that uses scratch it did not write first makes NaN where the tests compare with the CPU.
-    if (const char* p = std::getenv("DPRUN_CUDA_POISON_SCRATCH"); p != nullptr && *p != '\0') {
-      const std::string v = p;
-      if (v != "0" && v != "1") {
-        throw Error("cuda backend: DPRUN_CUDA_POISON_SCRATCH is '" + v +
-                    "'; use 1 (fill each convolution pass's scratch with NaN first) or 0");
-      }
-      poison_scratch_ = v == "1";
-    }
+    poison_scratch_ =
+        env_switch("DPRUN_CUDA_POISON_SCRATCH", "1", "0", false,
+                   "use 1 (fill each convolution pass's scratch with NaN first) or 0");
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDNN_CHECK(cudnnCreate(&cudnn_));
     CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
