@@ -168,8 +168,9 @@ struct Config {
   int64_t batch = 256;
   bool graphs = false;
   bool cudnn_bn = false;  // NHWC batch norm by cuDNN (DPRUN_CUDA_NHWC_BN=cudnn) instead of ours
-  /// bf16: the convolutions that feed a batch norm widen their output to f32 first
-  /// (DPRUN_CUDA_BF16_CONV_OUTPUT=f32), as before they kept it packed.
+  /// bf16: the activations between a convolution and a batch norm stay f32
+  /// (DPRUN_CUDA_BF16_CONV_OUTPUT=f32: a convolution's output for its batch norm, and bn1's output
+  /// for conv2), as before they were stored packed.
   bool wide_outputs = false;
 
   const char* precision() const {
@@ -181,7 +182,7 @@ struct Config {
   std::string name() const {
     return model + "-" + dp::layout_name(layout) + "-" + precision() + "-b" +
            std::to_string(batch) + (graphs ? "-graphs" : "") + (cudnn_bn ? "-cudnn-bn" : "") +
-           (wide_outputs ? "-f32-conv-outputs" : "");
+           (wide_outputs ? "-f32-storage" : "");
   }
 };
 

@@ -43,6 +43,27 @@ Shape check_input(const Checker& check, const Backend& backend, const Tensor& x)
   return check.activation(x, "x", false, x.dtype);
 }
 
+/// y (or the ReLU epilogue's y in backward) has x's shape and layout; f32, or (N, C, H, W) of
+/// another dtype where the backend's batch norm writes it (Backend::batchnorm_takes: the rounded
+/// values, for a convolution that rounds its input so anyway).
+void check_output(const Checker& check, const Backend& backend, const Tensor& y, const Tensor& x,
+                  const char* what) {
+  if (y.dtype == DType::f32) return check.like(y, x, what, "x");
+  if (y.shape.rank != 4 || !backend.batchnorm_takes(y.dtype, y.layout)) {
+    check.fail(
+        std::string(what) + " is " + dtype_name(y.dtype) + " " +
+        (y.shape.rank == 4 ? std::string(layout_name(y.layout)) : "of shape " + y.shape.str()) +
+        ", which this backend's batch norm does not write (f32 always; another dtype only "
+        "(N, C, H, W) where Backend::batchnorm_takes says so)");
+  }
+  check.tensor(y, y.dtype, what);
+  if (y.shape != x.shape) {
+    check.fail(std::string(what) + " has shape " + y.shape.str() + " but x has " + x.shape.str() +
+               "; they must match");
+  }
+  check.same_layout(y, x, what, "x");
+}
+
 /// dx has x's shape, layout and dtype: a bf16 x's gradient goes, rounded to bf16, to the
 /// convolution that wrote x, which rounds its output gradient so anyway (ConvPlan::output_dtype).
 void check_input_grad(const Checker& check, const Tensor& dx, const Tensor& x) {
@@ -86,15 +107,15 @@ void check_epilogue(const Checker& check, const BnEpilogue& e, const Tensor& x, 
     check.fail("the epilogue's residual and y share their data; y must be another tensor");
   }
 }
-void check_epilogue_grad(const Checker& check, const BnEpilogueGrad& e, const Tensor& x,
-                         const Tensor& dy) {
+void check_epilogue_grad(const Checker& check, const Backend& backend, const BnEpilogueGrad& e,
+                         const Tensor& x, const Tensor& dy) {
   if ((e.y == nullptr) != (e.dz == nullptr)) {
     check.fail(std::string("the ReLU epilogue's gradient needs both y (the forward's output) and "
                            "dz (where the masked gradient goes); got only ") +
                (e.y != nullptr ? "y" : "dz"));
   }
   if (e.y == nullptr) return;
-  check.like(*e.y, x, "epilogue y", "x");
+  check_output(check, backend, *e.y, x, "epilogue y");
   check.like(*e.dz, x, "dz", "x");
   for (const auto& [t, name] :
        {std::pair{&dy, "dy"}, std::pair{e.y, "epilogue y"}, std::pair{&x, "x"}}) {
@@ -112,7 +133,7 @@ void Backend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, cons
                                       const BnEpilogue& epilogue) {
   const Checker check(*this, "batchnorm_forward_train");
   const Shape s = check_input(check, *this, x);
-  check.like(y, x, "y", "x");
+  check_output(check, *this, y, x, "y");
   check_epilogue(check, epilogue, x, y);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"},
@@ -138,7 +159,7 @@ void Backend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, cons
                                       float eps, const Tensor& y, const BnEpilogue& epilogue) {
   const Checker check(*this, "batchnorm_forward_infer");
   const Shape s = check_input(check, *this, x);
-  check.like(y, x, "y", "x");
+  check_output(check, *this, y, x, "y");
   check_epilogue(check, epilogue, x, y);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"},
@@ -161,7 +182,7 @@ void Backend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor
   const Shape s = check_input(check, *this, x);
   check.like(dy, x, "dy", "x");
   check_input_grad(check, dx, x);
-  check_epilogue_grad(check, epilogue, x, dy);
+  check_epilogue_grad(check, *this, epilogue, x, dy);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"},
                    {&save_mean, "save_mean"},
@@ -197,7 +218,7 @@ void Backend::batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const 
                                     const Tensor& y, const BnEpilogue& epilogue) {
   const Checker check(*this, "batchnorm_apply_stats");
   const Shape s = check_input(check, *this, x);
-  check.like(y, x, "y", "x");
+  check_output(check, *this, y, x, "y");
   check_epilogue(check, epilogue, x, y);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"},
@@ -229,7 +250,7 @@ void Backend::batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const T
   const Checker check(*this, "batchnorm_backward_sums");
   const Shape s = check_input(check, *this, x);
   check.like(dy, x, "dy", "x");
-  check_epilogue_grad(check, epilogue, x, dy);
+  check_epilogue_grad(check, *this, epilogue, x, dy);
   channel_vectors(check, s[1], {{&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
   check.f32(sums, {2 * s[1]}, "sums");
   run([=, this, e = HeldEpilogueGrad(epilogue)] {

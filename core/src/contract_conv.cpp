@@ -37,11 +37,18 @@ std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUs
       }
     }
   }
+  if (!conv_takes(use.input_dtype)) {
+    check.fail(std::string("ConvUse::input_dtype ") + dtype_name(use.input_dtype) + " for " +
+               (use.layer.empty() ? std::string("the plan") : use.layer) +
+               ": this backend's convolutions take no such x (f32 always; another dtype where "
+               "Backend::conv_takes says so)");
+  }
   std::unique_ptr<ConvPlan> plan = plan_conv_impl(g, use);
   DP_ASSERT(plan != nullptr);
   plan->owner_ = this;
   plan_workspace(*plan, use);
   plan->output_dtype_ = conv_output_dtype_impl(*plan);
+  plan->input_dtype_ = use.input_dtype;
   if (plan->output_dtype_ != DType::f32 &&
       !(use.output_to_batchnorm && batchnorm_takes(plan->output_dtype_, g.layout))) {
     throw InternalError(prefix("plan_conv") + "the plan's output is " +
@@ -52,6 +59,10 @@ std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUs
   DP_ASSERT(use.planned_workspace ||
             (plan->workspace_bytes_[0] == 0 && plan->workspace_bytes_[1] == 0));
   return plan;
+}
+
+bool Backend::conv_takes(DType dtype) const {
+  return dtype == DType::f32 || conv_takes_impl(dtype);
 }
 
 void Backend::need_workspace(ConvPlan& plan, ConvStage stage, size_t bytes) {
@@ -67,6 +78,16 @@ void check_output_dtype(const Checker& check, const ConvPlan& plan, const Tensor
     check.fail(std::string(what) + " must be " + dtype_name(plan.output_dtype()) +
                " (the plan's output_dtype), got " + dtype_name(t.dtype));
   }
+}
+
+// A pass's x: (N <= max_batch, C, H, W) in the plan's layout, of the plan's input dtype. Returns N.
+int64_t plan_input(const Checker& check, const ConvPlan& plan, const Tensor& x) {
+  const ConvGeometry& g = plan.geometry();
+  if (x.dtype != plan.input_dtype()) {
+    check.fail(std::string("x must be ") + dtype_name(plan.input_dtype()) +
+               " (the plan's input_dtype), got " + dtype_name(x.dtype));
+  }
+  return plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x", plan.input_dtype());
 }
 
 // A backward pass's dy: (N <= max_batch, K, P, Q) in the plan's layout, of the plan's output
@@ -127,7 +148,7 @@ void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, con
   const char* op = "conv_forward";
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
-  const int64_t n = plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x");
+  const int64_t n = plan_input(check, plan, x);
   check.f32(w, filter_shape(g), "w");
   check.optional_f32(b, {g.out_channels}, "b");
   if (b != nullptr && !plan.forward_bias()) {
@@ -169,7 +190,7 @@ void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor
   const char* op = "conv_backward_filter";
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
-  const int64_t n = plan_activation(check, g, x, g.in_channels, g.in_h, g.in_w, "x");
+  const int64_t n = plan_input(check, plan, x);
   if (plan_output_grad(check, plan, dy) != n) {
     check.fail("dy has shape " + dy.shape.str() + " but x has " + x.shape.str() +
                ": they must hold the same examples");

@@ -132,6 +132,8 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   use.planned_workspace = ctx.arena.memory_plan();
   use.forward_bias = b_.valid() && !bias_folded_;  // a folded bias is the batch norm's
   use.output_to_batchnorm = to_batchnorm_;
+  // A bf16 x where the batch norm before it stores its output so for this layer (feeds).
+  use.input_dtype = input_from_ != nullptr ? input_from_->output_dtype() : DType::f32;
   plan_ = ctx.backend.plan_conv(g, use);
   for (const ConvStage stage : {ConvStage::forward, ConvStage::backward}) {
     Tensor& ws = workspace_[static_cast<int>(stage)];
@@ -148,6 +150,7 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
 }
 
 DType Conv2d::output_dtype() const { return plan_ ? plan_->output_dtype() : DType::f32; }
+DType Conv2d::input_dtype() const { return plan_ ? plan_->input_dtype() : DType::f32; }
 
 const Tensor* Conv2d::workspace(ConvStage stage) const {
   return plan_->workspace_bytes(stage) > 0 ? &workspace_[static_cast<int>(stage)] : nullptr;
@@ -238,6 +241,18 @@ void BatchNorm2d::fold_bias_of(Conv2d& conv) {
   input_of_ = &conv;
 }
 
+void BatchNorm2d::feeds(Conv2d& conv) {
+  const std::string me = "BatchNorm2d(" + std::to_string(c_) + ")";
+  DP_CHECK(input_shape().rank == 0 && conv.input_shape().rank == 0,
+           me + ": feeds after setup; declare it before");
+  DP_CHECK(output_to_ == nullptr, me + " already feeds a convolution alone");
+  DP_CHECK(conv.input_from_ == nullptr, me + ": the convolution already reads another batch norm");
+  DP_CHECK(conv.in_ == c_,
+           me + ": the convolution takes " + std::to_string(conv.in_) + " channels");
+  conv.input_from_ = this;
+  output_to_ = &conv;
+}
+
 bool BatchNorm2d::fold_previous(Module& previous) {
   auto* conv = dynamic_cast<Conv2d*>(&previous);
   if (conv == nullptr || conv->out_ != c_ || input_shape().rank != 0) return false;
@@ -267,7 +282,13 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
   DP_CHECK(gamma_.valid(), "BatchNorm2d: setup() before declare()");
   const Layout l = layout_for(input, ctx.layout);
   x_planned_ = y_planned_ = {};
-  ctx.arena.allocate_planned(y_, input, DType::f32, l);
+  // Narrower where only a convolution reads it and both this batch norm and convolutions take it.
+  y_dtype_ = output_to_ != nullptr && input.rank == 4 &&
+                     ctx.backend.batchnorm_takes(DType::bf16, l) &&
+                     ctx.backend.conv_takes(DType::bf16)
+                 ? DType::bf16
+                 : DType::f32;
+  ctx.arena.allocate_planned(y_, input, y_dtype_, l);
   // dx goes to the convolution that wrote x alone (input_of_): of its output dtype, as x.
   ctx.arena.allocate_planned(dx_, input,
                              input_of_ != nullptr ? input_of_->output_dtype() : DType::f32, l);

@@ -3,7 +3,8 @@
 // fused into the batch norms: bn1 + ReLU, and bn2 + shortcut + ReLU, which also gives back the
 // gradient of the sum (masked by the ReLU) that goes into the shortcut. Backward sends that
 // gradient into both branches and adds their input gradients. conv1's and conv2's biases are
-// folded into bn1 and bn2 (see BatchNormFused).
+// folded into bn1 and bn2 (see BatchNormFused), and bn1's output may be stored as conv2 reads it
+// (BatchNorm2d::feeds).
 #include <ostream>
 
 #include "dp/error.hpp"
@@ -26,6 +27,8 @@ Residual::Residual(int64_t in_channels, int64_t out_channels, bool use_1x1conv, 
   // The batch norms add their convolution's bias (the same values, two passes fewer each).
   bn1_->fold_bias_of(*conv1_);
   bn2_->fold_bias_of(*conv2_);
+  // Only conv2 reads bn1's output: the backend may store it as conv2 reads it (bf16).
+  bn1_->feeds(*conv2_);
 }
 
 // Declaration order follows d2l's attribute order, so the flat layout matches its state_dict.

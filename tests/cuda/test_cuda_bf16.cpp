@@ -33,6 +33,9 @@
 #include "dp/bf16.hpp"
 #include "dp/choice_cache.hpp"
 #include "dp/conv_contract.hpp"
+#include "dp/layers.hpp"
+#include "dp/module.hpp"
+#include "dp/params.hpp"
 #include "support/check.hpp"
 #include "support/env_var.hpp"
 #include "support/train_steps.hpp"
@@ -421,15 +424,16 @@ TEST_CASE("cuda bf16 LeNet steps equal the cpu's bf16 steps up to summation orde
 }
 
 TEST_CASE(
-    "cuda bf16 stores the output of a convolution that feeds a batch norm as bf16, with the bits "
-    "of f32 storage",
+    "cuda bf16 stores a convolution's output for its batch norm and a batch norm's output for its "
+    "convolution as bf16 with the bits of f32 storage",
     "[cuda][train][bf16]") {
   // Precision bf16 in NHWC: cuDNN's bf16 output of conv1/conv2 (and the stem) stays packed for
-  // the batch norm after it, which widens it as it reads; DPRUN_CUDA_BF16_CONV_OUTPUT=f32 widens
-  // it into an f32 tensor first, as before. The values are the same, so every bit must be: the
-  // losses, the accuracy, the parameters and the running statistics, on one replica and on two
-  // with synchronised batch norm (its own kernels). The planned memory must shrink by the
-  // outputs' halves.
+  // the batch norm after it, which widens it as it reads, and bn1's output (ReLU'd) is written
+  // packed for conv2, which rounds its input so anyway; its backward takes the packed output's
+  // sign as the ReLU's mask. DPRUN_CUDA_BF16_CONV_OUTPUT=f32 keeps both f32, as before. The
+  // values are the same, so every bit must be: the losses, the accuracy, the parameters and the
+  // running statistics, on one replica and on two with synchronised batch norm (its own
+  // kernels). The planned memory must shrink by the tensors' halves.
   if (!dptest::fashion_mnist_subset().ok) {
     DPTEST_SKIPPED("Fashion-MNIST not found (set DPRUN_DATA): skipping a bf16 training test");
     return;
@@ -467,7 +471,9 @@ TEST_CASE(
     CHECK(packed.params == wide.params);
     CHECK(packed.buffers == wide.buffers);
     std::printf(
-        "  bf16 conv outputs for batch norm, %d replica(s): planned %zu -> %zu bytes, "
+        "  bf16 storage of the activations between conv and batch norm, %d replica(s): planned %zu "
+        "-> "
+        "%zu bytes, "
         "placed %zu -> %zu\n",
         replicas, wide.plan.requested, packed.plan.requested, wide.plan.placed, packed.plan.placed);
     CHECK(packed.plan.requested < wide.plan.requested);
@@ -502,6 +508,7 @@ TEST_CASE("cuda bf16: which convolutions store their output as bf16, and who tak
     g.conv_choice = dp::ConvChoice::heuristic;
     auto wide = dp::create_backend(g);
     CHECK(output(*wide, Layout::nhwc, false, true) == DType::f32);
+    CHECK_FALSE(wide->conv_takes(DType::bf16));  // nor does a batch norm's output go bf16
   }
   {
     const dptest::EnvVar env("DPRUN_CUDA_BF16_CONV_OUTPUT", std::string("half"));
@@ -511,6 +518,39 @@ TEST_CASE("cuda bf16: which convolutions store their output as bf16, and who tak
     CHECK_THROWS_WITH(dp::create_backend(g),
                       Catch::Contains("DPRUN_CUDA_BF16_CONV_OUTPUT is 'half'"));
   }
+  // Convolutions take a bf16 x on the GPU in bf16 (a batch norm's output that only they read).
+  CHECK(B.gpu->conv_takes(DType::bf16));
+  CHECK(B.gpu->conv_takes(DType::f32));
+  CHECK_FALSE(B.cpu->conv_takes(DType::bf16));
+  {
+    dp::ConvUse use;
+    use.layer = "block.conv2";
+    use.input_dtype = DType::bf16;
+    CHECK_THROWS_WITH(B.cpu->plan_conv(cc.geometry(Layout::nhwc), use),
+                      Catch::Contains("ConvUse::input_dtype bf16 for block.conv2") &&
+                          Catch::Contains("Backend::conv_takes"));
+    CHECK(B.gpu->plan_conv(cc.geometry(Layout::nhwc), use)->input_dtype() == DType::bf16);
+  }
+  // In a residual block, bn1's output (read by conv2 alone) is bf16 where both take it.
+  const auto block_dtypes = [](dp::Backend& b, Layout layout) {
+    dp::Residual block(8, 8, false, 1);
+    dp::ParamRegistry registry;
+    dp::Arena arena(b);
+    block.declare(registry, "");
+    registry.allocate(b);
+    dp::SetupContext ctx{b, arena, registry, layout, {}, {}, true};
+    block.setup(ctx, dp::Shape{2, 8, 6, 6});
+    const std::vector<dp::Module*> parts = block.children();  // conv1, conv2, bn1, bn2
+    const auto* conv2 = dynamic_cast<const dp::Conv2d*>(parts[1]);
+    const auto* bn1 = dynamic_cast<const dp::BatchNorm2d*>(parts[2]);
+    REQUIRE(conv2 != nullptr);
+    REQUIRE(bn1 != nullptr);
+    CHECK(conv2->input_dtype() == bn1->output_dtype());
+    return std::pair{bn1->output_dtype(), conv2->output_dtype()};
+  };
+  CHECK(block_dtypes(*B.gpu, Layout::nhwc) == std::pair{DType::bf16, DType::bf16});
+  CHECK(block_dtypes(*B.gpu, Layout::nchw) == std::pair{DType::f32, DType::f32});
+  CHECK(block_dtypes(*B.cpu, Layout::nhwc) == std::pair{DType::f32, DType::f32});
   // The cpu backend's batch norm refuses the bf16 x the GPU's takes, saying so.
   dptest::DeviceBuffer x(*B.cpu, {2, 3, 4, 4}, DType::bf16, Layout::nhwc),
       y(*B.cpu, {2, 3, 4, 4}, DType::f32, Layout::nhwc), c(*B.cpu, {3});
@@ -518,6 +558,13 @@ TEST_CASE("cuda bf16: which convolutions store their output as bf16, and who tak
       B.cpu->batchnorm_forward_train(x.tensor(), c.tensor(), c.tensor(), c.tensor(), c.tensor(),
                                      0.1f, 1e-5f, c.tensor(), c.tensor(), y.tensor()),
       Catch::Contains("x is bf16 nhwc") && Catch::Contains("Backend::batchnorm_takes"));
+  // And the bf16 y, saying so too.
+  dptest::DeviceBuffer x32(*B.cpu, {2, 3, 4, 4}, DType::f32, Layout::nhwc),
+      y16(*B.cpu, {2, 3, 4, 4}, DType::bf16, Layout::nhwc);
+  CHECK_THROWS_WITH(
+      B.cpu->batchnorm_forward_train(x32.tensor(), c.tensor(), c.tensor(), c.tensor(), c.tensor(),
+                                     0.1f, 1e-5f, c.tensor(), c.tensor(), y16.tensor()),
+      Catch::Contains("y is bf16 nhwc, which this backend's batch norm does not write"));
 }
 
 namespace {
@@ -557,6 +604,16 @@ std::pair<std::unique_ptr<dp::ConvPlan>, std::unique_ptr<dp::ConvPlan>> plan_pai
 
 bool own_algorithm(int algo) {
   return algo == dp::kConvAlgoDprunGemm1x1 || algo == dp::kConvAlgoDprunSmallC;
+}
+
+/// Rounds v to bf16 in place (the widened values) and returns them packed.
+std::vector<uint16_t> round_and_pack(std::vector<float>& v) {
+  std::vector<uint16_t> packed(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    packed[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(v[i])) >> 16);
+    v[i] = std::bit_cast<float>(uint32_t{packed[i]} << 16);
+  }
+  return packed;
 }
 
 }  // namespace
@@ -708,12 +765,7 @@ TEST_CASE(
     w.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 42, -0.5f, 0.5f));
     // dy as bf16 values: packed for one plan, widened for the other.
     std::vector<float> dy = dptest::random_vector(out.numel(), 43);
-    std::vector<uint16_t> packed(dy.size());
-    for (size_t i = 0; i < dy.size(); ++i) {
-      packed[i] =
-          static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(dy[i])) >> 16);
-      dy[i] = std::bit_cast<float>(uint32_t{packed[i]} << 16);
-    }
+    const std::vector<uint16_t> packed = round_and_pack(dy);
     dy32.upload(dy);
     B.gpu->upload(dy16.tensor().data, packed.data(), packed.size() * sizeof(uint16_t));
     for (const dp::ConvDirection d :
@@ -746,4 +798,92 @@ TEST_CASE(
   }
   CHECK(own_runs >= 1);   // dprun's few-channel filter gradient ran
   CHECK(data_runs >= 2);  // cuDNN's backward-data took the packed dy, in both cases
+}
+
+TEST_CASE(
+    "cuda bf16 conv forward and filter gradient from a bf16 x compute the bits of its widening on "
+    "every algorithm",
+    "[cuda][bf16]") {
+  // ConvUse::input_dtype bf16 (a batch norm's output that only this convolution reads, stored
+  // packed): cuDNN's bf16 forward takes it as it is, fp32 kernels (a forward with a bias, every
+  // filter gradient) widen it where they would round an f32 x, and dprun's own algorithms widen
+  // it at the end of their workspace. The results must be the bits of the f32 plan's passes
+  // given the widened x. Outputs are filled with NaN before each pass.
+  Bf16Backends B;
+  size_t own_forward = 0, own_filter = 0;
+  const ConvCase cases[] = {
+      {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, false},   // cuDNN, and the few-channel direct kernel
+      {4, 4, 8, 6, 6, 16, 1, 1, 1, 0, false},  // the 1x1 GEMM too
+      {4, 3, 16, 5, 5, 8, 3, 3, 2, 1, false},  // strided, a batch below the plan's
+  };
+  for (const bool bias : {false, true}) {
+    for (const ConvCase& cc : cases) {
+      const dp::ConvGeometry g = cc.geometry(Layout::nhwc);
+      INFO(g.str() << " at batch " << cc.n << (bias ? ", with a bias" : ""));
+      dp::ConvUse use;
+      use.forward_bias = bias;
+      use.train_batches = {cc.n};
+      use.input_dtype = DType::bf16;
+      auto packed_plan = B.gpu->plan_conv(g, use);
+      use.input_dtype = DType::f32;
+      auto wide_plan = B.gpu->plan_conv(g, use);
+      REQUIRE(packed_plan->input_dtype() == DType::bf16);
+      REQUIRE(wide_plan->input_dtype() == DType::f32);
+      const dp::Shape out{cc.n, cc.k, g.out_h(), g.out_w()};
+      const dp::Shape in{cc.n, cc.c, cc.h, cc.w};
+      dptest::DeviceBuffer x32(*B.gpu, in, DType::f32, Layout::nhwc);
+      dptest::DeviceBuffer x16(*B.gpu, in, DType::bf16, Layout::nhwc);
+      dptest::DeviceBuffer w(*B.gpu, {cc.k, cc.c, cc.r, cc.s}), b(*B.gpu, {cc.k});
+      dptest::DeviceBuffer dy(*B.gpu, out, DType::f32, Layout::nhwc);
+      dptest::DeviceBuffer y_a(*B.gpu, out, DType::f32, Layout::nhwc);
+      dptest::DeviceBuffer y_b(*B.gpu, out, DType::f32, Layout::nhwc);
+      dptest::DeviceBuffer dw_a(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+      dptest::DeviceBuffer dw_b(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+      std::vector<float> x = dptest::random_vector(in.numel(), 51);
+      const std::vector<uint16_t> packed = round_and_pack(x);
+      x32.upload(x);
+      B.gpu->upload(x16.tensor().data, packed.data(), packed.size() * sizeof(uint16_t));
+      w.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 52, -0.5f, 0.5f));
+      b.upload(dptest::random_vector(cc.k, 53));
+      dy.upload(dptest::random_vector(out.numel(), 54));
+      const dp::Tensor* bt = bias ? b.ptr() : nullptr;
+      for (const dp::ConvDirection d :
+           {dp::ConvDirection::forward, dp::ConvDirection::backward_filter}) {
+        for (const dp::ConvAlgorithm& a : dp::cuda_conv_algorithms(*B.gpu, *packed_plan, d, cc.n)) {
+          if (!a.deterministic) continue;
+          INFO(a.str());
+          dp::cuda_use_conv_algorithm(*B.gpu, *packed_plan, a);
+          dp::cuda_use_conv_algorithm(*B.gpu, *wide_plan, a);
+          const auto& [want_buffer, got_buffer] =
+              d == dp::ConvDirection::forward ? std::pair{&y_a, &y_b} : std::pair{&dw_a, &dw_b};
+          poison(*B.gpu, want_buffer->tensor());
+          poison(*B.gpu, got_buffer->tensor());
+          if (d == dp::ConvDirection::forward) {
+            B.gpu->conv_forward(*wide_plan, x32.tensor(), w.tensor(), bt, y_a.tensor());
+            B.gpu->conv_forward(*packed_plan, x16.tensor(), w.tensor(), bt, y_b.tensor());
+            own_forward += own_algorithm(a.algo) ? 1 : 0;
+          } else {
+            B.gpu->conv_backward_filter(*wide_plan, x32.tensor(), dy.tensor(), dw_a.tensor(),
+                                        nullptr);
+            B.gpu->conv_backward_filter(*packed_plan, x16.tensor(), dy.tensor(), dw_b.tensor(),
+                                        nullptr);
+            own_filter += own_algorithm(a.algo) ? 1 : 0;
+          }
+          const std::vector<float> want = want_buffer->download_f32(),
+                                   got = got_buffer->download_f32();
+          CHECK(std::none_of(want.begin(), want.end(), [](float v) { return std::isnan(v); }));
+          CHECK(want == got);
+        }
+      }
+      // The passes refuse an x of the other dtype, naming the plan's.
+      CHECK_THROWS_WITH(
+          B.gpu->conv_forward(*packed_plan, x32.tensor(), w.tensor(), bt, y_b.tensor()),
+          Catch::Contains("x must be bf16 (the plan's input_dtype), got f32"));
+      CHECK_THROWS_WITH(B.gpu->conv_backward_filter(*wide_plan, x16.tensor(), dy.tensor(),
+                                                    dw_b.tensor(), nullptr),
+                        Catch::Contains("x must be f32 (the plan's input_dtype), got bf16"));
+    }
+  }
+  CHECK(own_forward >= 4);  // both of dprun's own forward algorithms, with and without a bias
+  CHECK(own_filter >= 2);   // and its few-channel filter gradient
 }

@@ -141,8 +141,12 @@ TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal b
   const auto [h, w] =
       GENERATE(std::tuple<int64_t, int64_t>{5, 3}, std::tuple<int64_t, int64_t>{17, 19});
   const bool channels_last = GENERATE(false, true);
-  INFO("N " << n << " C " << c << " H " << h << " W " << w
-            << (channels_last ? ", NHWC" : ", NCHW"));
+  // The epilogue runs in the normalising pass, and the ReLU's mask in the summing one.
+  const auto [residual, relu] =
+      GENERATE(std::tuple<bool, bool>{false, false}, std::tuple<bool, bool>{false, true},
+               std::tuple<bool, bool>{true, true});
+  INFO("N " << n << " C " << c << " H " << h << " W " << w << (channels_last ? ", NHWC" : ", NCHW")
+            << (residual ? ", residual" : "") << (relu ? ", ReLU" : ""));
   const BnCase k = make_case(n, c, h, w);
   const auto mine = [&](const std::vector<float>& v) { return channels_last ? nhwc(k, v) : v; };
   const auto back = [&](const std::vector<float>& v) { return channels_last ? nchw(k, v) : v; };
@@ -157,22 +161,31 @@ TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal b
   kernels::bn_sums(x.data(), mean_d.data(), sq.data(), n, c, hw, channels_last, nullptr);
   for (size_t i = 0; i < cs; ++i) var[i] = sq.values()[i] / static_cast<float>(count);
   Guarded<float> var_d(var), gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
-  Guarded<float> save_mean(cs), save_invstd(cs), y(total);
+  Guarded<float> save_mean(cs), save_invstd(cs), y(total), r(mine(k.residual));
   kernels::bn_apply_stats(x.data(), gamma.data(), beta.data(), mean_d.data(), var_d.data(),
                           rm.data(), rv.data(), kMomentum, kEps, count, save_mean.data(),
-                          save_invstd.data(), y.data(), n, c, hw, channels_last, nullptr);
-  Guarded<float> dy(mine(k.dy)), grad_sums(2 * cs), dx(total);
-  kernels::bn_backward_sums(x.data(), dy.data(), save_mean.data(), save_invstd.data(),
+                          save_invstd.data(), residual ? r.data() : nullptr, relu, y.data(), n, c,
+                          hw, channels_last, nullptr);
+  Guarded<float> dy(mine(k.dy)), dz(total), grad_sums(2 * cs), dx(total);
+  kernels::bn_backward_sums(x.data(), dy.data(), relu ? y.data() : nullptr,
+                            relu ? dz.data() : nullptr, save_mean.data(), save_invstd.data(),
                             grad_sums.data(), n, c, hw, channels_last, nullptr);
-  kernels::bn_backward_apply(x.data(), dy.data(), gamma.data(), save_mean.data(),
+  kernels::bn_backward_apply(x.data(), relu ? dz.data() : dy.data(), gamma.data(), save_mean.data(),
                              save_invstd.data(), grad_sums.data(), count, dx.data(), n, c, hw,
                              channels_last, nullptr);
   emutest::require_no_pending_error();
 
+  const std::vector<float> y_train = back(y.values());
   const dptest::BnReference ref =
-      dptest::bn_reference(k.x, k.dy, k.gamma, k.beta, k.running_mean, k.running_var, {}, n, c, hw,
-                           false, kEps, kMomentum);
-  dptest::check_bn_close("output", back(y.values()), ref.y);
+      dptest::bn_reference(k.x, k.dy, k.gamma, k.beta, k.running_mean, k.running_var, y_train, n, c,
+                           hw, relu, kEps, kMomentum, residual ? k.residual : std::vector<float>{});
+  dptest::check_bn_close("output", y_train, ref.y);
+  if (relu) {  // dz is the masked gradient, exactly
+    const std::vector<float> yv = y.values(), dyv = dy.values(), dzv = dz.values();
+    size_t wrong = 0;
+    for (size_t i = 0; i < total; ++i) wrong += dzv[i] != (yv[i] > 0 ? dyv[i] : 0.0f) ? 1 : 0;
+    CHECK(wrong == 0);
+  }
   dptest::check_bn_close("dx", back(dx.values()), ref.dx);
   const std::vector<float> g = grad_sums.values();
   dptest::check_bn_close("dbeta (sum dy)", std::vector<float>(g.begin(), g.begin() + c), ref.dbeta);
@@ -181,7 +194,7 @@ TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal b
   dptest::check_bn_close("running mean", rm.values(), ref.running_mean);
   dptest::check_bn_close("running var", rv.values(), ref.running_var);
   for (const Guarded<float>* b : {&x, &sums, &sq, &mean_d, &var_d, &gamma, &beta, &rm, &rv,
-                                  &save_mean, &save_invstd, &y, &dy, &grad_sums, &dx}) {
+                                  &save_mean, &save_invstd, &y, &r, &dy, &dz, &grad_sums, &dx}) {
     EMU_CHECK_INTACT(*b);
   }
 }
@@ -198,8 +211,9 @@ TEST_CASE("emulated cuda: synchronised batch norm sums over a replica with no ex
   CHECK(sums.values() == std::vector<float>(5, 0.0f));
   kernels::bn_sums(x.data(), mean.data(), sums.data(), 0, c, 12, channels_last, nullptr);
   CHECK(sums.values() == std::vector<float>(5, 0.0f));
-  kernels::bn_backward_sums(x.data(), dy.data(), mean.data(), save_invstd.data(), grad_sums.data(),
-                            0, c, 12, channels_last, nullptr);
+  kernels::bn_backward_sums(x.data(), dy.data(), static_cast<const float*>(nullptr), nullptr,
+                            mean.data(), save_invstd.data(), grad_sums.data(), 0, c, 12,
+                            channels_last, nullptr);
   CHECK(grad_sums.values() == std::vector<float>(10, 0.0f));
   emutest::require_no_pending_error();
 }
@@ -220,15 +234,18 @@ std::vector<float> widened(const std::vector<uint16_t>& v) {
   return out;
 }
 
-/// Every output of the batch norm kernels for one x type (float: the widened values; uint16_t:
-/// the packed ones), in the order they are compared.
-template <typename T>
+/// Every output of the batch norm kernels for one x type T and one y type Y (float: the widened
+/// values; uint16_t: the packed ones, returned widened), in the order they are compared. The
+/// epilogue: the residual when `residual`, then a ReLU.
+template <typename T, typename Y = float>
 std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>& x_values,
-                                           bool sync, size_t offset) {
+                                           bool sync, size_t offset, bool residual = true) {
   const int64_t rows = k.n * k.h * k.w, c = k.c, hw = k.h * k.w;
   const auto total = static_cast<size_t>(rows * c), cs = static_cast<size_t>(c);
   Guarded<T> x(x_values, offset);
-  Guarded<float> r(nhwc(k, k.residual), offset), y(total, offset), y_eval(total, offset);
+  Guarded<Y> y(total, offset), y_eval(total, offset);
+  Guarded<float> r(nhwc(k, k.residual), offset);
+  const float* rs = residual ? r.data() : nullptr;
   Guarded<float> gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
   Guarded<float> save_mean(cs), save_invstd(cs), dgamma(cs), dbeta(cs), sums(cs), sq(cs);
   Guarded<float> dy(nhwc(k, k.dy), offset), dz(total, offset);
@@ -241,38 +258,43 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
     kernels::bn_sums(x.data(), mean_in.data(), sq.data(), k.n, c, hw, true, nullptr);
     kernels::bn_apply_stats(x.data(), gamma.data(), beta.data(), mean_in.data(), var_in.data(),
                             rm.data(), rv.data(), kMomentum, kEps, rows, save_mean.data(),
-                            save_invstd.data(), y.data(), k.n, c, hw, true, nullptr);
-    kernels::bn_backward_sums(x.data(), dy.data(), save_mean.data(), save_invstd.data(),
-                              grad_sums.data(), k.n, c, hw, true, nullptr);
-    kernels::bn_backward_apply(x.data(), dy.data(), gamma.data(), save_mean.data(),
+                            save_invstd.data(), rs, true, y.data(), k.n, c, hw, true, nullptr);
+    kernels::bn_backward_sums(x.data(), dy.data(), y.data(), dz.data(), save_mean.data(),
+                              save_invstd.data(), grad_sums.data(), k.n, c, hw, true, nullptr);
+    kernels::bn_backward_apply(x.data(), dz.data(), gamma.data(), save_mean.data(),
                                save_invstd.data(), grad_sums.data(), rows, dx.data(), k.n, c, hw,
                                true, nullptr);
   } else {
     kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
-                                   kMomentum, kEps, save_mean.data(), save_invstd.data(), r.data(),
-                                   true, y.data(), rows, c, scratch.data(), nullptr);
+                                   kMomentum, kEps, save_mean.data(), save_invstd.data(), rs, true,
+                                   y.data(), rows, c, scratch.data(), nullptr);
     kernels::bn_nhwc_backward(x.data(), dy.data(), y.data(), dz.data(), gamma.data(),
                               save_mean.data(), save_invstd.data(), dx.data(), dgamma.data(),
                               dbeta.data(), rows, c, scratch.data(), nullptr);
-    kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), kEps,
-                                   nullptr, false, y_eval.data(), rows, c, scratch.data(), nullptr);
   }
+  // Evaluation runs the channels-last kernel either way (the running statistics as updated).
+  kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), kEps,
+                                 rs, true, y_eval.data(), rows, c, scratch.data(), nullptr);
   emutest::require_no_pending_error();
   EMU_CHECK_INTACT(x);
   EMU_CHECK_INTACT(dx);
-  for (const Guarded<float>* b : {&r, &y, &y_eval, &rm, &rv, &save_mean, &save_invstd, &dgamma,
-                                  &dbeta, &sums, &sq, &dz, &grad_sums, &scratch}) {
+  EMU_CHECK_INTACT(y);
+  EMU_CHECK_INTACT(y_eval);
+  for (const Guarded<float>* b : {&r, &rm, &rv, &save_mean, &save_invstd, &dgamma, &dbeta, &sums,
+                                  &sq, &dz, &grad_sums, &scratch}) {
     EMU_CHECK_INTACT(*b);
   }
-  std::vector<float> dx_values;
-  if constexpr (std::is_same_v<T, uint16_t>) {
-    dx_values = widened(dx.values());
-  } else {
-    dx_values = dx.values();
-  }
-  return {y.values(),         y_eval.values(),      rm.values(),     rv.values(),
-          save_mean.values(), save_invstd.values(), dgamma.values(), dbeta.values(),
-          sums.values(),      sq.values(),          dz.values(),     dx_values,
+  const auto wide = [](const auto& buffer) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(buffer.values())>, std::vector<uint16_t>>) {
+      return widened(buffer.values());
+    } else {
+      return buffer.values();
+    }
+  };
+  return {wide(y),           wide(y_eval),       rm.values(),
+          rv.values(),       save_mean.values(), save_invstd.values(),
+          dgamma.values(),   dbeta.values(),     sums.values(),
+          sq.values(),       dz.values(),        wide(dx),
           grad_sums.values()};
 }
 
@@ -313,8 +335,58 @@ TEST_CASE("emulated cuda: batch norm kernels given packed bf16 x compute the bit
     CHECK(same_bits(dx ? widened(packed_bf16(want[i])) : want[i], got[i]));
     if (dx) CHECK_FALSE(same_bits(want[i], got[i]));  // it was rounded
   }
-  // And the packed x changes the result where its values differ (the kernels do read it).
+  // And the packed x changes the results where its values differ (the kernels do read it: the
+  // statistics, and the one output that the ReLU may clip to 0 either way).
   std::vector<uint16_t> other = x16;
   other[static_cast<size_t>(c)] ^= 0x0040;
-  CHECK_FALSE(same_bits(bn_outputs(k, other, sync, offset)[0], want[0]));
+  const auto changed = bn_outputs(k, other, sync, offset);
+  CHECK_FALSE(same_bits(changed[sync ? 8 : 4], want[sync ? 8 : 4]));  // sums, or save_mean
+}
+
+TEST_CASE(
+    "emulated cuda: batch norm kernels writing a packed bf16 y store its rounding and take its "
+    "sign as the ReLU's mask",
+    "[emulated][batchnorm][bf16]") {
+  // Precision bf16 stores the output of a batch norm that only a convolution reads (Residual's
+  // bn1 -> conv2) as packed bf16, the values the convolution rounds its input to anyway: every
+  // kernel must write y (training and evaluation) as the fp32 y rounded, and its backward must
+  // take the stored y's sign as the ReLU's mask, which is the fp32 y's (no value of this case
+  // lies in (0, 2^-133], which rounds to 0), so every gradient keeps its bits.
+  const int64_t c = GENERATE(3, 4, 64);
+  const size_t offset = GENERATE(size_t{0}, size_t{1});
+  const bool sync = GENERATE(false, true);
+  const bool residual = GENERATE(false, true);
+  const bool bf16_x = GENERATE(false, true);
+  const bool wide_indices = GENERATE(false, true);
+  const emutest::WideIndices forced(wide_indices);
+  const BnCase k = make_case(3, c, 5, 7);
+  INFO("C " << c << ", offset " << offset << (sync ? ", synchronised kernels" : ", nhwc kernels")
+            << (residual ? ", residual" : "") << (bf16_x ? ", bf16 x" : ", f32 x")
+            << (wide_indices ? ", 64-bit indices" : ""));
+  const auto outputs = [&](auto y_type) {
+    using Y = decltype(y_type);
+    if (bf16_x)
+      return bn_outputs<uint16_t, Y>(k, packed_bf16(nhwc(k, k.x)), sync, offset, residual);
+    return bn_outputs<float, Y>(k, nhwc(k, k.x), sync, offset, residual);
+  };
+  const auto want = outputs(float{});
+  const auto got = outputs(uint16_t{});
+  const char* names[] = {"y",           "y_eval", "running_mean", "running_var", "save_mean",
+                         "save_invstd", "dgamma", "dbeta",        "sums",        "sq",
+                         "dz",          "dx",     "grad_sums"};
+  REQUIRE(want.size() == got.size());
+  size_t rounded_to_zero = 0, positive = 0;
+  for (const float v : want[0]) {
+    positive += v > 0.0f ? 1 : 0;
+    rounded_to_zero += v > 0.0f && !(widened(packed_bf16({v}))[0] > 0.0f) ? 1 : 0;
+  }
+  REQUIRE(rounded_to_zero == 0);
+  REQUIRE(positive > 0);
+  REQUIRE(positive < want[0].size());  // the ReLU's mask has both sides
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO(names[i]);
+    const bool y = i < 2;  // y and y_eval: stored rounded
+    CHECK(same_bits(y ? widened(packed_bf16(want[i])) : want[i], got[i]));
+    if (y) CHECK_FALSE(same_bits(want[i], got[i]));  // it was rounded
+  }
 }

@@ -68,6 +68,10 @@ struct ConvUse {
   /// BatchNorm2d alone). A backend may then store it in a narrower type that its batch norm
   /// takes (Backend::batchnorm_takes): ConvPlan::output_dtype says which.
   bool output_to_batchnorm = false;
+  /// The dtype of the x the forward and backward-filter passes are given: f32, or a type the
+  /// backend's convolutions take (Backend::conv_takes; the output of a batch norm that only this
+  /// convolution reads, stored narrower: BatchNorm2d::feeds). ConvPlan::input_dtype.
+  DType input_dtype = DType::f32;
 };
 
 /// The passes of a convolution that run together in a training step: forward (also in
@@ -102,6 +106,8 @@ class ConvPlan {
   /// batch norm's dx, which takes its x's dtype (a bf16 dy holds the values precision bf16 rounds
   /// the output gradient to before it multiplies).
   DType output_dtype() const { return output_dtype_; }
+  /// The dtype of the x its forward and backward-filter passes take (ConvUse::input_dtype).
+  DType input_dtype() const { return input_dtype_; }
 
  private:
   friend class Backend;
@@ -110,6 +116,7 @@ class ConvPlan {
   bool planned_workspace_ = false;
   bool forward_bias_ = true;
   DType output_dtype_ = DType::f32;
+  DType input_dtype_ = DType::f32;
   size_t workspace_bytes_[2] = {0, 0};
 };
 
@@ -286,11 +293,15 @@ class Backend {
   // ---- convolution: x (N,C,H,W), w (K,C,R,S), b (K) -> y (N,K,P,Q) ---------------------------
   /// Checks the geometry (and `use`) and prepares the plan; the plan works with this backend only.
   std::unique_ptr<ConvPlan> plan_conv(const ConvGeometry& g, const ConvUse& use = {});
-  /// y = conv(x, w) + b; b may be null. x and y in the plan's layout. workspace: a plan made
+  /// y = conv(x, w) + b; b may be null. x and y in the plan's layout, of its input_dtype and
+  /// output_dtype (as conv_backward_filter's x and dy). workspace: a plan made
   /// with ConvUse::planned_workspace runs in it (at least workspace_bytes(forward) bytes; null
   /// when that is 0); any other plan takes none.
   void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                     const Tensor& y, const Tensor* workspace = nullptr);
+  /// Whether convolution plans take an x of `dtype` (ConvUse::input_dtype; f32: always; bf16:
+  /// the cuda backend in precision bf16, whose passes round x to bf16 anyway).
+  bool conv_takes(DType dtype) const;
   /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w). dy is of the plan's output_dtype (as are
   /// conv_backward_filter's). workspace: as conv_forward's, for backward.
   void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
@@ -328,11 +339,14 @@ class Backend {
   /// before the step loop. Optional: a larger call than declared still works, preparing then,
   /// but not while a step is being captured.
   void prepare_batchnorm(const Shape& max_input, Layout layout);
-  /// Whether the batch-norm ops take an (N, C, H, W) x of `dtype` in `layout` (f32: always; bf16:
-  /// the cuda backend's channels-last kernels, which widen it as they read). dx takes x's dtype
-  /// (a bf16 dx is the fp32 gradient rounded to bf16, as the convolution that wrote x rounds its
-  /// output gradient anyway); everything else of theirs (y, dy, the epilogue's tensors, the
-  /// per-channel vectors) stays f32.
+  /// Whether the batch-norm ops take an (N, C, H, W) x, and write a y, of `dtype` in `layout`
+  /// (f32: always; bf16: the cuda backend's channels-last kernels, which widen x as they read it
+  /// and round y as they write it; x and y choose apart). dx takes x's dtype (a bf16 dx is the
+  /// fp32 gradient rounded to bf16, as the convolution that wrote x rounds its output gradient
+  /// anyway). A bf16 y holds the epilogue's output rounded, for a convolution that rounds its
+  /// input so anyway (ConvUse::input_dtype); the ReLU epilogue's backward takes that y, whose sign
+  /// is the mask (the fp32 value's, but for a positive value below 2^-133, which rounds to 0).
+  /// Everything else (dy, the residual, dz, the per-channel vectors) stays f32.
   bool batchnorm_takes(DType dtype, Layout layout) const;
   /// Training: normalise with this batch's mean and biased variance; update running stats as
   /// PyTorch does (running = (1-momentum)*running + momentum*stat, the variance unbiased by
@@ -489,6 +503,8 @@ class Backend {
   virtual bool batchnorm_takes_impl(DType /*dtype*/, Layout /*layout*/) const { return false; }
   /// The output dtype of a plan plan_conv_impl made (ConvPlan::output_dtype): f32 by default.
   virtual DType conv_output_dtype_impl(const ConvPlan& /*plan*/) const { return DType::f32; }
+  /// conv_takes for a dtype other than f32: none by default.
+  virtual bool conv_takes_impl(DType /*dtype*/) const { return false; }
   /// workspace: the caller's, checked, for a plan with planned_workspace() (null when it needs
   /// none); null for any other plan.
   virtual void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,

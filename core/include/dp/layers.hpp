@@ -9,6 +9,8 @@
 
 namespace dp {
 
+class BatchNorm2d;
+
 /// x (N,C,H,W) -> (N,K,P,Q). Weights default to N(0, 0.01^2) and biases to 0, as d2l does.
 class Conv2d : public Module {
  public:
@@ -39,6 +41,9 @@ class Conv2d : public Module {
   /// The dtype of its output (after setup): f32, or where only a batch norm reads it, what the
   /// backend stores it as (ConvPlan::output_dtype). Its output gradient has it too.
   DType output_dtype() const;
+  /// The dtype of the x it takes (after setup): f32, or that of the batch norm's output that
+  /// only this layer reads (BatchNorm2d::feeds, ConvPlan::input_dtype).
+  DType input_dtype() const;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -46,13 +51,17 @@ class Conv2d : public Module {
   Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
 
  private:
-  friend class BatchNorm2d;  // fold_bias_of sets bias_folded_ and to_batchnorm_
+  // fold_bias_of sets bias_folded_ and to_batchnorm_, feeds sets input_from_
+  friend class BatchNorm2d;
   int64_t in_, out_;
   Options opt_;
   bool bias_folded_ = false;
   /// Only a batch norm reads the output (ConvUse::output_to_batchnorm): set by the
   /// BatchNorm2d that folds the bias or that Sequential adds right after this layer.
   bool to_batchnorm_ = false;
+  /// The batch norm whose output only this layer reads (BatchNorm2d::feeds): x takes its
+  /// output dtype (ConvUse::input_dtype).
+  const BatchNorm2d* input_from_ = nullptr;
   std::string name_;  // the dotted path, for the backend's messages ("resnet_block2.0.conv1")
   ParamHandle w_, b_;
   std::unique_ptr<ConvPlan> plan_;
@@ -121,6 +130,15 @@ class BatchNorm2d : public Module {
   /// (ConvUse::output_to_batchnorm, with or without a bias), and with a bias not folded yet,
   /// fold_bias_of. Returns whether the bias was folded.
   bool fold_previous(Module& previous) override;
+  /// Declares that only `conv` reads this layer's output (Residual's bn1 -> conv2), and that
+  /// `conv` is set up after this layer. The backend may then store the output narrower, as the
+  /// convolution reads it (precision bf16 on the GPU in NHWC: packed bf16, the values conv
+  /// rounds its input to anyway; Backend::batchnorm_takes and Backend::conv_takes). Before
+  /// setup; conv must take this layer's channel count and read no other batch norm's output.
+  /// Throws dp::Error otherwise.
+  void feeds(Conv2d& conv);
+  /// The dtype of its output (after setup): f32, or with feeds() what the backend stores it as.
+  DType output_dtype() const { return y_dtype_; }
 
   StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
   StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
@@ -154,6 +172,8 @@ class BatchNorm2d : public Module {
   /// The convolution whose output only this layer reads (fold_bias_of, fold_previous): x and
   /// dx take its output dtype.
   Conv2d* input_of_ = nullptr;
+  const Conv2d* output_to_ = nullptr;  // the convolution that alone reads the output (feeds)
+  DType y_dtype_ = DType::f32;         // output_dtype()
   Tensor shifted_mean_;        // (C) with bias_of_: running_mean - bias, for evaluation
 };
 

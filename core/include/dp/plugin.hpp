@@ -14,6 +14,8 @@
 // Version 3: dp::Backend gained virtual functions (batchnorm_takes_impl, conv_output_dtype_impl)
 // before others in its vtable, dp::ConvUse a member (output_to_batchnorm), and BatchNorm2d one
 // (input_of_), which moves its later members.
+// Version 4: dp::Backend gained conv_takes_impl, dp::ConvUse and dp::ConvPlan an input dtype,
+// Conv2d a member (input_from_) and BatchNorm2d two (output_to_, y_dtype_).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -25,7 +27,7 @@
 #include "dp/data.hpp"
 #include "dp/module.hpp"
 
-#define DPRUN_PLUGIN_ABI_VERSION 3u
+#define DPRUN_PLUGIN_ABI_VERSION 4u
 #define DPRUN_PLUGIN_MAGIC 0x4450524Eu /* "DPRN" */
 
 namespace dp {

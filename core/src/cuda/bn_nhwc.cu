@@ -148,8 +148,8 @@ __global__ void stats_partial4_kernel(const T* x, int64_t rows, int64_t c, int64
   write_partial4(a1, a2, ch, c, g, s1, s2);
 }
 
-template <bool kRelu, typename T>
-__global__ void backward_partial4_kernel(const T* x, const float* dy, const float* y, float* dz,
+template <bool kRelu, typename T, typename Y>
+__global__ void backward_partial4_kernel(const T* x, const float* dy, const Y* y, float* dz,
                                          const float* mean, int64_t rows, int64_t c, int64_t groups,
                                          float* sg, float* sgx) {
   const int64_t ch = (static_cast<int64_t>(blockIdx.x) * kQuadLanes + threadIdx.x) * 4;
@@ -163,7 +163,7 @@ __global__ void backward_partial4_kernel(const T* x, const float* dy, const floa
       const int64_t i = r * c + ch;
       float4 gv = *reinterpret_cast<const float4*>(dy + i);
       if (kRelu) {
-        const float4 yv = *reinterpret_cast<const float4*>(y + i);
+        const float4 yv = load4_f32(y, i);
         gv = make_float4(yv.x > 0.0f ? gv.x : 0.0f, yv.y > 0.0f ? gv.y : 0.0f,
                          yv.z > 0.0f ? gv.z : 0.0f, yv.w > 0.0f ? gv.w : 0.0f);
         *reinterpret_cast<float4*>(dz + i) = gv;
@@ -251,23 +251,25 @@ __device__ __forceinline__ float normalised(float x, float mean, float scale, fl
   return v;
 }
 
-// y = epilogue((x - mean) * scale + beta), one element per thread step.
-template <bool kResidual, bool kRelu, typename T>
+// y = epilogue((x - mean) * scale + beta), one element per thread step; a bf16 y (Y = uint16_t)
+// holds it rounded (store_f32).
+template <bool kResidual, bool kRelu, typename T, typename Y>
 __global__ void apply_kernel(const T* x, const float* mean, const float* scale, const float* beta,
-                             const float* residual, float* y, int64_t total, int64_t c) {
+                             const float* residual, Y* y, int64_t total, int64_t c) {
   DP_GRID_STRIDE(i, total) {
     const int64_t ch = i % c;
-    y[i] = normalised<kResidual, kRelu>(load_f32(x, i), mean[ch], scale[ch], beta[ch],
-                                        kResidual ? residual[i] : 0.0f);
+    store_f32(y, i,
+              normalised<kResidual, kRelu>(load_f32(x, i), mean[ch], scale[ch], beta[ch],
+                                           kResidual ? residual[i] : 0.0f));
   }
 }
 
 // The same with 16-byte loads and stores: C a multiple of 4 and every pointer 16-byte aligned.
 // I: the index type, int32_t where every offset fits (the channel of each float4 is a division,
 // which the GPU emulates in 64 bits).
-template <bool kResidual, bool kRelu, typename T, typename I>
+template <bool kResidual, bool kRelu, typename T, typename Y, typename I>
 __global__ void apply4_kernel(const T* x, const float* mean, const float* scale, const float* beta,
-                              const float4* residual, float4* y, I total4, I c) {
+                              const float4* residual, Y* y, I total4, I c) {
   DP_GRID_STRIDE_AS(I, i, total4) {
     const I ch = (4 * i) % c;
     const float4 v = load4_f32(x, 4 * i);
@@ -277,53 +279,52 @@ __global__ void apply4_kernel(const T* x, const float* mean, const float* scale,
     out.y = normalised<kResidual, kRelu>(v.y, mean[ch + 1], scale[ch + 1], beta[ch + 1], r.y);
     out.z = normalised<kResidual, kRelu>(v.z, mean[ch + 2], scale[ch + 2], beta[ch + 2], r.z);
     out.w = normalised<kResidual, kRelu>(v.w, mean[ch + 3], scale[ch + 3], beta[ch + 3], r.w);
-    y[i] = out;
+    store4_f32(y, 4 * i, out);
   }
 }
 
-template <bool kResidual, bool kRelu, typename T>
+template <bool kResidual, bool kRelu, typename T, typename Y>
 void launch_apply(const T* x, const float* mean, const float* scale, const float* beta,
-                  const float* residual, float* y, int64_t total, int64_t c, cudaStream_t stream) {
+                  const float* residual, Y* y, int64_t total, int64_t c, cudaStream_t stream) {
   if (c % 4 == 0 && aligned16(x) && aligned16(residual) && aligned16(y)) {
     const int64_t total4 = total / 4;
     const auto* r4 = reinterpret_cast<const float4*>(residual);
-    auto* y4 = reinterpret_cast<float4*>(y);
     const unsigned grid = grid_for(total4);
     dispatch_index(total + 4 * int64_t{kThreads} * grid, [&](auto index) {
       using I = decltype(index);
-      apply4_kernel<kResidual, kRelu, T, I><<<grid, kThreads, 0, stream>>>(
-          x, mean, scale, beta, r4, y4, static_cast<I>(total4), static_cast<I>(c));
+      apply4_kernel<kResidual, kRelu, T, Y, I><<<grid, kThreads, 0, stream>>>(
+          x, mean, scale, beta, r4, y, static_cast<I>(total4), static_cast<I>(c));
     });
     CUDA_CHECK_LAUNCH(apply4_kernel);
   } else {
-    apply_kernel<kResidual, kRelu, T>
+    apply_kernel<kResidual, kRelu, T, Y>
         <<<grid_for(total), kThreads, 0, stream>>>(x, mean, scale, beta, residual, y, total, c);
     CUDA_CHECK_LAUNCH(apply_kernel);
   }
 }
 
-template <typename T>
+template <typename T, typename Y>
 void apply(const T* x, const float* mean, const float* scale, const float* beta,
-           const float* residual, bool relu, float* y, int64_t total, int64_t c,
-           cudaStream_t stream) {
+           const float* residual, bool relu, Y* y, int64_t total, int64_t c, cudaStream_t stream) {
   if (total == 0) return;
   if (residual != nullptr) {
     if (relu) {
-      launch_apply<true, true, T>(x, mean, scale, beta, residual, y, total, c, stream);
+      launch_apply<true, true, T, Y>(x, mean, scale, beta, residual, y, total, c, stream);
     } else {
-      launch_apply<true, false, T>(x, mean, scale, beta, residual, y, total, c, stream);
+      launch_apply<true, false, T, Y>(x, mean, scale, beta, residual, y, total, c, stream);
     }
   } else if (relu) {
-    launch_apply<false, true, T>(x, mean, scale, beta, residual, y, total, c, stream);
+    launch_apply<false, true, T, Y>(x, mean, scale, beta, residual, y, total, c, stream);
   } else {
-    launch_apply<false, false, T>(x, mean, scale, beta, residual, y, total, c, stream);
+    launch_apply<false, false, T, Y>(x, mean, scale, beta, residual, y, total, c, stream);
   }
 }
 
 // Partial sums of g and g * (x - mean) per (group, channel), g = dy, or with the ReLU epilogue
-// g = y > 0 ? dy : 0, written to dz.
-template <bool kRelu, typename T>
-__global__ void backward_partial_kernel(const T* x, const float* dy, const float* y, float* dz,
+// g = y > 0 ? dy : 0, written to dz (y as stored: a bf16 y's sign is its fp32 value's, but for a
+// positive value below bf16's least subnormal, which rounded to 0).
+template <bool kRelu, typename T, typename Y>
+__global__ void backward_partial_kernel(const T* x, const float* dy, const Y* y, float* dz,
                                         const float* mean, int64_t rows, int64_t c, int64_t groups,
                                         float* sg, float* sgx) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
@@ -337,7 +338,7 @@ __global__ void backward_partial_kernel(const T* x, const float* dy, const float
       const int64_t i = r * c + ch;
       float gv = dy[i];
       if (kRelu) {
-        gv = y[i] > 0.0f ? gv : 0.0f;
+        gv = load_f32(y, i) > 0.0f ? gv : 0.0f;
         dz[i] = gv;
       }
       a1 += gv;
@@ -410,11 +411,11 @@ size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c) {
   return static_cast<size_t>(2 * bn_nhwc_groups(rows) * c + 3 * c);
 }
 
-template <typename T>
+template <typename T, typename Y>
 void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, float* running_mean,
                            float* running_var, float momentum, float eps, float* save_mean,
-                           float* save_invstd, const float* residual, bool relu, float* y,
-                           int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
+                           float* save_invstd, const float* residual, bool relu, Y* y, int64_t rows,
+                           int64_t c, float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   const int64_t groups = bn_nhwc_groups(rows);
   float* s1 = scratch;
@@ -436,10 +437,10 @@ void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, fl
   apply(x, save_mean, scale, beta, residual, relu, y, rows * c, c, stream);
 }
 
-template <typename T>
+template <typename T, typename Y>
 void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
                            const float* running_mean, const float* running_var, float eps,
-                           const float* residual, bool relu, float* y, int64_t rows, int64_t c,
+                           const float* residual, bool relu, Y* y, int64_t rows, int64_t c,
                            float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   infer_scale_kernel<<<grid_for(c), kThreads, 0, stream>>>(gamma, running_var, eps, scratch, c);
@@ -447,8 +448,8 @@ void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
   apply(x, running_mean, scratch, beta, residual, relu, y, rows * c, c, stream);
 }
 
-template <typename T>
-void bn_nhwc_backward(const T* x, const float* dy, const float* y, float* dz, const float* gamma,
+template <typename T, typename Y>
+void bn_nhwc_backward(const T* x, const float* dy, const Y* y, float* dz, const float* gamma,
                       const float* save_mean, const float* save_invstd, T* dx, float* dgamma,
                       float* dbeta, int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
@@ -461,20 +462,20 @@ void bn_nhwc_backward(const T* x, const float* dy, const float* y, float* dz, co
   if (partials4(c, {x, dy, y, dz, save_mean, sg, sgx})) {
     const dim3 block(kQuadLanes, kRowLanes4);
     if (relu) {
-      backward_partial4_kernel<true, T>
+      backward_partial4_kernel<true, T, Y>
           <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
     } else {
-      backward_partial4_kernel<false, T><<<grid, block, 0, stream>>>(
+      backward_partial4_kernel<false, T, Y><<<grid, block, 0, stream>>>(
           x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
     }
     CUDA_CHECK_LAUNCH(backward_partial4_kernel);
   } else {
     const dim3 block(kLanes, kRowLanes);
     if (relu) {
-      backward_partial_kernel<true, T>
+      backward_partial_kernel<true, T, Y>
           <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
     } else {
-      backward_partial_kernel<false, T><<<grid, block, 0, stream>>>(
+      backward_partial_kernel<false, T, Y><<<grid, block, 0, stream>>>(
           x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
     }
     CUDA_CHECK_LAUNCH(backward_partial_kernel);
@@ -501,19 +502,22 @@ void bn_nhwc_backward(const T* x, const float* dy, const float* y, float* dz, co
   }
 }
 
-// fp32 activations, and packed bf16 ones (the stored output of a bf16 convolution).
-#define DP_BN_NHWC_INPUT(T)                                                                        \
-  template void bn_nhwc_forward_train<T>(const T*, const float*, const float*, float*, float*,     \
-                                         float, float, float*, float*, const float*, bool, float*, \
-                                         int64_t, int64_t, float*, cudaStream_t);                  \
-  template void bn_nhwc_forward_infer<T>(const T*, const float*, const float*, const float*,       \
-                                         const float*, float, const float*, bool, float*, int64_t, \
-                                         int64_t, float*, cudaStream_t);                           \
-  template void bn_nhwc_backward<T>(const T*, const float*, const float*, float*, const float*,    \
-                                    const float*, const float*, T*, float*, float*, int64_t,       \
-                                    int64_t, float*, cudaStream_t);
-DP_BN_NHWC_INPUT(float)
-DP_BN_NHWC_INPUT(uint16_t)
-#undef DP_BN_NHWC_INPUT
+// fp32 activations, and packed bf16 ones: x the stored output of a bf16 convolution, y the
+// stored output of a batch norm that only a bf16 convolution reads.
+#define DP_BN_NHWC_TYPES(T, Y)                                                                    \
+  template void bn_nhwc_forward_train<T, Y>(const T*, const float*, const float*, float*, float*, \
+                                            float, float, float*, float*, const float*, bool, Y*, \
+                                            int64_t, int64_t, float*, cudaStream_t);              \
+  template void bn_nhwc_forward_infer<T, Y>(const T*, const float*, const float*, const float*,   \
+                                            const float*, float, const float*, bool, Y*, int64_t, \
+                                            int64_t, float*, cudaStream_t);                       \
+  template void bn_nhwc_backward<T, Y>(const T*, const float*, const Y*, float*, const float*,    \
+                                       const float*, const float*, T*, float*, float*, int64_t,   \
+                                       int64_t, float*, cudaStream_t);
+DP_BN_NHWC_TYPES(float, float)
+DP_BN_NHWC_TYPES(uint16_t, float)
+DP_BN_NHWC_TYPES(float, uint16_t)
+DP_BN_NHWC_TYPES(uint16_t, uint16_t)
+#undef DP_BN_NHWC_TYPES
 
 }  // namespace dp::cuda::kernels

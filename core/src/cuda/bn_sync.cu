@@ -43,19 +43,25 @@ __global__ void bn_sums_kernel(const T* x, const float* mean, float* out, int64_
   if (threadIdx.x == 0) out[ch] = static_cast<float>(s);
 }
 
-// Block `ch`: sums[ch] = sum dy, sums[C + ch] = sum dy * (x - mean) * invstd.
-template <bool kNhwc, typename T>
-__global__ void bn_backward_sums_kernel(const T* x, const float* dy, const float* mean,
-                                        const float* invstd, float* sums, int64_t c, int64_t hw,
-                                        int64_t total) {
+// Block `ch`: sums[ch] = sum g, sums[C + ch] = sum g * (x - mean) * invstd; g = dy, or with the
+// ReLU epilogue (kRelu) g = y > 0 ? dy : 0, written to dz (relu_backward's mask, y as stored).
+template <bool kNhwc, bool kRelu, typename T, typename Y>
+__global__ void bn_backward_sums_kernel(const T* x, const float* dy, const Y* y, float* dz,
+                                        const float* mean, const float* invstd, float* sums,
+                                        int64_t c, int64_t hw, int64_t total) {
   __shared__ double shared[kThreads];
   const int64_t ch = blockIdx.x;
   const double m = mean[ch], is = invstd[ch];
   double sum_dy = 0.0, sum_dy_xhat = 0.0;
   for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
     const int64_t i = channel_offset<kNhwc>(e, ch, c, hw);
-    sum_dy += dy[i];
-    sum_dy_xhat += static_cast<double>(dy[i]) * ((load_f32(x, i) - m) * is);
+    float g = dy[i];
+    if (kRelu) {
+      g = load_f32(y, i) > 0.0f ? g : 0.0f;
+      dz[i] = g;
+    }
+    sum_dy += g;
+    sum_dy_xhat += static_cast<double>(g) * ((load_f32(x, i) - m) * is);
   }
   const double a = block_sum_f64(sum_dy, shared);
   if (threadIdx.x == 0) sums[ch] = static_cast<float>(a);
@@ -79,15 +85,56 @@ __global__ void bn_finalize_stats_kernel(const float* mean, const float* var, fl
   }
 }
 
-template <bool kNhwc, typename T>
+// y = relu?(normalised x (+ residual)): the values of the normalisation, add and relu_forward
+// one after the other (NaN stays NaN), stored as Y.
+template <bool kNhwc, bool kResidual, bool kRelu, typename T, typename Y>
 __global__ void bn_normalize_kernel(const T* x, const float* gamma, const float* beta,
-                                    const float* mean, const float* invstd, float* y, int64_t n,
-                                    int64_t c, int64_t hw) {
+                                    const float* mean, const float* invstd, const float* residual,
+                                    Y* y, int64_t n, int64_t c, int64_t hw) {
   DP_GRID_STRIDE(i, n) {
     const int64_t ch = kNhwc ? i % c : (i / hw) % c;
     const float scale = gamma[ch] * invstd[ch];
-    y[i] = load_f32(x, i) * scale + (beta[ch] - mean[ch] * scale);
+    float v = load_f32(x, i) * scale + (beta[ch] - mean[ch] * scale);
+    if (kResidual) v = v + residual[i];
+    if (kRelu) v = v < 0.0f ? 0.0f : v;
+    store_f32(y, i, v);
   }
+}
+
+template <bool kNhwc, typename T, typename Y>
+void launch_normalize(const T* x, const float* gamma, const float* beta, const float* mean,
+                      const float* invstd, const float* residual, bool relu, Y* y, int64_t total,
+                      int64_t c, int64_t hw, cudaStream_t stream) {
+  const unsigned grid = grid_for(total);
+  if (residual != nullptr && relu) {
+    bn_normalize_kernel<kNhwc, true, true, T, Y>
+        <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, residual, y, total, c, hw);
+  } else if (residual != nullptr) {
+    bn_normalize_kernel<kNhwc, true, false, T, Y>
+        <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, residual, y, total, c, hw);
+  } else if (relu) {
+    bn_normalize_kernel<kNhwc, false, true, T, Y>
+        <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, residual, y, total, c, hw);
+  } else {
+    bn_normalize_kernel<kNhwc, false, false, T, Y>
+        <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, residual, y, total, c, hw);
+  }
+  CUDA_CHECK_LAUNCH(bn_normalize_kernel);
+}
+
+template <bool kNhwc, typename T, typename Y>
+void launch_backward_sums(const T* x, const float* dy, const Y* y, float* dz, const float* mean,
+                          const float* invstd, float* sums, int64_t c, int64_t hw, int64_t total,
+                          cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>(c);
+  if (y != nullptr) {
+    bn_backward_sums_kernel<kNhwc, true, T, Y>
+        <<<grid, kThreads, 0, stream>>>(x, dy, y, dz, mean, invstd, sums, c, hw, total);
+  } else {
+    bn_backward_sums_kernel<kNhwc, false, T, Y>
+        <<<grid, kThreads, 0, stream>>>(x, dy, y, dz, mean, invstd, sums, c, hw, total);
+  }
+  CUDA_CHECK_LAUNCH(bn_backward_sums_kernel);
 }
 
 template <bool kNhwc, typename T>
@@ -120,40 +167,36 @@ void bn_sums(const T* x, const float* mean, float* out, int64_t n, int64_t c, in
   CUDA_CHECK_LAUNCH(bn_sums_kernel);
 }
 
-template <typename T>
+template <typename T, typename Y>
 void bn_apply_stats(const T* x, const float* gamma, const float* beta, const float* mean,
                     const float* var, float* running_mean, float* running_var, float momentum,
-                    float eps, int64_t count, float* save_mean, float* save_invstd, float* y,
-                    int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream) {
+                    float eps, int64_t count, float* save_mean, float* save_invstd,
+                    const float* residual, bool relu, Y* y, int64_t n, int64_t c, int64_t hw,
+                    bool nhwc, cudaStream_t stream) {
   bn_finalize_stats_kernel<<<grid_for(c), kThreads, 0, stream>>>(
       mean, var, running_mean, running_var, momentum, eps, count, save_mean, save_invstd, c);
   CUDA_CHECK_LAUNCH(bn_finalize_stats_kernel);
   const int64_t total = n * c * hw;
   if (total == 0) return;
   if (nhwc) {
-    bn_normalize_kernel<true, T><<<grid_for(total), kThreads, 0, stream>>>(
-        x, gamma, beta, save_mean, save_invstd, y, total, c, hw);
+    launch_normalize<true>(x, gamma, beta, save_mean, save_invstd, residual, relu, y, total, c, hw,
+                           stream);
   } else {
-    bn_normalize_kernel<false, T><<<grid_for(total), kThreads, 0, stream>>>(
-        x, gamma, beta, save_mean, save_invstd, y, total, c, hw);
+    launch_normalize<false>(x, gamma, beta, save_mean, save_invstd, residual, relu, y, total, c, hw,
+                            stream);
   }
-  CUDA_CHECK_LAUNCH(bn_normalize_kernel);
 }
 
-template <typename T>
-void bn_backward_sums(const T* x, const float* dy, const float* save_mean, const float* save_invstd,
-                      float* sums, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                      cudaStream_t stream) {
+template <typename T, typename Y>
+void bn_backward_sums(const T* x, const float* dy, const Y* y, float* dz, const float* save_mean,
+                      const float* save_invstd, float* sums, int64_t n, int64_t c, int64_t hw,
+                      bool nhwc, cudaStream_t stream) {
   if (c <= 0) return;
-  const auto grid = static_cast<unsigned>(c);
   if (nhwc) {
-    bn_backward_sums_kernel<true, T>
-        <<<grid, kThreads, 0, stream>>>(x, dy, save_mean, save_invstd, sums, c, hw, n * hw);
+    launch_backward_sums<true>(x, dy, y, dz, save_mean, save_invstd, sums, c, hw, n * hw, stream);
   } else {
-    bn_backward_sums_kernel<false, T>
-        <<<grid, kThreads, 0, stream>>>(x, dy, save_mean, save_invstd, sums, c, hw, n * hw);
+    launch_backward_sums<false>(x, dy, y, dz, save_mean, save_invstd, sums, c, hw, n * hw, stream);
   }
-  CUDA_CHECK_LAUNCH(bn_backward_sums_kernel);
 }
 
 template <typename T>
@@ -172,20 +215,29 @@ void bn_backward_apply(const T* x, const float* dy, const float* gamma, const fl
   CUDA_CHECK_LAUNCH(bn_backward_apply_kernel);
 }
 
-// fp32 activations, and packed bf16 ones (the stored output of a bf16 convolution).
-#define DP_BN_SYNC_INPUT(T)                                                                       \
-  template void bn_sums<T>(const T*, const float*, float*, int64_t, int64_t, int64_t, bool,       \
-                           cudaStream_t);                                                         \
-  template void bn_apply_stats<T>(const T*, const float*, const float*, const float*,             \
-                                  const float*, float*, float*, float, float, int64_t, float*,    \
-                                  float*, float*, int64_t, int64_t, int64_t, bool, cudaStream_t); \
-  template void bn_backward_sums<T>(const T*, const float*, const float*, const float*, float*,   \
-                                    int64_t, int64_t, int64_t, bool, cudaStream_t);               \
-  template void bn_backward_apply<T>(const T*, const float*, const float*, const float*,          \
-                                     const float*, const float*, int64_t, T*, int64_t, int64_t,   \
+// fp32 activations, and packed bf16 ones: x the stored output of a bf16 convolution, y the
+// stored output of a batch norm that only a bf16 convolution reads.
+#define DP_BN_SYNC_INPUT(T)                                                                     \
+  template void bn_sums<T>(const T*, const float*, float*, int64_t, int64_t, int64_t, bool,     \
+                           cudaStream_t);                                                       \
+  template void bn_backward_apply<T>(const T*, const float*, const float*, const float*,        \
+                                     const float*, const float*, int64_t, T*, int64_t, int64_t, \
                                      int64_t, bool, cudaStream_t);
+#define DP_BN_SYNC_TYPES(T, Y)                                                                    \
+  template void bn_apply_stats<T, Y>(const T*, const float*, const float*, const float*,          \
+                                     const float*, float*, float*, float, float, int64_t, float*, \
+                                     float*, const float*, bool, Y*, int64_t, int64_t, int64_t,   \
+                                     bool, cudaStream_t);                                         \
+  template void bn_backward_sums<T, Y>(const T*, const float*, const Y*, float*, const float*,    \
+                                       const float*, float*, int64_t, int64_t, int64_t, bool,     \
+                                       cudaStream_t);
 DP_BN_SYNC_INPUT(float)
 DP_BN_SYNC_INPUT(uint16_t)
+DP_BN_SYNC_TYPES(float, float)
+DP_BN_SYNC_TYPES(uint16_t, float)
+DP_BN_SYNC_TYPES(float, uint16_t)
+DP_BN_SYNC_TYPES(uint16_t, uint16_t)
 #undef DP_BN_SYNC_INPUT
+#undef DP_BN_SYNC_TYPES
 
 }  // namespace dp::cuda::kernels

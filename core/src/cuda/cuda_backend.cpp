@@ -130,11 +130,13 @@ CudaBackend::CudaBackend(const BackendOptions& options)
     own_nhwc_bn_ = env_switch("DPRUN_CUDA_NHWC_BN", "ours", "cudnn", true,
                               "use ours (dprun's channels-last kernels, the default) or cudnn "
                               "(cuDNN's legacy batch norm)");
-    // Which dtype holds a bf16 convolution's output that only our batch norm reads: packed bf16
-    // (the default) or f32 (the widened copy), for benchmarks and tests that compare them.
-    bf16_conv_output_ = env_switch("DPRUN_CUDA_BF16_CONV_OUTPUT", "bf16", "f32", true,
-                                   "use bf16 (a bf16 convolution that feeds a batch norm writes "
-                                   "its output as bf16, the default) or f32 (widened to f32)");
+    // Which dtype holds a bf16 convolution's output that only our batch norm reads, and a batch
+    // norm's output that only a bf16 convolution reads: packed bf16 (the default) or f32 (the
+    // widened copy), for benchmarks and tests that compare them.
+    bf16_storage_ = env_switch("DPRUN_CUDA_BF16_CONV_OUTPUT", "bf16", "f32", true,
+                               "use bf16 (a bf16 convolution that feeds a batch norm writes its "
+                               "output as bf16, and a batch norm that feeds one its output, the "
+                               "default) or f32 (both widened to f32)");
     // A check for reads of scratch nobody wrote (scripts/gpu-check runs the op tests under it):
     // each convolution pass's scratch, the operand copies and cuDNN's workspace, is filled with
     // 0xFF bytes (NaN in fp32 and in bf16) right before the pass, so a library's kernel or ours

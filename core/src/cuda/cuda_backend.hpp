@@ -119,6 +119,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
   DType conv_output_dtype_impl(const ConvPlan& plan) const override;
   bool batchnorm_takes_impl(DType dtype, Layout layout) const override;
+  bool conv_takes_impl(DType dtype) const override;
   void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                          const Tensor& y, const Tensor* workspace) override;
   void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
@@ -375,8 +376,10 @@ class CudaBackend final : public Backend {
   /// NHWC batch norm by bn_nhwc.cu (true) or cuDNN (DPRUN_CUDA_NHWC_BN=cudnn, for comparisons).
   bool own_nhwc_bn_ = true;
   /// Precision bf16: a convolution whose output only a batch norm of ours reads writes it as
-  /// packed bf16 (true), or widened to f32 (DPRUN_CUDA_BF16_CONV_OUTPUT=f32, for comparisons).
-  bool bf16_conv_output_ = true;
+  /// packed bf16, and convolutions take a packed bf16 x (a batch norm's output that only the
+  /// convolution reads), when true; f32 tensors (DPRUN_CUDA_BF16_CONV_OUTPUT=f32, for
+  /// comparisons) when false.
+  bool bf16_storage_ = true;
   bool poison_scratch_ = false;  // DPRUN_CUDA_POISON_SCRATCH=1: see the constructor
   /// Whether x's batch norm goes to bn_nhwc.cu.
   bool own_bn(const Tensor& x) const {

@@ -137,15 +137,21 @@ class CudnnConvPlan final : public ConvPlan {
   /// algorithms writes its fp32 sums at the end of its workspace (CudaBackend::own_workspace),
   /// then rounds them into y.
   bool bf16_output = false;
+  /// Precision bf16 with ConvUse::input_dtype bf16: x is packed bf16 (ConvPlan::input_dtype), the
+  /// output of a batch norm that only this convolution reads. cuDNN's bf16 data takes it as it
+  /// is; fp32 kernels widen it into their operand copy where they would round an fp32 x; dprun's
+  /// own forward algorithms widen it at the end of their workspace (CudaBackend::own_workspace).
+  bool bf16_input = false;
   /// With a planned workspace in bf16: the floats of operand copies (and packed outputs) at its
   /// start, per stage (forward, backward), before cuDNN's workspace.
   size_t bf16_floats[2] = {0, 0};
   /// precision bf16: the floats of scratch a pass in `direction` needs for its copies, with
   /// these element counts of x, w and y (bf16_operand_floats or bf16_packed_floats).
   size_t copy_floats(int direction, int64_t x, int64_t w, int64_t y) const {
-    if (direction == kForward && bf16_output) return bf16_packed_floats({x, w});  // y is cuDNN's
+    const int64_t packed_x = bf16_input ? 0 : x;  // a bf16 x is cuDNN's operand as it is
+    if (direction == kForward && bf16_output) return bf16_packed_floats({packed_x, w});  // y too
     if (direction == kForward)
-      return io_bf16[kForward] ? bf16_packed_floats({x, w, y}) : bf16_operand_floats({x, w});
+      return io_bf16[kForward] ? bf16_packed_floats({packed_x, w, y}) : bf16_operand_floats({x, w});
     if (direction == kBackwardData)
       return io_bf16[kBackwardData] ? bf16_packed_floats({y, w, x}) : bf16_operand_floats({y, w});
     return bf16_operand_floats({x, y});  // backward-filter: fp32 data (its gradient is fp32)
@@ -440,7 +446,7 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
     // plan has.
     // A forward without a bias whose output only our batch norm reads keeps cuDNN's bf16 output
     // as it is: y is packed bf16 (the values the f32 y would hold, in half the memory).
-    const bool bf16_output = use.output_to_batchnorm && !use.forward_bias && bf16_conv_output_ &&
+    const bool bf16_output = use.output_to_batchnorm && !use.forward_bias && bf16_storage_ &&
                              batchnorm_takes_impl(DType::bf16, g.layout);
     try {
       return make_conv_plan(g, use, {!use.forward_bias, true, false}, bf16_output);
@@ -463,6 +469,7 @@ std::unique_ptr<CudnnConvPlan> CudaBackend::make_conv_plan(const ConvGeometry& g
                                                            bool bf16_output) {
   auto plan = std::make_unique<CudnnConvPlan>(g, use.layer, io_bf16);
   plan->bf16_output = bf16_output && io_bf16[kForward];
+  plan->bf16_input = use.input_dtype == DType::bf16;
   // Known before the algorithms are chosen (conv_batch sizes the caller's workspace, not ours).
   plan_workspace(*plan, use);
   if (plan->nhwc()) reserve_filter_scratch(2 * static_cast<size_t>(plan->filter_numel()));
@@ -687,10 +694,14 @@ bool CudaBackend::own_algorithm_runs(const CudnnConvPlan& plan, int algo, int di
 size_t CudaBackend::own_workspace(const CudnnConvPlan& plan, int algo, int direction,
                                   int64_t n) const {
   size_t bytes = own_scratch(plan, algo, direction, n);
+  const ConvGeometry& g = plan.geometry();
   if (direction == kForward && plan.bf16_output) {  // the fp32 sums, packed into y after
-    const ConvGeometry& g = plan.geometry();
     bytes += static_cast<size_t>(aligned_floats(n * g.out_channels * g.out_h() * g.out_w())) *
              sizeof(float);
+  }
+  if (direction == kForward && plan.bf16_input) {  // a bf16 x widened, after the sums
+    bytes +=
+        static_cast<size_t>(aligned_floats(n * g.in_channels * g.in_h * g.in_w)) * sizeof(float);
   }
   return bytes;
 }
@@ -1286,15 +1297,29 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
   poison_pass(scratch, cb.choice[kForward].workspace);
   if (const int own = cb.choice[kForward].algo;
       own == kConvAlgoDprunGemm1x1 || own == kConvAlgoDprunSmallC) {
-    if (plan.bf16_output) {  // the fp32 sums after the algorithm's scratch, then y's rounding
-      float* sums = reinterpret_cast<float*>(static_cast<char*>(scratch.cudnn) +
-                                             own_scratch(plan, own, kForward, n));
-      run_own(plan, own, kForward, n, x.f32(), w.f32(), sums, scratch.cudnn);
+    // After the algorithm's scratch: the fp32 sums of a bf16 y, then a bf16 x widened (both
+    // counted in own_workspace). Our algorithms round x as they read it: a widened bf16 x stays.
+    char* room = static_cast<char*>(scratch.cudnn) + own_scratch(plan, own, kForward, n);
+    float* sums = nullptr;
+    if (plan.bf16_output) {
+      sums = reinterpret_cast<float*>(room);
+      room += aligned_floats(y.numel()) * static_cast<int64_t>(sizeof(float));
+    }
+    const float* xs = nullptr;
+    if (x.dtype == DType::bf16) {
+      auto* wide = reinterpret_cast<float*>(room);
+      kernels::from_bf16(static_cast<const uint16_t*>(x.data), wide, x.numel(), stream_);
+      xs = wide;
+    } else {
+      xs = x.f32();
+    }
+    if (sums != nullptr) {  // the fp32 sums, then y's rounding
+      run_own(plan, own, kForward, n, xs, w.f32(), sums, scratch.cudnn);
       kernels::to_bf16(sums, static_cast<uint16_t*>(y.data), y.numel(), stream_);
       return;
     }
     // The bias joins the fp32 sum, then (bf16) the output's one rounding, as after cuDNN.
-    run_own(plan, own, kForward, n, x.f32(), w.f32(), y.f32(), scratch.cudnn);
+    run_own(plan, own, kForward, n, xs, w.f32(), y.f32(), scratch.cudnn);
     finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), true);
     return;
   }
@@ -1370,11 +1395,12 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   // In bf16 dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds.
   if (cb.choice[kBackwardFilter].algo == kConvAlgoDprunSmallC) {
     // dw (K, C, R, S) directly, no transposed copy; in bf16 x and dy are rounded as they are
-    // read, not copied first (db sums the rounded dy too).
-    // A bf16 dy (rounded already) is widened into the copies' room first.
-    const float* dys =
-        dy.dtype == DType::bf16 ? Bf16Operands(scratch.bf16, stream_).take(dy) : dy.f32();
-    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, x.f32(), dys, dw.f32(), scratch.cudnn);
+    // read, not copied first (db sums the rounded dy too). A bf16 x or dy (rounded already) is
+    // widened into the copies' room first.
+    Bf16Operands copies(scratch.bf16, stream_);
+    const float* xs = x.dtype == DType::bf16 ? copies.take(x) : x.f32();
+    const float* dys = dy.dtype == DType::bf16 ? copies.take(dy) : dy.f32();
+    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, xs, dys, dw.f32(), scratch.cudnn);
     if (db != nullptr) {
       kernels::channel_sum(dys, db->f32(), n, g.out_channels, g.out_h() * g.out_w(), true,
                            reduce_scratch_, stream_, bf16());

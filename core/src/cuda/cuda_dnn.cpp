@@ -27,6 +27,16 @@ void with_input(const Tensor& x, F&& f) {
     f(static_cast<const float*>(x.f32()));
   }
 }
+/// Calls f with y's data as the kernels take it (fp32, or packed bf16: batchnorm_takes_impl), or
+/// with a null float pointer when y is absent (a backward without the ReLU epilogue).
+template <typename F>
+void with_output(const Tensor* y, F&& f) {
+  if (y != nullptr && y->dtype == DType::bf16) {
+    f(static_cast<uint16_t*>(y->data));
+  } else {
+    f(y != nullptr ? y->f32() : static_cast<float*>(nullptr));
+  }
+}
 /// The data of dx, which has the type of the x that with_input passed as xs.
 template <typename T>
 T* like_input(const Tensor& dx, const T* /*xs*/) {
@@ -46,9 +56,16 @@ void CudaBackend::set_bn_descriptors(const Dims& d, Layout layout) {
   CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn_param_desc_, bn_x_desc_, CUDNN_BATCHNORM_SPATIAL));
 }
 
-// A bf16 x (a bf16 convolution's stored output) goes to our channels-last kernels only.
+// A bf16 x (a bf16 convolution's stored output) and a bf16 y (the output of a batch norm that only
+// a bf16 convolution reads) go to our channels-last kernels only.
 bool CudaBackend::batchnorm_takes_impl(DType dtype, Layout layout) const {
   return dtype == DType::bf16 && layout == Layout::nhwc && own_nhwc_bn_;
+}
+
+// Precision bf16: every convolution pass rounds x to bf16 first, so a packed bf16 x is its operand
+// as it is (cuDNN's bf16 data), or widened where an fp32 kernel runs (cuda_conv.cpp).
+bool CudaBackend::conv_takes_impl(DType dtype) const {
+  return dtype == DType::bf16 && bf16() && bf16_storage_;
 }
 
 void CudaBackend::prepare_batchnorm_impl(const Shape& max_input, Layout layout) {
@@ -97,11 +114,13 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
     const Dims d = dims_of(x);
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_train");
     with_input(x, [&](const auto* xs) {
-      kernels::bn_nhwc_forward_train(
-          xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), momentum, eps,
-          save_mean.f32(), save_invstd.f32(),
-          epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, y.f32(),
-          d.n * d.hw(), d.c, scratch, stream_);
+      with_output(&y, [&](auto* ys) {
+        kernels::bn_nhwc_forward_train(
+            xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), momentum, eps,
+            save_mean.f32(), save_invstd.f32(),
+            epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, ys,
+            d.n * d.hw(), d.c, scratch, stream_);
+      });
     });
     return;
   }
@@ -123,10 +142,12 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
     const Dims d = dims_of(x);
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_infer");
     with_input(x, [&](const auto* xs) {
-      kernels::bn_nhwc_forward_infer(
-          xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps,
-          epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, y.f32(),
-          d.n * d.hw(), d.c, scratch, stream_);
+      with_output(&y, [&](auto* ys) {
+        kernels::bn_nhwc_forward_infer(
+            xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps,
+            epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, ys,
+            d.n * d.hw(), d.c, scratch, stream_);
+      });
     });
     return;
   }
@@ -149,10 +170,12 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
     const bool relu = epilogue.y != nullptr;
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_backward");
     with_input(x, [&](const auto* xs) {
-      kernels::bn_nhwc_backward(xs, dy.f32(), relu ? epilogue.y->f32() : nullptr,
-                                relu ? epilogue.dz->f32() : nullptr, gamma.f32(), save_mean.f32(),
-                                save_invstd.f32(), like_input(dx, xs), dgamma.f32(), dbeta.f32(),
-                                d.n * d.hw(), d.c, scratch, stream_);
+      with_output(epilogue.y, [&](const auto* ys) {
+        kernels::bn_nhwc_backward(xs, dy.f32(), ys, relu ? epilogue.dz->f32() : nullptr,
+                                  gamma.f32(), save_mean.f32(), save_invstd.f32(),
+                                  like_input(dx, xs), dgamma.f32(), dbeta.f32(), d.n * d.hw(), d.c,
+                                  scratch, stream_);
+      });
     });
     return;
   }
@@ -185,12 +208,16 @@ void CudaBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamm
                                              const BnEpilogue& epilogue) {
   const Dims d = dims_of(x);
   activate();
+  // The epilogue in the normalising pass (the values of add then relu_forward after it).
   with_input(x, [&](const auto* xs) {
-    kernels::bn_apply_stats(xs, gamma.f32(), beta.f32(), mean.f32(), var.f32(), running_mean.f32(),
-                            running_var.f32(), momentum, eps, count, save_mean.f32(),
-                            save_invstd.f32(), y.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+    with_output(&y, [&](auto* ys) {
+      kernels::bn_apply_stats(xs, gamma.f32(), beta.f32(), mean.f32(), var.f32(),
+                              running_mean.f32(), running_var.f32(), momentum, eps, count,
+                              save_mean.f32(), save_invstd.f32(),
+                              epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr,
+                              epilogue.relu, ys, d.n, d.c, d.hw(), is_nhwc(x), stream_);
+    });
   });
-  if (d.n > 0) apply_epilogue(y, epilogue);
 }
 
 void CudaBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,
@@ -198,10 +225,13 @@ void CudaBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy
                                                const Tensor& sums, const BnEpilogueGrad& epilogue) {
   const Dims d = dims_of(x);
   activate();
-  const Tensor& g = d.n > 0 ? epilogue_gradient(dy, epilogue) : dy;
+  // The ReLU's mask in the summing pass, which writes dz (relu_backward's values).
   with_input(x, [&](const auto* xs) {
-    kernels::bn_backward_sums(xs, g.f32(), save_mean.f32(), save_invstd.f32(), sums.f32(), d.n, d.c,
-                              d.hw(), is_nhwc(x), stream_);
+    with_output(epilogue.y, [&](const auto* ys) {
+      kernels::bn_backward_sums(
+          xs, dy.f32(), ys, epilogue.dz != nullptr ? epilogue.dz->f32() : nullptr, save_mean.f32(),
+          save_invstd.f32(), sums.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+    });
   });
 }
 
