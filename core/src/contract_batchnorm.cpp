@@ -53,8 +53,8 @@ void check_output(const Checker& check, const Backend& backend, const Tensor& y,
     check.fail(
         std::string(what) + " is " + dtype_name(y.dtype) + " " +
         (y.shape.rank == 4 ? std::string(layout_name(y.layout)) : "of shape " + y.shape.str()) +
-        ", which this backend's batch norm does not write (f32 always; another dtype only "
-        "(N, C, H, W) where Backend::batchnorm_takes says so)");
+        ", which this backend's batch norm does not take as its output (f32 always; another "
+        "dtype only (N, C, H, W) where Backend::batchnorm_takes says so)");
   }
   check.tensor(y, y.dtype, what);
   if (y.shape != x.shape) {

@@ -132,7 +132,11 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   use.planned_workspace = ctx.arena.memory_plan();
   use.forward_bias = b_.valid() && !bias_folded_;  // a folded bias is the batch norm's
   use.output_to_batchnorm = to_batchnorm_;
-  // A bf16 x where the batch norm before it stores its output so for this layer (feeds).
+  // A bf16 x where the batch norm before it stores its output so for this layer (feeds), which
+  // it decides in its own setup: it must come first.
+  DP_CHECK(input_from_ == nullptr || input_from_->input_shape().rank != 0,
+           "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
+               "): the batch norm that feeds it (BatchNorm2d::feeds) must be set up before it");
   use.input_dtype = input_from_ != nullptr ? input_from_->output_dtype() : DType::f32;
   plan_ = ctx.backend.plan_conv(g, use);
   for (const ConvStage stage : {ConvStage::forward, ConvStage::backward}) {
@@ -244,7 +248,7 @@ void BatchNorm2d::fold_bias_of(Conv2d& conv) {
 void BatchNorm2d::feeds(Conv2d& conv) {
   const std::string me = "BatchNorm2d(" + std::to_string(c_) + ")";
   DP_CHECK(input_shape().rank == 0 && conv.input_shape().rank == 0,
-           me + ": feeds after setup; declare it before");
+           me + ": feeds after setup; call it before either layer is set up");
   DP_CHECK(output_to_ == nullptr, me + " already feeds a convolution alone");
   DP_CHECK(conv.input_from_ == nullptr, me + ": the convolution already reads another batch norm");
   DP_CHECK(conv.in_ == c_,

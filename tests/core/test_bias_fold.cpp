@@ -223,6 +223,28 @@ TEST_CASE("fold_bias_of refuses what it cannot fold, naming the layer", "[engine
                     Catch::Contains("the folded convolution's bias is not declared"));
 }
 
+TEST_CASE("feeds refuses what it cannot declare, naming the layer", "[engine][layers]") {
+  dp::Conv2d three(3, 2, 3), conv(2, 2, 3), another(2, 2, 3);
+  dp::BatchNorm2d bn(2), other(2);
+  CHECK_THROWS_WITH(bn.feeds(three),
+                    Catch::Contains("BatchNorm2d(2)") && Catch::Contains("takes 3 channels"));
+  bn.feeds(conv);
+  CHECK_THROWS_WITH(bn.feeds(another), Catch::Contains("already feeds a convolution alone"));
+  CHECK_THROWS_WITH(other.feeds(conv), Catch::Contains("already reads another batch norm"));
+  ModuleRunner set_up(std::make_unique<dp::BatchNorm2d>(2), {2, 2, 3, 3});
+  dp::Conv2d late(2, 2, 3);
+  CHECK_THROWS_WITH(dynamic_cast<dp::BatchNorm2d&>(set_up.module()).feeds(late),
+                    Catch::Contains("after setup"));
+  // A convolution set up before the batch norm that feeds it would not know its input's dtype.
+  auto first = std::make_unique<dp::Conv2d>(2, 2, 3, 1, 1);
+  dp::BatchNorm2d never_set_up(2);
+  never_set_up.feeds(*first);
+  CHECK_THROWS_WITH(ModuleRunner(std::move(first), {2, 2, 5, 5}),
+                    Catch::Contains("Conv2d(2, 2)") &&
+                        Catch::Contains("the batch norm that feeds it (BatchNorm2d::feeds) must "
+                                        "be set up before it"));
+}
+
 TEST_CASE(
     "a folded bias trains as the unfolded one: one replica, and k replicas with "
     "synchronised batch norm and an empty shard",

@@ -466,6 +466,9 @@ TEST_CASE(
     for (size_t e = 0; e < wide.reports.size(); ++e) {
       CHECK(std::bit_cast<uint64_t>(packed.reports[e].train_loss) ==
             std::bit_cast<uint64_t>(wide.reports[e].train_loss));
+      // Evaluation too (batch norm's inference kernel writes bn1's output packed).
+      CHECK(std::bit_cast<uint64_t>(packed.reports[e].test_loss) ==
+            std::bit_cast<uint64_t>(wide.reports[e].test_loss));
       CHECK(packed.reports[e].test_acc == wide.reports[e].test_acc);
     }
     CHECK(packed.params == wide.params);
@@ -564,7 +567,8 @@ TEST_CASE("cuda bf16: which convolutions store their output as bf16, and who tak
   CHECK_THROWS_WITH(
       B.cpu->batchnorm_forward_train(x32.tensor(), c.tensor(), c.tensor(), c.tensor(), c.tensor(),
                                      0.1f, 1e-5f, c.tensor(), c.tensor(), y16.tensor()),
-      Catch::Contains("y is bf16 nhwc, which this backend's batch norm does not write"));
+      Catch::Contains("y is bf16 nhwc, which this backend's batch norm does not take as its "
+                      "output"));
 }
 
 namespace {
@@ -666,21 +670,27 @@ TEST_CASE(
 TEST_CASE("cuda bf16 conv forward into a bf16 y on dprun's own algorithms in a planned workspace",
           "[cuda][bf16]") {
   // As a Conv2d under the memory plan runs it: the workspace is the caller's, sized at plan
-  // time from the chosen algorithm, which must then hold the fp32 sums too. The choice is made
-  // measured, from a recorded choice of each of dprun's own algorithms (the emulated GPU's
-  // timings would pick any).
+  // time from the chosen algorithm, which must then hold the fp32 sums too, and with a bf16 x
+  // (ResNet's conv2: its batch norm's output stored packed) x widened after them. The choice is
+  // made measured, from a recorded choice of each of dprun's own algorithms (the emulated GPU's
+  // timings would pick any). The scratch is filled with NaN before the pass, so a part of it
+  // read before it is written shows.
   const ConvCase cases[] = {
       {3, 3, 2, 7, 5, 12, 3, 3, 1, 1, false},  // the few-channel direct kernel
       {4, 4, 8, 5, 5, 12, 1, 1, 2, 0, false},  // the 1x1 GEMM, strided (its gathered rows first)
   };
-  for (const ConvCase& cc : cases) {
+  const dptest::EnvVar poison_scratch("DPRUN_CUDA_POISON_SCRATCH", std::string("1"));
+  for (const auto& [cc, input] :
+       {std::pair{cases[0], DType::f32}, std::pair{cases[1], DType::f32},
+        std::pair{cases[0], DType::bf16}, std::pair{cases[1], DType::bf16}}) {
     const dp::ConvGeometry g = cc.geometry(Layout::nhwc);
-    INFO(g.str());
+    INFO(g.str() << ", x " << dp::dtype_name(input));
     dp::ConvUse use;
     use.forward_bias = false;
     use.train_batches = {cc.n};
     use.output_to_batchnorm = true;
     use.planned_workspace = true;
+    use.input_dtype = input;
     Bf16Backends B;  // heuristic: it records nothing
     auto probe = B.gpu->plan_conv(g, use);
     const dp::ConvChoiceKey key =
@@ -693,7 +703,11 @@ TEST_CASE("cuda bf16 conv forward into a bf16 y on dprun's own algorithms in a p
       char value[128];
       std::snprintf(value, sizeof value, "algo %d math %d workspace %zu ms 0.0001", a.algo,
                     static_cast<int>(a.math), a.workspace);
-      REQUIRE(dp::ChoiceCache::shared(key.scope).put(key.key, value) == value);
+      // The key names no input dtype (the workspace is recomputed for each plan): the f32 x's
+      // pass recorded it first.
+      REQUIRE(dp::ChoiceCache::shared(key.scope)
+                  .put(key.key, value)
+                  .rfind("algo " + std::to_string(a.algo) + " ", 0) == 0);
       break;
     }
     REQUIRE(own >= 0);
@@ -704,21 +718,30 @@ TEST_CASE("cuda bf16 conv forward into a bf16 y on dprun's own algorithms in a p
     auto measured = dp::create_backend(o);
     auto plan = measured->plan_conv(g, use);
     REQUIRE(plan->output_dtype() == DType::bf16);
+    REQUIRE(plan->input_dtype() == input);
     REQUIRE(dp::cuda_conv_choice(*measured, *plan, dp::ConvDirection::forward, cc.n).algo == own);
     const size_t bytes = plan->workspace_bytes(dp::ConvStage::forward);
     REQUIRE(bytes > 0);
     const dp::Shape out{cc.n, cc.k, g.out_h(), g.out_w()};
-    dptest::DeviceBuffer x(*measured, {cc.n, cc.c, cc.h, cc.w}, DType::f32, Layout::nhwc);
+    // x's values rounded to bf16: packed for a bf16 x, and the reference's f32 x.
+    std::vector<float> xv = dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 33);
+    const std::vector<uint16_t> x_packed = round_and_pack(xv);
+    dptest::DeviceBuffer x(*measured, {cc.n, cc.c, cc.h, cc.w}, input, Layout::nhwc);
     dptest::DeviceBuffer w(*measured, {cc.k, cc.c, cc.r, cc.s});
     dptest::DeviceBuffer ws(*measured, {static_cast<int64_t>((bytes + 3) / 4)});
     dptest::DeviceBuffer y16(*measured, out, DType::bf16, Layout::nhwc);
-    x.upload(dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 33));
+    if (input == DType::bf16) {
+      measured->upload(x.tensor().data, x_packed.data(), x_packed.size() * sizeof(uint16_t));
+    } else {
+      x.upload(xv);
+    }
     w.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 34, -0.5f, 0.5f));
     poison(*measured, y16.tensor());
     measured->conv_forward(*plan, x.tensor(), w.tensor(), nullptr, y16.tensor(), ws.ptr());
     // The reference: the same algorithm into an f32 y, on the heuristic backend.
     use.output_to_batchnorm = false;
     use.planned_workspace = false;
+    use.input_dtype = DType::f32;
     auto wide_plan = B.gpu->plan_conv(g, use);
     dp::cuda_use_conv_algorithm(
         *B.gpu, *wide_plan,
@@ -726,7 +749,7 @@ TEST_CASE("cuda bf16 conv forward into a bf16 y on dprun's own algorithms in a p
     dptest::DeviceBuffer x2(*B.gpu, {cc.n, cc.c, cc.h, cc.w}, DType::f32, Layout::nhwc);
     dptest::DeviceBuffer w2(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
     dptest::DeviceBuffer y32(*B.gpu, out, DType::f32, Layout::nhwc);
-    x2.upload(dptest::random_vector(cc.n * cc.c * cc.h * cc.w, 33));
+    x2.upload(xv);
     w2.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 34, -0.5f, 0.5f));
     B.gpu->conv_forward(*wide_plan, x2.tensor(), w2.tensor(), nullptr, y32.tensor());
     CHECK(packed_differences(*measured, y16.tensor(), y32.download_f32()) == 0);

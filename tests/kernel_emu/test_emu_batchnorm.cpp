@@ -6,6 +6,7 @@
 // scalar one). Until now these ran only on a GPU machine, which most sessions do not have.
 #include <bit>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -144,7 +145,7 @@ TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal b
   // The epilogue runs in the normalising pass, and the ReLU's mask in the summing one.
   const auto [residual, relu] =
       GENERATE(std::tuple<bool, bool>{false, false}, std::tuple<bool, bool>{false, true},
-               std::tuple<bool, bool>{true, true});
+               std::tuple<bool, bool>{true, false}, std::tuple<bool, bool>{true, true});
   INFO("N " << n << " C " << c << " H " << h << " W " << w << (channels_last ? ", NHWC" : ", NCHW")
             << (residual ? ", residual" : "") << (relu ? ", ReLU" : ""));
   const BnCase k = make_case(n, c, h, w);
@@ -389,4 +390,81 @@ TEST_CASE(
     CHECK(same_bits(y ? widened(packed_bf16(want[i])) : want[i], got[i]));
     if (y) CHECK_FALSE(same_bits(want[i], got[i]));  // it was rounded
   }
+}
+
+TEST_CASE(
+    "emulated cuda: the synchronised batch norm's fused epilogue computes the bits of the "
+    "separate add and relu passes",
+    "[emulated][batchnorm]") {
+  // bn_apply_stats applies the residual and the ReLU in its normalising pass, and
+  // bn_backward_sums the ReLU's mask in its summing pass (writing dz); they used to be the add,
+  // relu_forward and relu_backward kernels after and before them. Same bits.
+  const int64_t c = GENERATE(3, 4, 64);
+  const bool channels_last = GENERATE(false, true);
+  const auto [residual, relu] =
+      GENERATE(std::tuple<bool, bool>{true, false}, std::tuple<bool, bool>{false, true},
+               std::tuple<bool, bool>{true, true});
+  INFO("C " << c << (channels_last ? ", NHWC" : ", NCHW") << (residual ? ", residual" : "")
+            << (relu ? ", ReLU" : ""));
+  const BnCase k = make_case(3, c, 5, 7);
+  const int64_t n = k.n, hw = k.h * k.w, count = n * hw, total64 = n * c * hw;
+  const auto total = static_cast<size_t>(total64), cs = static_cast<size_t>(c);
+  const auto mine = [&](const std::vector<float>& v) { return channels_last ? nhwc(k, v) : v; };
+  Guarded<float> x(mine(k.x)), r(mine(k.residual)), dy(mine(k.dy));
+  Guarded<float> gamma(k.gamma), beta(k.beta), mean(k.running_mean), var(k.running_var);
+  const auto forward = [&](bool fused, Guarded<float>& y) {
+    Guarded<float> rm(k.running_mean), rv(k.running_var), save_mean(cs), save_invstd(cs);
+    kernels::bn_apply_stats(x.data(), gamma.data(), beta.data(), mean.data(), var.data(), rm.data(),
+                            rv.data(), kMomentum, kEps, count, save_mean.data(), save_invstd.data(),
+                            fused && residual ? r.data() : nullptr, fused && relu, y.data(), n, c,
+                            hw, channels_last, nullptr);
+    if (!fused && residual) kernels::add(y.data(), r.data(), y.data(), total64, 1.0f, nullptr);
+    if (!fused && relu) kernels::relu_forward(y.data(), y.data(), total64, nullptr);
+    return std::pair{save_mean.values(), save_invstd.values()};
+  };
+  Guarded<float> y_fused(total), y_apart(total);
+  const auto saved = forward(true, y_fused);
+  REQUIRE(forward(false, y_apart) == saved);
+  CHECK(same_bits(y_fused.values(), y_apart.values()));
+  Guarded<float> save_mean(saved.first), save_invstd(saved.second);
+  Guarded<float> dz_fused(total), dz_apart(total), sums_fused(2 * cs), sums_apart(2 * cs);
+  kernels::bn_backward_sums(x.data(), dy.data(), relu ? y_fused.data() : nullptr,
+                            relu ? dz_fused.data() : nullptr, save_mean.data(), save_invstd.data(),
+                            sums_fused.data(), n, c, hw, channels_last, nullptr);
+  if (relu) kernels::relu_backward(y_apart.data(), dy.data(), dz_apart.data(), total64, nullptr);
+  kernels::bn_backward_sums(
+      x.data(), relu ? dz_apart.data() : dy.data(), static_cast<const float*>(nullptr), nullptr,
+      save_mean.data(), save_invstd.data(), sums_apart.data(), n, c, hw, channels_last, nullptr);
+  emutest::require_no_pending_error();
+  CHECK(same_bits(sums_fused.values(), sums_apart.values()));
+  if (relu) CHECK(same_bits(dz_fused.values(), dz_apart.values()));
+  for (const Guarded<float>* b :
+       {&x, &r, &dy, &y_fused, &y_apart, &dz_fused, &dz_apart, &sums_fused, &sums_apart}) {
+    EMU_CHECK_INTACT(*b);
+  }
+}
+
+TEST_CASE(
+    "emulated cuda: a bf16 y's ReLU mask passes no gradient where a positive output rounded "
+    "to 0",
+    "[emulated][batchnorm][bf16]") {
+  // The documented corner of bf16 storage: a positive output at most 2^-134 rounds to bf16's 0,
+  // so its mask is 0 where the fp32 output's passes dy. Channel 0's middle value equals its mean,
+  // so its output is beta = 2^-140 exactly; every other output is far from the corner.
+  BnCase k = make_case(1, 4, 1, 3);  // rows 0, 1, 2; channel 0 gets -1, 0, 1
+  for (int64_t i = 0; i < 3; ++i) k.x[static_cast<size_t>(i)] = static_cast<float>(i - 1);
+  k.beta[0] = std::ldexp(1.0f, -140);
+  k.gamma[0] = 1.0f;
+  const auto f32 = bn_outputs<float, float>(k, nhwc(k, k.x), false, 0, false);
+  const auto b16 = bn_outputs<float, uint16_t>(k, nhwc(k, k.x), false, 0, false);
+  const size_t middle = 1 * 4 + 0, dz = 10;  // row 1, channel 0; dz's place in the outputs
+  REQUIRE(f32[0][middle] == std::ldexp(1.0f, -140));
+  CHECK(b16[0][middle] == 0.0f);
+  CHECK(f32[dz][middle] == nhwc(k, k.dy)[middle]);
+  CHECK(f32[dz][middle] != 0.0f);
+  CHECK(b16[dz][middle] == 0.0f);
+  // Everywhere else the masks agree.
+  size_t differ = 0;
+  for (size_t i = 0; i < f32[dz].size(); ++i) differ += f32[dz][i] != b16[dz][i] ? 1 : 0;
+  CHECK(differ == 1);
 }

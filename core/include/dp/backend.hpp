@@ -300,7 +300,8 @@ class Backend {
   void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                     const Tensor& y, const Tensor* workspace = nullptr);
   /// Whether convolution plans take an x of `dtype` (ConvUse::input_dtype; f32: always; bf16:
-  /// the cuda backend in precision bf16, whose passes round x to bf16 anyway).
+  /// the cuda backend in precision bf16, whose passes round x to bf16 anyway, unless
+  /// DPRUN_CUDA_BF16_CONV_OUTPUT=f32 keeps its activations f32).
   bool conv_takes(DType dtype) const;
   /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w). dy is of the plan's output_dtype (as are
   /// conv_backward_filter's). workspace: as conv_forward's, for backward.
@@ -345,7 +346,9 @@ class Backend {
   /// fp32 gradient rounded to bf16, as the convolution that wrote x rounds its output gradient
   /// anyway). A bf16 y holds the epilogue's output rounded, for a convolution that rounds its
   /// input so anyway (ConvUse::input_dtype); the ReLU epilogue's backward takes that y, whose sign
-  /// is the mask (the fp32 value's, but for a positive value below 2^-133, which rounds to 0).
+  /// is the mask: the fp32 value's, but for a positive value at most 2^-134, which rounds to 0
+  /// (the convolution reads 0 there either way), so that gradient is 0 where fp32 storage's
+  /// would pass.
   /// Everything else (dy, the residual, dz, the per-channel vectors) stays f32.
   bool batchnorm_takes(DType dtype, Layout layout) const;
   /// Training: normalise with this batch's mean and biased variance; update running stats as

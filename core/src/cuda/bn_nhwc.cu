@@ -322,7 +322,7 @@ void apply(const T* x, const float* mean, const float* scale, const float* beta,
 
 // Partial sums of g and g * (x - mean) per (group, channel), g = dy, or with the ReLU epilogue
 // g = y > 0 ? dy : 0, written to dz (y as stored: a bf16 y's sign is its fp32 value's, but for a
-// positive value below bf16's least subnormal, which rounded to 0).
+// positive value at most 2^-134, half bf16's least subnormal, which rounded to 0).
 template <bool kRelu, typename T, typename Y>
 __global__ void backward_partial_kernel(const T* x, const float* dy, const Y* y, float* dz,
                                         const float* mean, int64_t rows, int64_t c, int64_t groups,

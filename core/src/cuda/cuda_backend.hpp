@@ -285,7 +285,8 @@ class CudaBackend final : public Backend {
   /// Whether the plan can run the few-channel passes (NHWC, kernels::small_conv_fits).
   static bool own_small_c(const CudnnConvPlan& plan);
   /// The workspace own algorithm `algo` needs in `direction` at batch n: its own_scratch, then,
-  /// for a forward into a bf16 y (CudnnConvPlan::bf16_output), its fp32 sums.
+  /// for a forward, the fp32 sums of a bf16 y (CudnnConvPlan::bf16_output) and the widened copy
+  /// of a bf16 x (CudnnConvPlan::bf16_input), in that order.
   size_t own_workspace(const CudnnConvPlan& plan, int algo, int direction, int64_t n) const;
   /// What the algorithm itself uses at the start of its workspace: the GEMM's gathered rows
   /// (when strided, or rounded in bf16) and, in bf16, its filter's rounded copy; the few-channel
