@@ -142,10 +142,10 @@ TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal b
   const auto [h, w] =
       GENERATE(std::tuple<int64_t, int64_t>{5, 3}, std::tuple<int64_t, int64_t>{17, 19});
   const bool channels_last = GENERATE(false, true);
-  // The epilogue runs in the normalising pass, and the ReLU's mask in the summing one.
+  // The epilogue runs in the normalising pass, and the ReLU's mask in the summing one (each part
+  // alone: the fused-epilogue test below, bit for bit against the separate passes).
   const auto [residual, relu] =
-      GENERATE(std::tuple<bool, bool>{false, false}, std::tuple<bool, bool>{false, true},
-               std::tuple<bool, bool>{true, false}, std::tuple<bool, bool>{true, true});
+      GENERATE(std::tuple<bool, bool>{false, false}, std::tuple<bool, bool>{true, true});
   INFO("N " << n << " C " << c << " H " << h << " W " << w << (channels_last ? ", NHWC" : ", NCHW")
             << (residual ? ", residual" : "") << (relu ? ", ReLU" : ""));
   const BnCase k = make_case(n, c, h, w);
@@ -352,9 +352,10 @@ TEST_CASE(
   // bn1 -> conv2) as packed bf16, the values the convolution rounds its input to anyway: every
   // kernel must write y (training and evaluation) as the fp32 y rounded, and its backward must
   // take the stored y's sign as the ReLU's mask, which is the fp32 y's (no value of this case
-  // lies in (0, 2^-133], which rounds to 0), so every gradient keeps its bits.
-  const int64_t c = GENERATE(3, 4, 64);
-  const size_t offset = GENERATE(size_t{0}, size_t{1});
+  // lies in (0, 2^-134], which rounds to 0), so every gradient keeps its bits. C = 3 takes the
+  // scalar kernels, C = 64 the 16-byte ones (misaligned buffers: the packed-x test above).
+  const int64_t c = GENERATE(3, 64);
+  const size_t offset = 0;
   const bool sync = GENERATE(false, true);
   const bool residual = GENERATE(false, true);
   const bool bf16_x = GENERATE(false, true);
