@@ -18,26 +18,17 @@ namespace dp::cuda {
 namespace {
 Layout layout_of(const Tensor& t) { return t.shape.rank == 4 ? t.layout : Layout::nchw; }
 
-/// Calls f with x's data as the kernels take it: fp32, or packed bf16 (batchnorm_takes_impl).
+/// Calls f with t's data as the kernels take it: fp32, or packed bf16 (batchnorm_takes_impl: x
+/// and y), or a null float pointer when t is absent (a backward without the ReLU epilogue's y).
 template <typename F>
-void with_input(const Tensor& x, F&& f) {
-  if (x.dtype == DType::bf16) {
-    f(static_cast<const uint16_t*>(x.data));
+void with_data(const Tensor* t, F&& f) {
+  if (t != nullptr && t->dtype == DType::bf16) {
+    f(static_cast<uint16_t*>(t->data));
   } else {
-    f(static_cast<const float*>(x.f32()));
+    f(t != nullptr ? t->f32() : static_cast<float*>(nullptr));
   }
 }
-/// Calls f with y's data as the kernels take it (fp32, or packed bf16: batchnorm_takes_impl), or
-/// with a null float pointer when y is absent (a backward without the ReLU epilogue).
-template <typename F>
-void with_output(const Tensor* y, F&& f) {
-  if (y != nullptr && y->dtype == DType::bf16) {
-    f(static_cast<uint16_t*>(y->data));
-  } else {
-    f(y != nullptr ? y->f32() : static_cast<float*>(nullptr));
-  }
-}
-/// The data of dx, which has the type of the x that with_input passed as xs.
+/// The data of dx, which has the type of the x that with_data passed as xs.
 template <typename T>
 T* like_input(const Tensor& dx, const T* /*xs*/) {
   return static_cast<T*>(dx.data);
@@ -113,8 +104,8 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
   if (own_bn(x)) {
     const Dims d = dims_of(x);
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_train");
-    with_input(x, [&](const auto* xs) {
-      with_output(&y, [&](auto* ys) {
+    with_data(&x, [&](const auto* xs) {
+      with_data(&y, [&](auto* ys) {
         kernels::bn_nhwc_forward_train(
             xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), momentum, eps,
             save_mean.f32(), save_invstd.f32(),
@@ -141,8 +132,8 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
   if (own_bn(x)) {
     const Dims d = dims_of(x);
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_infer");
-    with_input(x, [&](const auto* xs) {
-      with_output(&y, [&](auto* ys) {
+    with_data(&x, [&](const auto* xs) {
+      with_data(&y, [&](auto* ys) {
         kernels::bn_nhwc_forward_infer(
             xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps,
             epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, ys,
@@ -169,8 +160,8 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
     const Dims d = dims_of(x);
     const bool relu = epilogue.y != nullptr;
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_backward");
-    with_input(x, [&](const auto* xs) {
-      with_output(epilogue.y, [&](const auto* ys) {
+    with_data(&x, [&](const auto* xs) {
+      with_data(epilogue.y, [&](const auto* ys) {
         kernels::bn_nhwc_backward(xs, dy.f32(), ys, relu ? epilogue.dz->f32() : nullptr,
                                   gamma.f32(), save_mean.f32(), save_invstd.f32(),
                                   like_input(dx, xs), dgamma.f32(), dbeta.f32(), d.n * d.hw(), d.c,
@@ -193,7 +184,7 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
 void CudaBackend::batchnorm_sums_impl(const Tensor& x, const Tensor* mean, const Tensor& sums) {
   const Dims d = dims_of(x);
   activate();
-  with_input(x, [&](const auto* xs) {
+  with_data(&x, [&](const auto* xs) {
     kernels::bn_sums(xs, mean != nullptr ? mean->f32() : nullptr, sums.f32(), d.n, d.c, d.hw(),
                      is_nhwc(x), stream_);
   });
@@ -209,8 +200,8 @@ void CudaBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamm
   const Dims d = dims_of(x);
   activate();
   // The epilogue in the normalising pass (the values of add then relu_forward after it).
-  with_input(x, [&](const auto* xs) {
-    with_output(&y, [&](auto* ys) {
+  with_data(&x, [&](const auto* xs) {
+    with_data(&y, [&](auto* ys) {
       kernels::bn_apply_stats(xs, gamma.f32(), beta.f32(), mean.f32(), var.f32(),
                               running_mean.f32(), running_var.f32(), momentum, eps, count,
                               save_mean.f32(), save_invstd.f32(),
@@ -226,8 +217,8 @@ void CudaBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy
   const Dims d = dims_of(x);
   activate();
   // The ReLU's mask in the summing pass, which writes dz (relu_backward's values).
-  with_input(x, [&](const auto* xs) {
-    with_output(epilogue.y, [&](const auto* ys) {
+  with_data(&x, [&](const auto* xs) {
+    with_data(epilogue.y, [&](const auto* ys) {
       kernels::bn_backward_sums(
           xs, dy.f32(), ys, epilogue.dz != nullptr ? epilogue.dz->f32() : nullptr, save_mean.f32(),
           save_invstd.f32(), sums.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
@@ -241,7 +232,7 @@ void CudaBackend::batchnorm_backward_apply_impl(const Tensor& x, const Tensor& d
                                                 int64_t count, const Tensor& dx) {
   const Dims d = dims_of(x);
   activate();
-  with_input(x, [&](const auto* xs) {
+  with_data(&x, [&](const auto* xs) {
     kernels::bn_backward_apply(xs, dy.f32(), gamma.f32(), save_mean.f32(), save_invstd.f32(),
                                sums.f32(), count, like_input(dx, xs), d.n, d.c, d.hw(), is_nhwc(x),
                                stream_);
