@@ -80,12 +80,13 @@ std::unique_ptr<dp::Backend> make_bf16(dp::CpuKernels kernels) {
 // Tolerances, relative to max(|a|, |b|, 1) as every op test's. The passes accumulate exact
 // products of bf16 values in fp32, so against double loops on the rounded inputs they carry the
 // fp32 op tests' accumulation error: 3e-5 (test_cpu_conv.cpp's forward, Winograd's transforms
-// included; 1e-4 for the longer sums of the gradients). Activations and input gradients are then
-// rounded to bf16: at most half an ulp of its 8-bit significand, 2^-8 of the value (measured
-// 3.3e-3 to 3.86e-3 against the bound 3.94e-3). Weight gradients stay fp32 (measured 1e-7 to
-// 4e-6). A pass that skipped rounding an input misses the reference by far more (fp32's filter
-// gradient: 8e-3 to 2.5e-2, a hundred times the tolerance); one that skipped rounding its output
-// is caught by all_bf16.
+// included; 1e-4 for the longer sums of the gradients). Activations, input gradients and a
+// convolution's weight gradient are then rounded to bf16: at most half an ulp of its 8-bit
+// significand, 2^-8 of the value (measured 3.3e-3 to 3.86e-3 against the bound 3.94e-3). Linear
+// layers' weight gradients and bias gradients stay fp32 (measured 1e-7 to 4e-6). A pass that
+// skipped rounding an input misses the reference by more (fp32's filter gradient: 8e-3 to
+// 2.5e-2, two to six times the rounded tolerance); one that skipped rounding its output is caught
+// by all_bf16.
 constexpr double kAccumulation = 3e-5, kGradAccumulation = 1e-4;
 constexpr double kOutputRounding = 1.0 / 256;
 
@@ -239,15 +240,18 @@ TEST_CASE("cpu bf16 conv passes: double loops on bf16-rounded inputs", "[cpu][bf
     run(*bf16, y, dx, dw, db);
     CHECK(all_bf16(y));
     CHECK(all_bf16(dx));
+    CHECK(all_bf16(dw));
+    CHECK_FALSE(all_bf16(db));  // fp32 sums: bf16 values only by chance
     check_close(y, y_ref, kAccumulation + kOutputRounding);
     check_close(dx, dx_ref, kGradAccumulation + kOutputRounding);
-    check_close(dw, dw_ref, kGradAccumulation);
+    check_close(dw, dw_ref, kGradAccumulation + kOutputRounding);
     check_close(db, db_ref, kGradAccumulation);
     // fp32 does not round: its filter gradient misses the bf16 reference (rounded inputs).
     fvec y32, dx32, dw32, db32;
     run(*fp32, y32, dx32, dw32, db32);
-    CHECK_FALSE(dptest::compare(to_double(dw32), dw_ref, kGradAccumulation).ok);
+    CHECK_FALSE(dptest::compare(to_double(dw32), dw_ref, kGradAccumulation + kOutputRounding).ok);
     CHECK_FALSE(all_bf16(y32));
+    CHECK_FALSE(all_bf16(dw32));
   }
 }
 

@@ -7,8 +7,9 @@
 // every product is exact on both (the GPU's TF32 math holds a bf16 significand) and they differ
 // only in the order of their fp32 sums: about 1e-6 of the sum's scale, as in the fp32-exact op
 // tests (test_cuda_ops.cpp), where rel 1e-4 with floor 1 catches any real error.
-//  - Weight and bias gradients are not rounded: held to that 1e-4.
-//  - Activations and input gradients are rounded to bf16 once, on both sides. Where the two fp32
+//  - Bias gradients and linear layers' weight gradients are not rounded: held to that 1e-4.
+//  - Activations, input gradients and convolutions' weight gradients are rounded to bf16 once,
+//    on both sides. Where the two fp32
 //    sums straddle a rounding boundary they come out one bf16 ulp apart (at most 2^-7 of the
 //    larger value); elsewhere they are the same bits. So each element is held to 2^-6 of
 //    max(|a|, |b|, 1) (one ulp and the sums' difference, with room), every output must be a
@@ -89,7 +90,8 @@ void check_rounded(const std::string& what, const std::vector<float>& gpu,
   CHECK(fraction >= kMinIdentical);
 }
 
-/// A weight or bias gradient (fp32, not rounded) of the GPU against the cpu's.
+/// A bias gradient or a linear layer's weight gradient (fp32, not rounded) of the GPU against
+/// the cpu's.
 void check_gradient(const std::string& what, const std::vector<float>& gpu,
                     const std::vector<float>& cpu) {
   INFO(what);
@@ -104,8 +106,10 @@ void check_gradient(const std::string& what, const std::vector<float>& gpu,
 
 using cudatest::ConvCase;
 
-/// cudnn_bf16: whether cuDNN takes bf16 data at all (the emulated one can refuse it).
-void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout, bool cudnn_bf16 = true) {
+/// cudnn_bf16: whether cuDNN takes bf16 data at all, filter_bf16: for backward-filter (the
+/// emulated one can refuse it in every direction or in that one).
+void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout, bool cudnn_bf16 = true,
+                bool filter_bf16 = true) {
   const std::string what =
       "conv n=" + std::to_string(cc.n) + " c=" + std::to_string(cc.c) + " " + std::to_string(cc.h) +
       "x" + std::to_string(cc.w) + " k=" + std::to_string(cc.k) + " " + std::to_string(cc.r) + "x" +
@@ -118,15 +122,14 @@ void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout, bool cudnn_b
   use.forward_bias = cc.bias;
   auto gpu_plan = B.gpu->plan_conv(g, use);
   // Which passes give cuDNN packed bf16 data (their measured choices are keyed apart): the
-  // forward without a bias and backward-data; backward-filter, whose fp32 gradient cuDNN gives
-  // only from fp32 data, never.
+  // forward without a bias, backward-data and backward-filter.
   const auto bf16_data = [&](dp::ConvDirection d) {
     return dp::cuda_conv_choice_key(*B.gpu, *gpu_plan, d, cc.n).key.find(" data bf16") !=
            std::string::npos;
   };
   CHECK(bf16_data(dp::ConvDirection::forward) == (cudnn_bf16 && !cc.bias));
   CHECK(bf16_data(dp::ConvDirection::backward_data) == cudnn_bf16);
-  CHECK_FALSE(bf16_data(dp::ConvDirection::backward_filter));
+  CHECK(bf16_data(dp::ConvDirection::backward_filter) == (cudnn_bf16 && filter_bf16));
   // ... and the plan's description says so, per direction chosen (all three at max_batch).
   const std::string impl = gpu_plan->implementation();
   INFO(impl);
@@ -136,7 +139,8 @@ void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout, bool cudnn_b
     ++said;
   }
   CHECK(said == static_cast<size_t>(bf16_data(dp::ConvDirection::forward)) +
-                    static_cast<size_t>(bf16_data(dp::ConvDirection::backward_data)));
+                    static_cast<size_t>(bf16_data(dp::ConvDirection::backward_data)) +
+                    static_cast<size_t>(bf16_data(dp::ConvDirection::backward_filter)));
   const int64_t p = g.out_h(), q = g.out_w();
   const bool nhwc = layout == Layout::nhwc;
   const auto to_gpu = [&](const std::vector<float>& v, int64_t c, int64_t h, int64_t w) {
@@ -183,7 +187,7 @@ void check_conv(Bf16Backends& B, const ConvCase& cc, Layout layout, bool cudnn_b
                               cc.bias ? dbc.ptr() : nullptr);
   B.gpu->conv_backward_filter(*gpu_plan, xg.tensor(), dyg.tensor(), dwg.tensor(),
                               cc.bias ? dbg.ptr() : nullptr);
-  check_gradient(what + " weight gradient", dwg.download_f32(), dwc.download_f32());
+  check_rounded(what + " weight gradient", dwg.download_f32(), dwc.download_f32());
   if (cc.bias) check_gradient(what + " bias gradient", dbg.download_f32(), dbc.download_f32());
   // The operands were read, not rounded in place: the fp32 tensors are as uploaded.
   CHECK(wg.download_f32() == w);
@@ -216,9 +220,16 @@ TEST_CASE(
         "(DPRUN_EMULATED_CUDNN_NO_BF16)");
     return;
   }
-  const dptest::EnvVar no_bf16("DPRUN_EMULATED_CUDNN_NO_BF16", "1");
-  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
-    check_conv(B, {16, 16, 64, 7, 7, 64, 3, 3, 1, 1, false}, layout, /*cudnn_bf16=*/false);
+  for (const char* refused : {"1", "backward-filter"}) {
+    INFO("DPRUN_EMULATED_CUDNN_NO_BF16=" << refused);
+    const dptest::EnvVar no_bf16("DPRUN_EMULATED_CUDNN_NO_BF16", std::string(refused));
+    const bool all = std::string(refused) == "1";
+    for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+      // Its filter gradient rounded after the fp32 kernels: as cuDNN's bf16 one writes it.
+      check_conv(B, {16, 16, 64, 7, 7, 64, 3, 3, 1, 1, false}, layout, /*cudnn_bf16=*/!all,
+                 /*filter_bf16=*/false);
+      check_conv(B, {4, 4, 3, 9, 9, 8, 3, 3, 2, 1, true}, layout, !all, false);  // a bias, strided
+    }
   }
 }
 
@@ -761,9 +772,9 @@ TEST_CASE(
     "algorithm",
     "[cuda][bf16]") {
   // A plan whose output is bf16 takes its output gradient as bf16 too (the batch norm's dx,
-  // rounded): backward-data gives it to cuDNN as it is, backward-filter widens it into its copy
-  // (cuDNN's TF32 kernels, or dprun's few-channel one). The results must be the bits of the f32
-  // plan's passes given the widened dy.
+  // rounded): backward-data and cuDNN's backward-filter give it to cuDNN as it is, dprun's
+  // few-channel filter gradient widens it first. The results must be the bits of the f32 plan's
+  // passes given the widened dy.
   Bf16Backends B;
   size_t own_runs = 0, data_runs = 0;
   const ConvCase cases[] = {
@@ -828,9 +839,9 @@ TEST_CASE(
     "every algorithm",
     "[cuda][bf16]") {
   // ConvUse::input_dtype bf16 (a batch norm's output that only this convolution reads, stored
-  // packed): cuDNN's bf16 forward takes it as it is, fp32 kernels (a forward with a bias, every
-  // filter gradient) widen it where they would round an f32 x, and dprun's own algorithms widen
-  // it at the end of their workspace. The results must be the bits of the f32 plan's passes
+  // packed): cuDNN's bf16 forward and filter gradient take it as it is, fp32 kernels (a forward
+  // with a bias) widen it where they would round an f32 x, and dprun's own algorithms widen it at
+  // the end of their workspace. The results must be the bits of the f32 plan's passes
   // given the widened x. Outputs are filled with NaN before each pass.
   Bf16Backends B;
   size_t own_forward = 0, own_filter = 0;

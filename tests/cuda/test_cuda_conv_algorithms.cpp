@@ -19,8 +19,9 @@
 // significand), so only the fp32 sums differ, by 3 K 2^-24 M_i (K 2^-24 M_i for the CPU's
 // round-to-nearest sums, 2 K 2^-24 M_i for tensor-core sums that may truncate), with M_i from
 // the bf16 operands (the CPU's |inputs| convolution in bf16, widened by 2^-7 for the rounding
-// of M itself). The activation and the input gradient are then rounded to bf16 on both sides,
-// which can split two such sums by one bf16 ulp of the larger result: added to their bound.
+// of M itself). The activation, the input gradient and the weight gradient are then rounded to
+// bf16 on both sides, which can split two such sums by one bf16 ulp of the larger result: added
+// to their bound.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -169,7 +170,7 @@ double bf16_ulp(double v) {
 }
 
 /// The largest |actual - expected| / bound_i over the elements (<= 1: within the contract).
-/// `rounded`: the outputs were rounded to bf16 (bf16's activations and input gradients).
+/// `rounded`: the outputs were rounded to bf16 (every pass's output under bf16).
 double worst_fraction(const std::vector<float>& actual, const std::vector<float>& expected,
                       const std::vector<float>& magnitude, ConvContract contract, ConvFamily family,
                       int64_t k, int64_t* outside, bool rounded = false) {
@@ -284,8 +285,7 @@ void check_every_algorithm(const ConvShape& cs, std::vector<ConvContract> contra
           if (bias && contract == ConvContract::bf16 && d != ConvDirection::forward) continue;
           // The passes that give cuDNN packed bf16 data (cuda_backend.hpp).
           const bool bf16_data =
-              contract == ConvContract::bf16 &&
-              (d == ConvDirection::backward_data || (d == ConvDirection::forward && !bias));
+              contract == ConvContract::bf16 && (d != ConvDirection::forward || !bias);
           const auto algorithms = dp::cuda_conv_algorithms(*gpu, *plan, d, cs.n);
           INFO(cs.what << " " << cs.geometry(layout).str() << ", "
                        << dp::conv_contract_name(contract) << ", " << dp::conv_direction_name(d)
@@ -302,7 +302,7 @@ void check_every_algorithm(const ConvShape& cs, std::vector<ConvContract> contra
             const ConvFamily family = dp::conv_family(d, a.algo);
             const double used =
                 worst_fraction(actual, expected_of(ref, d), magnitude_of(ref, d), contract, family,
-                               sum_length(cs, d), &outside, d != ConvDirection::backward_filter);
+                               sum_length(cs, d), &outside, /*rounded=*/true);
             std::printf("conv-algorithm %-24s %-5s %-10s %-15s %-22s %-9s %-10s %6.3f of bound%s\n",
                         cs.what.c_str(), dp::layout_name(layout), dp::conv_contract_name(contract),
                         dp::conv_direction_name(d), dp::conv_algorithm_name(d, a.algo).c_str(),

@@ -635,19 +635,21 @@ const char* cpu_kernels_name(CpuKernels k);  // "automatic", "onednn", "blas"
 /// multiplicands (activations, weights, output gradients) rounded to bfloat16 (round to nearest
 /// even), products accumulated in fp32, and the activations (forward) and input gradients
 /// (backward-data) they produce rounded to bf16, as a network storing those tensors in bf16
-/// computes them; weight gradients, master weights, optimizer state, batch norm, the loss and
-/// softmax stay fp32. The cpu backend emulates it on fp32 tensors (round_to_bf16, bf16_cpu.hpp)
-/// and is the reference; the cuda backend computes it the same way on the GPU (rounded operand
-/// copies into cuBLAS's and cuDNN's bf16 kernels where they give these values, else TF32 math,
-/// which is exact for bf16 values: cuda_backend.hpp).
+/// computes them; a convolution's weight gradient is rounded to bf16 once too (cuDNN's bf16
+/// filter gradient writes bf16, as PyTorch's autocast keeps it), then held in the fp32 gradient;
+/// linear layers' weight gradients, bias gradients, master weights, optimizer state, batch norm,
+/// the loss and softmax stay fp32. The cpu backend emulates it on fp32 tensors (round_to_bf16,
+/// bf16_cpu.hpp) and is the reference; the cuda backend computes it the same way on the GPU
+/// (rounded operand copies into cuBLAS's and cuDNN's bf16 kernels where they give these values,
+/// else TF32 math, which is exact for bf16 values: cuda_backend.hpp).
 ///
 /// What the reference fixes, so the cuda path must match it (or both change together): the bias
 /// is added to the fp32 sum before the one rounding of the output (a separate bias kernel after
-/// a bf16 cuDNN/cuBLAS output would round twice: fuse it, or give the GEMM an fp32 output); weight
-/// gradients come out fp32 from bf16 x and dy (cuDNN's plain bf16 wgrad writes bf16: use an
-/// fp32-output wgrad); batch norm, residual adds and pooling read and write fp32 values (a path
-/// that stores those in bf16 too must round their outputs here as well). NaN keeps its payload
-/// here; compare NaN with isnan only.
+/// a bf16 cuDNN/cuBLAS output would round twice: fuse it, or give the GEMM an fp32 output); a
+/// convolution's weight gradient is rounded once, from one fp32 sum over the replica's batch
+/// (not per chunk of it); a linear layer's comes out fp32 from bf16 x and dy; batch norm, residual
+/// adds and pooling read and write fp32 values (a path that stores those in bf16 too must round
+/// their outputs here as well). NaN keeps its payload here; compare NaN with isnan only.
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);  // "fp32", "bf16"
 /// Every precision by its name; parse_precision throws dp::Error naming the known ones.

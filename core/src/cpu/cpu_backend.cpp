@@ -312,8 +312,8 @@ void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const
   p.backward_data(dyr, wr, dx, m.scratch);
   round_to_bf16_in_place(threads_, dx.f32(), dx.numel());
 }
-// dw and db stay fp32 (they feed the fp32 master weights); db sums the rounded dy, the tensor a
-// bf16 network holds.
+// dw is rounded to bf16 once, as cuDNN's bf16 filter gradient writes it (and PyTorch's autocast
+// keeps it); db stays fp32 and sums the rounded dy, the tensor a bf16 network holds.
 void CpuBackend::conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
                                            const Tensor& dw, const Tensor* db,
                                            const Tensor* workspace) {
@@ -322,6 +322,7 @@ void CpuBackend::conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, cons
   if (precision_ == Precision::fp32) return p.backward_filter(x, dy, dw, db, m.scratch);
   const Tensor xr = m.copies.rounded(x), dyr = m.copies.rounded(dy);
   p.backward_filter(xr, dyr, dw, db, m.scratch);
+  round_to_bf16_in_place(threads_, dw.f32(), dw.numel());
 }
 
 // ---- linear: bf16 around the fp32 passes (linear_cpu.cpp) ------------------------------------

@@ -8,17 +8,18 @@
 // precision = "bf16" (dp::Precision) as the cpu backend computes it: each convolution or linear
 // pass reads copies of its operands rounded to bf16 (the bf16 scratch, below) and sums their
 // exact products in fp32; its activation or input gradient is rounded to bf16 once (a bias first
-// joins the fp32 sum). Weight gradients stay fp32. Where the library can take bf16 data with fp32
-// sums and our rounding rule, the copies are packed bf16 (2 bytes) and the library's bf16 kernels
-// run: every GEMM of the linear layers (cublasGemmEx, bf16 in, fp32 out), and cuDNN's
-// convolution forward without a bias (ConvUse::forward_bias) and backward-data, whose bf16
-// output is the rounded fp32 sum, widened back into the fp32 tensor. The rest (a forward with a
-// bias, whose bias must join before the rounding, and backward-filter, whose fp32 gradient cuDNN
-// gives only from fp32 data) runs fp32 kernels with TF32 tensor-core math on copies rounded to
-// bf16 but kept as floats: exact for bf16 values (an 8-bit significand fits TF32's 11). Storage
-// stays fp32 and each operand costs a rounding pass: bf16 activations end to end are still to be
-// built, against the same reference.
-//
+// joins the fp32 sum), and so is a convolution's weight gradient. A linear layer's weight
+// gradient stays fp32. Where the library can take bf16 data with fp32 sums and our rounding rule,
+// the copies are packed bf16 (2 bytes) and the library's bf16 kernels run: every GEMM of the
+// linear layers (cublasGemmEx, bf16 in, fp32 out), and cuDNN's convolution forward without a
+// bias (ConvUse::forward_bias), backward-data and backward-filter, whose bf16 output is the
+// rounded fp32 sum, widened back into the fp32 tensor. A forward with a bias, whose bias must
+// join before the rounding, and any pass cuDNN cannot run on bf16 data, run fp32 kernels with
+// TF32 tensor-core math on copies rounded to bf16 but kept as floats (exact for bf16 values: an
+// 8-bit significand fits TF32's 11), their outputs rounded after. Tensors a batch norm and a
+// convolution alone exchange are stored packed (ConvPlan::output_dtype, ConvPlan::input_dtype);
+// the rest stays fp32, each operand costing a rounding pass.
+
 // Memory: allocate() is cudaMalloc, counted (in use, peak). The backend's own scratch (the cuDNN
 // workspace shared by all convolution plans, filter-transpose and reduction scratch, the
 // channels-last batch norm's and bf16's operand scratch) is grown at setup (plan_conv,

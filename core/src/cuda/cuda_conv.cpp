@@ -147,14 +147,20 @@ class CudnnConvPlan final : public ConvPlan {
   size_t bf16_floats[2] = {0, 0};
   /// precision bf16: the floats of scratch a pass in `direction` needs for its copies, with
   /// these element counts of x, w and y (bf16_operand_floats or bf16_packed_floats).
+  /// A bf16 x (bf16_input) or dy (bf16_output: the batch norm's dx) is cuDNN's operand as it is.
   size_t copy_floats(int direction, int64_t x, int64_t w, int64_t y) const {
-    const int64_t packed_x = bf16_input ? 0 : x;  // a bf16 x is cuDNN's operand as it is
+    const int64_t packed_x = bf16_input ? 0 : x;
+    const int64_t packed_dy = bf16_output ? 0 : y;
     if (direction == kForward && bf16_output) return bf16_packed_floats({packed_x, w});  // y too
     if (direction == kForward)
       return io_bf16[kForward] ? bf16_packed_floats({packed_x, w, y}) : bf16_operand_floats({x, w});
-    if (direction == kBackwardData)
-      return io_bf16[kBackwardData] ? bf16_packed_floats({y, w, x}) : bf16_operand_floats({y, w});
-    return bf16_operand_floats({x, y});  // backward-filter: fp32 data (its gradient is fp32)
+    if (direction == kBackwardData) {
+      return io_bf16[kBackwardData] ? bf16_packed_floats({packed_dy, w, x})
+                                    : bf16_operand_floats({y, w});
+    }
+    // backward-filter: x, dy, and room for cuDNN's packed dw, widened into the fp32 dw after.
+    return io_bf16[kBackwardFilter] ? bf16_packed_floats({packed_x, packed_dy, w})
+                                    : bf16_operand_floats({x, y});
   }
   int64_t filter_numel() const {
     const ConvGeometry& g = geometry();
@@ -440,24 +446,38 @@ std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, con
   activate();
   if (bf16()) {
     // bf16 data for cuDNN where its bf16 kernels give the contract's values (cuda_backend.hpp):
-    // a forward without a bias, and backward-data. Where cuDNN cannot run them (a descriptor,
-    // no deterministic algorithm within the workspace), fp32 kernels on rounded copies give the
-    // same values. Decided here, at setup only: a batch size first met later takes what its
-    // plan has.
+    // a forward without a bias, backward-data and backward-filter. Where cuDNN cannot run them
+    // (a descriptor, no deterministic algorithm within the workspace), fp32 kernels on rounded
+    // copies, their outputs rounded, give the same values: for backward-filter alone if only it
+    // fails, else for every pass. Decided here, at setup only: a batch size first met later
+    // takes what its plan has.
     // A forward without a bias whose output only our batch norm reads keeps cuDNN's bf16 output
     // as it is: y is packed bf16 (the values the f32 y would hold, in half the memory).
     const bool bf16_output = use.output_to_batchnorm && !use.forward_bias && bf16_storage_ &&
                              batchnorm_takes_impl(DType::bf16, g.layout);
+    const std::string name = use.layer.empty() ? g.str() : use.layer;
+    // Only cuDNN's own refusals: anything else (memory, a bug) is no reason to change kernels.
+    // What an attempt reserved stays (workspace, scratch), as its timed choices stay cached.
+    std::string refusal;
     try {
-      return make_conv_plan(g, use, {!use.forward_bias, true, false}, bf16_output);
+      return make_conv_plan(g, use, {!use.forward_bias, true, true}, bf16_output);
     } catch (const CudnnError& e) {
-      // Only cuDNN's own refusals: anything else (memory, a bug) is no reason to change kernels.
-      // What the attempt reserved stays (workspace, scratch), as its timed choices stay cached.
+      refusal = e.what();
+    }
+    try {
+      auto plan = make_conv_plan(g, use, {!use.forward_bias, true, false}, bf16_output);
+      std::fprintf(stderr,
+                   "dprun: warning: cuda backend: %s: cuDNN's bf16 filter-gradient kernels cannot "
+                   "run it (%s); its filter gradient runs fp32 kernels on copies rounded to bf16, "
+                   "then rounds it (the same values, more memory traffic)\n",
+                   name.c_str(), refusal.c_str());
+      return plan;
+    } catch (const CudnnError& e) {
       std::fprintf(stderr,
                    "dprun: warning: cuda backend: %s: cuDNN's bf16 kernels cannot run it (%s); "
                    "its passes run fp32 kernels on copies rounded to bf16 (the same values, "
                    "more memory traffic)\n",
-                   use.layer.empty() ? g.str().c_str() : use.layer.c_str(), e.what());
+                   name.c_str(), e.what());
     }
   }
   return make_conv_plan(g, use, {false, false, false});
@@ -699,9 +719,13 @@ size_t CudaBackend::own_workspace(const CudnnConvPlan& plan, int algo, int direc
     bytes += static_cast<size_t>(aligned_floats(n * g.out_channels * g.out_h() * g.out_w())) *
              sizeof(float);
   }
-  if (direction == kForward && plan.bf16_input) {  // a bf16 x widened, after the sums
-    bytes +=
-        static_cast<size_t>(aligned_floats(n * g.in_channels * g.in_h * g.in_w)) * sizeof(float);
+  const int64_t x_floats = aligned_floats(n * g.in_channels * g.in_h * g.in_w);
+  if (direction != kBackwardData && plan.bf16_input) {  // a bf16 x widened, after the sums
+    bytes += static_cast<size_t>(x_floats) * sizeof(float);
+  }
+  if (direction == kBackwardFilter && plan.bf16_output) {  // a bf16 dy widened, after x
+    bytes += static_cast<size_t>(aligned_floats(n * g.out_channels * g.out_h() * g.out_w())) *
+             sizeof(float);
   }
   return bytes;
 }
@@ -1392,30 +1416,69 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   poison_pass(scratch, cb.choice[kBackwardFilter].workspace);
   const auto algo = static_cast<cudnnConvolutionBwdFilterAlgo_t>(cb.choice[kBackwardFilter].algo);
   const float one = 1.0f, zero = 0.0f;
-  // In bf16 dw and db stay fp32; db sums the rounded dy, the tensor a bf16 network holds.
+  const int64_t rs = g.kernel_h * g.kernel_w;
+  // In bf16 dw is rounded to bf16 once (cuDNN's bf16 kernels write it so; the others' fp32 dw is
+  // rounded after); db stays fp32 and sums the rounded dy, the tensor a bf16 network holds.
   if (cb.choice[kBackwardFilter].algo == kConvAlgoDprunSmallC) {
     // dw (K, C, R, S) directly, no transposed copy; in bf16 x and dy are rounded as they are
     // read, not copied first (db sums the rounded dy too). A bf16 x or dy (rounded already) is
-    // widened into the copies' room first.
-    Bf16Operands copies(scratch.bf16, stream_);
-    const float* xs = x.dtype == DType::bf16 ? copies.take(x) : x.f32();
-    const float* dys = dy.dtype == DType::bf16 ? copies.take(dy) : dy.f32();
+    // widened first, after the algorithm's scratch (own_workspace).
+    auto* room =
+        reinterpret_cast<float*>(static_cast<char*>(scratch.cudnn) +
+                                 own_scratch(plan, kConvAlgoDprunSmallC, kBackwardFilter, n));
+    const auto widened = [&](const Tensor& t) -> const float* {
+      if (t.dtype != DType::bf16) return t.f32();
+      float* wide = room;
+      kernels::from_bf16(static_cast<const uint16_t*>(t.data), wide, t.numel(), stream_);
+      room += aligned_floats(t.numel());
+      return wide;
+    };
+    const float* xs = widened(x);
+    const float* dys = widened(dy);
     run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, xs, dys, dw.f32(), scratch.cudnn);
+    if (bf16()) kernels::round_to_bf16(dw.f32(), dw.f32(), dw.numel(), stream_);
     if (db != nullptr) {
       kernels::channel_sum(dys, db->f32(), n, g.out_channels, g.out_h() * g.out_w(), true,
                            reduce_scratch_, stream_, bf16());
     }
     return;
   }
+  if (plan.io_bf16[kBackwardFilter]) {
+    // cuDNN's bf16 output is the rounded fp32 sum: dw's one rounding, widened (and in NHWC
+    // transposed back from KRSC) into the fp32 dw. A bf16 x or dy is its operand as it is.
+    Bf16Operands copies(scratch.bf16, stream_);
+    const auto packed = [&](const Tensor& t) {
+      return t.dtype == DType::bf16 ? static_cast<const uint16_t*>(t.data)
+                                    : copies.take_packed(t.f32(), t.numel());
+    };
+    const uint16_t* x16 = packed(x);
+    const uint16_t* dy16 = packed(dy);
+    uint16_t* dw16 = copies.room_packed(dw.numel());
+    CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x16, x16, cb.y16, dy16,
+                                               cb.conv[kBackwardFilter], algo, scratch.cudnn,
+                                               scratch.cudnn_bytes, &zero, plan.w_desc16, dw16));
+    if (plan.nhwc()) {
+      kernels::krsc_bf16_to_kcrs(dw16, dw.f32(), g.out_channels, g.in_channels, rs, stream_);
+    } else {
+      kernels::from_bf16(dw16, dw.f32(), dw.numel(), stream_);
+    }
+    if (db != nullptr) {  // dy is fp32 here (the public op refuses a db with a bf16 dy)
+      kernels::channel_sum(dy.f32(), db->f32(), n, g.out_channels, g.out_h() * g.out_w(),
+                           plan.nhwc(), reduce_scratch_, stream_, true);
+    }
+    return;
+  }
+  // fp32, or bf16 where cuDNN could not take bf16 data (plan_conv_impl): rounded copies, and dw
+  // rounded once.
   const auto [xs, dys] = pass_operands(x, dy, scratch.bf16);
   float* target = plan.nhwc() ? filter_scratch_ + plan.filter_numel() : dw.f32();
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, xs, cb.y, dys,
                                              cb.conv[kBackwardFilter], algo, scratch.cudnn,
                                              scratch.cudnn_bytes, &zero, plan.w_desc, target));
   if (plan.nhwc()) {
-    kernels::krsc_to_kcrs(target, dw.f32(), g.out_channels, g.in_channels, g.kernel_h * g.kernel_w,
-                          stream_);
+    kernels::krsc_to_kcrs(target, dw.f32(), g.out_channels, g.in_channels, rs, stream_);
   }
+  if (bf16()) kernels::round_to_bf16(dw.f32(), dw.f32(), dw.numel(), stream_);
   if (db != nullptr) {
     kernels::channel_sum(dys, db->f32(), n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc(),
                          reduce_scratch_, stream_);

@@ -251,13 +251,14 @@ __global__ void kcrs_to_krsc_kernel(const float* in, Out* out, I k, I c, I rs) {
   }
 }
 
-template <typename I>
-__global__ void krsc_to_kcrs_kernel(const float* in, float* out, I k, I c, I rs) {
+// In: float, or packed bf16 widened (a bf16 filter gradient, load_f32).
+template <typename I, typename In>
+__global__ void krsc_to_kcrs_kernel(const In* in, float* out, I k, I c, I rs) {
   const I crs = c * rs;
   DP_GRID_STRIDE_AS(I, i, k * crs) {
     const I kk = i / crs, rem = i - kk * crs;
     const I cc = rem / rs, r = rem - cc * rs;
-    out[i] = in[(kk * rs + r) * c + cc];
+    out[i] = load_f32(in, (kk * rs + r) * c + cc);
   }
 }
 
@@ -548,17 +549,31 @@ void kcrs_to_krsc_bf16(const float* in, uint16_t* out, int64_t k, int64_t c, int
   launch_kcrs_to_krsc(in, out, k, c, rs, stream);
 }
 
-void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
-                  cudaStream_t stream) {
+namespace {
+template <typename In>
+void launch_krsc_to_kcrs(const In* in, float* out, int64_t k, int64_t c, int64_t rs,
+                         cudaStream_t stream) {
   const int64_t n = k * c * rs;
   if (n <= 0) return;
   const unsigned grid = grid_for(n);
   dispatch_index(n + int64_t{kThreads} * grid, [&](auto index) {
     using I = decltype(index);
-    krsc_to_kcrs_kernel<I><<<grid, kThreads, 0, stream>>>(in, out, static_cast<I>(k),
-                                                          static_cast<I>(c), static_cast<I>(rs));
+    krsc_to_kcrs_kernel<I, In><<<grid, kThreads, 0, stream>>>(
+        in, out, static_cast<I>(k), static_cast<I>(c), static_cast<I>(rs));
   });
   CUDA_CHECK_LAUNCH(krsc_to_kcrs_kernel);
+}
+}  // namespace
+
+void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
+                  cudaStream_t stream) {
+  launch_krsc_to_kcrs(in, out, k, c, rs, stream);
+}
+
+// A bf16 NHWC filter gradient widened as it is transposed back, in one launch.
+void krsc_bf16_to_kcrs(const uint16_t* in, float* out, int64_t k, int64_t c, int64_t rs,
+                       cudaStream_t stream) {
+  launch_krsc_to_kcrs(in, out, k, c, rs, stream);
 }
 
 void subsample_nhwc(const float* x, float* out, int64_t n, int64_t h, int64_t w, int64_t c,

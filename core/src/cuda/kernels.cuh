@@ -72,6 +72,9 @@ void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
 /// kcrs_to_krsc with each value packed as bf16 (to_bf16's bits), in one pass.
 void kcrs_to_krsc_bf16(const float* in, uint16_t* out, int64_t k, int64_t c, int64_t rs,
                        cudaStream_t stream);
+/// krsc_to_kcrs from packed bf16 values, widened (from_bf16's values), in one pass.
+void krsc_bf16_to_kcrs(const uint16_t* in, float* out, int64_t k, int64_t c, int64_t rs,
+                       cudaStream_t stream);
 
 /// The rows a 1x1 convolution of stride (sh, sw) reads from an NHWC (n, h, w, c): out is
 /// (n, ho, wo, c) with out(b, i, j) = x(b, i * sh, j * sw), each value rounded to bf16 when

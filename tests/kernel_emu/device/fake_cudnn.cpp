@@ -6,9 +6,10 @@
 // emulated GPU says nothing about which algorithm is exact (test_cuda's [algorithms] tests need a
 // real GPU for that). Convolutions take fp32 or bf16 data (x, w and y of one type, fp32 compute):
 // bf16 inputs are widened, the fp32 sums rounded to bf16 (to nearest even) on output. With
-// DPRUN_EMULATED_CUDNN_NO_BF16=1 bf16 data has no algorithm: the descriptors are taken, as real
-// cuDNN takes them, but the heuristics, timings and workspace queries answer NOT_SUPPORTED, as a
-// cuDNN without bf16 kernels for a shape would, so the backend's fallback is tested.
+// DPRUN_EMULATED_CUDNN_NO_BF16=1 bf16 data has no algorithm (=backward-filter: in that direction):
+// the descriptors are taken, as real cuDNN takes them, but the heuristics, timings and workspace
+// queries answer NOT_SUPPORTED, as a cuDNN without bf16 kernels for a shape would, so the backend's
+// fallback is tested.
 #include <cudnn.h>
 
 #include <cstdio>
@@ -162,17 +163,19 @@ void filter_store(const cudnnFilterStruct* w, const std::vector<float>& kcrs, vo
   store(dst, laid, alpha, beta, w->type);
 }
 
-/// Whether the fake has no algorithm for data of this type (bf16 under
-/// DPRUN_EMULATED_CUDNN_NO_BF16=1).
-bool no_algorithm_for(cudnnDataType_t type) {
+/// Whether the fake has no algorithm for data of this type in this direction ("forward",
+/// "backward-data", "backward-filter"): bf16 under DPRUN_EMULATED_CUDNN_NO_BF16=1 in every
+/// direction, or =backward-filter in that one alone.
+bool no_algorithm_for(cudnnDataType_t type, const char* direction) {
   const char* no_bf16 = std::getenv("DPRUN_EMULATED_CUDNN_NO_BF16");
-  return type == CUDNN_DATA_BFLOAT16 && no_bf16 != nullptr && std::string(no_bf16) == "1";
+  if (type != CUDNN_DATA_BFLOAT16 || no_bf16 == nullptr) return false;
+  return std::string(no_bf16) == "1" || std::string(no_bf16) == direction;
 }
 
 /// Heuristics or timings for data of `type`: none succeeds when the fake has no algorithm for it.
 template <typename Perf>
-void refuse_for(cudnnDataType_t type, Perf* perf, int returned) {
-  if (!no_algorithm_for(type)) return;
+void refuse_for(cudnnDataType_t type, const char* direction, Perf* perf, int returned) {
+  if (!no_algorithm_for(type, direction)) return;
   for (int i = 0; i < returned; ++i) perf[i].status = CUDNN_STATUS_NOT_SUPPORTED;
 }
 
@@ -392,7 +395,7 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, const cudnnT
         {std::pair{CUDNN_CONVOLUTION_FWD_ALGO_GEMM, kGemmWorkspace},
          std::pair{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_FWD_ALGO_FFT, kTransformWorkspace}});
-  refuse_for(x->type, perf, *returned);
+  refuse_for(x->type, "forward", perf, *returned);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithmEx(
@@ -411,7 +414,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(
         {std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, kGemmWorkspace},
          std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT, kTransformWorkspace}});
-  refuse_for(dy->type, perf, *returned);
+  refuse_for(dy->type, "backward-data", perf, *returned);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithmEx(
@@ -430,7 +433,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
         {std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, kGemmWorkspace},
          std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, size_t{0}},
          std::pair{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT, kTransformWorkspace}});
-  refuse_for(x->type, perf, *returned);
+  refuse_for(x->type, "backward-filter", perf, *returned);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(
@@ -446,7 +449,7 @@ cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(
     cudnnHandle_t, const cudnnTensorDescriptor_t x, const cudnnFilterDescriptor_t,
     const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t,
     cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
-  if (no_algorithm_for(x->type)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (no_algorithm_for(x->type, "forward")) return CUDNN_STATUS_NOT_SUPPORTED;
   *bytes = algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT ||
                    algo == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
                    algo == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED
@@ -459,7 +462,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(
     cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t dy,
     const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t,
     cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-  if (no_algorithm_for(dy->type)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (no_algorithm_for(dy->type, "backward-data")) return CUDNN_STATUS_NOT_SUPPORTED;
   *bytes = algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0   ? 0
            : algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1 ? kGemmWorkspace
                                                        : kTransformWorkspace;
@@ -469,7 +472,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(
     cudnnHandle_t, const cudnnTensorDescriptor_t x, const cudnnTensorDescriptor_t,
     const cudnnConvolutionDescriptor_t, const cudnnFilterDescriptor_t,
     cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
-  if (no_algorithm_for(x->type)) return CUDNN_STATUS_NOT_SUPPORTED;
+  if (no_algorithm_for(x->type, "backward-filter")) return CUDNN_STATUS_NOT_SUPPORTED;
   *bytes = algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0   ? 0
            : algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ? kGemmWorkspace
                                                          : kTransformWorkspace;
