@@ -43,6 +43,16 @@ Shape check_input(const Checker& check, const Backend& backend, const Tensor& x)
   return check.activation(x, "x", false, x.dtype);
 }
 
+/// t (of the dtype its caller checked) is a tensor of this backend with x's shape and layout.
+void shaped_like_x(const Checker& check, const Tensor& t, const Tensor& x, const char* what) {
+  check.tensor(t, t.dtype, what);
+  if (t.shape != x.shape) {
+    check.fail(std::string(what) + " has shape " + t.shape.str() + " but x has " + x.shape.str() +
+               "; they must match");
+  }
+  check.same_layout(t, x, what, "x");
+}
+
 /// y (or the ReLU epilogue's y in backward) has x's shape and layout; f32, or (N, C, H, W) of
 /// another dtype where the backend's batch norm writes it (Backend::batchnorm_takes: the rounded
 /// values, for a convolution that rounds its input so anyway).
@@ -56,12 +66,7 @@ void check_output(const Checker& check, const Backend& backend, const Tensor& y,
         ", which this backend's batch norm does not take as its output (f32 always; another "
         "dtype only (N, C, H, W) where Backend::batchnorm_takes says so)");
   }
-  check.tensor(y, y.dtype, what);
-  if (y.shape != x.shape) {
-    check.fail(std::string(what) + " has shape " + y.shape.str() + " but x has " + x.shape.str() +
-               "; they must match");
-  }
-  check.same_layout(y, x, what, "x");
+  shaped_like_x(check, y, x, what);
 }
 
 /// dx has x's shape, layout and dtype: a bf16 x's gradient goes, rounded to bf16, to the
@@ -71,12 +76,23 @@ void check_input_grad(const Checker& check, const Tensor& dx, const Tensor& x) {
     check.fail(std::string("dx is ") + dtype_name(dx.dtype) + " but x is " + dtype_name(x.dtype) +
                "; dx takes x's dtype");
   }
-  check.tensor(dx, x.dtype, "dx");
-  if (dx.shape != x.shape) {
-    check.fail("dx has shape " + dx.shape.str() + " but x has " + x.shape.str() +
-               "; they must match");
+  shaped_like_x(check, dx, x, "dx");
+}
+
+/// dy has x's shape and layout; f32, or the dtype of the ReLU epilogue's y where that is not f32
+/// (a bf16 y feeds a convolution alone, which writes this gradient rounded: BatchNorm2d::feeds).
+void check_output_grad(const Checker& check, const Tensor& dy, const Tensor& x,
+                       const BnEpilogueGrad& e) {
+  if (dy.dtype == DType::f32) return check.like(dy, x, "dy", "x");
+  if (e.y == nullptr || e.y->dtype != dy.dtype) {
+    check.fail(std::string("dy is ") + dtype_name(dy.dtype) +
+               ", which batch norm takes only with a ReLU epilogue whose y is " +
+               dtype_name(dy.dtype) + " too (got " +
+               (e.y == nullptr ? std::string("no epilogue y")
+                               : std::string("an epilogue y of ") + dtype_name(e.y->dtype)) +
+               "); f32 otherwise");
   }
-  check.same_layout(dx, x, "dx", "x");
+  shaped_like_x(check, dy, x, "dy");
 }
 
 void check_count(const Checker& check, int64_t count) {
@@ -180,7 +196,7 @@ void Backend::batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor
                                  const BnEpilogueGrad& epilogue) {
   const Checker check(*this, "batchnorm_backward");
   const Shape s = check_input(check, *this, x);
-  check.like(dy, x, "dy", "x");
+  check_output_grad(check, dy, x, epilogue);
   check_input_grad(check, dx, x);
   check_epilogue_grad(check, *this, epilogue, x, dy);
   channel_vectors(check, s[1],
@@ -249,7 +265,7 @@ void Backend::batchnorm_backward_sums(const Tensor& x, const Tensor& dy, const T
                                       const BnEpilogueGrad& epilogue) {
   const Checker check(*this, "batchnorm_backward_sums");
   const Shape s = check_input(check, *this, x);
-  check.like(dy, x, "dy", "x");
+  check_output_grad(check, dy, x, epilogue);
   check_epilogue_grad(check, *this, epilogue, x, dy);
   channel_vectors(check, s[1], {{&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
   check.f32(sums, {2 * s[1]}, "sums");

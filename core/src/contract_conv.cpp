@@ -175,7 +175,14 @@ void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor&
   const Checker check(*this, op);
   const int64_t n = plan_output_grad(check, plan, dy);
   check.f32(w, filter_shape(g), "w");
-  check.f32(dx, {n, g.in_channels, g.in_h, g.in_w}, "dx");
+  // f32, or x's dtype where that is not f32: the rounded gradient of a batch norm's output that
+  // only this convolution reads (ConvPlan::input_dtype), which that batch norm takes as it is.
+  if (dx.dtype != DType::f32 && dx.dtype != plan.input_dtype()) {
+    check.fail(std::string("dx must be f32 or of the plan's input_dtype (") +
+               dtype_name(plan.input_dtype()) + "), got " + dtype_name(dx.dtype));
+  }
+  check.tensor(dx, dx.dtype, "dx");
+  check.shape(dx, {n, g.in_channels, g.in_h, g.in_w}, "dx");
   plan_layout(check, g, dx, "dx");
   check_workspace(check, plan, ConvStage::backward, workspace);
   if (n > 0) {

@@ -193,9 +193,10 @@ std::string conv_contract_text() {
          "    for fp32 data with TF32 math (inputs rounded to a 10-bit mantissa, fp32 sums), FFT\n"
          "    and Winograd included, as PyTorch's convolutions by default.\n"
          "  bf16 (precision = \"bf16\"): the operands of each pass rounded to bf16, every\n"
-         "    product summed in fp32 (exact products of bf16 values), the activation or input\n"
-         "    gradient rounded to bf16 once: GEMM and direct algorithms with tensor-core or FMA\n"
-         "    math; no FFT, no Winograd, whose transforms would round the operands again.\n"
+         "    product summed in fp32 (exact products of bf16 values), the activation, input\n"
+         "    gradient or weight gradient rounded to bf16 once: GEMM and direct algorithms with\n"
+         "    tensor-core or FMA math; no FFT, no Winograd, whose transforms would round the\n"
+         "    operands again.\n"
          "No contract down-converts to fp16. A non-deterministic algorithm is taken only when no\n"
          "deterministic one fits, with a warning.\n";
 }

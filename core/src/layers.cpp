@@ -149,7 +149,11 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   x_planned_ = {};
   // bf16 where the backend stores a bf16 convolution's output so for the batch norm after it.
   ctx.arena.allocate_planned(y_, out, plan_->output_dtype(), ctx.layout);
-  ctx.arena.allocate_planned(dx_, input, DType::f32, ctx.layout);
+  // bf16 where the batch norm that feeds it takes its output gradient so (rounded by
+  // backward-data anyway): the one reader of dx.
+  ctx.arena.allocate_planned(dx_, input,
+                             input_from_ != nullptr ? input_from_->output_grad_dtype() : DType::f32,
+                             ctx.layout);
   return out;
 }
 

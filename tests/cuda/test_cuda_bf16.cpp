@@ -67,9 +67,20 @@ struct Bf16Backends {
   }
 };
 
+/// Whether cuDNN's refusals of bf16 data can be made here: the emulated GPU's cuDNN does under
+/// DPRUN_EMULATED_CUDNN_NO_BF16; a real one is not asked to (the test says so).
+bool refusals_emulated(const Bf16Backends& B) {
+  if (B.gpu->device_description().find("dprun emulated GPU") != std::string::npos) return true;
+  WARN(
+      "not run: it needs the emulated GPU's cuDNN, which can refuse bf16 data "
+      "(DPRUN_EMULATED_CUDNN_NO_BF16)");
+  return false;
+}
+
 bool is_bf16(float v) { return (std::bit_cast<uint32_t>(v) & 0xFFFFu) == 0; }
 
-/// A rounded output (activation or input gradient) of the GPU against the cpu's.
+/// A rounded output (activation, input gradient or convolution weight gradient) of the GPU
+/// against the cpu's.
 void check_rounded(const std::string& what, const std::vector<float>& gpu,
                    const std::vector<float>& cpu) {
   INFO(what);
@@ -214,12 +225,7 @@ TEST_CASE(
     "the same values",
     "[cuda][bf16]") {
   Bf16Backends B;
-  if (B.gpu->device_description().find("dprun emulated GPU") == std::string::npos) {
-    WARN(
-        "not run: it needs the emulated GPU's cuDNN, which can refuse bf16 data "
-        "(DPRUN_EMULATED_CUDNN_NO_BF16)");
-    return;
-  }
+  if (!refusals_emulated(B)) return;
   for (const char* refused : {"1", "backward-filter"}) {
     INFO("DPRUN_EMULATED_CUDNN_NO_BF16=" << refused);
     const dptest::EnvVar no_bf16("DPRUN_EMULATED_CUDNN_NO_BF16", std::string(refused));
@@ -319,8 +325,8 @@ TEST_CASE("cuda bf16 passes planned at setup allocate nothing later, also under 
   // Heuristic choice (Bf16Backends): nothing is timed, so no measurement scratch hides an
   // allocation in the peak; memory_in_use is checked too. The linear layer needs more bf16
   // scratch than the convolution (packed bf16 copies of 64x100 + 50x100 + 64x50 values, 7360
-  // floats with their padding, against backward-filter's rounded fp32 copies of 8x3x9x9 + 8x4x9x9,
-  // 4608 floats), so prepare_linear's sizing is what is tested for it.
+  // floats with their padding, against the convolution's packed copies, 2432 floats in each
+  // pass), so prepare_linear's sizing is what is tested for it.
   Bf16Backends B;
   auto plan = B.gpu->plan_conv(dptest::conv_geometry(8, 3, 9, 9, 4, 3, 3, 1, 1, 1, 1));
   const int64_t n = 64, in = 100, out = 50;
@@ -560,6 +566,9 @@ TEST_CASE("cuda bf16: which convolutions store their output as bf16, and who tak
     REQUIRE(conv2 != nullptr);
     REQUIRE(bn1 != nullptr);
     CHECK(conv2->input_dtype() == bn1->output_dtype());
+    // bn1 has its ReLU: its backward takes its output's dtype as its gradient's, which conv2's
+    // backward-data writes.
+    CHECK(bn1->output_grad_dtype() == bn1->output_dtype());
     return std::pair{bn1->output_dtype(), conv2->output_dtype()};
   };
   CHECK(block_dtypes(*B.gpu, Layout::nhwc) == std::pair{DType::bf16, DType::bf16});
@@ -580,6 +589,24 @@ TEST_CASE("cuda bf16: which convolutions store their output as bf16, and who tak
                                      0.1f, 1e-5f, c.tensor(), c.tensor(), y16.tensor()),
       Catch::Contains("y is bf16 nhwc, which this backend's batch norm does not take as its "
                       "output"));
+  // A bf16 dy (conv2's rounded dx) goes with the ReLU epilogue's bf16 y alone, on the GPU too.
+  dptest::DeviceBuffer gx(*B.gpu, {2, 3, 4, 4}, DType::f32, Layout::nhwc),
+      gdy(*B.gpu, {2, 3, 4, 4}, DType::bf16, Layout::nhwc),
+      gy(*B.gpu, {2, 3, 4, 4}, DType::f32, Layout::nhwc),
+      gdz(*B.gpu, {2, 3, 4, 4}, DType::f32, Layout::nhwc),
+      gdx(*B.gpu, {2, 3, 4, 4}, DType::f32, Layout::nhwc), gc(*B.gpu, {3});
+  const dp::Tensor gyt = gy.tensor(), gdzt = gdz.tensor();
+  for (const dp::BnEpilogueGrad& e : {dp::BnEpilogueGrad{}, dp::BnEpilogueGrad{&gyt, &gdzt}}) {
+    CHECK_THROWS_WITH(
+        B.gpu->batchnorm_backward(gx.tensor(), gdy.tensor(), gc.tensor(), gc.tensor(), gc.tensor(),
+                                  1e-5f, gdx.tensor(), gc.tensor(), gc.tensor(), e),
+        Catch::Contains("dy is bf16, which batch norm takes only with a ReLU epilogue whose y is "
+                        "bf16 too") &&
+            Catch::Contains(e.y == nullptr ? "(got no epilogue y)" : "an epilogue y of f32"));
+    CHECK_THROWS_WITH(B.gpu->batchnorm_backward_sums(gx.tensor(), gdy.tensor(), gc.tensor(),
+                                                     gc.tensor(), gc.tensor(), e),
+                      Catch::Contains("dy is bf16, which batch norm takes only"));
+  }
 }
 
 namespace {
@@ -825,6 +852,8 @@ TEST_CASE(
           const std::vector<float> want = dw_a.download_f32(), got = dw_b.download_f32();
           CHECK(std::none_of(want.begin(), want.end(), [](float v) { return std::isnan(v); }));
           CHECK(want == got);
+          // Rounded to bf16 once, on dprun's algorithm as on cuDNN's.
+          CHECK(std::all_of(got.begin(), got.end(), [](float v) { return is_bf16(v); }));
         }
         own_runs += own_algorithm(a.algo) ? 1 : 0;
       }
@@ -844,7 +873,7 @@ TEST_CASE(
   // the end of their workspace. The results must be the bits of the f32 plan's passes
   // given the widened x. Outputs are filled with NaN before each pass.
   Bf16Backends B;
-  size_t own_forward = 0, own_filter = 0;
+  size_t own_forward = 0, own_filter = 0, bf16_dx = 0;
   const ConvCase cases[] = {
       {3, 3, 2, 7, 6, 5, 3, 3, 1, 1, false},   // cuDNN, and the few-channel direct kernel
       {4, 4, 8, 6, 6, 16, 1, 1, 1, 0, false},  // the 1x1 GEMM too
@@ -873,6 +902,8 @@ TEST_CASE(
       dptest::DeviceBuffer y_b(*B.gpu, out, DType::f32, Layout::nhwc);
       dptest::DeviceBuffer dw_a(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
       dptest::DeviceBuffer dw_b(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+      dptest::DeviceBuffer dx32(*B.gpu, in, DType::f32, Layout::nhwc);
+      dptest::DeviceBuffer dx16(*B.gpu, in, DType::bf16, Layout::nhwc);
       std::vector<float> x = dptest::random_vector(in.numel(), 51);
       const std::vector<uint16_t> packed = round_and_pack(x);
       x32.upload(x);
@@ -882,12 +913,25 @@ TEST_CASE(
       dy.upload(dptest::random_vector(out.numel(), 54));
       const dp::Tensor* bt = bias ? b.ptr() : nullptr;
       for (const dp::ConvDirection d :
-           {dp::ConvDirection::forward, dp::ConvDirection::backward_filter}) {
+           {dp::ConvDirection::forward, dp::ConvDirection::backward_filter,
+            dp::ConvDirection::backward_data}) {
         for (const dp::ConvAlgorithm& a : dp::cuda_conv_algorithms(*B.gpu, *packed_plan, d, cc.n)) {
           if (!a.deterministic) continue;
           INFO(a.str());
           dp::cuda_use_conv_algorithm(*B.gpu, *packed_plan, a);
           dp::cuda_use_conv_algorithm(*B.gpu, *wide_plan, a);
+          if (d == dp::ConvDirection::backward_data) {
+            // The input gradient of a bf16 x may be bf16 too (the batch norm's dy, which it takes
+            // so): cuDNN's rounded output as it is, the bits of the f32 dx packed.
+            poison(*B.gpu, dx32.tensor());
+            B.gpu->conv_backward_data(*wide_plan, dy.tensor(), w.tensor(), dx32.tensor());
+            B.gpu->conv_backward_data(*packed_plan, dy.tensor(), w.tensor(), dx16.tensor());
+            const std::vector<float> want = dx32.download_f32();
+            CHECK(std::none_of(want.begin(), want.end(), [](float v) { return std::isnan(v); }));
+            CHECK(packed_differences(*B.gpu, dx16.tensor(), want) == 0);
+            ++bf16_dx;
+            continue;
+          }
           const auto& [want_buffer, got_buffer] =
               d == dp::ConvDirection::forward ? std::pair{&y_a, &y_b} : std::pair{&dw_a, &dw_b};
           poison(*B.gpu, want_buffer->tensor());
@@ -907,6 +951,8 @@ TEST_CASE(
                                    got = got_buffer->download_f32();
           CHECK(std::none_of(want.begin(), want.end(), [](float v) { return std::isnan(v); }));
           CHECK(want == got);
+          // Rounded to bf16 once (y after its bias), on dprun's algorithms as on cuDNN's.
+          CHECK(std::all_of(got.begin(), got.end(), [](float v) { return is_bf16(v); }));
         }
       }
       // The passes refuse an x of the other dtype, naming the plan's.
@@ -916,8 +962,50 @@ TEST_CASE(
       CHECK_THROWS_WITH(B.gpu->conv_backward_filter(*wide_plan, x16.tensor(), dy.tensor(),
                                                     dw_b.tensor(), nullptr),
                         Catch::Contains("x must be f32 (the plan's input_dtype), got bf16"));
+      // A bf16 dx only where x is bf16.
+      CHECK_THROWS_WITH(
+          B.gpu->conv_backward_data(*wide_plan, dy.tensor(), w.tensor(), dx16.tensor()),
+          Catch::Contains("dx must be f32 or of the plan's input_dtype (f32), got bf16"));
     }
   }
   CHECK(own_forward >= 4);  // both of dprun's own forward algorithms, with and without a bias
   CHECK(own_filter >= 2);   // and its few-channel filter gradient
+  CHECK(bf16_dx >= 6);      // backward-data into a bf16 dx, every case
+}
+
+TEST_CASE(
+    "cuda bf16 conv backward-data into a bf16 dx on fp32 kernels packs the bits of their rounded "
+    "dx",
+    "[cuda][bf16]") {
+  // Where cuDNN refuses bf16 data, backward-data runs fp32 kernels on rounded copies: a bf16 dx
+  // (the input gradient of a bf16 x) gets their fp32 sums rounded and packed, the bits an f32
+  // plan's dx holds.
+  Bf16Backends B;
+  if (!refusals_emulated(B)) return;
+  const dptest::EnvVar no_bf16("DPRUN_EMULATED_CUDNN_NO_BF16", "1");
+  const ConvCase cc{4, 4, 16, 6, 6, 8, 3, 3, 1, 1, false};
+  const dp::ConvGeometry g = cc.geometry(Layout::nhwc);
+  dp::ConvUse use;
+  use.forward_bias = false;
+  use.train_batches = {cc.n};
+  use.planned_workspace = false;
+  use.input_dtype = DType::bf16;
+  auto packed_plan = B.gpu->plan_conv(g, use);
+  use.input_dtype = DType::f32;
+  auto wide_plan = B.gpu->plan_conv(g, use);
+  REQUIRE(dp::cuda_conv_choice_key(*B.gpu, *packed_plan, dp::ConvDirection::backward_data, cc.n)
+              .key.find(" data bf16") == std::string::npos);  // fp32 kernels
+  const dp::Shape out{cc.n, cc.k, g.out_h(), g.out_w()}, in{cc.n, cc.c, cc.h, cc.w};
+  dptest::DeviceBuffer w(*B.gpu, {cc.k, cc.c, cc.r, cc.s});
+  dptest::DeviceBuffer dy(*B.gpu, out, DType::f32, Layout::nhwc);
+  dptest::DeviceBuffer dx32(*B.gpu, in, DType::f32, Layout::nhwc);
+  dptest::DeviceBuffer dx16(*B.gpu, in, DType::bf16, Layout::nhwc);
+  w.upload(dptest::random_vector(cc.k * cc.c * cc.r * cc.s, 61, -0.5f, 0.5f));
+  dy.upload(dptest::random_vector(out.numel(), 62));
+  poison(*B.gpu, dx16.tensor());
+  B.gpu->conv_backward_data(*wide_plan, dy.tensor(), w.tensor(), dx32.tensor());
+  B.gpu->conv_backward_data(*packed_plan, dy.tensor(), w.tensor(), dx16.tensor());
+  const std::vector<float> want = dx32.download_f32();
+  CHECK(std::all_of(want.begin(), want.end(), [](float v) { return is_bf16(v); }));
+  CHECK(packed_differences(*B.gpu, dx16.tensor(), want) == 0);
 }

@@ -235,12 +235,14 @@ std::vector<float> widened(const std::vector<uint16_t>& v) {
   return out;
 }
 
-/// Every output of the batch norm kernels for one x type T and one y type Y (float: the widened
-/// values; uint16_t: the packed ones, returned widened), in the order they are compared. The
-/// epilogue: the residual when `residual`, then a ReLU.
-template <typename T, typename Y = float>
+/// Every output of the batch norm kernels for one x type T, one y type Y and one dy type D
+/// (float: the widened values; uint16_t: the packed ones, returned widened), in the order they
+/// are compared. The epilogue: the residual when `residual`, then a ReLU. dy: the case's, or
+/// with rounded_dy (always with a packed D) its values rounded to bf16.
+template <typename T, typename Y = float, typename D = float>
 std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>& x_values,
-                                           bool sync, size_t offset, bool residual = true) {
+                                           bool sync, size_t offset, bool residual = true,
+                                           bool rounded_dy = false) {
   const int64_t rows = k.n * k.h * k.w, c = k.c, hw = k.h * k.w;
   const auto total = static_cast<size_t>(rows * c), cs = static_cast<size_t>(c);
   Guarded<T> x(x_values, offset);
@@ -249,7 +251,15 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
   const float* rs = residual ? r.data() : nullptr;
   Guarded<float> gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
   Guarded<float> save_mean(cs), save_invstd(cs), dgamma(cs), dbeta(cs), sums(cs), sq(cs);
-  Guarded<float> dy(nhwc(k, k.dy), offset), dz(total, offset);
+  const auto dy_values = [&] {
+    if constexpr (std::is_same_v<D, uint16_t>) {
+      return packed_bf16(nhwc(k, k.dy));
+    } else {
+      return rounded_dy ? widened(packed_bf16(nhwc(k, k.dy))) : nhwc(k, k.dy);
+    }
+  };
+  Guarded<D> dy(dy_values(), offset);
+  Guarded<float> dz(total, offset);
   Guarded<T> dx(total, offset);  // dx takes x's type
   Guarded<float> grad_sums(2 * cs), scratch(kernels::bn_nhwc_scratch_floats(rows, c));
   // The global statistics a synchronised batch norm would have allreduced (any will do here).
@@ -278,6 +288,7 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
                                  rs, true, y_eval.data(), rows, c, scratch.data(), nullptr);
   emutest::require_no_pending_error();
   EMU_CHECK_INTACT(x);
+  EMU_CHECK_INTACT(dy);
   EMU_CHECK_INTACT(dx);
   EMU_CHECK_INTACT(y);
   EMU_CHECK_INTACT(y_eval);
@@ -298,6 +309,11 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
           sq.values(),       dz.values(),        wide(dx),
           grad_sums.values()};
 }
+
+/// bn_outputs' outputs, in its order.
+constexpr const char* kOutputNames[] = {
+    "y",     "y_eval", "running_mean", "running_var", "save_mean", "save_invstd", "dgamma",
+    "dbeta", "sums",   "sq",           "dz",          "dx",        "grad_sums"};
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return false;
@@ -326,13 +342,10 @@ TEST_CASE("emulated cuda: batch norm kernels given packed bf16 x compute the bit
   REQUIRE(x32 != nhwc(k, k.x));  // the rounding changed values: the case tells them apart
   const auto want = bn_outputs(k, x32, sync, offset);
   const auto got = bn_outputs(k, x16, sync, offset);
-  const char* names[] = {"y",           "y_eval", "running_mean", "running_var", "save_mean",
-                         "save_invstd", "dgamma", "dbeta",        "sums",        "sq",
-                         "dz",          "dx",     "grad_sums"};
   REQUIRE(want.size() == got.size());
   for (size_t i = 0; i < want.size(); ++i) {
-    INFO(names[i]);
-    const bool dx = std::string(names[i]) == "dx";
+    INFO(kOutputNames[i]);
+    const bool dx = std::string(kOutputNames[i]) == "dx";
     CHECK(same_bits(dx ? widened(packed_bf16(want[i])) : want[i], got[i]));
     if (dx) CHECK_FALSE(same_bits(want[i], got[i]));  // it was rounded
   }
@@ -373,9 +386,6 @@ TEST_CASE(
   };
   const auto want = outputs(float{});
   const auto got = outputs(uint16_t{});
-  const char* names[] = {"y",           "y_eval", "running_mean", "running_var", "save_mean",
-                         "save_invstd", "dgamma", "dbeta",        "sums",        "sq",
-                         "dz",          "dx",     "grad_sums"};
   REQUIRE(want.size() == got.size());
   size_t rounded_to_zero = 0, positive = 0;
   for (const float v : want[0]) {
@@ -386,11 +396,53 @@ TEST_CASE(
   REQUIRE(positive > 0);
   REQUIRE(positive < want[0].size());  // the ReLU's mask has both sides
   for (size_t i = 0; i < want.size(); ++i) {
-    INFO(names[i]);
+    INFO(kOutputNames[i]);
     const bool y = i < 2;  // y and y_eval: stored rounded
     CHECK(same_bits(y ? widened(packed_bf16(want[i])) : want[i], got[i]));
     if (y) CHECK_FALSE(same_bits(want[i], got[i]));  // it was rounded
   }
+}
+
+TEST_CASE(
+    "emulated cuda: batch norm kernels given a packed bf16 dy with their bf16 y compute the bits "
+    "of its widening",
+    "[emulated][batchnorm][bf16]") {
+  // Precision bf16 keeps the input gradient a bf16 convolution writes (rounded) packed where it
+  // goes to the batch norm whose bf16 output that convolution alone reads (Residual's conv2 ->
+  // bn1, with its ReLU): the backward kernels read dy as the fp32 dy of the same values, so
+  // every output keeps its bits. C = 3 takes the scalar kernels, C = 64 the 16-byte ones, one
+  // float off the 16-byte alignment the scalar ones again.
+  const int64_t c = GENERATE(3, 64);
+  const size_t offset = GENERATE(size_t{0}, size_t{1});
+  const bool sync = GENERATE(false, true);
+  const bool bf16_x = GENERATE(false, true);
+  const BnCase k = make_case(3, c, 5, 7);
+  INFO("C " << c << ", offset " << offset << (sync ? ", synchronised kernels" : ", nhwc kernels")
+            << (bf16_x ? ", bf16 x" : ", f32 x"));
+  const auto outputs = [&](auto dy_type) {
+    using D = decltype(dy_type);
+    if (bf16_x) {
+      return bn_outputs<uint16_t, uint16_t, D>(k, packed_bf16(nhwc(k, k.x)), sync, offset, false,
+                                               true);
+    }
+    return bn_outputs<float, uint16_t, D>(k, nhwc(k, k.x), sync, offset, false, true);
+  };
+  const auto want = outputs(float{});
+  const auto got = outputs(uint16_t{});
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO(kOutputNames[i]);
+    CHECK(same_bits(want[i], got[i]));
+  }
+  // The kernels do read the packed dy: with every gradient negated, the gradient sums move.
+  BnCase flipped = k;
+  for (float& v : flipped.dy) v = -v;
+  const auto other = bf16_x ? bn_outputs<uint16_t, uint16_t, uint16_t>(
+                                  flipped, packed_bf16(nhwc(k, k.x)), sync, offset, false, true)
+                            : bn_outputs<float, uint16_t, uint16_t>(flipped, nhwc(k, k.x), sync,
+                                                                    offset, false, true);
+  const size_t sums = sync ? 12 : 6;  // grad_sums, or dgamma
+  CHECK_FALSE(same_bits(other[sums], want[sums]));
 }
 
 TEST_CASE(

@@ -304,7 +304,9 @@ class Backend {
   /// DPRUN_CUDA_BF16_CONV_OUTPUT=f32 keeps its activations f32).
   bool conv_takes(DType dtype) const;
   /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w). dy is of the plan's output_dtype (as are
-  /// conv_backward_filter's). workspace: as conv_forward's, for backward.
+  /// conv_backward_filter's); dx is f32 or of the plan's input_dtype (a bf16 dx holds the rounded
+  /// values, for the batch norm whose output x is, BatchNorm2d::feeds). workspace: as
+  /// conv_forward's, for backward.
   void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
                           const Tensor* workspace = nullptr);
   /// dw (K,C,R,S) = sum_n corr(x, dy); db (K) = sum_{n,p,q} dy (db may be null; refused when the
@@ -367,7 +369,8 @@ class Backend {
                                const Tensor& y, const BnEpilogue& epilogue = {});
   /// Gradients of the training-mode forward (the same eps). dx (N,C,H,W); dgamma, dbeta (C).
   /// Overwrites. With a ReLU epilogue, dy is the gradient of the epilogue's output and the
-  /// gradients are those of the masked dz (see BnEpilogueGrad).
+  /// gradients are those of the masked dz (see BnEpilogueGrad). dy is f32, or of the epilogue
+  /// y's dtype (a bf16 y's gradient from the convolution it alone feeds, which rounds it).
   void batchnorm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma,
                           const Tensor& save_mean, const Tensor& save_invstd, float eps,
                           const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,

@@ -42,7 +42,8 @@ class Conv2d : public Module {
   /// backend stores it as (ConvPlan::output_dtype). Its output gradient has it too.
   DType output_dtype() const;
   /// The dtype of the x it takes (after setup): f32, or that of the batch norm's output that
-  /// only this layer reads (BatchNorm2d::feeds, ConvPlan::input_dtype).
+  /// only this layer reads (BatchNorm2d::feeds, ConvPlan::input_dtype). Its input gradient is
+  /// what that batch norm's backward takes (BatchNorm2d::output_grad_dtype).
   DType input_dtype() const;
 
  protected:
@@ -139,6 +140,9 @@ class BatchNorm2d : public Module {
   void feeds(Conv2d& conv);
   /// The dtype of its output (after setup): f32, or with feeds() what the backend stores it as.
   DType output_dtype() const { return y_dtype_; }
+  /// The dtype of the output gradient its backward takes: the output's with a fused ReLU (whose
+  /// y its backward reads, Backend::batchnorm_backward), f32 without one.
+  DType output_grad_dtype() const { return fused_.relu ? y_dtype_ : DType::f32; }
 
   StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
   StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;

@@ -14,6 +14,7 @@
 // channel's first value), so the variance does not lose its digits to a large mean.
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.cuh"
@@ -148,8 +149,8 @@ __global__ void stats_partial4_kernel(const T* x, int64_t rows, int64_t c, int64
   write_partial4(a1, a2, ch, c, g, s1, s2);
 }
 
-template <bool kRelu, typename T, typename Y>
-__global__ void backward_partial4_kernel(const T* x, const float* dy, const Y* y, float* dz,
+template <bool kRelu, typename T, typename Y, typename D>
+__global__ void backward_partial4_kernel(const T* x, const D* dy, const Y* y, float* dz,
                                          const float* mean, int64_t rows, int64_t c, int64_t groups,
                                          float* sg, float* sgx) {
   const int64_t ch = (static_cast<int64_t>(blockIdx.x) * kQuadLanes + threadIdx.x) * 4;
@@ -161,7 +162,7 @@ __global__ void backward_partial4_kernel(const T* x, const float* dy, const Y* y
     group_rows(rows, groups, g, begin, end);
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes4) {
       const int64_t i = r * c + ch;
-      float4 gv = *reinterpret_cast<const float4*>(dy + i);
+      float4 gv = load4_f32(dy, i);
       if (kRelu) {
         const float4 yv = load4_f32(y, i);
         gv = make_float4(yv.x > 0.0f ? gv.x : 0.0f, yv.y > 0.0f ? gv.y : 0.0f,
@@ -322,9 +323,10 @@ void apply(const T* x, const float* mean, const float* scale, const float* beta,
 
 // Partial sums of g and g * (x - mean) per (group, channel), g = dy, or with the ReLU epilogue
 // g = y > 0 ? dy : 0, written to dz (y as stored: a bf16 y's sign is its fp32 value's, but for a
-// positive value at most 2^-134, half bf16's least subnormal, which rounded to 0).
-template <bool kRelu, typename T, typename Y>
-__global__ void backward_partial_kernel(const T* x, const float* dy, const Y* y, float* dz,
+// positive value at most 2^-134, half bf16's least subnormal, which rounded to 0). D: dy's type,
+// a packed bf16 dy (the gradient a bf16 convolution wrote, rounded) widened as it is read.
+template <bool kRelu, typename T, typename Y, typename D>
+__global__ void backward_partial_kernel(const T* x, const D* dy, const Y* y, float* dz,
                                         const float* mean, int64_t rows, int64_t c, int64_t groups,
                                         float* sg, float* sgx) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
@@ -336,7 +338,7 @@ __global__ void backward_partial_kernel(const T* x, const float* dy, const Y* y,
     group_rows(rows, groups, g, begin, end);
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
       const int64_t i = r * c + ch;
-      float gv = dy[i];
+      float gv = load_f32(dy, i);
       if (kRelu) {
         gv = load_f32(y, i) > 0.0f ? gv : 0.0f;
         dz[i] = gv;
@@ -448,8 +450,8 @@ void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
   apply(x, running_mean, scratch, beta, residual, relu, y, rows * c, c, stream);
 }
 
-template <typename T, typename Y>
-void bn_nhwc_backward(const T* x, const float* dy, const Y* y, float* dz, const float* gamma,
+template <typename T, typename Y, typename D>
+void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const float* gamma,
                       const float* save_mean, const float* save_invstd, T* dx, float* dgamma,
                       float* dbeta, int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
@@ -462,20 +464,20 @@ void bn_nhwc_backward(const T* x, const float* dy, const Y* y, float* dz, const 
   if (partials4(c, {x, dy, y, dz, save_mean, sg, sgx})) {
     const dim3 block(kQuadLanes, kRowLanes4);
     if (relu) {
-      backward_partial4_kernel<true, T, Y>
+      backward_partial4_kernel<true, T, Y, D>
           <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
     } else {
-      backward_partial4_kernel<false, T, Y><<<grid, block, 0, stream>>>(
+      backward_partial4_kernel<false, T, Y, D><<<grid, block, 0, stream>>>(
           x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
     }
     CUDA_CHECK_LAUNCH(backward_partial4_kernel);
   } else {
     const dim3 block(kLanes, kRowLanes);
     if (relu) {
-      backward_partial_kernel<true, T, Y>
+      backward_partial_kernel<true, T, Y, D>
           <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
     } else {
-      backward_partial_kernel<false, T, Y><<<grid, block, 0, stream>>>(
+      backward_partial_kernel<false, T, Y, D><<<grid, block, 0, stream>>>(
           x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
     }
     CUDA_CHECK_LAUNCH(backward_partial_kernel);
@@ -484,7 +486,12 @@ void bn_nhwc_backward(const T* x, const float* dy, const Y* y, float* dz, const 
       sg, sgx, rows, c, groups, gamma, save_invstd, dgamma, dbeta, coef);
   CUDA_CHECK_LAUNCH(backward_finalize_kernel);
   const int64_t total = rows * c;
-  const float* g = relu ? dz : dy;
+  // The ReLU's masked gradient, or dy itself (fp32: a bf16 dy comes with the ReLU epilogue, the
+  // contract of Backend::batchnorm_backward).
+  const float* g = dz;
+  if constexpr (std::is_same_v<D, float>) {
+    if (!relu) g = dy;
+  }
   if (c % 4 == 0 && aligned16(x) && aligned16(g) && aligned16(dx)) {
     const int64_t total4 = total / 4;
     const auto* g4 = reinterpret_cast<const float4*>(g);
@@ -511,13 +518,25 @@ void bn_nhwc_backward(const T* x, const float* dy, const Y* y, float* dz, const 
   template void bn_nhwc_forward_infer<T, Y>(const T*, const float*, const float*, const float*,   \
                                             const float*, float, const float*, bool, Y*, int64_t, \
                                             int64_t, float*, cudaStream_t);                       \
-  template void bn_nhwc_backward<T, Y>(const T*, const float*, const Y*, float*, const float*,    \
-                                       const float*, const float*, T*, float*, float*, int64_t,   \
-                                       int64_t, float*, cudaStream_t);
+  template void bn_nhwc_backward<T, Y, float>(                                                    \
+      const T*, const float*, const Y*, float*, const float*, const float*, const float*, T*,     \
+      float*, float*, int64_t, int64_t, float*, cudaStream_t);
 DP_BN_NHWC_TYPES(float, float)
 DP_BN_NHWC_TYPES(uint16_t, float)
 DP_BN_NHWC_TYPES(float, uint16_t)
 DP_BN_NHWC_TYPES(uint16_t, uint16_t)
 #undef DP_BN_NHWC_TYPES
+// A packed bf16 dy, with a bf16 y (the ReLU epilogue's, whose sign is the mask): the gradient a
+// bf16 convolution wrote for the batch norm that feeds it alone.
+template void bn_nhwc_backward<float, uint16_t, uint16_t>(const float*, const uint16_t*,
+                                                          const uint16_t*, float*, const float*,
+                                                          const float*, const float*, float*,
+                                                          float*, float*, int64_t, int64_t, float*,
+                                                          cudaStream_t);
+template void bn_nhwc_backward<uint16_t, uint16_t, uint16_t>(const uint16_t*, const uint16_t*,
+                                                             const uint16_t*, float*, const float*,
+                                                             const float*, const float*, uint16_t*,
+                                                             float*, float*, int64_t, int64_t,
+                                                             float*, cudaStream_t);
 
 }  // namespace dp::cuda::kernels

@@ -45,8 +45,8 @@ __global__ void bn_sums_kernel(const T* x, const float* mean, float* out, int64_
 
 // Block `ch`: sums[ch] = sum g, sums[C + ch] = sum g * (x - mean) * invstd; g = dy, or with the
 // ReLU epilogue (kRelu) g = y > 0 ? dy : 0, written to dz (relu_backward's mask, y as stored).
-template <bool kNhwc, bool kRelu, typename T, typename Y>
-__global__ void bn_backward_sums_kernel(const T* x, const float* dy, const Y* y, float* dz,
+template <bool kNhwc, bool kRelu, typename T, typename Y, typename D>
+__global__ void bn_backward_sums_kernel(const T* x, const D* dy, const Y* y, float* dz,
                                         const float* mean, const float* invstd, float* sums,
                                         int64_t c, int64_t hw, int64_t total) {
   __shared__ double shared[kThreads];
@@ -55,7 +55,7 @@ __global__ void bn_backward_sums_kernel(const T* x, const float* dy, const Y* y,
   double sum_dy = 0.0, sum_dy_xhat = 0.0;
   for (int64_t e = threadIdx.x; e < total; e += blockDim.x) {
     const int64_t i = channel_offset<kNhwc>(e, ch, c, hw);
-    float g = dy[i];
+    float g = load_f32(dy, i);
     if (kRelu) {
       g = load_f32(y, i) > 0.0f ? g : 0.0f;
       dz[i] = g;
@@ -122,16 +122,16 @@ void launch_normalize(const T* x, const float* gamma, const float* beta, const f
   CUDA_CHECK_LAUNCH(bn_normalize_kernel);
 }
 
-template <bool kNhwc, typename T, typename Y>
-void launch_backward_sums(const T* x, const float* dy, const Y* y, float* dz, const float* mean,
+template <bool kNhwc, typename T, typename Y, typename D>
+void launch_backward_sums(const T* x, const D* dy, const Y* y, float* dz, const float* mean,
                           const float* invstd, float* sums, int64_t c, int64_t hw, int64_t total,
                           cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(c);
   if (y != nullptr) {
-    bn_backward_sums_kernel<kNhwc, true, T, Y>
+    bn_backward_sums_kernel<kNhwc, true, T, Y, D>
         <<<grid, kThreads, 0, stream>>>(x, dy, y, dz, mean, invstd, sums, c, hw, total);
   } else {
-    bn_backward_sums_kernel<kNhwc, false, T, Y>
+    bn_backward_sums_kernel<kNhwc, false, T, Y, D>
         <<<grid, kThreads, 0, stream>>>(x, dy, y, dz, mean, invstd, sums, c, hw, total);
   }
   CUDA_CHECK_LAUNCH(bn_backward_sums_kernel);
@@ -187,8 +187,8 @@ void bn_apply_stats(const T* x, const float* gamma, const float* beta, const flo
   }
 }
 
-template <typename T, typename Y>
-void bn_backward_sums(const T* x, const float* dy, const Y* y, float* dz, const float* save_mean,
+template <typename T, typename Y, typename D>
+void bn_backward_sums(const T* x, const D* dy, const Y* y, float* dz, const float* save_mean,
                       const float* save_invstd, float* sums, int64_t n, int64_t c, int64_t hw,
                       bool nhwc, cudaStream_t stream) {
   if (c <= 0) return;
@@ -228,9 +228,9 @@ void bn_backward_apply(const T* x, const float* dy, const float* gamma, const fl
                                      const float*, float*, float*, float, float, int64_t, float*, \
                                      float*, const float*, bool, Y*, int64_t, int64_t, int64_t,   \
                                      bool, cudaStream_t);                                         \
-  template void bn_backward_sums<T, Y>(const T*, const float*, const Y*, float*, const float*,    \
-                                       const float*, float*, int64_t, int64_t, int64_t, bool,     \
-                                       cudaStream_t);
+  template void bn_backward_sums<T, Y, float>(const T*, const float*, const Y*, float*,           \
+                                              const float*, const float*, float*, int64_t,        \
+                                              int64_t, int64_t, bool, cudaStream_t);
 DP_BN_SYNC_INPUT(float)
 DP_BN_SYNC_INPUT(uint16_t)
 DP_BN_SYNC_TYPES(float, float)
@@ -239,5 +239,15 @@ DP_BN_SYNC_TYPES(float, uint16_t)
 DP_BN_SYNC_TYPES(uint16_t, uint16_t)
 #undef DP_BN_SYNC_INPUT
 #undef DP_BN_SYNC_TYPES
+// A packed bf16 dy, with a bf16 y: the gradient a bf16 convolution wrote for the batch norm that
+// feeds it alone.
+template void bn_backward_sums<float, uint16_t, uint16_t>(const float*, const uint16_t*,
+                                                          const uint16_t*, float*, const float*,
+                                                          const float*, float*, int64_t, int64_t,
+                                                          int64_t, bool, cudaStream_t);
+template void bn_backward_sums<uint16_t, uint16_t, uint16_t>(const uint16_t*, const uint16_t*,
+                                                             const uint16_t*, float*, const float*,
+                                                             const float*, float*, int64_t, int64_t,
+                                                             int64_t, bool, cudaStream_t);
 
 }  // namespace dp::cuda::kernels

@@ -76,9 +76,10 @@ __global__ void small_conv_forward_kernel(const float* x, const float* w, float*
 // (a fixed split of the N*P*Q positions) into partial[b][k][tap]. Thread t takes channel
 // t % K and every (256 / K)-th position of the block's range, from the (t / K)-th; the groups'
 // sums are added in group order. kTaps bounds the taps (registers); kRound rounds x and dy to
-// bf16 as they are read. 32-bit indices, as the forward's.
-template <int kTaps, bool kRound>
-__global__ void small_conv_filter_partial_kernel(const float* x, const float* dy, float* partial,
+// bf16 as they are read (D: dy's type, float or packed bf16, load_f32). 32-bit indices, as the
+// forward's.
+template <int kTaps, bool kRound, typename D>
+__global__ void small_conv_filter_partial_kernel(const float* x, const D* dy, float* partial,
                                                  SmallConv g, int positions) {
   __shared__ float sums[kThreads * kTaps];
   const int taps = g.c * g.r * g.s, K = g.k, H = static_cast<int>(g.h), W = static_cast<int>(g.w);
@@ -111,7 +112,7 @@ __global__ void small_conv_filter_partial_kernel(const float* x, const float* dy
     for (; pos < end; pos += groups) {
       const int ih0 = p * g.stride_h - g.pad_h, iw0 = q * g.stride_w - g.pad_w;
       const float* xn = x + n * H * W * g.c;
-      const float d = maybe_bf16<kRound>(dy[pos * K + k]);
+      const float d = maybe_bf16<kRound>(load_f32(dy, pos * K + k));
       DP_UNROLL
       for (int t = 0; t < kTaps; ++t) {
         const int ih = ih0 + tap_r[t], iw = iw0 + tap_s[t];
@@ -144,7 +145,9 @@ __global__ void small_conv_filter_partial_kernel(const float* x, const float* dy
 }
 
 // The second level: a warp per value i; lane l adds the partials of blocks l, l + 32, ... in
-// order, then the lanes' sums meet in a fixed tree (deterministic).
+// order, then the lanes' sums meet in a fixed tree (deterministic); kRound: the sum rounded to
+// bf16 once.
+template <bool kRound>
 __global__ void small_conv_filter_finish_kernel(const float* partial, float* dw, int values,
                                                 int blocks) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -154,7 +157,7 @@ __global__ void small_conv_filter_finish_kernel(const float* partial, float* dw,
     float s = 0.0f;
     for (int b = lane; b < blocks; b += 32) s += partial[int64_t{b} * values + i];
     for (int offset = 16; offset > 0; offset /= 2) s += __shfl_down_sync(0xffffffffu, s, offset);
-    if (lane == 0) dw[i] = s;
+    if (lane == 0) dw[i] = maybe_bf16<kRound>(s);
   }
 }
 
@@ -207,39 +210,53 @@ void small_conv_forward(const float* x, const float* w, float* y, const SmallCon
 
 namespace {
 
-template <bool kRound>
-void small_conv_filter_partial(const float* x, const float* dy, float* scratch, const SmallConv& g,
+template <bool kRound, typename D>
+void small_conv_filter_partial(const float* x, const D* dy, float* scratch, const SmallConv& g,
                                int positions, unsigned grid, cudaStream_t stream) {
   const int taps = g.c * g.r * g.s;
   if (taps <= 9) {
-    small_conv_filter_partial_kernel<9, kRound>
+    small_conv_filter_partial_kernel<9, kRound, D>
         <<<grid, kThreads, 0, stream>>>(x, dy, scratch, g, positions);
   } else if (taps <= 27) {  // 5x5 of one channel, 3x3 of three (CIFAR-10's first layer)
-    small_conv_filter_partial_kernel<27, kRound>
+    small_conv_filter_partial_kernel<27, kRound, D>
         <<<grid, kThreads, 0, stream>>>(x, dy, scratch, g, positions);
   } else {
-    small_conv_filter_partial_kernel<kSmallConvMaxTaps, kRound>
+    small_conv_filter_partial_kernel<kSmallConvMaxTaps, kRound, D>
         <<<grid, kThreads, 0, stream>>>(x, dy, scratch, g, positions);
   }
   CUDA_CHECK_LAUNCH(small_conv_filter_partial_kernel);
+}
+
+template <typename D>
+void launch_small_conv_filter(const float* x, const D* dy, float* dw, const SmallConv& g,
+                              float* scratch, bool round_bf16, cudaStream_t stream) {
+  const auto positions = static_cast<int>(g.n * g.out_h * g.out_w);  // small_conv_fits
+  const int values = g.k * g.c * g.r * g.s;
+  const auto blocks = static_cast<int>(small_conv_filter_blocks(g));
+  const auto grid = static_cast<unsigned>(blocks);
+  const unsigned finish_grid = grid_for(int64_t{values} * 32);
+  if (round_bf16) {
+    small_conv_filter_partial<true>(x, dy, scratch, g, positions, grid, stream);
+    small_conv_filter_finish_kernel<true>
+        <<<finish_grid, kThreads, 0, stream>>>(scratch, dw, values, blocks);
+  } else {
+    small_conv_filter_partial<false>(x, dy, scratch, g, positions, grid, stream);
+    small_conv_filter_finish_kernel<false>
+        <<<finish_grid, kThreads, 0, stream>>>(scratch, dw, values, blocks);
+  }
+  CUDA_CHECK_LAUNCH(small_conv_filter_finish_kernel);
 }
 
 }  // namespace
 
 void small_conv_filter(const float* x, const float* dy, float* dw, const SmallConv& g,
                        float* scratch, bool round_bf16, cudaStream_t stream) {
-  const auto positions = static_cast<int>(g.n * g.out_h * g.out_w);  // small_conv_fits
-  const int values = g.k * g.c * g.r * g.s;
-  const auto blocks = static_cast<int>(small_conv_filter_blocks(g));
-  const auto grid = static_cast<unsigned>(blocks);
-  if (round_bf16) {
-    small_conv_filter_partial<true>(x, dy, scratch, g, positions, grid, stream);
-  } else {
-    small_conv_filter_partial<false>(x, dy, scratch, g, positions, grid, stream);
-  }
-  small_conv_filter_finish_kernel<<<grid_for(int64_t{values} * 32), kThreads, 0, stream>>>(
-      scratch, dw, values, blocks);
-  CUDA_CHECK_LAUNCH(small_conv_filter_finish_kernel);
+  launch_small_conv_filter(x, dy, dw, g, scratch, round_bf16, stream);
+}
+
+void small_conv_filter(const float* x, const uint16_t* dy, float* dw, const SmallConv& g,
+                       float* scratch, bool round_bf16, cudaStream_t stream) {
+  launch_small_conv_filter(x, dy, dw, g, scratch, round_bf16, stream);
 }
 
 }  // namespace dp::cuda::kernels

@@ -154,9 +154,9 @@ class CudnnConvPlan final : public ConvPlan {
     if (direction == kForward && bf16_output) return bf16_packed_floats({packed_x, w});  // y too
     if (direction == kForward)
       return io_bf16[kForward] ? bf16_packed_floats({packed_x, w, y}) : bf16_operand_floats({x, w});
-    if (direction == kBackwardData) {
+    if (direction == kBackwardData) {  // after fp32 kernels, room for a bf16 dx's fp32 sums
       return io_bf16[kBackwardData] ? bf16_packed_floats({packed_dy, w, x})
-                                    : bf16_operand_floats({y, w});
+                                    : bf16_operand_floats({y, w, bf16_input ? x : 0});
     }
     // backward-filter: x, dy, and room for cuDNN's packed dw, widened into the fp32 dw after.
     return io_bf16[kBackwardFilter] ? bf16_packed_floats({packed_x, packed_dy, w})
@@ -719,13 +719,9 @@ size_t CudaBackend::own_workspace(const CudnnConvPlan& plan, int algo, int direc
     bytes += static_cast<size_t>(aligned_floats(n * g.out_channels * g.out_h() * g.out_w())) *
              sizeof(float);
   }
-  const int64_t x_floats = aligned_floats(n * g.in_channels * g.in_h * g.in_w);
   if (direction != kBackwardData && plan.bf16_input) {  // a bf16 x widened, after the sums
-    bytes += static_cast<size_t>(x_floats) * sizeof(float);
-  }
-  if (direction == kBackwardFilter && plan.bf16_output) {  // a bf16 dy widened, after x
-    bytes += static_cast<size_t>(aligned_floats(n * g.out_channels * g.out_h() * g.out_w())) *
-             sizeof(float);
+    bytes +=
+        static_cast<size_t>(aligned_floats(n * g.in_channels * g.in_h * g.in_w)) * sizeof(float);
   }
   return bytes;
 }
@@ -1379,13 +1375,15 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
   poison_pass(scratch, cb.choice[kBackwardData].workspace);
   const auto algo = static_cast<cudnnConvolutionBwdDataAlgo_t>(cb.choice[kBackwardData].algo);
   const float one = 1.0f, zero = 0.0f;
+  const bool packed_dx = dx.dtype == DType::bf16;  // the plan's input_dtype: kept packed
   if (plan.io_bf16[kBackwardData]) {
-    // cuDNN's bf16 output is the rounded fp32 sum: dx's one rounding.
-    const PackedOperands p = packed_operands(plan, scratch.bf16, dy, w, dx.numel());
-    CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc16, p.filter, cb.y16, p.data,
-                                             cb.conv[kBackwardData], algo, scratch.cudnn,
-                                             scratch.cudnn_bytes, &zero, cb.x16, p.out));
-    kernels::from_bf16(p.out, dx.f32(), dx.numel(), stream_);
+    // cuDNN's bf16 output is the rounded fp32 sum: dx's one rounding, written into a bf16 dx
+    // as it is, else widened.
+    const PackedOperands p = packed_operands(plan, scratch.bf16, dy, w, packed_dx ? 0 : dx.numel());
+    CUDNN_CHECK(cudnnConvolutionBackwardData(
+        cudnn_, &one, plan.w_desc16, p.filter, cb.y16, p.data, cb.conv[kBackwardData], algo,
+        scratch.cudnn, scratch.cudnn_bytes, &zero, cb.x16, packed_dx ? dx.data : p.out));
+    if (!packed_dx) kernels::from_bf16(p.out, dx.f32(), dx.numel(), stream_);
     return;
   }
   // fp32, or bf16 where cuDNN could not take bf16 data (plan_conv_impl): rounded copies, and dx
@@ -1396,10 +1394,17 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
         "backward-data takes fp32 data");
   }
   const auto [dys, ws] = pass_operands(dy, w, scratch.bf16);
+  // A bf16 dx: the fp32 sums after the copies (copy_floats), then packed, rounded.
+  float* sums =
+      packed_dx ? scratch.bf16 + aligned_floats(dy.numel()) + aligned_floats(w.numel()) : dx.f32();
   CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, ws), cb.y,
                                            dys, cb.conv[kBackwardData], algo, scratch.cudnn,
-                                           scratch.cudnn_bytes, &zero, cb.x, dx.data));
-  if (bf16()) kernels::round_to_bf16(dx.f32(), dx.f32(), dx.numel(), stream_);
+                                           scratch.cudnn_bytes, &zero, cb.x, sums));
+  if (packed_dx) {
+    kernels::to_bf16(sums, static_cast<uint16_t*>(dx.data), dx.numel(), stream_);
+  } else if (bf16()) {
+    kernels::round_to_bf16(dx.f32(), dx.f32(), dx.numel(), stream_);
+  }
 }
 
 void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& dy,
@@ -1421,24 +1426,28 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   // rounded after); db stays fp32 and sums the rounded dy, the tensor a bf16 network holds.
   if (cb.choice[kBackwardFilter].algo == kConvAlgoDprunSmallC) {
     // dw (K, C, R, S) directly, no transposed copy; in bf16 x and dy are rounded as they are
-    // read, not copied first (db sums the rounded dy too). A bf16 x or dy (rounded already) is
-    // widened first, after the algorithm's scratch (own_workspace).
-    auto* room =
-        reinterpret_cast<float*>(static_cast<char*>(scratch.cudnn) +
-                                 own_scratch(plan, kConvAlgoDprunSmallC, kBackwardFilter, n));
-    const auto widened = [&](const Tensor& t) -> const float* {
-      if (t.dtype != DType::bf16) return t.f32();
-      float* wide = room;
-      kernels::from_bf16(static_cast<const uint16_t*>(t.data), wide, t.numel(), stream_);
-      room += aligned_floats(t.numel());
-      return wide;
-    };
-    const float* xs = widened(x);
-    const float* dys = widened(dy);
-    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, xs, dys, dw.f32(), scratch.cudnn);
-    if (bf16()) kernels::round_to_bf16(dw.f32(), dw.f32(), dw.numel(), stream_);
+    // read, not copied first, and dw is rounded as it is written (db sums the rounded dy too). A
+    // bf16 dy (rounded already) is widened as it is read; a bf16 x is widened first, after the
+    // algorithm's scratch (own_workspace).
+    const float* xs = nullptr;
+    if (x.dtype == DType::bf16) {
+      auto* wide =
+          reinterpret_cast<float*>(static_cast<char*>(scratch.cudnn) +
+                                   own_scratch(plan, kConvAlgoDprunSmallC, kBackwardFilter, n));
+      kernels::from_bf16(static_cast<const uint16_t*>(x.data), wide, x.numel(), stream_);
+      xs = wide;
+    } else {
+      xs = x.f32();
+    }
+    if (dy.dtype == DType::bf16) {  // no db: the public op refuses one with a bf16 dy
+      kernels::small_conv_filter(xs, static_cast<const uint16_t*>(dy.data), dw.f32(),
+                                 small_conv_shape(g, n), static_cast<float*>(scratch.cudnn), bf16(),
+                                 stream_);
+      return;
+    }
+    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, xs, dy.f32(), dw.f32(), scratch.cudnn);
     if (db != nullptr) {
-      kernels::channel_sum(dys, db->f32(), n, g.out_channels, g.out_h() * g.out_w(), true,
+      kernels::channel_sum(dy.f32(), db->f32(), n, g.out_channels, g.out_h() * g.out_w(), true,
                            reduce_scratch_, stream_, bf16());
     }
     return;

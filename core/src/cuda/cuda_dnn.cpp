@@ -7,6 +7,7 @@
 // through cuBLAS.
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/cuda_backend.hpp"
@@ -27,6 +28,15 @@ void with_data(const Tensor* t, F&& f) {
   } else {
     f(t != nullptr ? t->f32() : static_cast<float*>(nullptr));
   }
+}
+/// Calls f with dy's data: fp32, or packed bf16 where the ReLU epilogue's y (ys, from with_data)
+/// is bf16 too, the one combination Backend::batchnorm_backward takes (dy.f32() refuses others).
+template <typename Y, typename F>
+void with_gradient(const Tensor& dy, const Y* /*ys*/, F&& f) {
+  if constexpr (std::is_same_v<std::remove_cv_t<Y>, uint16_t>) {
+    if (dy.dtype == DType::bf16) return f(static_cast<const uint16_t*>(dy.data));
+  }
+  f(dy.f32());
 }
 /// The data of dx, which has the type of the x that with_data passed as xs.
 template <typename T>
@@ -162,10 +172,11 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_backward");
     with_data(&x, [&](const auto* xs) {
       with_data(epilogue.y, [&](const auto* ys) {
-        kernels::bn_nhwc_backward(xs, dy.f32(), ys, relu ? epilogue.dz->f32() : nullptr,
-                                  gamma.f32(), save_mean.f32(), save_invstd.f32(),
-                                  like_input(dx, xs), dgamma.f32(), dbeta.f32(), d.n * d.hw(), d.c,
-                                  scratch, stream_);
+        with_gradient(dy, ys, [&](const auto* dys) {
+          kernels::bn_nhwc_backward(xs, dys, ys, relu ? epilogue.dz->f32() : nullptr, gamma.f32(),
+                                    save_mean.f32(), save_invstd.f32(), like_input(dx, xs),
+                                    dgamma.f32(), dbeta.f32(), d.n * d.hw(), d.c, scratch, stream_);
+        });
       });
     });
     return;
@@ -219,9 +230,11 @@ void CudaBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy
   // The ReLU's mask in the summing pass, which writes dz (relu_backward's values).
   with_data(&x, [&](const auto* xs) {
     with_data(epilogue.y, [&](const auto* ys) {
-      kernels::bn_backward_sums(
-          xs, dy.f32(), ys, epilogue.dz != nullptr ? epilogue.dz->f32() : nullptr, save_mean.f32(),
-          save_invstd.f32(), sums.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+      with_gradient(dy, ys, [&](const auto* dys) {
+        kernels::bn_backward_sums(
+            xs, dys, ys, epilogue.dz != nullptr ? epilogue.dz->f32() : nullptr, save_mean.f32(),
+            save_invstd.f32(), sums.f32(), d.n, d.c, d.hw(), is_nhwc(x), stream_);
+      });
     });
   });
 }

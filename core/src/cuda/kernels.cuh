@@ -109,9 +109,13 @@ int64_t small_conv_filter_blocks(const SmallConv& g);
 /// Scratch floats small_conv_filter needs (one partial filter per block).
 size_t small_conv_filter_scratch_floats(const SmallConv& g);
 /// dw (k, c, r, s) = sum over the n * out_h * out_w positions of dy * x (overwritten, not
-/// accumulated), x and dy rounded to bf16 as they are read when round_bf16: per block a fixed
-/// range of positions, then the blocks in order (deterministic).
+/// accumulated): per block a fixed range of positions, then the blocks in order
+/// (deterministic). round_bf16: x and dy rounded to bf16 as they are read, and each dw value
+/// rounded to bf16 once (precision bf16's filter gradient). A packed bf16 dy (a batch norm's
+/// dx, rounded already) is widened as it is read, with the same result.
 void small_conv_filter(const float* x, const float* dy, float* dw, const SmallConv& g,
+                       float* scratch, bool round_bf16, cudaStream_t stream);
+void small_conv_filter(const float* x, const uint16_t* dy, float* dw, const SmallConv& g,
                        float* scratch, bool round_bf16, cudaStream_t stream);
 
 /// PyTorch SGD over flat buffers (optimizer.cu): d = g + wd * p; buf = momentum * buf + d (when
@@ -175,9 +179,10 @@ void bn_apply_stats(const T* x, const float* gamma, const float* beta, const flo
                     const float* residual, bool relu, Y* y, int64_t n, int64_t c, int64_t hw,
                     bool nhwc, cudaStream_t stream);
 /// sums (2C) = [sum g, sum g * xhat]: g = dy, or with y (the ReLU epilogue's output) g = y > 0 ?
-/// dy : 0, written to dz in the same pass (y and dz null without it).
-template <typename T, typename Y>
-void bn_backward_sums(const T* x, const float* dy, const Y* y, float* dz, const float* save_mean,
+/// dy : 0, written to dz in the same pass (y and dz null without it). dy is fp32 (D = float),
+/// or, with a bf16 y, packed bf16 (D = uint16_t), widened as it is read.
+template <typename T, typename Y, typename D>
+void bn_backward_sums(const T* x, const D* dy, const Y* y, float* dz, const float* save_mean,
                       const float* save_invstd, float* sums, int64_t n, int64_t c, int64_t hw,
                       bool nhwc, cudaStream_t stream);
 /// dx = gamma * invstd / count * (count * dy - sums[0:C] - xhat * sums[C:2C]).
@@ -212,9 +217,11 @@ void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
                            float* scratch, cudaStream_t stream);
 /// Gradients of the training forward: with y (the epilogue's output, ReLU) the gradient taken is
 /// g = y > 0 ? dy : 0, written to dz; else g = dy (y and dz null). dbeta = sum g, dgamma =
-/// sum g xhat, dx = gamma invstd / M (M g - dbeta - xhat dgamma).
-template <typename T, typename Y>
-void bn_nhwc_backward(const T* x, const float* dy, const Y* y, float* dz, const float* gamma,
+/// sum g xhat, dx = gamma invstd / M (M g - dbeta - xhat dgamma). dy is fp32 (D = float), or,
+/// with a bf16 y, packed bf16 (D = uint16_t: the rounded gradient of a bf16 convolution that y
+/// alone feeds), widened as it is read.
+template <typename T, typename Y, typename D>
+void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const float* gamma,
                       const float* save_mean, const float* save_invstd, T* dx, float* dgamma,
                       float* dbeta, int64_t rows, int64_t c, float* scratch, cudaStream_t stream);
 
