@@ -924,6 +924,7 @@ TEST_CASE(
             // The input gradient of a bf16 x may be bf16 too (the batch norm's dy, which it takes
             // so): cuDNN's rounded output as it is, the bits of the f32 dx packed.
             poison(*B.gpu, dx32.tensor());
+            poison(*B.gpu, dx16.tensor());
             B.gpu->conv_backward_data(*wide_plan, dy.tensor(), w.tensor(), dx32.tensor());
             B.gpu->conv_backward_data(*packed_plan, dy.tensor(), w.tensor(), dx16.tensor());
             const std::vector<float> want = dx32.download_f32();

@@ -491,6 +491,8 @@ void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const floa
   const float* g = dz;
   if constexpr (std::is_same_v<D, float>) {
     if (!relu) g = dy;
+  } else if (!relu) {
+    throw InternalError("bn_nhwc_backward: a packed dy without the ReLU epilogue's dz");
   }
   if (c % 4 == 0 && aligned16(x) && aligned16(g) && aligned16(dx)) {
     const int64_t total4 = total / 4;
