@@ -53,9 +53,9 @@ void shaped_like_x(const Checker& check, const Tensor& t, const Tensor& x, const
   check.same_layout(t, x, what, "x");
 }
 
-/// y (or the ReLU epilogue's y in backward) has x's shape and layout; f32, or (N, C, H, W) of
-/// another dtype where the backend's batch norm writes it (Backend::batchnorm_takes: the rounded
-/// values, for a convolution that rounds its input so anyway).
+/// y (or the ReLU epilogue's y in backward, or the epilogue's residual) has x's shape and layout;
+/// f32, or (N, C, H, W) of another dtype where the backend's batch norm takes it
+/// (Backend::batchnorm_takes: rounded values, stored packed for readers that take them).
 void check_output(const Checker& check, const Backend& backend, const Tensor& y, const Tensor& x,
                   const char* what) {
   if (y.dtype == DType::f32) return check.like(y, x, what, "x");
@@ -63,8 +63,8 @@ void check_output(const Checker& check, const Backend& backend, const Tensor& y,
     check.fail(
         std::string(what) + " is " + dtype_name(y.dtype) + " " +
         (y.shape.rank == 4 ? std::string(layout_name(y.layout)) : "of shape " + y.shape.str()) +
-        ", which this backend's batch norm does not take as its output (f32 always; another "
-        "dtype only (N, C, H, W) where Backend::batchnorm_takes says so)");
+        ", which this backend's batch norm does not take (f32 always; another dtype only "
+        "(N, C, H, W) where Backend::batchnorm_takes says so)");
   }
   shaped_like_x(check, y, x, what);
 }
@@ -80,7 +80,8 @@ void check_input_grad(const Checker& check, const Tensor& dx, const Tensor& x) {
 }
 
 /// dy has x's shape and layout; f32, or the dtype of the ReLU epilogue's y where that is not f32
-/// (a bf16 y feeds a convolution alone, which writes this gradient rounded: BatchNorm2d::feeds).
+/// (a bf16 y that feeds a convolution alone, which writes this gradient rounded:
+/// BatchNorm2d::feeds).
 void check_output_grad(const Checker& check, const Tensor& dy, const Tensor& x,
                        const BnEpilogueGrad& e) {
   if (dy.dtype == DType::f32) return check.like(dy, x, "dy", "x");
@@ -116,9 +117,10 @@ void check_momentum_eps(const Checker& check, float momentum, float eps) {
 bool same_data(const Tensor& a, const Tensor& b) {
   return a.data != nullptr && a.data == b.data && a.numel() > 0;
 }
-void check_epilogue(const Checker& check, const BnEpilogue& e, const Tensor& x, const Tensor& y) {
+void check_epilogue(const Checker& check, const Backend& backend, const BnEpilogue& e,
+                    const Tensor& x, const Tensor& y) {
   if (e.residual == nullptr) return;
-  check.like(*e.residual, x, "residual", "x");
+  check_output(check, backend, *e.residual, x, "residual");
   if (same_data(*e.residual, y)) {
     check.fail("the epilogue's residual and y share their data; y must be another tensor");
   }
@@ -150,7 +152,7 @@ void Backend::batchnorm_forward_train(const Tensor& x, const Tensor& gamma, cons
   const Checker check(*this, "batchnorm_forward_train");
   const Shape s = check_input(check, *this, x);
   check_output(check, *this, y, x, "y");
-  check_epilogue(check, epilogue, x, y);
+  check_epilogue(check, *this, epilogue, x, y);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"},
                    {&beta, "beta"},
@@ -176,7 +178,7 @@ void Backend::batchnorm_forward_infer(const Tensor& x, const Tensor& gamma, cons
   const Checker check(*this, "batchnorm_forward_infer");
   const Shape s = check_input(check, *this, x);
   check_output(check, *this, y, x, "y");
-  check_epilogue(check, epilogue, x, y);
+  check_epilogue(check, *this, epilogue, x, y);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"},
                    {&beta, "beta"},
@@ -235,7 +237,7 @@ void Backend::batchnorm_apply_stats(const Tensor& x, const Tensor& gamma, const 
   const Checker check(*this, "batchnorm_apply_stats");
   const Shape s = check_input(check, *this, x);
   check_output(check, *this, y, x, "y");
-  check_epilogue(check, epilogue, x, y);
+  check_epilogue(check, *this, epilogue, x, y);
   channel_vectors(check, s[1],
                   {{&gamma, "gamma"},
                    {&beta, "beta"},

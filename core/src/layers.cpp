@@ -137,7 +137,7 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   DP_CHECK(input_from_ == nullptr || input_from_->input_shape().rank != 0,
            "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
                "): the batch norm that feeds it (BatchNorm2d::feeds) must be set up before it");
-  use.input_dtype = input_from_ != nullptr ? input_from_->output_dtype() : DType::f32;
+  use.input_dtype = input_from_ != nullptr ? input_from_->output_dtype() : given_input_dtype();
   plan_ = ctx.backend.plan_conv(g, use);
   for (const ConvStage stage : {ConvStage::forward, ConvStage::backward}) {
     Tensor& ws = workspace_[static_cast<int>(stage)];
@@ -158,6 +158,10 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
 }
 
 DType Conv2d::output_dtype() const { return plan_ ? plan_->output_dtype() : DType::f32; }
+
+bool Conv2d::takes_input(DType dtype, const SetupContext& ctx) const {
+  return dtype == DType::f32 || ctx.backend.conv_takes(dtype);
+}
 DType Conv2d::input_dtype() const { return plan_ ? plan_->input_dtype() : DType::f32; }
 
 const Tensor* Conv2d::workspace(ConvStage stage) const {
@@ -290,8 +294,10 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
   DP_CHECK(gamma_.valid(), "BatchNorm2d: setup() before declare()");
   const Layout l = layout_for(input, ctx.layout);
   x_planned_ = y_planned_ = {};
-  // Narrower where only a convolution reads it and both this batch norm and convolutions take it.
-  y_dtype_ = output_to_ != nullptr && input.rank == 4 &&
+  // Narrower where the backend stores activations so (both this batch norm and convolutions
+  // take bf16) and every reader takes it: the convolution this layer feeds alone, or readers
+  // that said so (the next residual block).
+  y_dtype_ = (output_to_ != nullptr || readers_take() == DType::bf16) && input.rank == 4 &&
                      ctx.backend.batchnorm_takes(DType::bf16, l) &&
                      ctx.backend.conv_takes(DType::bf16)
                  ? DType::bf16

@@ -227,13 +227,31 @@ std::vector<Module*> Sequential::children() {
   return out;
 }
 
+bool Sequential::takes_input(DType dtype, const SetupContext& ctx) const {
+  return mods_.empty() ? dtype == DType::f32 : mods_.front().second->takes_input(dtype, ctx);
+}
+
+DType Sequential::output_dtype() const {
+  return mods_.empty() ? DType::f32 : mods_.back().second->output_dtype();
+}
+
 Shape Sequential::do_setup(SetupContext& ctx, const Shape& input) {
   const bool input_grad = ctx.input_grad;
   Shape s = input;
+  DType dtype = given_input_dtype();
   for (size_t i = 0; i < mods_.size(); ++i) {
+    Module& m = *mods_[i].second;
     // Mirrors do_backward: only the first layer's input gradient may go unasked.
     ctx.input_grad = i > 0 || input_grad;
-    s = mods_[i].second->setup(ctx, s);
+    // Its reader is the next module, or this container's readers.
+    DType readers = readers_take();
+    if (i + 1 < mods_.size()) {
+      readers = mods_[i + 1].second->takes_input(DType::bf16, ctx) ? DType::bf16 : DType::f32;
+    }
+    m.set_input_dtype(dtype);
+    m.set_readers_take(readers);
+    s = m.setup(ctx, s);
+    dtype = m.output_dtype();
   }
   ctx.input_grad = input_grad;
   return s;

@@ -3,8 +3,9 @@
 // fused into the batch norms: bn1 + ReLU, and bn2 + shortcut + ReLU, which also gives back the
 // gradient of the sum (masked by the ReLU) that goes into the shortcut. Backward sends that
 // gradient into both branches and adds their input gradients. conv1's and conv2's biases are
-// folded into bn1 and bn2 (see BatchNormFused), and bn1's output may be stored as conv2 reads it
-// (BatchNorm2d::feeds).
+// folded into bn1 and bn2 (see BatchNormFused). bn1's output may be stored as conv2 reads it
+// (BatchNorm2d::feeds), and bn2's, the block's output, as the next block reads it (packed bf16
+// where the container says its readers take it: takes_input, set_readers_take).
 #include <ostream>
 
 #include "dp/error.hpp"
@@ -57,7 +58,22 @@ std::vector<Module*> Residual::children() {
   return out;
 }
 
+bool Residual::takes_input(DType dtype, const SetupContext& ctx) const {
+  if (dtype == DType::f32) return true;
+  const bool shortcut = conv3_ != nullptr ? conv3_->takes_input(dtype, ctx)
+                                          : ctx.backend.batchnorm_takes(dtype, ctx.layout);
+  return shortcut && conv1_->takes_input(dtype, ctx);
+}
+
+DType Residual::output_dtype() const { return bn2_->output_dtype(); }
+
 Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
+  // conv1 and conv3 read the block's input (of the dtype the container gave: the previous
+  // block's packed output where this block takes it), and bn2's output is the block's, stored as
+  // its readers take it.
+  conv1_->set_input_dtype(given_input_dtype());
+  if (conv3_) conv3_->set_input_dtype(given_input_dtype());
+  bn2_->set_readers_take(readers_take());
   // conv1 and conv3 read the block's input: their input gradient is asked for only when the
   // block's is (see do_backward); every later layer's always is.
   const bool input_grad = ctx.input_grad;

@@ -205,11 +205,11 @@ const SettingTable& builtin_settings() {
        .choices = dp::precision_names(),
        .identity = true,
        .help = "arithmetic of convolutions and linear layers: \"bf16\" rounds their inputs and "
-               "outputs, and convolutions' weight gradients, to bfloat16 and accumulates in "
-               "fp32; master weights, optimizer, batch norm and loss stay fp32 (the GPU runs "
-               "cuBLAS's and cuDNN's bf16 kernels where they give these values, else TF32 math, "
-               "exact on bf16 values, and stores as bf16 what a batch norm and a convolution "
-               "alone exchange; the CPU keeps fp32 tensors)"},
+               "outputs, convolutions' weight gradients and batch norms' outputs to bfloat16 "
+               "and accumulates in fp32; master weights, optimizer, batch norm's statistics and "
+               "loss stay fp32 (the GPU runs cuBLAS's and cuDNN's bf16 kernels where they give "
+               "these values, else TF32 math, exact on bf16 values, and in NHWC stores as bf16 "
+               "the activations whose readers take it; the CPU keeps fp32 tensors)"},
       {.key = "allow_tf32",
        .column = "allow_tf32",
        .type = T::boolean,

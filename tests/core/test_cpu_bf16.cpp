@@ -300,6 +300,73 @@ TEST_CASE("cpu bf16 linear passes: double loops on bf16-rounded inputs", "[cpu][
   CHECK(bf16->peak_memory() == peak);  // the copies fit in what prepare_linear reserved
 }
 
+TEST_CASE("cpu bf16 batch norm rounds its output to bf16 once after its epilogue",
+          "[cpu][bf16][ops]") {
+  // Precision bf16 rounds a batch norm's output (after the residual add and the ReLU) and
+  // nothing else of it (Backend::batchnorm_forward_train): against the fp32 backend's same op,
+  // y must be that y rounded, bit for bit, and the statistics the fp32 ones' bits. Each op that
+  // writes y: training, evaluation, the synchronised batch norm's normalising pass; both layouts
+  // and the (N, C) form.
+  const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
+  INFO("kernels " << dp::cpu_kernels_name(kernels));
+  auto bf16 = make_bf16(kernels);
+  dp::BackendOptions options;
+  options.cpu_threads = 2;
+  options.cpu_kernels = kernels;
+  auto fp32 = dp::create_backend(options);
+  const int64_t N = 3, C = 5, H = 4, W = 6;
+  const dp::Shape shapes[] = {{N, C, H, W}, {N * H, C}};
+  for (const dp::Shape& shape : shapes) {
+    for (const dp::Layout layout : {dp::Layout::nchw, dp::Layout::nhwc}) {
+      if (shape.rank == 2 && layout == dp::Layout::nhwc) continue;
+      for (const bool residual : {false, true}) {
+        for (const bool relu : {false, true}) {
+          for (const int op : {0, 1, 2}) {
+            const char* names[] = {"training", "evaluation", "synchronised"};
+            INFO(shape.str() << " " << dp::layout_name(layout) << (residual ? ", residual" : "")
+                             << (relu ? ", ReLU" : "") << ", " << names[op]);
+            // What one backend writes: y, then the running and saved statistics.
+            const auto run = [&](dp::Backend& b) {
+              fvec x = random_vector(shape.numel(), 21, -2.0f, 2.0f);
+              fvec r = random_vector(shape.numel(), 22);
+              fvec gamma = random_vector(C, 23, 0.5f, 1.5f), beta = random_vector(C, 24);
+              fvec rm = random_vector(C, 25), rv = random_vector(C, 26, 0.5f, 2.0f);
+              fvec mean = random_vector(C, 27), var = random_vector(C, 28, 0.5f, 2.0f);
+              fvec sm(static_cast<size_t>(C)), si(static_cast<size_t>(C));
+              fvec y(static_cast<size_t>(shape.numel()), -9.0f);
+              const dp::Tensor xt = host_tensor(x, shape, layout),
+                               rt = host_tensor(r, shape, layout);
+              const dp::Tensor yt = host_tensor(y, shape, layout);
+              const dp::Tensor g = host_tensor(gamma, {C}), bt = host_tensor(beta, {C});
+              const dp::Tensor rmt = host_tensor(rm, {C}), rvt = host_tensor(rv, {C});
+              const dp::Tensor mt = host_tensor(mean, {C}), vt = host_tensor(var, {C});
+              const dp::Tensor smt = host_tensor(sm, {C}), sit = host_tensor(si, {C});
+              const dp::BnEpilogue e{residual ? &rt : nullptr, relu};
+              if (op == 0) {
+                b.batchnorm_forward_train(xt, g, bt, rmt, rvt, 0.1f, 1e-5f, smt, sit, yt, e);
+              } else if (op == 1) {
+                b.batchnorm_forward_infer(xt, g, bt, rmt, rvt, 1e-5f, yt, e);
+              } else {
+                b.batchnorm_apply_stats(xt, g, bt, mt, vt, rmt, rvt, 0.1f, 1e-5f, shape.numel() / C,
+                                        smt, sit, yt, e);
+              }
+              return std::vector<fvec>{y, rm, rv, sm, si};
+            };
+            const std::vector<fvec> want = run(*fp32), got = run(*bf16);
+            REQUIRE_FALSE(all_bf16(want[0]));  // the rounding changes values: the case sees it
+            size_t differ = 0;
+            for (size_t i = 0; i < want[0].size(); ++i) {
+              differ += same_bf16(got[0][i], reference_bf16(want[0][i])) ? 0 : 1;
+            }
+            CHECK(differ == 0);
+            for (size_t k = 1; k < want.size(); ++k) CHECK(got[k] == want[k]);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("the cuda backend takes bf16 where it takes fp32", "[cpu][bf16]") {
   // Its bf16 path runs on the GPU (tests/cuda/test_cuda_bf16.cpp); without a GPU, or in a build
   // without CUDA, a bf16 backend fails for the reason an fp32 one does, never its precision.

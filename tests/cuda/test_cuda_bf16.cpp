@@ -445,10 +445,12 @@ TEST_CASE(
     "convolution as bf16 with the bits of f32 storage",
     "[cuda][train][bf16]") {
   // Precision bf16 in NHWC: cuDNN's bf16 output of conv1/conv2 (and the stem) stays packed for
-  // the batch norm after it, which widens it as it reads, and bn1's output (ReLU'd) is written
-  // packed for conv2, which rounds its input so anyway; its backward takes the packed output's
-  // sign as the ReLU's mask. DPRUN_CUDA_BF16_CONV_OUTPUT=f32 keeps both f32, as before. The
-  // values are the same, so every bit must be: the losses, the accuracy, the parameters and the
+  // the batch norm after it, which widens it as it reads, bn1's output (ReLU'd) is written
+  // packed for conv2, which rounds its input so anyway, and the stem's and each block's output
+  // but the last are written packed for the next block (its convolutions and its identity
+  // shortcut); the batch norms' backward takes the packed output's sign as the ReLU's mask.
+  // DPRUN_CUDA_BF16_CONV_OUTPUT=f32 keeps every activation f32, holding the same rounded
+  // values, so every bit must be the same: the losses, the accuracy, the parameters and the
   // running statistics, on one replica and on two with synchronised batch norm (its own
   // kernels). The planned memory must shrink by the tensors' halves.
   if (!dptest::fashion_mnist_subset().ok) {
@@ -491,7 +493,7 @@ TEST_CASE(
     CHECK(packed.params == wide.params);
     CHECK(packed.buffers == wide.buffers);
     std::printf(
-        "  bf16 storage of the activations between conv and batch norm, %d replica(s): planned %zu "
+        "  bf16 storage of the activations, %d replica(s): planned %zu "
         "-> "
         "%zu bytes, "
         "placed %zu -> %zu\n",
@@ -587,8 +589,8 @@ TEST_CASE("cuda bf16: which convolutions store their output as bf16, and who tak
   CHECK_THROWS_WITH(
       B.cpu->batchnorm_forward_train(x32.tensor(), c.tensor(), c.tensor(), c.tensor(), c.tensor(),
                                      0.1f, 1e-5f, c.tensor(), c.tensor(), y16.tensor()),
-      Catch::Contains("y is bf16 nhwc, which this backend's batch norm does not take as its "
-                      "output"));
+      Catch::Contains("y is bf16 nhwc, which this backend's batch norm does not take (f32 "
+                      "always"));
   // A bf16 dy (conv2's rounded dx) goes with the ReLU epilogue's bf16 y alone, on the GPU too.
   dptest::DeviceBuffer gx(*B.gpu, {2, 3, 4, 4}, DType::f32, Layout::nhwc),
       gdy(*B.gpu, {2, 3, 4, 4}, DType::bf16, Layout::nhwc),
@@ -867,11 +869,11 @@ TEST_CASE(
     "cuda bf16 conv forward and filter gradient from a bf16 x compute the bits of its widening on "
     "every algorithm",
     "[cuda][bf16]") {
-  // ConvUse::input_dtype bf16 (a batch norm's output that only this convolution reads, stored
-  // packed): cuDNN's bf16 forward and filter gradient take it as it is, fp32 kernels (a forward
-  // with a bias) widen it where they would round an f32 x, and dprun's own algorithms widen it at
-  // the end of their workspace. The results must be the bits of the f32 plan's passes
-  // given the widened x. Outputs are filled with NaN before each pass.
+  // ConvUse::input_dtype bf16 (a batch norm's output stored packed for this convolution, alone
+  // or with other readers that take it): cuDNN's bf16 forward and filter gradient take it as it is,
+  // fp32 kernels (a forward with a bias) widen it where they would round an f32 x, and dprun's own
+  // algorithms widen it at the end of their workspace. The results must be the bits of the f32
+  // plan's passes given the widened x. Outputs are filled with NaN before each pass.
   Bf16Backends B;
   size_t own_forward = 0, own_filter = 0, bf16_dx = 0;
   const ConvCase cases[] = {
@@ -1009,4 +1011,201 @@ TEST_CASE(
   const std::vector<float> want = dx32.download_f32();
   CHECK(std::all_of(want.begin(), want.end(), [](float v) { return is_bf16(v); }));
   CHECK(packed_differences(*B.gpu, dx16.tensor(), want) == 0);
+}
+
+TEST_CASE(
+    "cuda bf16 batch norm writes the cpu's rounded output in either storage and reads a packed "
+    "residual",
+    "[cuda][bf16]") {
+  // Precision bf16 rounds a batch norm's output once, after its residual add and ReLU
+  // (Backend::batchnorm_forward_train), on both backends: the GPU's f32 y (cuDNN's NCHW batch
+  // norm and its epilogue passes, or the channels-last kernels) gets a rounding pass, its packed
+  // y (NHWC) is rounded as it is written, and a packed residual (NHWC: a residual block's stored
+  // output, its identity shortcut in the next block) is read as its widening. Every value must be
+  // a bf16 one, the cpu's bf16 output but for the order of the statistics' sums.
+  Bf16Backends B;
+  const int64_t N = 4, C = 8, H = 5, W = 6;
+  const dp::Shape shape{N, C, H, W};
+  std::vector<float> x = dptest::random_vector(shape.numel(), 31, -2.0f, 2.0f);
+  std::vector<float> r = dptest::random_vector(shape.numel(), 32);
+  const std::vector<uint16_t> r16 = round_and_pack(r);  // r now holds the packed values widened
+  const std::vector<float> gamma = dptest::random_vector(C, 33, 0.5f, 1.5f),
+                           beta = dptest::random_vector(C, 34), mean = dptest::random_vector(C, 35),
+                           var = dptest::random_vector(C, 36, 0.5f, 2.0f);
+  const char* names[] = {"training", "evaluation", "synchronised"};
+  // y of one op on one backend, widened: y and the residual of the dtypes given.
+  const auto run = [&](dp::Backend& b, Layout layout, int op, bool residual, DType y_dtype,
+                       DType r_dtype, const dp::Shape& dims) {
+    dptest::DeviceBuffer xt(b, dims, DType::f32, layout), yt(b, dims, y_dtype, layout),
+        rt(b, dims, r_dtype, layout);
+    dptest::DeviceBuffer g(b, {C}), bt(b, {C}), rm(b, {C}), rv(b, {C}), m(b, {C}), v(b, {C}),
+        sm(b, {C}), si(b, {C});
+    xt.upload(x);
+    if (r_dtype == DType::bf16) {
+      b.upload(rt.tensor().data, r16.data(), r16.size() * sizeof(uint16_t));
+    } else {
+      rt.upload(r);
+    }
+    g.upload(gamma);
+    bt.upload(beta);
+    rm.upload(mean);
+    rv.upload(var);
+    m.upload(mean);
+    v.upload(var);
+    poison(b, yt.tensor());
+    const dp::BnEpilogue e{residual ? rt.ptr() : nullptr, true};
+    if (op == 0) {
+      b.batchnorm_forward_train(xt.tensor(), g.tensor(), bt.tensor(), rm.tensor(), rv.tensor(),
+                                0.1f, 1e-5f, sm.tensor(), si.tensor(), yt.tensor(), e);
+    } else if (op == 1) {
+      b.batchnorm_forward_infer(xt.tensor(), g.tensor(), bt.tensor(), rm.tensor(), rv.tensor(),
+                                1e-5f, yt.tensor(), e);
+    } else {
+      b.batchnorm_apply_stats(xt.tensor(), g.tensor(), bt.tensor(), m.tensor(), v.tensor(),
+                              rm.tensor(), rv.tensor(), 0.1f, 1e-5f, N * H * W, sm.tensor(),
+                              si.tensor(), yt.tensor(), e);
+    }
+    if (y_dtype == DType::f32) return yt.download_f32();
+    std::vector<uint16_t> packed(static_cast<size_t>(dims.numel()));
+    b.download(packed.data(), yt.tensor().data, packed.size() * sizeof(uint16_t));
+    std::vector<float> wide(packed.size());
+    for (size_t i = 0; i < packed.size(); ++i)
+      wide[i] = std::bit_cast<float>(uint32_t{packed[i]} << 16);
+    return wide;
+  };
+  size_t packed_runs = 0;
+  for (const Layout layout : {Layout::nchw, Layout::nhwc}) {
+    for (const bool residual : {false, true}) {
+      for (const int op : {0, 1, 2}) {
+        const std::vector<float> want =
+            run(*B.cpu, layout, op, residual, DType::f32, DType::f32, shape);
+        CHECK(std::all_of(want.begin(), want.end(), [](float v) { return is_bf16(v); }));
+        // The GPU's f32 storage (a rounding pass after the batch norm), against which its packed
+        // tensors must give every bit: the same kernels and statistics, rounded once either way.
+        const std::vector<float> wide =
+            run(*B.gpu, layout, op, residual, DType::f32, DType::f32, shape);
+        check_rounded(std::string(names[op]) + " " + dp::layout_name(layout) +
+                          (residual ? " with a residual" : ""),
+                      wide, want);
+        for (const DType y_dtype : {DType::f32, DType::bf16}) {
+          for (const DType r_dtype : {DType::f32, DType::bf16}) {
+            const bool packed = y_dtype == DType::bf16 || (residual && r_dtype == DType::bf16);
+            if (!packed || layout == Layout::nchw) continue;  // channels-last kernels only
+            if (!residual && r_dtype == DType::bf16) continue;
+            INFO(names[op] << ", residual " << (residual ? dp::dtype_name(r_dtype) : "none")
+                           << ", y " << dp::dtype_name(y_dtype));
+            ++packed_runs;
+            CHECK(run(*B.gpu, layout, op, residual, y_dtype, r_dtype, shape) == wide);
+          }
+        }
+      }
+    }
+  }
+  CHECK(packed_runs == 12);  // NHWC: y, the residual or both packed, for each op
+  // The (N, C) form (cuDNN's batch norm and a rounding pass) too.
+  const dp::Shape rows{N * H * W, C};
+  for (const int op : {0, 1, 2}) {
+    check_rounded(std::string(names[op]) + " (N, C)",
+                  run(*B.gpu, Layout::nchw, op, true, DType::f32, DType::f32, rows),
+                  run(*B.cpu, Layout::nchw, op, true, DType::f32, DType::f32, rows));
+  }
+  // A packed residual where the batch norm does not take one is refused, naming it.
+  dptest::DeviceBuffer x32(*B.gpu, shape), y32(*B.gpu, shape), c(*B.gpu, {C});
+  dptest::DeviceBuffer r_nchw(*B.gpu, shape, DType::bf16, Layout::nchw);
+  const dp::BnEpilogue e{r_nchw.ptr(), true};
+  CHECK_THROWS_WITH(
+      B.gpu->batchnorm_forward_infer(x32.tensor(), c.tensor(), c.tensor(), c.tensor(), c.tensor(),
+                                     1e-5f, y32.tensor(), e),
+      Catch::Contains("residual is bf16 nchw") && Catch::Contains("Backend::batchnorm_takes"));
+}
+
+TEST_CASE(
+    "cuda bf16 stores the activations between residual blocks as bf16 where every reader takes "
+    "them",
+    "[cuda][bf16]") {
+  // A batch norm's output is stored packed where the backend stores activations so and every
+  // reader takes it (Module::takes_input, set by the container with set_readers_take): the
+  // stem's and each residual block's bn2 output (the block's), which the next block's conv1, and
+  // its conv3 or its identity shortcut (the residual of its bn2), read. The last block's output
+  // goes to the average pool, which takes f32 only, so it stays f32. Those convolutions plan for
+  // the dtype they are given (set_input_dtype). A training step and an evaluation forward must
+  // give the bits of fp32 storage (DPRUN_CUDA_BF16_CONV_OUTPUT=f32): conv1 and conv3 (with its
+  // bias) reading a packed x and writing an f32 dx, bn2 taking an f32 dy with its packed y.
+  Bf16Backends B;
+  struct Dtypes {
+    DType stem, block1, block2, stage, block3;  // outputs (the stage's: its last block's)
+    DType block1_conv1, block2_conv1, block2_conv3, block3_conv1;  // the inputs they plan for
+    bool operator==(const Dtypes&) const = default;
+  };
+  struct Run {
+    Dtypes dtypes;
+    std::vector<float> y_train, y_eval, dx, grads, buffers;
+  };
+  const auto run = [](dp::Backend& b, Layout layout) {
+    dp::Sequential net;
+    net.add(std::make_unique<dp::Conv2d>(3, 8, 3, 1, 1));
+    net.add(std::make_unique<dp::BatchNorm2d>(8, 1e-5f, 0.1f, dp::BatchNorm2d::Fused{false, true}));
+    auto stage = std::make_unique<dp::Sequential>();
+    stage->add(std::make_unique<dp::Residual>(8, 8));
+    stage->add(std::make_unique<dp::Residual>(8, 16, true, 2));
+    net.add("stage", std::move(stage));
+    net.add(std::make_unique<dp::Residual>(16, 16));
+    net.add(std::make_unique<dp::GlobalAvgPool>());
+    dp::ParamRegistry registry;
+    dp::Arena arena(b);
+    net.declare(registry, "");
+    registry.allocate(b);
+    registry.initialize(41);
+    const dp::Shape input{4, 3, 8, 8};
+    dp::SetupContext ctx{b, arena, registry, layout, {}, {}, true};
+    const dp::Shape out = net.setup(ctx, input);
+    auto& stage_seq = dynamic_cast<dp::Sequential&>(net.at(2));
+    const auto conv = [](dp::Module& block, size_t i) {
+      return dynamic_cast<const dp::Conv2d&>(*block.children().at(i)).input_dtype();
+    };
+    Run r;
+    r.dtypes = Dtypes{
+        net.at(1).output_dtype(), stage_seq.at(0).output_dtype(), stage_seq.at(1).output_dtype(),
+        net.at(2).output_dtype(), net.at(3).output_dtype(),       conv(stage_seq.at(0), 0),
+        conv(stage_seq.at(1), 0), conv(stage_seq.at(1), 2),       conv(net.at(3), 0)};
+    const dp::Tensor x = arena.allocate(input, DType::f32, layout);
+    const dp::Tensor dy = arena.allocate(out, DType::f32, layout);
+    const std::vector<float> xs = dptest::random_vector(input.numel(), 42, -2.0f, 2.0f),
+                             dys = dptest::random_vector(out.numel(), 43);
+    b.upload(x.data, xs.data(), xs.size() * sizeof(float));
+    b.upload(dy.data, dys.data(), dys.size() * sizeof(float));
+    const auto download = [&b](const dp::Tensor& t) {
+      std::vector<float> v(static_cast<size_t>(t.numel()));
+      b.download(v.data(), t.data, t.bytes());
+      return v;
+    };
+    dp::RunContext train{b, registry, true, nullptr, 0, nullptr};
+    r.y_train = download(net.forward(train, x));
+    r.dx = download(net.backward(train, dy, true));
+    r.grads = download(registry.grads_flat());
+    r.buffers = download(registry.buffers_flat());
+    dp::RunContext eval{b, registry, false, nullptr, 0, nullptr};
+    r.y_eval = download(net.forward(eval, x));
+    return r;
+  };
+  const DType f = DType::f32, h = DType::bf16;
+  const Run packed = run(*B.gpu, Layout::nhwc);
+  CHECK(packed.dtypes == Dtypes{h, h, h, h, f, h, h, h, h});
+  CHECK(run(*B.gpu, Layout::nchw).dtypes == Dtypes{f, f, f, f, f, f, f, f, f});
+  CHECK(run(*B.cpu, Layout::nhwc).dtypes == Dtypes{f, f, f, f, f, f, f, f, f});
+  const dptest::EnvVar env("DPRUN_CUDA_BF16_CONV_OUTPUT", std::string("f32"));
+  dp::BackendOptions g;
+  g.kind = dp::BackendKind::cuda;
+  g.precision = dp::Precision::bf16;
+  g.allow_tf32 = false;
+  g.conv_choice = dp::ConvChoice::heuristic;
+  auto wide_backend = dp::create_backend(g);
+  const Run wide = run(*wide_backend, Layout::nhwc);
+  CHECK(wide.dtypes == Dtypes{f, f, f, f, f, f, f, f, f});
+  CHECK(packed.y_train == wide.y_train);
+  CHECK(packed.dx == wide.dx);
+  CHECK(packed.grads == wide.grads);
+  CHECK(packed.buffers == wide.buffers);
+  CHECK(packed.y_eval == wide.y_eval);
+  CHECK(packed.y_eval != packed.y_train);  // evaluation did run on the running statistics
 }

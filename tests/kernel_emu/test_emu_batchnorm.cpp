@@ -235,20 +235,28 @@ std::vector<float> widened(const std::vector<uint16_t>& v) {
   return out;
 }
 
-/// Every output of the batch norm kernels for one x type T, one y type Y and one dy type D
-/// (float: the widened values; uint16_t: the packed ones, returned widened), in the order they
-/// are compared. The epilogue: the residual when `residual`, then a ReLU. dy: the case's, or
-/// with rounded_dy (always with a packed D) its values rounded to bf16.
-template <typename T, typename Y = float, typename D = float>
+/// Every output of the batch norm kernels for one x type T, one y type Y, one dy type D and one
+/// residual type R (float: the widened values; uint16_t: the packed ones, returned widened), in
+/// the order they are compared. The epilogue: the residual when `residual`, then a ReLU. dy: the
+/// case's, or with rounded_dy (always with a packed D) its values rounded to bf16; the residual
+/// likewise with rounded_residual (always with a packed R).
+template <typename T, typename Y = float, typename D = float, typename R = float>
 std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>& x_values,
                                            bool sync, size_t offset, bool residual = true,
-                                           bool rounded_dy = false) {
+                                           bool rounded_dy = false, bool rounded_residual = false) {
   const int64_t rows = k.n * k.h * k.w, c = k.c, hw = k.h * k.w;
   const auto total = static_cast<size_t>(rows * c), cs = static_cast<size_t>(c);
   Guarded<T> x(x_values, offset);
   Guarded<Y> y(total, offset), y_eval(total, offset);
-  Guarded<float> r(nhwc(k, k.residual), offset);
-  const float* rs = residual ? r.data() : nullptr;
+  const auto residual_values = [&] {
+    if constexpr (std::is_same_v<R, uint16_t>) {
+      return packed_bf16(nhwc(k, k.residual));
+    } else {
+      return rounded_residual ? widened(packed_bf16(nhwc(k, k.residual))) : nhwc(k, k.residual);
+    }
+  };
+  Guarded<R> r(residual_values(), offset);
+  const R* rs = residual ? r.data() : nullptr;
   Guarded<float> gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
   Guarded<float> save_mean(cs), save_invstd(cs), dgamma(cs), dbeta(cs), sums(cs), sq(cs);
   const auto dy_values = [&] {
@@ -292,8 +300,9 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
   EMU_CHECK_INTACT(dx);
   EMU_CHECK_INTACT(y);
   EMU_CHECK_INTACT(y_eval);
-  for (const Guarded<float>* b : {&r, &rm, &rv, &save_mean, &save_invstd, &dgamma, &dbeta, &sums,
-                                  &sq, &dz, &grad_sums, &scratch}) {
+  EMU_CHECK_INTACT(r);
+  for (const Guarded<float>* b : {&rm, &rv, &save_mean, &save_invstd, &dgamma, &dbeta, &sums, &sq,
+                                  &dz, &grad_sums, &scratch}) {
     EMU_CHECK_INTACT(*b);
   }
   const auto wide = [](const auto& buffer) {
@@ -443,6 +452,45 @@ TEST_CASE(
                                                                     offset, false, true);
   const size_t sums = sync ? 12 : 6;  // grad_sums, or dgamma
   CHECK_FALSE(same_bits(other[sums], want[sums]));
+}
+
+TEST_CASE(
+    "emulated cuda: batch norm kernels given a packed bf16 residual compute the bits of its "
+    "widening",
+    "[emulated][batchnorm][bf16]") {
+  // Precision bf16 stores a residual block's output packed for the next block, whose identity
+  // shortcut is bn2's residual: the normalising kernels (training, evaluation, synchronised) must
+  // read it as the fp32 tensor of the same values, so every output keeps its bits, into an f32 y
+  // or a packed one. C = 3 takes the scalar kernels, C = 64 the 16-byte ones, one float off the
+  // 16-byte alignment the scalar ones again.
+  const int64_t c = GENERATE(3, 64);
+  const size_t offset = GENERATE(size_t{0}, size_t{1});
+  const bool sync = GENERATE(false, true);
+  const bool bf16_y = GENERATE(false, true);
+  const BnCase k = make_case(3, c, 5, 7);
+  INFO("C " << c << ", offset " << offset << (sync ? ", synchronised kernels" : ", nhwc kernels")
+            << (bf16_y ? ", bf16 y" : ", f32 y"));
+  const auto outputs = [&](auto residual_type, const BnCase& kc) {
+    using R = decltype(residual_type);
+    if (bf16_y) {
+      return bn_outputs<float, uint16_t, float, R>(kc, nhwc(kc, kc.x), sync, offset, true, false,
+                                                   true);
+    }
+    return bn_outputs<float, float, float, R>(kc, nhwc(kc, kc.x), sync, offset, true, false, true);
+  };
+  const auto want = outputs(float{}, k);
+  const auto got = outputs(uint16_t{}, k);
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO(kOutputNames[i]);
+    CHECK(same_bits(want[i], got[i]));
+  }
+  // The kernels do read the packed residual: with it negated, y moves.
+  BnCase flipped = k;
+  for (float& v : flipped.residual) v = -v;
+  const auto other = outputs(uint16_t{}, flipped);
+  CHECK_FALSE(same_bits(other[0], want[0]));
+  CHECK_FALSE(same_bits(other[1], want[1]));
 }
 
 TEST_CASE(

@@ -69,8 +69,9 @@ struct ConvUse {
   /// takes (Backend::batchnorm_takes): ConvPlan::output_dtype says which.
   bool output_to_batchnorm = false;
   /// The dtype of the x the forward and backward-filter passes are given: f32, or a type the
-  /// backend's convolutions take (Backend::conv_takes; the output of a batch norm that only this
-  /// convolution reads, stored narrower: BatchNorm2d::feeds). ConvPlan::input_dtype.
+  /// backend's convolutions take (Backend::conv_takes; a batch norm's output stored narrower,
+  /// for this convolution alone, BatchNorm2d::feeds, or for readers that all take it, such as
+  /// the next residual block's conv1 and conv3: Module::set_input_dtype). ConvPlan::input_dtype.
   DType input_dtype = DType::f32;
 };
 
@@ -342,22 +343,26 @@ class Backend {
   /// before the step loop. Optional: a larger call than declared still works, preparing then,
   /// but not while a step is being captured.
   void prepare_batchnorm(const Shape& max_input, Layout layout);
-  /// Whether the batch-norm ops take an (N, C, H, W) x, and write a y, of `dtype` in `layout`
-  /// (f32: always; bf16: the cuda backend's channels-last kernels, which widen x as they read it
-  /// and round y as they write it; x and y choose apart). dx takes x's dtype (a bf16 dx is the
-  /// fp32 gradient rounded to bf16, as the convolution that wrote x rounds its output gradient
-  /// anyway). A bf16 y holds the epilogue's output rounded, for a convolution that rounds its
-  /// input so anyway (ConvUse::input_dtype); the ReLU epilogue's backward takes that y, whose sign
-  /// is the mask: the fp32 value's, but for a positive value at most 2^-134, which rounds to 0
-  /// (the convolution reads 0 there either way), so that gradient is 0 where fp32 storage's
-  /// would pass.
-  /// Everything else (dy, the residual, dz, the per-channel vectors) stays f32.
+  /// Whether the batch-norm ops take an (N, C, H, W) x, write a y, and add an epilogue residual,
+  /// of `dtype` in `layout` (f32: always; bf16: the cuda backend's channels-last kernels, which
+  /// widen x and the residual as they read them and round y as they write it; x, y and the
+  /// residual choose apart). dx takes x's dtype (a bf16 dx is the fp32 gradient rounded to bf16,
+  /// as the convolution that wrote x rounds its output gradient anyway). A bf16 y holds the
+  /// epilogue's output packed: in precision bf16 the output is rounded to bf16 whatever its
+  /// storage (see batchnorm_forward_train), so packing loses nothing, and the ReLU epilogue's
+  /// backward takes the rounded y's sign as the mask in either storage. A bf16 residual is a
+  /// packed earlier output (a residual block's identity shortcut).
+  /// Everything else (dz, the per-channel vectors, dy but for batchnorm_backward's and
+  /// batchnorm_backward_sums') stays f32.
   bool batchnorm_takes(DType dtype, Layout layout) const;
   /// Training: normalise with this batch's mean and biased variance; update running stats as
   /// PyTorch does (running = (1-momentum)*running + momentum*stat, the variance unbiased by
   /// n/(n-1) where n = N*H*W, which must be > 1); save_mean, save_invstd (C) = mean and
   /// 1/sqrt(var_biased + eps) for the backward pass. y = gamma * (x - mean) * invstd + beta.
-  /// momentum in [0, 1], eps > 0. With an epilogue, y is its output.
+  /// momentum in [0, 1], eps > 0. With an epilogue, y is its output. In precision bf16 y is
+  /// rounded to bf16 (after the epilogue), as every op that writes a batch norm's output does:
+  /// the activations a network's batch norms give its next layers are bf16 values, as autocast's
+  /// bf16 batch norm writes them (Precision).
   void batchnorm_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                const Tensor& running_mean, const Tensor& running_var,
                                float momentum, float eps, const Tensor& save_mean,
@@ -650,9 +655,11 @@ const char* cpu_kernels_name(CpuKernels k);  // "automatic", "onednn", "blas"
 /// is added to the fp32 sum before the one rounding of the output (a separate bias kernel after
 /// a bf16 cuDNN/cuBLAS output would round twice: fuse it, or give the GEMM an fp32 output); a
 /// convolution's weight gradient is rounded once, from one fp32 sum over the replica's batch
-/// (not per chunk of it); a linear layer's comes out fp32 from bf16 x and dy; batch norm, residual
-/// adds and pooling read and write fp32 values (a path that stores those in bf16 too must round
-/// their outputs here as well). NaN keeps its payload here; compare NaN with isnan only.
+/// (not per chunk of it); a linear layer's comes out fp32 from bf16 x and dy; a batch norm's
+/// output is rounded to bf16 once, after its fused residual add and ReLU, so the activations
+/// between a ResNet's blocks are bf16 values, which its identity shortcuts add and its pooling
+/// averages (batch norm's statistics and arithmetic, its gradients, and pooling and adds outside
+/// a batch norm stay fp32). NaN keeps its payload here; compare NaN with isnan only.
 enum class Precision { fp32, bf16 };
 const char* precision_name(Precision p);  // "fp32", "bf16"
 /// Every precision by its name; parse_precision throws dp::Error naming the known ones.

@@ -40,11 +40,15 @@ class Conv2d : public Module {
   bool bias_folded() const { return bias_folded_; }
   /// The dtype of its output (after setup): f32, or where only a batch norm reads it, what the
   /// backend stores it as (ConvPlan::output_dtype). Its output gradient has it too.
-  DType output_dtype() const;
+  DType output_dtype() const override;
   /// The dtype of the x it takes (after setup): f32, or that of the batch norm's output that
-  /// only this layer reads (BatchNorm2d::feeds, ConvPlan::input_dtype). Its input gradient is
-  /// what that batch norm's backward takes (BatchNorm2d::output_grad_dtype).
+  /// only this layer reads (BatchNorm2d::feeds, ConvPlan::input_dtype), whose backward takes
+  /// its input gradient so (BatchNorm2d::output_grad_dtype), or the dtype its container gave
+  /// (set_input_dtype; its input gradient is then f32).
   DType input_dtype() const;
+  /// f32, and what the backend's convolutions take (Backend::conv_takes: precision bf16 on the
+  /// GPU, whose passes round x to bf16 anyway).
+  bool takes_input(DType dtype, const SetupContext& ctx) const override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -138,11 +142,18 @@ class BatchNorm2d : public Module {
   /// setup; conv must take this layer's channel count and read no other batch norm's output.
   /// Throws dp::Error otherwise.
   void feeds(Conv2d& conv);
-  /// The dtype of its output (after setup): f32, or with feeds() what the backend stores it as.
-  DType output_dtype() const { return y_dtype_; }
-  /// The dtype of the output gradient its backward takes: the output's with a fused ReLU (whose
-  /// y its backward reads, Backend::batchnorm_backward), f32 without one.
-  DType output_grad_dtype() const { return fused_.relu ? y_dtype_ : DType::f32; }
+  /// The dtype of its output (after setup): f32, or packed bf16 where the backend's batch norm
+  /// and convolutions store activations so (Backend::batchnorm_takes, Backend::conv_takes) and
+  /// every reader takes it: the convolution it feeds(), or readers that said so
+  /// (set_readers_take: the next residual block, whose convolutions and shortcut add read it).
+  /// In precision bf16 the output is rounded to bf16 either way (Backend::batchnorm_forward_train).
+  DType output_dtype() const override { return y_dtype_; }
+  /// The dtype of the output gradient its backward takes from the convolution it feeds(): the
+  /// output's with a fused ReLU (whose y its backward reads, Backend::batchnorm_backward), else
+  /// f32. Every other reader gives it an f32 gradient.
+  DType output_grad_dtype() const {
+    return fused_.relu && output_to_ != nullptr ? y_dtype_ : DType::f32;
+  }
 
   StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
   StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
@@ -315,6 +326,10 @@ class Residual : public Module {
 
   StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
   StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
+  /// f32, and a dtype that conv1, and conv3 or (an identity shortcut) bn2's residual add, take.
+  bool takes_input(DType dtype, const SetupContext& ctx) const override;
+  /// bn2's: the block's output, stored as bf16 where its readers take it (the next block).
+  DType output_dtype() const override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;

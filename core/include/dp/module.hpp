@@ -194,8 +194,27 @@ class Module {
   /// values (a batch norm takes a convolution's bias: BatchNorm2d::fold_bias_of). Returns
   /// whether it did. The default takes nothing.
   virtual bool fold_previous(Module& previous) { return false; }
+  /// Whether forward and backward read an input of `dtype` as well as f32; asked before setup by
+  /// this module's container, which may then let the module before it store its output so
+  /// (set_readers_take). ctx is that setup's (backend, layout). The default takes f32 only.
+  virtual bool takes_input(DType dtype, const SetupContext& ctx) const {
+    (void)ctx;
+    return dtype == DType::f32;
+  }
+  /// The dtype of the output (after setup): f32, unless the module stores it narrower for
+  /// readers that take it (set_readers_take: a batch norm's output as packed bf16).
+  virtual DType output_dtype() const { return DType::f32; }
+  /// Before setup, by the container: every reader of this module's output takes `dtype` as well
+  /// as f32 (takes_input of the next module), so the module may store its output so. A container
+  /// that never calls it leaves f32, which every module takes.
+  void set_readers_take(DType dtype) { readers_take_ = dtype; }
+  /// Before setup, by the container: the dtype of the input forward will be given (the
+  /// output_dtype() of the module before; one this module takes_input). f32 unless set.
+  void set_input_dtype(DType dtype) { input_dtype_ = dtype; }
 
  protected:
+  DType readers_take() const { return readers_take_; }
+  DType given_input_dtype() const { return input_dtype_; }
   virtual Shape do_setup(SetupContext& ctx, const Shape& input) = 0;
   virtual Tensor do_forward(RunContext& ctx, const Tensor& x) = 0;
   virtual Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) = 0;
@@ -203,6 +222,8 @@ class Module {
  private:
   Shape input_, output_;
   int64_t last_batch_ = -1;
+  DType readers_take_ = DType::f32;  // set_readers_take
+  DType input_dtype_ = DType::f32;   // set_input_dtype
 };
 
 /// Children run in order; named "0", "1", ... unless a name is given (PyTorch add_module).
@@ -219,6 +240,10 @@ class Sequential : public Module {
   std::vector<Module*> children() override;
   StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
   StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
+  /// What its first module takes; its output is its last module's. Each module's readers are
+  /// the next module (the last one's: this container's).
+  bool takes_input(DType dtype, const SetupContext& ctx) const override;
+  DType output_dtype() const override;
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;

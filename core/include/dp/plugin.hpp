@@ -16,6 +16,8 @@
 // (input_of_), which moves its later members.
 // Version 4: dp::Backend gained conv_takes_impl, dp::ConvUse and dp::ConvPlan an input dtype,
 // Conv2d a member (input_from_) and BatchNorm2d two (output_to_, y_dtype_).
+// Version 5: dp::Module gained virtual functions (takes_input, output_dtype) and two members
+// (the dtypes its container gives: set_readers_take, set_input_dtype).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -27,7 +29,7 @@
 #include "dp/data.hpp"
 #include "dp/module.hpp"
 
-#define DPRUN_PLUGIN_ABI_VERSION 4u
+#define DPRUN_PLUGIN_ABI_VERSION 5u
 #define DPRUN_PLUGIN_MAGIC 0x4450524Eu /* "DPRN" */
 
 namespace dp {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "cpu/bf16_cpu.hpp"
 #include "cpu/cpu_backend.hpp"
 #include "dp/error.hpp"
 
@@ -167,6 +168,11 @@ DP_CPU_LOOPS void batchnorm_backward_nchw(int threads, const Tensor& x, const Te
 
 }  // namespace
 
+// A separate pass: the bf16 reference is not the speed path, and the loops stay fp32's.
+void CpuBackend::round_batchnorm_output(const Tensor& y) {
+  if (precision_ == Precision::bf16) round_to_bf16_in_place(threads_, y.f32(), y.numel());
+}
+
 void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
                                               const Tensor& beta, const Tensor& running_mean,
                                               const Tensor& running_var, float momentum, float eps,
@@ -175,10 +181,11 @@ void CpuBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& gam
   if (is_nhwc(x)) {
     batchnorm_forward_train_nhwc(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
                                  save_mean, save_invstd, y, Epilogue(epilogue));
-    return;
+  } else {
+    batchnorm_forward_train_nchw(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
+                                 save_mean, save_invstd, y, Epilogue(epilogue));
   }
-  batchnorm_forward_train_nchw(threads_, x, gamma, beta, running_mean, running_var, momentum, eps,
-                               save_mean, save_invstd, y, Epilogue(epilogue));
+  round_batchnorm_output(y);
 }
 
 void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
@@ -188,10 +195,11 @@ void CpuBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gam
   if (is_nhwc(x)) {
     batchnorm_forward_infer_nhwc(threads_, x, gamma, beta, running_mean, running_var, eps, y,
                                  Epilogue(epilogue));
-    return;
+  } else {
+    batchnorm_forward_infer_nchw(threads_, x, gamma, beta, running_mean, running_var, eps, y,
+                                 Epilogue(epilogue));
   }
-  batchnorm_forward_infer_nchw(threads_, x, gamma, beta, running_mean, running_var, eps, y,
-                               Epilogue(epilogue));
+  round_batchnorm_output(y);
 }
 
 void CpuBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
@@ -301,6 +309,7 @@ void CpuBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamma
       }
     }
   }
+  round_batchnorm_output(y);
 }
 
 // x, dy (N,C,H,W) or NHWC, save_mean, save_invstd (C) -> sums (2C) = [sum dy, sum dy * xhat];

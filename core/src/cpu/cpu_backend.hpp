@@ -269,6 +269,9 @@ class CpuBackend final : public Backend {
 
   /// The shared scratch of this backend's plans, made anew when no plan holds it.
   std::shared_ptr<SharedScratch> shared_scratch();
+  /// Precision bf16: a batch norm's output y rounded to bf16 in place (after its epilogue; the
+  /// contract of Backend::batchnorm_forward_train). Nothing in fp32.
+  void round_batchnorm_output(const Tensor& y);
   /// The fp32 linear passes (the bf16 ones round around them).
   void linear_forward_fp32(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y);
   void linear_backward_fp32(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,

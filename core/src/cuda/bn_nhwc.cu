@@ -253,28 +253,28 @@ __device__ __forceinline__ float normalised(float x, float mean, float scale, fl
 }
 
 // y = epilogue((x - mean) * scale + beta), one element per thread step; a bf16 y (Y = uint16_t)
-// holds it rounded (store_f32).
-template <bool kResidual, bool kRelu, typename T, typename Y>
+// holds it rounded (store_f32); a bf16 residual (R = uint16_t) is widened as it is read.
+template <bool kResidual, bool kRelu, typename T, typename Y, typename R>
 __global__ void apply_kernel(const T* x, const float* mean, const float* scale, const float* beta,
-                             const float* residual, Y* y, int64_t total, int64_t c) {
+                             const R* residual, Y* y, int64_t total, int64_t c) {
   DP_GRID_STRIDE(i, total) {
     const int64_t ch = i % c;
     store_f32(y, i,
               normalised<kResidual, kRelu>(load_f32(x, i), mean[ch], scale[ch], beta[ch],
-                                           kResidual ? residual[i] : 0.0f));
+                                           kResidual ? load_f32(residual, i) : 0.0f));
   }
 }
 
 // The same with 16-byte loads and stores: C a multiple of 4 and every pointer 16-byte aligned.
 // I: the index type, int32_t where every offset fits (the channel of each float4 is a division,
 // which the GPU emulates in 64 bits).
-template <bool kResidual, bool kRelu, typename T, typename Y, typename I>
+template <bool kResidual, bool kRelu, typename T, typename Y, typename R, typename I>
 __global__ void apply4_kernel(const T* x, const float* mean, const float* scale, const float* beta,
-                              const float4* residual, Y* y, I total4, I c) {
+                              const R* residual, Y* y, I total4, I c) {
   DP_GRID_STRIDE_AS(I, i, total4) {
     const I ch = (4 * i) % c;
     const float4 v = load4_f32(x, 4 * i);
-    const float4 r = kResidual ? residual[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 r = kResidual ? load4_f32(residual, 4 * i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 out;
     out.x = normalised<kResidual, kRelu>(v.x, mean[ch], scale[ch], beta[ch], r.x);
     out.y = normalised<kResidual, kRelu>(v.y, mean[ch + 1], scale[ch + 1], beta[ch + 1], r.y);
@@ -284,47 +284,48 @@ __global__ void apply4_kernel(const T* x, const float* mean, const float* scale,
   }
 }
 
-template <bool kResidual, bool kRelu, typename T, typename Y>
+template <bool kResidual, bool kRelu, typename T, typename Y, typename R>
 void launch_apply(const T* x, const float* mean, const float* scale, const float* beta,
-                  const float* residual, Y* y, int64_t total, int64_t c, cudaStream_t stream) {
+                  const R* residual, Y* y, int64_t total, int64_t c, cudaStream_t stream) {
   if (c % 4 == 0 && aligned16(x) && aligned16(residual) && aligned16(y)) {
     const int64_t total4 = total / 4;
-    const auto* r4 = reinterpret_cast<const float4*>(residual);
     const unsigned grid = grid_for(total4);
     dispatch_index(total + 4 * int64_t{kThreads} * grid, [&](auto index) {
       using I = decltype(index);
-      apply4_kernel<kResidual, kRelu, T, Y, I><<<grid, kThreads, 0, stream>>>(
-          x, mean, scale, beta, r4, y, static_cast<I>(total4), static_cast<I>(c));
+      apply4_kernel<kResidual, kRelu, T, Y, R, I><<<grid, kThreads, 0, stream>>>(
+          x, mean, scale, beta, residual, y, static_cast<I>(total4), static_cast<I>(c));
     });
     CUDA_CHECK_LAUNCH(apply4_kernel);
   } else {
-    apply_kernel<kResidual, kRelu, T, Y>
+    apply_kernel<kResidual, kRelu, T, Y, R>
         <<<grid_for(total), kThreads, 0, stream>>>(x, mean, scale, beta, residual, y, total, c);
     CUDA_CHECK_LAUNCH(apply_kernel);
   }
 }
 
-template <typename T, typename Y>
-void apply(const T* x, const float* mean, const float* scale, const float* beta,
-           const float* residual, bool relu, Y* y, int64_t total, int64_t c, cudaStream_t stream) {
+// Without a residual the kernels are those of R = float (one set, whatever R).
+template <typename T, typename Y, typename R>
+void apply(const T* x, const float* mean, const float* scale, const float* beta, const R* residual,
+           bool relu, Y* y, int64_t total, int64_t c, cudaStream_t stream) {
   if (total == 0) return;
+  const float* none = nullptr;
   if (residual != nullptr) {
     if (relu) {
-      launch_apply<true, true, T, Y>(x, mean, scale, beta, residual, y, total, c, stream);
+      launch_apply<true, true, T, Y, R>(x, mean, scale, beta, residual, y, total, c, stream);
     } else {
-      launch_apply<true, false, T, Y>(x, mean, scale, beta, residual, y, total, c, stream);
+      launch_apply<true, false, T, Y, R>(x, mean, scale, beta, residual, y, total, c, stream);
     }
   } else if (relu) {
-    launch_apply<false, true, T, Y>(x, mean, scale, beta, residual, y, total, c, stream);
+    launch_apply<false, true, T, Y, float>(x, mean, scale, beta, none, y, total, c, stream);
   } else {
-    launch_apply<false, false, T, Y>(x, mean, scale, beta, residual, y, total, c, stream);
+    launch_apply<false, false, T, Y, float>(x, mean, scale, beta, none, y, total, c, stream);
   }
 }
 
 // Partial sums of g and g * (x - mean) per (group, channel), g = dy, or with the ReLU epilogue
-// g = y > 0 ? dy : 0, written to dz (y as stored: a bf16 y's sign is its fp32 value's, but for a
-// positive value at most 2^-134, half bf16's least subnormal, which rounded to 0). D: dy's type,
-// a packed bf16 dy (the gradient a bf16 convolution wrote, rounded) widened as it is read.
+// g = y > 0 ? dy : 0, written to dz (y as stored, rounded to bf16 in precision bf16 whether
+// packed or not, so either storage gives one mask). D: dy's type, a packed bf16 dy (the gradient
+// a bf16 convolution wrote, rounded) widened as it is read.
 template <bool kRelu, typename T, typename Y, typename D>
 __global__ void backward_partial_kernel(const T* x, const D* dy, const Y* y, float* dz,
                                         const float* mean, int64_t rows, int64_t c, int64_t groups,
@@ -413,10 +414,10 @@ size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c) {
   return static_cast<size_t>(2 * bn_nhwc_groups(rows) * c + 3 * c);
 }
 
-template <typename T, typename Y>
+template <typename T, typename Y, typename R>
 void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, float* running_mean,
                            float* running_var, float momentum, float eps, float* save_mean,
-                           float* save_invstd, const float* residual, bool relu, Y* y, int64_t rows,
+                           float* save_invstd, const R* residual, bool relu, Y* y, int64_t rows,
                            int64_t c, float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   const int64_t groups = bn_nhwc_groups(rows);
@@ -439,10 +440,10 @@ void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, fl
   apply(x, save_mean, scale, beta, residual, relu, y, rows * c, c, stream);
 }
 
-template <typename T, typename Y>
+template <typename T, typename Y, typename R>
 void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
                            const float* running_mean, const float* running_var, float eps,
-                           const float* residual, bool relu, Y* y, int64_t rows, int64_t c,
+                           const R* residual, bool relu, Y* y, int64_t rows, int64_t c,
                            float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   infer_scale_kernel<<<grid_for(c), kThreads, 0, stream>>>(gamma, running_var, eps, scratch, c);
@@ -512,22 +513,27 @@ void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const floa
 }
 
 // fp32 activations, and packed bf16 ones: x the stored output of a bf16 convolution, y the
-// stored output of a batch norm that only a bf16 convolution reads.
-#define DP_BN_NHWC_TYPES(T, Y)                                                                    \
-  template void bn_nhwc_forward_train<T, Y>(const T*, const float*, const float*, float*, float*, \
-                                            float, float, float*, float*, const float*, bool, Y*, \
-                                            int64_t, int64_t, float*, cudaStream_t);              \
-  template void bn_nhwc_forward_infer<T, Y>(const T*, const float*, const float*, const float*,   \
-                                            const float*, float, const float*, bool, Y*, int64_t, \
-                                            int64_t, float*, cudaStream_t);                       \
-  template void bn_nhwc_backward<T, Y, float>(                                                    \
-      const T*, const float*, const Y*, float*, const float*, const float*, const float*, T*,     \
+// stored output of a batch norm whose readers take it so (a bf16 convolution, the next residual
+// block), the residual a packed earlier output (an identity shortcut).
+#define DP_BN_NHWC_FORWARD(T, Y, R)                                                                \
+  template void bn_nhwc_forward_train<T, Y, R>(const T*, const float*, const float*, float*,       \
+                                               float*, float, float, float*, float*, const R*,     \
+                                               bool, Y*, int64_t, int64_t, float*, cudaStream_t);  \
+  template void bn_nhwc_forward_infer<T, Y, R>(const T*, const float*, const float*, const float*, \
+                                               const float*, float, const R*, bool, Y*, int64_t,   \
+                                               int64_t, float*, cudaStream_t);
+#define DP_BN_NHWC_TYPES(T, Y)                                                                \
+  DP_BN_NHWC_FORWARD(T, Y, float)                                                             \
+  DP_BN_NHWC_FORWARD(T, Y, uint16_t)                                                          \
+  template void bn_nhwc_backward<T, Y, float>(                                                \
+      const T*, const float*, const Y*, float*, const float*, const float*, const float*, T*, \
       float*, float*, int64_t, int64_t, float*, cudaStream_t);
 DP_BN_NHWC_TYPES(float, float)
 DP_BN_NHWC_TYPES(uint16_t, float)
 DP_BN_NHWC_TYPES(float, uint16_t)
 DP_BN_NHWC_TYPES(uint16_t, uint16_t)
 #undef DP_BN_NHWC_TYPES
+#undef DP_BN_NHWC_FORWARD
 // A packed bf16 dy, with a bf16 y (the ReLU epilogue's, whose sign is the mask): the gradient a
 // bf16 convolution wrote for the batch norm that feeds it alone.
 template void bn_nhwc_backward<float, uint16_t, uint16_t>(const float*, const uint16_t*,

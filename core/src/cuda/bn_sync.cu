@@ -86,38 +86,40 @@ __global__ void bn_finalize_stats_kernel(const float* mean, const float* var, fl
 }
 
 // y = relu?(normalised x (+ residual)): the values of the normalisation, add and relu_forward
-// one after the other (NaN stays NaN), stored as Y.
-template <bool kNhwc, bool kResidual, bool kRelu, typename T, typename Y>
+// one after the other (NaN stays NaN), stored as Y; a residual of R (a packed bf16 one widened).
+template <bool kNhwc, bool kResidual, bool kRelu, typename T, typename Y, typename R>
 __global__ void bn_normalize_kernel(const T* x, const float* gamma, const float* beta,
-                                    const float* mean, const float* invstd, const float* residual,
-                                    Y* y, int64_t n, int64_t c, int64_t hw) {
+                                    const float* mean, const float* invstd, const R* residual, Y* y,
+                                    int64_t n, int64_t c, int64_t hw) {
   DP_GRID_STRIDE(i, n) {
     const int64_t ch = kNhwc ? i % c : (i / hw) % c;
     const float scale = gamma[ch] * invstd[ch];
     float v = load_f32(x, i) * scale + (beta[ch] - mean[ch] * scale);
-    if (kResidual) v = v + residual[i];
+    if (kResidual) v = v + load_f32(residual, i);
     if (kRelu) v = v < 0.0f ? 0.0f : v;
     store_f32(y, i, v);
   }
 }
 
-template <bool kNhwc, typename T, typename Y>
+// Without a residual the kernels are those of R = float (one set, whatever R).
+template <bool kNhwc, typename T, typename Y, typename R>
 void launch_normalize(const T* x, const float* gamma, const float* beta, const float* mean,
-                      const float* invstd, const float* residual, bool relu, Y* y, int64_t total,
+                      const float* invstd, const R* residual, bool relu, Y* y, int64_t total,
                       int64_t c, int64_t hw, cudaStream_t stream) {
   const unsigned grid = grid_for(total);
+  const float* none = nullptr;
   if (residual != nullptr && relu) {
-    bn_normalize_kernel<kNhwc, true, true, T, Y>
+    bn_normalize_kernel<kNhwc, true, true, T, Y, R>
         <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, residual, y, total, c, hw);
   } else if (residual != nullptr) {
-    bn_normalize_kernel<kNhwc, true, false, T, Y>
+    bn_normalize_kernel<kNhwc, true, false, T, Y, R>
         <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, residual, y, total, c, hw);
   } else if (relu) {
-    bn_normalize_kernel<kNhwc, false, true, T, Y>
-        <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, residual, y, total, c, hw);
+    bn_normalize_kernel<kNhwc, false, true, T, Y, float>
+        <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, none, y, total, c, hw);
   } else {
-    bn_normalize_kernel<kNhwc, false, false, T, Y>
-        <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, residual, y, total, c, hw);
+    bn_normalize_kernel<kNhwc, false, false, T, Y, float>
+        <<<grid, kThreads, 0, stream>>>(x, gamma, beta, mean, invstd, none, y, total, c, hw);
   }
   CUDA_CHECK_LAUNCH(bn_normalize_kernel);
 }
@@ -167,12 +169,12 @@ void bn_sums(const T* x, const float* mean, float* out, int64_t n, int64_t c, in
   CUDA_CHECK_LAUNCH(bn_sums_kernel);
 }
 
-template <typename T, typename Y>
+template <typename T, typename Y, typename R>
 void bn_apply_stats(const T* x, const float* gamma, const float* beta, const float* mean,
                     const float* var, float* running_mean, float* running_var, float momentum,
                     float eps, int64_t count, float* save_mean, float* save_invstd,
-                    const float* residual, bool relu, Y* y, int64_t n, int64_t c, int64_t hw,
-                    bool nhwc, cudaStream_t stream) {
+                    const R* residual, bool relu, Y* y, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                    cudaStream_t stream) {
   bn_finalize_stats_kernel<<<grid_for(c), kThreads, 0, stream>>>(
       mean, var, running_mean, running_var, momentum, eps, count, save_mean, save_invstd, c);
   CUDA_CHECK_LAUNCH(bn_finalize_stats_kernel);
@@ -216,20 +218,23 @@ void bn_backward_apply(const T* x, const float* dy, const float* gamma, const fl
 }
 
 // fp32 activations, and packed bf16 ones: x the stored output of a bf16 convolution, y the
-// stored output of a batch norm that only a bf16 convolution reads.
+// stored output of a batch norm whose readers take it so, the residual a packed earlier output.
 #define DP_BN_SYNC_INPUT(T)                                                                     \
   template void bn_sums<T>(const T*, const float*, float*, int64_t, int64_t, int64_t, bool,     \
                            cudaStream_t);                                                       \
   template void bn_backward_apply<T>(const T*, const float*, const float*, const float*,        \
                                      const float*, const float*, int64_t, T*, int64_t, int64_t, \
                                      int64_t, bool, cudaStream_t);
-#define DP_BN_SYNC_TYPES(T, Y)                                                                    \
-  template void bn_apply_stats<T, Y>(const T*, const float*, const float*, const float*,          \
-                                     const float*, float*, float*, float, float, int64_t, float*, \
-                                     float*, const float*, bool, Y*, int64_t, int64_t, int64_t,   \
-                                     bool, cudaStream_t);                                         \
-  template void bn_backward_sums<T, Y, float>(const T*, const float*, const Y*, float*,           \
-                                              const float*, const float*, float*, int64_t,        \
+#define DP_BN_SYNC_APPLY(T, Y, R)                                                             \
+  template void bn_apply_stats<T, Y, R>(const T*, const float*, const float*, const float*,   \
+                                        const float*, float*, float*, float, float, int64_t,  \
+                                        float*, float*, const R*, bool, Y*, int64_t, int64_t, \
+                                        int64_t, bool, cudaStream_t);
+#define DP_BN_SYNC_TYPES(T, Y)                                                             \
+  DP_BN_SYNC_APPLY(T, Y, float)                                                            \
+  DP_BN_SYNC_APPLY(T, Y, uint16_t)                                                         \
+  template void bn_backward_sums<T, Y, float>(const T*, const float*, const Y*, float*,    \
+                                              const float*, const float*, float*, int64_t, \
                                               int64_t, int64_t, bool, cudaStream_t);
 DP_BN_SYNC_INPUT(float)
 DP_BN_SYNC_INPUT(uint16_t)
@@ -238,6 +243,7 @@ DP_BN_SYNC_TYPES(uint16_t, float)
 DP_BN_SYNC_TYPES(float, uint16_t)
 DP_BN_SYNC_TYPES(uint16_t, uint16_t)
 #undef DP_BN_SYNC_INPUT
+#undef DP_BN_SYNC_APPLY
 #undef DP_BN_SYNC_TYPES
 // A packed bf16 dy, with a bf16 y: the gradient a bf16 convolution wrote for the batch norm that
 // feeds it alone.

@@ -131,12 +131,12 @@ CudaBackend::CudaBackend(const BackendOptions& options)
                               "use ours (dprun's channels-last kernels, the default) or cudnn "
                               "(cuDNN's legacy batch norm)");
     // Which dtype holds a bf16 convolution's output that only our batch norm reads, and a batch
-    // norm's output that only a bf16 convolution reads: packed bf16 (the default) or f32 (the
-    // widened copy), for benchmarks and tests that compare them.
+    // norm's output whose readers take bf16 (a convolution, the next residual block): packed
+    // bf16 (the default) or f32 (the widened copy), for benchmarks and tests that compare them.
     bf16_storage_ = env_switch("DPRUN_CUDA_BF16_CONV_OUTPUT", "bf16", "f32", true,
                                "use bf16 (a bf16 convolution that feeds a batch norm writes its "
-                               "output as bf16, and a batch norm that feeds one its output, the "
-                               "default) or f32 (both widened to f32)");
+                               "output as bf16, and a batch norm whose readers take bf16 its "
+                               "output, the default) or f32 (every activation f32)");
     // A check for reads of scratch nobody wrote (scripts/gpu-check runs the op tests under it):
     // each convolution pass's scratch, the operand copies and cuDNN's workspace, is filled with
     // 0xFF bytes (NaN in fp32 and in bf16) right before the pass, so a library's kernel or ours

@@ -16,9 +16,11 @@
 // rounded fp32 sum, widened back into the fp32 tensor. A forward with a bias, whose bias must
 // join before the rounding, and any pass cuDNN cannot run on bf16 data, run fp32 kernels with
 // TF32 tensor-core math on copies rounded to bf16 but kept as floats (exact for bf16 values: an
-// 8-bit significand fits TF32's 11), their outputs rounded after. Tensors a batch norm and a
-// convolution alone exchange are stored packed (ConvPlan::output_dtype, ConvPlan::input_dtype);
-// the rest stays fp32, each operand costing a rounding pass.
+// 8-bit significand fits TF32's 11), their outputs rounded after. In NHWC, tensors a batch norm
+// and a convolution alone exchange are stored packed (ConvPlan::output_dtype,
+// ConvPlan::input_dtype), and so is a batch norm's output whose every reader takes it (the
+// activations between residual blocks: Module::takes_input); the rest stays fp32, each operand
+// costing a rounding pass, and a batch norm's f32 output a rounding pass of its own.
 
 // Memory: allocate() is cudaMalloc, counted (in use, peak). The backend's own scratch (the cuDNN
 // workspace shared by all convolution plans, filter-transpose and reduction scratch, the
@@ -339,6 +341,9 @@ class CudaBackend final : public Backend {
   /// the CPU backend's fused loops; one fused pass is GPU work still to be measured.
   void apply_epilogue(const Tensor& y, const BnEpilogue& epilogue);
   const Tensor& epilogue_gradient(const Tensor& dy, const BnEpilogueGrad& epilogue);
+  /// Precision bf16: an f32 batch-norm output rounded to bf16 in place, the values a packed one
+  /// holds (Backend::batchnorm_forward_train). Nothing otherwise.
+  void round_batchnorm_output(const Tensor& y);
 
   /// A plan of this backend (refused otherwise, like every op's plan).
   CudnnConvPlan& own_plan(ConvPlan& plan, const char* op);
@@ -378,8 +383,8 @@ class CudaBackend final : public Backend {
   /// NHWC batch norm by bn_nhwc.cu (true) or cuDNN (DPRUN_CUDA_NHWC_BN=cudnn, for comparisons).
   bool own_nhwc_bn_ = true;
   /// Precision bf16: a convolution whose output only a batch norm of ours reads writes it as
-  /// packed bf16, and convolutions take a packed bf16 x (a batch norm's output that only the
-  /// convolution reads), when true; f32 tensors (DPRUN_CUDA_BF16_CONV_OUTPUT=f32, for
+  /// packed bf16, and convolutions take a packed bf16 x (a batch norm's output, stored so where
+  /// every reader takes it), when true; f32 tensors (DPRUN_CUDA_BF16_CONV_OUTPUT=f32, for
   /// comparisons) when false.
   bool bf16_storage_ = true;
   bool poison_scratch_ = false;  // DPRUN_CUDA_POISON_SCRATCH=1: see the constructor

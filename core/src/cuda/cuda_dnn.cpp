@@ -19,8 +19,9 @@ namespace dp::cuda {
 namespace {
 Layout layout_of(const Tensor& t) { return t.shape.rank == 4 ? t.layout : Layout::nchw; }
 
-/// Calls f with t's data as the kernels take it: fp32, or packed bf16 (batchnorm_takes_impl: x
-/// and y), or a null float pointer when t is absent (a backward without the ReLU epilogue's y).
+/// Calls f with t's data as the kernels take it: fp32, or packed bf16 (batchnorm_takes_impl: x,
+/// y and the epilogue's residual), or a null float pointer when t is absent (a backward without the
+/// ReLU epilogue's y).
 template <typename F>
 void with_data(const Tensor* t, F&& f) {
   if (t != nullptr && t->dtype == DType::bf16) {
@@ -99,6 +100,14 @@ void CudaBackend::apply_epilogue(const Tensor& y, const BnEpilogue& epilogue) {
   if (epilogue.relu) relu_forward_impl(y, y);
 }
 
+// Precision bf16: an f32 y gets the rounding a packed one has (Backend::batchnorm_forward_train),
+// a pass of its own: the fast path (NHWC, bf16 storage) stores it packed.
+void CudaBackend::round_batchnorm_output(const Tensor& y) {
+  if (bf16() && y.dtype == DType::f32 && y.numel() > 0) {
+    kernels::round_to_bf16(y.f32(), y.f32(), y.numel(), stream_);
+  }
+}
+
 const Tensor& CudaBackend::epilogue_gradient(const Tensor& dy, const BnEpilogueGrad& epilogue) {
   if (epilogue.y == nullptr) return dy;
   relu_backward_impl(*epilogue.y, dy, *epilogue.dz);
@@ -116,13 +125,15 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_train");
     with_data(&x, [&](const auto* xs) {
       with_data(&y, [&](auto* ys) {
-        kernels::bn_nhwc_forward_train(
-            xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), momentum, eps,
-            save_mean.f32(), save_invstd.f32(),
-            epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, ys,
-            d.n * d.hw(), d.c, scratch, stream_);
+        with_data(epilogue.residual, [&](const auto* rs) {
+          kernels::bn_nhwc_forward_train(xs, gamma.f32(), beta.f32(), running_mean.f32(),
+                                         running_var.f32(), momentum, eps, save_mean.f32(),
+                                         save_invstd.f32(), rs, epilogue.relu, ys, d.n * d.hw(),
+                                         d.c, scratch, stream_);
+        });
       });
     });
+    round_batchnorm_output(y);
     return;
   }
   set_bn_descriptors(dims_of(x), layout_of(x));
@@ -132,6 +143,7 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
       bn_param_desc_, gamma.data, beta.data, static_cast<double>(momentum), running_mean.data,
       running_var.data, static_cast<double>(eps), save_mean.data, save_invstd.data));
   apply_epilogue(y, epilogue);
+  round_batchnorm_output(y);
 }
 
 void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& gamma,
@@ -144,12 +156,14 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
     float* scratch = bn_scratch_for(d.n * d.hw(), d.c, "batchnorm_forward_infer");
     with_data(&x, [&](const auto* xs) {
       with_data(&y, [&](auto* ys) {
-        kernels::bn_nhwc_forward_infer(
-            xs, gamma.f32(), beta.f32(), running_mean.f32(), running_var.f32(), eps,
-            epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr, epilogue.relu, ys,
-            d.n * d.hw(), d.c, scratch, stream_);
+        with_data(epilogue.residual, [&](const auto* rs) {
+          kernels::bn_nhwc_forward_infer(xs, gamma.f32(), beta.f32(), running_mean.f32(),
+                                         running_var.f32(), eps, rs, epilogue.relu, ys,
+                                         d.n * d.hw(), d.c, scratch, stream_);
+        });
       });
     });
+    round_batchnorm_output(y);
     return;
   }
   set_bn_descriptors(dims_of(x), layout_of(x));
@@ -159,6 +173,7 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
       bn_param_desc_, gamma.data, beta.data, running_mean.data, running_var.data,
       static_cast<double>(eps)));
   apply_epilogue(y, epilogue);
+  round_batchnorm_output(y);
 }
 
 void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, const Tensor& gamma,
@@ -213,13 +228,15 @@ void CudaBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamm
   // The epilogue in the normalising pass (the values of add then relu_forward after it).
   with_data(&x, [&](const auto* xs) {
     with_data(&y, [&](auto* ys) {
-      kernels::bn_apply_stats(xs, gamma.f32(), beta.f32(), mean.f32(), var.f32(),
-                              running_mean.f32(), running_var.f32(), momentum, eps, count,
-                              save_mean.f32(), save_invstd.f32(),
-                              epilogue.residual != nullptr ? epilogue.residual->f32() : nullptr,
-                              epilogue.relu, ys, d.n, d.c, d.hw(), is_nhwc(x), stream_);
+      with_data(epilogue.residual, [&](const auto* rs) {
+        kernels::bn_apply_stats(xs, gamma.f32(), beta.f32(), mean.f32(), var.f32(),
+                                running_mean.f32(), running_var.f32(), momentum, eps, count,
+                                save_mean.f32(), save_invstd.f32(), rs, epilogue.relu, ys, d.n, d.c,
+                                d.hw(), is_nhwc(x), stream_);
+      });
     });
   });
+  round_batchnorm_output(y);
 }
 
 void CudaBackend::batchnorm_backward_sums_impl(const Tensor& x, const Tensor& dy,

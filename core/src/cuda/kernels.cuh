@@ -171,13 +171,14 @@ void bn_sums(const T* x, const float* mean, float* out, int64_t n, int64_t c, in
              cudaStream_t stream);
 /// save_mean, save_invstd, running statistics from the global mean and biased var over `count`
 /// values; y = relu?(gamma * (x - mean) * invstd + beta (+ residual)), the epilogue in the same
-/// pass (residual may be null; y must not alias x or residual).
-template <typename T, typename Y>
+/// pass (residual may be null, fp32 or, R = uint16_t, packed bf16; y must not alias x or
+/// residual).
+template <typename T, typename Y, typename R>
 void bn_apply_stats(const T* x, const float* gamma, const float* beta, const float* mean,
                     const float* var, float* running_mean, float* running_var, float momentum,
                     float eps, int64_t count, float* save_mean, float* save_invstd,
-                    const float* residual, bool relu, Y* y, int64_t n, int64_t c, int64_t hw,
-                    bool nhwc, cudaStream_t stream);
+                    const R* residual, bool relu, Y* y, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                    cudaStream_t stream);
 /// sums (2C) = [sum g, sum g * xhat]: g = dy, or with y (the ReLU epilogue's output) g = y > 0 ?
 /// dy : 0, written to dz in the same pass (y and dz null without it). dy is fp32 (D = float),
 /// or, with a bf16 y, packed bf16 (D = uint16_t), widened as it is read.
@@ -194,7 +195,8 @@ void bn_backward_apply(const T* x, const float* dy, const float* gamma, const fl
 // ---- batch norm over channels-last activations (bn_nhwc.cu); x is rows = N*H*W rows of c ----
 // x, and dx, of x's type, are fp32 (T = float) or packed bf16 (T = uint16_t: load_f32, store_f32),
 // and so is y, of its own type Y (a bf16 y holds the epilogue's output rounded; the ReLU's mask
-// is its sign); everything else is fp32.
+// is its sign), and the residual, of its own type R (a packed earlier output, widened as it is
+// read); everything else is fp32.
 /// Row groups of the two-level reductions: a function of the rows alone, so the sums are made in
 /// the same order on every device.
 int64_t bn_nhwc_groups(int64_t rows);
@@ -203,17 +205,17 @@ size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c);
 /// Training: the batch's mean and biased variance, save_mean, save_invstd = 1/sqrt(var + eps),
 /// the running statistics (PyTorch's update), and y = relu?((x - mean) * gamma * invstd + beta
 /// (+ residual)). rows > 1. residual may be null; y must not alias x or residual.
-template <typename T, typename Y>
+template <typename T, typename Y, typename R>
 void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, float* running_mean,
                            float* running_var, float momentum, float eps, float* save_mean,
-                           float* save_invstd, const float* residual, bool relu, Y* y, int64_t rows,
+                           float* save_invstd, const R* residual, bool relu, Y* y, int64_t rows,
                            int64_t c, float* scratch, cudaStream_t stream);
 /// Inference: y = relu?((x - running_mean) * gamma / sqrt(running_var + eps) + beta
 /// (+ residual)). rows may be 0.
-template <typename T, typename Y>
+template <typename T, typename Y, typename R>
 void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
                            const float* running_mean, const float* running_var, float eps,
-                           const float* residual, bool relu, Y* y, int64_t rows, int64_t c,
+                           const R* residual, bool relu, Y* y, int64_t rows, int64_t c,
                            float* scratch, cudaStream_t stream);
 /// Gradients of the training forward: with y (the epilogue's output, ReLU) the gradient taken is
 /// g = y > 0 ? dy : 0, written to dz; else g = dy (y and dz null). dbeta = sum g, dgamma =
