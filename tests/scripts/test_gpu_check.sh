@@ -289,6 +289,11 @@ print("pytorch_gpu: stand-in")
 PT
 cat >"$T/stage/bin/bench_gpu" <<'BG'
 #!/bin/bash
+[[ -n ${BENCH_ARGS_LOG:-} ]] && echo "$*" >>"$BENCH_ARGS_LOG"
+if [[ " $* " == *" --list "* ]]; then
+  printf '%s\n' resnet18-nchw-tf32-b256 resnet18-nhwc-tf32-b256 lenet-nhwc-bf16-b256
+  exit 0
+fi
 json=""
 while (($#)); do [[ $1 == --json ]] && json=$2; shift; done
 echo "model ..."
@@ -347,6 +352,19 @@ assert by[("tf32", "nchw")]["commit"] == "abc1234"
 ' "$folded"
 table=$(python3 "$T/repo/scripts/gpu-record" table "$folded" 2>&1)
 check "gpu-record prints the comparison" grep -q "| resnet18 | tf32 | nhwc | 256 | 1.500 | 2.000 | 0.75 |" <<<"$table"
+# --quick: every configuration at batch 256 (bench_gpu --list) and ResNet-18 NHWC TF32 and bf16
+# at 64 and 1024 beside them; PyTorch at every batch.
+rm -rf "$T/out"
+(cd "$T/repo" && env PATH="$T/bin:$PATH" PYTHONPATH="$T/py:$T/py2" OUT="$T/out" \
+  BENCH_ARGS_LOG="$T/bench-args" DPRUN_GPU_PREFIX="$T/prefix" \
+  bash scripts/gpu-check --phases bench,pytorch --quick >"$T/log" 2>&1)
+rc=$?
+check "bench and pytorch --quick pass on stand-ins (exit $rc)" test $rc -eq 0
+quick_args=$(grep -v -- "--list" "$T/bench-args")
+check "--quick measures batch 256's configurations and ResNet-18 NHWC at 64 and 1024" \
+  grep -q -- "--batches 64,256,1024 --config resnet18-nchw-tf32-b256,resnet18-nhwc-tf32-b256,lenet-nhwc-bf16-b256,resnet18-nhwc-tf32-b64,resnet18-nhwc-bf16-b64,resnet18-nhwc-tf32-b1024,resnet18-nhwc-bf16-b1024" <<<"$quick_args"
+check "--quick runs PyTorch at every batch" bash -c '! grep -q -- "pytorch_gpu.py.*--batches" "$1"' _ "$T/log"
+rm -f "$T/bench-args"
 rm -f "$folded" "$T/bin/ncu"
 rm -rf "$T/repo/bench"
 
