@@ -168,9 +168,10 @@ struct Config {
   int64_t batch = 256;
   bool graphs = false;
   bool cudnn_bn = false;  // NHWC batch norm by cuDNN (DPRUN_CUDA_NHWC_BN=cudnn) instead of ours
-  /// bf16: the activations between a convolution and a batch norm stay f32
-  /// (DPRUN_CUDA_BF16_CONV_OUTPUT=f32: a convolution's output for its batch norm, and bn1's output
-  /// for conv2), as before they were stored packed.
+  /// bf16: every activation stays an f32 tensor (DPRUN_CUDA_BF16_CONV_OUTPUT=f32: a
+  /// convolution's output for its batch norm, bn1's output for conv2, the blocks' outputs), as
+  /// before they were stored packed; each batch norm's output then takes a rounding pass of its
+  /// own, which the packed storage does as it writes.
   bool wide_outputs = false;
 
   const char* precision() const {
@@ -395,8 +396,8 @@ std::vector<Config> all_configs(const Args& args) {
         // in nchw, both captured (graphs = "auto").
         configs.push_back({model, dp::Layout::nhwc, Arith::bf16, lr, batch, true});
         configs.push_back({model, dp::Layout::nchw, Arith::fp32, lr, batch, true});
-        // bf16 with the batch norms' inputs widened to f32, as before they stayed packed: the
-        // time and memory that storage saves, side by side (LeNet has no batch norm).
+        // bf16 with every activation f32, as before they were stored packed: the time and
+        // memory that storage saves, side by side (LeNet has no batch norm).
         if (std::strcmp(model, "resnet18") == 0) {
           configs.push_back({model, dp::Layout::nhwc, Arith::bf16, lr, batch, true, false, true});
         }
