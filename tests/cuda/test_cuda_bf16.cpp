@@ -1119,6 +1119,43 @@ TEST_CASE(
       Catch::Contains("residual is bf16 nchw") && Catch::Contains("Backend::batchnorm_takes"));
 }
 
+namespace {
+
+/// A container of a plugin's own that knows nothing of the dtype setters (set_input_dtype,
+/// set_readers_take): its blocks must get f32 inputs and readers, as before the setters existed.
+class TwoBlocks : public dp::Module {
+ public:
+  TwoBlocks() : a_(8, 8), b_(8, 8) {}
+  const char* type() const override { return "TwoBlocks"; }
+  void declare(dp::ParamRegistry& registry, const std::string& prefix) override {
+    a_.declare(registry, prefix + "a.");
+    b_.declare(registry, prefix + "b.");
+  }
+  std::vector<dp::Module*> children() override { return {&a_, &b_}; }
+  dp::StepSchedule::Handle schedule_forward(dp::StepSchedule& s,
+                                            const dp::StepSchedule::Handle& x) override {
+    return b_.schedule_forward(s, a_.schedule_forward(s, x));
+  }
+  dp::StepSchedule::Handle schedule_backward(dp::StepSchedule& s,
+                                             const dp::StepSchedule::Handle& dy) override {
+    return a_.schedule_backward(s, b_.schedule_backward(s, dy));
+  }
+  dp::Residual a_, b_;
+
+ protected:
+  dp::Shape do_setup(dp::SetupContext& ctx, const dp::Shape& input) override {
+    return b_.setup(ctx, a_.setup(ctx, input));
+  }
+  dp::Tensor do_forward(dp::RunContext& ctx, const dp::Tensor& x) override {
+    return b_.forward(ctx, a_.forward(ctx, x));
+  }
+  dp::Tensor do_backward(dp::RunContext& ctx, const dp::Tensor& dy, bool need_dx) override {
+    return a_.backward(ctx, b_.backward(ctx, dy, true), need_dx);
+  }
+};
+
+}  // namespace
+
 TEST_CASE(
     "cuda bf16 stores the activations between residual blocks as bf16 where every reader takes "
     "them",
@@ -1208,4 +1245,46 @@ TEST_CASE(
   CHECK(packed.buffers == wide.buffers);
   CHECK(packed.y_eval == wide.y_eval);
   CHECK(packed.y_eval != packed.y_train);  // evaluation did run on the running statistics
+
+  // A container that never calls the setters: everything in it, and the stem before it, f32;
+  // its step runs and gives f32 storage's bits.
+  const auto own_container = [](dp::Backend& b) {
+    dp::Sequential net;
+    net.add(std::make_unique<dp::Conv2d>(3, 8, 3, 1, 1));
+    net.add(std::make_unique<dp::BatchNorm2d>(8, 1e-5f, 0.1f, dp::BatchNorm2d::Fused{false, true}));
+    auto blocks = std::make_unique<TwoBlocks>();
+    const TwoBlocks& two = *blocks;
+    net.add("blocks", std::move(blocks));
+    net.add(std::make_unique<dp::GlobalAvgPool>());
+    dp::ParamRegistry registry;
+    dp::Arena arena(b);
+    net.declare(registry, "");
+    registry.allocate(b);
+    registry.initialize(44);
+    const dp::Shape input{4, 3, 8, 8};
+    dp::SetupContext ctx{b, arena, registry, Layout::nhwc, {}, {}, false};
+    const dp::Shape out = net.setup(ctx, input);
+    const std::vector<DType> dtypes{net.at(1).output_dtype(), two.a_.output_dtype(),
+                                    two.b_.output_dtype()};
+    const dp::Tensor x = arena.allocate(input, DType::f32, Layout::nhwc);
+    const dp::Tensor dy = arena.allocate(out, DType::f32, Layout::nhwc);
+    const std::vector<float> xs = dptest::random_vector(input.numel(), 45, -2.0f, 2.0f),
+                             dys = dptest::random_vector(out.numel(), 46);
+    b.upload(x.data, xs.data(), xs.size() * sizeof(float));
+    b.upload(dy.data, dys.data(), dys.size() * sizeof(float));
+    dp::RunContext train{b, registry, true, nullptr, 0, nullptr};
+    const dp::Tensor y = net.forward(train, x);
+    std::vector<float> result(static_cast<size_t>(y.numel()));
+    b.download(result.data(), y.data, y.bytes());
+    net.backward(train, dy, false);
+    const dp::Tensor g = registry.grads_flat();
+    std::vector<float> grads(static_cast<size_t>(g.numel()));
+    b.download(grads.data(), g.data, g.bytes());
+    result.insert(result.end(), grads.begin(), grads.end());
+    return std::pair{dtypes, result};
+  };
+  const auto wide_run = own_container(*wide_backend);
+  const auto packed_run = own_container(*B.gpu);
+  CHECK(packed_run.first == std::vector<DType>{f, f, f});
+  CHECK(packed_run.second == wide_run.second);
 }
