@@ -1154,6 +1154,56 @@ class TwoBlocks : public dp::Module {
   }
 };
 
+/// What a network computes on one backend, downloaded: a training step's output, input gradient
+/// (empty unless asked for), parameter gradients and buffers, then an evaluation forward.
+struct NetBits {
+  std::vector<float> y_train, dx, grads, buffers, y_eval;
+};
+
+/// A network with its parameters and memory on one backend, set up for `input` in `layout`.
+struct NetOn {
+  dp::Backend& b;
+  dp::Module& net;
+  dp::ParamRegistry registry;
+  dp::Arena arena;
+  dp::Shape input, out;
+  Layout layout;
+  bool input_grad;
+  NetOn(dp::Backend& backend, dp::Module& module, const dp::Shape& in, Layout l, uint64_t seed,
+        bool want_dx)
+      : b(backend), net(module), arena(backend), input(in), layout(l), input_grad(want_dx) {
+    net.declare(registry, "");
+    registry.allocate(b);
+    registry.initialize(seed);
+    dp::SetupContext ctx{b, arena, registry, layout, {}, {}, input_grad};
+    out = net.setup(ctx, input);
+  }
+  std::vector<float> download(const dp::Tensor& t) const {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    if (!v.empty()) b.download(v.data(), t.data, t.bytes());
+    return v;
+  }
+  /// One training step and one evaluation forward on random x and dy of `seed`.
+  NetBits step(uint64_t seed) {
+    const dp::Tensor x = arena.allocate(input, DType::f32, layout);
+    const dp::Tensor dy = arena.allocate(out, DType::f32, layout);
+    const std::vector<float> xs = dptest::random_vector(input.numel(), seed, -2.0f, 2.0f),
+                             dys = dptest::random_vector(out.numel(), seed + 1);
+    b.upload(x.data, xs.data(), xs.size() * sizeof(float));
+    b.upload(dy.data, dys.data(), dys.size() * sizeof(float));
+    NetBits r;
+    dp::RunContext train{b, registry, true, nullptr, 0, nullptr};
+    r.y_train = download(net.forward(train, x));
+    const dp::Tensor dx = net.backward(train, dy, input_grad);
+    if (input_grad) r.dx = download(dx);
+    r.grads = download(registry.grads_flat());
+    r.buffers = download(registry.buffers_flat());
+    dp::RunContext eval{b, registry, false, nullptr, 0, nullptr};
+    r.y_eval = download(net.forward(eval, x));
+    return r;
+  }
+};
+
 }  // namespace
 
 TEST_CASE(
@@ -1176,7 +1226,7 @@ TEST_CASE(
   };
   struct Run {
     Dtypes dtypes;
-    std::vector<float> y_train, y_eval, dx, grads, buffers;
+    NetBits bits;
   };
   const auto run = [](dp::Backend& b, Layout layout) {
     dp::Sequential net;
@@ -1188,42 +1238,16 @@ TEST_CASE(
     net.add("stage", std::move(stage));
     net.add(std::make_unique<dp::Residual>(16, 16));
     net.add(std::make_unique<dp::GlobalAvgPool>());
-    dp::ParamRegistry registry;
-    dp::Arena arena(b);
-    net.declare(registry, "");
-    registry.allocate(b);
-    registry.initialize(41);
-    const dp::Shape input{4, 3, 8, 8};
-    dp::SetupContext ctx{b, arena, registry, layout, {}, {}, true};
-    const dp::Shape out = net.setup(ctx, input);
+    NetOn on(b, net, dp::Shape{4, 3, 8, 8}, layout, 41, true);
     auto& stage_seq = dynamic_cast<dp::Sequential&>(net.at(2));
     const auto conv = [](dp::Module& block, size_t i) {
       return dynamic_cast<const dp::Conv2d&>(*block.children().at(i)).input_dtype();
     };
-    Run r;
-    r.dtypes = Dtypes{
-        net.at(1).output_dtype(), stage_seq.at(0).output_dtype(), stage_seq.at(1).output_dtype(),
-        net.at(2).output_dtype(), net.at(3).output_dtype(),       conv(stage_seq.at(0), 0),
-        conv(stage_seq.at(1), 0), conv(stage_seq.at(1), 2),       conv(net.at(3), 0)};
-    const dp::Tensor x = arena.allocate(input, DType::f32, layout);
-    const dp::Tensor dy = arena.allocate(out, DType::f32, layout);
-    const std::vector<float> xs = dptest::random_vector(input.numel(), 42, -2.0f, 2.0f),
-                             dys = dptest::random_vector(out.numel(), 43);
-    b.upload(x.data, xs.data(), xs.size() * sizeof(float));
-    b.upload(dy.data, dys.data(), dys.size() * sizeof(float));
-    const auto download = [&b](const dp::Tensor& t) {
-      std::vector<float> v(static_cast<size_t>(t.numel()));
-      b.download(v.data(), t.data, t.bytes());
-      return v;
-    };
-    dp::RunContext train{b, registry, true, nullptr, 0, nullptr};
-    r.y_train = download(net.forward(train, x));
-    r.dx = download(net.backward(train, dy, true));
-    r.grads = download(registry.grads_flat());
-    r.buffers = download(registry.buffers_flat());
-    dp::RunContext eval{b, registry, false, nullptr, 0, nullptr};
-    r.y_eval = download(net.forward(eval, x));
-    return r;
+    return Run{Dtypes{net.at(1).output_dtype(), stage_seq.at(0).output_dtype(),
+                      stage_seq.at(1).output_dtype(), net.at(2).output_dtype(),
+                      net.at(3).output_dtype(), conv(stage_seq.at(0), 0), conv(stage_seq.at(1), 0),
+                      conv(stage_seq.at(1), 2), conv(net.at(3), 0)},
+               on.step(42)};
   };
   const DType f = DType::f32, h = DType::bf16;
   const Run packed = run(*B.gpu, Layout::nhwc);
@@ -1239,12 +1263,14 @@ TEST_CASE(
   auto wide_backend = dp::create_backend(g);
   const Run wide = run(*wide_backend, Layout::nhwc);
   CHECK(wide.dtypes == Dtypes{f, f, f, f, f, f, f, f, f});
-  CHECK(packed.y_train == wide.y_train);
-  CHECK(packed.dx == wide.dx);
-  CHECK(packed.grads == wide.grads);
-  CHECK(packed.buffers == wide.buffers);
-  CHECK(packed.y_eval == wide.y_eval);
-  CHECK(packed.y_eval != packed.y_train);  // evaluation did run on the running statistics
+  CHECK(packed.bits.y_train == wide.bits.y_train);
+  CHECK(packed.bits.dx == wide.bits.dx);
+  CHECK_FALSE(packed.bits.dx.empty());
+  CHECK(packed.bits.grads == wide.bits.grads);
+  CHECK(packed.bits.buffers == wide.bits.buffers);
+  CHECK(packed.bits.y_eval == wide.bits.y_eval);
+  // Evaluation did run on the running statistics.
+  CHECK(packed.bits.y_eval != packed.bits.y_train);
 
   // A container that never calls the setters: everything in it, and the stem before it, f32;
   // its step runs and gives f32 storage's bits.
@@ -1256,35 +1282,15 @@ TEST_CASE(
     const TwoBlocks& two = *blocks;
     net.add("blocks", std::move(blocks));
     net.add(std::make_unique<dp::GlobalAvgPool>());
-    dp::ParamRegistry registry;
-    dp::Arena arena(b);
-    net.declare(registry, "");
-    registry.allocate(b);
-    registry.initialize(44);
-    const dp::Shape input{4, 3, 8, 8};
-    dp::SetupContext ctx{b, arena, registry, Layout::nhwc, {}, {}, false};
-    const dp::Shape out = net.setup(ctx, input);
+    NetOn on(b, net, dp::Shape{4, 3, 8, 8}, Layout::nhwc, 44, false);
     const std::vector<DType> dtypes{net.at(1).output_dtype(), two.a_.output_dtype(),
                                     two.b_.output_dtype()};
-    const dp::Tensor x = arena.allocate(input, DType::f32, Layout::nhwc);
-    const dp::Tensor dy = arena.allocate(out, DType::f32, Layout::nhwc);
-    const std::vector<float> xs = dptest::random_vector(input.numel(), 45, -2.0f, 2.0f),
-                             dys = dptest::random_vector(out.numel(), 46);
-    b.upload(x.data, xs.data(), xs.size() * sizeof(float));
-    b.upload(dy.data, dys.data(), dys.size() * sizeof(float));
-    dp::RunContext train{b, registry, true, nullptr, 0, nullptr};
-    const dp::Tensor y = net.forward(train, x);
-    std::vector<float> result(static_cast<size_t>(y.numel()));
-    b.download(result.data(), y.data, y.bytes());
-    net.backward(train, dy, false);
-    const dp::Tensor g = registry.grads_flat();
-    std::vector<float> grads(static_cast<size_t>(g.numel()));
-    b.download(grads.data(), g.data, g.bytes());
-    result.insert(result.end(), grads.begin(), grads.end());
-    return std::pair{dtypes, result};
+    return std::pair{dtypes, on.step(45)};
   };
   const auto wide_run = own_container(*wide_backend);
   const auto packed_run = own_container(*B.gpu);
   CHECK(packed_run.first == std::vector<DType>{f, f, f});
-  CHECK(packed_run.second == wide_run.second);
+  CHECK(packed_run.second.y_train == wide_run.second.y_train);
+  CHECK(packed_run.second.grads == wide_run.second.grads);
+  CHECK(packed_run.second.y_eval == wide_run.second.y_eval);
 }
