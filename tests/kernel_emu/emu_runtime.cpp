@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -336,6 +338,19 @@ void submit(CUstream_st* stream, Work work) {
   }
 }
 
+namespace {
+std::mutex census_mutex;
+std::map<std::string, uint64_t> census;  // replicas launch from threads of their own
+std::vector<std::string> census_order;   // the first kMaxOrder runs since the last reset
+constexpr size_t kMaxOrder = 100000;
+}  // namespace
+
+void count_work(const std::string& name) {
+  const std::lock_guard lock(census_mutex);
+  ++census[name];
+  if (census_order.size() < kMaxOrder) census_order.push_back(name);
+}
+
 std::string take_kernel_error() {
   if (last_error == cudaSuccess) return "";
   last_error = cudaSuccess;
@@ -352,4 +367,21 @@ cudaError_t cudaGetLastError() {
 
 const char* cudaGetErrorString(cudaError_t error) {
   return error == cudaSuccess ? "no error" : dp_emu::last_message.c_str();
+}
+
+const char* dp_emu_census(int reset, int in_order) {
+  thread_local std::string text;
+  const std::lock_guard lock(dp_emu::census_mutex);
+  text.clear();
+  if (in_order != 0) {
+    for (const std::string& name : dp_emu::census_order) text += "1\t" + name + "\n";
+  } else {
+    for (const auto& [name, count] : dp_emu::census)
+      text += std::to_string(count) + "\t" + name + "\n";
+  }
+  if (reset != 0) {
+    dp_emu::census.clear();
+    dp_emu::census_order.clear();
+  }
+  return text.c_str();
 }

@@ -3,8 +3,8 @@
 // no GPU, runs their code: the indexing, the reductions, the shuffles and the barriers. The
 // kernel files are compiled unchanged apart from two mechanical rewrites (translate.cmake): a
 // launch `k<<<grid, block, smem, stream>>>(args)` becomes `::dp_emu::Launch(grid, block, smem,
-// stream).with([](auto... a) { k(a...); })(args)`, and namespace dp::cuda becomes dp::cuda_emu (so
-// the emulated launchers never clash with the real ones in libdpcore).
+// stream).named("k").with([](auto... a) { k(a...); })(args)`, and namespace dp::cuda becomes
+// dp::cuda_emu (so the emulated launchers never clash with the real ones in libdpcore).
 //
 // Semantics, and what the emulator reports as a launch error (cudaGetLastError, so the
 // launchers' CUDA_CHECK_LAUNCH throws it at the launch site):
@@ -107,24 +107,34 @@ struct Counters {
 };
 Counters& counters();
 
+/// A kernel's name as its launch wrote it (translate.cmake), template arguments and all.
+#define DP_EMU_NAME(...) #__VA_ARGS__
+
 class Launch {
  public:
   Launch(dim3 grid, dim3 block, size_t shared_bytes = 0, cudaStream_t stream = nullptr)
       : grid_(grid), block_(block), shared_bytes_(shared_bytes), stream_(stream) {}
+  /// The kernel's name, for the launch census (count_work).
+  Launch& named(const char* name) {
+    name_ = name;
+    return *this;
+  }
   /// `kernel` is a generic lambda that calls the kernel (translate.cmake writes it), so a kernel
   /// template's arguments are deduced from the launch's arguments, as nvcc does.
   template <typename K>
   auto with(K kernel) const {
     return [grid = grid_, block = block_, shared_bytes = shared_bytes_, stream = stream_,
-            kernel](auto... args) {
+            name = name_, kernel](auto... args) {
       if (shared_bytes != 0) {
         fail_launch(cudaErrorInvalidValue,
                     "dynamic shared memory is not emulated (no kernel of dprun's uses it)");
         return;
       }
       // The arguments by value, as a launch takes them: a recorded launch keeps its own.
-      submit(stream,
-             [grid, block, kernel, args...] { run_grid(grid, block, [&] { kernel(args...); }); });
+      submit(stream, [grid, block, name, kernel, args...] {
+        if (name != nullptr) count_work(name);
+        run_grid(grid, block, [&] { kernel(args...); });
+      });
     };
   }
 
@@ -132,6 +142,7 @@ class Launch {
   dim3 grid_, block_;
   size_t shared_bytes_;
   cudaStream_t stream_;
+  const char* name_ = nullptr;
 };
 
 template <typename T>

@@ -21,4 +21,19 @@ void submit(CUstream_st* stream, Work work);
 /// (for work that runs outside its launch: a replayed graph).
 std::string take_kernel_error();
 
+/// The launch census: counts one run of a kernel or library call by name, when its work runs
+/// (so a replayed graph's launches count each time). The emulated GPU's library exports it to
+/// tools as `dp_emu_census` (bench_launches): which kernels one training step runs, on a machine
+/// without a GPU.
+void count_work(const std::string& name);
+
 }  // namespace dp_emu
+
+extern "C" {
+/// The census so far, one "count<TAB>name" line per name, sorted by name; with `in_order` != 0
+/// one "1<TAB>name" line per run instead, in the order they ran (the first 100000). With `reset`
+/// != 0 both start again from nothing. The text stays valid until the next call on the thread.
+const char* dp_emu_census(int reset, int in_order);
+}
+
+namespace dp_emu {}  // namespace dp_emu

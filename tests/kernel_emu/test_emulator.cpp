@@ -11,6 +11,12 @@
 namespace {
 
 /// The last launch's error message, or "" when it succeeded.
+/// Launches a test's stream hook holds back (as a captured stream's are).
+std::vector<dp_emu::Work>& pending() {
+  static std::vector<dp_emu::Work> work;
+  return work;
+}
+
 std::string launch_error() {
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));
@@ -114,6 +120,34 @@ TEST_CASE("kernel emulator: threads and blocks get every index once", "[emulator
   CHECK(dp_emu::counters().threads == before.threads + per_block * blocks);
   for (unsigned b = 0; b < blocks; ++b)
     for (unsigned t = 0; t < per_block; ++t) CHECK(out[b * per_block + t] == b * 1000 + t);
+}
+
+TEST_CASE("kernel emulator: the launch census counts each run by the name its launch wrote",
+          "[emulator]") {
+  std::vector<unsigned> out(8, 0);
+  dp_emu_census(1, 0);
+  // As translate.cmake writes a launch of record_index (twice) and of a template instance.
+  for (int i = 0; i < 2; ++i)
+    ::dp_emu::Launch(1, 8).named(DP_EMU_NAME(record_index)).with([](auto... a) {
+      record_index(a...);
+    })(out.data());
+  ::dp_emu::Launch(1, 8).named(DP_EMU_NAME(some_kernel<float, 4>)).with([](auto... a) {
+    record_index(a...);
+  })(out.data());
+  ::dp_emu::Launch(1, 8).with([](auto... a) { record_index(a...); })(out.data());  // unnamed
+  REQUIRE(launch_error().empty());
+  CHECK(std::string(dp_emu_census(0, 0)) == "2\trecord_index\n1\tsome_kernel<float, 4>\n");
+  CHECK(std::string(dp_emu_census(1, 1)) ==
+        "1\trecord_index\n1\trecord_index\n1\tsome_kernel<float, 4>\n");
+  CHECK(std::string(dp_emu_census(0, 0)).empty());  // reset
+  // A captured or queued launch counts when its work runs, not when it is launched.
+  dp_emu::set_stream_hook([](CUstream_st*, dp_emu::Work w) { pending().push_back(std::move(w)); });
+  ::dp_emu::Launch(1, 8).named("later").with([](auto... a) { record_index(a...); })(out.data());
+  dp_emu::set_stream_hook(nullptr);
+  CHECK(std::string(dp_emu_census(0, 0)).empty());
+  for (dp_emu::Work& w : pending()) w();
+  pending().clear();
+  CHECK(std::string(dp_emu_census(1, 0)) == "1\tlater\n");
 }
 
 TEST_CASE("kernel emulator: reports the mistakes a GPU would punish", "[emulator]") {

@@ -1,6 +1,6 @@
 # Rewrites one CUDA source of core/src/cuda for the kernel emulator (emu_runtime.hpp):
 #   k<<<grid, block, smem, stream>>>(args)
-#     -> ::dp_emu::Launch(grid, block, smem, stream).with([](auto... a) { k(a...); })(args)
+#     -> ::dp_emu::Launch(grid, block, smem, stream).named("k").with([](auto... a) { k(a...); })(args)
 #   namespace dp::cuda / dp::cuda::           ->  dp::cuda_emu
 # and fails when a launch is left that the rewrite did not recognise.
 # (-DKEEP_NAMESPACE=ON: not the namespace, for the emulated GPU's libdpcore, emu_device.cmake).
@@ -10,7 +10,8 @@ file(READ "${IN}" text)
 # configuration holds no '>' (grid_for(n), dim3(a, b), ...).
 string(REGEX REPLACE
   "([A-Za-z_][A-Za-z0-9_]*(<[^<>;]*>)?)[ \t\r\n]*<<<([^>]*)>>>[ \t\r\n]*\\("
-  "::dp_emu::Launch(\\3).with([](auto... a) { \\1(a...); })(" text "${text}")
+  "::dp_emu::Launch(\\3).named(DP_EMU_NAME(\\1)).with([](auto... a) { \\1(a...); })("
+  text "${text}")
 if(text MATCHES "<<<|>>>")
   message(FATAL_ERROR "${IN}: a kernel launch the emulator's rewrite does not recognise")
 endif()

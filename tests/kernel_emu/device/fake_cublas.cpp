@@ -58,26 +58,27 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation
   if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T) ||
       m < 0 || n < 0 || k < 0)
     return CUBLAS_STATUS_INVALID_VALUE;
-  dp_emu::device::submit_library_work(handle->stream, [=] {
-    for (int j = 0; j < n; ++j)
-      for (int i = 0; i < m; ++i) {
-        double s = 0;
-        for (int p = 0; p < k; ++p) {
-          const float av = element(
-              a,
-              ta == CUBLAS_OP_N ? i + static_cast<long>(p) * lda : p + static_cast<long>(i) * lda,
-              a16);
-          const float bv = element(
-              b,
-              tb == CUBLAS_OP_N ? p + static_cast<long>(j) * ldb : j + static_cast<long>(p) * ldb,
-              b16);
-          s += static_cast<double>(av) * bv;
-        }
-        float& out = c[i + static_cast<long>(j) * ldc];
-        const auto v = static_cast<float>(alpha * s);
-        out = beta == 0.0f ? v : v + beta * out;
-      }
-  });
+  dp_emu::device::submit_library_work(
+      handle->stream, a16 || b16 ? "cublasGemmEx (bf16)" : "cublasGemmEx", [=] {
+        for (int j = 0; j < n; ++j)
+          for (int i = 0; i < m; ++i) {
+            double s = 0;
+            for (int p = 0; p < k; ++p) {
+              const float av = element(a,
+                                       ta == CUBLAS_OP_N ? i + static_cast<long>(p) * lda
+                                                         : p + static_cast<long>(i) * lda,
+                                       a16);
+              const float bv = element(b,
+                                       tb == CUBLAS_OP_N ? p + static_cast<long>(j) * ldb
+                                                         : j + static_cast<long>(p) * ldb,
+                                       b16);
+              s += static_cast<double>(av) * bv;
+            }
+            float& out = c[i + static_cast<long>(j) * ldc];
+            const auto v = static_cast<float>(alpha * s);
+            out = beta == 0.0f ? v : v + beta * out;
+          }
+      });
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -76,7 +76,12 @@ int device_count() {
   return env != nullptr ? std::atoi(env) : 2;
 }
 
-void submit_library_work(cudaStream_t stream, Work work) { enqueue(stream, std::move(work)); }
+void submit_library_work(cudaStream_t stream, const std::string& name, Work work) {
+  enqueue(stream, [name, work = std::move(work)] {
+    count_work(name);
+    work();
+  });
+}
 
 bool capturing_on_this_thread() { return captures_on_thread > 0; }
 
@@ -188,12 +193,14 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t stream) {
-  enqueue(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  submit_library_work(stream, "cudaMemcpyAsync",
+                      [dst, src, bytes] { std::memmove(dst, src, bytes); });
   return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream) {
-  enqueue(stream, [dst, value, bytes] { std::memset(dst, value, bytes); });
+  submit_library_work(stream, "cudaMemsetAsync",
+                      [dst, value, bytes] { std::memset(dst, value, bytes); });
   return cudaSuccess;
 }
 

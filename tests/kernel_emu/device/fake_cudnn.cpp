@@ -281,6 +281,12 @@ cudnnStatus_t timed_in(void* workspace, size_t bytes, Perf* perf, int returned) 
   return CUDNN_STATUS_SUCCESS;
 }
 
+/// A call's name in the launch census: the function, its data's layout and type.
+std::string census_name(const char* function, const cudnnTensorStruct& x) {
+  return std::string(function) + (x.format == CUDNN_TENSOR_NHWC ? " nhwc" : " nchw") +
+         (x.type == CUDNN_DATA_BFLOAT16 ? " bf16" : " f32");
+}
+
 }  // namespace
 
 extern "C" {
@@ -498,7 +504,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha,
   const cudnnTensorStruct xs = *xd, ys = *yd;
   const cudnnFilterStruct ws = *wd;
   const cudnnConvolutionStruct cs = *conv;
-  submit_library_work(handle->stream, [=] {
+  submit_library_work(handle->stream, census_name("cudnnConvolutionForward", xs), [=] {
     check_poisoned(workspace, need, "cudnnConvolutionForward");
     scribble(workspace, need);
     std::vector<float> in = load(x, numel(&xs), xs.type), kcrs = filter_kcrs(&ws, w),
@@ -530,7 +536,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t handle, const void* alp
   const cudnnTensorStruct xs = *dxd, ys = *dyd;
   const cudnnFilterStruct ws = *wd;
   const cudnnConvolutionStruct cs = *conv;
-  submit_library_work(handle->stream, [=] {
+  submit_library_work(handle->stream, census_name("cudnnConvolutionBackwardData", xs), [=] {
     check_poisoned(workspace, need, "cudnnConvolutionBackwardData");
     scribble(workspace, need);
     std::vector<float> grad = load(dy, numel(&ys), ys.type), kcrs = filter_kcrs(&ws, w),
@@ -562,7 +568,7 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t handle, const void* a
   const cudnnTensorStruct xs = *xd, ys = *dyd;
   const cudnnFilterStruct ws = *dwd;
   const cudnnConvolutionStruct cs = *conv;
-  submit_library_work(handle->stream, [=] {
+  submit_library_work(handle->stream, census_name("cudnnConvolutionBackwardFilter", xs), [=] {
     check_poisoned(workspace, need, "cudnnConvolutionBackwardFilter");
     scribble(workspace, need);
     std::vector<float> in = load(x, numel(&xs), xs.type), grad = load(dy, numel(&ys), ys.type),
@@ -596,14 +602,15 @@ cudnnStatus_t cudnnBatchNormalizationForwardTraining(
       xd->type != CUDNN_DATA_FLOAT)
     return CUDNN_STATUS_NOT_SUPPORTED;
   const cudnnTensorStruct xs = *xd;
-  submit_library_work(handle->stream, [=] {
-    const dp::Shape c{xs.c};
-    const auto vec = [&](const void* p) { return dp::Tensor(const_cast<void*>(p), c); };
-    cpu().batchnorm_forward_train(act(x, xs), vec(scale), vec(bias), vec(running_mean),
-                                  vec(running_var), static_cast<float>(factor),
-                                  static_cast<float>(eps), vec(save_mean), vec(save_invstd),
-                                  act(y, xs));
-  });
+  submit_library_work(
+      handle->stream, census_name("cudnnBatchNormalizationForwardTraining", xs), [=] {
+        const dp::Shape c{xs.c};
+        const auto vec = [&](const void* p) { return dp::Tensor(const_cast<void*>(p), c); };
+        cpu().batchnorm_forward_train(act(x, xs), vec(scale), vec(bias), vec(running_mean),
+                                      vec(running_var), static_cast<float>(factor),
+                                      static_cast<float>(eps), vec(save_mean), vec(save_invstd),
+                                      act(y, xs));
+      });
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -617,12 +624,13 @@ cudnnStatus_t cudnnBatchNormalizationForwardInference(
       xd->type != CUDNN_DATA_FLOAT)
     return CUDNN_STATUS_NOT_SUPPORTED;
   const cudnnTensorStruct xs = *xd;
-  submit_library_work(handle->stream, [=] {
-    const dp::Shape c{xs.c};
-    const auto vec = [&](const void* p) { return dp::Tensor(const_cast<void*>(p), c); };
-    cpu().batchnorm_forward_infer(act(x, xs), vec(scale), vec(bias), vec(mean), vec(var),
-                                  static_cast<float>(eps), act(y, xs));
-  });
+  submit_library_work(
+      handle->stream, census_name("cudnnBatchNormalizationForwardInference", xs), [=] {
+        const dp::Shape c{xs.c};
+        const auto vec = [&](const void* p) { return dp::Tensor(const_cast<void*>(p), c); };
+        cpu().batchnorm_forward_infer(act(x, xs), vec(scale), vec(bias), vec(mean), vec(var),
+                                      static_cast<float>(eps), act(y, xs));
+      });
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -637,7 +645,7 @@ cudnnStatus_t cudnnBatchNormalizationBackward(
       f(alpha_param) != 1.0f || f(beta_param) != 0.0f || xd->type != CUDNN_DATA_FLOAT)
     return CUDNN_STATUS_NOT_SUPPORTED;
   const cudnnTensorStruct xs = *xd;
-  submit_library_work(handle->stream, [=] {
+  submit_library_work(handle->stream, census_name("cudnnBatchNormalizationBackward", xs), [=] {
     const dp::Shape c{xs.c};
     const auto vec = [&](const void* p) { return dp::Tensor(const_cast<void*>(p), c); };
     cpu().batchnorm_backward(act(x, xs), act(dy, xs), vec(scale), vec(save_mean), vec(save_invstd),

@@ -115,7 +115,7 @@ ncclResult_t finish(const Pending& p) {
 ncclResult_t collective(ncclComm_t comm, bool broadcast, int root, const void* send, void* recv,
                         size_t count, ncclDataType_t type, cudaStream_t stream) {
   if (type != ncclFloat || comm == nullptr) return ncclInvalidArgument;
-  dp_emu::device::submit_library_work(stream, [=] {
+  dp_emu::device::submit_library_work(stream, broadcast ? "ncclBroadcast" : "ncclAllReduce", [=] {
     if (comm->group->aborted) {
       comm->state = ncclRemoteError;
       return;
