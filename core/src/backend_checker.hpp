@@ -184,10 +184,12 @@ class Held {
 };
 
 struct HeldEpilogue {
-  explicit HeldEpilogue(const BnEpilogue& e) : residual(e.residual), relu(e.relu) {}
-  BnEpilogue get() const { return {residual.get(), relu}; }
+  explicit HeldEpilogue(const BnEpilogue& e)
+      : residual(e.residual), relu(e.relu), conv_bias(e.conv_bias) {}
+  BnEpilogue get() const { return {residual.get(), relu, conv_bias.get()}; }
   Held<Tensor> residual;
   bool relu;
+  Held<Tensor> conv_bias;
 };
 
 struct HeldEpilogueGrad {

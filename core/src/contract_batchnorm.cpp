@@ -16,6 +16,10 @@ bool Backend::batchnorm_takes(DType dtype, Layout layout) const {
   return dtype == DType::f32 || batchnorm_takes_impl(dtype, layout);
 }
 
+bool Backend::batchnorm_folds_bias(Layout layout) const {
+  return batchnorm_folds_bias_impl(layout);
+}
+
 void Backend::prepare_batchnorm(const Shape& max_input, Layout layout) {
   refuse_while_capturing("prepare_batchnorm");
   const Checker check(*this, "prepare_batchnorm");
@@ -119,6 +123,15 @@ bool same_data(const Tensor& a, const Tensor& b) {
 }
 void check_epilogue(const Checker& check, const Backend& backend, const BnEpilogue& e,
                     const Tensor& x, const Tensor& y) {
+  if (e.conv_bias != nullptr) {
+    if (x.shape.rank != 4 || !backend.batchnorm_folds_bias(x.layout)) {
+      check.fail(std::string("conv_bias given for x of shape ") + x.shape.str() + " " +
+                 layout_name(x.layout) +
+                 ", where this backend's batch norm does not fold a convolution's bias "
+                 "(Backend::batchnorm_folds_bias); add its share with Backend::add instead");
+    }
+    check.f32(*e.conv_bias, Shape{x.shape[1]}, "conv_bias");
+  }
   if (e.residual == nullptr) return;
   check_output(check, backend, *e.residual, x, "residual");
   if (same_data(*e.residual, y)) {

@@ -29,8 +29,26 @@ void Backend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx)
 
 void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) {
   const Checker check(*this, "add");
-  check.tensor(a, DType::f32, "a");
-  check.like(b, a, "b", "a");
+  // a or b may be of a dtype this backend's convolutions take (their input gradients,
+  // Conv2d::set_input_grad_takes), widened exactly as read; y is f32.
+  const auto operand = [&](const Tensor& t, const char* what) {
+    if (t.dtype != DType::f32 && !conv_takes(t.dtype)) {
+      check.fail(std::string(what) + " is " + dtype_name(t.dtype) +
+                 ": add takes f32, or a dtype this backend's convolutions take (conv_takes)");
+    }
+    check.tensor(t, t.dtype, what);
+    if (t.shape != a.shape) {
+      check.fail(std::string(what) + " has shape " + t.shape.str() + " but a has " + a.shape.str() +
+                 "; they must match");
+    }
+    check.same_layout(t, a, what, "a");
+    if (t.dtype != DType::f32 && t.data == y.data && t.numel() > 0) {
+      check.fail(std::string(what) + " is " + dtype_name(t.dtype) +
+                 " and y aliases it: y may alias an f32 operand only");
+    }
+  };
+  operand(a, "a");
+  operand(b, "b");
   check.like(y, a, "y", "a");
   if (!std::isfinite(alpha)) check.fail("alpha must be finite, got " + std::to_string(alpha));
   if (a.numel() > 0) run([=, this] { add_impl(a, b, y, alpha); });

@@ -149,11 +149,15 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   x_planned_ = {};
   // bf16 where the backend stores a bf16 convolution's output so for the batch norm after it.
   ctx.arena.allocate_planned(y_, out, plan_->output_dtype(), ctx.layout);
-  // bf16 where the batch norm that feeds it takes its output gradient so (rounded by
-  // backward-data anyway): the one reader of dx.
-  ctx.arena.allocate_planned(dx_, input,
-                             input_from_ != nullptr ? input_from_->output_grad_dtype() : DType::f32,
-                             ctx.layout);
+  // bf16 where the one reader of dx takes it so (rounded by backward-data anyway): the batch
+  // norm that feeds it, or the container's add given an x of that dtype.
+  DType dx_dtype = DType::f32;
+  if (input_from_ != nullptr) {
+    dx_dtype = input_from_->output_grad_dtype();
+  } else if (input_grad_takes_ != DType::f32 && input_grad_takes_ == plan_->input_dtype()) {
+    dx_dtype = input_grad_takes_;
+  }
+  ctx.arena.allocate_planned(dx_, input, dx_dtype, ctx.layout);
   return out;
 }
 
@@ -207,10 +211,10 @@ Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
     const Tensor db = ctx.params.grad(b_);
     ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, &db, ws);
   } else {
+    // A bias folded into the batch norm after it, which removes any per-channel constant: its
+    // exact gradient is 0 (the unfolded reduction gives 0 up to rounding), which the registry
+    // starts every gradient at (ParamRegistry::allocate) and nothing else writes: no pass here.
     ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr, ws);
-    // Folded into the batch norm after it, which removes any per-channel constant: the bias's
-    // exact gradient is 0 (the unfolded reduction gives 0 up to rounding).
-    if (b_.valid()) ctx.backend.fill(ctx.params.grad(b_), 0.0f);
   }
   ctx.gradient_ready(w_);
   ctx.gradient_ready(b_);
@@ -315,7 +319,9 @@ Shape BatchNorm2d::do_setup(SetupContext& ctx, const Shape& input) {
              "BatchNorm2d(" + std::to_string(c_) +
                  "): the folded convolution's bias is not declared, or the input is not (N, C, "
                  "H, W)");
-    shifted_mean_ = ctx.arena.allocate({c_});
+    // Where the backend's kernels take the bias (batchnorm_folds_bias) they shift the mean.
+    shifted_mean_ = Tensor();
+    if (!ctx.backend.batchnorm_folds_bias(l)) shifted_mean_ = ctx.arena.allocate({c_});
   }
   ctx.backend.prepare_batchnorm(input, l);
   return input;
@@ -325,6 +331,19 @@ int64_t BatchNorm2d::values_per_channel(int64_t batch) const {
   const Shape& in = input_shape();
   return in.rank == 4 ? batch * in[2] * in[3] : batch;
 }
+
+namespace {
+/// The bias of the convolution a batch norm folds (an empty tensor without one), and whether the
+/// backend's kernels take it (Backend::batchnorm_folds_bias): then `e` carries it, else the
+/// caller adds its share with Backend::add.
+bool fold_in_kernel(const RunContext& ctx, const Conv2d* bias_of, Layout layout, Tensor& bias,
+                    BnEpilogue& e) {
+  bias = bias_of != nullptr ? ctx.params.param(bias_of->bias()) : Tensor();
+  const bool in_kernel = bias_of != nullptr && ctx.backend.batchnorm_folds_bias(layout);
+  if (in_kernel) e.conv_bias = &bias;
+  return in_kernel;
+}
+}  // namespace
 
 // Synchronised statistics: two allreduces of C floats (sums, then squared deviations from the
 // global mean: no cancellation), then normalisation with the global mean and variance.
@@ -344,12 +363,14 @@ Tensor BatchNorm2d::forward_synchronised(RunContext& ctx, const Tensor& x, const
   b.batchnorm_sums(x, &mean, var);
   ctx.comm->allreduce_sum(var.f32(), static_cast<size_t>(c_));
   b.scale(var, 1.0f / static_cast<float>(count));
+  Tensor folded;
+  BnEpilogue e = epilogue;
+  const bool in_kernel = fold_in_kernel(ctx, bias_of_, x.layout, folded, e);
   b.batchnorm_apply_stats(x, ctx.params.param(gamma_), ctx.params.param(beta_), mean, var,
                           ctx.params.buffer(mean_), ctx.params.buffer(var_), momentum_, eps_, count,
-                          save_mean_, save_invstd_, y, epilogue);
-  if (bias_of_ != nullptr) {
-    b.add(ctx.params.buffer(mean_), ctx.params.param(bias_of_->bias()), ctx.params.buffer(mean_),
-          momentum_);
+                          save_mean_, save_invstd_, y, e);
+  if (bias_of_ != nullptr && !in_kernel) {
+    b.add(ctx.params.buffer(mean_), folded, ctx.params.buffer(mean_), momentum_);
   }
   sync_count_ = count;
   return y;
@@ -392,22 +413,25 @@ Tensor BatchNorm2d::do_forward(RunContext& ctx, const Tensor& x) {
                "forward(ctx, x, residual)");
   x_ = x;
   const Tensor y = view(y_, x.shape[0], x.layout);
-  const BnEpilogue epilogue{residual_, fused_.relu};
+  BnEpilogue epilogue{residual_, fused_.relu};
   const Tensor gamma = ctx.params.param(gamma_), beta = ctx.params.param(beta_);
   const Tensor mean = ctx.params.buffer(mean_), var = ctx.params.buffer(var_);
   if (ctx.training && ctx.comm != nullptr && ctx.comm->size() > 1) {
     forward_synchronised(ctx, x, y, epilogue);
-  } else if (ctx.training) {
+    return y;
+  }
+  // The statistics are of the input without the folded bias: the running mean gets the bias's
+  // share, and evaluation normalises with (x + bias) - running_mean = x - (running_mean - bias).
+  // The backend's kernels do it in their own passes where it folds the bias, else an add does.
+  Tensor folded;
+  const bool in_kernel = fold_in_kernel(ctx, bias_of_, x.layout, folded, epilogue);
+  if (ctx.training) {
     sync_count_ = 0;
     ctx.backend.batchnorm_forward_train(x, gamma, beta, mean, var, momentum_, eps_, save_mean_,
                                         save_invstd_, y, epilogue);
-    // The statistics were of the input without the folded bias: its mean lacks the bias.
-    if (bias_of_ != nullptr) {
-      ctx.backend.add(mean, ctx.params.param(bias_of_->bias()), mean, momentum_);
-    }
-  } else if (bias_of_ != nullptr) {
-    // (x + bias) - running_mean = x - (running_mean - bias)
-    ctx.backend.add(mean, ctx.params.param(bias_of_->bias()), shifted_mean_, -1.0f);
+    if (bias_of_ != nullptr && !in_kernel) ctx.backend.add(mean, folded, mean, momentum_);
+  } else if (bias_of_ != nullptr && !in_kernel) {
+    ctx.backend.add(mean, folded, shifted_mean_, -1.0f);
     ctx.backend.batchnorm_forward_infer(x, gamma, beta, shifted_mean_, var, eps_, y, epilogue);
   } else {
     ctx.backend.batchnorm_forward_infer(x, gamma, beta, mean, var, eps_, y, epilogue);

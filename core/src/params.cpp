@@ -86,6 +86,9 @@ void ParamRegistry::allocate(Backend& backend, int state_buffers) {
   if (param_floats_ > 0) {
     params_ = static_cast<float*>(backend.allocate(param_floats_ * sizeof(float)));
     grads_ = static_cast<float*>(backend.allocate(param_floats_ * sizeof(float)));
+    // Every gradient starts at 0, initialized or not: a convolution bias folded into a batch
+    // norm has 0 for its gradient, which no backward pass writes (Conv2d::do_backward).
+    backend.fill(grads_flat(), 0.0f);
   }
   for (int i = 0; i < state_buffers; ++i) {
     void* p = param_floats_ > 0 ? backend.allocate(param_floats_ * sizeof(float)) : nullptr;

@@ -73,6 +73,11 @@ Shape Residual::do_setup(SetupContext& ctx, const Shape& input) {
   // its readers take it.
   conv1_->set_input_dtype(given_input_dtype());
   if (conv3_) conv3_->set_input_dtype(given_input_dtype());
+  // Their input gradients go to the add of do_backward alone, which takes them of the dtype the
+  // convolutions take x in (Backend::add): packed where the block's input is.
+  const DType add_takes = ctx.backend.conv_takes(DType::bf16) ? DType::bf16 : DType::f32;
+  conv1_->set_input_grad_takes(add_takes);
+  if (conv3_) conv3_->set_input_grad_takes(add_takes);
   bn2_->set_readers_take(readers_take());
   // conv1 and conv3 read the block's input: their input gradient is asked for only when the
   // block's is (see do_backward); every later layer's always is.

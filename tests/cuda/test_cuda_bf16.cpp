@@ -1119,6 +1119,54 @@ TEST_CASE(
       Catch::Contains("residual is bf16 nchw") && Catch::Contains("Backend::batchnorm_takes"));
 }
 
+TEST_CASE("cuda bf16 add widens a packed operand as it reads it", "[cuda][bf16]") {
+  // A residual block's input gradients: conv1's and conv3's packed (Conv2d::set_input_grad_takes),
+  // the identity shortcut's fp32. The sum is that of the widened values, bit for bit the cpu's.
+  Bf16Backends B;
+  const dp::Shape shape{2, 5, 3, 7};  // 210 values: the 16-byte kernel and its tail
+  const int64_t n = shape.numel();
+  const auto s = static_cast<size_t>(n);
+  const std::vector<float> av = dptest::random_vector(n, 61, -4.0f, 4.0f),
+                           bv = dptest::random_vector(n, 62, -4.0f, 4.0f);
+  std::vector<uint16_t> a_bits(s), b_bits(s);
+  std::vector<float> a_wide(s), b_wide(s);
+  for (size_t i = 0; i < s; ++i) {
+    a_bits[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(av[i])) >> 16);
+    b_bits[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(bv[i])) >> 16);
+    a_wide[i] = std::bit_cast<float>(static_cast<uint32_t>(a_bits[i]) << 16);
+    b_wide[i] = std::bit_cast<float>(static_cast<uint32_t>(b_bits[i]) << 16);
+  }
+  dptest::DeviceBuffer a16(*B.gpu, shape, DType::bf16, Layout::nhwc),
+      b16(*B.gpu, shape, DType::bf16, Layout::nhwc), b32(*B.gpu, shape, DType::f32, Layout::nhwc),
+      y(*B.gpu, shape, DType::f32, Layout::nhwc);
+  B.gpu->upload(a16.tensor().data, a_bits.data(), s * sizeof(uint16_t));
+  B.gpu->upload(b16.tensor().data, b_bits.data(), s * sizeof(uint16_t));
+  b32.upload(bv);
+  const auto expected = [&](std::vector<float> a, std::vector<float> b, float alpha) {
+    std::vector<float> out(s);
+    B.cpu->add(dptest::host_tensor(a, shape, Layout::nhwc),
+               dptest::host_tensor(b, shape, Layout::nhwc),
+               dptest::host_tensor(out, shape, Layout::nhwc), alpha);
+    return out;
+  };
+  for (const float alpha : {1.0f, -0.5f}) {
+    B.gpu->add(a16.tensor(), b32.tensor(), y.tensor(), alpha);
+    CHECK(y.download_f32() == expected(a_wide, bv, alpha));
+    B.gpu->add(b32.tensor(), a16.tensor(), y.tensor(), alpha);
+    CHECK(y.download_f32() == expected(bv, a_wide, alpha));
+    B.gpu->add(a16.tensor(), b16.tensor(), y.tensor(), alpha);
+    CHECK(y.download_f32() == expected(a_wide, b_wide, alpha));
+  }
+  // y may alias an fp32 operand (in place), not a packed one.
+  B.gpu->add(a16.tensor(), b32.tensor(), b32.tensor());
+  CHECK(b32.download_f32() == expected(a_wide, bv, 1.0f));
+  dp::Tensor over = a16.tensor();
+  over.dtype = DType::f32;
+  over.shape = dp::Shape{2, 5, 3, 7};
+  CHECK_THROWS_WITH(B.gpu->add(a16.tensor(), b16.tensor(), over),
+                    Catch::Contains("a is bf16 and y aliases it"));
+}
+
 namespace {
 
 /// A container of a plugin's own that knows nothing of the dtype setters (set_input_dtype,
@@ -1217,11 +1265,13 @@ TEST_CASE(
   // goes to the average pool, which takes f32 only, so it stays f32. Those convolutions plan for
   // the dtype they are given (set_input_dtype). A training step and an evaluation forward must
   // give the bits of fp32 storage (DPRUN_CUDA_BF16_CONV_OUTPUT=f32): conv1 and conv3 (with its
-  // bias) reading a packed x and writing an f32 dx, bn2 taking an f32 dy with its packed y.
+  // bias) reading a packed x and writing a packed dx, which the block's add widens as it reads
+  // it (Conv2d::set_input_grad_takes), bn2 taking an f32 dy with its packed y.
   Bf16Backends B;
   struct Dtypes {
     DType stem, block1, block2, stage, block3;  // outputs (the stage's: its last block's)
     DType block1_conv1, block2_conv1, block2_conv3, block3_conv1;  // the inputs they plan for
+    DType block1_dx, block2_dx, block2_conv3_dx, block3_dx;        // their input gradients: conv1's
     bool operator==(const Dtypes&) const = default;
   };
   struct Run {
@@ -1243,17 +1293,21 @@ TEST_CASE(
     const auto conv = [](dp::Module& block, size_t i) {
       return dynamic_cast<const dp::Conv2d&>(*block.children().at(i)).input_dtype();
     };
+    const auto dx = [](dp::Module& block, size_t i) {
+      return dynamic_cast<const dp::Conv2d&>(*block.children().at(i)).input_grad_dtype();
+    };
     return Run{Dtypes{net.at(1).output_dtype(), stage_seq.at(0).output_dtype(),
                       stage_seq.at(1).output_dtype(), net.at(2).output_dtype(),
                       net.at(3).output_dtype(), conv(stage_seq.at(0), 0), conv(stage_seq.at(1), 0),
-                      conv(stage_seq.at(1), 2), conv(net.at(3), 0)},
+                      conv(stage_seq.at(1), 2), conv(net.at(3), 0), dx(stage_seq.at(0), 0),
+                      dx(stage_seq.at(1), 0), dx(stage_seq.at(1), 2), dx(net.at(3), 0)},
                on.step(42)};
   };
   const DType f = DType::f32, h = DType::bf16;
   const Run packed = run(*B.gpu, Layout::nhwc);
-  CHECK(packed.dtypes == Dtypes{h, h, h, h, f, h, h, h, h});
-  CHECK(run(*B.gpu, Layout::nchw).dtypes == Dtypes{f, f, f, f, f, f, f, f, f});
-  CHECK(run(*B.cpu, Layout::nhwc).dtypes == Dtypes{f, f, f, f, f, f, f, f, f});
+  CHECK(packed.dtypes == Dtypes{h, h, h, h, f, h, h, h, h, h, h, h, h});
+  CHECK(run(*B.gpu, Layout::nchw).dtypes == Dtypes{f, f, f, f, f, f, f, f, f, f, f, f, f});
+  CHECK(run(*B.cpu, Layout::nhwc).dtypes == Dtypes{f, f, f, f, f, f, f, f, f, f, f, f, f});
   const dptest::EnvVar env("DPRUN_CUDA_BF16_CONV_OUTPUT", std::string("f32"));
   dp::BackendOptions g;
   g.kind = dp::BackendKind::cuda;
@@ -1262,7 +1316,7 @@ TEST_CASE(
   g.conv_choice = dp::ConvChoice::heuristic;
   auto wide_backend = dp::create_backend(g);
   const Run wide = run(*wide_backend, Layout::nhwc);
-  CHECK(wide.dtypes == Dtypes{f, f, f, f, f, f, f, f, f});
+  CHECK(wide.dtypes == Dtypes{f, f, f, f, f, f, f, f, f, f, f, f, f});
   CHECK(packed.bits.y_train == wide.bits.y_train);
   CHECK(packed.bits.dx == wide.bits.dx);
   CHECK_FALSE(packed.bits.dx.empty());

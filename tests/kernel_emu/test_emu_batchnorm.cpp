@@ -65,7 +65,7 @@ void check_nhwc_kernels(const BnCase& k, bool residual, bool relu, size_t offset
   Guarded<float> gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
   Guarded<float> save_mean(cs), save_invstd(cs);
   Guarded<float> scratch(kernels::bn_nhwc_scratch_floats(rows, c));
-  kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
+  kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), nullptr,
                                  kMomentum, kEps, save_mean.data(), save_invstd.data(),
                                  residual ? r.data() : nullptr, relu, y.data(), rows, c,
                                  scratch.data(), nullptr);
@@ -79,8 +79,8 @@ void check_nhwc_kernels(const BnCase& k, bool residual, bool relu, size_t offset
                             scratch.data(), nullptr);
 
   Guarded<float> y_eval(total, offset);
-  kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), kEps,
-                                 residual ? r.data() : nullptr, relu, y_eval.data(), rows, c,
+  kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), nullptr,
+                                 kEps, residual ? r.data() : nullptr, relu, y_eval.data(), rows, c,
                                  scratch.data(), nullptr);
   emutest::require_no_pending_error();
 
@@ -164,7 +164,7 @@ TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal b
   Guarded<float> var_d(var), gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
   Guarded<float> save_mean(cs), save_invstd(cs), y(total), r(mine(k.residual));
   kernels::bn_apply_stats(x.data(), gamma.data(), beta.data(), mean_d.data(), var_d.data(),
-                          rm.data(), rv.data(), kMomentum, kEps, count, save_mean.data(),
+                          rm.data(), rv.data(), nullptr, kMomentum, kEps, count, save_mean.data(),
                           save_invstd.data(), residual ? r.data() : nullptr, relu, y.data(), n, c,
                           hw, channels_last, nullptr);
   Guarded<float> dy(mine(k.dy)), dz(total), grad_sums(2 * cs), dx(total);
@@ -276,7 +276,7 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
     kernels::bn_sums(x.data(), nullptr, sums.data(), k.n, c, hw, true, nullptr);
     kernels::bn_sums(x.data(), mean_in.data(), sq.data(), k.n, c, hw, true, nullptr);
     kernels::bn_apply_stats(x.data(), gamma.data(), beta.data(), mean_in.data(), var_in.data(),
-                            rm.data(), rv.data(), kMomentum, kEps, rows, save_mean.data(),
+                            rm.data(), rv.data(), nullptr, kMomentum, kEps, rows, save_mean.data(),
                             save_invstd.data(), rs, true, y.data(), k.n, c, hw, true, nullptr);
     kernels::bn_backward_sums(x.data(), dy.data(), y.data(), dz.data(), save_mean.data(),
                               save_invstd.data(), grad_sums.data(), k.n, c, hw, true, nullptr);
@@ -285,15 +285,15 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
                                true, nullptr);
   } else {
     kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
-                                   kMomentum, kEps, save_mean.data(), save_invstd.data(), rs, true,
-                                   y.data(), rows, c, scratch.data(), nullptr);
+                                   nullptr, kMomentum, kEps, save_mean.data(), save_invstd.data(),
+                                   rs, true, y.data(), rows, c, scratch.data(), nullptr);
     kernels::bn_nhwc_backward(x.data(), dy.data(), y.data(), dz.data(), gamma.data(),
                               save_mean.data(), save_invstd.data(), dx.data(), dgamma.data(),
                               dbeta.data(), rows, c, scratch.data(), nullptr);
   }
   // Evaluation runs the channels-last kernel either way (the running statistics as updated).
-  kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), kEps,
-                                 rs, true, y_eval.data(), rows, c, scratch.data(), nullptr);
+  kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), nullptr,
+                                 kEps, rs, true, y_eval.data(), rows, c, scratch.data(), nullptr);
   emutest::require_no_pending_error();
   EMU_CHECK_INTACT(x);
   EMU_CHECK_INTACT(dy);
@@ -516,9 +516,9 @@ TEST_CASE(
   const auto forward = [&](bool fused, Guarded<float>& y) {
     Guarded<float> rm(k.running_mean), rv(k.running_var), save_mean(cs), save_invstd(cs);
     kernels::bn_apply_stats(x.data(), gamma.data(), beta.data(), mean.data(), var.data(), rm.data(),
-                            rv.data(), kMomentum, kEps, count, save_mean.data(), save_invstd.data(),
-                            fused && residual ? r.data() : nullptr, fused && relu, y.data(), n, c,
-                            hw, channels_last, nullptr);
+                            rv.data(), nullptr, kMomentum, kEps, count, save_mean.data(),
+                            save_invstd.data(), fused && residual ? r.data() : nullptr,
+                            fused && relu, y.data(), n, c, hw, channels_last, nullptr);
     if (!fused && residual) kernels::add(y.data(), r.data(), y.data(), total64, 1.0f, nullptr);
     if (!fused && relu) kernels::relu_forward(y.data(), y.data(), total64, nullptr);
     return std::pair{save_mean.values(), save_invstd.values()};
@@ -568,4 +568,62 @@ TEST_CASE(
   size_t differ = 0;
   for (size_t i = 0; i < f32[dz].size(); ++i) differ += f32[dz][i] != b16[dz][i] ? 1 : 0;
   CHECK(differ == 1);
+}
+
+TEST_CASE(
+    "emulated cuda: batch norm kernels given a folded convolution bias compute the bits of "
+    "Backend::add doing its share",
+    "[emulated][batchnorm]") {
+  // BatchNorm2d::fold_bias_of: x lacks the convolution's bias. Training adds momentum * bias to
+  // the running mean (in stats_finalize_kernel, bn_finalize_stats_kernel), evaluation normalises
+  // with running_mean - bias (infer_scale_kernel); before, a Backend::add pass did each.
+  const int64_t c = GENERATE(int64_t{3}, int64_t{64});
+  const BnCase k = make_case(3, c, 5, 4);
+  const int64_t rows = k.n * k.h * k.w, hw = k.h * k.w;
+  const auto total = static_cast<size_t>(rows * c), cs = static_cast<size_t>(c);
+  INFO("C = " << c);
+  const std::vector<float> bias = dptest::random_vector(c, 71, -1.0f, 1.0f);
+  Guarded<float> x(nhwc(k, k.x)), gamma(k.gamma), beta(k.beta), b(bias);
+  Guarded<float> scratch(kernels::bn_nhwc_scratch_floats(rows, c));
+  // Training, both forms (nhwc kernels, synchronised on one replica): running mean and var bits.
+  for (const bool sync : {false, true}) {
+    INFO((sync ? "synchronised" : "channels-last"));
+    const auto run = [&](bool folded) {
+      Guarded<float> rm(k.running_mean), rv(k.running_var), save_mean(cs), save_invstd(cs),
+          y(total), mean(k.running_mean), var(k.running_var);
+      const float* conv_bias = folded ? b.data() : nullptr;
+      if (sync) {
+        kernels::bn_apply_stats(
+            x.data(), gamma.data(), beta.data(), mean.data(), var.data(), rm.data(), rv.data(),
+            conv_bias, kMomentum, kEps, rows, save_mean.data(), save_invstd.data(),
+            static_cast<const float*>(nullptr), true, y.data(), k.n, c, hw, true, nullptr);
+      } else {
+        kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
+                                       conv_bias, kMomentum, kEps, save_mean.data(),
+                                       save_invstd.data(), static_cast<const float*>(nullptr), true,
+                                       y.data(), rows, c, scratch.data(), nullptr);
+      }
+      if (!folded) kernels::add(rm.data(), b.data(), rm.data(), c, kMomentum, nullptr);
+      emutest::require_no_pending_error();
+      return std::tuple{rm.values(), rv.values(), y.values()};
+    };
+    const auto [rm_f, rv_f, y_f] = run(true);
+    const auto [rm_a, rv_a, y_a] = run(false);
+    CHECK(rm_f == rm_a);
+    CHECK(rv_f == rv_a);
+    CHECK(y_f == y_a);  // the output never sees the bias
+    CHECK(rm_f != k.running_mean);
+  }
+  // Evaluation: running_mean - bias, in the scale kernel's pass.
+  Guarded<float> rm(k.running_mean), rv(k.running_var), shifted(cs), y_f(total), y_a(total);
+  kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
+                                 b.data(), kEps, static_cast<const float*>(nullptr), true,
+                                 y_f.data(), rows, c, scratch.data(), nullptr);
+  kernels::add(rm.data(), b.data(), shifted.data(), c, -1.0f, nullptr);
+  kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), shifted.data(), rv.data(),
+                                 nullptr, kEps, static_cast<const float*>(nullptr), true,
+                                 y_a.data(), rows, c, scratch.data(), nullptr);
+  emutest::require_no_pending_error();
+  CHECK(y_f.values() == y_a.values());
+  CHECK(rm.values() == k.running_mean);  // evaluation leaves the running mean alone
 }

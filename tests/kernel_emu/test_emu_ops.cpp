@@ -153,6 +153,56 @@ TEST_CASE("emulated cuda: the bias add, its bf16-rounding twin and bf16 rounding
   EMU_CHECK_INTACT(r);
 }
 
+TEST_CASE("emulated cuda: add with packed bf16 operands gives the bits of adding their widening",
+          "[emulated][elementwise]") {
+  // A residual block's input gradients: conv1's (and conv3's) packed, the shortcut's fp32.
+  const int64_t n = GENERATE(int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{4099});
+  const int offset = GENERATE(0, 1, 4);  // elements in: 2 and 8 bytes, the scalar kernel
+  const auto s = static_cast<size_t>(n);
+  std::vector<uint16_t> a16(s + 8), b16(s + 8);
+  const fvec a_wide_all = dptest::random_vector(n + 8, 31, -3.0f, 3.0f);
+  const fvec b_wide_all = dptest::random_vector(n + 8, 32, -3.0f, 3.0f);
+  for (size_t i = 0; i < s + 8; ++i) {
+    a16[i] =
+        static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(a_wide_all[i])) >> 16);
+    b16[i] =
+        static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(b_wide_all[i])) >> 16);
+  }
+  const auto widened = [&](const std::vector<uint16_t>& v) {
+    fvec out(s);
+    for (size_t i = 0; i < s; ++i)
+      out[i] =
+          std::bit_cast<float>(static_cast<uint32_t>(v[i + static_cast<size_t>(offset)]) << 16);
+    return out;
+  };
+  fvec a32 = dptest::random_vector(n, 33, -3.0f, 3.0f),
+       b32 = dptest::random_vector(n, 34, -3.0f, 3.0f);
+  Guarded<uint16_t> ga(a16), gb(b16);
+  Guarded<float> ga32(a32), gb32(b32);
+  for (const bool a_packed : {true, false}) {
+    for (const bool b_packed : {true, false}) {
+      if (!a_packed && !b_packed) continue;  // the fp32 pair: the test above
+      for (const float alpha : {1.0f, -0.3f}) {
+        INFO("n " << n << ", offset " << offset << ", a " << (a_packed ? "bf16" : "f32") << ", b "
+                  << (b_packed ? "bf16" : "f32") << ", alpha " << alpha);
+        fvec wa = a_packed ? widened(a16) : a32, wb = b_packed ? widened(b16) : b32, expected(s);
+        cpu().add(t(wa, {n}), t(wb, {n}), t(expected, {n}), alpha);
+        Guarded<float> gy{fvec(s + static_cast<size_t>(offset), -7.0f)};
+        const void* pa = a_packed ? static_cast<const void*>(ga.data() + offset) : ga32.data();
+        const void* pb = b_packed ? static_cast<const void*>(gb.data() + offset) : gb32.data();
+        float* py = gy.data() + offset;
+        kernels::add(pa, a_packed, pb, b_packed, py, n, alpha, nullptr);
+        const fvec got = gy.values();
+        CHECK(same_bits(fvec(got.begin() + offset, got.end()), expected));
+        CHECK(std::all_of(got.begin(), got.begin() + offset, [](float v) { return v == -7.0f; }));
+        EMU_CHECK_INTACT(gy);
+      }
+    }
+  }
+  EMU_CHECK_INTACT(ga);
+  EMU_CHECK_INTACT(gb);
+}
+
 TEST_CASE("emulated cuda: round_to_bf16 gives dp::round_bits_to_bf16's bits, special values too",
           "[emulated][elementwise][bf16]") {
   fvec x = dptest::random_vector(5000, 23, -1e3f, 1e3f);

@@ -212,6 +212,12 @@ BackendCases::BackendCases(dp::Backend& backend)
       [=] { bk->relu_backward(y, retyped(dy, DType::i32), dy); });
   add("add", "operands in two layouts", {"b is nhwc but a is nchw"},
       [=] { bk->add(x, relaid(dx, Layout::nhwc), x); });
+  // bf16 operands only where the convolutions take bf16 (a residual block's input gradients):
+  // not in fp32.
+  add("add", "a bf16 operand in fp32", {"a is bf16", "conv_takes"},
+      [=] { bk->add(retyped(x, DType::bf16), dx, dx); });
+  add("add", "a u8 operand", {"b is u8: add takes f32"},
+      [=] { bk->add(x, retyped(dx, DType::u8), x); });
   add("scale", "a u8 tensor", {"t must be f32, got u8"}, [=] { bk->scale(images, 2.0f); });
   add("fill", "a u8 tensor", {"t must be f32 or i32, got u8"}, [=] { bk->fill(images, 0); });
   // ---- pooling

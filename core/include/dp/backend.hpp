@@ -158,6 +158,11 @@ struct AdamWParams {
 struct BnEpilogue {
   const Tensor* residual = nullptr;
   bool relu = false;
+  /// Around the batch norm's front rather than after it: the bias (C, f32) of the convolution
+  /// whose output x is, left out of x (BatchNorm2d::fold_bias_of). Training adds momentum *
+  /// conv_bias to the running mean after its update; inference normalises with running_mean -
+  /// conv_bias (each the bits of Backend::add doing it). Only where batchnorm_folds_bias says so.
+  const Tensor* conv_bias = nullptr;
 };
 
 /// The backward of an epilogue with relu (cuDNN's DReluForkDNorm): dy is the gradient of the
@@ -355,6 +360,10 @@ class Backend {
   /// Everything else (dz, the per-channel vectors, dy but for batchnorm_backward's and
   /// batchnorm_backward_sums') stays f32.
   bool batchnorm_takes(DType dtype, Layout layout) const;
+  /// Whether the batch norms of rank-4 x in `layout` take BnEpilogue::conv_bias (the cuda
+  /// backend's channels-last kernels, in the passes they make anyway); elsewhere the caller adds
+  /// the bias's share itself (Backend::add).
+  bool batchnorm_folds_bias(Layout layout) const;
   /// Training: normalise with this batch's mean and biased variance; update running stats as
   /// PyTorch does (running = (1-momentum)*running + momentum*stat, the variance unbiased by
   /// n/(n-1) where n = N*H*W, which must be > 1); save_mean, save_invstd (C) = mean and
@@ -434,7 +443,9 @@ class Backend {
   void global_avgpool_backward(const Tensor& dy, const Tensor& dx);
 
   // ---- elementwise (same shape and layout) ----------------------------------------------------
-  /// y = a + alpha * b; y may alias a or b. With alpha = 1 (the default) exactly a + b.
+  /// y = a + alpha * b; y may alias a or b. With alpha = 1 (the default) exactly a + b. y is f32;
+  /// a and b are f32 or of a dtype this backend's convolutions take (conv_takes: a residual
+  /// block's packed input gradients), widened exactly as read (y then aliases neither).
   void add(const Tensor& a, const Tensor& b, const Tensor& y, float alpha = 1.0f);
   /// t *= alpha.
   void scale(const Tensor& t, float alpha);
@@ -512,6 +523,8 @@ class Backend {
   virtual void prepare_batchnorm_impl(const Shape& /*max_input*/, Layout /*layout*/) {}
   /// batchnorm_takes for a dtype other than f32: none by default.
   virtual bool batchnorm_takes_impl(DType /*dtype*/, Layout /*layout*/) const { return false; }
+  /// batchnorm_folds_bias: none by default.
+  virtual bool batchnorm_folds_bias_impl(Layout /*layout*/) const { return false; }
   /// The output dtype of a plan plan_conv_impl made (ConvPlan::output_dtype): f32 by default.
   virtual DType conv_output_dtype_impl(const ConvPlan& /*plan*/) const { return DType::f32; }
   /// conv_takes for a dtype other than f32: none by default.

@@ -36,7 +36,8 @@ class Conv2d : public Module {
   /// The bias parameter (after declare(); invalid without a bias).
   ParamHandle bias() const { return b_; }
   /// Whether the batch norm after it adds the bias instead (BatchNorm2d::fold_bias_of): then
-  /// forward leaves it out and backward writes its gradient as 0.
+  /// forward leaves it out, and its gradient is the 0 every gradient starts at, which no
+  /// backward pass writes (ParamRegistry::allocate).
   bool bias_folded() const { return bias_folded_; }
   /// The dtype of its output (after setup): f32, or where only a batch norm reads it, what the
   /// backend stores it as (ConvPlan::output_dtype). Its output gradient has it too.
@@ -49,6 +50,13 @@ class Conv2d : public Module {
   /// f32, and what the backend's convolutions take (Backend::conv_takes: precision bf16 on the
   /// GPU, whose passes round x to bf16 anyway).
   bool takes_input(DType dtype, const SetupContext& ctx) const override;
+  /// The dtype the reader of its input gradient takes, called by a container before setup (a
+  /// residual block's add, Backend::add): where that is the dtype of the x it is given
+  /// (set_input_dtype, not f32), dx is stored so, holding the values backward-data rounds to
+  /// anyway. f32 unless set; the batch norm that feeds it (BatchNorm2d::feeds) decides instead.
+  void set_input_grad_takes(DType dtype) { input_grad_takes_ = dtype; }
+  /// The dtype of its input gradient (after setup).
+  DType input_grad_dtype() const { return dx_.dtype; }
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -67,6 +75,7 @@ class Conv2d : public Module {
   /// The batch norm whose output only this layer reads (BatchNorm2d::feeds): x takes its
   /// output dtype (ConvUse::input_dtype).
   const BatchNorm2d* input_from_ = nullptr;
+  DType input_grad_takes_ = DType::f32;  // set_input_grad_takes
   std::string name_;  // the dotted path, for the backend's messages ("resnet_block2.0.conv1")
   ParamHandle w_, b_;
   std::unique_ptr<ConvPlan> plan_;

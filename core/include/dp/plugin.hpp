@@ -18,6 +18,8 @@
 // Conv2d a member (input_from_) and BatchNorm2d two (output_to_, y_dtype_).
 // Version 5: dp::Module gained virtual functions (takes_input, output_dtype) and two members
 // (the dtypes its container gives: set_readers_take, set_input_dtype).
+// Version 6: dp::Conv2d gained a member (input_grad_takes_: set_input_grad_takes), dp::BnEpilogue
+// one (conv_bias) and dp::Backend a virtual function (batchnorm_folds_bias_impl).
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -29,7 +31,7 @@
 #include "dp/data.hpp"
 #include "dp/module.hpp"
 
-#define DPRUN_PLUGIN_ABI_VERSION 5u
+#define DPRUN_PLUGIN_ABI_VERSION 6u
 #define DPRUN_PLUGIN_MAGIC 0x4450524Eu /* "DPRN" */
 
 namespace dp {

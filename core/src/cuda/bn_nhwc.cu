@@ -212,9 +212,9 @@ __global__ void stats_partial_kernel(const T* x, int64_t rows, int64_t c, int64_
 template <typename T>
 __global__ void stats_finalize_kernel(const T* x, const float* s1, const float* s2, int64_t rows,
                                       int64_t c, int64_t groups, const float* gamma,
-                                      float* running_mean, float* running_var, float momentum,
-                                      float eps, float* save_mean, float* save_invstd,
-                                      float* scale) {
+                                      float* running_mean, float* running_var,
+                                      const float* conv_bias, float momentum, float eps,
+                                      float* save_mean, float* save_invstd, float* scale) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   double t1 = 0.0, t2 = 0.0;
   sum_partials(s1, s2, ch, c, groups, t1, t2);
@@ -228,18 +228,23 @@ __global__ void stats_finalize_kernel(const T* x, const float* s1, const float* 
     save_mean[ch] = static_cast<float>(mean);
     save_invstd[ch] = static_cast<float>(invstd);
     const double mom = momentum;
-    running_mean[ch] = static_cast<float>((1.0 - mom) * running_mean[ch] + mom * mean);
+    const auto updated = static_cast<float>((1.0 - mom) * running_mean[ch] + mom * mean);
+    // x lacks the folded convolution bias: its share, as Backend::add(mean, bias, mean, momentum).
+    running_mean[ch] = conv_bias != nullptr ? fmaf(momentum, conv_bias[ch], updated) : updated;
     running_var[ch] = static_cast<float>((1.0 - mom) * running_var[ch] + mom * var * m / (m - 1.0));
     scale[ch] = static_cast<float>(static_cast<double>(gamma[ch]) * invstd);
   }
 }
 
-// Inference: scale = gamma / sqrt(running_var + eps).
+// Inference: scale = gamma / sqrt(running_var + eps); with a folded convolution bias (which x
+// lacks) also shifted_mean = running_mean - bias, as Backend::add(mean, bias, shifted, -1).
 __global__ void infer_scale_kernel(const float* gamma, const float* running_var, float eps,
-                                   float* scale, int64_t c) {
+                                   const float* running_mean, const float* conv_bias, float* scale,
+                                   float* shifted_mean, int64_t c) {
   DP_GRID_STRIDE(ch, c) {
     scale[ch] = static_cast<float>(static_cast<double>(gamma[ch]) /
                                    sqrt(static_cast<double>(running_var[ch]) + eps));
+    if (conv_bias != nullptr) shifted_mean[ch] = fmaf(-1.0f, conv_bias[ch], running_mean[ch]);
   }
 }
 
@@ -416,9 +421,9 @@ size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c) {
 
 template <typename T, typename Y, typename R>
 void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, float* running_mean,
-                           float* running_var, float momentum, float eps, float* save_mean,
-                           float* save_invstd, const R* residual, bool relu, Y* y, int64_t rows,
-                           int64_t c, float* scratch, cudaStream_t stream) {
+                           float* running_var, const float* conv_bias, float momentum, float eps,
+                           float* save_mean, float* save_invstd, const R* residual, bool relu, Y* y,
+                           int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   const int64_t groups = bn_nhwc_groups(rows);
   float* s1 = scratch;
@@ -434,21 +439,24 @@ void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, fl
     CUDA_CHECK_LAUNCH(stats_partial_kernel);
   }
   stats_finalize_kernel<T><<<finalize_grid(c), dim3(kLanes, kSumLanes), 0, stream>>>(
-      x, s1, s2, rows, c, groups, gamma, running_mean, running_var, momentum, eps, save_mean,
-      save_invstd, scale);
+      x, s1, s2, rows, c, groups, gamma, running_mean, running_var, conv_bias, momentum, eps,
+      save_mean, save_invstd, scale);
   CUDA_CHECK_LAUNCH(stats_finalize_kernel);
   apply(x, save_mean, scale, beta, residual, relu, y, rows * c, c, stream);
 }
 
 template <typename T, typename Y, typename R>
 void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
-                           const float* running_mean, const float* running_var, float eps,
-                           const R* residual, bool relu, Y* y, int64_t rows, int64_t c,
-                           float* scratch, cudaStream_t stream) {
+                           const float* running_mean, const float* running_var,
+                           const float* conv_bias, float eps, const R* residual, bool relu, Y* y,
+                           int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
-  infer_scale_kernel<<<grid_for(c), kThreads, 0, stream>>>(gamma, running_var, eps, scratch, c);
+  float* shifted_mean = scratch + c;
+  infer_scale_kernel<<<grid_for(c), kThreads, 0, stream>>>(gamma, running_var, eps, running_mean,
+                                                           conv_bias, scratch, shifted_mean, c);
   CUDA_CHECK_LAUNCH(infer_scale_kernel);
-  apply(x, running_mean, scratch, beta, residual, relu, y, rows * c, c, stream);
+  apply(x, conv_bias != nullptr ? shifted_mean : running_mean, scratch, beta, residual, relu, y,
+        rows * c, c, stream);
 }
 
 template <typename T, typename Y, typename D>
@@ -516,12 +524,12 @@ void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const floa
 // stored output of a batch norm whose readers take it so (a bf16 convolution, the next residual
 // block), the residual a packed earlier output (an identity shortcut).
 #define DP_BN_NHWC_FORWARD(T, Y, R)                                                                \
-  template void bn_nhwc_forward_train<T, Y, R>(const T*, const float*, const float*, float*,       \
-                                               float*, float, float, float*, float*, const R*,     \
-                                               bool, Y*, int64_t, int64_t, float*, cudaStream_t);  \
+  template void bn_nhwc_forward_train<T, Y, R>(                                                    \
+      const T*, const float*, const float*, float*, float*, const float*, float, float, float*,    \
+      float*, const R*, bool, Y*, int64_t, int64_t, float*, cudaStream_t);                         \
   template void bn_nhwc_forward_infer<T, Y, R>(const T*, const float*, const float*, const float*, \
-                                               const float*, float, const R*, bool, Y*, int64_t,   \
-                                               int64_t, float*, cudaStream_t);
+                                               const float*, const float*, float, const R*, bool,  \
+                                               Y*, int64_t, int64_t, float*, cudaStream_t);
 #define DP_BN_NHWC_TYPES(T, Y)                                                                \
   DP_BN_NHWC_FORWARD(T, Y, float)                                                             \
   DP_BN_NHWC_FORWARD(T, Y, uint16_t)                                                          \

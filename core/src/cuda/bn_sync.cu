@@ -72,15 +72,17 @@ __global__ void bn_backward_sums_kernel(const T* x, const D* dy, const Y* y, flo
 
 // Per channel: save_mean, save_invstd and the running statistics.
 __global__ void bn_finalize_stats_kernel(const float* mean, const float* var, float* running_mean,
-                                         float* running_var, float momentum, float eps,
-                                         int64_t count, float* save_mean, float* save_invstd,
-                                         int64_t c) {
+                                         float* running_var, const float* conv_bias, float momentum,
+                                         float eps, int64_t count, float* save_mean,
+                                         float* save_invstd, int64_t c) {
   DP_GRID_STRIDE(ch, c) {
     const double m = mean[ch], v = var[ch];
     const double unbiased = v * static_cast<double>(count) / static_cast<double>(count - 1);
     save_mean[ch] = static_cast<float>(m);
     save_invstd[ch] = static_cast<float>(1.0 / sqrt(v + static_cast<double>(eps)));
-    running_mean[ch] = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * m);
+    const auto updated = static_cast<float>((1.0 - momentum) * running_mean[ch] + momentum * m);
+    // x lacks the folded convolution bias: its share, as Backend::add(mean, bias, mean, momentum).
+    running_mean[ch] = conv_bias != nullptr ? fmaf(momentum, conv_bias[ch], updated) : updated;
     running_var[ch] = static_cast<float>((1.0 - momentum) * running_var[ch] + momentum * unbiased);
   }
 }
@@ -171,12 +173,13 @@ void bn_sums(const T* x, const float* mean, float* out, int64_t n, int64_t c, in
 
 template <typename T, typename Y, typename R>
 void bn_apply_stats(const T* x, const float* gamma, const float* beta, const float* mean,
-                    const float* var, float* running_mean, float* running_var, float momentum,
-                    float eps, int64_t count, float* save_mean, float* save_invstd,
-                    const R* residual, bool relu, Y* y, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                    cudaStream_t stream) {
+                    const float* var, float* running_mean, float* running_var,
+                    const float* conv_bias, float momentum, float eps, int64_t count,
+                    float* save_mean, float* save_invstd, const R* residual, bool relu, Y* y,
+                    int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream) {
   bn_finalize_stats_kernel<<<grid_for(c), kThreads, 0, stream>>>(
-      mean, var, running_mean, running_var, momentum, eps, count, save_mean, save_invstd, c);
+      mean, var, running_mean, running_var, conv_bias, momentum, eps, count, save_mean, save_invstd,
+      c);
   CUDA_CHECK_LAUNCH(bn_finalize_stats_kernel);
   const int64_t total = n * c * hw;
   if (total == 0) return;
@@ -225,11 +228,11 @@ void bn_backward_apply(const T* x, const float* dy, const float* gamma, const fl
   template void bn_backward_apply<T>(const T*, const float*, const float*, const float*,        \
                                      const float*, const float*, int64_t, T*, int64_t, int64_t, \
                                      int64_t, bool, cudaStream_t);
-#define DP_BN_SYNC_APPLY(T, Y, R)                                                             \
-  template void bn_apply_stats<T, Y, R>(const T*, const float*, const float*, const float*,   \
-                                        const float*, float*, float*, float, float, int64_t,  \
-                                        float*, float*, const R*, bool, Y*, int64_t, int64_t, \
-                                        int64_t, bool, cudaStream_t);
+#define DP_BN_SYNC_APPLY(T, Y, R)                                                                 \
+  template void bn_apply_stats<T, Y, R>(const T*, const float*, const float*, const float*,       \
+                                        const float*, float*, float*, const float*, float, float, \
+                                        int64_t, float*, float*, const R*, bool, Y*, int64_t,     \
+                                        int64_t, int64_t, bool, cudaStream_t);
 #define DP_BN_SYNC_TYPES(T, Y)                                                             \
   DP_BN_SYNC_APPLY(T, Y, float)                                                            \
   DP_BN_SYNC_APPLY(T, Y, uint16_t)                                                         \

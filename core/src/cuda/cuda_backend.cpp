@@ -422,7 +422,8 @@ void CudaBackend::relu_backward_impl(const Tensor& y, const Tensor& dy, const Te
 
 void CudaBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) {
   activate();
-  kernels::add(a.f32(), b.f32(), y.f32(), a.numel(), alpha, stream_);
+  kernels::add(a.data, a.dtype == DType::bf16, b.data, b.dtype == DType::bf16, y.f32(), a.numel(),
+               alpha, stream_);
 }
 
 void CudaBackend::scale_impl(const Tensor& t, float alpha) {

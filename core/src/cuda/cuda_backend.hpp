@@ -122,6 +122,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
   DType conv_output_dtype_impl(const ConvPlan& plan) const override;
   bool batchnorm_takes_impl(DType dtype, Layout layout) const override;
+  bool batchnorm_folds_bias_impl(Layout layout) const override;
   bool conv_takes_impl(DType dtype) const override;
   void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
                          const Tensor& y, const Tensor* workspace) override;

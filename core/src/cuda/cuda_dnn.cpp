@@ -19,6 +19,11 @@ namespace dp::cuda {
 namespace {
 Layout layout_of(const Tensor& t) { return t.shape.rank == 4 ? t.layout : Layout::nchw; }
 
+/// BnEpilogue::conv_bias's data, or null.
+const float* conv_bias_of(const BnEpilogue& e) {
+  return e.conv_bias != nullptr ? e.conv_bias->f32() : nullptr;
+}
+
 /// Calls f with t's data as the kernels take it: fp32, or packed bf16 (batchnorm_takes_impl: x,
 /// y and the epilogue's residual), or a null float pointer when t is absent (a backward without the
 /// ReLU epilogue's y).
@@ -62,6 +67,13 @@ void CudaBackend::set_bn_descriptors(const Dims& d, Layout layout) {
 // a bf16 convolution reads) go to our channels-last kernels only.
 bool CudaBackend::batchnorm_takes_impl(DType dtype, Layout layout) const {
   return dtype == DType::bf16 && layout == Layout::nhwc && own_nhwc_bn_;
+}
+
+// Our channels-last kernels add the folded bias's share where they write the statistics
+// (stats_finalize_kernel, bn_finalize_stats_kernel) or their scale (infer_scale_kernel). The
+// synchronised kernels could in either layout; one rule for all three ops keeps it simple.
+bool CudaBackend::batchnorm_folds_bias_impl(Layout layout) const {
+  return layout == Layout::nhwc && own_nhwc_bn_;
 }
 
 // Precision bf16: every convolution pass rounds x to bf16 first, so a packed bf16 x is its operand
@@ -127,15 +139,16 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
       with_data(&y, [&](auto* ys) {
         with_data(epilogue.residual, [&](const auto* rs) {
           kernels::bn_nhwc_forward_train(xs, gamma.f32(), beta.f32(), running_mean.f32(),
-                                         running_var.f32(), momentum, eps, save_mean.f32(),
-                                         save_invstd.f32(), rs, epilogue.relu, ys, d.n * d.hw(),
-                                         d.c, scratch, stream_);
+                                         running_var.f32(), conv_bias_of(epilogue), momentum, eps,
+                                         save_mean.f32(), save_invstd.f32(), rs, epilogue.relu, ys,
+                                         d.n * d.hw(), d.c, scratch, stream_);
         });
       });
     });
     round_batchnorm_output(y);
     return;
   }
+  DP_ASSERT(epilogue.conv_bias == nullptr);  // batchnorm_folds_bias: our kernels only
   set_bn_descriptors(dims_of(x), layout_of(x));
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
@@ -158,14 +171,15 @@ void CudaBackend::batchnorm_forward_infer_impl(const Tensor& x, const Tensor& ga
       with_data(&y, [&](auto* ys) {
         with_data(epilogue.residual, [&](const auto* rs) {
           kernels::bn_nhwc_forward_infer(xs, gamma.f32(), beta.f32(), running_mean.f32(),
-                                         running_var.f32(), eps, rs, epilogue.relu, ys,
-                                         d.n * d.hw(), d.c, scratch, stream_);
+                                         running_var.f32(), conv_bias_of(epilogue), eps, rs,
+                                         epilogue.relu, ys, d.n * d.hw(), d.c, scratch, stream_);
         });
       });
     });
     round_batchnorm_output(y);
     return;
   }
+  DP_ASSERT(epilogue.conv_bias == nullptr);
   set_bn_descriptors(dims_of(x), layout_of(x));
   const float one = 1.0f, zero = 0.0f;
   CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
@@ -230,9 +244,9 @@ void CudaBackend::batchnorm_apply_stats_impl(const Tensor& x, const Tensor& gamm
     with_data(&y, [&](auto* ys) {
       with_data(epilogue.residual, [&](const auto* rs) {
         kernels::bn_apply_stats(xs, gamma.f32(), beta.f32(), mean.f32(), var.f32(),
-                                running_mean.f32(), running_var.f32(), momentum, eps, count,
-                                save_mean.f32(), save_invstd.f32(), rs, epilogue.relu, ys, d.n, d.c,
-                                d.hw(), is_nhwc(x), stream_);
+                                running_mean.f32(), running_var.f32(), conv_bias_of(epilogue),
+                                momentum, eps, count, save_mean.f32(), save_invstd.f32(), rs,
+                                epilogue.relu, ys, d.n, d.c, d.hw(), is_nhwc(x), stream_);
       });
     });
   });

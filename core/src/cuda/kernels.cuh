@@ -34,9 +34,12 @@ void fill_i32(int32_t* p, int64_t n, int32_t value, cudaStream_t stream);
 void relu_forward(const float* x, float* y, int64_t n, cudaStream_t stream);
 /// dx = y > 0 ? dy : 0; dx may alias dy.
 void relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStream_t stream);
-/// y = a + b; y may alias a or b.
-/// y = a + alpha * b (alpha = 1: exactly a + b).
+/// y = a + alpha * b (alpha = 1: exactly a + b); y may alias a or b.
 void add(const float* a, const float* b, float* y, int64_t n, float alpha, cudaStream_t stream);
+/// The same with a and b each fp32 or packed bf16 (a_bf16, b_bf16: widened exactly as read, so
+/// the sum is that of the widened tensors); y fp32, aliasing an fp32 operand or neither.
+void add(const void* a, bool a_bf16, const void* b, bool b_bf16, float* y, int64_t n, float alpha,
+         cudaStream_t stream);
 /// t *= alpha.
 void scale(float* t, int64_t n, float alpha, cudaStream_t stream);
 /// y (N,C,HW) += b (C) broadcast over n and hw. A row-major (N, C) matrix is nhwc with hw = 1.
@@ -170,15 +173,16 @@ template <typename T>
 void bn_sums(const T* x, const float* mean, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
              cudaStream_t stream);
 /// save_mean, save_invstd, running statistics from the global mean and biased var over `count`
-/// values; y = relu?(gamma * (x - mean) * invstd + beta (+ residual)), the epilogue in the same
+/// values (the running mean plus momentum * conv_bias where that is given: the folded bias x
+/// lacks); y = relu?(gamma * (x - mean) * invstd + beta (+ residual)), the epilogue in the same
 /// pass (residual may be null, fp32 or, R = uint16_t, packed bf16; y must not alias x or
 /// residual).
 template <typename T, typename Y, typename R>
 void bn_apply_stats(const T* x, const float* gamma, const float* beta, const float* mean,
-                    const float* var, float* running_mean, float* running_var, float momentum,
-                    float eps, int64_t count, float* save_mean, float* save_invstd,
-                    const R* residual, bool relu, Y* y, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                    cudaStream_t stream);
+                    const float* var, float* running_mean, float* running_var,
+                    const float* conv_bias, float momentum, float eps, int64_t count,
+                    float* save_mean, float* save_invstd, const R* residual, bool relu, Y* y,
+                    int64_t n, int64_t c, int64_t hw, bool nhwc, cudaStream_t stream);
 /// sums (2C) = [sum g, sum g * xhat]: g = dy, or with y (the ReLU epilogue's output) g = y > 0 ?
 /// dy : 0, written to dz in the same pass (y and dz null without it). dy is fp32 (D = float),
 /// or, with a bf16 y, packed bf16 (D = uint16_t), widened as it is read.
@@ -203,20 +207,22 @@ int64_t bn_nhwc_groups(int64_t rows);
 /// Scratch floats every bn_nhwc_* call of `rows` rows of `c` channels needs.
 size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c);
 /// Training: the batch's mean and biased variance, save_mean, save_invstd = 1/sqrt(var + eps),
-/// the running statistics (PyTorch's update), and y = relu?((x - mean) * gamma * invstd + beta
-/// (+ residual)). rows > 1. residual may be null; y must not alias x or residual.
+/// the running statistics (PyTorch's update; the running mean plus momentum * conv_bias where
+/// that is given: the folded convolution bias x lacks), and y = relu?((x - mean) * gamma * invstd
+/// + beta (+ residual)). rows > 1. residual may be null; y must not alias x or residual.
 template <typename T, typename Y, typename R>
 void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, float* running_mean,
-                           float* running_var, float momentum, float eps, float* save_mean,
-                           float* save_invstd, const R* residual, bool relu, Y* y, int64_t rows,
-                           int64_t c, float* scratch, cudaStream_t stream);
-/// Inference: y = relu?((x - running_mean) * gamma / sqrt(running_var + eps) + beta
-/// (+ residual)). rows may be 0.
+                           float* running_var, const float* conv_bias, float momentum, float eps,
+                           float* save_mean, float* save_invstd, const R* residual, bool relu, Y* y,
+                           int64_t rows, int64_t c, float* scratch, cudaStream_t stream);
+/// Inference: y = relu?((x - mean) * gamma / sqrt(running_var + eps) + beta (+ residual)), mean
+/// = running_mean, or running_mean - conv_bias where that is given (x lacks the folded bias).
+/// rows may be 0.
 template <typename T, typename Y, typename R>
 void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
-                           const float* running_mean, const float* running_var, float eps,
-                           const R* residual, bool relu, Y* y, int64_t rows, int64_t c,
-                           float* scratch, cudaStream_t stream);
+                           const float* running_mean, const float* running_var,
+                           const float* conv_bias, float eps, const R* residual, bool relu, Y* y,
+                           int64_t rows, int64_t c, float* scratch, cudaStream_t stream);
 /// Gradients of the training forward: with y (the epilogue's output, ReLU) the gradient taken is
 /// g = y > 0 ? dy : 0, written to dz; else g = dy (y and dz null). dbeta = sum g, dgamma =
 /// sum g xhat, dx = gamma invstd / M (M g - dbeta - xhat dgamma). dy is fp32 (D = float), or,
