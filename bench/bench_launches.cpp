@@ -127,6 +127,11 @@ void print(const char* what, const char* text, bool in_order) {
   for (const Row& r : all) (library_call(r.name) ? library : kernels) += r.count;
   std::printf("\n%s: %lld launches (%lld of dprun's kernels, %lld library calls)\n", what,
               kernels + library, kernels, library);
+  if (in_order && kernels + library >= 100000) {
+    std::printf(
+        "(the census keeps the first 100000 runs in order: this list and its total are "
+        "cut there; without --order the counts are whole)\n");
+  }
   for (const Row& r : all) std::printf("%6lld  %s\n", r.count, r.name.c_str());
 }
 

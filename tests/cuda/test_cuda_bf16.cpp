@@ -18,6 +18,8 @@
 //    of the elements at most (those near zero, where the ulp is small), while a GPU that skipped
 //    the rounding matches almost none and one that truncated instead of rounding to nearest
 //    matches about half.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <bit>
 #include <catch2/catch.hpp>
@@ -1347,4 +1349,47 @@ TEST_CASE(
   CHECK(packed_run.second.y_train == wide_run.second.y_train);
   CHECK(packed_run.second.grads == wide_run.second.grads);
   CHECK(packed_run.second.y_eval == wide_run.second.y_eval);
+}
+
+TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill and no bias add",
+          "[.census]") {
+  // Hidden: ctest emulated_gpu_census runs it on the emulated GPU, whose launch census
+  // (tests/kernel_emu, dp_emu_census) counts every kernel by name. A training step and an
+  // evaluation forward of stem + two blocks (the second with conv3) + one block, NHWC bf16:
+  // the blocks' adds read conv1's and conv3's packed input gradients as they are, the folded
+  // biases' running-mean shares and shifted means are the batch-norm kernels' own work, and no
+  // pass writes the folded biases' zero gradients.
+  using Census = const char* (*)(int, int);
+  const auto census = reinterpret_cast<Census>(dlsym(RTLD_DEFAULT, "dp_emu_census"));
+  REQUIRE(census != nullptr);  // the emulated GPU's libdpcore only (LD_LIBRARY_PATH)
+  Bf16Backends B;
+  dp::Sequential net;
+  net.add(std::make_unique<dp::Conv2d>(3, 8, 3, 1, 1));
+  net.add(std::make_unique<dp::BatchNorm2d>(8, 1e-5f, 0.1f, dp::BatchNorm2d::Fused{false, true}));
+  auto stage = std::make_unique<dp::Sequential>();
+  stage->add(std::make_unique<dp::Residual>(8, 8));
+  stage->add(std::make_unique<dp::Residual>(8, 16, true, 2));
+  net.add("stage", std::move(stage));
+  net.add(std::make_unique<dp::Residual>(16, 16));
+  net.add(std::make_unique<dp::GlobalAvgPool>());
+  NetOn on(*B.gpu, net, dp::Shape{4, 3, 8, 8}, Layout::nhwc, 51, true);
+  on.step(52);  // whatever runs once
+  census(1, 0);
+  on.step(53);
+  const std::string text = census(1, 0);
+  INFO(text);
+  const auto count = [&](const std::string& name) {
+    const size_t at = text.find("\t" + name + "\n");
+    if (at == std::string::npos) return 0L;
+    const size_t start = text.rfind('\n', at);
+    return std::stol(text.substr(start == std::string::npos ? 0 : start + 1));
+  };
+  CHECK(count("fill_kernel") == 0);        // no zero fills
+  CHECK(count("add4_kernel<A, B>") == 3);  // the three blocks' input-gradient adds alone
+  CHECK(count("add_kernel<A, B>") == 0);
+  // conv3's forward reads its packed x on fp32 kernels (its bias joins the fp32 sum): its one
+  // widening, in training and in evaluation; and the stem's input gradient (its x is the f32
+  // network input, so its dx is f32: cuDNN's packed output widened). No block's is widened.
+  CHECK(count("from_bf16_4_kernel") + count("from_bf16_kernel") == 3);
+  CHECK(count("infer_scale_kernel") == 7);  // each batch norm's evaluation, the shift inside
 }

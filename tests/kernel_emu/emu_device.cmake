@@ -64,6 +64,10 @@ foreach(group "ops|[cuda]~[train]~[comm]~[algorithms]" "comm|[comm]" "train|${dp
   set_tests_properties(emulated_gpu_${name} PROPERTIES TIMEOUT 1800 ENVIRONMENT "${dp_emu_env}"
                        LABELS emulated_gpu)
 endforeach()
+# What a residual network's bf16 step launches, by the launch census (a hidden test case).
+add_test(NAME emulated_gpu_census COMMAND test_cuda -w NoTests "[.census]")
+set_tests_properties(emulated_gpu_census PROPERTIES TIMEOUT 300 LABELS emulated_gpu
+                     ENVIRONMENT "${dp_emu_env}")
 # DPRUN_CUDA_POISON_SCRATCH=1: the backend fills each convolution pass's scratch with NaN first;
 # the fake cuDNN aborts a pass whose workspace does not hold that fill when it starts (and leaves
 # zeros behind), so a pass the backend forgot to fill fails here. The conv op tests, bf16 and

@@ -31,9 +31,9 @@ void count_work(const std::string& name);
 
 extern "C" {
 /// The census so far, one "count<TAB>name" line per name, sorted by name; with `in_order` != 0
-/// one "1<TAB>name" line per run instead, in the order they ran (the first 100000). With `reset`
-/// != 0 both start again from nothing. The text stays valid until the next call on the thread.
+/// one "1<TAB>name" line per run instead, in the order they ran (the first 100000 only). With
+/// `reset` != 0 both start again from nothing. The text stays valid until the next call on the
+/// thread. One census per process: replicas in threads of their own count into it together
+/// (their runs interleaved in the order list).
 const char* dp_emu_census(int reset, int in_order);
 }
-
-namespace dp_emu {}  // namespace dp_emu

@@ -157,7 +157,9 @@ TEST_CASE("emulated cuda: add with packed bf16 operands gives the bits of adding
           "[emulated][elementwise]") {
   // A residual block's input gradients: conv1's (and conv3's) packed, the shortcut's fp32.
   const int64_t n = GENERATE(int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{4099});
-  const int offset = GENERATE(0, 1, 4);  // elements in: 2 and 8 bytes, the scalar kernel
+  // Elements in: 1 and 4 (2 and 8 bytes into the packed operands) take the scalar kernel, 8 (16
+  // bytes) the 16-byte one with y and the fp32 operand 32 bytes in.
+  const int offset = GENERATE(0, 1, 4, 8);
   const auto s = static_cast<size_t>(n);
   std::vector<uint16_t> a16(s + 8), b16(s + 8);
   const fvec a_wide_all = dptest::random_vector(n + 8, 31, -3.0f, 3.0f);
@@ -332,7 +334,17 @@ TEST_CASE("emulated cuda: filter layout transposes are inverse permutations",
   const std::vector<uint16_t> packed = krsc16.values();
   CHECK(packed[static_cast<size_t>((1 * rs + 2) * c + 3)] ==
         static_cast<uint16_t>(0x3f80u + static_cast<uint32_t>((1 * c + 3) * rs + 2)));
-  for (const auto* g : {&kcrs, &krsc, &back, &kcrs_wide, &krsc_wide}) EMU_CHECK_INTACT(*g);
+  // The rounding twin (an fp32 pass given bf16's operands): the permutation of round_to_bf16's
+  // values, on values that are not bf16 already.
+  const fvec raw = dptest::random_vector(static_cast<int64_t>(total), 81, -3.0f, 3.0f);
+  Guarded<float> kcrs_raw(raw), rounded(total), krsc_rounded(total), expected_rounded(total);
+  kernels::round_to_bf16(kcrs_raw.data(), rounded.data(), static_cast<int64_t>(total), nullptr);
+  kernels::kcrs_to_krsc(rounded.data(), expected_rounded.data(), k, c, rs, nullptr);
+  kernels::kcrs_to_krsc(kcrs_raw.data(), krsc_rounded.data(), k, c, rs, nullptr, true);
+  emutest::require_no_pending_error();
+  CHECK(same_bits(krsc_rounded.values(), expected_rounded.values()));  // raw is not bf16 already
+  for (const auto* g : {&kcrs, &krsc, &back, &kcrs_wide, &krsc_wide, &kcrs_raw, &krsc_rounded})
+    EMU_CHECK_INTACT(*g);
   EMU_CHECK_INTACT(krsc16);
   EMU_CHECK_INTACT(expected16);
 }

@@ -10,13 +10,13 @@
 
 namespace {
 
-/// The last launch's error message, or "" when it succeeded.
 /// Launches a test's stream hook holds back (as a captured stream's are).
 std::vector<dp_emu::Work>& pending() {
   static std::vector<dp_emu::Work> work;
   return work;
 }
 
+/// The last launch's error message, or "" when it succeeded.
 std::string launch_error() {
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? std::string() : std::string(cudaGetErrorString(e));

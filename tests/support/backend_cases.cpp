@@ -186,6 +186,16 @@ BackendCases::BackendCases(dp::Backend& backend)
         const Tensor r = reshaped(dx, {3, 2, 4, 4});
         bk->batchnorm_forward_train(bx, c2, c2, c2, c2, 0.1f, 1e-5f, c2, c2, by, {&r, true});
       });
+  // A folded convolution bias only where the backend's kernels take it: not nchw, on any backend.
+  add("batchnorm_forward_train", "a folded conv bias in nchw",
+      {"conv_bias given", "(3, 2, 5, 5) nchw", "Backend::batchnorm_folds_bias"}, [=] {
+        bk->batchnorm_forward_train(bx, c2, c2, c2, c2, 0.1f, 1e-5f, c2, c2, by,
+                                    {nullptr, false, &c2});
+      });
+  add("batchnorm_forward_infer", "a folded conv bias in nchw",
+      {"conv_bias given", "Backend::batchnorm_folds_bias"}, [=] {
+        bk->batchnorm_forward_infer(bx, c2, c2, c2, c2, 1e-5f, by, {nullptr, true, &c2});
+      });
   add("batchnorm_forward_infer", "the residual is y", {"residual and y share their data"}, [=] {
     bk->batchnorm_forward_infer(bx, c2, c2, c2, c2, 1e-5f, by, {&by, false});
   });

@@ -445,7 +445,8 @@ class Backend {
   // ---- elementwise (same shape and layout) ----------------------------------------------------
   /// y = a + alpha * b; y may alias a or b. With alpha = 1 (the default) exactly a + b. y is f32;
   /// a and b are f32 or of a dtype this backend's convolutions take (conv_takes: a residual
-  /// block's packed input gradients), widened exactly as read (y then aliases neither).
+  /// block's packed input gradients), widened exactly as read; y may alias an f32 operand, never
+  /// a packed one.
   void add(const Tensor& a, const Tensor& b, const Tensor& y, float alpha = 1.0f);
   /// t *= alpha.
   void scale(const Tensor& t, float alpha);

@@ -45,7 +45,8 @@ class Conv2d : public Module {
   /// The dtype of the x it takes (after setup): f32, or that of the batch norm's output that
   /// only this layer reads (BatchNorm2d::feeds, ConvPlan::input_dtype), whose backward takes
   /// its input gradient so (BatchNorm2d::output_grad_dtype), or the dtype its container gave
-  /// (set_input_dtype; its input gradient is then f32).
+  /// (set_input_dtype; its input gradient is then f32, unless set_input_grad_takes names that
+  /// dtype).
   DType input_dtype() const;
   /// f32, and what the backend's convolutions take (Backend::conv_takes: precision bf16 on the
   /// GPU, whose passes round x to bf16 anyway).

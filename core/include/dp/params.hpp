@@ -56,7 +56,9 @@ class ParamRegistry {
 
   /// Allocates the flat buffers on the backend: params, grads, buffers, and `state_buffers`
   /// more of the parameters' length for the optimizer's state (Optimizer::state_buffers()).
-  /// Freed by the destructor.
+  /// Every gradient starts at 0: a convolution bias folded into a batch norm keeps that as its
+  /// gradient, which no backward pass writes (Conv2d::bias_folded), so nothing may leave another
+  /// value in a gradient it does not own. Freed by the destructor.
   void allocate(Backend& backend, int state_buffers = 0);
   bool allocated() const { return backend_ != nullptr; }
   /// Fills parameters and buffers from `seed`, identically for every registry with the same

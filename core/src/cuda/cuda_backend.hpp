@@ -327,6 +327,10 @@ class CudaBackend final : public Backend {
   /// The fp32 operands a convolution pass reads: the tensors' own data, or in bf16 their copies
   /// rounded to bf16 but kept as floats, in `bf16_scratch` (pass_scratch's).
   std::array<const float*, 2> pass_operands(const Tensor& a, const Tensor& b, float* bf16_scratch);
+  /// pass_operands for a pass reading data (x or dy) and the filter w, the filter as cuDNN reads
+  /// it (filter_for): in bf16 NHWC transposed and rounded in one pass.
+  std::array<const float*, 2> data_and_filter(const CudnnConvPlan& plan, const Tensor& data,
+                                              const Tensor& w, float* bf16_scratch);
   /// A linear pass's GEMM operands: the tensors' own data (a null tensor gives null), or in
   /// bf16 their packed copies in the bf16 scratch.
   GemmOperands gemm_operands(const char* op, const Tensor* a, const Tensor* b, const Tensor* c);

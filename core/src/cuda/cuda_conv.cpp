@@ -408,6 +408,21 @@ std::array<const float*, 2> CudaBackend::pass_operands(const Tensor& a, const Te
   return {first, copies.take(b)};
 }
 
+std::array<const float*, 2> CudaBackend::data_and_filter(const CudnnConvPlan& plan,
+                                                         const Tensor& data, const Tensor& w,
+                                                         float* bf16_scratch) {
+  if (!bf16() || !plan.nhwc()) {
+    const auto [d, f] = pass_operands(data, w, bf16_scratch);
+    return {d, filter_for(plan, f)};
+  }
+  Bf16Operands copies(bf16_scratch, stream_);
+  const float* d = copies.take(data);
+  const ConvGeometry& g = plan.geometry();
+  kernels::kcrs_to_krsc(w.f32(), filter_scratch_, g.out_channels, g.in_channels,
+                        g.kernel_h * g.kernel_w, stream_, /*round_bf16=*/true);
+  return {d, filter_scratch_};
+}
+
 const float* Bf16Operands::take(const Tensor& t) {
   float* copy = next_;
   if (t.dtype == DType::bf16) {  // already rounded: widened
@@ -1357,10 +1372,10 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
     if (!plan.bf16_output) kernels::from_bf16(p.out, y.f32(), y.numel(), stream_);
     return;
   }
-  const auto [xs, ws] = pass_operands(x, w, scratch.bf16);
-  CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, xs, plan.w_desc, filter_for(plan, ws),
-                                      cb.conv[kForward], algo, scratch.cudnn, scratch.cudnn_bytes,
-                                      &zero, cb.y, y.data));
+  const auto [xs, ws] = data_and_filter(plan, x, w, scratch.bf16);
+  CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, xs, plan.w_desc, ws, cb.conv[kForward],
+                                      algo, scratch.cudnn, scratch.cudnn_bytes, &zero, cb.y,
+                                      y.data));
   finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc());
 }
 
@@ -1393,12 +1408,12 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
         "cuda backend: conv_backward_data: a bf16 dy for a plan whose "
         "backward-data takes fp32 data");
   }
-  const auto [dys, ws] = pass_operands(dy, w, scratch.bf16);
+  const auto [dys, ws] = data_and_filter(plan, dy, w, scratch.bf16);
   // A bf16 dx: the fp32 sums after the copies (copy_floats), then packed, rounded.
   float* sums =
       packed_dx ? scratch.bf16 + aligned_floats(dy.numel()) + aligned_floats(w.numel()) : dx.f32();
-  CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, filter_for(plan, ws), cb.y,
-                                           dys, cb.conv[kBackwardData], algo, scratch.cudnn,
+  CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, plan.w_desc, ws, cb.y, dys,
+                                           cb.conv[kBackwardData], algo, scratch.cudnn,
                                            scratch.cudnn_bytes, &zero, cb.x, sums));
   if (packed_dx) {
     kernels::to_bf16(sums, static_cast<uint16_t*>(dx.data), dx.numel(), stream_);

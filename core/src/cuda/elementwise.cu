@@ -239,7 +239,9 @@ __global__ void sum_groups_kernel(const float* partial, float* out, int64_t c, i
 
 // The filter transposes, in index type I (int32_t for every real filter: 64-bit division, which
 // the GPU emulates, made them cost 8 us a launch on the H200 for ResNet-18's 2.4M-value filters).
-template <typename I, typename Out>
+// A packed Out holds each value's bf16 bits; a float one the value, or with kRound its nearest
+// bf16 (round_to_bf16's, for an fp32 kernel given bf16's operands).
+template <typename I, typename Out, bool kRound>
 __global__ void kcrs_to_krsc_kernel(const float* in, Out* out, I k, I c, I rs) {
   const I crs = c * rs;
   DP_GRID_STRIDE_AS(I, i, k * crs) {
@@ -249,7 +251,7 @@ __global__ void kcrs_to_krsc_kernel(const float* in, Out* out, I k, I c, I rs) {
     if constexpr (sizeof(Out) == 2) {
       out[i] = bf16_bits(v);
     } else {
-      out[i] = v;
+      out[i] = kRound ? bf16_nearest(v) : v;
     }
   }
 }
@@ -266,7 +268,7 @@ __global__ void krsc_to_kcrs_kernel(const In* in, float* out, I k, I c, I rs) {
 }
 
 /// Launches a filter transpose of k * c * rs values in 32-bit indices where they fit.
-template <typename Out>
+template <typename Out, bool kRound = false>
 void launch_kcrs_to_krsc(const float* in, Out* out, int64_t k, int64_t c, int64_t rs,
                          cudaStream_t stream) {
   const int64_t n = k * c * rs;
@@ -274,7 +276,7 @@ void launch_kcrs_to_krsc(const float* in, Out* out, int64_t k, int64_t c, int64_
   const unsigned grid = grid_for(n);
   dispatch_index(n + int64_t{kThreads} * grid, [&](auto index) {
     using I = decltype(index);
-    kcrs_to_krsc_kernel<I, Out><<<grid, kThreads, 0, stream>>>(
+    kcrs_to_krsc_kernel<I, Out, kRound><<<grid, kThreads, 0, stream>>>(
         in, out, static_cast<I>(k), static_cast<I>(c), static_cast<I>(rs));
   });
   CUDA_CHECK_LAUNCH(kcrs_to_krsc_kernel);
@@ -565,8 +567,12 @@ void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, b
 }
 
 void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
-                  cudaStream_t stream) {
-  launch_kcrs_to_krsc(in, out, k, c, rs, stream);
+                  cudaStream_t stream, bool round_bf16) {
+  if (round_bf16) {
+    launch_kcrs_to_krsc<float, true>(in, out, k, c, rs, stream);
+  } else {
+    launch_kcrs_to_krsc(in, out, k, c, rs, stream);
+  }
 }
 
 // Each value packed as bf16: a bf16 NHWC pass's filter in one launch.

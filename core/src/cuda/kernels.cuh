@@ -67,9 +67,10 @@ constexpr int kChannelSumGroups = 256;
 void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
                  float* partial, cudaStream_t stream, bool round_bf16 = false);
 
-/// Filter layouts: (K, C, R*S) <-> (K, R*S, C), for cuDNN's all-NHWC configuration.
+/// Filter layouts: (K, C, R*S) <-> (K, R*S, C), for cuDNN's all-NHWC configuration. round_bf16:
+/// each value written as its nearest bf16 (round_to_bf16's values), in the same pass.
 void kcrs_to_krsc(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
-                  cudaStream_t stream);
+                  cudaStream_t stream, bool round_bf16 = false);
 void krsc_to_kcrs(const float* in, float* out, int64_t k, int64_t c, int64_t rs,
                   cudaStream_t stream);
 /// kcrs_to_krsc with each value packed as bf16 (to_bf16's bits), in one pass.
