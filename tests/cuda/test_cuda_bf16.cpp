@@ -1254,6 +1254,20 @@ struct NetOn {
   }
 };
 
+/// Stem (conv, batch norm with ReLU), a stage of two residual blocks (the second with conv3 and
+/// stride 2), one more block and the average pool: every storage case of the block outputs, for
+/// input (N, 3, 8, 8).
+void add_residual_net(dp::Sequential& net) {
+  net.add(std::make_unique<dp::Conv2d>(3, 8, 3, 1, 1));
+  net.add(std::make_unique<dp::BatchNorm2d>(8, 1e-5f, 0.1f, dp::BatchNorm2d::Fused{false, true}));
+  auto stage = std::make_unique<dp::Sequential>();
+  stage->add(std::make_unique<dp::Residual>(8, 8));
+  stage->add(std::make_unique<dp::Residual>(8, 16, true, 2));
+  net.add("stage", std::move(stage));
+  net.add(std::make_unique<dp::Residual>(16, 16));
+  net.add(std::make_unique<dp::GlobalAvgPool>());
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -1282,14 +1296,7 @@ TEST_CASE(
   };
   const auto run = [](dp::Backend& b, Layout layout) {
     dp::Sequential net;
-    net.add(std::make_unique<dp::Conv2d>(3, 8, 3, 1, 1));
-    net.add(std::make_unique<dp::BatchNorm2d>(8, 1e-5f, 0.1f, dp::BatchNorm2d::Fused{false, true}));
-    auto stage = std::make_unique<dp::Sequential>();
-    stage->add(std::make_unique<dp::Residual>(8, 8));
-    stage->add(std::make_unique<dp::Residual>(8, 16, true, 2));
-    net.add("stage", std::move(stage));
-    net.add(std::make_unique<dp::Residual>(16, 16));
-    net.add(std::make_unique<dp::GlobalAvgPool>());
+    add_residual_net(net);
     NetOn on(b, net, dp::Shape{4, 3, 8, 8}, layout, 41, true);
     auto& stage_seq = dynamic_cast<dp::Sequential&>(net.at(2));
     const auto conv = [](dp::Module& block, size_t i) {
@@ -1364,14 +1371,7 @@ TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill an
   REQUIRE(census != nullptr);  // the emulated GPU's libdpcore only (LD_LIBRARY_PATH)
   Bf16Backends B;
   dp::Sequential net;
-  net.add(std::make_unique<dp::Conv2d>(3, 8, 3, 1, 1));
-  net.add(std::make_unique<dp::BatchNorm2d>(8, 1e-5f, 0.1f, dp::BatchNorm2d::Fused{false, true}));
-  auto stage = std::make_unique<dp::Sequential>();
-  stage->add(std::make_unique<dp::Residual>(8, 8));
-  stage->add(std::make_unique<dp::Residual>(8, 16, true, 2));
-  net.add("stage", std::move(stage));
-  net.add(std::make_unique<dp::Residual>(16, 16));
-  net.add(std::make_unique<dp::GlobalAvgPool>());
+  add_residual_net(net);
   NetOn on(*B.gpu, net, dp::Shape{4, 3, 8, 8}, Layout::nhwc, 51, true);
   on.step(52);  // whatever runs once
   census(1, 0);
