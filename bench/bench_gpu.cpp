@@ -35,12 +35,13 @@
 #include <string>
 #include <vector>
 
+#include "base/json.hpp"
+#include "bench_data.hpp"
 #include "dp/backend.hpp"
 #include "dp/data.hpp"
 #include "dp/error.hpp"
 #include "dp/plugin.hpp"
 #include "dp/trainer.hpp"
-#include "base/json.hpp"
 #include "models/plugin_loader.hpp"
 
 namespace {
@@ -142,19 +143,6 @@ dp::ModelFactory find_model(const std::string& name, const std::string& plugin_d
                     " (use --plugins DIR or DPRUN_PLUGIN_DIR)");
   }
   return it->second.factory;
-}
-
-/// Random images of Fashion-MNIST's shape, for timing when the real files are absent.
-dp::Dataset synthetic(int64_t count, const std::string& name) {
-  dp::Dataset d;
-  d.name = name;
-  d.count = count;
-  d.images.resize(static_cast<size_t>(count * d.example_bytes()));
-  d.labels.resize(static_cast<size_t>(count));
-  std::mt19937 rng(1);
-  for (auto& b : d.images) b = static_cast<uint8_t>(rng() & 0xff);
-  for (auto& l : d.labels) l = static_cast<uint8_t>(rng() % 10);
-  return d;
 }
 
 /// The arithmetic of a configuration: TF32 (the fp32 default on GPUs), exact fp32, bf16.
@@ -430,8 +418,8 @@ int main(int argc, char** argv) {
     std::printf("data: Fashion-MNIST from %s (%lld train, %lld test)\n", data.directory.c_str(),
                 static_cast<long long>(data.train.count), static_cast<long long>(data.test.count));
   } catch (const std::exception& e) {
-    data.train = synthetic(60000, "synthetic/train");
-    data.test = synthetic(10000, "synthetic/test");
+    data.train = dprun_bench::synthetic(60000, "synthetic/train");
+    data.test = dprun_bench::synthetic(10000, "synthetic/test");
     std::printf("data: synthetic (Fashion-MNIST not found: %s); no real epoch\n", e.what());
   }
 

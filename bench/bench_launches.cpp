@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_data.hpp"
 #include "dp/trainer.hpp"
 #include "models/plugin_loader.hpp"
 
@@ -68,18 +69,6 @@ Args parse(int argc, char** argv) {
     }
   }
   return a;
-}
-
-dp::Dataset blank(int64_t count) {
-  dp::Dataset d;
-  d.name = "blank";
-  d.count = count;
-  d.images.assign(static_cast<size_t>(count * d.example_bytes()), 0);
-  for (int64_t i = 0; i < count; ++i) d.images[static_cast<size_t>(i * 7 % d.images.size())] = 200;
-  d.labels.resize(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i)
-    d.labels[static_cast<size_t>(i)] = static_cast<uint8_t>(i % 10);
-  return d;
 }
 
 using Census = const char* (*)(int reset, int in_order);
@@ -163,7 +152,7 @@ int main(int argc, char** argv) {
   o.optimizer.momentum = 0.9f;
   o.precision = a.precision == "bf16" ? dp::Precision::bf16 : dp::Precision::fp32;
   o.allow_tf32 = a.precision != "fp32";
-  const dp::Dataset train = blank(a.batch), test = blank(a.batch);
+  const dp::Dataset train = dprun_bench::synthetic(a.batch), test = dprun_bench::synthetic(a.batch);
   dp::Trainer t(
       o,
       [&] {

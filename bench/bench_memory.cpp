@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_data.hpp"
 #include "dp/trainer.hpp"
 #include "models/plugin_loader.hpp"
 
@@ -64,15 +65,6 @@ Args parse(int argc, char** argv) {
     }
   }
   return a;
-}
-
-dp::Dataset blank(int64_t count) {
-  dp::Dataset d;
-  d.name = "blank";
-  d.count = count;
-  d.images.assign(static_cast<size_t>(count * d.example_bytes()), 0);
-  d.labels.assign(static_cast<size_t>(count), 0);
-  return d;
 }
 
 double mib(size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -114,7 +106,7 @@ int main(int argc, char** argv) {
       o.optimizer.momentum = 0.9f;
       o.memory_plan = on == 1;
       o.precision = run == 2 ? dp::Precision::bf16 : dp::Precision::fp32;
-      const dp::Dataset train = blank(batch), test = blank(batch);
+      const dp::Dataset train = dprun_bench::synthetic(batch), test = dprun_bench::synthetic(batch);
       dp::Trainer t(o, [&] { return factory.build(options, {1, 28, 28, 10}); }, train, test);
       if (run == 2) {
         bf16_total = t.peak_memory_bytes();
