@@ -43,12 +43,18 @@ std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUs
                ": this backend's convolutions take no such x (f32 always; another dtype where "
                "Backend::conv_takes says so)");
   }
+  if (use.output_relu && use.output_to_batchnorm) {
+    check.fail("ConvUse::output_relu with output_to_batchnorm for " +
+               (use.layer.empty() ? std::string("the plan") : use.layer) +
+               ": a batch norm reads the convolution's own output, not its ReLU");
+  }
   std::unique_ptr<ConvPlan> plan = plan_conv_impl(g, use);
   DP_ASSERT(plan != nullptr);
   plan->owner_ = this;
   plan_workspace(*plan, use);
   plan->output_dtype_ = conv_output_dtype_impl(*plan);
   plan->input_dtype_ = use.input_dtype;
+  plan->output_relu_ = use.output_relu;
   if (plan->output_dtype_ != DType::f32 &&
       !(use.output_to_batchnorm && batchnorm_takes(plan->output_dtype_, g.layout))) {
     throw InternalError(prefix("plan_conv") + "the plan's output is " +
@@ -248,12 +254,13 @@ void Backend::prepare_linear(int64_t max_batch, int64_t in, int64_t out) {
   prepare_linear_impl(max_batch, in, out);
 }
 
-void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y) {
+void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+                             bool relu) {
   const Checker check(*this, "linear_forward");
   const LinearDims d = check_linear(check, x, w);
   check.optional_f32(b, {d.out}, "b");
   check.f32(y, {d.n, d.out}, "y");
-  if (d.n > 0) run([=, this, hb = Held(b)] { linear_forward_impl(x, w, hb.get(), y); });
+  if (d.n > 0) run([=, this, hb = Held(b)] { linear_forward_impl(x, w, hb.get(), y, relu); });
 }
 
 void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,

@@ -27,6 +27,26 @@ void Backend::relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx)
   if (y.numel() > 0) run([=, this] { relu_backward_impl(y, dy, dx); });
 }
 
+void Backend::relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                                 const Tensor& db) {
+  const Checker check(*this, "relu_backward_bias");
+  check.tensor(y, DType::f32, "y");
+  if (y.shape.rank != 2 && y.shape.rank != 4) {
+    check.fail("y has shape " + y.shape.str() +
+               ": expected (N, C) or (N, C, H, W), whose channel the bias is of");
+  }
+  check.like(dy, y, "dy", "y");
+  check.like(dx, y, "dx", "y");
+  check.f32(db, {y.shape[1]}, "db");
+  run([=, this] {
+    if (y.numel() > 0) {
+      relu_backward_bias_impl(y, dy, dx, db);
+    } else {  // the sum over no examples
+      fill_impl(db, 0.0f);
+    }
+  });
+}
+
 void Backend::add(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) {
   const Checker check(*this, "add");
   // a or b may be of a dtype this backend's convolutions take (their input gradients,

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <initializer_list>
 #include <ostream>
+#include <typeinfo>
 
 #include "dp/comm.hpp"
 #include "dp/error.hpp"
@@ -100,7 +101,16 @@ void Conv2d::describe(std::ostream& os, int indent) const {
   if (opt_.padding) os << ", padding=" << pair(opt_.padding);
   if (!opt_.bias) os << ", bias=False";
   os << ")";
+  if (relu_) os << " + ReLU";
   detail::end_description(os, *this, indent);
+}
+
+bool Conv2d::fuse_relu() {
+  DP_CHECK(input_shape().rank == 0, "Conv2d(" + std::to_string(in_) + ", " + std::to_string(out_) +
+                                        "): fuse_relu after setup; fuse before");
+  if (relu_ || to_batchnorm_ || bias_folded_) return false;
+  relu_ = true;
+  return true;
 }
 
 Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
@@ -132,6 +142,7 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   use.planned_workspace = ctx.arena.memory_plan();
   use.forward_bias = b_.valid() && !bias_folded_;  // a folded bias is the batch norm's
   use.output_to_batchnorm = to_batchnorm_;
+  use.output_relu = relu_;
   // A bf16 x where the batch norm before it stores its output so for this layer (feeds), which
   // it decides in its own setup: it must come first.
   DP_CHECK(input_from_ == nullptr || input_from_->input_shape().rank != 0,
@@ -146,9 +157,11 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
     if (bytes > 0)
       ctx.arena.allocate_planned(ws, Shape{static_cast<int64_t>((bytes + 3) / sizeof(float))});
   }
-  x_planned_ = {};
+  x_planned_ = y_planned_ = {};
   // bf16 where the backend stores a bf16 convolution's output so for the batch norm after it.
   ctx.arena.allocate_planned(y_, out, plan_->output_dtype(), ctx.layout);
+  dz_ = Tensor();
+  if (relu_) ctx.arena.allocate_planned(dz_, out, DType::f32, ctx.layout);
   // bf16 where the one reader of dx takes it so (rounded by backward-data anyway): the batch
   // norm that feeds it, or the container's add given an x of that dtype.
   DType dx_dtype = DType::f32;
@@ -192,22 +205,44 @@ StepSchedule::Handle Conv2d::schedule_forward(StepSchedule& s, const StepSchedul
   s.step();
   s.read(x);
   s.write(workspace_[0]);
-  return s.write(y_);
+  y_planned_ = s.write(y_);
+  return y_planned_;
 }
 
-// The filter gradient reads the input; the backward workspace lives in this step only.
+// The filter gradient reads the input; the backward workspace lives in this step only. A fused
+// ReLU's backward is a step before: it reads dy and the output (its mask) and writes the masked
+// gradient, which the passes of the next step read instead of dy; so dy and the output end
+// before the workspace and dx begin, as they did when the ReLU was a layer of its own.
 StepSchedule::Handle Conv2d::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
   s.step();
   s.read(dy);
+  if (relu_) {
+    s.read(y_planned_);
+    const StepSchedule::Handle dz = s.write(dz_);
+    s.step();
+    s.read(dz);
+  }
   s.read(x_planned_);
   s.write(workspace_[1]);
   return s.write(dx_);
 }
 
-Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
+Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy_in, bool need_dx) {
   const Tensor dw = ctx.params.grad(w_);
   const Tensor* ws = workspace(ConvStage::backward);
-  if (b_.valid() && !bias_folded_) {
+  Tensor dy = dy_in;
+  if (relu_) {
+    // The fused ReLU's backward: the masked gradient, and the bias gradient in the same pass.
+    const int64_t n = dy_in.shape[0];
+    const Tensor y = view(y_, n, x_.layout);
+    dy = view(dz_, n, x_.layout);
+    if (b_.valid()) {
+      ctx.backend.relu_backward_bias(y, dy_in, dy, ctx.params.grad(b_));
+    } else {
+      ctx.backend.relu_backward(y, dy_in, dy);
+    }
+    ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr, ws);
+  } else if (b_.valid() && !bias_folded_) {
     const Tensor db = ctx.params.grad(b_);
     ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, &db, ws);
   } else {
@@ -246,6 +281,7 @@ void BatchNorm2d::fold_bias_of(Conv2d& conv) {
   DP_CHECK(bias_of_ == nullptr, me + " already adds a convolution's bias");
   DP_CHECK(conv.opt_.bias, me + ": the convolution has no bias to fold");
   DP_CHECK(!conv.bias_folded_, me + ": the convolution's bias is already folded elsewhere");
+  DP_CHECK(!conv.relu_, me + ": the convolution's output goes through a fused ReLU first");
   DP_CHECK(conv.out_ == c_, me + ": the convolution gives " + std::to_string(conv.out_) +
                                 " channels");
   DP_CHECK(input_of_ == nullptr || input_of_ == &conv,
@@ -269,9 +305,17 @@ void BatchNorm2d::feeds(Conv2d& conv) {
   output_to_ = &conv;
 }
 
+bool BatchNorm2d::fuse_relu() {
+  DP_CHECK(input_shape().rank == 0,
+           "BatchNorm2d(" + std::to_string(c_) + "): fuse_relu after setup; fuse before");
+  if (fused_.relu) return false;
+  fused_.relu = true;
+  return true;
+}
+
 bool BatchNorm2d::fold_previous(Module& previous) {
   auto* conv = dynamic_cast<Conv2d*>(&previous);
-  if (conv == nullptr || conv->out_ != c_ || input_shape().rank != 0) return false;
+  if (conv == nullptr || conv->out_ != c_ || input_shape().rank != 0 || conv->relu_) return false;
   // Only this layer reads the convolution's output: the backend may store it narrower.
   if (conv->input_shape().rank == 0 && input_of_ == nullptr) {
     conv->to_batchnorm_ = true;
@@ -490,15 +534,38 @@ Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx)
 
 // ---- ReLU -------------------------------------------------------------------------------------
 
+bool ReLU::fold_previous(Module& previous) {
+  // Exactly these classes: a subclass may compute its output its own way.
+  if (input_shape().rank != 0 || folded_) return false;
+  const std::type_info& type = typeid(previous);
+  if (type == typeid(Conv2d)) {
+    folded_ = static_cast<Conv2d&>(previous).fuse_relu();
+  } else if (type == typeid(Linear)) {
+    folded_ = static_cast<Linear&>(previous).fuse_relu();
+  } else if (type == typeid(BatchNorm2d)) {
+    folded_ = static_cast<BatchNorm2d&>(previous).fuse_relu();
+  }
+  return folded_;
+}
+
+void ReLU::describe(std::ostream& os, int indent) const {
+  os << "ReLU()";
+  if (folded_) os << " (fused into the layer before)";
+  detail::end_description(os, *this, indent);
+}
+
 Shape ReLU::do_setup(SetupContext& ctx, const Shape& input) {
-  const Layout l = layout_for(input, ctx.layout);
+  y_ = dx_ = Tensor();
   y_planned_ = {};
+  if (folded_) return input;  // the layer before writes the output and masks the gradient
+  const Layout l = layout_for(input, ctx.layout);
   ctx.arena.allocate_planned(y_, input, DType::f32, l);
   ctx.arena.allocate_planned(dx_, input, DType::f32, l);
   return input;
 }
 
 Tensor ReLU::do_forward(RunContext& ctx, const Tensor& x) {
+  if (folded_) return x;
   // y_ keeps the layout of this forward's input so backward can give dx the same one.
   y_.layout = x.layout;
   const Tensor y = y_.with_batch(x.shape[0]);
@@ -506,18 +573,26 @@ Tensor ReLU::do_forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
+// Folded: a step that reads x and passes it on, as Flatten's.
 StepSchedule::Handle ReLU::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
+  if (folded_) {
+    s.step();
+    s.read(x);
+    return x;
+  }
   y_planned_ = forward_leaf(s, x, y_);
   return y_planned_;
 }
 
-// The gradient reads the output (its mask).
+// The gradient reads the output (its mask). Folded: the layer before masks it; dy passes on.
 StepSchedule::Handle ReLU::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
+  if (folded_) return Module::schedule_backward(s, dy);
   return backward_leaf(s, dy, dx_, {&y_planned_});
 }
 
 Tensor ReLU::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
   if (!need_dx) return Tensor();
+  if (folded_) return dy;
   const Tensor dx = view(dx_, dy.shape[0], y_.layout);
   ctx.backend.relu_backward(y_.with_batch(dy.shape[0]), dy, dx);
   return dx;
@@ -722,7 +797,16 @@ void Linear::declare(ParamRegistry& registry, const std::string& prefix) {
 void Linear::describe(std::ostream& os, int indent) const {
   os << "Linear(in_features=" << in_ << ", out_features=" << out_
      << ", bias=" << (has_bias_ ? "True" : "False") << ")";
+  if (relu_) os << " + ReLU";
   detail::end_description(os, *this, indent);
+}
+
+bool Linear::fuse_relu() {
+  DP_CHECK(input_shape().rank == 0,
+           "Linear(in_features=" + std::to_string(in_) + "): fuse_relu after setup; fuse before");
+  if (relu_) return false;
+  relu_ = true;
+  return true;
 }
 
 Shape Linear::do_setup(SetupContext& ctx, const Shape& input) {
@@ -735,9 +819,11 @@ Shape Linear::do_setup(SetupContext& ctx, const Shape& input) {
   ctx.flat = {};
   const Shape out{input[0], out_};
   ctx.backend.prepare_linear(input[0], in_, out_);
-  x_planned_ = {};
+  x_planned_ = y_planned_ = {};
   ctx.arena.allocate_planned(y_, out);
   ctx.arena.allocate_planned(dx_, input);
+  dz_ = Tensor();
+  if (relu_) ctx.arena.allocate_planned(dz_, out);
   return out;
 }
 
@@ -761,30 +847,47 @@ Tensor Linear::do_forward(RunContext& ctx, const Tensor& x) {
   const Tensor w = ctx.params.param(w_);
   if (b_.valid()) {
     const Tensor b = ctx.params.param(b_);
-    ctx.backend.linear_forward(x, w, &b, y);
+    ctx.backend.linear_forward(x, w, &b, y, relu_);
   } else {
-    ctx.backend.linear_forward(x, w, nullptr, y);
+    ctx.backend.linear_forward(x, w, nullptr, y, relu_);
   }
   return y;
 }
 
 StepSchedule::Handle Linear::schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) {
   x_planned_ = x;
-  return forward_leaf(s, x, y_);
+  y_planned_ = forward_leaf(s, x, y_);
+  return y_planned_;
 }
 
-// The weight gradient reads the input.
+// The weight gradient reads the input. A fused ReLU's backward is a step before, as Conv2d's.
 StepSchedule::Handle Linear::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
-  return backward_leaf(s, dy, dx_, {&x_planned_});
+  if (!relu_) return backward_leaf(s, dy, dx_, {&x_planned_});
+  s.step();
+  s.read(dy);
+  s.read(y_planned_);
+  const StepSchedule::Handle dz = s.write(dz_);
+  return backward_leaf(s, dz, dx_, {&x_planned_});
 }
 
-Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) {
-  const Tensor dx = view(dx_, dy.shape[0], x_.layout);
+Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy_in, bool need_dx) {
+  const Tensor dx = view(dx_, dy_in.shape[0], x_.layout);
   const Tensor dw = ctx.params.grad(w_);
   Tensor db;
   if (b_.valid()) db = ctx.params.grad(b_);
+  Tensor dy = dy_in;
+  if (relu_) {
+    // The fused ReLU's backward: the masked gradient, and the bias gradient in the same pass.
+    const Tensor y = y_.with_batch(dy_in.shape[0]);
+    dy = dz_.with_batch(dy_in.shape[0]);
+    if (b_.valid()) {
+      ctx.backend.relu_backward_bias(y, dy_in, dy, db);
+    } else {
+      ctx.backend.relu_backward(y, dy_in, dy);
+    }
+  }
   ctx.backend.linear_backward(x_, ctx.params.param(w_), dy, need_dx ? &dx : nullptr, dw,
-                              b_.valid() ? &db : nullptr);
+                              b_.valid() && !relu_ ? &db : nullptr);
   ctx.gradient_ready(w_);
   ctx.gradient_ready(b_);
   return need_dx ? dx : Tensor();

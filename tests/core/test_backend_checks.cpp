@@ -26,7 +26,7 @@ TEST_CASE("cpu backend: empty batches are accepted and sums over them are zero",
   auto backend = cputest::make_cpu();
   dptest::BackendCases cases(*backend);
   const auto results = cases.run_empty_calls();
-  CHECK(results.size() == 7);
+  CHECK(results.size() == 9);
   for (const auto& [name, values] : results) {
     INFO(name);
     CHECK(!values.empty());

@@ -73,16 +73,7 @@ class ConvThenBn : public dp::Module {
 
 // Random parameters, the conv's bias included (U(-1, 1) per channel: large against the spread
 // of the conv's output, where a fold that dropped it would show).
-void randomize(ModuleRunner& run, uint64_t seed) {
-  std::vector<float> p = run.params();
-  dp::Rng rng(seed);
-  for (const auto& e : run.registry().entries()) {
-    if (!e.trainable) continue;
-    for (int64_t i = 0; i < e.shape.numel(); ++i)
-      p[e.offset + static_cast<size_t>(i)] = 2 * rng.uniform() - 1;
-  }
-  run.set_params(p);
-}
+void randomize(ModuleRunner& run, uint64_t seed) { dptest::randomize_trainable(run, seed); }
 
 std::vector<float> values(ModuleRunner& run, const std::vector<float>& flat,
                           const std::string& name) {

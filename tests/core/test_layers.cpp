@@ -27,14 +27,7 @@ namespace {
 // Random parameter values (padding left at zero), so gradients w.r.t. gamma/beta/bias are
 // checked away from their initial 1/0.
 void randomize_params(ModuleRunner& run, uint64_t seed, float scale = 0.5f) {
-  std::vector<float> p = run.params();
-  dp::Rng rng(seed);
-  for (const auto& e : run.registry().entries()) {
-    if (!e.trainable) continue;
-    for (int64_t i = 0; i < e.shape.numel(); ++i)
-      p[e.offset + static_cast<size_t>(i)] = scale * (2 * rng.uniform() - 1);
-  }
-  run.set_params(p);
+  dptest::randomize_trainable(run, seed, scale);
 }
 
 // The CUDA backend against the CPU oracle: float sums in another order.
@@ -301,9 +294,13 @@ TEST_CASE("BatchNorm2d with a fused ReLU equals BatchNorm2d then ReLU, in both l
   };
   DP_FOR_EACH_BACKEND(kind) {
     ModuleRunner fused(make(), in, 7, kind, layout);
+    // The ReLU in a Sequential of its own: added right after the batch norm, Sequential would
+    // fuse it (ReLU::fold_previous).
+    auto relu = std::make_unique<dp::Sequential>();
+    relu->add(std::make_unique<dp::ReLU>());
     auto seq = std::make_unique<dp::Sequential>();
     seq->add(std::make_unique<dp::BatchNorm2d>(4));
-    seq->add(std::make_unique<dp::ReLU>());
+    seq->add(std::move(relu));
     ModuleRunner parts(std::move(seq), in, 7, kind, layout);
     randomize_params(fused, 41);
     parts.set_params(fused.params());
@@ -554,8 +551,11 @@ TEST_CASE("describe() prints like PyTorch with output shapes", "[engine][layers]
   run.module().describe(os);
   const std::string s = os.str();
   INFO(s);
+  // LeNet's ReLUs are fused into the layers before them (ReLU::fold_previous).
   CHECK_THAT(s, Catch::StartsWith("Sequential(\n  (0): Conv2d(1, 20, kernel_size=(3, 3), "
-                                  "stride=(1, 1))  -> (256, 20, 26, 26)\n"));
+                                  "stride=(1, 1)) + ReLU  -> (256, 20, 26, 26)\n"
+                                  "  (1): ReLU() (fused into the layer before)  -> "
+                                  "(256, 20, 26, 26)\n"));
   CHECK_THAT(s, Catch::Contains("  (2): AvgPool2d(kernel_size=2, stride=2, padding=0)  -> "
                                 "(256, 20, 13, 13)\n"));
   CHECK_THAT(s, Catch::Contains("  (6): Flatten()  -> (256, 800)\n"));

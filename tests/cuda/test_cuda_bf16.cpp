@@ -1229,6 +1229,7 @@ struct NetOn {
     out = net.setup(ctx, input);
   }
   std::vector<float> download(const dp::Tensor& t) const {
+    if (t.data == nullptr) return {};  // a model without buffers: no buffer memory
     std::vector<float> v(static_cast<size_t>(t.numel()));
     if (!v.empty()) b.download(v.data(), t.data, t.bytes());
     return v;
@@ -1358,6 +1359,24 @@ TEST_CASE(
   CHECK(packed_run.second.y_eval == wide_run.second.y_eval);
 }
 
+namespace {
+
+/// The emulated GPU's launch census (tests/kernel_emu, dp_emu_census(reset, in_order): the
+/// counts of what ran since the last reset, one "count<TAB>name" line each), or null on a real
+/// libdpcore.
+using Census = const char* (*)(int, int);
+Census launch_census() { return reinterpret_cast<Census>(dlsym(RTLD_DEFAULT, "dp_emu_census")); }
+
+/// The count of `name` in a census text (0 when it did not run).
+long census_count(const std::string& text, const std::string& name) {
+  const size_t at = text.find("\t" + name + "\n");
+  if (at == std::string::npos) return 0L;
+  const size_t start = text.rfind('\n', at);
+  return std::stol(text.substr(start == std::string::npos ? 0 : start + 1));
+}
+
+}  // namespace
+
 TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill and no bias add",
           "[.census]") {
   // Hidden: ctest emulated_gpu_census runs it on the emulated GPU, whose launch census
@@ -1366,8 +1385,7 @@ TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill an
   // the blocks' adds read conv1's and conv3's packed input gradients as they are, the folded
   // biases' running-mean shares and shifted means are the batch-norm kernels' own work, and no
   // pass writes the folded biases' zero gradients.
-  using Census = const char* (*)(int, int);
-  const auto census = reinterpret_cast<Census>(dlsym(RTLD_DEFAULT, "dp_emu_census"));
+  const Census census = launch_census();
   REQUIRE(census != nullptr);  // the emulated GPU's libdpcore only (LD_LIBRARY_PATH)
   Bf16Backends B;
   dp::Sequential net;
@@ -1378,12 +1396,7 @@ TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill an
   on.step(53);
   const std::string text = census(1, 0);
   INFO(text);
-  const auto count = [&](const std::string& name) {
-    const size_t at = text.find("\t" + name + "\n");
-    if (at == std::string::npos) return 0L;
-    const size_t start = text.rfind('\n', at);
-    return std::stol(text.substr(start == std::string::npos ? 0 : start + 1));
-  };
+  const auto count = [&](const std::string& name) { return census_count(text, name); };
   CHECK(count("fill_kernel") == 0);        // no zero fills
   CHECK(count("add4_kernel<A, B>") == 3);  // the three blocks' input-gradient adds alone
   CHECK(count("add_kernel<A, B>") == 0);
@@ -1392,4 +1405,48 @@ TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill an
   // network input, so its dx is f32: cuDNN's packed output widened). No block's is widened.
   CHECK(count("from_bf16_4_kernel") + count("from_bf16_kernel") == 3);
   CHECK(count("infer_scale_kernel") == 7);  // each batch norm's evaluation, the shift inside
+}
+
+TEST_CASE("cuda: ReLUs after convolutions and linear layers launch no ReLU pass of their own",
+          "[.census]") {
+  // Hidden, as the census test above. A LeNet-like network in NHWC and NCHW, bf16 and fp32:
+  // each ReLU is fused into the layer before it (ReLU::fold_previous), whose bias add writes the
+  // ReLU and whose bias gradient's reduction masks the gradient; a training step and an
+  // evaluation forward launch no relu_forward or relu_backward kernel, and one bias add per
+  // layer with a bias.
+  const Census census = launch_census();
+  REQUIRE(census != nullptr);  // the emulated GPU's libdpcore only (LD_LIBRARY_PATH)
+  for (const dp::Precision precision : {dp::Precision::fp32, dp::Precision::bf16}) {
+    for (const Layout layout : {Layout::nhwc, Layout::nchw}) {
+      INFO(dp::precision_name(precision) << " " << dp::layout_name(layout));
+      dp::BackendOptions o;
+      o.kind = dp::BackendKind::cuda;
+      o.precision = precision;
+      o.allow_tf32 = false;
+      o.conv_choice = dp::ConvChoice::heuristic;
+      auto gpu = dp::create_backend(o);
+      dp::Sequential net;
+      net.add(std::make_unique<dp::Conv2d>(1, 6, 3));
+      net.add(std::make_unique<dp::ReLU>());
+      net.add(std::make_unique<dp::AvgPool2d>(2, 2));
+      net.add(std::make_unique<dp::Conv2d>(6, 8, 3));
+      net.add(std::make_unique<dp::ReLU>());
+      net.add(std::make_unique<dp::Flatten>());
+      net.add(std::make_unique<dp::Linear>(8 * 2 * 2, 12));
+      net.add(std::make_unique<dp::ReLU>());
+      net.add(std::make_unique<dp::Linear>(12, 5));
+      NetOn on(*gpu, net, dp::Shape{4, 1, 10, 10}, layout, 61, true);
+      on.step(62);  // whatever runs once
+      census(1, 0);
+      on.step(63);
+      const std::string text = census(1, 0);
+      INFO(text);
+      const auto count = [&](const std::string& name) { return census_count(text, name); };
+      CHECK(count("relu_forward4_kernel") + count("relu_forward_kernel") == 0);
+      CHECK(count("relu_backward4_kernel") + count("relu_backward_kernel") == 0);
+      // Four layers with a bias, forward in training and in evaluation.
+      CHECK(count("bias_add_kernel<decltype(layout)::value, kRound, decltype(fused)::value, I>") ==
+            8);
+    }
+  }
 }

@@ -220,6 +220,22 @@ BackendCases::BackendCases(dp::Backend& backend)
       [=] { bk->relu_forward(x, y); });
   add("relu_backward", "dy as i32", {"dy must be f32"},
       [=] { bk->relu_backward(y, retyped(dy, DType::i32), dy); });
+  add("relu_backward_bias", "db of another length than y's channels",
+      {"db has shape (5)", "expected (4)"}, [=] { bk->relu_backward_bias(y, dy, dy, lb); });
+  add("relu_backward_bias", "y of rank 3", {"y has shape (3, 4, 9)", "(N, C) or (N, C, H, W)"},
+      [=] {
+        bk->relu_backward_bias(reshaped(y, {3, 4, 9}), reshaped(dy, {3, 4, 9}),
+                               reshaped(dy, {3, 4, 9}), buf4);
+      });
+  add("relu_backward_bias", "dx in another layout", {"dx is nhwc but y is nchw"},
+      [=] { bk->relu_backward_bias(y, dy, relaid(dy, Layout::nhwc), buf4); });
+  dp::ConvUse relu_to_bn;
+  relu_to_bn.output_relu = true;
+  relu_to_bn.output_to_batchnorm = true;
+  relu_to_bn.layer = "block.conv";
+  add("plan_conv", "a fused ReLU on an output that a batch norm reads",
+      {"ConvUse::output_relu with output_to_batchnorm for block.conv"},
+      [=] { bk->plan_conv(g, relu_to_bn); });
   add("add", "operands in two layouts", {"b is nhwc but a is nchw"},
       [=] { bk->add(x, relaid(dx, Layout::nhwc), x); });
   // bf16 operands only where the convolutions take bf16 (a residual block's input gradients):
@@ -333,6 +349,13 @@ std::vector<std::pair<std::string, std::vector<float>>> BackendCases::run_empty_
   B.linear_backward(lx0, lw.tensor(), ly0, &lx0, ldw.tensor(), ldb.ptr());
   zeros.emplace_back("linear dw", ldw.download_f32());
   zeros.emplace_back("linear db", ldb.download_f32());
+  // A fused ReLU's backward over no examples: its bias gradient sums nothing.
+  DeviceBuffer& rdb = filled({3}, 7.0f);
+  B.relu_backward_bias(ly0, ly0, ly0, rdb.tensor());
+  zeros.emplace_back("relu_backward_bias db (N, C)", rdb.download_f32());
+  DeviceBuffer& rdb4 = filled({3}, 7.0f);
+  B.relu_backward_bias(y0, y0, y0, rdb4.tensor());
+  zeros.emplace_back("relu_backward_bias db (N, C, H, W)", rdb4.download_f32());
 
   const Tensor p0(nullptr, {0, 2, 4, 4}, DType::f32, B.device());
   const Tensor q0(nullptr, {0, 2, 2, 2}, DType::f32, B.device());

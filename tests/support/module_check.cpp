@@ -4,10 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <string>
 #include <sstream>
+#include <string>
 
 #include "dp/error.hpp"
+#include "dp/random.hpp"
 
 namespace dptest {
 
@@ -80,6 +81,17 @@ std::vector<float> ModuleRunner::backward(const std::vector<float>& dy) {
   std::vector<float> out(static_cast<size_t>(dx.numel()));
   backend_->download(out.data(), dx.data, dx.bytes());
   return out;
+}
+
+void randomize_trainable(ModuleRunner& run, uint64_t seed, float scale) {
+  std::vector<float> p = run.params();
+  dp::Rng rng(seed);
+  for (const auto& e : run.registry().entries()) {
+    if (!e.trainable) continue;
+    for (int64_t i = 0; i < e.shape.numel(); ++i)
+      p[e.offset + static_cast<size_t>(i)] = scale * (2 * rng.uniform() - 1);
+  }
+  run.set_params(p);
 }
 
 std::vector<float> entry_values(const dp::ParamRegistry& registry, const std::vector<float>& flat,

@@ -66,6 +66,10 @@ class ModuleRunner {
   dp::Tensor x_, dy_;
 };
 
+/// Sets every trainable value of run's model to scale * U(-1, 1), drawn from `seed` in registry
+/// order (buffers keep theirs).
+void randomize_trainable(ModuleRunner& run, uint64_t seed, float scale = 1.0f);
+
 /// The values of one named entry of the registry inside a flat host copy (parameters or
 /// buffers, whichever `flat` is).
 std::vector<float> entry_values(const dp::ParamRegistry& registry, const std::vector<float>& flat,

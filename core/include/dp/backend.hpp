@@ -73,6 +73,12 @@ struct ConvUse {
   /// for this convolution alone, BatchNorm2d::feeds, or for readers that all take it, such as
   /// the next residual block's conv1 and conv3: Module::set_input_dtype). ConvPlan::input_dtype.
   DType input_dtype = DType::f32;
+  /// Whether the forward passes write relu(conv(x, w) + b) instead of conv(x, w) + b: a ReLU
+  /// that alone reads the output is fused into the pass that writes it (a Conv2d followed by a
+  /// ReLU, ReLU::fold_previous). The values are those of conv_forward then relu_forward (in
+  /// precision bf16 the rounded sum's ReLU, itself a bf16 value). Refused with
+  /// output_to_batchnorm (a batch norm reads the convolution's own output).
+  bool output_relu = false;
 };
 
 /// The passes of a convolution that run together in a training step: forward (also in
@@ -109,6 +115,8 @@ class ConvPlan {
   DType output_dtype() const { return output_dtype_; }
   /// The dtype of the x its forward and backward-filter passes take (ConvUse::input_dtype).
   DType input_dtype() const { return input_dtype_; }
+  /// Made with ConvUse::output_relu: its forward passes write the ReLU of the output.
+  bool output_relu() const { return output_relu_; }
 
  private:
   friend class Backend;
@@ -118,6 +126,7 @@ class ConvPlan {
   bool forward_bias_ = true;
   DType output_dtype_ = DType::f32;
   DType input_dtype_ = DType::f32;
+  bool output_relu_ = false;
   size_t workspace_bytes_[2] = {0, 0};
 };
 
@@ -299,7 +308,8 @@ class Backend {
   // ---- convolution: x (N,C,H,W), w (K,C,R,S), b (K) -> y (N,K,P,Q) ---------------------------
   /// Checks the geometry (and `use`) and prepares the plan; the plan works with this backend only.
   std::unique_ptr<ConvPlan> plan_conv(const ConvGeometry& g, const ConvUse& use = {});
-  /// y = conv(x, w) + b; b may be null. x and y in the plan's layout, of its input_dtype and
+  /// y = conv(x, w) + b (with ConvPlan::output_relu its ReLU); b may be null. x and y in the
+  /// plan's layout, of its input_dtype and
   /// output_dtype (as conv_backward_filter's x and dy). workspace: a plan made
   /// with ConvUse::planned_workspace runs in it (at least workspace_bytes(forward) bytes; null
   /// when that is 0); any other plan takes none.
@@ -328,8 +338,10 @@ class Backend {
   /// backend not while a step is being captured: it then fails, naming what to prepare).
   /// max_batch, in, out >= 1.
   void prepare_linear(int64_t max_batch, int64_t in, int64_t out);
-  /// y = x w^T + b; b may be null.
-  void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y);
+  /// y = x w^T + b; b may be null. relu: y = relu(x w^T + b) in the same pass, the values of
+  /// linear_forward then relu_forward (a Linear followed by a ReLU, ReLU::fold_previous).
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+                      bool relu = false);
   /// dx (N,IN) = dy w (skipped when dx is null); dw (OUT,IN) = dy^T x; db (OUT) = sum_n dy
   /// (skipped when db is null). Overwrites; dw and db are zero for a batch of 0 examples.
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
@@ -424,6 +436,16 @@ class Backend {
   void relu_forward(const Tensor& x, const Tensor& y);
   /// dx = dy where y > 0, else 0. dx may alias dy.
   void relu_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
+  /// relu_backward, and in the same pass db (C) = the sum of dx over every position but the
+  /// channel: the bias gradient of the layer whose output y is, when a ReLU is fused into it
+  /// (ConvUse::output_relu, linear_forward's relu), which then asks its own backward for no db.
+  /// y (N, C, H, W) in its layout, or (N, C); dx may alias dy. In precision bf16 each value
+  /// is rounded to bf16 as it joins the sum (conv_backward_filter's and linear_backward's db sum
+  /// the rounded dy). The order of the sum: on the cuda backend that of those ops' db (bit for
+  /// bit); on the cpu backend that of linear_backward for (N, C), and for rank 4 a fixed one of
+  /// its own, in double (its convolutions' bias gradients each sum in their algorithm's order).
+  /// Zero for a batch of 0 examples.
+  void relu_backward_bias(const Tensor& y, const Tensor& dy, const Tensor& dx, const Tensor& db);
 
   // ---- pooling: x (N,C,H,W) -> y (N,C,P,Q)
   // -------------------------------------------------------
@@ -541,7 +563,7 @@ class Backend {
                                          const Tensor* workspace) = 0;
 
   virtual void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
-                                   const Tensor& y) = 0;
+                                   const Tensor& y, bool relu) = 0;
   virtual void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
                                     const Tensor* dx, const Tensor& dw, const Tensor* db) = 0;
   virtual void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
@@ -573,6 +595,8 @@ class Backend {
                                              const Tensor& dx) = 0;
   virtual void relu_forward_impl(const Tensor& x, const Tensor& y) = 0;
   virtual void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) = 0;
+  virtual void relu_backward_bias_impl(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                                       const Tensor& db) = 0;
   virtual void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;
   virtual void avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) = 0;
   virtual void maxpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) = 0;

@@ -58,6 +58,15 @@ class Conv2d : public Module {
   void set_input_grad_takes(DType dtype) { input_grad_takes_ = dtype; }
   /// The dtype of its input gradient (after setup).
   DType input_grad_dtype() const { return dx_.dtype; }
+  /// Takes over the ReLU that alone reads its output (ReLU::fold_previous): forward writes
+  /// relu(conv + bias) in the pass that adds the bias (ConvUse::output_relu), and backward masks
+  /// its output gradient and sums the bias gradient in one pass (Backend::relu_backward_bias).
+  /// The output lives until backward, which reads its sign; the ReLU's own output and gradient
+  /// buffers are gone. Before setup; false (nothing done) where a batch norm reads the output or
+  /// a ReLU is fused already.
+  bool fuse_relu();
+  /// Whether forward writes its output's ReLU (fuse_relu).
+  bool relu_fused() const { return relu_; }
 
  protected:
   Shape do_setup(SetupContext& ctx, const Shape& input) override;
@@ -77,11 +86,13 @@ class Conv2d : public Module {
   /// output dtype (ConvUse::input_dtype).
   const BatchNorm2d* input_from_ = nullptr;
   DType input_grad_takes_ = DType::f32;  // set_input_grad_takes
+  bool relu_ = false;                    // fuse_relu
   std::string name_;  // the dotted path, for the backend's messages ("resnet_block2.0.conv1")
   ParamHandle w_, b_;
   std::unique_ptr<ConvPlan> plan_;
   Tensor x_, y_, dx_;  // x_: the last input (a view of the producer's output)
-  StepSchedule::Handle x_planned_;  // the memory plan's walk: where x_ lives
+  Tensor dz_;          // with a fused ReLU: the masked output gradient
+  StepSchedule::Handle x_planned_, y_planned_;  // the memory plan's walk: where x_ and y_ live
   /// With the memory plan: the workspaces of the plan's forward and backward passes, planned
   /// buffers that live only in their step (ConvUse::planned_workspace); empty when none.
   Tensor workspace_[2];
@@ -145,6 +156,10 @@ class BatchNorm2d : public Module {
   /// (ConvUse::output_to_batchnorm, with or without a bias), and with a bias not folded yet,
   /// fold_bias_of. Returns whether the bias was folded.
   bool fold_previous(Module& previous) override;
+  /// Takes over the ReLU that alone reads its output (ReLU::fold_previous), as Fused::relu:
+  /// the same values, in the pass that normalises. Before setup; false (nothing done) where a
+  /// ReLU is fused already.
+  bool fuse_relu();
   /// Declares that only `conv` reads this layer's output (Residual's bn1 -> conv2), and that
   /// `conv` is set up after this layer. The backend may then store the output narrower, as the
   /// convolution reads it (precision bf16 on the GPU in NHWC: packed bf16, the values conv
@@ -202,9 +217,20 @@ class BatchNorm2d : public Module {
   Tensor shifted_mean_;        // (C) with bias_of_: running_mean - bias, for evaluation
 };
 
+/// max(x, 0). Added to a Sequential right after a Conv2d, a Linear or a BatchNorm2d (exactly
+/// those classes), it is fused into that layer (fold_previous): the layer writes its output's
+/// ReLU in the pass that writes the output, and its backward masks the gradient in the pass that
+/// sums its bias gradient; this module then passes its input and its gradient through. The
+/// values are those of the separate layer.
 class ReLU : public Module {
  public:
   const char* type() const override { return "ReLU"; }
+  void describe(std::ostream& os, int indent = 0) const override;
+  /// Fuses this ReLU into `previous` when it is a Conv2d, a Linear or a BatchNorm2d that takes it
+  /// (Conv2d::fuse_relu, Linear::fuse_relu, BatchNorm2d::fuse_relu).
+  bool fold_previous(Module& previous) override;
+  /// Whether the layer before computes this ReLU (fold_previous).
+  bool folded() const { return folded_; }
 
   StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
   StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
@@ -215,6 +241,7 @@ class ReLU : public Module {
   Tensor do_backward(RunContext& ctx, const Tensor& dy, bool need_dx) override;
 
  private:
+  bool folded_ = false;
   Tensor y_, dx_;
   StepSchedule::Handle y_planned_;  // the memory plan's walk: where y_ lives
 };
@@ -303,6 +330,10 @@ class Linear : public Module {
   /// Linear's weight columns follow its input features: after an NHWC Flatten they are in
   /// (H, W, C) order and are reported for permutation to PyTorch's (C, H, W).
   void parameter_orders(std::vector<ParamOrder>& out) override;
+  /// Takes over the ReLU that alone reads its output, as Conv2d::fuse_relu (linear_forward's
+  /// relu, Backend::relu_backward_bias). Before setup; false where a ReLU is fused already.
+  bool fuse_relu();
+  bool relu_fused() const { return relu_; }
 
   StepSchedule::Handle schedule_forward(StepSchedule& s, const StepSchedule::Handle& x) override;
   StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
@@ -316,10 +347,12 @@ class Linear : public Module {
   FlatFeatures input_order_;
   int64_t in_, out_;
   bool has_bias_;
+  bool relu_ = false;  // fuse_relu
   Init w_init_, b_init_;
   ParamHandle w_, b_;
   Tensor x_, y_, dx_;
-  StepSchedule::Handle x_planned_;  // the memory plan's walk: where x_ lives
+  Tensor dz_;                                   // with a fused ReLU: the masked output gradient
+  StepSchedule::Handle x_planned_, y_planned_;  // the memory plan's walk: where x_ and y_ live
 };
 
 /// The d2l residual block: y = ReLU(bn2(conv2(ReLU(bn1(conv1(x))))) + shortcut(x)) where

@@ -20,6 +20,9 @@
 // (the dtypes its container gives: set_readers_take, set_input_dtype).
 // Version 6: dp::Conv2d gained a member (input_grad_takes_: set_input_grad_takes), dp::BnEpilogue
 // one (conv_bias) and dp::Backend a virtual function (batchnorm_folds_bias_impl).
+// Version 7: the ReLU fold: dp::Backend gained a virtual function (relu_backward_bias_impl) and
+// linear_forward_impl a parameter, dp::ConvUse and dp::ConvPlan a member (output_relu), Conv2d
+// and Linear members (relu_, dz_, y_planned_), ReLU a member and two virtual overrides.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -31,7 +34,7 @@
 #include "dp/data.hpp"
 #include "dp/module.hpp"
 
-#define DPRUN_PLUGIN_ABI_VERSION 6u
+#define DPRUN_PLUGIN_ABI_VERSION 7u
 #define DPRUN_PLUGIN_MAGIC 0x4450524Eu /* "DPRN" */
 
 namespace dp {

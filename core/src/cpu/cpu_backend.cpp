@@ -298,10 +298,15 @@ void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor
                                    const Tensor* b, const Tensor& y, const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
   PassMemory m = pass_memory(plan, ConvStage::forward, workspace, x, w);
-  if (precision_ == Precision::fp32) return p.forward(x, w, b, y, m.scratch);
-  const Tensor xr = m.copies.rounded(x), wr = m.copies.rounded(w);
-  p.forward(xr, wr, b, y, m.scratch);
-  round_to_bf16_in_place(threads_, y.f32(), y.numel());
+  if (precision_ == Precision::fp32) {
+    p.forward(x, w, b, y, m.scratch);
+  } else {
+    const Tensor xr = m.copies.rounded(x), wr = m.copies.rounded(w);
+    p.forward(xr, wr, b, y, m.scratch);
+    round_to_bf16_in_place(threads_, y.f32(), y.numel());
+  }
+  // A fused ReLU (ConvUse::output_relu): relu_forward's values, in place.
+  if (plan.output_relu()) relu_forward_impl(y, y);
 }
 void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
                                          const Tensor& dx, const Tensor* workspace) {
@@ -334,13 +339,17 @@ void CpuBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out)
 
 // x (N,IN), w (OUT,IN), b (OUT) or null -> y (N,OUT)
 void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
-                                     const Tensor& y) {
-  if (precision_ == Precision::fp32) return linear_forward_fp32(x, w, b, y);
-  bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel()));
-  Bf16Copies copies(*bf16_scratch_, threads_);
-  const Tensor xr = copies.rounded(x), wr = copies.rounded(w);
-  linear_forward_fp32(xr, wr, b, y);
-  round_to_bf16_in_place(threads_, y.f32(), y.numel());
+                                     const Tensor& y, bool relu) {
+  if (precision_ == Precision::fp32) {
+    linear_forward_fp32(x, w, b, y);
+  } else {
+    bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel()));
+    Bf16Copies copies(*bf16_scratch_, threads_);
+    const Tensor xr = copies.rounded(x), wr = copies.rounded(w);
+    linear_forward_fp32(xr, wr, b, y);
+    round_to_bf16_in_place(threads_, y.f32(), y.numel());
+  }
+  if (relu) relu_forward_impl(y, y);  // relu_forward's values, in place
 }
 
 // x (N,IN), w (OUT,IN), dy (N,OUT) -> dx (N,IN) or null, dw (OUT,IN), db (OUT) or null

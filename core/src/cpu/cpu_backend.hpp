@@ -193,8 +193,8 @@ class CpuBackend final : public Backend {
   /// fp32).
   size_t bf16_copy_bytes(const ConvGeometry& g, ConvStage stage) const;
 
-  void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
-                           const Tensor& y) override;
+  void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+                           bool relu) override;
   void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
                             const Tensor& dw, const Tensor* db) override;
 
@@ -227,6 +227,8 @@ class CpuBackend final : public Backend {
 
   void relu_forward_impl(const Tensor& x, const Tensor& y) override;
   void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  void relu_backward_bias_impl(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                               const Tensor& db) override;
 
   void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
   void avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) override;

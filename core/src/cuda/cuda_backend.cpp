@@ -420,6 +420,27 @@ void CudaBackend::relu_backward_impl(const Tensor& y, const Tensor& dy, const Te
   kernels::relu_backward(y.f32(), dy.f32(), dx.f32(), y.numel(), stream_);
 }
 
+// The masked channel sum: the reduction of the bias gradient this fused ReLU's layer would
+// compute from dx, so the bits are those of relu_backward then its db: a convolution's (rank 4:
+// two levels through the reduction scratch, which every convolution plan reserves for its
+// channels) or a linear layer's (one pass); in bf16 each value is rounded as it joins the sum.
+void CudaBackend::relu_backward_bias_impl(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                                          const Tensor& db) {
+  activate();
+  const int64_t n = y.shape[0], c = y.shape[1];
+  float* partial = nullptr;
+  bool nhwc = true;
+  int64_t hw = 1;
+  if (y.shape.rank == 4) {
+    reserve_reduce_scratch(static_cast<size_t>(kernels::kChannelSumGroups * c));
+    partial = reduce_scratch_;
+    nhwc = y.layout == Layout::nhwc;
+    hw = y.shape[2] * y.shape[3];
+  }
+  kernels::channel_sum(dy.f32(), db.f32(), n, c, hw, nhwc, partial, stream_, bf16(), y.f32(),
+                       dx.f32());
+}
+
 void CudaBackend::add_impl(const Tensor& a, const Tensor& b, const Tensor& y, float alpha) {
   activate();
   kernels::add(a.data, a.dtype == DType::bf16, b.data, b.dtype == DType::bf16, y.f32(), a.numel(),

@@ -133,8 +133,8 @@ class CudaBackend final : public Backend {
                                  const Tensor* workspace) override;
 
   void prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) override;
-  void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
-                           const Tensor& y) override;
+  void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
+                           bool relu) override;
   void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
                             const Tensor& dw, const Tensor* db) override;
 
@@ -168,6 +168,8 @@ class CudaBackend final : public Backend {
 
   void relu_forward_impl(const Tensor& x, const Tensor& y) override;
   void relu_backward_impl(const Tensor& y, const Tensor& dy, const Tensor& dx) override;
+  void relu_backward_bias_impl(const Tensor& y, const Tensor& dy, const Tensor& dx,
+                               const Tensor& db) override;
 
   void avgpool_forward_impl(const PoolGeometry& g, const Tensor& x, const Tensor& y) override;
   void avgpool_backward_impl(const PoolGeometry& g, const Tensor& dy, const Tensor& dx) override;
@@ -335,9 +337,10 @@ class CudaBackend final : public Backend {
   /// bf16 their packed copies in the bf16 scratch.
   GemmOperands gemm_operands(const char* op, const Tensor* a, const Tensor* b, const Tensor* c);
   /// A convolution's or linear layer's output y (N, C, HW) after its GEMM: the bias b (may be
-  /// null) added, and in bf16 y rounded once, the bias joining the fp32 sum first.
-  void finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw,
-                      bool nhwc);
+  /// null) added, and in bf16 y rounded once, the bias joining the fp32 sum first; relu: then
+  /// its ReLU (a fused ReLU: ConvUse::output_relu, linear_forward's relu), in the same pass.
+  void finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
+                      bool relu = false);
   /// Sets the backend's scratch descriptors for a batch-norm input (NCHW or NHWC; rank 2 is
   /// (N, C, 1, 1)) and its per-channel parameters.
   void set_bn_descriptors(const Dims& d, Layout layout);

@@ -389,15 +389,19 @@ size_t bf16_packed_floats(std::initializer_list<int64_t> counts) {
 }
 
 void CudaBackend::finish_forward(const Tensor& y, const Tensor* b, int64_t n, int64_t c, int64_t hw,
-                                 bool nhwc) {
-  if (!bf16()) {
-    if (b != nullptr) kernels::bias_add(y.f32(), b->f32(), n, c, hw, nhwc, stream_);
-  } else if (b != nullptr) {
-    // The bias joins the fp32 sum before the output's one rounding.
-    kernels::bias_add_round_bf16(y.f32(), b->f32(), n, c, hw, nhwc, stream_);
-  } else {
-    kernels::round_to_bf16(y.f32(), y.f32(), y.numel(), stream_);
+                                 bool nhwc, bool relu) {
+  if (b != nullptr) {
+    // The bias joins the fp32 sum before the output's one rounding (bf16); a fused ReLU in the
+    // same pass.
+    if (bf16()) {
+      kernels::bias_add_round_bf16(y.f32(), b->f32(), n, c, hw, nhwc, stream_, relu);
+    } else {
+      kernels::bias_add(y.f32(), b->f32(), n, c, hw, nhwc, stream_, relu);
+    }
+    return;
   }
+  if (bf16()) kernels::round_to_bf16(y.f32(), y.f32(), y.numel(), stream_);
+  if (relu) kernels::relu_forward(y.f32(), y.f32(), y.numel(), stream_);
 }
 
 std::array<const float*, 2> CudaBackend::pass_operands(const Tensor& a, const Tensor& b,
@@ -1355,7 +1359,7 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
     }
     // The bias joins the fp32 sum, then (bf16) the output's one rounding, as after cuDNN.
     run_own(plan, own, kForward, n, xs, w.f32(), y.f32(), scratch.cudnn);
-    finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), true);
+    finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), true, plan.output_relu());
     return;
   }
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(cb.choice[kForward].algo);
@@ -1370,13 +1374,14 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
                                         cb.conv[kForward], algo, scratch.cudnn, scratch.cudnn_bytes,
                                         &zero, cb.y16, out));
     if (!plan.bf16_output) kernels::from_bf16(p.out, y.f32(), y.numel(), stream_);
+    if (plan.output_relu()) kernels::relu_forward(y.f32(), y.f32(), y.numel(), stream_);
     return;
   }
   const auto [xs, ws] = data_and_filter(plan, x, w, scratch.bf16);
   CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x, xs, plan.w_desc, ws, cb.conv[kForward],
                                       algo, scratch.cudnn, scratch.cudnn_bytes, &zero, cb.y,
                                       y.data));
-  finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc());
+  finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), plan.nhwc(), plan.output_relu());
 }
 
 void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,

@@ -342,12 +342,12 @@ void CudaBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out
 }
 
 void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
-                                      const Tensor& y) {
+                                      const Tensor& y, bool relu) {
   const LinearDims d = linear_dims(x, w, "linear_forward");
   activate();
   const auto [xs, ws, none] = gemm_operands("linear_forward", &x, &w, nullptr);
   gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, d.out, d.n, d.in, ws, d.in, xs, d.in, y.f32(), d.out);
-  finish_forward(y, b, d.n, d.out, 1, /*nhwc=*/true);  // a row-major (N, OUT) matrix
+  finish_forward(y, b, d.n, d.out, 1, /*nhwc=*/true, relu);  // a row-major (N, OUT) matrix
 }
 
 void CudaBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,

@@ -1,5 +1,7 @@
 // Elementwise kernels, the deterministic per-channel reduction, filter-layout transposes, the
 // batch gather and the same-device rank sum. Grid-stride loops; launchers check every launch.
+#include <type_traits>
+
 #include "cuda/cuda_check.hpp"
 #include "cuda/kernels.cuh"
 #include "cuda/launch.cuh"
@@ -161,12 +163,14 @@ __device__ __forceinline__ float summand(float v) {
 
 // I: int32_t where every offset fits (the channel of each value is a division: 64-bit ones, which
 // the GPU emulates, cost several times more).
-template <bool kNhwc, bool kRound, typename I>
+// kRelu: then relu_of, a fused ReLU (relu_forward's values after bias_add's).
+template <bool kNhwc, bool kRound, bool kRelu, typename I>
 __global__ void bias_add_kernel(float* y, const float* b, I total, I c, I hw) {
   DP_GRID_STRIDE_AS(I, i, total) {
     const I ch = kNhwc ? i % c : (i / hw) % c;
-    const float v = y[i] + b[ch];
-    y[i] = kRound ? bf16_nearest(v) : v;
+    float v = y[i] + b[ch];
+    if constexpr (kRound) v = bf16_nearest(v);
+    y[i] = kRelu ? relu_of(v) : v;
   }
 }
 
@@ -183,17 +187,31 @@ __device__ float block_sum(float v, float* shared /* blockDim.x / 32 */) {
   return total;
 }
 
+/// The value at i as it joins a channel sum: x[i], or with a fused ReLU's mask (kMask: a
+/// relu_backward in the same pass) x[i] where y[i] > 0, else 0, which is also written to dz[i].
+template <bool kMask>
+__device__ __forceinline__ float channel_value(const float* x, const float* y, float* dz,
+                                               int64_t i) {
+  if constexpr (kMask) {
+    const float v = relu_grad(y[i], x[i]);
+    dz[i] = v;
+    return v;
+  } else {
+    return x[i];
+  }
+}
+
 // NCHW: block (channel, group) sums the group's contiguous chunk of the channel's N*HW values.
-template <bool kRound>
-__global__ void channel_sum_nchw_kernel(const float* x, float* dst, int64_t c, int64_t hw,
-                                        int64_t total, int64_t chunk) {
+template <bool kRound, bool kMask>
+__global__ void channel_sum_nchw_kernel(const float* x, const float* y, float* dz, float* dst,
+                                        int64_t c, int64_t hw, int64_t total, int64_t chunk) {
   __shared__ float shared[kThreads / 32];
   const int64_t ch = blockIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
   const int64_t end = min(begin + chunk, total);
   float acc = 0.0f;
   for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-    acc += summand<kRound>(x[((e / hw) * c + ch) * hw + e % hw]);
+    acc += summand<kRound>(channel_value<kMask>(x, y, dz, ((e / hw) * c + ch) * hw + e % hw));
   }
   const float s = block_sum(acc, shared);
   if (threadIdx.x == 0) dst[static_cast<int64_t>(blockIdx.y) * c + ch] = s;
@@ -201,9 +219,9 @@ __global__ void channel_sum_nchw_kernel(const float* x, float* dst, int64_t c, i
 
 // NHWC (rows of C): block (32 channels x 8 row lanes) per (channel tile, group).
 constexpr int kRowLanes = 8;
-template <bool kRound>
-__global__ void channel_sum_nhwc_kernel(const float* x, float* dst, int64_t c, int64_t rows,
-                                        int64_t chunk) {
+template <bool kRound, bool kMask>
+__global__ void channel_sum_nhwc_kernel(const float* x, const float* y, float* dz, float* dst,
+                                        int64_t c, int64_t rows, int64_t chunk) {
   __shared__ float shared[kRowLanes][32];
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
@@ -211,7 +229,7 @@ __global__ void channel_sum_nhwc_kernel(const float* x, float* dst, int64_t c, i
   float acc = 0.0f;
   if (ch < c) {
     for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes)
-      acc += summand<kRound>(x[r * c + ch]);
+      acc += summand<kRound>(channel_value<kMask>(x, y, dz, r * c + ch));
   }
   shared[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -466,17 +484,28 @@ void scale(float* t, int64_t n, float alpha, cudaStream_t stream) {
 namespace {
 template <bool kRound>
 void launch_bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                     cudaStream_t stream) {
+                     bool relu, cudaStream_t stream) {
   const int64_t total = n * c * hw;
   if (total <= 0) return;
   const unsigned grid = grid_for(total);
   dispatch_index(total + int64_t{kThreads} * grid, [&](auto index) {
     using I = decltype(index);
     const auto t = static_cast<I>(total), cc = static_cast<I>(c), hwi = static_cast<I>(hw);
+    const auto go = [&](auto layout, auto fused) {
+      bias_add_kernel<decltype(layout)::value, kRound, decltype(fused)::value, I>
+          <<<grid, kThreads, 0, stream>>>(y, b, t, cc, hwi);
+    };
+    const auto with_relu = [&](auto layout) {
+      if (relu) {
+        go(layout, std::true_type{});
+      } else {
+        go(layout, std::false_type{});
+      }
+    };
     if (nhwc) {
-      bias_add_kernel<true, kRound, I><<<grid, kThreads, 0, stream>>>(y, b, t, cc, hwi);
+      with_relu(std::true_type{});
     } else {
-      bias_add_kernel<false, kRound, I><<<grid, kThreads, 0, stream>>>(y, b, t, cc, hwi);
+      with_relu(std::false_type{});
     }
   });
   CUDA_CHECK_LAUNCH(bias_add_kernel);
@@ -484,13 +513,13 @@ void launch_bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw,
 }  // namespace
 
 void bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
-              cudaStream_t stream) {
-  launch_bias_add<false>(y, b, n, c, hw, nhwc, stream);
+              cudaStream_t stream, bool relu) {
+  launch_bias_add<false>(y, b, n, c, hw, nhwc, relu, stream);
 }
 
 void bias_add_round_bf16(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                         cudaStream_t stream) {
-  launch_bias_add<true>(y, b, n, c, hw, nhwc, stream);
+                         cudaStream_t stream, bool relu) {
+  launch_bias_add<true>(y, b, n, c, hw, nhwc, relu, stream);
 }
 
 void round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t stream) {
@@ -527,7 +556,8 @@ void from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
 }
 
 void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                 float* partial, cudaStream_t stream, bool round_bf16) {
+                 float* partial, cudaStream_t stream, bool round_bf16, const float* relu_y,
+                 float* masked) {
   if (c <= 0) return;
   const int64_t total = n * hw;  // values per channel
   if (total <= 0) {
@@ -541,22 +571,29 @@ void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, b
       partial == nullptr ? 1 : std::min<int64_t>(kChannelSumGroups, (total + 255) / 256);
   const int64_t chunk = (total + groups - 1) / groups;
   float* dst = groups == 1 ? out : partial;
-  if (nhwc) {
-    const dim3 grid(static_cast<unsigned>((c + 31) / 32), static_cast<unsigned>(groups));
-    if (round_bf16) {
-      channel_sum_nhwc_kernel<true>
-          <<<grid, dim3(32, kRowLanes), 0, stream>>>(x, dst, c, total, chunk);
+  const auto go = [&](auto round, auto mask) {
+    constexpr bool kRound = decltype(round)::value, kMask = decltype(mask)::value;
+    if (nhwc) {
+      const dim3 grid(static_cast<unsigned>((c + 31) / 32), static_cast<unsigned>(groups));
+      channel_sum_nhwc_kernel<kRound, kMask>
+          <<<grid, dim3(32, kRowLanes), 0, stream>>>(x, relu_y, masked, dst, c, total, chunk);
     } else {
-      channel_sum_nhwc_kernel<false>
-          <<<grid, dim3(32, kRowLanes), 0, stream>>>(x, dst, c, total, chunk);
+      const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(groups));
+      channel_sum_nchw_kernel<kRound, kMask>
+          <<<grid, kThreads, 0, stream>>>(x, relu_y, masked, dst, c, hw, total, chunk);
     }
+  };
+  const auto with_mask = [&](auto round) {
+    if (relu_y != nullptr) {
+      go(round, std::true_type{});
+    } else {
+      go(round, std::false_type{});
+    }
+  };
+  if (round_bf16) {
+    with_mask(std::true_type{});
   } else {
-    const dim3 grid(static_cast<unsigned>(c), static_cast<unsigned>(groups));
-    if (round_bf16) {
-      channel_sum_nchw_kernel<true><<<grid, kThreads, 0, stream>>>(x, dst, c, hw, total, chunk);
-    } else {
-      channel_sum_nchw_kernel<false><<<grid, kThreads, 0, stream>>>(x, dst, c, hw, total, chunk);
-    }
+    with_mask(std::false_type{});
   }
   CUDA_CHECK_LAUNCH(channel_sum_kernel);
   if (groups > 1) {

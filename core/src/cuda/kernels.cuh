@@ -43,12 +43,13 @@ void add(const void* a, bool a_bf16, const void* b, bool b_bf16, float* y, int64
 /// t *= alpha.
 void scale(float* t, int64_t n, float alpha, cudaStream_t stream);
 /// y (N,C,HW) += b (C) broadcast over n and hw. A row-major (N, C) matrix is nhwc with hw = 1.
+/// relu: then max(., 0) in the same pass (relu_forward's values: a fused ReLU).
 void bias_add(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
-              cudaStream_t stream);
+              cudaStream_t stream, bool relu = false);
 /// y = round_to_bf16(y + b) in one pass (precision bf16: the bias joins the fp32 sum before the
-/// output's one rounding, as on the cpu backend).
+/// output's one rounding, as on the cpu backend); relu: that value's ReLU.
 void bias_add_round_bf16(float* y, const float* b, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                         cudaStream_t stream);
+                         cudaStream_t stream, bool relu = false);
 /// y = round_to_bf16(x) elementwise, dp::round_bits_to_bf16's bits; y may alias x.
 void round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t stream);
 /// y = the bf16 nearest to x, packed (2 bytes: dp::round_bits_to_bf16's high half), as cuDNN's
@@ -64,8 +65,12 @@ constexpr int kChannelSumGroups = 256;
 /// partial == nullptr one pass without scratch (fine for small inputs, e.g. linear bias grads);
 /// else a two-level reduction through partial (kChannelSumGroups * C floats). round_bf16: each
 /// value rounded to bf16 before it joins the sum (the sum of x's bf16 copy, without the copy).
+/// relu_y: a fused ReLU's backward in the same pass: each value is x where relu_y > 0, else 0
+/// (relu_backward's), written to `masked` (which may alias x) and summed: the bits of
+/// relu_backward then channel_sum of its output.
 void channel_sum(const float* x, float* out, int64_t n, int64_t c, int64_t hw, bool nhwc,
-                 float* partial, cudaStream_t stream, bool round_bf16 = false);
+                 float* partial, cudaStream_t stream, bool round_bf16 = false,
+                 const float* relu_y = nullptr, float* masked = nullptr);
 
 /// Filter layouts: (K, C, R*S) <-> (K, R*S, C), for cuDNN's all-NHWC configuration. round_bf16:
 /// each value written as its nearest bf16 (round_to_bf16's values), in the same pass.
