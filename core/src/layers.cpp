@@ -535,8 +535,12 @@ Tensor BatchNorm2d::do_backward(RunContext& ctx, const Tensor& dy, bool need_dx)
 // ---- ReLU -------------------------------------------------------------------------------------
 
 bool ReLU::fold_previous(Module& previous) {
-  // Exactly these classes: a subclass may compute its output its own way.
-  if (input_shape().rank != 0 || folded_) return false;
+  // Exactly these classes, this one included: a subclass may compute its output its own way.
+  // Nothing set up already.
+  if (typeid(*this) != typeid(ReLU) || input_shape().rank != 0 ||
+      previous.input_shape().rank != 0 || folded_) {
+    return false;
+  }
   const std::type_info& type = typeid(previous);
   if (type == typeid(Conv2d)) {
     folded_ = static_cast<Conv2d&>(previous).fuse_relu();

@@ -292,7 +292,7 @@ TEST_CASE("Training with the memory plan computes the same bits as without it, i
   }
   SECTION(
       "A layer of the user's own keeping a view of its input for backward, a batch norm "
-      "without a fused ReLU, max pooling") {
+      "without a fused ReLU, max pooling, a ReLU layer") {
     builder = [] {
       auto net = std::make_unique<dp::Sequential>();
       net->add(std::make_unique<dp::Conv2d>(1, 4, 3, 1, 1));
@@ -300,7 +300,10 @@ TEST_CASE("Training with the memory plan computes the same bits as without it, i
       net->add(std::make_unique<InputMaskRelu>());
       net->add(std::make_unique<dp::MaxPool2d>(2, 2));  // its backward reads x and y
       net->add(std::make_unique<dp::Conv2d>(4, 4, 3, 1, 1));
-      net->add(std::make_unique<dp::ReLU>());
+      // A ReLU layer of its own (LeNet's above are fused into their convolutions).
+      auto relu = std::make_unique<dp::Sequential>();
+      relu->add(std::make_unique<dp::ReLU>());
+      net->add(std::move(relu));
       net->add(std::make_unique<dp::Flatten>());
       net->add(std::make_unique<dp::Linear>(4 * 14 * 14, 10));
       return net;

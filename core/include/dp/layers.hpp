@@ -59,11 +59,12 @@ class Conv2d : public Module {
   /// The dtype of its input gradient (after setup).
   DType input_grad_dtype() const { return dx_.dtype; }
   /// Takes over the ReLU that alone reads its output (ReLU::fold_previous): forward writes
-  /// relu(conv + bias) in the pass that adds the bias (ConvUse::output_relu), and backward masks
-  /// its output gradient and sums the bias gradient in one pass (Backend::relu_backward_bias).
-  /// The output lives until backward, which reads its sign; the ReLU's own output and gradient
-  /// buffers are gone. Before setup; false (nothing done) where a batch norm reads the output or
-  /// a ReLU is fused already.
+  /// relu(conv + bias) (ConvUse::output_relu: on the cuda backend in the pass that adds the
+  /// bias), and backward masks its output gradient and sums the bias gradient together
+  /// (Backend::relu_backward_bias: on the cuda backend one pass). The output lives until
+  /// backward, which reads its sign; the ReLU's own output buffer is gone, and its gradient
+  /// buffer is this layer's masked gradient. Before setup; false (nothing done) where a batch
+  /// norm reads the output or a ReLU is fused already.
   bool fuse_relu();
   /// Whether forward writes its output's ReLU (fuse_relu).
   bool relu_fused() const { return relu_; }
@@ -218,10 +219,11 @@ class BatchNorm2d : public Module {
 };
 
 /// max(x, 0). Added to a Sequential right after a Conv2d, a Linear or a BatchNorm2d (exactly
-/// those classes), it is fused into that layer (fold_previous): the layer writes its output's
-/// ReLU in the pass that writes the output, and its backward masks the gradient in the pass that
-/// sums its bias gradient; this module then passes its input and its gradient through. The
-/// values are those of the separate layer.
+/// those classes, and this one not a subclass), it is fused into that layer (fold_previous): the
+/// layer writes its output's ReLU, and its backward masks the gradient where it sums its bias
+/// gradient (on the cuda backend in the passes that add the bias and sum its gradient, where the
+/// layer has a bias; a batch norm in its normalising and summing passes); this module then
+/// passes its input and its gradient through. The values are those of the separate layer.
 class ReLU : public Module {
  public:
   const char* type() const override { return "ReLU"; }

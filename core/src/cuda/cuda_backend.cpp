@@ -432,8 +432,10 @@ void CudaBackend::relu_backward_bias_impl(const Tensor& y, const Tensor& dy, con
   bool nhwc = true;
   int64_t hw = 1;
   if (y.shape.rank == 4) {
-    reserve_reduce_scratch(static_cast<size_t>(kernels::kChannelSumGroups * c));
-    partial = reduce_scratch_;
+    // Every convolution plan reserves it for its channels; a call of more channels than any
+    // plan grows it, but not while a step is being captured.
+    partial = regrow_reduce_scratch(static_cast<size_t>(kernels::kChannelSumGroups * c),
+                                    "relu_backward_bias", c);
     nhwc = y.layout == Layout::nhwc;
     hw = y.shape[2] * y.shape[3];
   }

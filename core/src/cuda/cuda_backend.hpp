@@ -209,6 +209,9 @@ class CudaBackend final : public Backend {
   void reserve_workspace(size_t bytes);
   void reserve_filter_scratch(size_t floats);
   void reserve_reduce_scratch(size_t floats);
+  /// The bias-gradient reduction's scratch, grown to `floats` if smaller; never while capturing
+  /// (`op` then fails, as regrow_scratch).
+  float* regrow_reduce_scratch(size_t floats, const char* op, int64_t channels);
   /// The channels-last batch norm's scratch for (rows, c), grown now if it is smaller: at
   /// prepare_batchnorm, or on first use of a larger shape, but never while capturing (`op` then
   /// fails naming what was not prepared).

@@ -455,6 +455,15 @@ void CudaBackend::reserve_reduce_scratch(size_t floats) {
   replace_scratch(reduce_scratch_, reduce_scratch_floats_, floats, sizeof(float));
 }
 
+float* CudaBackend::regrow_reduce_scratch(size_t floats, const char* op, int64_t channels) {
+  if (floats <= reduce_scratch_floats_) return reduce_scratch_;
+  return regrow_scratch(reduce_scratch_, reduce_scratch_floats_, floats, op,
+                        "a bias gradient of " + std::to_string(channels) +
+                            " channels needs more reduction scratch than any convolution "
+                            "planned",
+                        "plan a convolution of that many output channels first");
+}
+
 // ---- plans --------------------------------------------------------------------------------------
 
 std::unique_ptr<ConvPlan> CudaBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
