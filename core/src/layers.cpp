@@ -69,6 +69,31 @@ StepSchedule::Handle backward_leaf(StepSchedule& s, const StepSchedule::Handle& 
   return s.write(dx);
 }
 
+// A fused ReLU's backward step in the memory plan's walk (Conv2d, Linear with fuse_relu): it
+// reads dy and the layer's output (the mask) and writes the masked gradient, which the layer's
+// own backward step then reads instead of dy; so dy and the output end where a separate ReLU's
+// backward ended them.
+StepSchedule::Handle relu_mask_step(StepSchedule& s, const StepSchedule::Handle& dy,
+                                    const StepSchedule::Handle& y, Tensor& dz) {
+  s.step();
+  s.read(dy);
+  s.read(y);
+  return s.write(dz);
+}
+
+// A fused ReLU's backward (Conv2d, Linear with fuse_relu): dz = dy masked by the output y, and
+// with a bias its gradient summed in the same op (Backend::relu_backward_bias). Returns dz, the
+// gradient the layer's own passes take.
+Tensor relu_mask(const RunContext& ctx, const Tensor& y, const Tensor& dy, const Tensor& dz,
+                 ParamHandle bias) {
+  if (bias.valid()) {
+    ctx.backend.relu_backward_bias(y, dy, dz, ctx.params.grad(bias));
+  } else {
+    ctx.backend.relu_backward(y, dy, dz);
+  }
+  return dz;
+}
+
 }  // namespace
 
 // ---- Conv2d -----------------------------------------------------------------------------------
@@ -210,18 +235,12 @@ StepSchedule::Handle Conv2d::schedule_forward(StepSchedule& s, const StepSchedul
 }
 
 // The filter gradient reads the input; the backward workspace lives in this step only. A fused
-// ReLU's backward is a step before: it reads dy and the output (its mask) and writes the masked
-// gradient, which the passes of the next step read instead of dy; so dy and the output end
-// before the workspace and dx begin, as they did when the ReLU was a layer of its own.
+// ReLU's backward is a step before (relu_mask_step): dy and the output end before the workspace
+// and dx begin.
 StepSchedule::Handle Conv2d::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
+  const StepSchedule::Handle grad = relu_ ? relu_mask_step(s, dy, y_planned_, dz_) : dy;
   s.step();
-  s.read(dy);
-  if (relu_) {
-    s.read(y_planned_);
-    const StepSchedule::Handle dz = s.write(dz_);
-    s.step();
-    s.read(dz);
-  }
+  s.read(grad);
   s.read(x_planned_);
   s.write(workspace_[1]);
   return s.write(dx_);
@@ -232,15 +251,9 @@ Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy_in, bool need_dx) {
   const Tensor* ws = workspace(ConvStage::backward);
   Tensor dy = dy_in;
   if (relu_) {
-    // The fused ReLU's backward: the masked gradient, and the bias gradient in the same pass.
+    // The fused ReLU's backward, which takes the bias gradient too.
     const int64_t n = dy_in.shape[0];
-    const Tensor y = view(y_, n, x_.layout);
-    dy = view(dz_, n, x_.layout);
-    if (b_.valid()) {
-      ctx.backend.relu_backward_bias(y, dy_in, dy, ctx.params.grad(b_));
-    } else {
-      ctx.backend.relu_backward(y, dy_in, dy);
-    }
+    dy = relu_mask(ctx, view(y_, n, x_.layout), dy_in, view(dz_, n, x_.layout), b_);
     ctx.backend.conv_backward_filter(*plan_, x_, dy, dw, nullptr, ws);
   } else if (b_.valid() && !bias_folded_) {
     const Tensor db = ctx.params.grad(b_);
@@ -866,12 +879,8 @@ StepSchedule::Handle Linear::schedule_forward(StepSchedule& s, const StepSchedul
 
 // The weight gradient reads the input. A fused ReLU's backward is a step before, as Conv2d's.
 StepSchedule::Handle Linear::schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) {
-  if (!relu_) return backward_leaf(s, dy, dx_, {&x_planned_});
-  s.step();
-  s.read(dy);
-  s.read(y_planned_);
-  const StepSchedule::Handle dz = s.write(dz_);
-  return backward_leaf(s, dz, dx_, {&x_planned_});
+  const StepSchedule::Handle grad = relu_ ? relu_mask_step(s, dy, y_planned_, dz_) : dy;
+  return backward_leaf(s, grad, dx_, {&x_planned_});
 }
 
 Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy_in, bool need_dx) {
@@ -879,17 +888,9 @@ Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy_in, bool need_dx) {
   const Tensor dw = ctx.params.grad(w_);
   Tensor db;
   if (b_.valid()) db = ctx.params.grad(b_);
-  Tensor dy = dy_in;
-  if (relu_) {
-    // The fused ReLU's backward: the masked gradient, and the bias gradient in the same pass.
-    const Tensor y = y_.with_batch(dy_in.shape[0]);
-    dy = dz_.with_batch(dy_in.shape[0]);
-    if (b_.valid()) {
-      ctx.backend.relu_backward_bias(y, dy_in, dy, db);
-    } else {
-      ctx.backend.relu_backward(y, dy_in, dy);
-    }
-  }
+  // A fused ReLU's backward takes the bias gradient too.
+  const int64_t n = dy_in.shape[0];
+  const Tensor dy = relu_ ? relu_mask(ctx, y_.with_batch(n), dy_in, dz_.with_batch(n), b_) : dy_in;
   ctx.backend.linear_backward(x_, ctx.params.param(w_), dy, need_dx ? &dx : nullptr, dw,
                               b_.valid() && !relu_ ? &db : nullptr);
   ctx.gradient_ready(w_);
