@@ -102,12 +102,14 @@ struct SmallConv {
 constexpr int kSmallConvMaxChannels = 4;              // c
 constexpr int kSmallConvMaxTaps = 36;                 // c * r * s: registers of the filter gradient
 constexpr int kSmallConvMaxFilter = 8192;             // k * c * r * s: the forward's shared memory
-/// The filter gradient's first level: a block per 128 positions, at most 1024 blocks (about
-/// one full wave of 256-thread blocks on an H100/H200: 132 SMs x 8). Each thread runs a serial
-/// loop over its positions, bound by memory latency: 512 positions a block gave ResNet-18's
-/// first layer at batch 256 (200704 positions) 392 blocks, under 40 % of the GPU's warps, each
-/// thread 128 iterations (261 us on an H200 at 815ecd3, for 26 MB of dy); 128 give 1024 blocks
-/// and 49 iterations, LeNet's first layer (173056 positions) 1024 blocks instead of 338.
+/// The filter gradient's first level: a block per 128 positions, at most 1024 blocks. Each
+/// thread runs a serial loop over its positions, bound by memory latency: 512 positions a block
+/// gave ResNet-18's first layer at batch 256 (200704 positions) 392 blocks, each thread 128
+/// iterations (261 us on an H200 at 815ecd3, for 26 MB of dy); 128 give 1024 blocks and 49
+/// iterations, LeNet's first layer (173056 positions) 1024 blocks instead of 338. How many run
+/// at once is bound by registers (ptxas, sm_90, 256-thread blocks): 64 a thread for 9 taps, 4
+/// blocks an SM, 528 on an H200's 132 SMs, so 1024 blocks are about two waves; 156 and 249 for
+/// 27 and 36 taps (3-channel input), one block an SM. Not yet timed on a GPU.
 constexpr int64_t kSmallConvPositionsPerBlock = 128;
 constexpr int64_t kSmallConvMaxBlocks = 1024;
 /// Whether the passes below take this shape (c <= 4, k <= 256, c * r * s <= 36, the filter
