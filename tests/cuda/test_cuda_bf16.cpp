@@ -1407,6 +1407,50 @@ TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill an
   CHECK(count("infer_scale_kernel") == 7);  // each batch norm's evaluation, the shift inside
 }
 
+TEST_CASE("cuda: a channels-last batch norm launches two kernels each way", "[.census]") {
+  // Hidden, as the census tests above. The statistics and the gradient sums finish in the
+  // partial kernels' last block of each channel tile (bn_nhwc.cu), so in a training step each
+  // batch norm's partial sums are followed at once by its normalising pass, fp32 and bf16.
+  const Census census = launch_census();
+  REQUIRE(census != nullptr);  // the emulated GPU's libdpcore only (LD_LIBRARY_PATH)
+  const dp::Precision precision = GENERATE(dp::Precision::fp32, dp::Precision::bf16);
+  INFO(dp::precision_name(precision));
+  dp::BackendOptions o;
+  o.kind = dp::BackendKind::cuda;
+  o.precision = precision;
+  o.conv_choice = dp::ConvChoice::heuristic;
+  auto gpu = dp::create_backend(o);
+  dp::Sequential net;
+  add_residual_net(net);
+  NetOn on(*gpu, net, dp::Shape{4, 3, 8, 8}, Layout::nhwc, 51, true);
+  on.step(52);
+  census(1, 1);
+  on.step(53);
+  const std::string text = census(1, 1);  // in order, a line a launch
+  INFO(text);
+  std::vector<std::string> names;
+  for (size_t at = 0; at < text.size();) {
+    const size_t tab = text.find('\t', at), end = text.find('\n', at);
+    names.push_back(text.substr(tab + 1, end - tab - 1));
+    at = end + 1;
+  }
+  const auto starts = [](const std::string& name, const char* prefix) {
+    return name.rfind(prefix, 0) == 0;
+  };
+  int stats = 0, grads = 0;
+  for (size_t i = 0; i + 1 < names.size(); ++i) {
+    if (starts(names[i], "stats_partial")) {
+      ++stats;
+      CHECK(starts(names[i + 1], "apply"));
+    } else if (starts(names[i], "backward_partial")) {
+      ++grads;
+      CHECK(starts(names[i + 1], "backward_apply"));
+    }
+  }
+  CHECK(stats == 7);  // the stem's and the three blocks' batch norms
+  CHECK(grads == 7);
+}
+
 TEST_CASE("cuda: ReLUs after convolutions and linear layers launch no ReLU pass of their own",
           "[.census]") {
   // Hidden, as the census test above. A LeNet-like network in NHWC and NCHW, bf16 and fp32:

@@ -6,12 +6,14 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +66,21 @@ thread_local Grid* running = nullptr;
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local std::string last_message;
 thread_local Counters counter_values;
+
+BlockOrder initial_block_order() {
+  const char* env = std::getenv("DPRUN_EMULATED_BLOCK_ORDER");
+  if (env == nullptr || *env == '\0' || std::string(env) == "forward") return BlockOrder::forward;
+  if (std::string(env) == "reverse") return BlockOrder::reverse;
+  if (std::string(env) == "shuffled") return BlockOrder::shuffled;
+  std::fprintf(stderr,
+               "kernel emulator: DPRUN_EMULATED_BLOCK_ORDER=%s: expected forward, reverse or "
+               "shuffled\n",
+               env);
+  std::exit(2);
+}
+// Global, not per thread: a stream's work may run in a thread of the stream's own.
+std::atomic<BlockOrder> block_order{initial_block_order()};
+std::atomic<uint64_t> block_order_seed{0}, launch_number{0};
 
 std::string where() {
   return "block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
@@ -300,29 +317,47 @@ void run_grid(dim3 grid, dim3 block, const std::function<void()>& thread) {
   gridDim = grid;
   blockDim = block;
   ++counter_values.launches;
-  for (unsigned bz = 0; bz < grid.z && g.error.empty(); ++bz)
-    for (unsigned by = 0; by < grid.y && g.error.empty(); ++by)
-      for (unsigned bx = 0; bx < grid.x && g.error.empty(); ++bx) {
-        blockIdx = dim3(bx, by, bz);
-        for (size_t i = 0; i < g.fibers.size(); ++i) {
-          Fiber& f = g.fibers[i];
-          const auto t = static_cast<unsigned>(i);
-          f.index = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-          f.state = State::ready;
-          getcontext(&f.context);
-          f.context.uc_stack.ss_sp = f.stack.get();
-          f.context.uc_stack.ss_size = kStackBytes;
-          f.context.uc_link = &g.scheduler;
-          makecontext(&f.context, fiber_entry, 0);
-        }
-        counter_values.threads += threads;
-        if (!run_block(g)) g.error += " (" + where() + ")";
-      }
+  const uint64_t per_z = uint64_t{grid.x} * grid.y, blocks = per_z * grid.z;
+  const BlockOrder order = block_order.load();
+  std::vector<uint64_t> shuffled;
+  if (order == BlockOrder::shuffled) {
+    shuffled.resize(blocks);
+    for (uint64_t b = 0; b < blocks; ++b) shuffled[b] = b;
+    std::mt19937_64 draw(block_order_seed.load() ^
+                         (launch_number.fetch_add(1) * 0x9E3779B97F4A7C15ull));
+    std::shuffle(shuffled.begin(), shuffled.end(), draw);
+  }
+  for (uint64_t k = 0; k < blocks && g.error.empty(); ++k) {
+    const uint64_t b = order == BlockOrder::forward   ? k
+                       : order == BlockOrder::reverse ? blocks - 1 - k
+                                                      : shuffled[k];
+    blockIdx = dim3(static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b % per_z / grid.x),
+                    static_cast<unsigned>(b / per_z));
+    for (size_t i = 0; i < g.fibers.size(); ++i) {
+      Fiber& f = g.fibers[i];
+      const auto t = static_cast<unsigned>(i);
+      f.index = dim3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
+      f.state = State::ready;
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = f.stack.get();
+      f.context.uc_stack.ss_size = kStackBytes;
+      f.context.uc_link = &g.scheduler;
+      makecontext(&f.context, fiber_entry, 0);
+    }
+    counter_values.threads += threads;
+    if (!run_block(g)) g.error += " (" + where() + ")";
+  }
   running = nullptr;
   if (!g.error.empty()) fail_launch(cudaErrorLaunchFailure, g.error.c_str());
 }
 
 Counters& counters() { return counter_values; }
+
+BlockOrder set_block_order(BlockOrder order, uint64_t seed) {
+  block_order_seed = seed;
+  launch_number = 0;
+  return block_order.exchange(order);
+}
 
 namespace {
 StreamHook stream_hook = nullptr;

@@ -17,10 +17,15 @@
 //  - __shfl_*_sync exchanges values between the lanes of a warp (32 consecutive linear thread
 //    ids); every lane its mask names must take part: a named lane that exited, does not exist,
 //    or waits elsewhere is an error;
-//  - a block of more than 1024 threads or an empty grid or block is cudaErrorInvalidConfiguration.
-// What it cannot see: races between warps that real hardware would interleave differently
-// (the fibers run in a fixed order), the device's math library (expf, logf: the host's here,
-// a few ulp apart), and anything of cuDNN, cuBLAS or NCCL.
+//  - a block of more than 1024 threads or an empty grid or block is cudaErrorInvalidConfiguration;
+//  - the blocks run in index order (x fastest), or reversed, or in a shuffled order
+//    (set_block_order, or DPRUN_EMULATED_BLOCK_ORDER=reverse|shuffled for a whole process): a
+//    kernel whose result depends on which block runs first shows it there. atomicAdd,
+//    __threadfence and __ldcg are the sequential machine's plain operations.
+// What it cannot see: blocks running at the same time, races between warps that real hardware would
+// interleave differently (the fibers run in a fixed order), the device's math library (expf, logf:
+// the host's here, a few ulp apart), and anything of cuDNN, cuBLAS or NCCL.
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -69,6 +74,18 @@ inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
 inline int __float_as_int(float v) { return std::bit_cast<int>(v); }
 inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
 
+// Blocks run one at a time and threads one at a time between barriers, so these are the plain
+// operations (a replica's kernels may run in a thread of their own, hence the atomic add).
+template <typename T>
+T atomicAdd(T* address, T value) {
+  return std::atomic_ref<T>(*address).fetch_add(value);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+template <typename T>
+T __ldcg(const T* address) {
+  return *address;
+}
+
 // The classification functions device code finds in the global namespace.
 using std::isfinite;
 using std::isinf;
@@ -99,6 +116,14 @@ void fail_launch(cudaError_t error, const char* message);
 /// Runs `thread` once as each thread of each block of the grid (see the file comment). Any
 /// error becomes the next cudaGetLastError.
 void run_grid(dim3 grid, dim3 block, const std::function<void()>& thread);
+
+/// The order in which run_grid runs a grid's blocks: index order (x fastest, then y, then z), the
+/// reverse, or a permutation drawn from `seed` and the launch's number (counted from this call).
+/// For the whole process (a stream's work may run in a thread of its own); the initial order is
+/// DPRUN_EMULATED_BLOCK_ORDER's (forward, reverse or shuffled; unset: forward). Returns the
+/// order it replaces.
+enum class BlockOrder { forward, reverse, shuffled };
+BlockOrder set_block_order(BlockOrder order, uint64_t seed = 0);
 
 /// How many launches and threads ran since the counters were reset (tests check that a launcher
 /// really launched).

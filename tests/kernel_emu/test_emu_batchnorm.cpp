@@ -16,6 +16,7 @@
 #include "cuda/kernels.cuh"
 #include "dp/bf16.hpp"
 #include "emu_buffers.hpp"
+#include "emu_runtime.hpp"
 #include "support/bn_reference.hpp"
 #include "support/check.hpp"
 
@@ -57,53 +58,75 @@ std::vector<float> nchw(const BnCase& k, const std::vector<float>& v) {
   return dptest::to_nchw(v, k.n, k.c, k.h, k.w);
 }
 
+/// What the channels-last kernels computed for one case (NCHW order), and the counters after.
+struct NhwcResult {
+  std::vector<float> y_train, dx, dgamma, dbeta, running_mean, running_var, y_eval, y_nhwc, dy_nhwc,
+      dz_nhwc;
+  std::vector<unsigned> counters;
+};
+
 /// The channels-last kernels of one case: training forward, backward, inference.
-void check_nhwc_kernels(const BnCase& k, bool residual, bool relu, size_t offset) {
+NhwcResult run_nhwc_kernels(const BnCase& k, bool residual, bool relu, size_t offset) {
   const int64_t rows = k.n * k.h * k.w, c = k.c;
   const auto total = static_cast<size_t>(rows * c), cs = static_cast<size_t>(c);
   Guarded<float> x(nhwc(k, k.x), offset), r(nhwc(k, k.residual), offset), y(total, offset);
   Guarded<float> gamma(k.gamma), beta(k.beta), rm(k.running_mean), rv(k.running_var);
   Guarded<float> save_mean(cs), save_invstd(cs);
   Guarded<float> scratch(kernels::bn_nhwc_scratch_floats(rows, c));
+  Guarded<unsigned> counters(std::vector<unsigned>(kernels::bn_nhwc_counters(c), 0u));
   kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), nullptr,
                                  kMomentum, kEps, save_mean.data(), save_invstd.data(),
                                  residual ? r.data() : nullptr, relu, y.data(), rows, c,
-                                 scratch.data(), nullptr);
-  const std::vector<float> y_train = nchw(k, y.values());
+                                 scratch.data(), counters.data(), nullptr);
+  const std::vector<unsigned> after_forward = counters.values();
 
   Guarded<float> dy(nhwc(k, k.dy), offset), dz(total, offset), dx(total, offset);
   Guarded<float> dgamma(cs), dbeta(cs);
   kernels::bn_nhwc_backward(x.data(), dy.data(), relu ? y.data() : nullptr,
                             relu ? dz.data() : nullptr, gamma.data(), save_mean.data(),
                             save_invstd.data(), dx.data(), dgamma.data(), dbeta.data(), rows, c,
-                            scratch.data(), nullptr);
+                            scratch.data(), counters.data(), nullptr);
+  const std::vector<unsigned> after_backward = counters.values();
 
   Guarded<float> y_eval(total, offset);
   kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), nullptr,
                                  kEps, residual ? r.data() : nullptr, relu, y_eval.data(), rows, c,
                                  scratch.data(), nullptr);
   emutest::require_no_pending_error();
-
-  const dptest::BnReference ref = dptest::bn_reference(
-      k.x, k.dy, k.gamma, k.beta, k.running_mean, k.running_var, y_train, k.n, c, k.h * k.w, relu,
-      kEps, kMomentum, residual ? k.residual : std::vector<float>{});
-  dptest::check_bn_close("training output", y_train, ref.y);
-  dptest::check_bn_close("dx", nchw(k, dx.values()), ref.dx);
-  dptest::check_bn_close("dgamma", dgamma.values(), ref.dgamma);
-  dptest::check_bn_close("dbeta", dbeta.values(), ref.dbeta);
-  dptest::check_bn_close("running mean", rm.values(), ref.running_mean);
-  dptest::check_bn_close("running var", rv.values(), ref.running_var);
-  dptest::check_bn_close("evaluation output", nchw(k, y_eval.values()), ref.y_eval);
-  if (relu) {  // dz is the masked gradient, exactly
-    const std::vector<float> yv = y.values(), dyv = dy.values(), dzv = dz.values();
-    size_t wrong = 0;
-    for (size_t i = 0; i < total; ++i) wrong += dzv[i] != (yv[i] > 0 ? dyv[i] : 0.0f) ? 1 : 0;
-    CHECK(wrong == 0);
-  }
   for (const Guarded<float>* b : {&x, &r, &y, &gamma, &beta, &rm, &rv, &save_mean, &save_invstd,
                                   &scratch, &dy, &dz, &dx, &dgamma, &dbeta, &y_eval}) {
     EMU_CHECK_INTACT(*b);
   }
+  EMU_CHECK_INTACT(counters);
+  // The last block of each tile put its counter back (the next call's starting point).
+  CHECK(after_forward == std::vector<unsigned>(kernels::bn_nhwc_counters(c), 0u));
+  CHECK(after_backward == std::vector<unsigned>(kernels::bn_nhwc_counters(c), 0u));
+  return NhwcResult{
+      nchw(k, y.values()), nchw(k, dx.values()), dgamma.values(),          dbeta.values(),
+      rm.values(),         rv.values(),          nchw(k, y_eval.values()), y.values(),
+      dy.values(),         dz.values(),          counters.values()};
+}
+
+/// run_nhwc_kernels against the double reference.
+void check_nhwc_kernels(const BnCase& k, bool residual, bool relu, size_t offset) {
+  const NhwcResult got = run_nhwc_kernels(k, residual, relu, offset);
+  const dptest::BnReference ref = dptest::bn_reference(
+      k.x, k.dy, k.gamma, k.beta, k.running_mean, k.running_var, got.y_train, k.n, k.c, k.h * k.w,
+      relu, kEps, kMomentum, residual ? k.residual : std::vector<float>{});
+  dptest::check_bn_close("training output", got.y_train, ref.y);
+  dptest::check_bn_close("dx", got.dx, ref.dx);
+  dptest::check_bn_close("dgamma", got.dgamma, ref.dgamma);
+  dptest::check_bn_close("dbeta", got.dbeta, ref.dbeta);
+  dptest::check_bn_close("running mean", got.running_mean, ref.running_mean);
+  dptest::check_bn_close("running var", got.running_var, ref.running_var);
+  dptest::check_bn_close("evaluation output", got.y_eval, ref.y_eval);
+  if (relu) {  // dz is the masked gradient, exactly
+    size_t wrong = 0;
+    for (size_t i = 0; i < got.y_nhwc.size(); ++i)
+      wrong += got.dz_nhwc[i] != (got.y_nhwc[i] > 0 ? got.dy_nhwc[i] : 0.0f) ? 1 : 0;
+    CHECK(wrong == 0);
+  }
+  CHECK(got.counters == std::vector<unsigned>(kernels::bn_nhwc_counters(k.c), 0u));
 }
 
 }  // namespace
@@ -127,12 +150,55 @@ TEST_CASE("emulated cuda: channels-last batch norm over the layer sweep's shapes
 
 TEST_CASE("emulated cuda: channels-last batch norm over many row groups", "[emulated][batchnorm]") {
   // 297 rows: 3 groups of 99; 66045 rows: the most groups (512) of 129 rows, the last one short.
+  // C 40 and 4: the 16-byte kernels; C 41 and 3 (not multiples of 4): the scalar ones.
   const auto [n, c, h, w] =
       GENERATE(std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 40, 9, 11},
-               std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 4, 259, 255});
+               std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 4, 259, 255},
+               std::tuple<int64_t, int64_t, int64_t, int64_t>{3, 41, 9, 11},
+               std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 3, 259, 255});
   const bool relu = GENERATE(false, true);
   INFO("N " << n << " C " << c << " H " << h << " W " << w << (relu ? ", ReLU" : ""));
   check_nhwc_kernels(make_case(n, c, h, w), relu, relu, 0);
+}
+
+TEST_CASE(
+    "emulated cuda: channels-last batch norm computes the same bits whatever order its blocks run "
+    "in",
+    "[emulated][batchnorm]") {
+  // The last block of a channel tile to finish its partial sums adds them all (bn_nhwc.cu): which
+  // block that is is the scheduler's choice on a GPU, so the emulator runs the grid in index
+  // order, reversed and shuffled, and every bit must agree. 2400 and 2500 rows: 19 and 20 groups
+  // (more than 16: a last-block thread adds two lanes of several groups each); C 38: the scalar
+  // path (not a multiple of 4), a second tile of 6 channels; C 64: two full tiles on the 16-byte
+  // path; C 3 over 30 rows: one group, its only block the last.
+  const auto [n, c, h, w] = GENERATE(std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 38, 40, 30},
+                                     std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 64, 50, 50},
+                                     std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 3, 5, 3});
+  INFO("N " << n << " C " << c << " H " << h << " W " << w);
+  const BnCase k = make_case(n, c, h, w);
+  const NhwcResult forward = run_nhwc_kernels(k, true, true, 0);
+  for (const auto order : {dp_emu::BlockOrder::reverse, dp_emu::BlockOrder::shuffled}) {
+    INFO((order == dp_emu::BlockOrder::reverse ? "reversed" : "shuffled"));
+    const dp_emu::BlockOrder before = dp_emu::set_block_order(order, 12345);
+    const NhwcResult other = run_nhwc_kernels(k, true, true, 0);
+    dp_emu::set_block_order(before);
+    // Counts of differing values (a failure then prints a number, not millions of them).
+    const auto differing = [](const std::vector<float>& a, const std::vector<float>& b) {
+      if (a.size() != b.size()) return a.size() + b.size();
+      size_t n = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        n += std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]) ? 1 : 0;
+      return n;
+    };
+    CHECK(differing(other.y_train, forward.y_train) == 0);
+    CHECK(differing(other.dx, forward.dx) == 0);
+    CHECK(differing(other.dgamma, forward.dgamma) == 0);
+    CHECK(differing(other.dbeta, forward.dbeta) == 0);
+    CHECK(differing(other.running_mean, forward.running_mean) == 0);
+    CHECK(differing(other.running_var, forward.running_var) == 0);
+    CHECK(differing(other.dz_nhwc, forward.dz_nhwc) == 0);
+    CHECK(differing(other.y_eval, forward.y_eval) == 0);
+  }
 }
 
 TEST_CASE("emulated cuda: synchronised batch norm kernels on one replica equal batch norm",
@@ -270,6 +336,7 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
   Guarded<float> dz(total, offset);
   Guarded<T> dx(total, offset);  // dx takes x's type
   Guarded<float> grad_sums(2 * cs), scratch(kernels::bn_nhwc_scratch_floats(rows, c));
+  Guarded<unsigned> counters(std::vector<unsigned>(kernels::bn_nhwc_counters(c), 0u));
   // The global statistics a synchronised batch norm would have allreduced (any will do here).
   Guarded<float> mean_in(k.running_mean), var_in(k.running_var);
   if (sync) {  // the synchronised pieces, on one replica
@@ -286,10 +353,11 @@ std::vector<std::vector<float>> bn_outputs(const BnCase& k, const std::vector<T>
   } else {
     kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
                                    nullptr, kMomentum, kEps, save_mean.data(), save_invstd.data(),
-                                   rs, true, y.data(), rows, c, scratch.data(), nullptr);
+                                   rs, true, y.data(), rows, c, scratch.data(), counters.data(),
+                                   nullptr);
     kernels::bn_nhwc_backward(x.data(), dy.data(), y.data(), dz.data(), gamma.data(),
                               save_mean.data(), save_invstd.data(), dx.data(), dgamma.data(),
-                              dbeta.data(), rows, c, scratch.data(), nullptr);
+                              dbeta.data(), rows, c, scratch.data(), counters.data(), nullptr);
   }
   // Evaluation runs the channels-last kernel either way (the running statistics as updated).
   kernels::bn_nhwc_forward_infer(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), nullptr,
@@ -575,7 +643,7 @@ TEST_CASE(
     "Backend::add doing its share",
     "[emulated][batchnorm]") {
   // BatchNorm2d::fold_bias_of: x lacks the convolution's bias. Training adds momentum * bias to
-  // the running mean (in stats_finalize_kernel, bn_finalize_stats_kernel), evaluation normalises
+  // the running mean (in bn_nhwc.cu's stats_tile, bn_finalize_stats_kernel), evaluation normalises
   // with running_mean - bias (infer_scale_kernel); before, a Backend::add pass did each.
   const int64_t c = GENERATE(int64_t{3}, int64_t{64});
   const BnCase k = make_case(3, c, 5, 4);
@@ -585,6 +653,7 @@ TEST_CASE(
   const std::vector<float> bias = dptest::random_vector(c, 71, -1.0f, 1.0f);
   Guarded<float> x(nhwc(k, k.x)), gamma(k.gamma), beta(k.beta), b(bias);
   Guarded<float> scratch(kernels::bn_nhwc_scratch_floats(rows, c));
+  Guarded<unsigned> counters(std::vector<unsigned>(kernels::bn_nhwc_counters(c), 0u));
   // Training, both forms (nhwc kernels, synchronised on one replica): running mean and var bits.
   for (const bool sync : {false, true}) {
     INFO((sync ? "synchronised" : "channels-last"));
@@ -601,7 +670,7 @@ TEST_CASE(
         kernels::bn_nhwc_forward_train(x.data(), gamma.data(), beta.data(), rm.data(), rv.data(),
                                        conv_bias, kMomentum, kEps, save_mean.data(),
                                        save_invstd.data(), static_cast<const float*>(nullptr), true,
-                                       y.data(), rows, c, scratch.data(), nullptr);
+                                       y.data(), rows, c, scratch.data(), counters.data(), nullptr);
       }
       if (!folded) kernels::add(rm.data(), b.data(), rm.data(), c, kMomentum, nullptr);
       emutest::require_no_pending_error();

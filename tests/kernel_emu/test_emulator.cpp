@@ -3,6 +3,7 @@
 // under it means something.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
@@ -78,6 +79,14 @@ __global__ void record_index(unsigned* out) {
   const unsigned t = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
   const unsigned b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
   out[b * blockDim.x * blockDim.y * blockDim.z + t] = b * 1000 + t;
+}
+
+// Block (0, 0, 0)'s thread 0 takes a ticket per block in the order the blocks run.
+__global__ void arrival_order(unsigned* next, unsigned* order) {
+  if (threadIdx.x != 0) return;
+  const unsigned b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  __threadfence();
+  order[atomicAdd(next, 1u)] = b;
 }
 
 }  // namespace
@@ -181,4 +190,36 @@ TEST_CASE("kernel emulator: reports the mistakes a GPU would punish", "[emulator
     CHECK_THAT(launch_error(), Catch::Contains("invalid launch configuration"));
   }
   CHECK(launch_error().empty());  // read once, then cleared
+}
+
+TEST_CASE("kernel emulator: runs a grid's blocks in the order it is set to", "[emulator]") {
+  // A kernel that depends on which block runs first (a last-block-finalises reduction done
+  // wrong) shows it when the same launch runs in another order.
+  const dim3 grid(3, 2, 2);
+  const unsigned blocks = 12;
+  const auto run = [&](dp_emu::BlockOrder order, uint64_t seed) {
+    const dp_emu::BlockOrder before = dp_emu::set_block_order(order, seed);
+    std::vector<unsigned> out(blocks, 0xffffffffu);
+    unsigned next = 0;
+    ::dp_emu::Launch(grid, 32).with([](auto... a) { arrival_order(a...); })(&next, out.data());
+    dp_emu::set_block_order(before);
+    REQUIRE(launch_error().empty());
+    CHECK(next == blocks);
+    return out;
+  };
+  std::vector<unsigned> forward(blocks), reverse(blocks);
+  for (unsigned b = 0; b < blocks; ++b) {
+    forward[b] = b;
+    reverse[b] = blocks - 1 - b;
+  }
+  CHECK(run(dp_emu::BlockOrder::forward, 0) == forward);
+  CHECK(run(dp_emu::BlockOrder::reverse, 0) == reverse);
+  const std::vector<unsigned> shuffled = run(dp_emu::BlockOrder::shuffled, 7);
+  CHECK(shuffled != forward);
+  CHECK(shuffled != reverse);
+  std::vector<unsigned> sorted = shuffled;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == forward);                                 // every block once
+  CHECK(run(dp_emu::BlockOrder::shuffled, 7) == shuffled);  // the seed decides the order
+  CHECK(run(dp_emu::BlockOrder::shuffled, 8) != shuffled);
 }

@@ -6,12 +6,19 @@
 //
 // Reductions are two-level and deterministic: block (32 channel lanes x 8 row lanes), grid
 // (channel tiles, row groups); each thread sums its rows of one channel in fp32 (at most a few
-// hundred values), the 8 row lanes are added in a fixed order. The finalize kernels then add the
-// groups' partial sums in double: 16 lanes per channel, lane l the groups l, l + 16, ... in
-// order, then the lanes in a fixed pairwise tree. (One thread per channel adding up to 512
-// groups in a row took 32-38 us a launch on the H200, 1.2 of ResNet-18's 10.1 ms per step.) The
-// groups depend on M alone, never on the device. The statistics are sums of x - pivot (the
-// channel's first value), so the variance does not lose its digits to a large mean.
+// hundred values), the 8 row lanes are added in a fixed order. The groups' partial sums are then
+// added in double: 16 lanes per channel, lane l the groups l, l + 16, ... in order, then the
+// lanes in a fixed pairwise tree. (One thread per channel adding up to 512 groups in a row took
+// 32-38 us a launch on the H200, 1.2 of ResNet-18's 10.1 ms per step.) The groups depend on M
+// alone, never on the device. The statistics are sums of x - pivot (the channel's first value),
+// so the variance does not lose its digits to a large mean.
+//
+// That second level runs in the partial kernel's launch, not one of its own: the last block of a
+// channel tile to write its partials (a counter per tile, counted after a __threadfence, put
+// back to 0 by that block) adds them all and writes the tile's statistics or coefficients. Which
+// block that is depends on the scheduling, but what it computes does not: it reads every group's
+// partials in the fixed order above. (Training used 6 launches a batch norm, 102 of ResNet-18's
+// step; now 4.)
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -27,7 +34,7 @@ constexpr int kLanes = 32;        // channels per block (one warp across a row: 
 constexpr int kRowLanes = 8;      // rows per block step
 constexpr int64_t kRowsPerGroup = 128;
 constexpr int64_t kMaxGroups = 512;
-constexpr int kSumLanes = 16;  // group lanes per channel in the finalize kernels (a power of 2)
+constexpr int kSumLanes = 16;  // group lanes per channel in a tile's last block (a power of 2)
 
 dim3 reduce_grid(int64_t c, int64_t groups) {
   return dim3(static_cast<unsigned>((c + kLanes - 1) / kLanes), static_cast<unsigned>(groups));
@@ -59,34 +66,138 @@ __device__ __forceinline__ void write_partial(float a, float b, int64_t ch, int6
   }
 }
 
-/// Block (kLanes, kSumLanes), channel ch = blockIdx.x * kLanes + threadIdx.x: the sums over the
-/// groups of a[g * c + ch] and b[g * c + ch] in double, in a fixed order (see the top). Every
-/// thread of the block must call it; the sums are valid in the threads with threadIdx.y == 0.
-__device__ __forceinline__ void sum_partials(const float* a, const float* b, int64_t ch, int64_t c,
-                                             int64_t groups, double& ta, double& tb) {
+constexpr int kTileThreads = 256;  // the partial kernels' blocks (32 x 8 and 8 x 32)
+static_assert(kTileThreads == kLanes * kRowLanes && kTileThreads == kLanes / 4 * 32,
+              "both partial kernels' blocks are kTileThreads");
+static_assert(kTileThreads / kLanes * 2 == kSumLanes, "each thread adds two of a channel's lanes");
+
+/// After every thread of a partial kernel's block has written (or not) its share of the group's
+/// partials: whether this block is the last of its channel tile's `groups` blocks to get here,
+/// the same answer in every thread. The last one puts the tile's counter back to 0 for the next
+/// launch (every other block of the tile has counted by then).
+__device__ __forceinline__ bool last_of_tile(unsigned* counters, int64_t groups) {
+  __shared__ bool last;
+  __threadfence();  // this thread's partials are visible to the whole device before the count
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    const unsigned before = atomicAdd(counters + blockIdx.x, 1u);
+    last = static_cast<int64_t>(before) + 1 == groups;
+    if (last) counters[blockIdx.x] = 0u;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+/// In the last block of channel tile blockIdx.x (kTileThreads threads, any shape): the sums over
+/// the groups of a[g * c + ch] and b[g * c + ch] for the tile's channel ch = blockIdx.x * kLanes
+/// + lane, in double, in a fixed order: kSumLanes lanes per channel, lane l the groups l,
+/// l + kSumLanes, ... in order, then the lanes in a pairwise tree. Thread t holds channel lane
+/// t % kLanes and lanes t / kLanes and t / kLanes + kSumLanes / 2. Every thread of the block
+/// must call it; it returns true in the thread that holds a channel's sums (t < kLanes, ch < c).
+/// The partials are read past the L1 cache (__ldcg): other blocks wrote them.
+__device__ __forceinline__ bool sum_partials(const float* a, const float* b, int64_t c,
+                                             int64_t groups, int64_t& ch, double& ta, double& tb) {
   __shared__ double da[kSumLanes][kLanes], db[kSumLanes][kLanes];
-  double sa = 0.0, sb = 0.0;
+  const int t = static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
+  const int lane = t % kLanes;
+  ch = static_cast<int64_t>(blockIdx.x) * kLanes + lane;
+  const int low = t / kLanes, high = low + kSumLanes / 2;
+  double sa = 0.0, sb = 0.0, ha = 0.0, hb = 0.0;
   if (ch < c) {
-    for (int64_t g = threadIdx.y; g < groups; g += kSumLanes) {
-      sa += a[g * c + ch];
-      sb += b[g * c + ch];
+    // Both lanes in one loop (twice the loads in flight), each its own groups in order.
+    for (int64_t g = low; g < groups; g += kSumLanes) {
+      sa += __ldcg(a + g * c + ch);
+      sb += __ldcg(b + g * c + ch);
+      if (g + kSumLanes / 2 < groups) {
+        ha += __ldcg(a + (g + kSumLanes / 2) * c + ch);
+        hb += __ldcg(b + (g + kSumLanes / 2) * c + ch);
+      }
     }
   }
-  da[threadIdx.y][threadIdx.x] = sa;
-  db[threadIdx.y][threadIdx.x] = sb;
+  da[low][lane] = sa;
+  db[low][lane] = sb;
+  da[high][lane] = ha;
+  db[high][lane] = hb;
   __syncthreads();
   for (int stride = kSumLanes / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.y) < stride) {
-      da[threadIdx.y][threadIdx.x] += da[threadIdx.y + stride][threadIdx.x];
-      db[threadIdx.y][threadIdx.x] += db[threadIdx.y + stride][threadIdx.x];
+    if (low < stride) {
+      da[low][lane] += da[low + stride][lane];
+      db[low][lane] += db[low + stride][lane];
     }
     __syncthreads();
   }
-  ta = da[0][threadIdx.x];
-  tb = db[0][threadIdx.x];
+  ta = da[0][lane];
+  tb = db[0][lane];
+  return t < kLanes && ch < c;
 }
 
-dim3 finalize_grid(int64_t c) { return dim3(static_cast<unsigned>((c + kLanes - 1) / kLanes)); }
+/// What the forward's second level writes per channel (stats_tile).
+struct StatsOut {
+  const float* gamma;
+  float* running_mean;
+  float* running_var;
+  const float* conv_bias;  // a folded convolution bias (x lacks it), or null
+  float momentum, eps;
+  float* save_mean;
+  float* save_invstd;
+  float* scale;
+};
+
+/// What the backward's second level writes per channel (grad_tile).
+struct GradOut {
+  const float* gamma;
+  const float* save_invstd;
+  float* dgamma;
+  float* dbeta;
+  float* coef;
+};
+
+// In the last block of a channel tile: per channel, the batch's mean and biased variance from the
+// partials, save_mean, save_invstd, the running statistics (PyTorch's update, the variance
+// unbiased by M / (M - 1)) and scale = gamma * invstd.
+template <typename T>
+__device__ __forceinline__ void stats_tile(const T* x, const float* s1, const float* s2,
+                                           int64_t rows, int64_t c, int64_t groups,
+                                           const StatsOut& o) {
+  int64_t ch = 0;
+  double t1 = 0.0, t2 = 0.0;
+  if (!sum_partials(s1, s2, c, groups, ch, t1, t2)) return;
+  const double m = static_cast<double>(rows);
+  const double shift = t1 / m;
+  double var = t2 / m - shift * shift;
+  if (var < 0.0) var = 0.0;
+  const double mean = static_cast<double>(load_f32(x, ch)) + shift;
+  const double invstd = 1.0 / sqrt(var + static_cast<double>(o.eps));
+  o.save_mean[ch] = static_cast<float>(mean);
+  o.save_invstd[ch] = static_cast<float>(invstd);
+  const double mom = o.momentum;
+  const auto updated = static_cast<float>((1.0 - mom) * o.running_mean[ch] + mom * mean);
+  // x lacks the folded convolution bias: its share, as Backend::add(mean, bias, mean, momentum).
+  o.running_mean[ch] =
+      o.conv_bias != nullptr ? fmaf(o.momentum, o.conv_bias[ch], updated) : updated;
+  o.running_var[ch] =
+      static_cast<float>((1.0 - mom) * o.running_var[ch] + mom * var * m / (m - 1.0));
+  o.scale[ch] = static_cast<float>(static_cast<double>(o.gamma[ch]) * invstd);
+}
+
+// In the last block of a channel tile: per channel, dbeta = sum g, dgamma = sum g * xhat, and the
+// coefficients of dx = A g + B + Cc (x - mean): A = gamma * invstd, B = -A sum g / M,
+// Cc = -A invstd^2 sum g (x - mean) / M.
+__device__ __forceinline__ void grad_tile(const float* sg, const float* sgx, int64_t rows,
+                                          int64_t c, int64_t groups, const GradOut& o) {
+  int64_t ch = 0;
+  double t1 = 0.0, t2 = 0.0;
+  if (!sum_partials(sg, sgx, c, groups, ch, t1, t2)) return;
+  const double m = static_cast<double>(rows);
+  const double invstd = o.save_invstd[ch];
+  const double a = static_cast<double>(o.gamma[ch]) * invstd;
+  o.dbeta[ch] = static_cast<float>(t1);
+  o.dgamma[ch] = static_cast<float>(t2 * invstd);
+  o.coef[ch] = static_cast<float>(a);
+  o.coef[c + ch] = static_cast<float>(-a * t1 / m);
+  o.coef[2 * c + ch] = static_cast<float>(-a * invstd * invstd * t2 / m);
+}
 
 // The 16-byte variants of the partial kernels, for C a multiple of 4 and aligned tensors: block
 // (8 lanes of 4 channels, 32 row lanes), the same 32 channels and groups per block as the scalar
@@ -132,7 +243,7 @@ __device__ __forceinline__ void write_partial4(float4 a, float4 b, int64_t ch, i
 
 template <typename T>
 __global__ void stats_partial4_kernel(const T* x, int64_t rows, int64_t c, int64_t groups,
-                                      float* s1, float* s2) {
+                                      float* s1, float* s2, unsigned* counters, StatsOut out) {
   const int64_t ch = (static_cast<int64_t>(blockIdx.x) * kQuadLanes + threadIdx.x) * 4;
   const int64_t g = blockIdx.y;
   float4 a1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a2 = a1;
@@ -147,12 +258,13 @@ __global__ void stats_partial4_kernel(const T* x, int64_t rows, int64_t c, int64
     }
   }
   write_partial4(a1, a2, ch, c, g, s1, s2);
+  if (last_of_tile(counters, groups)) stats_tile(x, s1, s2, rows, c, groups, out);
 }
 
 template <bool kRelu, typename T, typename Y, typename D>
 __global__ void backward_partial4_kernel(const T* x, const D* dy, const Y* y, float* dz,
                                          const float* mean, int64_t rows, int64_t c, int64_t groups,
-                                         float* sg, float* sgx) {
+                                         float* sg, float* sgx, unsigned* counters, GradOut out) {
   const int64_t ch = (static_cast<int64_t>(blockIdx.x) * kQuadLanes + threadIdx.x) * 4;
   const int64_t g = blockIdx.y;
   float4 a1 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a2 = a1;
@@ -174,6 +286,7 @@ __global__ void backward_partial4_kernel(const T* x, const D* dy, const Y* y, fl
     }
   }
   write_partial4(a1, a2, ch, c, g, sg, sgx);
+  if (last_of_tile(counters, groups)) grad_tile(sg, sgx, rows, c, groups, out);
 }
 
 /// Whether the 16-byte partial kernels may run: C a multiple of 4, every tensor (and the partial
@@ -189,7 +302,7 @@ bool partials4(int64_t c, std::initializer_list<const void*> ptrs) {
 // Partial sums of d = x - x[0, ch] and d^2 per (group, channel).
 template <typename T>
 __global__ void stats_partial_kernel(const T* x, int64_t rows, int64_t c, int64_t groups, float* s1,
-                                     float* s2) {
+                                     float* s2, unsigned* counters, StatsOut out) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   const int64_t g = blockIdx.y;
   float a1 = 0.0f, a2 = 0.0f;
@@ -204,36 +317,7 @@ __global__ void stats_partial_kernel(const T* x, int64_t rows, int64_t c, int64_
     }
   }
   write_partial(a1, a2, ch, c, g, s1, s2);
-}
-
-// Per channel: the batch's mean and biased variance from the partials, save_mean, save_invstd,
-// the running statistics (PyTorch's update, the variance unbiased by M / (M - 1)) and
-// scale = gamma * invstd.
-template <typename T>
-__global__ void stats_finalize_kernel(const T* x, const float* s1, const float* s2, int64_t rows,
-                                      int64_t c, int64_t groups, const float* gamma,
-                                      float* running_mean, float* running_var,
-                                      const float* conv_bias, float momentum, float eps,
-                                      float* save_mean, float* save_invstd, float* scale) {
-  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
-  double t1 = 0.0, t2 = 0.0;
-  sum_partials(s1, s2, ch, c, groups, t1, t2);
-  if (threadIdx.y == 0 && ch < c) {
-    const double m = static_cast<double>(rows);
-    const double shift = t1 / m;
-    double var = t2 / m - shift * shift;
-    if (var < 0.0) var = 0.0;
-    const double mean = static_cast<double>(load_f32(x, ch)) + shift;
-    const double invstd = 1.0 / sqrt(var + static_cast<double>(eps));
-    save_mean[ch] = static_cast<float>(mean);
-    save_invstd[ch] = static_cast<float>(invstd);
-    const double mom = momentum;
-    const auto updated = static_cast<float>((1.0 - mom) * running_mean[ch] + mom * mean);
-    // x lacks the folded convolution bias: its share, as Backend::add(mean, bias, mean, momentum).
-    running_mean[ch] = conv_bias != nullptr ? fmaf(momentum, conv_bias[ch], updated) : updated;
-    running_var[ch] = static_cast<float>((1.0 - mom) * running_var[ch] + mom * var * m / (m - 1.0));
-    scale[ch] = static_cast<float>(static_cast<double>(gamma[ch]) * invstd);
-  }
+  if (last_of_tile(counters, groups)) stats_tile(x, s1, s2, rows, c, groups, out);
 }
 
 // Inference: scale = gamma / sqrt(running_var + eps); with a folded convolution bias (which x
@@ -334,7 +418,7 @@ void apply(const T* x, const float* mean, const float* scale, const float* beta,
 template <bool kRelu, typename T, typename Y, typename D>
 __global__ void backward_partial_kernel(const T* x, const D* dy, const Y* y, float* dz,
                                         const float* mean, int64_t rows, int64_t c, int64_t groups,
-                                        float* sg, float* sgx) {
+                                        float* sg, float* sgx, unsigned* counters, GradOut out) {
   const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
   const int64_t g = blockIdx.y;
   float a1 = 0.0f, a2 = 0.0f;
@@ -354,28 +438,7 @@ __global__ void backward_partial_kernel(const T* x, const D* dy, const Y* y, flo
     }
   }
   write_partial(a1, a2, ch, c, g, sg, sgx);
-}
-
-// Per channel: dbeta = sum g, dgamma = sum g * xhat, and the coefficients of
-// dx = A g + B + Cc (x - mean): A = gamma * invstd, B = -A sum g / M,
-// Cc = -A invstd^2 sum g (x - mean) / M.
-__global__ void backward_finalize_kernel(const float* sg, const float* sgx, int64_t rows,
-                                         int64_t c, int64_t groups, const float* gamma,
-                                         const float* save_invstd, float* dgamma, float* dbeta,
-                                         float* coef) {
-  const int64_t ch = static_cast<int64_t>(blockIdx.x) * kLanes + threadIdx.x;
-  double t1 = 0.0, t2 = 0.0;
-  sum_partials(sg, sgx, ch, c, groups, t1, t2);
-  if (threadIdx.y == 0 && ch < c) {
-    const double m = static_cast<double>(rows);
-    const double invstd = save_invstd[ch];
-    const double a = static_cast<double>(gamma[ch]) * invstd;
-    dbeta[ch] = static_cast<float>(t1);
-    dgamma[ch] = static_cast<float>(t2 * invstd);
-    coef[ch] = static_cast<float>(a);
-    coef[c + ch] = static_cast<float>(-a * t1 / m);
-    coef[2 * c + ch] = static_cast<float>(-a * invstd * invstd * t2 / m);
-  }
+  if (last_of_tile(counters, groups)) grad_tile(sg, sgx, rows, c, groups, out);
 }
 
 __device__ __forceinline__ float backward_value(float x, float g, const float* mean,
@@ -419,29 +482,32 @@ size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c) {
   return static_cast<size_t>(2 * bn_nhwc_groups(rows) * c + 3 * c);
 }
 
+size_t bn_nhwc_counters(int64_t c) {
+  return c <= 0 ? 0 : static_cast<size_t>((c + kLanes - 1) / kLanes);
+}
+
 template <typename T, typename Y, typename R>
 void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, float* running_mean,
                            float* running_var, const float* conv_bias, float momentum, float eps,
                            float* save_mean, float* save_invstd, const R* residual, bool relu, Y* y,
-                           int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
+                           int64_t rows, int64_t c, float* scratch, unsigned* counters,
+                           cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   const int64_t groups = bn_nhwc_groups(rows);
   float* s1 = scratch;
   float* s2 = scratch + groups * c;
   float* scale = scratch + 2 * groups * c;
+  const StatsOut out{gamma, running_mean, running_var, conv_bias, momentum,
+                     eps,   save_mean,    save_invstd, scale};
   if (partials4(c, {x, s1, s2})) {
     stats_partial4_kernel<T><<<reduce_grid(c, groups), dim3(kQuadLanes, kRowLanes4), 0, stream>>>(
-        x, rows, c, groups, s1, s2);
+        x, rows, c, groups, s1, s2, counters, out);
     CUDA_CHECK_LAUNCH(stats_partial4_kernel);
   } else {
     stats_partial_kernel<T><<<reduce_grid(c, groups), dim3(kLanes, kRowLanes), 0, stream>>>(
-        x, rows, c, groups, s1, s2);
+        x, rows, c, groups, s1, s2, counters, out);
     CUDA_CHECK_LAUNCH(stats_partial_kernel);
   }
-  stats_finalize_kernel<T><<<finalize_grid(c), dim3(kLanes, kSumLanes), 0, stream>>>(
-      x, s1, s2, rows, c, groups, gamma, running_mean, running_var, conv_bias, momentum, eps,
-      save_mean, save_invstd, scale);
-  CUDA_CHECK_LAUNCH(stats_finalize_kernel);
   apply(x, save_mean, scale, beta, residual, relu, y, rows * c, c, stream);
 }
 
@@ -462,7 +528,8 @@ void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
 template <typename T, typename Y, typename D>
 void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const float* gamma,
                       const float* save_mean, const float* save_invstd, T* dx, float* dgamma,
-                      float* dbeta, int64_t rows, int64_t c, float* scratch, cudaStream_t stream) {
+                      float* dbeta, int64_t rows, int64_t c, float* scratch, unsigned* counters,
+                      cudaStream_t stream) {
   if (rows <= 0 || c <= 0) return;
   const int64_t groups = bn_nhwc_groups(rows);
   float* sg = scratch;
@@ -470,30 +537,28 @@ void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const floa
   float* coef = scratch + 2 * groups * c;
   const bool relu = y != nullptr;
   const dim3 grid = reduce_grid(c, groups);
+  const GradOut out{gamma, save_invstd, dgamma, dbeta, coef};
   if (partials4(c, {x, dy, y, dz, save_mean, sg, sgx})) {
     const dim3 block(kQuadLanes, kRowLanes4);
     if (relu) {
-      backward_partial4_kernel<true, T, Y, D>
-          <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
+      backward_partial4_kernel<true, T, Y, D><<<grid, block, 0, stream>>>(
+          x, dy, y, dz, save_mean, rows, c, groups, sg, sgx, counters, out);
     } else {
       backward_partial4_kernel<false, T, Y, D><<<grid, block, 0, stream>>>(
-          x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
+          x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx, counters, out);
     }
     CUDA_CHECK_LAUNCH(backward_partial4_kernel);
   } else {
     const dim3 block(kLanes, kRowLanes);
     if (relu) {
-      backward_partial_kernel<true, T, Y, D>
-          <<<grid, block, 0, stream>>>(x, dy, y, dz, save_mean, rows, c, groups, sg, sgx);
+      backward_partial_kernel<true, T, Y, D><<<grid, block, 0, stream>>>(
+          x, dy, y, dz, save_mean, rows, c, groups, sg, sgx, counters, out);
     } else {
       backward_partial_kernel<false, T, Y, D><<<grid, block, 0, stream>>>(
-          x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx);
+          x, dy, nullptr, nullptr, save_mean, rows, c, groups, sg, sgx, counters, out);
     }
     CUDA_CHECK_LAUNCH(backward_partial_kernel);
   }
-  backward_finalize_kernel<<<finalize_grid(c), dim3(kLanes, kSumLanes), 0, stream>>>(
-      sg, sgx, rows, c, groups, gamma, save_invstd, dgamma, dbeta, coef);
-  CUDA_CHECK_LAUNCH(backward_finalize_kernel);
   const int64_t total = rows * c;
   // The ReLU's masked gradient, or dy itself (fp32: a bf16 dy comes with the ReLU epilogue, the
   // contract of Backend::batchnorm_backward).
@@ -526,7 +591,7 @@ void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const floa
 #define DP_BN_NHWC_FORWARD(T, Y, R)                                                                \
   template void bn_nhwc_forward_train<T, Y, R>(                                                    \
       const T*, const float*, const float*, float*, float*, const float*, float, float, float*,    \
-      float*, const R*, bool, Y*, int64_t, int64_t, float*, cudaStream_t);                         \
+      float*, const R*, bool, Y*, int64_t, int64_t, float*, unsigned*, cudaStream_t);              \
   template void bn_nhwc_forward_infer<T, Y, R>(const T*, const float*, const float*, const float*, \
                                                const float*, const float*, float, const R*, bool,  \
                                                Y*, int64_t, int64_t, float*, cudaStream_t);
@@ -535,7 +600,7 @@ void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const floa
   DP_BN_NHWC_FORWARD(T, Y, uint16_t)                                                          \
   template void bn_nhwc_backward<T, Y, float>(                                                \
       const T*, const float*, const Y*, float*, const float*, const float*, const float*, T*, \
-      float*, float*, int64_t, int64_t, float*, cudaStream_t);
+      float*, float*, int64_t, int64_t, float*, unsigned*, cudaStream_t);
 DP_BN_NHWC_TYPES(float, float)
 DP_BN_NHWC_TYPES(uint16_t, float)
 DP_BN_NHWC_TYPES(float, uint16_t)
@@ -548,11 +613,11 @@ template void bn_nhwc_backward<float, uint16_t, uint16_t>(const float*, const ui
                                                           const uint16_t*, float*, const float*,
                                                           const float*, const float*, float*,
                                                           float*, float*, int64_t, int64_t, float*,
-                                                          cudaStream_t);
+                                                          unsigned*, cudaStream_t);
 template void bn_nhwc_backward<uint16_t, uint16_t, uint16_t>(const uint16_t*, const uint16_t*,
                                                              const uint16_t*, float*, const float*,
                                                              const float*, const float*, uint16_t*,
                                                              float*, float*, int64_t, int64_t,
-                                                             float*, cudaStream_t);
+                                                             float*, unsigned*, cudaStream_t);
 
 }  // namespace dp::cuda::kernels

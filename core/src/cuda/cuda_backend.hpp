@@ -212,15 +212,19 @@ class CudaBackend final : public Backend {
   /// The bias-gradient reduction's scratch, grown to `floats` if smaller; never while capturing
   /// (`op` then fails, as regrow_scratch).
   float* regrow_reduce_scratch(size_t floats, const char* op, int64_t channels);
-  /// The channels-last batch norm's scratch for (rows, c), grown now if it is smaller: at
-  /// prepare_batchnorm, or on first use of a larger shape, but never while capturing (`op` then
-  /// fails naming what was not prepared).
+  /// The channels-last batch norm's scratch for (rows, c), grown now if it is smaller, and its
+  /// counters (bn_counters_) likewise: at prepare_batchnorm, or on first use of a larger shape,
+  /// but never while capturing (`op` then fails naming what was not prepared).
   float* bn_scratch_for(int64_t rows, int64_t c, const char* op);
   /// Scratch `buffer` (holding `held` floats) replaced by one of `floats` (replace_scratch); while
   /// a step is being captured `op` fails instead, saying what it `needs` and the `remedy` (what to
   /// prepare at setup).
   float* regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
                         const std::string& needs, const char* remedy);
+  /// While a step is being captured: throws CaptureRefused, saying that `op` `needs` an
+  /// allocation and the `remedy`.
+  void refuse_growth_while_capturing(const char* op, const std::string& needs,
+                                     const char* remedy) const;
   /// Scratch `buffer` (holding `held` units) replaced by one of `count` units of `unit_bytes`.
   /// While no CUDA graph has been captured on this backend the old buffer is freed first, after
   /// the queued work that may use it (a failed allocation then leaves none). Once one has been, a
@@ -405,6 +409,10 @@ class CudaBackend final : public Backend {
   }
   float* bn_scratch_ = nullptr;  // the channels-last batch norm's partial sums and coefficients
   size_t bn_scratch_floats_ = 0;
+  /// Its reductions' per-tile counters (kernels::bn_nhwc_counters), 0 between calls; grown
+  /// with the scratch (bn_scratch_for), zeroed when allocated.
+  unsigned* bn_counters_ = nullptr;
+  size_t bn_counters_held_ = 0;
   float* bf16_scratch_ = nullptr;  // precision bf16: a pass's operand copies (Bf16Operands)
   size_t bf16_scratch_floats_ = 0;
   /// CUDA graphs captured on this backend so far (never decremented: scratch replaced after the

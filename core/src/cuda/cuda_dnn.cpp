@@ -70,7 +70,7 @@ bool CudaBackend::batchnorm_takes_impl(DType dtype, Layout layout) const {
 }
 
 // Our channels-last kernels add the folded bias's share where they write the statistics
-// (stats_finalize_kernel, bn_finalize_stats_kernel) or their scale (infer_scale_kernel). The
+// (bn_nhwc.cu's stats_tile, bn_finalize_stats_kernel) or their scale (infer_scale_kernel). The
 // synchronised kernels could in either layout; one rule for all three ops keeps it simple.
 bool CudaBackend::batchnorm_folds_bias_impl(Layout layout) const {
   return layout == Layout::nhwc && own_nhwc_bn_;
@@ -86,23 +86,42 @@ void CudaBackend::prepare_batchnorm_impl(const Shape& max_input, Layout layout) 
   if (max_input.rank != 4 || layout != Layout::nhwc || !own_nhwc_bn_) return;  // cuDNN: none
   activate();
   bn_scratch_for(max_input[0] * max_input[2] * max_input[3], max_input[1], "prepare_batchnorm");
+  // A reduction that died part-way (a failed launch) left its counters where it stopped: every
+  // model's setup starts from 0 again.
+  if (bn_counters_held_ > 0) {
+    CUDA_CHECK(cudaMemsetAsync(bn_counters_, 0, bn_counters_held_ * sizeof(unsigned), stream_));
+  }
 }
 
 float* CudaBackend::bn_scratch_for(int64_t rows, int64_t c, const char* op) {
+  const auto needs = [&] {
+    return "a batch norm of " + std::to_string(c) + " channels over " + std::to_string(rows) +
+           " rows needs more scratch than was prepared";
+  };
+  const char* remedy = "declare it at setup with prepare_batchnorm";
+  const size_t counters = kernels::bn_nhwc_counters(c);
+  if (counters > bn_counters_held_) {
+    refuse_growth_while_capturing(op, needs(), remedy);
+    replace_scratch(bn_counters_, bn_counters_held_, counters, sizeof(unsigned));
+    // The kernels leave them 0 (kernels.cuh): zeroed once, in stream order before any use.
+    CUDA_CHECK(cudaMemsetAsync(bn_counters_, 0, counters * sizeof(unsigned), stream_));
+  }
   const size_t floats = kernels::bn_nhwc_scratch_floats(rows, c);
   if (floats <= bn_scratch_floats_) return bn_scratch_;
-  return regrow_scratch(bn_scratch_, bn_scratch_floats_, floats, op,
-                        "a batch norm of " + std::to_string(c) + " channels over " +
-                            std::to_string(rows) + " rows needs more scratch than was prepared",
-                        "declare it at setup with prepare_batchnorm");
+  return regrow_scratch(bn_scratch_, bn_scratch_floats_, floats, op, needs(), remedy);
 }
 
-float* CudaBackend::regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
-                                   const std::string& needs, const char* remedy) {
+void CudaBackend::refuse_growth_while_capturing(const char* op, const std::string& needs,
+                                                const char* remedy) const {
   if (capturing()) {
     throw CaptureRefused(std::string("cuda backend: ") + op + ": " + needs +
                          ", which cannot be allocated while a step is being captured: " + remedy);
   }
+}
+
+float* CudaBackend::regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
+                                   const std::string& needs, const char* remedy) {
+  refuse_growth_while_capturing(op, needs, remedy);
   replace_scratch(buffer, held, floats, sizeof(float));
   return buffer;
 }
@@ -141,7 +160,7 @@ void CudaBackend::batchnorm_forward_train_impl(const Tensor& x, const Tensor& ga
           kernels::bn_nhwc_forward_train(xs, gamma.f32(), beta.f32(), running_mean.f32(),
                                          running_var.f32(), conv_bias_of(epilogue), momentum, eps,
                                          save_mean.f32(), save_invstd.f32(), rs, epilogue.relu, ys,
-                                         d.n * d.hw(), d.c, scratch, stream_);
+                                         d.n * d.hw(), d.c, scratch, bn_counters_, stream_);
         });
       });
     });
@@ -204,7 +223,8 @@ void CudaBackend::batchnorm_backward_impl(const Tensor& x, const Tensor& dy, con
         with_gradient(dy, ys, [&](const auto* dys) {
           kernels::bn_nhwc_backward(xs, dys, ys, relu ? epilogue.dz->f32() : nullptr, gamma.f32(),
                                     save_mean.f32(), save_invstd.f32(), like_input(dx, xs),
-                                    dgamma.f32(), dbeta.f32(), d.n * d.hw(), d.c, scratch, stream_);
+                                    dgamma.f32(), dbeta.f32(), d.n * d.hw(), d.c, scratch,
+                                    bn_counters_, stream_);
         });
       });
     });

@@ -220,6 +220,11 @@ void bn_backward_apply(const T* x, const float* dy, const float* gamma, const fl
 int64_t bn_nhwc_groups(int64_t rows);
 /// Scratch floats every bn_nhwc_* call of `rows` rows of `c` channels needs.
 size_t bn_nhwc_scratch_floats(int64_t rows, int64_t c);
+/// The counters the training calls of `c` channels need (one per tile of 32 channels: the last
+/// block of a tile's reduction finalises it, see bn_nhwc.cu). They must be 0 before a call, and
+/// are 0 after it; calls that share them must be in stream order (one stream: the counters of
+/// concurrent calls would mix).
+size_t bn_nhwc_counters(int64_t c);
 /// Training: the batch's mean and biased variance, save_mean, save_invstd = 1/sqrt(var + eps),
 /// the running statistics (PyTorch's update; the running mean plus momentum * conv_bias where
 /// that is given: the folded convolution bias x lacks), and y = relu?((x - mean) * gamma * invstd
@@ -228,7 +233,8 @@ template <typename T, typename Y, typename R>
 void bn_nhwc_forward_train(const T* x, const float* gamma, const float* beta, float* running_mean,
                            float* running_var, const float* conv_bias, float momentum, float eps,
                            float* save_mean, float* save_invstd, const R* residual, bool relu, Y* y,
-                           int64_t rows, int64_t c, float* scratch, cudaStream_t stream);
+                           int64_t rows, int64_t c, float* scratch, unsigned* counters,
+                           cudaStream_t stream);
 /// Inference: y = relu?((x - mean) * gamma / sqrt(running_var + eps) + beta (+ residual)), mean
 /// = running_mean, or running_mean - conv_bias where that is given (x lacks the folded bias).
 /// rows may be 0.
@@ -245,7 +251,8 @@ void bn_nhwc_forward_infer(const T* x, const float* gamma, const float* beta,
 template <typename T, typename Y, typename D>
 void bn_nhwc_backward(const T* x, const D* dy, const Y* y, float* dz, const float* gamma,
                       const float* save_mean, const float* save_invstd, T* dx, float* dgamma,
-                      float* dbeta, int64_t rows, int64_t c, float* scratch, cudaStream_t stream);
+                      float* dbeta, int64_t rows, int64_t c, float* scratch, unsigned* counters,
+                      cudaStream_t stream);
 
 // ---- pooling (pool.cu) ----------------------------------------------------------------------
 struct PoolShape {
