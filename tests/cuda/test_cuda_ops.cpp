@@ -8,6 +8,8 @@
 // worst); the longest reductions here are the filter gradient of the 28x28 case (m = 3*28*28 =
 // 2352) and batch norm over 32*7*7 = 1568 values, i.e. ~3e-6 typical, so 1e-4 catches any real
 // error (TF32 alone would be ~1e-3) without failing on rounding.
+#include <dlfcn.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -410,6 +412,70 @@ void check_pool(const PoolCase& pc, bool max, Layout layout) {
   CUDA_CHECK_CLOSE(dx.gpu(), dx.cpu(), kRel);
 }
 }  // namespace
+
+TEST_CASE("cuda channels-last batch norm gives the same bits call after call", "[cuda]") {
+  // Its reductions finish in the last block of each channel tile to write its partial sums
+  // (bn_nhwc.cu): which block that is changes from call to call on a GPU, what it computes must
+  // not (a missing fence or a cached read would show as a stray bit now and then). Shapes of
+  // many row groups (392 and 100: the blocks of a tile run at once), the 16-byte and the scalar
+  // kernels, called again and again with the same inputs. The emulated GPU runs its blocks one
+  // by one (its block-order tests are test_kernels'): two calls of smaller shapes there.
+  auto& B = backends();
+  const bool emulated = dlsym(RTLD_DEFAULT, "dp_emu_census") != nullptr;
+  const int calls = emulated ? 2 : 50;
+  struct Case {
+    int64_t n, c, h, w;
+  };
+  for (const Case k : {Case{emulated ? 8 : 64, 64, 28, 28}, Case{emulated ? 4 : 32, 38, 20, 20}}) {
+    INFO("N " << k.n << " C " << k.c << " H " << k.h << " W " << k.w << ", " << calls << " calls");
+    const int64_t numel = k.n * k.c * k.h * k.w;
+    const Layout nhwc = Layout::nhwc;
+    Act x(k.n, k.c, k.h, k.w, nhwc), r(k.n, k.c, k.h, k.w, nhwc), y(k.n, k.c, k.h, k.w, nhwc);
+    Act dy(k.n, k.c, k.h, k.w, nhwc), dz(k.n, k.c, k.h, k.w, nhwc), dx(k.n, k.c, k.h, k.w, nhwc);
+    x.set(dptest::random_vector(numel, 61, -1.5f, 2.5f));
+    r.set(dptest::random_vector(numel, 62));
+    dy.set(dptest::random_vector(numel, 63));
+    Flat gamma({k.c}), beta({k.c}), rmean({k.c}), rvar({k.c}), smean({k.c}), sinv({k.c});
+    Flat dgamma({k.c}), dbeta({k.c});
+    gamma.set(dptest::random_vector(k.c, 64, 0.5f, 1.5f));
+    beta.set(dptest::random_vector(k.c, 65));
+    const std::vector<float> rm0 = dptest::random_vector(k.c, 66);
+    const std::vector<float> rv0 = dptest::random_vector(k.c, 67, 0.5f, 1.5f);
+    const dp::BnEpilogue epilogue{&r.g_(), true};
+    const dp::BnEpilogueGrad grad{&y.g_(), &dz.g_()};
+    std::vector<std::vector<float>> first;
+    for (int call = 0; call < calls; ++call) {
+      rmean.set(rm0);
+      rvar.set(rv0);
+      B.gpu->batchnorm_forward_train(x.g_(), gamma.t.g(), beta.t.g(), rmean.t.g(), rvar.t.g(), 0.1f,
+                                     1e-5f, smean.t.g(), sinv.t.g(), y.g_(), epilogue);
+      B.gpu->batchnorm_backward(x.g_(), dy.g_(), gamma.t.g(), smean.t.g(), sinv.t.g(), 1e-5f,
+                                dx.g_(), dgamma.t.g(), dbeta.t.g(), grad);
+      std::vector<std::vector<float>> got = {y.t.gpu.download_f32(),
+                                             smean.gpu(),
+                                             sinv.gpu(),
+                                             rmean.gpu(),
+                                             rvar.gpu(),
+                                             dx.t.gpu.download_f32(),
+                                             dz.t.gpu.download_f32(),
+                                             dgamma.gpu(),
+                                             dbeta.gpu()};
+      if (call == 0) {
+        first = std::move(got);
+        continue;
+      }
+      static const char* const names[] = {"y",           "save_mean", "save_invstd", "running_mean",
+                                          "running_var", "dx",        "dz",          "dgamma",
+                                          "dbeta"};
+      for (size_t i = 0; i < got.size(); ++i) {
+        size_t differing = 0;
+        for (size_t j = 0; j < got[i].size(); ++j) differing += got[i][j] != first[i][j] ? 1 : 0;
+        INFO("call " << call << ": " << names[i]);
+        CHECK(differing == 0);
+      }
+    }
+  }
+}
 
 TEST_CASE("cuda pooling matches the cpu backend (ties: first maximum)", "[cuda]") {
   const std::vector<PoolCase> cases = {
