@@ -836,6 +836,45 @@ TEST_CASE("cuda backend accepts empty batches as the cpu backend does", "[cuda]"
   }
 }
 
+TEST_CASE(
+    "cuda channels-last batch norm grows its scratch on first use, and while a step is being "
+    "captured refuses to, naming what to prepare",
+    "[cuda]") {
+  // Its partial sums and its per-tile counters (bn_nhwc.cu) are the backend's own scratch, sized
+  // at prepare_batchnorm; a larger call grows them, but a capture cannot allocate.
+  dp::BackendOptions options;
+  options.kind = dp::BackendKind::cuda;
+  auto gpu = dp::create_backend(options);
+  const auto call = [&](int64_t c) {
+    dptest::DeviceBuffer x(*gpu, {2, c, 3, 3}, DType::f32, Layout::nhwc);
+    dptest::DeviceBuffer y(*gpu, {2, c, 3, 3}, DType::f32, Layout::nhwc);
+    x.upload(dptest::random_vector(18 * c, 71));
+    dptest::DeviceBuffer gamma(*gpu, {c}), beta(*gpu, {c}), rm(*gpu, {c}), rv(*gpu, {c});
+    dptest::DeviceBuffer sm(*gpu, {c}), si(*gpu, {c});
+    gamma.upload(std::vector<float>(static_cast<size_t>(c), 1.0f));
+    beta.upload(std::vector<float>(static_cast<size_t>(c), 0.0f));
+    rm.upload(std::vector<float>(static_cast<size_t>(c), 0.0f));
+    rv.upload(std::vector<float>(static_cast<size_t>(c), 1.0f));
+    const auto run = [&] {
+      gpu->batchnorm_forward_train(x.tensor(), gamma.tensor(), beta.tensor(), rm.tensor(),
+                                   rv.tensor(), 0.1f, 1e-5f, sm.tensor(), si.tensor(), y.tensor());
+    };
+    gpu->begin_capture();
+    const std::string refused = dptest::error_of(run);
+    gpu->discard_capture();
+    CHECK_THAT(refused, Catch::Contains("batchnorm_forward_train: a batch norm of " +
+                                        std::to_string(c) + " channels over 18 rows") &&
+                            Catch::Contains("while a step is being captured") &&
+                            Catch::Contains("prepare_batchnorm"));
+    run();  // outside a capture it grows
+    const std::vector<float> mean = sm.download_f32();
+    CHECK(mean.size() == static_cast<size_t>(c));
+  };
+  gpu->prepare_batchnorm({2, 8, 3, 3}, Layout::nhwc);
+  call(40);  // more channels: a second counter tile and more partial sums
+  call(72);  // and again
+}
+
 TEST_CASE("cuda backend errors name the device", "[cuda]") {
   dp::BackendOptions bad;
   bad.kind = dp::BackendKind::cuda;

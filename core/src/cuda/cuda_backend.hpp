@@ -47,6 +47,7 @@
 
 #include "dp/backend.hpp"
 #include "dp/conv_contract.hpp"
+#include "dp/error.hpp"
 #include "dp/tensor.hpp"
 
 namespace dp::cuda {
@@ -216,15 +217,19 @@ class CudaBackend final : public Backend {
   /// counters (bn_counters_) likewise: at prepare_batchnorm, or on first use of a larger shape,
   /// but never while capturing (`op` then fails naming what was not prepared).
   float* bn_scratch_for(int64_t rows, int64_t c, const char* op);
-  /// Scratch `buffer` (holding `held` floats) replaced by one of `floats` (replace_scratch); while
-  /// a step is being captured `op` fails instead, saying what it `needs` and the `remedy` (what to
-  /// prepare at setup).
-  float* regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
-                        const std::string& needs, const char* remedy);
-  /// While a step is being captured: throws CaptureRefused, saying that `op` `needs` an
-  /// allocation and the `remedy`.
-  void refuse_growth_while_capturing(const char* op, const std::string& needs,
-                                     const char* remedy) const;
+  /// Scratch `buffer` (holding `held` units of T) replaced by one of `count` (replace_scratch);
+  /// while a step is being captured `op` fails instead, saying what it `needs` and the `remedy`
+  /// (what to prepare at setup).
+  template <class T>
+  T* regrow_scratch(T*& buffer, size_t& held, size_t count, const char* op,
+                    const std::string& needs, const char* remedy) {
+    if (capturing()) {
+      throw CaptureRefused(std::string("cuda backend: ") + op + ": " + needs +
+                           ", which cannot be allocated while a step is being captured: " + remedy);
+    }
+    replace_scratch(buffer, held, count, sizeof(T));
+    return buffer;
+  }
   /// Scratch `buffer` (holding `held` units) replaced by one of `count` units of `unit_bytes`.
   /// While no CUDA graph has been captured on this backend the old buffer is freed first, after
   /// the queued work that may use it (a failed allocation then leaves none). Once one has been, a

@@ -101,29 +101,13 @@ float* CudaBackend::bn_scratch_for(int64_t rows, int64_t c, const char* op) {
   const char* remedy = "declare it at setup with prepare_batchnorm";
   const size_t counters = kernels::bn_nhwc_counters(c);
   if (counters > bn_counters_held_) {
-    refuse_growth_while_capturing(op, needs(), remedy);
-    replace_scratch(bn_counters_, bn_counters_held_, counters, sizeof(unsigned));
+    regrow_scratch(bn_counters_, bn_counters_held_, counters, op, needs(), remedy);
     // The kernels leave them 0 (kernels.cuh): zeroed once, in stream order before any use.
     CUDA_CHECK(cudaMemsetAsync(bn_counters_, 0, counters * sizeof(unsigned), stream_));
   }
   const size_t floats = kernels::bn_nhwc_scratch_floats(rows, c);
   if (floats <= bn_scratch_floats_) return bn_scratch_;
   return regrow_scratch(bn_scratch_, bn_scratch_floats_, floats, op, needs(), remedy);
-}
-
-void CudaBackend::refuse_growth_while_capturing(const char* op, const std::string& needs,
-                                                const char* remedy) const {
-  if (capturing()) {
-    throw CaptureRefused(std::string("cuda backend: ") + op + ": " + needs +
-                         ", which cannot be allocated while a step is being captured: " + remedy);
-  }
-}
-
-float* CudaBackend::regrow_scratch(float*& buffer, size_t& held, size_t floats, const char* op,
-                                   const std::string& needs, const char* remedy) {
-  refuse_growth_while_capturing(op, needs, remedy);
-  replace_scratch(buffer, held, floats, sizeof(float));
-  return buffer;
 }
 
 void CudaBackend::apply_epilogue(const Tensor& y, const BnEpilogue& epilogue) {
