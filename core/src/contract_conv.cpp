@@ -48,6 +48,13 @@ std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUs
                (use.layer.empty() ? std::string("the plan") : use.layer) +
                ": a batch norm reads the convolution's own output, not its ReLU");
   }
+  if (use.filter_layout != Layout::nchw && use.filter_layout != g.layout) {
+    check.fail(std::string("ConvUse::filter_layout ") + layout_name(use.filter_layout) + " for " +
+               (use.layer.empty() ? std::string("the plan") : use.layer) + " of " +
+               layout_name(g.layout) +
+               " activations: a filter is (K, C, R, S) (nchw) in memory, or (K, R, S, C) (nhwc) "
+               "for NHWC activations only");
+  }
   std::unique_ptr<ConvPlan> plan = plan_conv_impl(g, use);
   DP_ASSERT(plan != nullptr);
   plan->owner_ = this;
@@ -55,6 +62,7 @@ std::unique_ptr<ConvPlan> Backend::plan_conv(const ConvGeometry& g, const ConvUs
   plan->output_dtype_ = conv_output_dtype_impl(*plan);
   plan->input_dtype_ = use.input_dtype;
   plan->output_relu_ = use.output_relu;
+  plan->filter_layout_ = use.filter_layout;
   if (plan->output_dtype_ != DType::f32 &&
       !(use.output_to_batchnorm && batchnorm_takes(plan->output_dtype_, g.layout))) {
     throw InternalError(prefix("plan_conv") + "the plan's output is " +
@@ -83,6 +91,16 @@ void check_output_dtype(const Checker& check, const ConvPlan& plan, const Tensor
   if (t.dtype != plan.output_dtype()) {
     check.fail(std::string(what) + " must be " + dtype_name(plan.output_dtype()) +
                " (the plan's output_dtype), got " + dtype_name(t.dtype));
+  }
+}
+
+// w or dw: (K, C, R, S), f32, in the plan's filter layout (ConvUse::filter_layout).
+void check_filter(const Checker& check, const ConvPlan& plan, const Tensor& w, const char* what) {
+  check.f32(w, filter_shape(plan.geometry()), what);
+  if (w.layout != plan.filter_layout()) {
+    check.fail(std::string(what) + " is " + layout_name(w.layout) + " but the plan's filters are " +
+               layout_name(plan.filter_layout()) +
+               " (ConvUse::filter_layout: nchw is (K, C, R, S) in memory, nhwc (K, R, S, C))");
   }
 }
 
@@ -155,7 +173,7 @@ void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, con
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
   const int64_t n = plan_input(check, plan, x);
-  check.f32(w, filter_shape(g), "w");
+  check_filter(check, plan, w, "w");
   check.optional_f32(b, {g.out_channels}, "b");
   if (b != nullptr && !plan.forward_bias()) {
     check.fail(
@@ -180,7 +198,7 @@ void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor&
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
   const int64_t n = plan_output_grad(check, plan, dy);
-  check.f32(w, filter_shape(g), "w");
+  check_filter(check, plan, w, "w");
   // f32, or x's dtype where that is not f32: the rounded gradient of a batch norm's output that
   // only this convolution reads (ConvPlan::input_dtype), which that batch norm takes as it is.
   if (dx.dtype != DType::f32 && dx.dtype != plan.input_dtype()) {
@@ -208,7 +226,7 @@ void Backend::conv_backward_filter(ConvPlan& plan, const Tensor& x, const Tensor
     check.fail("dy has shape " + dy.shape.str() + " but x has " + x.shape.str() +
                ": they must hold the same examples");
   }
-  check.f32(dw, filter_shape(g), "dw");
+  check_filter(check, plan, dw, "dw");
   check.optional_f32(db, {g.out_channels}, "db");
   if (db != nullptr && dy.dtype != DType::f32) {
     check.fail("a bias gradient was asked of a plan whose output is " +

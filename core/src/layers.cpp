@@ -115,8 +115,11 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
 
 void Conv2d::declare(ParamRegistry& registry, const std::string& prefix) {
   name_ = prefix.empty() ? "conv" : prefix.substr(0, prefix.size() - 1);
+  // In an NHWC model the weight is stored (K, R, S, C): what the NHWC passes read, so none
+  // transposes it (cuDNN's NHWC kernels take KRSC filters).
+  w_layout_ = registry.layout();
   w_ = registry.add_parameter(prefix + "weight", {out_, in_, opt_.kernel, opt_.kernel},
-                              opt_.weight_init);
+                              opt_.weight_init, w_layout_);
   if (opt_.bias) b_ = registry.add_parameter(prefix + "bias", {out_}, opt_.bias_init);
 }
 
@@ -154,6 +157,12 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   g.stride_h = g.stride_w = opt_.stride;
   g.pad_h = g.pad_w = opt_.padding;
   g.layout = ctx.layout;
+  DP_CHECK(w_layout_ == Layout::nchw || w_layout_ == ctx.layout,
+           "Conv2d " + name_ + ": its weight is stored " + layout_name(w_layout_) +
+               " (the parameter registry's layout when it was declared) but the model is set up " +
+               layout_name(ctx.layout) +
+               ": give the registry the model's layout (ParamRegistry::set_layout) before "
+               "declare()");
   DP_CHECK(input[2] + 2 * opt_.padding >= opt_.kernel && input[3] + 2 * opt_.padding >= opt_.kernel,
            "Conv2d: kernel " + std::to_string(opt_.kernel) + " is larger than the padded input " +
                input.str());
@@ -168,6 +177,7 @@ Shape Conv2d::do_setup(SetupContext& ctx, const Shape& input) {
   use.forward_bias = b_.valid() && !bias_folded_;  // a folded bias is the batch norm's
   use.output_to_batchnorm = to_batchnorm_;
   use.output_relu = relu_;
+  use.filter_layout = w_layout_;
   // A bf16 x where the batch norm before it stores its output so for this layer (feeds), which
   // it decides in its own setup: it must come first.
   DP_CHECK(input_from_ == nullptr || input_from_->input_shape().rank != 0,

@@ -16,6 +16,35 @@ constexpr size_t kAlignFloats = 16;
 
 size_t align_up(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
 
+// A rank-4 shape's values from (d0, d1, d2, d3) order into (d0, d2, d3, d1) order, or back.
+void relay(const float* src, float* dst, const Shape& s, bool to_nhwc) {
+  const int64_t c = s[1], hw = s[2] * s[3];
+  for (int64_t n = 0; n < s[0]; ++n) {
+    for (int64_t k = 0; k < c; ++k) {
+      for (int64_t i = 0; i < hw; ++i) {
+        const int64_t nchw = (n * c + k) * hw + i, nhwc = (n * hw + i) * c + k;
+        dst[to_nhwc ? nhwc : nchw] = src[to_nhwc ? nchw : nhwc];
+      }
+    }
+  }
+}
+
+// Every trainable NHWC entry of `flat` relaid (to or from its reading order).
+std::vector<float> relay_params(const std::vector<ParamRegistry::Entry>& entries, size_t floats,
+                                std::vector<float> flat, bool to_nhwc, const char* op) {
+  DP_CHECK(flat.size() == floats, std::string(op) + ": got " + std::to_string(flat.size()) +
+                                      " floats, the model has " + std::to_string(floats) +
+                                      " (padding included)");
+  std::vector<float> entry;
+  for (const ParamRegistry::Entry& e : entries) {
+    if (!e.trainable || e.layout == Layout::nchw) continue;
+    float* at = flat.data() + e.offset;
+    entry.assign(at, at + e.shape.numel());
+    relay(entry.data(), at, e.shape, to_nhwc);
+  }
+  return flat;
+}
+
 void fill_host(float* dst, int64_t n, const Init& init, Rng rng) {
   switch (init.kind) {
     case Init::Kind::constant:
@@ -35,15 +64,25 @@ void fill_host(float* dst, int64_t n, const Init& init, Rng rng) {
 
 }  // namespace
 
-ParamHandle ParamRegistry::add_parameter(const std::string& name, Shape shape, Init init) {
-  return add(name, shape, init, true);
+void ParamRegistry::set_layout(Layout layout) {
+  DP_CHECK(entries_.empty(),
+           "ParamRegistry::set_layout after '" +
+               (entries_.empty() ? std::string() : entries_.front().name) +
+               "' was declared: set the layout before the model declares its parameters");
+  layout_ = layout;
+}
+
+ParamHandle ParamRegistry::add_parameter(const std::string& name, Shape shape, Init init,
+                                         Layout layout) {
+  return add(name, shape, init, true, layout);
 }
 
 ParamHandle ParamRegistry::add_buffer(const std::string& name, Shape shape, Init init) {
-  return add(name, shape, init, false);
+  return add(name, shape, init, false, Layout::nchw);
 }
 
-ParamHandle ParamRegistry::add(const std::string& name, Shape shape, Init init, bool trainable) {
+ParamHandle ParamRegistry::add(const std::string& name, Shape shape, Init init, bool trainable,
+                               Layout layout) {
   DP_CHECK(!allocated(), "cannot declare '" + name +
                              "' after the parameter registry was allocated: declare every "
                              "parameter and buffer first");
@@ -55,11 +94,15 @@ ParamHandle ParamRegistry::add(const std::string& name, Shape shape, Init init, 
            "parameter '" + name + "' has an empty shape " + shape.str());
   DP_CHECK(init.kind != Init::Kind::normal || init.b >= 0.0f,
            "parameter '" + name + "': a normal initialiser needs stddev >= 0");
+  DP_CHECK(layout == Layout::nchw || shape.rank == 4,
+           "parameter '" + name + "' of shape " + shape.str() + " cannot be stored " +
+               layout_name(layout) + ": only a rank-4 shape has another memory order");
   Entry e;
   e.name = name;
   e.shape = shape;
   e.init = init;
   e.trainable = trainable;
+  e.layout = layout;
   size_t& total = trainable ? param_floats_ : buffer_floats_;
   e.offset = total;
   total += align_up(static_cast<size_t>(shape.numel()));
@@ -113,10 +156,17 @@ void ParamRegistry::initialize(uint64_t seed) {
   // an entry depend only on the seed and its index, identical on every replica and device.
   std::vector<float> params(param_floats_, 0.0f), buffers(buffer_floats_, 0.0f);
   const Rng root(seed);
+  std::vector<float> reading;  // an NHWC entry's values in (d0, d1, d2, d3) order
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
     float* dst = (e.trainable ? params.data() : buffers.data()) + e.offset;
-    fill_host(dst, e.shape.numel(), e.init, root.fork(i));
+    if (e.layout == Layout::nchw) {
+      fill_host(dst, e.shape.numel(), e.init, root.fork(i));
+      continue;
+    }
+    reading.resize(static_cast<size_t>(e.shape.numel()));
+    fill_host(reading.data(), e.shape.numel(), e.init, root.fork(i));
+    relay(reading.data(), dst, e.shape, true);
   }
   upload_params(params);
   upload_buffers(buffers);
@@ -127,13 +177,13 @@ void ParamRegistry::initialize(uint64_t seed) {
 Tensor ParamRegistry::param(ParamHandle h) const {
   const Entry& e = entry(h);
   DP_ASSERT(allocated() && e.trainable);
-  return Tensor(params_ + e.offset, e.shape, DType::f32, backend_->device());
+  return Tensor(params_ + e.offset, e.shape, DType::f32, backend_->device(), e.layout);
 }
 
 Tensor ParamRegistry::grad(ParamHandle h) const {
   const Entry& e = entry(h);
   DP_ASSERT(allocated() && e.trainable);
-  return Tensor(grads_ + e.offset, e.shape, DType::f32, backend_->device());
+  return Tensor(grads_ + e.offset, e.shape, DType::f32, backend_->device(), e.layout);
 }
 
 Tensor ParamRegistry::buffer(ParamHandle h) const {
@@ -179,6 +229,14 @@ void ParamRegistry::upload_params(const std::vector<float>& flat) {
                                              " floats, the model has " +
                                              std::to_string(param_floats_) + " (padding included)");
   if (!flat.empty()) backend_->upload(params_, flat.data(), flat.size() * sizeof(float));
+}
+
+std::vector<float> ParamRegistry::params_in_reading_order(std::vector<float> flat) const {
+  return relay_params(entries_, param_floats_, std::move(flat), false, "params_in_reading_order");
+}
+
+std::vector<float> ParamRegistry::params_in_memory_order(std::vector<float> flat) const {
+  return relay_params(entries_, param_floats_, std::move(flat), true, "params_in_memory_order");
 }
 
 void ParamRegistry::upload_buffers(const std::vector<float>& flat) {

@@ -136,6 +136,8 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train,
   r.arena = std::make_unique<Arena>(b);
   r.arena->set_memory_plan(options.memory_plan);
   r.params = std::make_unique<ParamRegistry>();
+  // An NHWC model's convolutions keep their weights (K, R, S, C), as their passes read them.
+  r.params->set_layout(options.layout);
   r.model->declare(*r.params, "");
   r.optimizer = make_optimizer(options.optimizer);
   r.params->allocate(b, r.optimizer->state_buffers());
@@ -555,7 +557,8 @@ auto& replica_at(Replicas& replicas, int r) {
 }  // namespace
 
 std::vector<float> Trainer::parameters(int replica) const {
-  return replica_at(impl_->replicas, replica).params->download_params();
+  const ParamRegistry& r = *replica_at(impl_->replicas, replica).params;
+  return r.params_in_reading_order(r.download_params());
 }
 
 std::vector<float> Trainer::buffers(int replica) const {
@@ -563,8 +566,13 @@ std::vector<float> Trainer::buffers(int replica) const {
 }
 
 void Trainer::set_parameters(const std::vector<float>& flat) {
-  // upload_params() checks the size (the same for every replica: one model, built k times).
-  for (auto& r : impl_->replicas) r.params->upload_params(flat);
+  // One model, built k times: the same size and orders on every replica.
+  const ParamRegistry& reg = *impl_->replicas[0].params;
+  DP_CHECK(flat.size() == reg.parameter_floats(),
+           "set_parameters: got " + std::to_string(flat.size()) + " floats, the model has " +
+               std::to_string(reg.parameter_floats()) + " (padding included)");
+  const std::vector<float> stored = reg.params_in_memory_order(flat);
+  for (auto& r : impl_->replicas) r.params->upload_params(stored);
 }
 
 const ParamRegistry& Trainer::registry(int replica) const {

@@ -1,7 +1,8 @@
 // Checkpoints: the trainer's state as safetensors. The model file is what PyTorch's
 // load_state_dict(strict=True) takes (PyTorch's names, shapes and element order, batch norm's
 // num_batches_tracked); the optimizer file holds the optimizer's state per parameter and the
-// steps done, in this trainer's element order (only dprun reads it back).
+// steps done, in PyTorch's element order too (only dprun reads it back), so a trial resumes in
+// either layout whichever it was saved in.
 #include <algorithm>
 #include <string>
 
@@ -13,7 +14,11 @@ namespace dp {
 namespace {
 
 constexpr const char* kModelFormat = "dprun-model v1";
-constexpr const char* kOptimizerFormat = "dprun-optimizer-state v1";
+// v2: every tensor in PyTorch's element order. v1 (dprun before 2026-12-07): each in the element
+// order the trainer kept, which was PyTorch's but for a Linear after a Flatten in NHWC (its
+// (H, W, C) columns); it is still read, into a trainer of the layout that wrote it.
+constexpr const char* kOptimizerFormat = "dprun-optimizer-state v2";
+constexpr const char* kOptimizerFormatV1 = "dprun-optimizer-state v1";
 
 std::vector<int64_t> dims(const Shape& s) {
   return std::vector<int64_t>(s.dims.begin(), s.dims.begin() + s.rank);
@@ -23,7 +28,9 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-/// The entry's values from a flat buffer, in PyTorch's order when `order` is given.
+/// The entry's values from a flat buffer, in PyTorch's order when `order` is given. The flat
+/// buffers of parameters here are in reading order (ParamRegistry::params_in_reading_order: a
+/// weight stored (K, R, S, C) as (K, C, R, S)); `order` is a Module's own (a Linear's columns).
 std::vector<float> take(const std::vector<float>& flat, const ParamRegistry::Entry& e,
                         const ParamOrder* order) {
   const auto n = static_cast<size_t>(e.shape.numel());
@@ -75,13 +82,17 @@ const SafeTensor& find(const SafeTensorsFile& file, const std::string& name, con
   return t;
 }
 
-void check_format(const SafeTensorsFile& file, const char* expected, const char* what) {
+/// The file's format: `expected`, or `older` where that is given (and not null).
+std::string check_format(const SafeTensorsFile& file, const char* expected, const char* what,
+                         const char* older = nullptr) {
   auto it = file.metadata.find("format");
   const std::string found = it == file.metadata.end() ? "(none)" : it->second;
+  if (older != nullptr && found == older) return found;
   if (found != expected) {
     throw Error(std::string(what) + " is in format \"" + found + "\", this dprun reads \"" +
-                expected + "\"");
+                expected + "\"" + (older != nullptr ? std::string(" and \"") + older + "\"" : ""));
   }
+  return found;
 }
 
 }  // namespace
@@ -89,7 +100,8 @@ void check_format(const SafeTensorsFile& file, const char* expected, const char*
 SafeTensorsFile Trainer::model_state() const {
   const Impl& s = *impl_;
   const ParamRegistry& reg = *s.replicas[0].params;
-  const std::vector<float> params = reg.download_params(), buffers = reg.download_buffers();
+  const std::vector<float> params = reg.params_in_reading_order(reg.download_params()),
+                           buffers = reg.download_buffers();
   SafeTensorsFile file;
   const auto& entries = reg.entries();
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -124,11 +136,14 @@ SafeTensorsFile Trainer::optimizer_state() const {
     const Tensor& state = reg.state_flat()[b];
     std::vector<float> flat(static_cast<size_t>(state.numel()));
     if (!flat.empty()) r.backend->download(flat.data(), state.data, state.bytes());
-    for (const auto& e : reg.entries()) {
+    flat = reg.params_in_reading_order(std::move(flat));
+    const auto& entries = reg.entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const auto& e = entries[i];
       if (!e.trainable) continue;
       SafeTensor t;
       t.shape = dims(e.shape);
-      t.f32 = take(flat, e, nullptr);
+      t.f32 = take(flat, e, order_of(s.orders, static_cast<int>(i)));
       file.tensors[names[b] + "." + e.name] = std::move(t);
     }
   }
@@ -164,7 +179,8 @@ void Trainer::load_state(const SafeTensorsFile& model, const SafeTensorsFile* op
   }
   std::vector<std::vector<float>> states;
   if (optimizer != nullptr) {
-    check_format(*optimizer, kOptimizerFormat, "the optimizer state");
+    const bool v1 = check_format(*optimizer, kOptimizerFormat, "the optimizer state",
+                                 kOptimizerFormatV1) == kOptimizerFormatV1;
     const auto& r = s.replicas[0];
     const auto it = optimizer->metadata.find("optimizer");
     if (it == optimizer->metadata.end() || it->second != r.optimizer->name()) {
@@ -174,16 +190,20 @@ void Trainer::load_state(const SafeTensorsFile& model, const SafeTensorsFile* op
     }
     for (const std::string& name : r.optimizer->state_names()) {
       std::vector<float> flat(reg0.parameter_floats(), 0.0f);
-      for (const auto& e : entries) {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        const auto& e = entries[i];
         if (!e.trainable) continue;
-        put(flat, e, nullptr,
+        put(flat, e, v1 ? nullptr : order_of(s.orders, static_cast<int>(i)),
             find(*optimizer, name + "." + e.name, e.shape, "the optimizer state").f32);
       }
-      states.push_back(std::move(flat));
+      // v1 held every (K, C, R, S) weight in that order (no weight was stored otherwise then),
+      // the rest as stored: reading order too, but for a Module's own orders.
+      states.push_back(reg0.params_in_memory_order(std::move(flat)));
     }
     const auto steps = optimizer->metadata.find("steps");
     if (steps != optimizer->metadata.end()) s.steps_done = std::stoll(steps->second);
   }
+  params = reg0.params_in_memory_order(std::move(params));
   for (auto& r : s.replicas) {
     r.params->upload_params(params);
     r.params->upload_buffers(buffers);

@@ -90,10 +90,11 @@ inline void conv_ref_grads(const ConvCase& cc, const fvec& x, const fvec& w, con
 }
 
 // The passes of one case on one backend with activations in `layout`; every array in and out is
-// in NCHW order (the conversions are the test's, so the references stay NCHW loops). A plan made
-// with ConvUse::planned_workspace gets a workspace of its own per stage, of the bytes it asked
-// for, filled with NaNs before every pass: a pass that read its scratch before writing it would
-// show in its results. After each workspace come kCanaryFloats more NaNs, which a pass that
+// in NCHW order, filters (K, C, R, S) (the conversions are the test's, so the references stay
+// NCHW loops; a plan's (K, R, S, C) filters, ConvUse::filter_layout nhwc, are converted too). A
+// plan made with ConvUse::planned_workspace gets a workspace of its own per stage, of the bytes it
+// asked for, filled with NaNs before every pass: a pass that read its scratch before writing it
+// would show in its results. After each workspace come kCanaryFloats more NaNs, which a pass that
 // wrote past its workspace would overwrite (tails_intact()).
 struct ConvRunner {
   dp::Backend& backend;
@@ -149,16 +150,19 @@ struct ConvRunner {
   dp::Shape xs(int64_t n) const { return {n, cc.c, cc.h, cc.w}; }
   dp::Shape ys(int64_t n) const { return {n, cc.k, cc.p(), cc.q()}; }
   dp::Shape ws() const { return {cc.k, cc.c, cc.r, cc.s}; }
+  dp::Layout filters() const { return plan->filter_layout(); }
+  /// w (K, C, R, S) in the memory order of the plan's filters.
+  fvec in_w(const fvec& w) const { return to_layout(w, filters(), cc.k, cc.c, cc.r, cc.s); }
   fvec in_x(const fvec& v, int64_t n) const { return to_layout(v, layout, n, cc.c, cc.h, cc.w); }
   fvec in_y(const fvec& v, int64_t n) const {
     return to_layout(v, layout, n, cc.k, cc.p(), cc.q());
   }
 
   fvec forward(const fvec& x, const fvec& w, const fvec* b, int64_t n) const {
-    fvec xl = in_x(x, n), wa = w, y(static_cast<size_t>(n * cc.k * cc.p() * cc.q()), -7.0f);
+    fvec xl = in_x(x, n), wa = in_w(w), y(static_cast<size_t>(n * cc.k * cc.p() * cc.q()), -7.0f);
     fvec ba = b ? *b : fvec();
     const dp::Tensor bt = b ? host_tensor(ba, {cc.k}) : dp::Tensor();
-    backend.conv_forward(*plan, host_tensor(xl, xs(n), layout), host_tensor(wa, ws()),
+    backend.conv_forward(*plan, host_tensor(xl, xs(n), layout), host_tensor(wa, ws(), filters()),
                          b ? &bt : nullptr, host_tensor(y, ys(n), layout),
                          workspace(dp::ConvStage::forward));
     return from_layout(y, layout, n, cc.k, cc.p(), cc.q());
@@ -166,9 +170,10 @@ struct ConvRunner {
   fvec forward(const fvec& x, const fvec& w, const fvec* b) const { return forward(x, w, b, cc.n); }
 
   fvec backward_data(const fvec& dy, const fvec& w) const {
-    fvec dyl = in_y(dy, cc.n), wa = w, dx(static_cast<size_t>(cc.n * cc.c * cc.h * cc.w), 5.0f);
-    backend.conv_backward_data(*plan, host_tensor(dyl, ys(cc.n), layout), host_tensor(wa, ws()),
-                               host_tensor(dx, xs(cc.n), layout),
+    fvec dyl = in_y(dy, cc.n), wa = in_w(w),
+         dx(static_cast<size_t>(cc.n * cc.c * cc.h * cc.w), 5.0f);
+    backend.conv_backward_data(*plan, host_tensor(dyl, ys(cc.n), layout),
+                               host_tensor(wa, ws(), filters()), host_tensor(dx, xs(cc.n), layout),
                                workspace(dp::ConvStage::backward));
     return from_layout(dx, layout, cc.n, cc.c, cc.h, cc.w);
   }
@@ -179,9 +184,10 @@ struct ConvRunner {
     dw.assign(static_cast<size_t>(cc.k * cc.c * cc.r * cc.s), 5.0f);
     if (db) db->assign(static_cast<size_t>(cc.k), 5.0f);
     const auto dbt = db ? host_tensor(*db, {cc.k}) : dp::Tensor();
-    backend.conv_backward_filter(*plan, host_tensor(xl, xs(cc.n), layout),
-                                 host_tensor(dyl, ys(cc.n), layout), host_tensor(dw, ws()),
-                                 db ? &dbt : nullptr, workspace(dp::ConvStage::backward));
+    backend.conv_backward_filter(
+        *plan, host_tensor(xl, xs(cc.n), layout), host_tensor(dyl, ys(cc.n), layout),
+        host_tensor(dw, ws(), filters()), db ? &dbt : nullptr, workspace(dp::ConvStage::backward));
+    dw = from_layout(dw, filters(), cc.k, cc.c, cc.r, cc.s);
   }
 };
 

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
+#include "conv_test_util.hpp"
 #include "dp/layers.hpp"
 #include "dp/safetensors.hpp"
 #include "dp/trainer.hpp"
@@ -156,6 +158,172 @@ TEST_CASE("an NHWC model's Linear after Flatten is stored in PyTorch's (C, H, W)
       s += double{torch[static_cast<size_t>(o * C * H * W + j)]} * nchw[static_cast<size_t>(j)];
     CHECK(y[static_cast<size_t>(o)] == Approx(s).epsilon(1e-5));
   }
+}
+
+TEST_CASE(
+    "an NHWC model's Conv2d keeps its weight as (K, R, S, C) and its checkpoint in PyTorch's "
+    "(K, C, R, S) order",
+    "[checkpoint]") {
+  // The NHWC passes read (K, R, S, C) filters (ConvUse::filter_layout): the registry stores the
+  // weight so (ParamRegistry::layout), its reading order (what checkpoints write,
+  // params_in_reading_order) is PyTorch's, and PyTorch's convolution of the same input with that
+  // weight gives our outputs.
+  const int64_t N = 2, C = 3, H = 5, W = 4, K = 4, R = 3;
+  for (const dp::Layout layout : {dp::Layout::nhwc, dp::Layout::nchw}) {
+    INFO(dp::layout_name(layout));
+    auto net = std::make_unique<dp::Sequential>();
+    auto conv = std::make_unique<dp::Conv2d>(
+        C, K,
+        dp::Conv2d::Options{.kernel = R, .padding = 1, .weight_init = dp::Init::normal(1.0f)});
+    const dp::Conv2d* c = conv.get();
+    net->add(std::move(conv));
+    dptest::ModuleRunner run(std::move(net), {N, C, H, W}, 5, dp::BackendKind::cpu, layout);
+    const dp::ParamRegistry& reg = run.registry();
+    CHECK(c->weight_layout() == layout);
+    CHECK(reg.entries()[0].layout == layout);
+    const auto stored = reg.download_params();
+    const auto reading = reg.params_in_reading_order(stored);
+    CHECK((stored == reading) == (layout == dp::Layout::nchw));  // permuted in NHWC only
+    const auto torch = dptest::entry_values(reg, reading, "0.weight");
+    const auto bias = dptest::entry_values(reg, reading, "0.bias");
+    const auto nchw = dptest::random_vector(N * C * H * W, 6);
+    const auto y = cputest::from_layout(
+        run.forward(cputest::to_layout(nchw, layout, N, C, H, W), false), layout, N, K, H, W);
+    const cputest::ConvCase cc{"3x3 pad 1", N, C, H, W, K, R, R, 1, 1, 1, 1};
+    const auto ref = cputest::conv_ref(cc, nchw, torch, &bias);
+    for (size_t i = 0; i < y.size(); ++i) CHECK(y[i] == Approx(ref[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("NCHW and NHWC trainers of one seed start from the same model, in PyTorch's order",
+          "[checkpoint][trainer]") {
+  // The NHWC registry's (K, R, S, C) weights get the values of their (K, C, R, S) twins
+  // (ParamRegistry::initialize), so the two layouts start from one PyTorch model; after a step
+  // on the same batch they still agree to float rounding.
+  const auto data = enginetest::synthetic_dataset(48, 3);
+  std::map<std::string, std::vector<float>> start[2], stepped[2];
+  std::vector<float> parameters[2];
+  int i = 0;
+  for (const dp::Layout layout : {dp::Layout::nchw, dp::Layout::nhwc}) {
+    dp::TrainerOptions o;
+    o.batch_size = 24;
+    o.cpu_threads = 1;
+    o.layout = layout;
+    dp::Trainer t(
+        o,
+        [] {
+          return enginetest::build_model("libdprun_resnet18.so", "resnet18",
+                                         {{"width", int64_t{4}}});
+        },
+        data, data.head(8));
+    for (const auto& [name, tensor] : t.model_state().tensors) start[i][name] = tensor.f32;
+    // parameters() gives each weight in its shape's order, set_parameters takes it so.
+    parameters[i] = t.parameters(0);
+    t.set_parameters(parameters[i]);
+    CHECK(t.parameters(0) == parameters[i]);
+    CHECK(t.registry(0).download_params() ==
+          t.registry(0).params_in_memory_order(parameters[i]));
+    t.run_epoch(1);
+    for (const auto& [name, tensor] : t.model_state().tensors) stepped[i][name] = tensor.f32;
+    ++i;
+  }
+  CHECK(start[0] == start[1]);
+  CHECK(parameters[0] == parameters[1]);
+  for (const auto& [name, values] : stepped[0]) {
+    INFO(name);
+    // num_batches_tracked (i64, no floats) and the folded convolution biases (0 before and
+    // after: their gradient is 0) are equal; the rest within float rounding.
+    if (values == stepped[1].at(name)) continue;
+    CHECK(enginetest::norm_relative_error(values, stepped[1].at(name)) <= 1e-4);
+  }
+}
+
+namespace {
+
+// Every float tensor of a checkpoint file, by name.
+std::map<std::string, std::vector<float>> floats_of(const dp::SafeTensorsFile& f) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, t] : f.tensors)
+    if (t.type == dp::SafeTensor::Type::f32) out[name] = t.f32;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a trial resumes in the other layout with its model and its momentum in place",
+          "[checkpoint][trainer]") {
+  // Both files hold PyTorch's element order (the optimizer's since format v2), so a checkpoint of
+  // an NCHW run continues in NHWC, and back, where the weights are stored (K, R, S, C) and
+  // LeNet's first linear layer has (H, W, C) columns. One epoch of SGD with momentum 0.9, then a
+  // second in the other layout: within float rounding of the second epoch run in the first
+  // layout (the two layouts' CPU convolutions sum in other orders). A momentum left in the other
+  // order is off by its own size.
+  const auto data = enginetest::synthetic_dataset(96, 4);
+  const dp::ModelBuilder builder = [] {
+    return enginetest::build_model("libdprun_lenet.so", "lenet");
+  };
+  for (const dp::Layout first : {dp::Layout::nchw, dp::Layout::nhwc}) {
+    const dp::Layout second = first == dp::Layout::nchw ? dp::Layout::nhwc : dp::Layout::nchw;
+    INFO(dp::layout_name(first) << " then " << dp::layout_name(second));
+    dp::TrainerOptions o;
+    o.batch_size = 16;
+    o.cpu_threads = 1;
+    o.epochs = 2;
+    o.seed = 5;
+    o.optimizer.momentum = 0.9f;
+    o.lr.base = 0.1;
+    o.layout = first;
+    dp::Trainer whole(o, builder, data, data.head(16));
+    whole.run_epoch(1);
+    const dp::SafeTensorsFile model = whole.model_state(), state = whole.optimizer_state();
+    CHECK(state.metadata.at("format") == "dprun-optimizer-state v2");
+    whole.run_epoch(2);
+    o.layout = second;
+    dp::Trainer resumed(o, builder, data, data.head(16));
+    resumed.load_state(model, &state);
+    // Read back in the other layout, both files say what was written.
+    CHECK(floats_of(resumed.model_state()) == floats_of(model));
+    CHECK(floats_of(resumed.optimizer_state()) == floats_of(state));
+    resumed.run_epoch(2);
+    const auto expected = floats_of(whole.model_state()), got = floats_of(resumed.model_state());
+    const auto expected_state = floats_of(whole.optimizer_state());
+    const auto got_state = floats_of(resumed.optimizer_state());
+    for (const auto* pair : {&expected, &expected_state}) {
+      const auto& other = pair == &expected ? got : got_state;
+      for (const auto& [name, values] : *pair) {
+        INFO(name);
+        if (values == other.at(name)) continue;  // a zero bias gradient's momentum, say
+        CHECK(enginetest::norm_relative_error(other.at(name), values) <= 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("an optimizer state of format v1 is read in the order it was written", "[checkpoint]") {
+  // dprun before format v2 wrote the optimizer's state in its trainer's element order, in which
+  // every convolution weight was (K, C, R, S): an NHWC trainer, which now stores them
+  // (K, R, S, C), reads such a file into its own order. (ResNet-18's linear layer follows a
+  // Flatten of one position, so there v1's order is PyTorch's throughout.)
+  const auto data = enginetest::synthetic_dataset(32, 2);
+  dp::TrainerOptions o;
+  o.batch_size = 16;
+  o.cpu_threads = 1;
+  o.optimizer.momentum = 0.9f;
+  o.layout = dp::Layout::nhwc;
+  const dp::ModelBuilder builder = [] {
+    return enginetest::build_model("libdprun_resnet18.so", "resnet18", {{"width", int64_t{4}}});
+  };
+  dp::Trainer t(o, builder, data, data.head(0));
+  t.run_epoch(1);
+  dp::SafeTensorsFile v1 = t.optimizer_state();
+  v1.metadata["format"] = "dprun-optimizer-state v1";
+  dp::Trainer back(o, builder, data, data.head(0));
+  back.load_state(t.model_state(), &v1);
+  CHECK(floats_of(back.optimizer_state()) == floats_of(t.optimizer_state()));
+  v1.metadata["format"] = "dprun-optimizer-state v0";
+  CHECK_THROWS_WITH(back.load_state(t.model_state(), &v1),
+                    Catch::Contains("v0") && Catch::Contains("dprun-optimizer-state v2") &&
+                        Catch::Contains("dprun-optimizer-state v1"));
 }
 
 TEST_CASE("a run resumed from its checkpoint computes exactly the uninterrupted run",

@@ -315,6 +315,56 @@ TEST_CASE(
   check_same_bits(planned, own, cc, 71);
 }
 
+TEST_CASE(
+    "cpu conv: a (K, R, S, C) filter gives the bits of the (K, C, R, S) filter in every "
+    "formulation and precision, with and without a planned workspace",
+    "[cpu][ops]") {
+  // ConvUse::filter_layout nhwc (an NHWC model's Conv2d weight): the backend reads the filter
+  // from, and writes its gradient through, a (K, C, R, S) copy among the pass's operand copies,
+  // so each formulation sees the same filter. Every pass compared bit for bit (the runner
+  // converts to and from the filter's order); the planned workspace holds the copies (the
+  // runner's NaN fill and canary would show a copy outside it).
+  const std::string formulation = GENERATE("auto", "blas", "im2col", "blocked", "own-winograd");
+  const dp::Precision precision = GENERATE(dp::Precision::fp32, dp::Precision::bf16);
+  const bool planned = GENERATE(false, true);
+  INFO("formulation " << formulation << ", " << dp::precision_name(precision)
+                      << (planned ? ", planned workspace" : ""));
+  const dptest::EnvVar forced("DPRUN_ONEDNN_CONV", formulation == "auto" || formulation == "blas"
+                                                       ? std::optional<std::string>()
+                                                       : std::optional(formulation));
+  dp::BackendOptions o;
+  o.kind = dp::BackendKind::cpu;
+  o.cpu_threads = 2;
+  o.cpu_kernels = formulation == "blas" ? dp::CpuKernels::blas : dp::CpuKernels::onednn;
+  o.precision = precision;
+  auto backend = dp::create_backend(o);
+  for (const ConvCase& cc :
+       {kConvCases[0], kConvCases[2], kConvCases[5], kConvCases[6], kConvCases[7], kConvCases[9]}) {
+    INFO(cc.name);
+    dp::ConvUse use;
+    use.planned_workspace = planned;
+    const ConvRunner kcrs(*backend, cc, dp::Layout::nhwc, use);
+    use.filter_layout = dp::Layout::nhwc;
+    const ConvRunner krsc(*backend, cc, dp::Layout::nhwc, use);
+    REQUIRE(krsc.filters() == dp::Layout::nhwc);
+    // oneDNN's passes read the filter as it is (its reorder takes ohwi as well as oihw): no copy,
+    // so no more workspace; im2col's take a (K, C, R, S) copy, and its gradient's room (in fp32:
+    // bf16's rounded copy of w is that copy, and dw's room may fit beside the larger pass).
+    if (planned) {
+      for (const dp::ConvStage stage : {dp::ConvStage::forward, dp::ConvStage::backward}) {
+        const size_t with = krsc.plan->workspace_bytes(stage);
+        const size_t without = kcrs.plan->workspace_bytes(stage);
+        if (formulation == "blocked") CHECK(with == without);
+        if ((formulation == "im2col" || formulation == "blas") &&
+            precision == dp::Precision::fp32)
+          CHECK(with > without);
+      }
+    }
+    check_same_bits(krsc, kcrs, cc, 81);
+    CHECK(krsc.tails_intact());
+  }
+}
+
 TEST_CASE("cpu conv rejects bad shapes, layouts and dtypes with clear errors", "[cpu][ops]") {
   const dp::CpuKernels kernels = CPU_KERNELS_UNDER_TEST();
   INFO("kernels " << dp::cpu_kernels_name(kernels));

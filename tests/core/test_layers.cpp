@@ -164,6 +164,24 @@ TEST_CASE("Conv2d: a batch smaller than the setup batch", "[engine][layers]") {
   }
 }
 
+TEST_CASE("Conv2d: a weight stored for one layout refuses to be set up in the other",
+          "[engine][layers]") {
+  // Its weight's memory order is the registry's layout when it was declared
+  // (ParamRegistry::set_layout); an NCHW setup of an NHWC-stored weight names both and the fix.
+  auto b = cputest::make_cpu(1);
+  dp::Arena arena(*b);
+  dp::ParamRegistry registry;
+  registry.set_layout(dp::Layout::nhwc);
+  dp::Conv2d conv(2, 3, 3);
+  conv.declare(registry, "stem.");
+  CHECK(conv.weight_layout() == dp::Layout::nhwc);
+  registry.allocate(*b);
+  dp::SetupContext ctx{*b, arena, registry, dp::Layout::nchw, {}, {}, true};
+  CHECK_THROWS_WITH(conv.setup(ctx, {2, 2, 5, 5}),
+                    Catch::Contains("Conv2d stem") && Catch::Contains("stored nhwc") &&
+                        Catch::Contains("set up nchw") && Catch::Contains("set_layout"));
+}
+
 TEST_CASE("Linear: forward is x w^T + b, gradients match finite differences", "[engine][layers]") {
   const int64_t n = 3, in = 7, out = 5;
   DP_FOR_EACH_BACKEND(kind) {

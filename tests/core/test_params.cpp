@@ -91,6 +91,55 @@ TEST_CASE("ParamRegistry: a seed means the same values, entries do not shift eac
   CHECK(r1.download_params() == before);
 }
 
+TEST_CASE(
+    "ParamRegistry: a weight stored in NHWC order holds the values it holds stored as it reads, "
+    "in (K, R, S, C) order",
+    "[engine][params]") {
+  auto b = cpu();
+  dp::ParamRegistry plain, nhwc;
+  nhwc.set_layout(dp::Layout::nhwc);
+  CHECK(plain.layout() == dp::Layout::nchw);
+  for (auto* r : {&plain, &nhwc}) {
+    r->add_parameter("a.weight", {5, 3, 2, 4}, dp::Init::normal(0.5f), r->layout());
+    r->add_parameter("a.bias", {5}, dp::Init::uniform(-1.0f, 1.0f));
+    r->allocate(*b);
+    r->initialize(11);
+  }
+  CHECK(nhwc.entries()[0].layout == dp::Layout::nhwc);
+  CHECK(nhwc.entries()[1].layout == dp::Layout::nchw);
+  CHECK(nhwc.param(dp::ParamHandle{0}).layout == dp::Layout::nhwc);
+  CHECK(nhwc.grad(dp::ParamHandle{0}).layout == dp::Layout::nhwc);
+  CHECK(plain.param(dp::ParamHandle{0}).layout == dp::Layout::nchw);
+  const auto kcrs = values(plain, plain.download_params(), "a.weight");
+  const auto krsc = values(nhwc, nhwc.download_params(), "a.weight");
+  REQUIRE(kcrs.size() == krsc.size());
+  for (int64_t k = 0; k < 5; ++k)
+    for (int64_t c = 0; c < 3; ++c)
+      for (int64_t t = 0; t < 8; ++t)
+        CHECK(krsc[static_cast<size_t>((k * 8 + t) * 3 + c)] ==
+              kcrs[static_cast<size_t>((k * 3 + c) * 8 + t)]);
+  CHECK(values(nhwc, nhwc.download_params(), "a.bias") ==
+        values(plain, plain.download_params(), "a.bias"));
+
+  // The layout comes before the declarations; only a rank-4 shape has another order.
+  CHECK_THROWS_WITH(nhwc.set_layout(dp::Layout::nchw),
+                    Catch::Contains("set_layout") && Catch::Contains("a.weight"));
+  // The reading-order copies: the inverse of each other, (K, C, R, S) for the NHWC weight, and
+  // a copy of another length refused.
+  const auto stored = nhwc.download_params();
+  const auto reading = nhwc.params_in_reading_order(stored);
+  CHECK(values(nhwc, reading, "a.weight") == kcrs);
+  CHECK(nhwc.params_in_memory_order(reading) == stored);
+  CHECK(plain.params_in_reading_order(plain.download_params()) == plain.download_params());
+  CHECK_THROWS_WITH(nhwc.params_in_memory_order(std::vector<float>(7)),
+                    Catch::Contains("params_in_memory_order: got 7 floats"));
+  CHECK_THROWS_WITH(nhwc.params_in_reading_order(std::vector<float>(7)),
+                    Catch::Contains("params_in_reading_order: got 7 floats"));
+  dp::ParamRegistry r;
+  CHECK_THROWS_WITH(r.add_parameter("w", {4, 6}, dp::Init::zeros(), dp::Layout::nhwc),
+                    Catch::Contains("'w'") && Catch::Contains("rank-4"));
+}
+
 TEST_CASE("ParamRegistry: initial distributions", "[engine][params]") {
   auto b = cpu();
   dp::ParamRegistry r;

@@ -123,7 +123,7 @@ TEST_CASE("Trainer::set_parameters replaces every replica's parameters", "[cpu][
   CHECK(b.step(idx) == a.step(idx));
   CHECK(b.parameters(1) == a.parameters(0));
   CHECK_THROWS_WITH(b.set_parameters(std::vector<float>(3)),
-                    Catch::Contains("upload_params: got 3 floats"));
+                    Catch::Contains("set_parameters: got 3 floats"));
 }
 
 TEST_CASE("runs forced to a run's own starts reproduce it bit for bit", "[cpu][train]") {

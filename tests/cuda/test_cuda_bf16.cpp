@@ -1219,9 +1219,12 @@ struct NetOn {
   dp::Shape input, out;
   Layout layout;
   bool input_grad;
+  /// weights_in_layout: the registry in the model's layout, as the trainer sets it (an NHWC
+  /// model's convolution weights (K, R, S, C)); false: (K, C, R, S) whatever the layout.
   NetOn(dp::Backend& backend, dp::Module& module, const dp::Shape& in, Layout l, uint64_t seed,
-        bool want_dx)
+        bool want_dx, bool weights_in_layout = true)
       : b(backend), net(module), arena(backend), input(in), layout(l), input_grad(want_dx) {
+    if (weights_in_layout) registry.set_layout(layout);
     net.declare(registry, "");
     registry.allocate(b);
     registry.initialize(seed);
@@ -1270,6 +1273,43 @@ void add_residual_net(dp::Sequential& net) {
 }
 
 }  // namespace
+
+TEST_CASE(
+    "cuda: a residual network's weights stored (K, R, S, C) give the bits of (K, C, R, S) storage",
+    "[cuda]") {
+  // The registry in the model's layout (as the trainer sets it) keeps an NHWC model's
+  // convolution weights (K, R, S, C), which no pass transposes; a (K, C, R, S) registry makes
+  // every pass transpose them. The same initial values (ParamRegistry::initialize), so a
+  // training step (output, input gradient, parameter gradients in their shapes' order, batch
+  // norm statistics) and an evaluation forward give the same bits: fp32, TF32 and bf16.
+  struct Config {
+    dp::Precision precision;
+    bool tf32;
+  };
+  for (const Config config : {Config{dp::Precision::fp32, false}, Config{dp::Precision::fp32, true},
+                              Config{dp::Precision::bf16, false}}) {
+    INFO(dp::precision_name(config.precision) << (config.tf32 ? " tf32" : ""));
+    dp::BackendOptions o;
+    o.kind = dp::BackendKind::cuda;
+    o.precision = config.precision;
+    o.allow_tf32 = config.tf32;
+    o.conv_choice = dp::ConvChoice::heuristic;
+    auto gpu = dp::create_backend(o);
+    NetBits bits[2];
+    for (const bool krsc : {true, false}) {
+      dp::Sequential net;
+      add_residual_net(net);
+      NetOn on(*gpu, net, dp::Shape{4, 3, 8, 8}, Layout::nhwc, 91, true, krsc);
+      bits[krsc] = on.step(92);
+      bits[krsc].grads = on.registry.params_in_reading_order(bits[krsc].grads);
+    }
+    CHECK(bits[1].y_train == bits[0].y_train);
+    CHECK(bits[1].dx == bits[0].dx);
+    CHECK(bits[1].grads == bits[0].grads);
+    CHECK(bits[1].buffers == bits[0].buffers);
+    CHECK(bits[1].y_eval == bits[0].y_eval);
+  }
+}
 
 TEST_CASE(
     "cuda bf16 stores the activations between residual blocks as bf16 where every reader takes "
@@ -1403,8 +1443,56 @@ TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill an
   // conv3's forward reads its packed x on fp32 kernels (its bias joins the fp32 sum): its one
   // widening, in training and in evaluation; and the stem's input gradient (its x is the f32
   // network input, so its dx is f32: cuDNN's packed output widened). No block's is widened.
-  CHECK(count("from_bf16_4_kernel") + count("from_bf16_kernel") == 3);
+  // Besides: each filter gradient, cuDNN's packed (K, R, S, C) dw widened into the fp32 one of
+  // the same order.
+  CHECK(count("from_bf16_4_kernel") + count("from_bf16_kernel") ==
+        3 + count("cudnnConvolutionBackwardFilter nhwc bf16"));
   CHECK(count("infer_scale_kernel") == 7);  // each batch norm's evaluation, the shift inside
+}
+
+TEST_CASE("cuda: an NHWC network's step transposes no filter", "[.census]") {
+  // Hidden, as the census tests above. Its convolutions' weights are stored (K, R, S, C)
+  // (ParamRegistry::layout, as the trainer sets it), the order cuDNN's NHWC kernels read: a
+  // training step and an evaluation forward transpose no filter either way, in fp32, TF32 and
+  // bf16 (whose filters are rounded to bf16 in flat copies). Stored (K, C, R, S), each pass
+  // transposes its filter (forward, backward-data) or its gradient (backward-filter).
+  const Census census = launch_census();
+  REQUIRE(census != nullptr);  // the emulated GPU's libdpcore only (LD_LIBRARY_PATH)
+  for (const dp::Precision precision : {dp::Precision::fp32, dp::Precision::bf16}) {
+    for (const bool tf32 : {false, true}) {
+      for (const bool krsc : {true, false}) {
+        INFO(dp::precision_name(precision)
+             << (tf32 ? " tf32" : "") << (krsc ? " (K, R, S, C)" : " (K, C, R, S)"));
+        dp::BackendOptions o;
+        o.kind = dp::BackendKind::cuda;
+        o.precision = precision;
+        o.allow_tf32 = tf32;
+        o.conv_choice = dp::ConvChoice::heuristic;
+        auto gpu = dp::create_backend(o);
+        dp::Sequential net;
+        add_residual_net(net);
+        NetOn on(*gpu, net, dp::Shape{4, 3, 8, 8}, Layout::nhwc, 51, true, krsc);
+        on.step(52);  // whatever runs once
+        census(1, 0);
+        on.step(53);
+        const std::string text = census(1, 0);
+        INFO(text);
+        // Every launch whose kernel's name holds "krsc": the four transposing kernels.
+        long transposes = 0;
+        for (size_t at = 0; at < text.size();) {
+          const size_t end = text.find('\n', at);
+          const std::string line = text.substr(at, end - at);
+          if (line.find("krsc") != std::string::npos) transposes += std::stol(line);
+          at = end == std::string::npos ? text.size() : end + 1;
+        }
+        if (krsc) {
+          CHECK(transposes == 0);
+        } else {
+          CHECK(transposes > 0);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("cuda: a channels-last batch norm launches two kernels each way", "[.census]") {

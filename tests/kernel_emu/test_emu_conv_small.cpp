@@ -190,6 +190,58 @@ TEST_CASE("emulated cuda: the few-channel convolution's forward and filter gradi
   }
 }
 
+TEST_CASE(
+    "emulated cuda: the few-channel convolution reads and writes a (K, R, S, C) filter with the "
+    "(K, C, R, S) filter's bits",
+    "[emulated][conv]") {
+  // SmallConv::filter_krsc (an NHWC model's Conv2d weight): the same taps in the same order,
+  // only where each value sits in memory changes. 1 channel (the two orders coincide), 2, 3 and
+  // 4 channels with square and non-square kernels.
+  const Shape shape =
+      GENERATE(Shape{2, 9, 7, 3, 12, 3, 3, 2, 2}, Shape{3, 6, 5, 4, 20, 1, 1, 2, 0},
+               Shape{1, 5, 6, 2, 16, 4, 4, 1, 1}, Shape{3, 10, 10, 1, 8, 3, 3, 1, 1},
+               Shape{4, 8, 8, 3, 64, 3, 3, 1, 1});
+  kernels::SmallConv kcrs = shape.conv();
+  kernels::SmallConv krsc = kcrs;
+  krsc.filter_krsc = true;
+  INFO("n " << kcrs.n << " " << kcrs.h << "x" << kcrs.w << " c " << kcrs.c << " k " << kcrs.k << " "
+            << kcrs.r << "x" << kcrs.s);
+  REQUIRE(kernels::small_conv_fits(krsc));
+  const int64_t rs = int64_t{kcrs.r} * kcrs.s, taps = kcrs.c * rs;
+  const auto w_n = static_cast<size_t>(kcrs.k * taps);
+  const auto y_n = static_cast<size_t>(kcrs.n * kcrs.out_h * kcrs.out_w * kcrs.k);
+  const fvec x = dptest::random_vector(kcrs.n * kcrs.h * kcrs.w * kcrs.c, 81, -2.0f, 2.0f);
+  const fvec w = dptest::random_vector(static_cast<int64_t>(w_n), 82);
+  const fvec dy = dptest::random_vector(static_cast<int64_t>(y_n), 83);
+  // Value (k, c, r, s) at ((k * C + c) * R + r) * S + s, or at ((k * R + r) * S + s) * C + c.
+  const auto to_krsc = [&](const fvec& v) {
+    fvec out(v.size());
+    for (int64_t k = 0; k < kcrs.k; ++k)
+      for (int64_t c = 0; c < kcrs.c; ++c)
+        for (int64_t t = 0; t < rs; ++t)
+          out[static_cast<size_t>((k * rs + t) * kcrs.c + c)] =
+              v[static_cast<size_t>((k * kcrs.c + c) * rs + t)];
+    return out;
+  };
+  const size_t scratch = kernels::small_conv_filter_scratch_floats(kcrs);
+  for (const bool round : {false, true}) {
+    INFO((round ? "bf16" : "fp32"));
+    Guarded<float> in(x), grad(dy), w_kcrs(w), w_krsc(to_krsc(w));
+    Guarded<float> y_kcrs(y_n), y_krsc(y_n), dw_kcrs(w_n), dw_krsc(w_n), partial(scratch);
+    kernels::small_conv_forward(in.data(), w_kcrs.data(), y_kcrs.data(), kcrs, round, nullptr);
+    kernels::small_conv_forward(in.data(), w_krsc.data(), y_krsc.data(), krsc, round, nullptr);
+    kernels::small_conv_filter(in.data(), grad.data(), dw_kcrs.data(), kcrs, partial.data(), round,
+                               nullptr);
+    kernels::small_conv_filter(in.data(), grad.data(), dw_krsc.data(), krsc, partial.data(), round,
+                               nullptr);
+    emutest::require_no_pending_error();
+    CHECK(y_krsc.values() == y_kcrs.values());
+    CHECK(dw_krsc.values() == to_krsc(dw_kcrs.values()));
+    EMU_CHECK_INTACT(y_krsc);
+    EMU_CHECK_INTACT(dw_krsc);
+  }
+}
+
 TEST_CASE("emulated cuda: the few-channel convolution takes what fits its registers and memory",
           "[emulated][conv]") {
   const Shape base{2, 8, 8, 1, 64, 3, 3, 1, 1};

@@ -296,7 +296,7 @@ TEST_CASE("PyTorch loads the checkpoints into the d2l models and gets dprun's te
   // - At least 6 distinct predicted classes: every trained run above covered 8 or more, the
   //   collapsed one 3.
   // NHWC LeNet stores its first linear layer's columns in (H, W, C) order and its filters as
-  // PyTorch's (K, C, R, S): the checkpoint must be PyTorch's model all the same.
+  // (K, R, S, C): the checkpoint must be PyTorch's model all the same.
   const Case cases[] = {
       {"lenet",
        "model = \"lenet\"\nepochs = 2\nbatch_size = 64\nlr = 0.1\ntrain_limit = 4096\n"

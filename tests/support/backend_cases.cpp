@@ -121,6 +121,21 @@ BackendCases::BackendCases(dp::Backend& backend)
   add("conv_backward_data", "dx of another shape", {"dx has shape (3, 2, 4, 4)"}, [=] {
     bk->conv_backward_data(*plan, dy, w, reshaped(dx, {3, 2, 4, 4}));
   });
+  add("plan_conv", "(K, R, S, C) filters for NCHW activations",
+      {"ConvUse::filter_layout nhwc", "of nchw activations", "NHWC activations only"}, [=] {
+        dp::ConvUse krsc;
+        krsc.filter_layout = Layout::nhwc;
+        bk->plan_conv(g, krsc);
+      });
+  add("conv_forward", "a (K, R, S, C) w for a plan of (K, C, R, S) filters",
+      {"w is nhwc but the plan's filters are nchw", "ConvUse::filter_layout"},
+      [=] { bk->conv_forward(*plan, x, relaid(w, Layout::nhwc), nullptr, y); });
+  add("conv_backward_data", "a (K, R, S, C) w for a plan of (K, C, R, S) filters",
+      {"w is nhwc but the plan's filters are nchw"},
+      [=] { bk->conv_backward_data(*plan, dy, relaid(w, Layout::nhwc), dx); });
+  add("conv_backward_filter", "a (K, R, S, C) dw for a plan of (K, C, R, S) filters",
+      {"dw is nhwc but the plan's filters are nchw"},
+      [=] { bk->conv_backward_filter(*plan, x, dy, relaid(dw, Layout::nhwc), nullptr); });
   add("conv_backward_filter", "dw as i32", {"dw must be f32, got i32"},
       [=] { bk->conv_backward_filter(*plan, x, dy, retyped(dw, DType::i32), nullptr); });
   add("conv_forward", "a workspace for a plan that keeps the backend's own",

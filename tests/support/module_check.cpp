@@ -35,6 +35,7 @@ ModuleRunner::ModuleRunner(std::unique_ptr<dp::Module> module, dp::Shape input, 
   bo.allow_tf32 = false;  // finite differences and the CPU oracle need exact fp32
   backend_ = dp::create_backend(bo);
   arena_ = std::make_unique<dp::Arena>(*backend_);
+  registry_.set_layout(layout);  // as the trainer does: NHWC convolutions' weights (K, R, S, C)
   module_->declare(registry_, "");
   registry_.allocate(*backend_);
   registry_.initialize(seed);
@@ -56,7 +57,7 @@ ModuleRunner::~ModuleRunner() {
 std::vector<float> ModuleRunner::grads() const {
   std::vector<float> g(registry_.parameter_floats());
   if (!g.empty()) backend_->download(g.data(), registry_.grads_flat().data, g.size() * 4);
-  return g;
+  return registry_.params_in_reading_order(std::move(g));
 }
 
 std::vector<float> ModuleRunner::forward(const std::vector<float>& x, bool training) {

@@ -46,8 +46,15 @@ class ModuleRunner {
   const dp::Shape& input() const { return input_; }
   const dp::Shape& output() const { return module_->output_shape(); }
 
-  std::vector<float> params() const { return registry_.download_params(); }
-  void set_params(const std::vector<float>& flat) { registry_.upload_params(flat); }
+  /// The parameters and their gradients as flat host vectors, each tensor in the order its
+  /// shape reads (ParamRegistry::params_in_reading_order), whichever order the registry keeps:
+  /// runners of both layouts exchange them as they are.
+  std::vector<float> params() const {
+    return registry_.params_in_reading_order(registry_.download_params());
+  }
+  void set_params(const std::vector<float>& flat) {
+    registry_.upload_params(registry_.params_in_memory_order(flat));
+  }
   std::vector<float> grads() const;
 
   /// Forward on x (any batch up to the setup batch); returns y.

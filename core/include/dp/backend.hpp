@@ -55,7 +55,8 @@ struct ConvUse {
   /// The caller gives each pass its workspace (the `workspace` argument of the passes, 256-byte
   /// aligned) from memory it plans, as a Conv2d under the memory plan does: the backend then
   /// keeps no convolution workspace of its own for this plan (cuDNN's, the CPU's convolution
-  /// scratch, bf16's rounded operand copies; a pass nobody declared that needs more runs in the
+  /// scratch, bf16's rounded operand copies, the CPU's (K, C, R, S) copies of a (K, R, S, C)
+  /// filter and its gradient; a pass nobody declared that needs more runs in the
   /// backend's own), and says how much each stage needs
   /// (ConvPlan::workspace_bytes). A workspace used only while one pass runs can share memory
   /// with buffers alive at other steps; one of the backend's own is held for the whole run.
@@ -79,6 +80,12 @@ struct ConvUse {
   /// precision bf16 the rounded sum's ReLU, itself a bf16 value). Refused with
   /// output_to_batchnorm (a batch norm reads the convolution's own output).
   bool output_relu = false;
+  /// The memory order of the filter w and of its gradient dw (Tensor::layout of both): nchw,
+  /// (K, C, R, S) as PyTorch keeps it; or, for a plan of NHWC activations only, nhwc, (K, R, S, C),
+  /// the order NHWC kernels read (cuDNN's), which an NHWC model's Conv2d stores its weight in
+  /// (ParamRegistry::layout). The values are the same either way; a (K, C, R, S) filter for
+  /// NHWC activations costs the cuda backend a transposed copy per pass.
+  Layout filter_layout = Layout::nchw;
 };
 
 /// The passes of a convolution that run together in a training step: forward (also in
@@ -117,6 +124,8 @@ class ConvPlan {
   DType input_dtype() const { return input_dtype_; }
   /// Made with ConvUse::output_relu: its forward passes write the ReLU of the output.
   bool output_relu() const { return output_relu_; }
+  /// The layout its passes' w and dw are in (ConvUse::filter_layout).
+  Layout filter_layout() const { return filter_layout_; }
 
  private:
   friend class Backend;
@@ -127,6 +136,7 @@ class ConvPlan {
   DType output_dtype_ = DType::f32;
   DType input_dtype_ = DType::f32;
   bool output_relu_ = false;
+  Layout filter_layout_ = Layout::nchw;
   size_t workspace_bytes_[2] = {0, 0};
 };
 
@@ -306,6 +316,8 @@ class Backend {
   void host_work(std::function<void()> work);
 
   // ---- convolution: x (N,C,H,W), w (K,C,R,S), b (K) -> y (N,K,P,Q) ---------------------------
+  // w and dw are in the plan's filter_layout (ConvUse::filter_layout): (K, C, R, S) or, for
+  // NHWC activations, (K, R, S, C) in memory; the same values either way.
   /// Checks the geometry (and `use`) and prepares the plan; the plan works with this backend only.
   std::unique_ptr<ConvPlan> plan_conv(const ConvGeometry& g, const ConvUse& use = {});
   /// y = conv(x, w) + b (with ConvPlan::output_relu its ReLU); b may be null. x and y in the

@@ -1,7 +1,9 @@
 #pragma once
 // The layers. Parameter names and shapes follow PyTorch (Conv2d.weight (K,C,R,S), .bias (K);
 // Linear.weight (OUT,IN), .bias (OUT); BatchNorm2d.weight/.bias/.running_mean/.running_var),
-// so checkpoints map one to one onto the PyTorch reference models.
+// so checkpoints map one to one onto the PyTorch reference models. In an NHWC model a Conv2d
+// keeps its weight in (K, R, S, C) order (ParamRegistry::layout), which checkpoints write in
+// PyTorch's (ParamRegistry::Entry::layout).
 #include <memory>
 #include <string>
 
@@ -12,6 +14,8 @@ namespace dp {
 class BatchNorm2d;
 
 /// x (N,C,H,W) -> (N,K,P,Q). Weights default to N(0, 0.01^2) and biases to 0, as d2l does.
+/// The weight is stored in the registry's layout (ParamRegistry::layout): (K, C, R, S) in
+/// NCHW, (K, R, S, C) in NHWC, the order the NHWC passes read (ConvUse::filter_layout).
 class Conv2d : public Module {
  public:
   struct Options {
@@ -33,6 +37,8 @@ class Conv2d : public Module {
   StepSchedule::Handle schedule_backward(StepSchedule& s, const StepSchedule::Handle& dy) override;
 
   int64_t out_channels() const { return out_; }
+  /// The weight's memory order (after declare): ParamRegistry::layout at declaration.
+  Layout weight_layout() const { return w_layout_; }
   /// The bias parameter (after declare(); invalid without a bias).
   ParamHandle bias() const { return b_; }
   /// Whether the batch norm after it adds the bias instead (BatchNorm2d::fold_bias_of): then
@@ -90,6 +96,7 @@ class Conv2d : public Module {
   bool relu_ = false;                    // fuse_relu
   std::string name_;  // the dotted path, for the backend's messages ("resnet_block2.0.conv1")
   ParamHandle w_, b_;
+  Layout w_layout_ = Layout::nchw;  // the weight's memory order (declare)
   std::unique_ptr<ConvPlan> plan_;
   Tensor x_, y_, dx_;  // x_: the last input (a view of the producer's output)
   Tensor dz_;          // with a fused ReLU: the masked output gradient

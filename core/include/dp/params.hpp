@@ -2,6 +2,13 @@
 // The parameters, gradients and buffers of one replica's model, each kind in ONE flat buffer,
 // so gradients are allreduced over contiguous memory and checkpoints are one write.
 // Names are PyTorch-style dotted paths ("resnet_block2.0.conv1.weight").
+//
+// A rank-4 parameter may be stored in NHWC order, like an activation: a convolution's weight
+// (K, C, R, S) in an NHWC model is kept as (K, R, S, C) (Entry::layout), the filter order of
+// cuDNN's NHWC kernels, so no pass transposes it. Its Tensor says so (Tensor::layout), flat
+// copies (download_params, the optimizer's state) hold it in that order, its values at
+// initialisation are those of the (K, C, R, S) order, and checkpoints write PyTorch's order
+// (params_in_reading_order).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,10 +45,22 @@ class ParamRegistry {
     Init init;
     bool trainable = true;  // false: a buffer (BN running statistics)
     size_t offset = 0;      // in floats, into the flat buffer of its kind (64-byte aligned)
+    /// The memory order of a rank-4 shape (d0, d1, d2, d3): nchw as it reads, nhwc as
+    /// (d0, d2, d3, d1). Always nchw for other ranks.
+    Layout layout = Layout::nchw;
   };
 
+  /// The activation layout of the model whose parameters this registry holds
+  /// (SetupContext::layout), set before anything is declared (the trainer does): a layer may
+  /// store a rank-4 weight in it, so that its passes read it as it is (Conv2d does). nchw
+  /// unless set. Throws dp::Error after a declaration.
+  void set_layout(Layout layout);
+  Layout layout() const { return layout_; }
+
   /// Declares a trainable parameter. Names must be unique (throws dp::Error otherwise).
-  ParamHandle add_parameter(const std::string& name, Shape shape, Init init);
+  /// `layout`: its memory order (Entry::layout); nhwc only for a rank-4 shape.
+  ParamHandle add_parameter(const std::string& name, Shape shape, Init init,
+                            Layout layout = Layout::nchw);
   /// Declares a non-trainable buffer (averaged across replicas before evaluation).
   ParamHandle add_buffer(const std::string& name, Shape shape, Init init);
 
@@ -62,7 +81,8 @@ class ParamRegistry {
   void allocate(Backend& backend, int state_buffers = 0);
   bool allocated() const { return backend_ != nullptr; }
   /// Fills parameters and buffers from `seed`, identically for every registry with the same
-  /// declarations; gradients and optimizer state are zeroed.
+  /// declarations; gradients and optimizer state are zeroed. A parameter stored in NHWC order
+  /// gets the values it would get stored as it reads (the same tensor, in its own order).
   void initialize(uint64_t seed);
 
   Tensor param(ParamHandle h) const;
@@ -74,11 +94,18 @@ class ParamRegistry {
   const std::vector<Tensor>& state_flat() const { return state_; }
   Tensor buffers_flat() const;   // (buffer_floats); may be empty
 
-  /// Host copies (downloaded; for checkpoints and tests), in flat order.
+  /// Host copies (downloaded; for checkpoints and tests), in flat order: each entry in its own
+  /// memory order (Entry::layout).
   std::vector<float> download_params() const;
   std::vector<float> download_buffers() const;
   void upload_params(const std::vector<float>& flat);
   void upload_buffers(const std::vector<float>& flat);
+  /// A flat copy of the parameters (download_params' offsets) with each entry stored in NHWC
+  /// order (Entry::layout) put in the order its shape reads, (d0, d1, d2, d3): the same vector
+  /// for the same model whichever layout the registry keeps (for tests comparing layouts). And
+  /// back. Neither needs the registry allocated.
+  std::vector<float> params_in_reading_order(std::vector<float> flat) const;
+  std::vector<float> params_in_memory_order(std::vector<float> flat) const;
 
   ParamRegistry() = default;
   ParamRegistry(const ParamRegistry&) = delete;
@@ -86,8 +113,9 @@ class ParamRegistry {
   ~ParamRegistry();
 
  private:
-  ParamHandle add(const std::string& name, Shape shape, Init init, bool trainable);
+  ParamHandle add(const std::string& name, Shape shape, Init init, bool trainable, Layout layout);
   std::vector<Entry> entries_;
+  Layout layout_ = Layout::nchw;
   size_t param_floats_ = 0;
   size_t buffer_floats_ = 0;
   Backend* backend_ = nullptr;

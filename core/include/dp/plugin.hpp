@@ -23,6 +23,11 @@
 // Version 7: the ReLU fold: dp::Backend gained a virtual function (relu_backward_bias_impl) and
 // linear_forward_impl a parameter, dp::ConvUse and dp::ConvPlan a member (output_relu), Conv2d
 // and Linear members (relu_, dz_, y_planned_), ReLU a member and two virtual overrides.
+// Version 8: weights in the model's layout: dp::ParamRegistry gained a member (layout_) and
+// add_parameter a parameter, its Entry a member (layout), dp::ConvUse and dp::ConvPlan a member
+// (filter_layout), Conv2d a member (w_layout_). A
+// plugin's own layer that reads a Conv2d's weight in an NHWC model now gets a (K, R, S, C) tensor
+// (Tensor::layout nhwc): such code must look at the layout.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,7 +39,7 @@
 #include "dp/data.hpp"
 #include "dp/module.hpp"
 
-#define DPRUN_PLUGIN_ABI_VERSION 7u
+#define DPRUN_PLUGIN_ABI_VERSION 8u
 #define DPRUN_PLUGIN_MAGIC 0x4450524Eu /* "DPRN" */
 
 namespace dp {

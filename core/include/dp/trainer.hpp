@@ -158,22 +158,28 @@ class Trainer {
   /// Replicas in this process, and in the whole trial (all processes).
   // ---- checkpoints ---------------------------------------------------------------------------
   /// The model as PyTorch's state_dict holds it: every parameter and buffer under its dotted
-  /// name, PyTorch's shape and element order (an NHWC model's Linear after Flatten is
-  /// permuted), plus num_batches_tracked (I64) beside every batch norm's running statistics, so
+  /// name, PyTorch's shape and element order (an NHWC model's convolution weights, stored
+  /// (K, R, S, C), ParamRegistry::Entry::layout, and its Linear after Flatten, stored with
+  /// (H, W, C) columns, Module::parameter_orders, are permuted), plus num_batches_tracked (I64) beside every batch norm's running statistics, so
   /// torch's load_state_dict(strict=True) takes it as it is. From replica 0 (all agree).
   SafeTensorsFile model_state() const;
-  /// The optimizer's state per parameter ("exp_avg.<parameter name>", ...), in this trainer's
-  /// element order, and the steps done (metadata "steps").
+  /// The optimizer's state per parameter ("exp_avg.<parameter name>", ...), in PyTorch's element
+  /// order as model_state's (format "dprun-optimizer-state v2"; v1 files, in the element order
+  /// of the trainer that wrote them, are still read), and the steps done (metadata "steps").
   SafeTensorsFile optimizer_state() const;
   /// Restores parameters and buffers (and, when given, the optimizer's state) into every
   /// replica, from files written by model_state() / optimizer_state() of a trainer of the same
-  /// model. Every name and shape must match; the error names what differs.
+  /// model, in either layout. Every name and shape must match; the error names what differs.
   void load_state(const SafeTensorsFile& model, const SafeTensorsFile* optimizer);
 
   int replicas() const;
   int world_replicas() const;
   const TrainerOptions& options() const;
-  /// Replica r's parameters / buffers, downloaded, in flat order.
+  /// Replica r's parameters / buffers, downloaded, in flat order; each parameter in the order
+  /// its shape reads (ParamRegistry::params_in_reading_order: an NHWC model's convolution weights,
+  /// stored (K, R, S, C), given as (K, C, R, S)). So both layouts give one vector for the same
+  /// model, unless it has a Linear after a Flatten of more than one position, whose columns an
+  /// NHWC model keeps in (H, W, C) order.
   std::vector<float> parameters(int replica = 0) const;
   std::vector<float> buffers(int replica = 0) const;
   /// Replaces every replica's parameters with `flat` (flat order, padding included, as

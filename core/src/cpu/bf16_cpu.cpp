@@ -48,19 +48,53 @@ void round_to_bf16_in_place(int threads, float* p, int64_t n) {
   }
 }
 
-size_t Bf16Copies::bytes_for(int64_t a, int64_t b, int64_t c) {
+size_t OperandCopies::bytes_for(int64_t a, int64_t b, int64_t c) {
   return aligned_floats(a) + aligned_floats(b) + aligned_floats(c);
 }
 
-Tensor Bf16Copies::rounded(const Tensor& t) {
-  Tensor copy = t;
-  copy.data = data_ + used_;
-  used_ += aligned_floats(t.numel());
+float* OperandCopies::carve(int64_t n) {
+  auto* copy = reinterpret_cast<float*>(data_ + used_);
+  used_ += aligned_floats(n);
   // The scratch was reserved for this pass (CpuBackend grows it before carving copies, or the
   // caller's workspace was checked against the plan's need).
   DP_ASSERT(used_ <= bytes_);
+  return copy;
+}
+
+Tensor OperandCopies::rounded(const Tensor& t) {
+  Tensor copy = t;
+  copy.data = carve(t.numel());
   round_to_bf16(threads_, t.f32(), copy.f32(), t.numel());
   return copy;
+}
+
+Tensor OperandCopies::filter(const Tensor& w, bool round) {
+  if (w.layout == Layout::nchw) return round ? rounded(w) : w;
+  Tensor copy = room_nchw(w);
+  transpose_filter(w.f32(), copy.f32(), w.shape, true, round);
+  return copy;
+}
+
+Tensor OperandCopies::room_nchw(const Tensor& t) {
+  Tensor room = t;
+  room.data = carve(t.numel());
+  room.layout = Layout::nchw;
+  return room;
+}
+
+void transpose_filter(const float* src, float* dst, const Shape& shape, bool nhwc_to_nchw,
+                      bool round) {
+  // Filters are small beside activations (ResNet-18's largest: 2.4 M values): one thread.
+  const int64_t k = shape[0], c = shape[1], rs = shape[2] * shape[3];
+  for (int64_t o = 0; o < k; ++o) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t t = 0; t < rs; ++t) {
+        const int64_t nchw = (o * c + ch) * rs + t, nhwc = (o * rs + t) * c + ch;
+        const float v = src[nhwc_to_nchw ? nhwc : nchw];
+        dst[nhwc_to_nchw ? nchw : nhwc] = round ? dp::round_to_bf16(v) : v;
+      }
+    }
+  }
 }
 
 }  // namespace dp::cpu

@@ -313,6 +313,12 @@ class OnednnConvPlan final : public CpuConvPlan {
   /// Per direction: the formulation, and what runs it (oneDNN's kernel of each batch size
   /// created so far, or the im2col / Winograd plan).
   std::string implementation() const override;
+  /// oneDNN's passes take the filter in its own order (w_md); im2col's and Winograd's
+  /// (K, C, R, S).
+  bool reads_stored_filter(ConvDirection d) const override {
+    const Formulation f = formulation_[static_cast<int>(d)];
+    return f != Formulation::im2col && f != Formulation::own_winograd;
+  }
 
  private:
   struct BatchPasses {
@@ -334,6 +340,7 @@ class OnednnConvPlan final : public CpuConvPlan {
   memory::desc b_md() const;
 
   Formulations formulation_;
+  Layout filters_;  // the memory order of w and dw (ConvUse::filter_layout)
   std::unique_ptr<CpuConvPlan> im2col_;
   std::unique_ptr<CpuConvPlan> own_winograd_;
   std::shared_ptr<OnednnContext> context_;
@@ -355,6 +362,7 @@ OnednnConvPlan::OnednnConvPlan(const ConvGeometry& g, const ConvUse& use,
                                std::shared_ptr<MemoryTracker> memory)
     : CpuConvPlan(g, std::move(shared)),
       formulation_(formulations),
+      filters_(use.filter_layout),
       im2col_(std::move(im2col)),
       own_winograd_(std::move(own_winograd)),
       context_(std::move(context)),
@@ -419,10 +427,13 @@ memory::desc OnednnConvPlan::y_md(int64_t n, const Formulation* f) const {
                       activation_tag(g.layout, f));
 }
 
+// The filters as given: (K, C, R, S) or (K, R, S, C) in memory (oihw, ohwi), which the reorder
+// into the primitive's format reads either way, so both give the same bits.
 memory::desc OnednnConvPlan::w_md(const Formulation* f) const {
   const ConvGeometry& g = geometry();
+  const Tag given = filters_ == Layout::nhwc ? Tag::ohwi : Tag::oihw;
   return memory::desc({g.out_channels, g.in_channels, g.kernel_h, g.kernel_w},
-                      memory::data_type::f32, f ? Tag::any : Tag::oihw);
+                      memory::data_type::f32, f ? Tag::any : given);
 }
 
 memory::desc OnednnConvPlan::b_md() const {

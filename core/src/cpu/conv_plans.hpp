@@ -45,6 +45,11 @@ class CpuConvPlan : public ConvPlan {
   /// x (N,C,H,W), dy (N,K,P,Q) -> dw (K,C,R,S), db (K) or null
   virtual void backward_filter(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                const Tensor* db, ConvScratch scratch) = 0;
+  /// Whether its pass of direction d reads w, or writes dw, in the memory order the plan's
+  /// filters are in (ConvUse::filter_layout), (K, R, S, C) included: oneDNN's passes, whose
+  /// reorder into their own format reads either. false: the passes take (K, C, R, S), and for a
+  /// (K, R, S, C) filter the backend hands them a copy in that order (OperandCopies).
+  virtual bool reads_stored_filter(ConvDirection d) const { return false; }
   /// The backend's shared scratch, as a pass's scratch.
   ConvScratch shared_scratch() const { return {shared_->data(), shared_->size()}; }
 

@@ -120,7 +120,7 @@ CpuBackend::CpuBackend(const BackendOptions& options)
   if (const char* defer = std::getenv("DPRUN_CPU_DEFER_UPLOADS"))
     defer_uploads_ = std::string(defer) == "1";
   precision_ = options.precision;
-  if (precision_ == Precision::bf16) bf16_scratch_ = std::make_unique<SharedScratch>(memory_);
+  copy_scratch_ = std::make_unique<SharedScratch>(memory_);
   // The kernels' library is loaded now, so a missing one fails here, not in the first step.
   if (kernels_ != CpuKernels::blas) {
     onednn_ = std::make_shared<OnednnContext>();
@@ -228,15 +228,38 @@ char* CpuConvPlan::scratch_for(const ConvScratch& given, size_t bytes) const {
   return shared_->data();
 }
 
-size_t CpuBackend::bf16_copy_bytes(const ConvGeometry& g, ConvStage stage) const {
-  if (precision_ != Precision::bf16) return 0;
+bool CpuBackend::copies_filter(const CpuConvPlan& plan, Layout filter_layout, ConvDirection d) {
+  return filter_layout == Layout::nhwc && !plan.reads_stored_filter(d);
+}
+
+size_t CpuBackend::pass_copy_bytes(ConvDirection pass, int64_t x, int64_t w, int64_t y,
+                                   bool filter_copy) const {
+  using B = OperandCopies;
+  const bool bf16 = precision_ == Precision::bf16;
+  switch (pass) {
+    case ConvDirection::forward:  // (x, w)
+      return bf16 ? B::bytes_for(x, w) : filter_copy ? B::bytes_for(w) : 0;
+    case ConvDirection::backward_data:  // (dy, w)
+      return bf16 ? B::bytes_for(y, w) : filter_copy ? B::bytes_for(w) : 0;
+    case ConvDirection::backward_filter:  // (x, dy), then dw's room
+      return (bf16 ? B::bytes_for(x, y) : 0) + (filter_copy ? B::bytes_for(w) : 0);
+  }
+  return 0;
+}
+
+size_t CpuBackend::copy_bytes(const CpuConvPlan& plan, Layout filter_layout,
+                              ConvStage stage) const {
+  const ConvGeometry& g = plan.geometry();
   const int64_t x = g.max_batch * g.in_channels * g.in_h * g.in_w;
   const int64_t w = g.out_channels * g.in_channels * g.kernel_h * g.kernel_w;
   const int64_t y = g.max_batch * g.out_channels * g.out_h() * g.out_w();
-  // (x, w) forward; (dy, w) for the data gradient and (x, dy) for the filter gradient, one after
-  // the other.
-  if (stage == ConvStage::forward) return aligned(Bf16Copies::bytes_for(x, w));
-  return aligned(std::max(Bf16Copies::bytes_for(y, w), Bf16Copies::bytes_for(x, y)));
+  const auto bytes = [&](ConvDirection d) {
+    return pass_copy_bytes(d, x, w, y, copies_filter(plan, filter_layout, d));
+  };
+  using D = ConvDirection;
+  if (stage == ConvStage::forward) return aligned(bytes(D::forward));
+  // backward-data and backward-filter, one after the other
+  return aligned(std::max(bytes(D::backward_data), bytes(D::backward_filter)));
 }
 
 std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, const ConvUse& use) {
@@ -245,77 +268,81 @@ std::unique_ptr<ConvPlan> CpuBackend::plan_conv_impl(const ConvGeometry& g, cons
   if (kernels_ == CpuKernels::onednn)
     plan = make_onednn_plan(g, use, onednn_, threads_, shared, memory_);
   if (!plan) plan = make_im2col_plan(g, kernels_, threads_, shared);
+  const Layout filters = use.filter_layout;
   if (use.planned_workspace) {
-    // Everything a pass works in lives in the caller's workspace: bf16's rounded copies first,
+    // Everything a pass works in lives in the caller's workspace: the operand copies first,
     // then the plan's scratch.
     for (const ConvStage stage : {ConvStage::forward, ConvStage::backward})
-      need_workspace(*plan, stage, bf16_copy_bytes(g, stage) + plan->scratch_bytes(stage));
+      need_workspace(*plan, stage, copy_bytes(*plan, filters, stage) + plan->scratch_bytes(stage));
     return plan;
   }
   using S = ConvStage;
   shared->reserve(std::max(plan->scratch_bytes(S::forward), plan->scratch_bytes(S::backward)));
-  // Every pass's rounded copies fit in its stage's (bf16_scratch_ grows for a larger one).
-  if (precision_ == Precision::bf16)
-    bf16_scratch_->reserve(
-        std::max(bf16_copy_bytes(g, S::forward), bf16_copy_bytes(g, S::backward)));
+  // Every pass's operand copies fit in its stage's (copy_scratch_ grows for a larger one).
+  copy_scratch_->reserve(
+      std::max(copy_bytes(*plan, filters, S::forward), copy_bytes(*plan, filters, S::backward)));
   return plan;
 }
 
 struct CpuBackend::PassMemory {
-  Bf16Copies copies;
+  OperandCopies copies;
   ConvScratch scratch;
 };
 
 CpuBackend::PassMemory CpuBackend::pass_memory(const ConvPlan& plan, ConvStage stage,
-                                               const Tensor* workspace, const Tensor& a,
-                                               const Tensor& b) {
-  const size_t copy_bytes =
-      precision_ == Precision::bf16 ? Bf16Copies::bytes_for(a.numel(), b.numel()) : 0;
+                                               const Tensor* workspace, size_t copy_bytes) {
+  const auto& cpu_plan = static_cast<const CpuConvPlan&>(plan);
   if (plan.planned_workspace()) {
     if (workspace == nullptr) {
       // A stage the plan said needs nothing (an fp32 pass nobody declared, as backward of a plan
       // made for evaluation): a pass that turns out to need scratch runs in the shared one.
       DP_ASSERT(copy_bytes == 0);
-      return {Bf16Copies(nullptr, 0, threads_), ConvScratch{}};
+      return {OperandCopies(nullptr, 0, threads_), ConvScratch{}};
     }
     // Checked against the plan's need, which covers every pass up to max_batch.
-    const size_t copies = bf16_copy_bytes(plan.geometry(), stage);
+    const size_t copies = this->copy_bytes(cpu_plan, plan.filter_layout(), stage);
     DP_ASSERT(workspace->bytes() >= copies && copy_bytes <= copies);
     char* const data = static_cast<char*>(workspace->data);
-    return {Bf16Copies(data, copies, threads_),
+    return {OperandCopies(data, copies, threads_),
             ConvScratch{data + copies, workspace->bytes() - copies}};
   }
-  const ConvScratch shared = static_cast<const CpuConvPlan&>(plan).shared_scratch();
-  if (precision_ != Precision::bf16) return {Bf16Copies(nullptr, 0, threads_), shared};
-  bf16_scratch_->reserve(copy_bytes);
-  return {Bf16Copies(*bf16_scratch_, threads_), shared};
+  copy_scratch_->reserve(copy_bytes);
+  return {OperandCopies(*copy_scratch_, threads_), cpu_plan.shared_scratch()};
 }
 
 // The public ops checked that the plan is this backend's, so it is a CpuConvPlan. In bf16 the
-// passes run on rounded copies (bf16_cpu.hpp); the bf16 scratch grows here only for a pass
-// larger than any planned (never in a planned step loop).
+// passes run on rounded copies (bf16_cpu.hpp). A filter stored (K, R, S, C) is read as it is by
+// oneDNN's passes (their reorder takes either order: the same bits); the others read it from, or
+// write its gradient through, a (K, C, R, S) copy (copies_filter): the values, so the bits, are
+// those of a (K, C, R, S) filter. The copy scratch grows here only for a pass larger than any
+// planned (never in a planned step loop).
 void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w,
                                    const Tensor* b, const Tensor& y, const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
-  PassMemory m = pass_memory(plan, ConvStage::forward, workspace, x, w);
-  if (precision_ == Precision::fp32) {
-    p.forward(x, w, b, y, m.scratch);
-  } else {
-    const Tensor xr = m.copies.rounded(x), wr = m.copies.rounded(w);
-    p.forward(xr, wr, b, y, m.scratch);
-    round_to_bf16_in_place(threads_, y.f32(), y.numel());
-  }
+  const bool bf16 = precision_ == Precision::bf16;
+  const bool copy = copies_filter(p, w.layout, ConvDirection::forward);
+  PassMemory m =
+      pass_memory(plan, ConvStage::forward, workspace,
+                  pass_copy_bytes(ConvDirection::forward, x.numel(), w.numel(), y.numel(), copy));
+  const Tensor xs = bf16 ? m.copies.rounded(x) : x;
+  const Tensor wk = copy ? m.copies.filter(w, bf16) : bf16 ? m.copies.rounded(w) : w;
+  p.forward(xs, wk, b, y, m.scratch);
+  if (bf16) round_to_bf16_in_place(threads_, y.f32(), y.numel());
   // A fused ReLU (ConvUse::output_relu): relu_forward's values, in place.
   if (plan.output_relu()) relu_forward_impl(y, y);
 }
 void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
                                          const Tensor& dx, const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
-  PassMemory m = pass_memory(plan, ConvStage::backward, workspace, dy, w);
-  if (precision_ == Precision::fp32) return p.backward_data(dy, w, dx, m.scratch);
-  const Tensor dyr = m.copies.rounded(dy), wr = m.copies.rounded(w);
-  p.backward_data(dyr, wr, dx, m.scratch);
-  round_to_bf16_in_place(threads_, dx.f32(), dx.numel());
+  const bool bf16 = precision_ == Precision::bf16;
+  const bool copy = copies_filter(p, w.layout, ConvDirection::backward_data);
+  PassMemory m = pass_memory(plan, ConvStage::backward, workspace,
+                             pass_copy_bytes(ConvDirection::backward_data, dx.numel(), w.numel(),
+                                             dy.numel(), copy));
+  const Tensor dys = bf16 ? m.copies.rounded(dy) : dy;
+  const Tensor wk = copy ? m.copies.filter(w, bf16) : bf16 ? m.copies.rounded(w) : w;
+  p.backward_data(dys, wk, dx, m.scratch);
+  if (bf16) round_to_bf16_in_place(threads_, dx.f32(), dx.numel());
 }
 // dw is rounded to bf16 once, as cuDNN's bf16 filter gradient writes it (and PyTorch's autocast
 // keeps it); db stays fp32 and sums the rounded dy, the tensor a bf16 network holds.
@@ -323,18 +350,28 @@ void CpuBackend::conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, cons
                                            const Tensor& dw, const Tensor* db,
                                            const Tensor* workspace) {
   auto& p = static_cast<CpuConvPlan&>(plan);
-  PassMemory m = pass_memory(plan, ConvStage::backward, workspace, x, dy);
-  if (precision_ == Precision::fp32) return p.backward_filter(x, dy, dw, db, m.scratch);
-  const Tensor xr = m.copies.rounded(x), dyr = m.copies.rounded(dy);
-  p.backward_filter(xr, dyr, dw, db, m.scratch);
-  round_to_bf16_in_place(threads_, dw.f32(), dw.numel());
+  const bool bf16 = precision_ == Precision::bf16;
+  const bool copy = copies_filter(p, dw.layout, ConvDirection::backward_filter);
+  PassMemory m = pass_memory(plan, ConvStage::backward, workspace,
+                             pass_copy_bytes(ConvDirection::backward_filter, x.numel(), dw.numel(),
+                                             dy.numel(), copy));
+  const Tensor xs = bf16 ? m.copies.rounded(x) : x, dys = bf16 ? m.copies.rounded(dy) : dy;
+  if (!copy) {
+    p.backward_filter(xs, dys, dw, db, m.scratch);
+    if (bf16) round_to_bf16_in_place(threads_, dw.f32(), dw.numel());
+    return;
+  }
+  // Computed in (K, C, R, S) order, then transposed (and rounded) into the (K, R, S, C) dw.
+  const Tensor dw_kcrs = m.copies.room_nchw(dw);
+  p.backward_filter(xs, dys, dw_kcrs, db, m.scratch);
+  transpose_filter(dw_kcrs.f32(), dw.f32(), dw.shape, false, bf16);
 }
 
 // ---- linear: bf16 around the fp32 passes (linear_cpu.cpp) ------------------------------------
 
 void CpuBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) {
   if (precision_ == Precision::bf16)
-    bf16_scratch_->reserve(Bf16Copies::bytes_for(max_batch * in, out * in, max_batch * out));
+    copy_scratch_->reserve(OperandCopies::bytes_for(max_batch * in, out * in, max_batch * out));
 }
 
 // x (N,IN), w (OUT,IN), b (OUT) or null -> y (N,OUT)
@@ -343,8 +380,8 @@ void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Ten
   if (precision_ == Precision::fp32) {
     linear_forward_fp32(x, w, b, y);
   } else {
-    bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel()));
-    Bf16Copies copies(*bf16_scratch_, threads_);
+    copy_scratch_->reserve(OperandCopies::bytes_for(x.numel(), w.numel()));
+    OperandCopies copies(*copy_scratch_, threads_);
     const Tensor xr = copies.rounded(x), wr = copies.rounded(w);
     linear_forward_fp32(xr, wr, b, y);
     round_to_bf16_in_place(threads_, y.f32(), y.numel());
@@ -356,8 +393,8 @@ void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Ten
 void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
                                       const Tensor* dx, const Tensor& dw, const Tensor* db) {
   if (precision_ == Precision::fp32) return linear_backward_fp32(x, w, dy, dx, dw, db);
-  bf16_scratch_->reserve(Bf16Copies::bytes_for(x.numel(), w.numel(), dy.numel()));
-  Bf16Copies copies(*bf16_scratch_, threads_);
+  copy_scratch_->reserve(OperandCopies::bytes_for(x.numel(), w.numel(), dy.numel()));
+  OperandCopies copies(*copy_scratch_, threads_);
   // w is read only for dx: without it, the fp32 w goes along unread.
   const Tensor xr = copies.rounded(x), wr = dx ? copies.rounded(w) : w, dyr = copies.rounded(dy);
   linear_backward_fp32(xr, wr, dyr, dx, dw, db);

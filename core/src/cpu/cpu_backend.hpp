@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dp/backend.hpp"
+#include "dp/conv_contract.hpp"
 #include "dp/tensor.hpp"
 
 namespace dp::cpu {
@@ -136,7 +137,8 @@ class SharedScratch {
 };
 
 struct OnednnContext;  // onednn.hpp: kept out of this header, which every op file includes
-class Bf16Copies;      // bf16_cpu.hpp
+class OperandCopies;   // bf16_cpu.hpp
+class CpuConvPlan;     // conv_plans.hpp
 
 /// The row a StepRow's (or a slot's) cursor points at when the op runs; throws "cpu backend:
 /// <op>: ..." when it is outside [0, rows).
@@ -181,17 +183,28 @@ class CpuBackend final : public Backend {
   void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
                                  const Tensor& dw, const Tensor* db,
                                  const Tensor* workspace) override;
-  /// What a convolution pass of `stage` on multiplicands a and b works in: bf16's rounded
-  /// copies of them (none in fp32) and the plan's scratch. A plan with a planned workspace has
-  /// both in the caller's workspace, the copies first (bf16_copy_bytes); any other runs in the
-  /// shared bf16 scratch, grown if a pass is larger than any planned, and the plans' shared
-  /// scratch.
+  /// What a convolution pass of `stage` works in: the copies of its operands
+  /// (OperandCopies: bf16's rounded multiplicands, a (K, R, S, C) filter's (K, C, R, S) copy or
+  /// its gradient's room; `copy_bytes` of them, pass_copy_bytes) and the plan's scratch. A plan
+  /// with a planned workspace has both in the caller's workspace, the copies first
+  /// (copy_bytes); any other runs in the shared copy scratch, grown if a pass is larger than any
+  /// planned, and the plans' shared scratch.
   struct PassMemory;
   PassMemory pass_memory(const ConvPlan& plan, ConvStage stage, const Tensor* workspace,
-                         const Tensor& a, const Tensor& b);
-  /// The bytes of bf16's rounded copies at the start of a planned workspace of `stage` (0 in
-  /// fp32).
-  size_t bf16_copy_bytes(const ConvGeometry& g, ConvStage stage) const;
+                         size_t copy_bytes);
+  /// Whether a pass of `plan` in direction d reads a (K, C, R, S) copy of its (K, R, S, C)
+  /// filter, or writes its gradient through one (CpuConvPlan::reads_stored_filter).
+  static bool copies_filter(const CpuConvPlan& plan, Layout filter_layout, ConvDirection d);
+  /// The bytes of the operand copies of one convolution pass on x, w and y of these element
+  /// counts (for backward-data, dx and dy): bf16's rounded multiplicands (precision bf16), and
+  /// with `filter_copy` the (K, C, R, S) copy of a (K, R, S, C) filter (forward, backward-data;
+  /// in bf16 its rounded copy is it) or room for dw in that order (backward-filter). 0 in fp32
+  /// without a filter copy.
+  size_t pass_copy_bytes(ConvDirection pass, int64_t x, int64_t w, int64_t y,
+                         bool filter_copy) const;
+  /// The most bytes of operand copies the passes of `stage` of `plan` need at its largest
+  /// batch, with filters in `filter_layout`: what a planned workspace of that stage starts with.
+  size_t copy_bytes(const CpuConvPlan& plan, Layout filter_layout, ConvStage stage) const;
 
   void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
                            bool relu) override;
@@ -300,11 +313,11 @@ class CpuBackend final : public Backend {
   std::shared_ptr<MemoryTracker> memory_;
   std::weak_ptr<SharedScratch> shared_scratch_;
   Precision precision_ = Precision::fp32;
-  // bf16: the rounded copies of a pass's multiplicands (bf16_cpu.hpp), reserved at plan_conv (for
-  // a plan without a planned workspace, whose copies otherwise go there) and prepare_linear for
-  // the largest pass. Separate from the plans' scratch, which the passes use while the copies
-  // are read.
-  std::unique_ptr<SharedScratch> bf16_scratch_;
+  // The copies of a pass's operands (OperandCopies, bf16_cpu.hpp: bf16's rounded multiplicands,
+  // (K, C, R, S) copies of (K, R, S, C) filters), reserved at plan_conv (for a plan without a
+  // planned workspace, whose copies otherwise go there) and prepare_linear for the largest pass.
+  // Separate from the plans' scratch, which the passes use while the copies are read.
+  std::unique_ptr<SharedScratch> copy_scratch_;
 };
 
 /// The backend's own loops are compiled for three instruction sets, x86-64 (SSE2), x86-64-v3

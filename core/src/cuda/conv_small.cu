@@ -23,6 +23,15 @@ __device__ __forceinline__ float maybe_bf16(float v) {
   }
 }
 
+// Where filter value i = k * taps + t, tap t = (c * R + r) * S + s, lives in memory: at i in
+// (K, C, R, S) order, at ((k * R + r) * S + s) * C + c in (K, R, S, C) order (g.filter_krsc).
+__device__ __forceinline__ int filter_at(const SmallConv& g, int i) {
+  if (!g.filter_krsc) return i;
+  const int rs = g.r * g.s, taps = g.c * rs;
+  const int k = i / taps, t = i % taps;
+  return (k * rs + t % rs) * g.c + t / rs;
+}
+
 // Each thread computes kPer consecutive channels k0 .. k0 + kPer - 1 of one output position (K a
 // multiple of kPer), stored together: the lanes of a warp that share a position read its taps
 // once, broadcast. The filter is in shared memory as [tap][k], so the lanes read consecutive
@@ -34,8 +43,8 @@ __global__ void small_conv_forward_kernel(const float* x, const float* w, float*
   const int taps = g.c * g.r * g.s, K = g.k, H = static_cast<int>(g.h), W = static_cast<int>(g.w);
   const int P = static_cast<int>(g.out_h), Q = static_cast<int>(g.out_w);
   for (int i = threadIdx.x; i < K * taps; i += blockDim.x) {
-    const int k = i / taps, t = i % taps;  // w is (K, taps)
-    filter[t * K + k] = maybe_bf16<kRound>(w[i]);
+    const int k = i / taps, t = i % taps;  // w is (K, taps), in its memory order
+    filter[t * K + k] = maybe_bf16<kRound>(w[filter_at(g, i)]);
   }
   __syncthreads();
   const int groups = total / kPer;
@@ -148,8 +157,8 @@ __global__ void small_conv_filter_partial_kernel(const float* x, const D* dy, fl
 // order, then the lanes' sums meet in a fixed tree (deterministic); kRound: the sum rounded to
 // bf16 once.
 template <bool kRound>
-__global__ void small_conv_filter_finish_kernel(const float* partial, float* dw, int values,
-                                                int blocks) {
+__global__ void small_conv_filter_finish_kernel(const float* partial, float* dw, SmallConv g,
+                                                int values, int blocks) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warps = static_cast<int>(blockDim.x * gridDim.x) / 32;
   for (int i = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32); i < values;
@@ -157,7 +166,7 @@ __global__ void small_conv_filter_finish_kernel(const float* partial, float* dw,
     float s = 0.0f;
     for (int b = lane; b < blocks; b += 32) s += partial[int64_t{b} * values + i];
     for (int offset = 16; offset > 0; offset /= 2) s += __shfl_down_sync(0xffffffffu, s, offset);
-    if (lane == 0) dw[i] = maybe_bf16<kRound>(s);
+    if (lane == 0) dw[filter_at(g, i)] = maybe_bf16<kRound>(s);
   }
 }
 
@@ -238,11 +247,11 @@ void launch_small_conv_filter(const float* x, const D* dy, float* dw, const Smal
   if (round_bf16) {
     small_conv_filter_partial<true>(x, dy, scratch, g, positions, grid, stream);
     small_conv_filter_finish_kernel<true>
-        <<<finish_grid, kThreads, 0, stream>>>(scratch, dw, values, blocks);
+        <<<finish_grid, kThreads, 0, stream>>>(scratch, dw, g, values, blocks);
   } else {
     small_conv_filter_partial<false>(x, dy, scratch, g, positions, grid, stream);
     small_conv_filter_finish_kernel<false>
-        <<<finish_grid, kThreads, 0, stream>>>(scratch, dw, values, blocks);
+        <<<finish_grid, kThreads, 0, stream>>>(scratch, dw, g, values, blocks);
   }
   CUDA_CHECK_LAUNCH(small_conv_filter_finish_kernel);
 }

@@ -314,15 +314,20 @@ class CudaBackend final : public Backend {
   /// (TF32 when allow_tf32, else FMA); the direct passes' FMA.
   cudnnMathType_t own_math(int algo) const;
   /// Enqueues own algorithm `algo`: forward, out = y (fp32, no bias, not rounded) from a = x and
-  /// b = w; backward-filter, out = dw (K, C, R, S) from a = x and b = dy. With bf16 the operands
+  /// b = w; backward-filter, out = dw (K, C, R, S), in `filters` order, from a = x and b = dy. With bf16 the operands
   /// are rounded as they are read (the GEMM: into its workspace).
+  /// `filters`: the memory order of w (forward) or dw (backward-filter), Tensor::layout.
   void run_own(const CudnnConvPlan& plan, int algo, int direction, int64_t n, const float* a,
-               const float* b, float* out, void* workspace);
+               const float* b, float* out, void* workspace, Layout filters = Layout::nchw);
   /// Its time at batch n in ms (the best of three after a warm-up, on scratch buffers of its
   /// own), at plan time; a negative value when its workspace would exceed `limit`.
   float time_own(const CudnnConvPlan& plan, int algo, int direction, int64_t n, size_t limit);
-  /// The (K, R, S, C) filter cuDNN needs for NHWC activations, transposed into scratch; w itself
-  /// in NCHW.
+  /// Whether a pass must transpose w (or dw) between its (K, C, R, S) memory order and the
+  /// (K, R, S, C) that cuDNN's NHWC configuration reads: NHWC activations with a filter stored
+  /// (K, C, R, S) (ConvUse::filter_layout nchw).
+  static bool transposes_filter(const CudnnConvPlan& plan, const Tensor& w);
+  /// The (K, R, S, C) filter cuDNN needs for NHWC activations, from a (K, C, R, S) w, transposed
+  /// into scratch (where transposes_filter).
   const float* filter_for(const CudnnConvPlan& plan, const float* w);
   /// A convolution pass given bf16 data (forward, backward-data), in `scratch` (pass_scratch's):
   /// the packed copies of its data operand (x or dy) and of its filter (as filter_for lays it
@@ -396,7 +401,8 @@ class CudaBackend final : public Backend {
 
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  float* filter_scratch_ = nullptr;  // two filters: the transposed input and the KRSC gradient
+  // Two filters, for a (K, C, R, S) filter of NHWC activations: its (K, R, S, C) copy and gradient.
+  float* filter_scratch_ = nullptr;
   size_t filter_scratch_floats_ = 0;
   float* reduce_scratch_ = nullptr;  // partial sums of the bias-gradient reduction
   size_t reduce_scratch_floats_ = 0;

@@ -25,10 +25,11 @@
 // non-deterministic one only when nothing else fits, with a warning), and whose workspace fits.
 // DPRUN_CUDNN_LOG=1 prints every choice.
 //
-// Filters are (K, C, R, S) in memory whatever the activation layout (PyTorch's parameter
-// layout). For NHWC activations cuDNN is given the all-NHWC configuration (its fast path):
-// the filter is transposed to (K, R, S, C) into scratch for forward/backward-data, and the
-// filter gradient is computed as (K, R, S, C) and transposed back.
+// For NHWC activations cuDNN is given the all-NHWC configuration (its fast path), whose filters
+// are (K, R, S, C) in memory: the order an NHWC model's Conv2d stores its weight in
+// (ConvUse::filter_layout nhwc), read and written as it is. A (K, C, R, S) filter (PyTorch's
+// order, ConvUse::filter_layout nchw) for NHWC activations is transposed into scratch for
+// forward/backward-data, and its gradient computed as (K, R, S, C) and transposed back.
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -415,9 +416,9 @@ std::array<const float*, 2> CudaBackend::pass_operands(const Tensor& a, const Te
 std::array<const float*, 2> CudaBackend::data_and_filter(const CudnnConvPlan& plan,
                                                          const Tensor& data, const Tensor& w,
                                                          float* bf16_scratch) {
-  if (!bf16() || !plan.nhwc()) {
+  if (!bf16() || !transposes_filter(plan, w)) {
     const auto [d, f] = pass_operands(data, w, bf16_scratch);
-    return {d, filter_for(plan, f)};
+    return {d, transposes_filter(plan, w) ? filter_for(plan, f) : f};
   }
   Bf16Operands copies(bf16_scratch, stream_);
   const float* d = copies.take(data);
@@ -520,7 +521,9 @@ std::unique_ptr<CudnnConvPlan> CudaBackend::make_conv_plan(const ConvGeometry& g
   plan->bf16_input = use.input_dtype == DType::bf16;
   // Known before the algorithms are chosen (conv_batch sizes the caller's workspace, not ours).
   plan_workspace(*plan, use);
-  if (plan->nhwc()) reserve_filter_scratch(2 * static_cast<size_t>(plan->filter_numel()));
+  // A (K, C, R, S) filter for NHWC activations: its transposed copy and its gradient's.
+  if (plan->nhwc() && use.filter_layout == Layout::nchw)
+    reserve_filter_scratch(2 * static_cast<size_t>(plan->filter_numel()));
   if (bf16()) {
     // Copies per pass: (x, w) forward, (dy, w) backward-data, (x, dy) backward-filter, with
     // room for the packed output of a pass given bf16 data.
@@ -695,8 +698,11 @@ std::string fastest(const Perf* perf, int returned, size_t limit, ConvContract c
 
 namespace {
 
-kernels::SmallConv small_conv_shape(const ConvGeometry& g, int64_t n) {
+/// filters: the memory order of w and dw (timing takes any: the same work).
+kernels::SmallConv small_conv_shape(const ConvGeometry& g, int64_t n,
+                                    Layout filters = Layout::nchw) {
   kernels::SmallConv s;
+  s.filter_krsc = filters == Layout::nhwc;
   s.n = n;
   s.h = g.in_h;
   s.w = g.in_w;
@@ -774,14 +780,15 @@ cudnnMathType_t CudaBackend::own_math(int algo) const {
 }
 
 void CudaBackend::run_own(const CudnnConvPlan& plan, int algo, int direction, int64_t n,
-                          const float* a, const float* b, float* out, void* workspace) {
+                          const float* a, const float* b, float* out, void* workspace,
+                          Layout filters) {
   const ConvGeometry& g = plan.geometry();
   if (algo == kConvAlgoDprunSmallC) {
+    const kernels::SmallConv shape = small_conv_shape(g, n, filters);
     if (direction == kForward) {
-      kernels::small_conv_forward(a, b, out, small_conv_shape(g, n), bf16(), stream_);
+      kernels::small_conv_forward(a, b, out, shape, bf16(), stream_);
     } else {
-      kernels::small_conv_filter(a, b, out, small_conv_shape(g, n), static_cast<float*>(workspace),
-                                 bf16(), stream_);
+      kernels::small_conv_filter(a, b, out, shape, static_cast<float*>(workspace), bf16(), stream_);
     }
     return;
   }
@@ -798,7 +805,8 @@ void CudaBackend::run_own(const CudnnConvPlan& plan, int algo, int direction, in
     xs = room;
     room += aligned_floats(rows * g.in_channels);
   }
-  // A 1x1 filter (K, C, 1, 1) is the (K, C) matrix the GEMM wants, in either layout.
+  // A 1x1 filter (K, C, 1, 1) is the (K, C) matrix the GEMM wants, in either layout, and so
+  // are its (K, 1, 1, C) and (K, C, 1, 1) memory orders.
   const float* wk = w;
   if (bf16()) {
     kernels::round_to_bf16(w, room, g.out_channels * g.in_channels, stream_);
@@ -1306,7 +1314,7 @@ CudaBackend::PackedOperands CudaBackend::packed_operands(const CudnnConvPlan& pl
   const uint16_t* data16 = data.dtype == DType::bf16 ? static_cast<const uint16_t*>(data.data)
                                                      : copies.take_packed(data.f32(), data.numel());
   const uint16_t* w16 = nullptr;
-  if (plan.nhwc()) {  // transposed to cuDNN's KRSC and packed in one pass
+  if (transposes_filter(plan, w)) {  // transposed to cuDNN's KRSC and packed in one pass
     uint16_t* room = copies.room_packed(w.numel());
     const ConvGeometry& g = plan.geometry();
     kernels::kcrs_to_krsc_bf16(w.f32(), room, g.out_channels, g.in_channels,
@@ -1322,8 +1330,11 @@ DType CudaBackend::conv_output_dtype_impl(const ConvPlan& plan) const {
   return static_cast<const CudnnConvPlan&>(plan).bf16_output ? DType::bf16 : DType::f32;
 }
 
+bool CudaBackend::transposes_filter(const CudnnConvPlan& plan, const Tensor& w) {
+  return plan.nhwc() && w.layout == Layout::nchw;
+}
+
 const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const float* w) {
-  if (!plan.nhwc()) return w;
   const ConvGeometry& g = plan.geometry();
   kernels::kcrs_to_krsc(w, filter_scratch_, g.out_channels, g.in_channels, g.kernel_h * g.kernel_w,
                         stream_);
@@ -1362,12 +1373,12 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
       xs = x.f32();
     }
     if (sums != nullptr) {  // the fp32 sums, then y's rounding
-      run_own(plan, own, kForward, n, xs, w.f32(), sums, scratch.cudnn);
+      run_own(plan, own, kForward, n, xs, w.f32(), sums, scratch.cudnn, w.layout);
       kernels::to_bf16(sums, static_cast<uint16_t*>(y.data), y.numel(), stream_);
       return;
     }
     // The bias joins the fp32 sum, then (bf16) the output's one rounding, as after cuDNN.
-    run_own(plan, own, kForward, n, xs, w.f32(), y.f32(), scratch.cudnn);
+    run_own(plan, own, kForward, n, xs, w.f32(), y.f32(), scratch.cudnn, w.layout);
     finish_forward(y, b, n, g.out_channels, g.out_h() * g.out_w(), true, plan.output_relu());
     return;
   }
@@ -1454,7 +1465,7 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   // In bf16 dw is rounded to bf16 once (cuDNN's bf16 kernels write it so; the others' fp32 dw is
   // rounded after); db stays fp32 and sums the rounded dy, the tensor a bf16 network holds.
   if (cb.choice[kBackwardFilter].algo == kConvAlgoDprunSmallC) {
-    // dw (K, C, R, S) directly, no transposed copy; in bf16 x and dy are rounded as they are
+    // dw in its own order directly, no transposed copy; in bf16 x and dy are rounded as they are
     // read, not copied first, and dw is rounded as it is written (db sums the rounded dy too). A
     // bf16 dy (rounded already) is widened as it is read; a bf16 x is widened first, after the
     // algorithm's scratch (own_workspace).
@@ -1470,11 +1481,12 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
     }
     if (dy.dtype == DType::bf16) {  // no db: the public op refuses one with a bf16 dy
       kernels::small_conv_filter(xs, static_cast<const uint16_t*>(dy.data), dw.f32(),
-                                 small_conv_shape(g, n), static_cast<float*>(scratch.cudnn), bf16(),
-                                 stream_);
+                                 small_conv_shape(g, n, dw.layout),
+                                 static_cast<float*>(scratch.cudnn), bf16(), stream_);
       return;
     }
-    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, xs, dy.f32(), dw.f32(), scratch.cudnn);
+    run_own(plan, kConvAlgoDprunSmallC, kBackwardFilter, n, xs, dy.f32(), dw.f32(), scratch.cudnn,
+            dw.layout);
     if (db != nullptr) {
       kernels::channel_sum(dy.f32(), db->f32(), n, g.out_channels, g.out_h() * g.out_w(), true,
                            reduce_scratch_, stream_, bf16());
@@ -1482,8 +1494,9 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
     return;
   }
   if (plan.io_bf16[kBackwardFilter]) {
-    // cuDNN's bf16 output is the rounded fp32 sum: dw's one rounding, widened (and in NHWC
-    // transposed back from KRSC) into the fp32 dw. A bf16 x or dy is its operand as it is.
+    // cuDNN's bf16 output is the rounded fp32 sum: dw's one rounding, widened (and for a
+    // (K, C, R, S) dw in NHWC transposed back from KRSC) into the fp32 dw. A bf16 x or dy is its
+    // operand as it is.
     Bf16Operands copies(scratch.bf16, stream_);
     const auto packed = [&](const Tensor& t) {
       return t.dtype == DType::bf16 ? static_cast<const uint16_t*>(t.data)
@@ -1495,7 +1508,7 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
     CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x16, x16, cb.y16, dy16,
                                                cb.conv[kBackwardFilter], algo, scratch.cudnn,
                                                scratch.cudnn_bytes, &zero, plan.w_desc16, dw16));
-    if (plan.nhwc()) {
+    if (transposes_filter(plan, dw)) {
       kernels::krsc_bf16_to_kcrs(dw16, dw.f32(), g.out_channels, g.in_channels, rs, stream_);
     } else {
       kernels::from_bf16(dw16, dw.f32(), dw.numel(), stream_);
@@ -1509,11 +1522,12 @@ void CudaBackend::conv_backward_filter_impl(ConvPlan& plan_base, const Tensor& x
   // fp32, or bf16 where cuDNN could not take bf16 data (plan_conv_impl): rounded copies, and dw
   // rounded once.
   const auto [xs, dys] = pass_operands(x, dy, scratch.bf16);
-  float* target = plan.nhwc() ? filter_scratch_ + plan.filter_numel() : dw.f32();
+  const bool transposed = transposes_filter(plan, dw);
+  float* target = transposed ? filter_scratch_ + plan.filter_numel() : dw.f32();
   CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, cb.x, xs, cb.y, dys,
                                              cb.conv[kBackwardFilter], algo, scratch.cudnn,
                                              scratch.cudnn_bytes, &zero, plan.w_desc, target));
-  if (plan.nhwc()) {
+  if (transposed) {
     kernels::krsc_to_kcrs(target, dw.f32(), g.out_channels, g.in_channels, rs, stream_);
   }
   if (bf16()) kernels::round_to_bf16(dw.f32(), dw.f32(), dw.numel(), stream_);

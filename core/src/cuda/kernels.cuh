@@ -93,11 +93,13 @@ void subsample_nhwc(const float* x, float* out, int64_t n, int64_t h, int64_t w,
                     cudaStream_t stream);
 
 // ---- convolutions of few input channels, channels-last (conv_small.cu) ---------------------
-/// x (n, h, w, c) NHWC, filter (k, c, r, s) as PyTorch keeps it, y (n, out_h, out_w, k) NHWC.
+/// x (n, h, w, c) NHWC, filter (k, c, r, s) in (k, c, r, s) or (k, r, s, c) order (filter_krsc),
+/// y (n, out_h, out_w, k) NHWC.
 struct SmallConv {
   int64_t n = 0, h = 0, w = 0, out_h = 0, out_w = 0;
   int c = 0, k = 0, r = 0, s = 0;
   int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  bool filter_krsc = false;  // w and dw stored (K, R, S, C) (ConvUse::filter_layout nhwc)
 };
 constexpr int kSmallConvMaxChannels = 4;              // c
 constexpr int kSmallConvMaxTaps = 36;                 // c * r * s: registers of the filter gradient
@@ -125,7 +127,8 @@ void small_conv_forward(const float* x, const float* w, float* y, const SmallCon
 int64_t small_conv_filter_blocks(const SmallConv& g);
 /// Scratch floats small_conv_filter needs (one partial filter per block).
 size_t small_conv_filter_scratch_floats(const SmallConv& g);
-/// dw (k, c, r, s) = sum over the n * out_h * out_w positions of dy * x (overwritten, not
+/// dw (k, c, r, s) (stored so, or (k, r, s, c) with filter_krsc; the same sums either way) = sum
+/// over the n * out_h * out_w positions of dy * x (overwritten, not
 /// accumulated): per block a fixed range of positions, then the blocks in order
 /// (deterministic). round_bf16: x and dy rounded to bf16 as they are read, and each dw value
 /// rounded to bf16 once (precision bf16's filter gradient). A packed bf16 dy (a batch norm's
