@@ -26,10 +26,10 @@ add_dependencies(test_kernels dp_emu_headers)
 # The emulator's cuda_runtime.h before anything else; the rewritten "cuda/..." headers.
 target_include_directories(test_kernels BEFORE PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/kernel_emu/shim
                            ${CMAKE_CURRENT_SOURCE_DIR}/kernel_emu ${DP_EMU_GEN})
-# getcontext and swapcontext return twice, so GCC warns that locals "might be clobbered"; they are
-# not: a fiber never returns into getcontext, and swapcontext saves and restores the registers.
-set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/kernel_emu/emu_runtime.cpp
-  TARGET_DIRECTORY test_kernels PROPERTIES COMPILE_OPTIONS -Wno-clobbered)
+# The scheduler's fibers switch with Boost.Context's fcontext (emu_runtime.cpp says why):
+# libboost-context-dev (scripts/install-deps).
+find_package(Boost 1.74 REQUIRED COMPONENTS context)
+target_link_libraries(test_kernels PRIVATE Boost::context)
 # Under the sanitizer build the kernels are dprun's code like any other: instrumented, so an
 # out-of-bounds read is caught as well as a write (emu_buffers.hpp poisons its guard zones), and
 # the scheduler tells AddressSanitizer about its stack switches.
@@ -39,7 +39,7 @@ if(DPRUN_SANITIZE)
   set_source_files_properties(${DP_EMU_SOURCES} TARGET_DIRECTORY test_kernels
     PROPERTIES COMPILE_OPTIONS "${dp_emu_flags}")
   set_source_files_properties(${CMAKE_CURRENT_SOURCE_DIR}/kernel_emu/emu_runtime.cpp
-    TARGET_DIRECTORY test_kernels PROPERTIES COMPILE_OPTIONS "${dp_emu_flags};-Wno-clobbered")
+    TARGET_DIRECTORY test_kernels PROPERTIES COMPILE_OPTIONS "${dp_emu_flags}")
   if("address" IN_LIST dp_emu_sanitizers)
     target_compile_definitions(test_kernels PRIVATE DP_EMU_ASAN=1)
   endif()

@@ -8,9 +8,9 @@
 //
 // Semantics, and what the emulator reports as a launch error (cudaGetLastError, so the
 // launchers' CUDA_CHECK_LAUNCH throws it at the launch site):
-//  - every thread of a block is a fiber (ucontext); blocks run one after another, so __shared__
-//    (a function-local static thread_local here) is the block's own while it runs, and replicas
-//    launching the same kernel from their own threads each have their own;
+//  - every thread of a block is a fiber (Boost.Context's fcontext); blocks run one after
+//    another, so __shared__ (a function-local static thread_local here) is the block's own while
+//    it runs, and replicas launching the same kernel from their own threads each have their own;
 //  - __syncthreads waits for every thread of the block that has not exited; threads waiting at
 //    different __syncthreads call sites is an error (divergent barrier), as is a block where some
 //    threads wait at a barrier that the others can never reach (deadlock);
