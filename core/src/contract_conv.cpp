@@ -104,6 +104,18 @@ void check_filter(const Checker& check, const ConvPlan& plan, const Tensor& w, c
   }
 }
 
+// A weight's packed bf16 copy (conv_forward's and linear_forward's w_bf16), when given: bf16, w's
+// shape and layout.
+void check_filter_bf16(const Checker& check, const Tensor& w, const Tensor* w_bf16) {
+  if (w_bf16 == nullptr) return;
+  check.tensor(*w_bf16, DType::bf16, "w_bf16");
+  check.shape(*w_bf16, w.shape, "w_bf16");
+  if (w_bf16->layout != w.layout) {
+    check.fail(std::string("w_bf16 is ") + layout_name(w_bf16->layout) + " but w is " +
+               layout_name(w.layout) + ": the packed copy is w's, in its memory order");
+  }
+}
+
 // A pass's x: (N <= max_batch, C, H, W) in the plan's layout, of the plan's input dtype. Returns N.
 int64_t plan_input(const Checker& check, const ConvPlan& plan, const Tensor& x) {
   const ConvGeometry& g = plan.geometry();
@@ -168,12 +180,13 @@ const ConvGeometry& Backend::check_plan(const ConvPlan& plan, const char* op) co
 }
 
 void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                           const Tensor& y, const Tensor* workspace) {
+                           const Tensor& y, const Tensor* workspace, const Tensor* w_bf16) {
   const char* op = "conv_forward";
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
   const int64_t n = plan_input(check, plan, x);
   check_filter(check, plan, w, "w");
+  check_filter_bf16(check, w, w_bf16);
   check.optional_f32(b, {g.out_channels}, "b");
   if (b != nullptr && !plan.forward_bias()) {
     check.fail(
@@ -186,19 +199,20 @@ void Backend::conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, con
   plan_layout(check, g, y, "y");
   check_workspace(check, plan, ConvStage::forward, workspace);
   if (n > 0) {
-    run([=, this, &plan, hb = Held(b), hws = Held(workspace)] {
-      conv_forward_impl(plan, x, w, hb.get(), y, hws.get());
+    run([=, this, &plan, hb = Held(b), hws = Held(workspace), hw = Held(w_bf16)] {
+      conv_forward_impl(plan, x, w, hb.get(), y, hws.get(), hw.get());
     });
   }
 }
 
 void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                                 const Tensor& dx, const Tensor* workspace) {
+                                 const Tensor& dx, const Tensor* workspace, const Tensor* w_bf16) {
   const char* op = "conv_backward_data";
   const ConvGeometry& g = check_plan(plan, op);
   const Checker check(*this, op);
   const int64_t n = plan_output_grad(check, plan, dy);
   check_filter(check, plan, w, "w");
+  check_filter_bf16(check, w, w_bf16);
   // f32, or x's dtype where that is not f32: the rounded gradient of a batch norm's output that
   // only this convolution reads (ConvPlan::input_dtype), which that batch norm takes as it is.
   if (dx.dtype != DType::f32 && dx.dtype != plan.input_dtype()) {
@@ -210,8 +224,8 @@ void Backend::conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor&
   plan_layout(check, g, dx, "dx");
   check_workspace(check, plan, ConvStage::backward, workspace);
   if (n > 0) {
-    run([=, this, &plan, hws = Held(workspace)] {
-      conv_backward_data_impl(plan, dy, w, dx, hws.get());
+    run([=, this, &plan, hws = Held(workspace), hw = Held(w_bf16)] {
+      conv_backward_data_impl(plan, dy, w, dx, hws.get(), hw.get());
     });
   }
 }
@@ -273,25 +287,31 @@ void Backend::prepare_linear(int64_t max_batch, int64_t in, int64_t out) {
 }
 
 void Backend::linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
-                             bool relu) {
+                             bool relu, const Tensor* w_bf16) {
   const Checker check(*this, "linear_forward");
   const LinearDims d = check_linear(check, x, w);
+  check_filter_bf16(check, w, w_bf16);
   check.optional_f32(b, {d.out}, "b");
   check.f32(y, {d.n, d.out}, "y");
-  if (d.n > 0) run([=, this, hb = Held(b)] { linear_forward_impl(x, w, hb.get(), y, relu); });
+  if (d.n > 0) {
+    run([=, this, hb = Held(b), hw = Held(w_bf16)] {
+      linear_forward_impl(x, w, hb.get(), y, relu, hw.get());
+    });
+  }
 }
 
 void Backend::linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                              const Tensor& dw, const Tensor* db) {
+                              const Tensor& dw, const Tensor* db, const Tensor* w_bf16) {
   const Checker check(*this, "linear_backward");
   const LinearDims d = check_linear(check, x, w);
+  check_filter_bf16(check, w, w_bf16);
   check.f32(dy, {d.n, d.out}, "dy");
   check.optional_f32(dx, {d.n, d.in}, "dx");
   check.f32(dw, {d.out, d.in}, "dw");
   check.optional_f32(db, {d.out}, "db");
-  run([=, this, hdx = Held(dx), hdb = Held(db), n = d.n] {
+  run([=, this, hdx = Held(dx), hdb = Held(db), hw = Held(w_bf16), n = d.n] {
     if (n > 0) {
-      linear_backward_impl(x, w, dy, hdx.get(), dw, hdb.get());
+      linear_backward_impl(x, w, dy, hdx.get(), dw, hdb.get(), hw.get());
     } else {  // sums over no examples
       fill_impl(dw, 0.0f);
       if (hdb.get() != nullptr) fill_impl(*hdb.get(), 0.0f);

@@ -12,11 +12,21 @@ using namespace checks;
 
 // ---- optimizer ----------------------------------------------------------------------------------
 
+namespace {
+// The optimizers' optional packed copy of the parameters: bf16, of their shape.
+void check_params_bf16(const Checker& check, const Tensor& params, const Tensor* params_bf16) {
+  if (params_bf16 == nullptr) return;
+  check.tensor(*params_bf16, DType::bf16, "params_bf16");
+  check.shape(*params_bf16, params.shape, "params_bf16");
+}
+}  // namespace
+
 void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                         const SgdParams& p, const StepRow* lr_row) {
+                         const SgdParams& p, const StepRow* lr_row, const Tensor* params_bf16) {
   const Checker check(*this, "sgd_update");
   check.tensor(params, DType::f32, "params");
   check.f32(grads, params.shape, "grads");
+  check_params_bf16(check, params, params_bf16);
   for (const auto& [v, what] :
        {std::pair{p.lr, "lr"}, {p.momentum, "momentum"}, {p.weight_decay, "weight_decay"}}) {
     if (!(v >= 0.0f) || !std::isfinite(v)) {
@@ -35,18 +45,19 @@ void Backend::sgd_update(const Tensor& params, const Tensor& grads, const Tensor
   }
   if (lr_row != nullptr) step_row(check, *lr_row, DType::f32, 1, "lr_row");
   if (params.numel() > 0) {
-    run([=, this, hm = Held(momentum_buf), hr = Held(lr_row)] {
-      sgd_update_impl(params, grads, hm.get(), p, hr.get());
+    run([=, this, hm = Held(momentum_buf), hr = Held(lr_row), hp = Held(params_bf16)] {
+      sgd_update_impl(params, grads, hm.get(), p, hr.get(), hp.get());
     });
   }
 }
 
 void Backend::adamw_update(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                           const Tensor& exp_avg_sq, const AdamWParams& p,
-                           const StepRow* step_row_) {
+                           const Tensor& exp_avg_sq, const AdamWParams& p, const StepRow* step_row_,
+                           const Tensor* params_bf16) {
   const Checker check(*this, "adamw_update");
   check.tensor(params, DType::f32, "params");
   check.f32(grads, params.shape, "grads");
+  check_params_bf16(check, params, params_bf16);
   check.f32(exp_avg, params.shape, "exp_avg");
   check.f32(exp_avg_sq, params.shape, "exp_avg_sq");
   for (const auto& [v, what] : {std::pair{p.lr, "lr"}, {p.weight_decay, "weight_decay"}}) {
@@ -65,10 +76,18 @@ void Backend::adamw_update(const Tensor& params, const Tensor& grads, const Tens
   if (p.step < 1) check.fail("step counts from 1, got " + std::to_string(p.step));
   if (step_row_ != nullptr) step_row(check, *step_row_, DType::f32, 3, "step_row");
   if (params.numel() > 0) {
-    run([=, this, hr = Held(step_row_)] {
-      adamw_update_impl(params, grads, exp_avg, exp_avg_sq, p, hr.get());
+    run([=, this, hr = Held(step_row_), hp = Held(params_bf16)] {
+      adamw_update_impl(params, grads, exp_avg, exp_avg_sq, p, hr.get(), hp.get());
     });
   }
+}
+
+void Backend::pack_bf16(const Tensor& x, const Tensor& y) {
+  const Checker check(*this, "pack_bf16");
+  check.tensor(x, DType::f32, "x");
+  check.tensor(y, DType::bf16, "y");
+  check.shape(y, x.shape, "y");
+  if (x.numel() > 0) run([=, this] { pack_bf16_impl(x, y); });
 }
 
 void Backend::advance(const Tensor& cursor) {

@@ -227,9 +227,9 @@ Tensor Conv2d::do_forward(RunContext& ctx, const Tensor& x) {
   const Tensor* ws = workspace(ConvStage::forward);
   if (b_.valid() && !bias_folded_) {
     const Tensor b = ctx.params.param(b_);
-    ctx.backend.conv_forward(*plan_, x, w, &b, y, ws);
+    ctx.backend.conv_forward(*plan_, x, w, &b, y, ws, ctx.params.param_bf16(w_));
   } else {
-    ctx.backend.conv_forward(*plan_, x, w, nullptr, y, ws);
+    ctx.backend.conv_forward(*plan_, x, w, nullptr, y, ws, ctx.params.param_bf16(w_));
   }
   return y;
 }
@@ -278,7 +278,8 @@ Tensor Conv2d::do_backward(RunContext& ctx, const Tensor& dy_in, bool need_dx) {
   ctx.gradient_ready(b_);
   if (!need_dx) return Tensor();
   const Tensor dx = view(dx_, dy.shape[0], x_.layout);
-  ctx.backend.conv_backward_data(*plan_, dy, ctx.params.param(w_), dx, ws);
+  ctx.backend.conv_backward_data(*plan_, dy, ctx.params.param(w_), dx, ws,
+                                 ctx.params.param_bf16(w_));
   return dx;
 }
 
@@ -874,9 +875,9 @@ Tensor Linear::do_forward(RunContext& ctx, const Tensor& x) {
   const Tensor w = ctx.params.param(w_);
   if (b_.valid()) {
     const Tensor b = ctx.params.param(b_);
-    ctx.backend.linear_forward(x, w, &b, y, relu_);
+    ctx.backend.linear_forward(x, w, &b, y, relu_, ctx.params.param_bf16(w_));
   } else {
-    ctx.backend.linear_forward(x, w, nullptr, y, relu_);
+    ctx.backend.linear_forward(x, w, nullptr, y, relu_, ctx.params.param_bf16(w_));
   }
   return y;
 }
@@ -902,7 +903,7 @@ Tensor Linear::do_backward(RunContext& ctx, const Tensor& dy_in, bool need_dx) {
   const int64_t n = dy_in.shape[0];
   const Tensor dy = relu_ ? relu_mask(ctx, y_.with_batch(n), dy_in, dz_.with_batch(n), b_) : dy_in;
   ctx.backend.linear_backward(x_, ctx.params.param(w_), dy, need_dx ? &dx : nullptr, dw,
-                              b_.valid() && !relu_ ? &db : nullptr);
+                              b_.valid() && !relu_ ? &db : nullptr, ctx.params.param_bf16(w_));
   ctx.gradient_ready(w_);
   ctx.gradient_ready(b_);
   return need_dx ? dx : Tensor();

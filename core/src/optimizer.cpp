@@ -30,9 +30,11 @@ class Sgd final : public Optimizer {
   int step_scalars() const override { return 1; }
   void fill_step_scalars(float lr, int64_t, float* row) const override { row[0] = lr; }
   void update_at(Backend& backend, const Tensor& params, const Tensor& grads,
-                 const std::vector<Tensor>& state, const StepRow& scalars) override {
+                 const std::vector<Tensor>& state, const StepRow& scalars,
+                 const Tensor* params_bf16) override {
     const SgdParams p{0.0f, o_.momentum, o_.weight_decay, o_.nesterov};
-    backend.sgd_update(params, grads, state.empty() ? nullptr : &state[0], p, &scalars);
+    backend.sgd_update(params, grads, state.empty() ? nullptr : &state[0], p, &scalars,
+                       params_bf16);
   }
 
  private:
@@ -60,10 +62,11 @@ class AdamW final : public Optimizer {
     row[2] = s.bias2_sqrt;
   }
   void update_at(Backend& backend, const Tensor& params, const Tensor& grads,
-                 const std::vector<Tensor>& state, const StepRow& scalars) override {
+                 const std::vector<Tensor>& state, const StepRow& scalars,
+                 const Tensor* params_bf16) override {
     // lr and step are the row's; the rest of p is checked and used.
     const AdamWParams p{0.0f, o_.beta1, o_.beta2, o_.eps, o_.weight_decay, 1};
-    backend.adamw_update(params, grads, state[0], state[1], p, &scalars);
+    backend.adamw_update(params, grads, state[0], state[1], p, &scalars, params_bf16);
   }
 
  private:

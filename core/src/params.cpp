@@ -122,7 +122,7 @@ size_t ParamRegistry::parameter_count() const {
   return n;
 }
 
-void ParamRegistry::allocate(Backend& backend, int state_buffers) {
+void ParamRegistry::allocate(Backend& backend, int state_buffers, bool packed_bf16) {
   DP_CHECK(!allocated(), "the parameter registry is already allocated");
   DP_CHECK(state_buffers >= 0, "allocate: state_buffers must be >= 0");
   backend_ = &backend;
@@ -140,6 +140,19 @@ void ParamRegistry::allocate(Backend& backend, int state_buffers) {
   }
   if (buffer_floats_ > 0)
     buffers_ = static_cast<float*>(backend.allocate(buffer_floats_ * sizeof(float)));
+  if (packed_bf16 && param_floats_ > 0) {
+    auto* packed = static_cast<uint16_t*>(backend.allocate(param_floats_ * sizeof(uint16_t)));
+    params_bf16_ =
+        Tensor(packed, {static_cast<int64_t>(param_floats_)}, DType::bf16, backend.device());
+    entries_bf16_.resize(entries_.size());
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      const Entry& e = entries_[i];
+      if (e.trainable)
+        entries_bf16_[i] =
+            Tensor(packed + e.offset, e.shape, DType::bf16, backend.device(), e.layout);
+    }
+    // Written by the first upload (initialize's), as the parameters are.
+  }
 }
 
 ParamRegistry::~ParamRegistry() {
@@ -148,6 +161,7 @@ ParamRegistry::~ParamRegistry() {
     if (p) backend_->release(p);
   for (const Tensor& t : state_)
     if (t.data) backend_->release(t.data);
+  if (params_bf16_.data) backend_->release(params_bf16_.data);
 }
 
 void ParamRegistry::initialize(uint64_t seed) {
@@ -184,6 +198,16 @@ Tensor ParamRegistry::grad(ParamHandle h) const {
   const Entry& e = entry(h);
   DP_ASSERT(allocated() && e.trainable);
   return Tensor(grads_ + e.offset, e.shape, DType::f32, backend_->device(), e.layout);
+}
+
+const Tensor* ParamRegistry::param_bf16(ParamHandle h) const {
+  const Entry& e = entry(h);
+  DP_ASSERT(allocated() && e.trainable);
+  return params_bf16_.data ? &entries_bf16_[static_cast<size_t>(h.index)] : nullptr;
+}
+
+const Tensor* ParamRegistry::params_bf16_flat() const {
+  return params_bf16_.data ? &params_bf16_ : nullptr;
 }
 
 Tensor ParamRegistry::buffer(ParamHandle h) const {
@@ -228,7 +252,10 @@ void ParamRegistry::upload_params(const std::vector<float>& flat) {
   DP_CHECK(flat.size() == param_floats_, "upload_params: got " + std::to_string(flat.size()) +
                                              " floats, the model has " +
                                              std::to_string(param_floats_) + " (padding included)");
-  if (!flat.empty()) backend_->upload(params_, flat.data(), flat.size() * sizeof(float));
+  if (flat.empty()) return;
+  backend_->upload(params_, flat.data(), flat.size() * sizeof(float));
+  // The packed copy follows every upload: initialize, checkpoints, set_parameters.
+  if (params_bf16_.data) backend_->pack_bf16(params_flat(), params_bf16_);
 }
 
 std::vector<float> ParamRegistry::params_in_reading_order(std::vector<float> flat) const {

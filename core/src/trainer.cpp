@@ -140,7 +140,10 @@ void Trainer::Impl::setup_replica(Replica& r, const Dataset& train,
   r.params->set_layout(options.layout);
   r.model->declare(*r.params, "");
   r.optimizer = make_optimizer(options.optimizer);
-  r.params->allocate(b, r.optimizer->state_buffers());
+  // Where the backend's passes read packed bf16 weights (precision bf16 on the GPU), a packed
+  // bf16 copy of the parameters, which the optimizer's update writes: the weights cuDNN's and
+  // cuBLAS's bf16 kernels read, rounded once a step instead of once a pass.
+  r.params->allocate(b, r.optimizer->state_buffers(), b.reads_packed_weights());
   r.params->initialize(options.seed);
 
   const Shape example{train.channels, train.height, train.width};
@@ -212,7 +215,7 @@ void Trainer::Impl::train_step_ops(Replica& r, int64_t n) {
   r.buckets->finish();  // what backward did not report, then wait for every sum
   const Tensor grads = r.params->grads_flat();
   r.optimizer->update_at(b, r.params->params_flat(), grads, r.params->state_flat(),
-                         StepRow{r.step_scalars, r.cursor});
+                         StepRow{r.step_scalars, r.cursor}, r.params->params_bf16_flat());
   b.advance(r.cursor);
 }
 

@@ -1,11 +1,16 @@
 // The optimizer unit: the update equations of PyTorch's SGD with Nesterov momentum and of AdamW
 // against the documented formulas in double precision over several steps, the optimizer
 // table, the learning-rate schedules step by step, and AdamW and schedules through the trainer.
+#include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <numbers>
 #include <vector>
 
+#include "dp/bf16.hpp"
 #include "dp/optimizer.hpp"
 #include "dp/trainer.hpp"
 #include "engine_test_util.hpp"
@@ -95,6 +100,77 @@ TEST_CASE("cpu adamw_update follows PyTorch's AdamW formula over several steps",
                               host_tensor(d, {3}), dp::AdamWParams{1e-3f, 0.9f, 0.9f, 1e-8f, 0, 0});
       },
       {"adamw_update", "step counts from 1"});
+}
+
+namespace {
+// The packed bits of each value's rounding to bf16, by dp::round_bits_to_bf16.
+std::vector<uint16_t> packed_reference(const fvec& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(v[i]));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("cpu pack_bf16 and the optimizers' packed copy are the rounding of the parameters",
+          "[cpu][ops][optimizer]") {
+  auto backend = make_cpu();
+  // pack_bf16 on the values whose rounding is not a plain truncation: ties both ways, a carry
+  // into the exponent, overflow to infinity, a subnormal, -0, infinities and NaNs.
+  const float inf = std::numeric_limits<float>::infinity();
+  const fvec special = {1.0f + 0x1p-8f,                     // a tie, down to the even 1.0 (0x3F80)
+                        1.0f + 3 * 0x1p-8f,                 // a tie, up to the even 0x3F82
+                        1.0f + 0x1p-8f + 0x1p-20f,          // above the tie: up (0x3F81)
+                        std::bit_cast<float>(0x3FFFFFFFu),  // carries into the exponent: 2.0
+                        std::numeric_limits<float>::max(),  // rounds to +inf
+                        std::bit_cast<float>(0x00012345u),  // a subnormal: 0x0001
+                        -0.0f,
+                        inf,
+                        -inf,
+                        std::numeric_limits<float>::quiet_NaN(),
+                        std::bit_cast<float>(0xFF800001u)};  // a NaN whose payload rounds away
+  const std::vector<uint16_t> expected = {0x3F80, 0x3F82, 0x3F81, 0x4000, 0x7F80, 0x0001,
+                                          0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC0};
+  const auto n = static_cast<int64_t>(special.size());
+  std::vector<uint16_t> packed(special.size(), 0xAAAA);
+  fvec input = special;
+  backend->pack_bf16(host_tensor(input, {n}), dp::Tensor(packed.data(), {n}, dp::DType::bf16));
+  CHECK(packed == expected);
+  CHECK(packed_reference(special) == expected);
+
+  // Each update writes the copy of the parameters it leaves, and leaves the same parameters and
+  // state as the update without one: SGD with Nesterov momentum and weight decay, and AdamW,
+  // over 3 steps on 4099 values (the copy poisoned first: every value is written).
+  const int64_t len = 4099;
+  const auto ulen = static_cast<size_t>(len);
+  std::vector<uint16_t> copy(ulen, 0xAAAA);
+  const dp::Tensor copy_view(copy.data(), {len}, dp::DType::bf16);
+  fvec plain = random_vector(len, 71), with = plain;
+  fvec state_plain(2 * ulen, 0.0f), state_with = state_plain;
+  const bool adamw = GENERATE(false, true);
+  INFO((adamw ? "adamw_update" : "sgd_update"));
+  for (int64_t step = 1; step <= 3; ++step) {
+    INFO("step " << step);
+    fvec g = random_vector(len, 80 + static_cast<uint64_t>(step), -2.0f, 2.0f);
+    const auto run = [&](fvec& params, fvec& state, const dp::Tensor* copy_to) {
+      const dp::Tensor m(state.data(), {len}), v(state.data() + ulen, {len});
+      if (adamw) {
+        backend->adamw_update(host_tensor(params, {len}), host_tensor(g, {len}), m, v,
+                              dp::AdamWParams{3e-3f, 0.9f, 0.99f, 1e-8f, 1e-2f, step}, nullptr,
+                              copy_to);
+      } else {
+        backend->sgd_update(host_tensor(params, {len}), host_tensor(g, {len}), &m,
+                            dp::SgdParams{0.05f, 0.9f, 1e-2f, true}, nullptr, copy_to);
+      }
+    };
+    run(plain, state_plain, nullptr);
+    run(with, state_with, &copy_view);
+    CHECK(std::equal(with.begin(), with.end(), plain.begin(), [](float a, float b) {
+      return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+    }));
+    CHECK(state_with == state_plain);
+    CHECK(copy == packed_reference(with));
+  }
 }
 
 TEST_CASE("optimizers are made by name from one table", "[optimizer]") {

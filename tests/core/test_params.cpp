@@ -1,9 +1,12 @@
 // ParamRegistry: names, alignment, deterministic initialisation, distributions; the ResNet-18
 // names; model option resolution.
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <set>
 
+#include "dp/bf16.hpp"
 #include "dp/error.hpp"
 #include "dp/layers.hpp"
 #include "engine_test_util.hpp"
@@ -66,6 +69,57 @@ TEST_CASE("ParamRegistry: unique names, aligned offsets, zero padding", "[engine
         static_cast<float*>(r.params_flat().data) + r.entries()[1].offset);
   CHECK(r.buffer(dp::ParamHandle{2}).shape == dp::Shape{7});
   CHECK_THROWS_AS(r.upload_params(std::vector<float>(3)), dp::Error);
+}
+
+TEST_CASE("ParamRegistry: the packed bf16 copy is the parameters' rounding after every upload",
+          "[engine][params]") {
+  auto b = cpu();
+  dp::ParamRegistry plain;
+  declare_sample(plain, false);
+  plain.allocate(*b);
+  CHECK(plain.params_bf16_flat() == nullptr);
+  CHECK(plain.param_bf16(dp::ParamHandle{0}) == nullptr);
+
+  dp::ParamRegistry r;
+  r.set_layout(dp::Layout::nhwc);
+  // declare_sample's entries, a.weight kept as (K, R, S, C): its copy is in that order too.
+  r.add_parameter("a.weight", {5, 3, 3, 3}, dp::Init::normal(0.5f), dp::Layout::nhwc);
+  r.add_parameter("a.bias", {5}, dp::Init::constant(0.25f));
+  r.add_buffer("bn.running_var", {7}, dp::Init::ones());
+  r.add_parameter("b.weight", {17}, dp::Init::uniform(-2.0f, 3.0f));
+  r.allocate(*b, 0, true);
+  const auto copy_bits = [&] {
+    std::vector<uint16_t> bits(r.parameter_floats());
+    b->download(bits.data(), r.params_bf16_flat()->data, bits.size() * sizeof(uint16_t));
+    return bits;
+  };
+  const auto rounding = [](const std::vector<float>& v) {
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      bits[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(v[i]));
+    return bits;
+  };
+  REQUIRE(r.params_bf16_flat() != nullptr);
+  CHECK(r.params_bf16_flat()->dtype == dp::DType::bf16);
+  CHECK(r.params_bf16_flat()->shape == dp::Shape{static_cast<int64_t>(r.parameter_floats())});
+  for (const int index : {0, 1, 3}) {  // a.weight, a.bias, b.weight (2 is a buffer)
+    const dp::ParamHandle h{index};
+    const dp::Tensor* w16 = r.param_bf16(h);
+    REQUIRE(w16 != nullptr);
+    CHECK(w16->shape == r.param(h).shape);
+    CHECK(w16->layout == r.param(h).layout);
+    CHECK(static_cast<const uint16_t*>(w16->data) ==
+          static_cast<const uint16_t*>(r.params_bf16_flat()->data) + r.entries()[index].offset);
+  }
+  CHECK(r.param(dp::ParamHandle{0}).layout == dp::Layout::nhwc);
+  r.initialize(5);
+  CHECK(copy_bits() == rounding(r.download_params()));
+  // Values whose rounding is not their truncation (the copy is not the high halves).
+  std::vector<float> next = r.download_params();
+  for (size_t i = 0; i < next.size(); ++i)
+    next[i] = 1.0f + static_cast<float>(i % 7) * 0x1p-9f + 0x1p-20f;
+  r.upload_params(next);
+  CHECK(copy_bits() == rounding(next));
 }
 
 TEST_CASE("ParamRegistry: a seed means the same values, entries do not shift each other",

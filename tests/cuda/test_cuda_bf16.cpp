@@ -656,7 +656,7 @@ bool own_algorithm(int algo) {
 std::vector<uint16_t> round_and_pack(std::vector<float>& v) {
   std::vector<uint16_t> packed(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
-    packed[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(v[i])) >> 16);
+    packed[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(v[i]));
     v[i] = std::bit_cast<float>(uint32_t{packed[i]} << 16);
   }
   return packed;
@@ -1133,8 +1133,8 @@ TEST_CASE("cuda bf16 add widens a packed operand as it reads it", "[cuda][bf16]"
   std::vector<uint16_t> a_bits(s), b_bits(s);
   std::vector<float> a_wide(s), b_wide(s);
   for (size_t i = 0; i < s; ++i) {
-    a_bits[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(av[i])) >> 16);
-    b_bits[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(bv[i])) >> 16);
+    a_bits[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(av[i]));
+    b_bits[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(bv[i]));
     a_wide[i] = std::bit_cast<float>(static_cast<uint32_t>(a_bits[i]) << 16);
     b_wide[i] = std::bit_cast<float>(static_cast<uint32_t>(b_bits[i]) << 16);
   }
@@ -1221,12 +1221,14 @@ struct NetOn {
   bool input_grad;
   /// weights_in_layout: the registry in the model's layout, as the trainer sets it (an NHWC
   /// model's convolution weights (K, R, S, C)); false: (K, C, R, S) whatever the layout.
+  /// packed_weights: the registry keeps the parameters' packed bf16 copy, as the trainer's does
+  /// where the backend reads it (Backend::reads_packed_weights).
   NetOn(dp::Backend& backend, dp::Module& module, const dp::Shape& in, Layout l, uint64_t seed,
-        bool want_dx, bool weights_in_layout = true)
+        bool want_dx, bool weights_in_layout = true, bool packed_weights = false)
       : b(backend), net(module), arena(backend), input(in), layout(l), input_grad(want_dx) {
     if (weights_in_layout) registry.set_layout(layout);
     net.declare(registry, "");
-    registry.allocate(b);
+    registry.allocate(b, 0, packed_weights);
     registry.initialize(seed);
     dp::SetupContext ctx{b, arena, registry, layout, {}, {}, input_grad};
     out = net.setup(ctx, input);
@@ -1448,6 +1450,72 @@ TEST_CASE("cuda bf16: a residual network's step launches no widening, no fill an
   CHECK(count("from_bf16_4_kernel") + count("from_bf16_kernel") ==
         3 + count("cudnnConvolutionBackwardFilter nhwc bf16"));
   CHECK(count("infer_scale_kernel") == 7);  // each batch norm's evaluation, the shift inside
+}
+
+TEST_CASE(
+    "cuda bf16: a network reading its weights' packed copy gives the bits of rounding them "
+    "in every pass",
+    "[cuda][bf16]") {
+  // The trainer's registry keeps a packed bf16 copy of the parameters on the GPU in bf16
+  // (ParamRegistry::param_bf16), which cuDNN's bf16 forward and backward-data passes read
+  // instead of rounding the filter themselves: a training step and an evaluation forward give
+  // the bits of the registry without it, NCHW (filters in their passes' order) and NHWC (the
+  // registry's (K, R, S, C) and (K, C, R, S), which the passes transpose, rounding as they go).
+  Bf16Backends B;
+  REQUIRE(B.gpu->reads_packed_weights());
+  for (const Layout layout : {Layout::nchw, Layout::nhwc}) {
+    for (const bool krsc : {true, false}) {
+      if (layout == Layout::nchw && !krsc) continue;  // the same registry
+      INFO(dp::layout_name(layout) << (krsc ? "" : ", (K, C, R, S) weights"));
+      NetBits bits[2];
+      for (const bool packed : {false, true}) {
+        dp::Sequential net;
+        add_residual_net(net);
+        NetOn on(*B.gpu, net, dp::Shape{4, 3, 8, 8}, layout, 95, true, krsc, packed);
+        REQUIRE((on.registry.params_bf16_flat() != nullptr) == packed);
+        bits[packed] = on.step(96);
+      }
+      CHECK(bits[1].y_train == bits[0].y_train);
+      CHECK(bits[1].dx == bits[0].dx);
+      CHECK(bits[1].grads == bits[0].grads);
+      CHECK(bits[1].buffers == bits[0].buffers);
+      CHECK(bits[1].y_eval == bits[0].y_eval);
+    }
+  }
+}
+
+TEST_CASE(
+    "cuda bf16: a network reading its weights' packed copy rounds no filter in cuDNN's bf16 "
+    "passes",
+    "[.census]") {
+  // Hidden, as the census tests above. With the registry's packed copy (as the trainer keeps
+  // it), each cuDNN bf16 forward and backward-data pass reads its filter from the copy: a
+  // training step and an evaluation forward launch exactly that many roundings fewer than
+  // with a registry without one, which rounds the filter in each such pass.
+  const Census census = launch_census();
+  REQUIRE(census != nullptr);  // the emulated GPU's libdpcore only (LD_LIBRARY_PATH)
+  Bf16Backends B;
+  std::string text[2];
+  for (const bool packed : {false, true}) {
+    dp::Sequential net;
+    add_residual_net(net);
+    NetOn on(*B.gpu, net, dp::Shape{4, 3, 8, 8}, Layout::nhwc, 51, true, true, packed);
+    on.step(52);  // whatever runs once
+    census(1, 0);
+    on.step(53);
+    text[packed] = census(1, 0);
+  }
+  INFO("without the copy:\n" << text[0] << "with it:\n" << text[1]);
+  const auto roundings = [&](const std::string& t) {
+    return census_count(t, "to_bf16_4_kernel") + census_count(t, "to_bf16_kernel");
+  };
+  const long bf16_passes = census_count(text[1], "cudnnConvolutionForward nhwc bf16") +
+                           census_count(text[1], "cudnnConvolutionBackwardData nhwc bf16");
+  REQUIRE(bf16_passes > 0);
+  CHECK(census_count(text[0], "cudnnConvolutionForward nhwc bf16") +
+            census_count(text[0], "cudnnConvolutionBackwardData nhwc bf16") ==
+        bf16_passes);
+  CHECK(roundings(text[0]) - roundings(text[1]) == bf16_passes);
 }
 
 TEST_CASE("cuda: an NHWC network's step transposes no filter", "[.census]") {

@@ -292,7 +292,7 @@ namespace {
 std::vector<uint16_t> packed_bf16(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i)
-    out[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(v[i])) >> 16);
+    out[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(v[i]));
   return out;
 }
 std::vector<float> widened(const std::vector<uint16_t>& v) {

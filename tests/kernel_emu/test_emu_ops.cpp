@@ -4,6 +4,7 @@
 // host computations. The expected agreement is stated per op: bits where both sides compute the
 // same float expression, a tolerance where the order of a sum or the math library differs.
 #include <algorithm>
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -165,10 +166,8 @@ TEST_CASE("emulated cuda: add with packed bf16 operands gives the bits of adding
   const fvec a_wide_all = dptest::random_vector(n + 8, 31, -3.0f, 3.0f);
   const fvec b_wide_all = dptest::random_vector(n + 8, 32, -3.0f, 3.0f);
   for (size_t i = 0; i < s + 8; ++i) {
-    a16[i] =
-        static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(a_wide_all[i])) >> 16);
-    b16[i] =
-        static_cast<uint16_t>(dp::round_bits_to_bf16(std::bit_cast<uint32_t>(b_wide_all[i])) >> 16);
+    a16[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(a_wide_all[i]));
+    b16[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(b_wide_all[i]));
   }
   const auto widened = [&](const std::vector<uint16_t>& v) {
     fvec out(s);
@@ -511,6 +510,16 @@ TEST_CASE("emulated cuda: the loss over an empty batch writes zeros", "[emulated
   CHECK(correct.values() == ivec{0});
 }
 
+namespace {
+/// Each value's bf16 rounding, packed: dp::round_bits_to_bf16's high half.
+std::vector<uint16_t> packed_bits(const fvec& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(v[i]));
+  return out;
+}
+}  // namespace
+
 TEST_CASE("emulated cuda: sgd_update equals the cpu backend, its learning rate read at a cursor",
           "[emulated][optimizer]") {
   const int64_t n = 10007;
@@ -523,6 +532,7 @@ TEST_CASE("emulated cuda: sgd_update equals the cpu backend, its learning rate r
              << sgd.nesterov << (from_row ? ", lr from a StepRow" : ""));
   fvec p = dptest::random_vector(n, 81), buf(s, 0.0f);
   Guarded<float> gp(p), gg(s), gbuf(buf);
+  Guarded<uint16_t> packed(s);  // the updated parameters' bf16 copy, written in the same pass
   // Steps 0..2 read rows 0..2 of the table at the cursor, which advance() moves on.
   const fvec lrs{sgd.lr, sgd.lr * 0.5f, sgd.lr * 0.25f};
   Guarded<float> table(lrs);
@@ -539,9 +549,11 @@ TEST_CASE("emulated cuda: sgd_update equals the cpu backend, its learning rate r
     cpu().sgd_update(t(p, {n}), t(g, {n}), sgd.momentum != 0.0f ? &bt : nullptr, host);
     // With a row, the host's learning rate must not be used: pass a wrong one.
     kernels::sgd_update(gp.data(), gg.data(), momentum_buf, n, from_row ? 1e6f : sgd.lr,
-                        sgd.momentum, sgd.weight_decay, sgd.nesterov, row, nullptr);
+                        sgd.momentum, sgd.weight_decay, sgd.nesterov, row,
+                        step == 1 ? nullptr : packed.data(), nullptr);
     kernels::advance(cursor.data(), nullptr);
     CHECK(gg.values() == g);  // gradients are not modified
+    if (step != 1) CHECK(packed.values() == packed_bits(gp.values()));
   }
   emutest::require_no_pending_error();
   // The same float expression on both sides; FMA contraction may differ by an ulp per step.
@@ -550,12 +562,13 @@ TEST_CASE("emulated cuda: sgd_update equals the cpu backend, its learning rate r
   CHECK(cursor.values() == ivec{3});
   if (from_row) {  // the cursor is past the table: the update writes NaN, visibly
     kernels::sgd_update(gp.data(), gg.data(), momentum_buf, n, sgd.lr, sgd.momentum,
-                        sgd.weight_decay, sgd.nesterov, row, nullptr);
+                        sgd.weight_decay, sgd.nesterov, row, nullptr, nullptr);
     CHECK(std::isnan(gp.values()[0]));
     CHECK(std::isnan(gp.values()[s - 1]));
   }
   for (const auto* b : {&gp, &gg, &gbuf, &table}) EMU_CHECK_INTACT(*b);
   EMU_CHECK_INTACT(cursor);
+  EMU_CHECK_INTACT(packed);
 }
 
 TEST_CASE("emulated cuda: adamw_update equals the cpu backend, its scalars read at a cursor",
@@ -567,6 +580,7 @@ TEST_CASE("emulated cuda: adamw_update equals the cpu backend, its scalars read 
   INFO("weight_decay " << wd << (from_row ? ", scalars from a StepRow" : ""));
   fvec p = dptest::random_vector(n, 91), m(s, 0.0f), v(s, 0.0f);
   Guarded<float> gp(p), gg(s), gm(m), gv(v);
+  Guarded<uint16_t> packed(s);  // the updated parameters' bf16 copy, written in the same pass
   fvec rows;  // (4, 3): step_size, decay, bias2_sqrt of steps 1..4
   for (int64_t step = 1; step <= 4; ++step) {
     const dp::AdamWStep st = dp::adamw_step(dp::AdamWParams{3e-3f, 0.8f, 0.95f, 1e-6f, wd, step});
@@ -585,8 +599,10 @@ TEST_CASE("emulated cuda: adamw_update equals the cpu backend, its scalars read 
     const float wrong = 1e6f;  // with a row, the host's scalars must not be used
     kernels::adamw_update(gp.data(), gg.data(), gm.data(), gv.data(), n,
                           from_row ? wrong : st.step_size, from_row ? wrong : st.decay, a.beta1,
-                          a.beta2, a.eps, from_row ? wrong : st.bias2_sqrt, row, nullptr);
+                          a.beta2, a.eps, from_row ? wrong : st.bias2_sqrt, row,
+                          step == 2 ? nullptr : packed.data(), nullptr);
     kernels::advance(cursor.data(), nullptr);
+    if (step != 2) CHECK(packed.values() == packed_bits(gp.values()));
   }
   emutest::require_no_pending_error();
   // sqrtf against std::sqrt and FMA contraction: an ulp or two per step.
@@ -594,6 +610,7 @@ TEST_CASE("emulated cuda: adamw_update equals the cpu backend, its scalars read 
   EMU_CHECK_CLOSE(gm.values(), m, 1e-6);
   EMU_CHECK_CLOSE(gv.values(), v, 1e-6);
   for (const auto* b : {&gp, &gg, &gm, &gv, &table}) EMU_CHECK_INTACT(*b);
+  EMU_CHECK_INTACT(packed);
 }
 
 namespace {

@@ -71,6 +71,7 @@ BackendCases::BackendCases(dp::Backend& backend)
   const Tensor px = buf({3, 2, 4, 4}), py = buf({3, 2, 2, 2}), gy = buf({3, 2, 1, 1});
   const Tensor logits = buf({6, 10}), labels = buf({6}, DType::i32), one = buf({1});
   const Tensor correct = buf({1}, DType::i32), flat = buf({40}), flat2 = buf({40});
+  const Tensor w16 = buf({4, 2, 3, 3}, DType::bf16), flat16 = buf({40}, DType::bf16);
   const Tensor images = buf({10, 1, 4, 4}, DType::u8), ilabels = buf({10}, DType::u8);
   const Tensor index = buf({6}, DType::i32), gx = buf({6, 1, 4, 4}), gyi = buf({6}, DType::i32);
   const dp::PoolGeometry pool;  // 2x2 stride 2
@@ -136,6 +137,18 @@ BackendCases::BackendCases(dp::Backend& backend)
   add("conv_backward_filter", "a (K, R, S, C) dw for a plan of (K, C, R, S) filters",
       {"dw is nhwc but the plan's filters are nchw"},
       [=] { bk->conv_backward_filter(*plan, x, dy, relaid(dw, Layout::nhwc), nullptr); });
+  add("conv_forward", "a packed filter copy as f32", {"w_bf16 must be bf16, got f32"},
+      [=] { bk->conv_forward(*plan, x, w, nullptr, y, nullptr, &dw); });
+  add("conv_forward", "a packed filter copy of another shape", {"w_bf16 has shape (4, 2, 3, 2)"},
+      [=] {
+        const Tensor narrow = reshaped(w16, {4, 2, 3, 2});
+        bk->conv_forward(*plan, x, w, nullptr, y, nullptr, &narrow);
+      });
+  add("conv_backward_data", "a packed filter copy in another layout than w",
+      {"w_bf16 is nhwc but w is nchw", "w's, in its memory order"}, [=] {
+        const Tensor krsc = relaid(w16, Layout::nhwc);
+        bk->conv_backward_data(*plan, dy, w, dx, nullptr, &krsc);
+      });
   add("conv_backward_filter", "dw as i32", {"dw must be f32, got i32"},
       [=] { bk->conv_backward_filter(*plan, x, dy, retyped(dw, DType::i32), nullptr); });
   add("conv_forward", "a workspace for a plan that keeps the backend's own",
@@ -168,6 +181,12 @@ BackendCases::BackendCases(dp::Backend& backend)
   add("linear_backward", "dx of the wrong shape", {"dx has shape (6, 5)", "expected (6, 8)"}, [=] {
     const Tensor bad_dx = reshaped(ly, {6, 5});
     bk->linear_backward(lx, lw, ly, &bad_dx, lw, nullptr);
+  });
+  add("linear_forward", "a packed weight copy as f32", {"w_bf16 must be bf16, got f32"},
+      [=] { bk->linear_forward(lx, lw, nullptr, ly, false, &lw); });
+  add("linear_backward", "a packed weight copy of another shape", {"w_bf16 has shape (8, 5)"}, [=] {
+    const Tensor turned = reshaped(flat16, {8, 5});
+    bk->linear_backward(lx, lw, ly, nullptr, lw, nullptr, &turned);
   });
   // ---- batch norm
   add("batchnorm_forward_train", "one value per channel", {"more than one value per channel"}, [=] {
@@ -301,6 +320,19 @@ BackendCases::BackendCases(dp::Backend& backend)
   });
   add("sgd_update", "grads of another length", {"grads has shape (39)", "expected (40)"},
       [=] { bk->sgd_update(flat, reshaped(flat2, {39}), nullptr, dp::SgdParams{}); });
+  add("sgd_update", "a packed copy as f32", {"params_bf16 must be bf16, got f32"},
+      [=] { bk->sgd_update(flat, flat2, nullptr, dp::SgdParams{}, nullptr, &flat2); });
+  add("adamw_update", "a packed copy of another length",
+      {"params_bf16 has shape (39)", "expected (40)"}, [=] {
+        const Tensor short16 = reshaped(flat16, {39});
+        bk->adamw_update(flat, flat2, flat2, flat2, dp::AdamWParams{}, nullptr, &short16);
+      });
+  add("pack_bf16", "an f32 destination", {"y must be bf16, got f32"},
+      [=] { bk->pack_bf16(flat, flat2); });
+  add("pack_bf16", "a destination of another length", {"y has shape (39)", "expected (40)"},
+      [=] { bk->pack_bf16(flat, reshaped(flat16, {39})); });
+  add("pack_bf16", "a bf16 source", {"x must be f32, got bf16"},
+      [=] { bk->pack_bf16(flat16, flat16); });
   // ---- data
   add("gather_batch", "images as f32", {"images must be u8, got f32"},
       [=] { bk->gather_batch(retyped(images, DType::f32), ilabels, index, gx, gyi); });

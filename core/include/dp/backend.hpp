@@ -324,19 +324,28 @@ class Backend {
   /// plan's layout, of its input_dtype and
   /// output_dtype (as conv_backward_filter's x and dy). workspace: a plan made
   /// with ConvUse::planned_workspace runs in it (at least workspace_bytes(forward) bytes; null
-  /// when that is 0); any other plan takes none.
+  /// when that is 0); any other plan takes none. w_bf16 (may be null): w rounded to bf16 and
+  /// packed (bf16, w's shape and layout), which the caller keeps current (ParamRegistry's
+  /// packed copy, written by the optimizer's update): a pass that would round w to bf16 (precision
+  /// bf16) may read it instead, with the same values; nothing else reads it.
   void conv_forward(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                    const Tensor& y, const Tensor* workspace = nullptr);
+                    const Tensor& y, const Tensor* workspace = nullptr,
+                    const Tensor* w_bf16 = nullptr);
   /// Whether convolution plans take an x of `dtype` (ConvUse::input_dtype; f32: always; bf16:
   /// the cuda backend in precision bf16, whose passes round x to bf16 anyway, unless
   /// DPRUN_CUDA_BF16_CONV_OUTPUT=f32 keeps its activations f32).
   bool conv_takes(DType dtype) const;
+  /// Whether this backend's convolution and linear passes read a weight's packed bf16 copy
+  /// (conv_forward's and linear_forward's w_bf16) where one is given: the cuda backend in
+  /// precision bf16, whose cuDNN and cuBLAS bf16 kernels take packed operands. Elsewhere a copy
+  /// would go unread (the cpu backend's passes round fp32 operands of their own).
+  bool reads_packed_weights() const { return reads_packed_weights_impl(); }
   /// dx (N,C,H,W) = conv_transpose(dy (N,K,P,Q), w). dy is of the plan's output_dtype (as are
   /// conv_backward_filter's); dx is f32 or of the plan's input_dtype (a bf16 dx holds the rounded
   /// values, for the batch norm whose output x is, BatchNorm2d::feeds). workspace: as
-  /// conv_forward's, for backward.
+  /// conv_forward's, for backward; w_bf16 as conv_forward's.
   void conv_backward_data(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
-                          const Tensor* workspace = nullptr);
+                          const Tensor* workspace = nullptr, const Tensor* w_bf16 = nullptr);
   /// dw (K,C,R,S) = sum_n corr(x, dy); db (K) = sum_{n,p,q} dy (db may be null; refused when the
   /// plan's output is not f32: such a plan has no bias). Overwrites; zero for a batch of 0
   /// examples. workspace: as conv_forward's, for backward.
@@ -352,12 +361,15 @@ class Backend {
   void prepare_linear(int64_t max_batch, int64_t in, int64_t out);
   /// y = x w^T + b; b may be null. relu: y = relu(x w^T + b) in the same pass, the values of
   /// linear_forward then relu_forward (a Linear followed by a ReLU, ReLU::fold_previous).
+  /// w_bf16 (may be null): w's packed bf16 copy, as conv_forward's: the GEMM of precision bf16
+  /// may read it instead of rounding w, with the same values.
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
-                      bool relu = false);
+                      bool relu = false, const Tensor* w_bf16 = nullptr);
   /// dx (N,IN) = dy w (skipped when dx is null); dw (OUT,IN) = dy^T x; db (OUT) = sum_n dy
   /// (skipped when db is null). Overwrites; dw and db are zero for a batch of 0 examples.
+  /// w_bf16 as linear_forward's (dx's GEMM is the only one that reads w).
   void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                       const Tensor& dw, const Tensor* db);
+                       const Tensor& dw, const Tensor* db, const Tensor* w_bf16 = nullptr);
 
   // ---- batch norm over (N,C,H,W) per channel (or (N,C) per feature) ---------------------------
   // Every op that writes a batch norm's output takes a BnEpilogue: what the normalised value goes
@@ -506,15 +518,23 @@ class Backend {
   /// One SGD step over flat buffers of equal length. momentum_buf may be null when
   /// p.momentum == 0. lr, momentum and weight_decay finite and >= 0. With `lr_row` (a StepRow of
   /// (steps, 1) f32) the learning rate is read from it when the update runs, not from p.lr.
+  /// With `params_bf16` (bf16, params' shape) the updated parameters are also written there,
+  /// rounded to bf16 and packed, in the same pass (pack_bf16's values): the copy the passes of
+  /// precision bf16 read (conv_forward's w_bf16).
   void sgd_update(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                  const SgdParams& p, const StepRow* lr_row = nullptr);
+                  const SgdParams& p, const StepRow* lr_row = nullptr,
+                  const Tensor* params_bf16 = nullptr);
   /// One AdamW step over flat buffers of equal length; exp_avg (m) and exp_avg_sq (v) are its
   /// state. lr, weight_decay >= 0, betas in [0, 1), eps > 0, step >= 1. With `step_row` (a StepRow
   /// of (steps, 3) f32 holding AdamWStep's three scalars), p.lr, p.step and p.weight_decay are not
   /// used: the row's scalars, read when the update runs, are.
+  /// params_bf16 as sgd_update's.
   void adamw_update(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
                     const Tensor& exp_avg_sq, const AdamWParams& p,
-                    const StepRow* step_row = nullptr);
+                    const StepRow* step_row = nullptr, const Tensor* params_bf16 = nullptr);
+  /// y (bf16, x's shape) = x (f32) rounded to bf16, round to nearest even (dp::round_bits_to_bf16),
+  /// packed: 2 bytes a value.
+  void pack_bf16(const Tensor& x, const Tensor& y);
   /// cursor (1) i32 += 1: the last op of a step that reads its values at a cursor.
   void advance(const Tensor& cursor);
 
@@ -564,20 +584,24 @@ class Backend {
   virtual DType conv_output_dtype_impl(const ConvPlan& /*plan*/) const { return DType::f32; }
   /// conv_takes for a dtype other than f32: none by default.
   virtual bool conv_takes_impl(DType /*dtype*/) const { return false; }
+  virtual bool reads_packed_weights_impl() const { return false; }
   /// workspace: the caller's, checked, for a plan with planned_workspace() (null when it needs
   /// none); null for any other plan.
   virtual void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                                 const Tensor& y, const Tensor* workspace) = 0;
+                                 const Tensor& y, const Tensor* workspace,
+                                 const Tensor* w_bf16) = 0;
   virtual void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                                       const Tensor& dx, const Tensor* workspace) = 0;
+                                       const Tensor& dx, const Tensor* workspace,
+                                       const Tensor* w_bf16) = 0;
   virtual void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
                                          const Tensor& dw, const Tensor* db,
                                          const Tensor* workspace) = 0;
 
   virtual void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
-                                   const Tensor& y, bool relu) = 0;
+                                   const Tensor& y, bool relu, const Tensor* w_bf16) = 0;
   virtual void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                    const Tensor* dx, const Tensor& dw, const Tensor* db) = 0;
+                                    const Tensor* dx, const Tensor& dw, const Tensor* db,
+                                    const Tensor* w_bf16) = 0;
   virtual void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma,
                                             const Tensor& beta, const Tensor& running_mean,
                                             const Tensor& running_var, float momentum, float eps,
@@ -626,10 +650,11 @@ class Backend {
                                   const Tensor* slot) = 0;
   virtual void sgd_update_impl(const Tensor& params, const Tensor& grads,
                                const Tensor* momentum_buf, const SgdParams& p,
-                               const StepRow* lr_row) = 0;
+                               const StepRow* lr_row, const Tensor* params_bf16) = 0;
   virtual void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
                                  const Tensor& exp_avg_sq, const AdamWParams& p,
-                                 const StepRow* step_row) = 0;
+                                 const StepRow* step_row, const Tensor* params_bf16) = 0;
+  virtual void pack_bf16_impl(const Tensor& x, const Tensor& y) = 0;
   virtual void advance_impl(const Tensor& cursor) = 0;
   virtual void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
                                  const Tensor& x, const Tensor& y, const StepRow* start,

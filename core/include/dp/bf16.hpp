@@ -24,6 +24,12 @@ constexpr uint32_t round_bits_to_bf16(uint32_t bits) {
   return is_nan ? nan : rounded;
 }
 
+/// The bfloat16 nearest to the float with bits `bits`, packed: round_bits_to_bf16's high half,
+/// the 2 bytes a bf16 tensor holds (cuDNN's and cuBLAS's bf16 operands).
+constexpr uint16_t packed_bf16_bits(uint32_t bits) {
+  return static_cast<uint16_t>(round_bits_to_bf16(bits) >> 16);
+}
+
 #if __cplusplus >= 202002L
 /// The bfloat16 nearest to x, as a float (round_bits_to_bf16 on x's bits).
 inline float round_to_bf16(float x) {

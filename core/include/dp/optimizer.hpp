@@ -45,8 +45,11 @@ class Optimizer {
   virtual void fill_step_scalars(float lr, int64_t step, float* row) const = 0;
   /// The update with the scalars of row `scalars` (table (steps, step_scalars()) f32 filled by
   /// fill_step_scalars): the backend's sgd_update / adamw_update with that row's lr and step.
+  /// params_bf16 (or null): the parameters' packed bf16 copy, written in the same pass
+  /// (ParamRegistry::params_bf16_flat).
   virtual void update_at(Backend& backend, const Tensor& params, const Tensor& grads,
-                         const std::vector<Tensor>& state, const StepRow& scalars) = 0;
+                         const std::vector<Tensor>& state, const StepRow& scalars,
+                         const Tensor* params_bf16 = nullptr) = 0;
 };
 
 /// The per-step scalars of one AdamW update (dp::AdamWStep, backend.hpp), as every backend and

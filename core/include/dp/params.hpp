@@ -75,10 +75,15 @@ class ParamRegistry {
 
   /// Allocates the flat buffers on the backend: params, grads, buffers, and `state_buffers`
   /// more of the parameters' length for the optimizer's state (Optimizer::state_buffers()).
+  /// With `packed_bf16`, a copy of the parameters rounded to bf16 and packed (2 bytes a value),
+  /// which every upload writes and the optimizer's update keeps current (its params_bf16): the
+  /// filters that precision bf16's passes read (Conv2d gives it as conv_forward's w_bf16), so no
+  /// pass rounds them again. Writing parameters other than through upload_params or the
+  /// optimizer leaves it stale.
   /// Every gradient starts at 0: a convolution bias folded into a batch norm keeps that as its
   /// gradient, which no backward pass writes (Conv2d::bias_folded), so nothing may leave another
   /// value in a gradient it does not own. Freed by the destructor.
-  void allocate(Backend& backend, int state_buffers = 0);
+  void allocate(Backend& backend, int state_buffers = 0, bool packed_bf16 = false);
   bool allocated() const { return backend_ != nullptr; }
   /// Fills parameters and buffers from `seed`, identically for every registry with the same
   /// declarations; gradients and optimizer state are zeroed. A parameter stored in NHWC order
@@ -87,6 +92,11 @@ class ParamRegistry {
 
   Tensor param(ParamHandle h) const;
   Tensor grad(ParamHandle h) const;
+  /// The packed bf16 copy of a parameter (allocate's packed_bf16), of its shape and layout;
+  /// null when there is none.
+  const Tensor* param_bf16(ParamHandle h) const;
+  /// The whole packed copy, (parameter_floats) bf16; null when there is none.
+  const Tensor* params_bf16_flat() const;
   Tensor buffer(ParamHandle h) const;
   Tensor params_flat() const;    // (parameter_floats)
   Tensor grads_flat() const;     // (parameter_floats)
@@ -123,6 +133,8 @@ class ParamRegistry {
   float* grads_ = nullptr;
   std::vector<Tensor> state_;
   float* buffers_ = nullptr;
+  Tensor params_bf16_;                // empty unless allocated with packed_bf16
+  std::vector<Tensor> entries_bf16_;  // per entry: its view of params_bf16_ (trainable only)
 };
 
 }  // namespace dp

@@ -316,8 +316,10 @@ CpuBackend::PassMemory CpuBackend::pass_memory(const ConvPlan& plan, ConvStage s
 // write its gradient through, a (K, C, R, S) copy (copies_filter): the values, so the bits, are
 // those of a (K, C, R, S) filter. The copy scratch grows here only for a pass larger than any
 // planned (never in a planned step loop).
+// A packed copy of w (w_bf16) goes unread: the passes take fp32 operands, rounded here.
 void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w,
-                                   const Tensor* b, const Tensor& y, const Tensor* workspace) {
+                                   const Tensor* b, const Tensor& y, const Tensor* workspace,
+                                   const Tensor* /*w_bf16*/) {
   auto& p = static_cast<CpuConvPlan&>(plan);
   const bool bf16 = precision_ == Precision::bf16;
   const bool copy = copies_filter(p, w.layout, ConvDirection::forward);
@@ -332,7 +334,8 @@ void CpuBackend::conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor
   if (plan.output_relu()) relu_forward_impl(y, y);
 }
 void CpuBackend::conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w,
-                                         const Tensor& dx, const Tensor* workspace) {
+                                         const Tensor& dx, const Tensor* workspace,
+                                         const Tensor* /*w_bf16*/) {
   auto& p = static_cast<CpuConvPlan&>(plan);
   const bool bf16 = precision_ == Precision::bf16;
   const bool copy = copies_filter(p, w.layout, ConvDirection::backward_data);
@@ -374,9 +377,10 @@ void CpuBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out)
     copy_scratch_->reserve(OperandCopies::bytes_for(max_batch * in, out * in, max_batch * out));
 }
 
-// x (N,IN), w (OUT,IN), b (OUT) or null -> y (N,OUT)
+// x (N,IN), w (OUT,IN), b (OUT) or null -> y (N,OUT). A packed copy of w (w_bf16) goes unread,
+// as the convolutions' does: the GEMM takes fp32 operands, rounded here.
 void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
-                                     const Tensor& y, bool relu) {
+                                     const Tensor& y, bool relu, const Tensor* /*w_bf16*/) {
   if (precision_ == Precision::fp32) {
     linear_forward_fp32(x, w, b, y);
   } else {
@@ -391,7 +395,8 @@ void CpuBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Ten
 
 // x (N,IN), w (OUT,IN), dy (N,OUT) -> dx (N,IN) or null, dw (OUT,IN), db (OUT) or null
 void CpuBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                      const Tensor* dx, const Tensor& dw, const Tensor* db) {
+                                      const Tensor* dx, const Tensor& dw, const Tensor* db,
+                                      const Tensor* /*w_bf16*/) {
   if (precision_ == Precision::fp32) return linear_backward_fp32(x, w, dy, dx, dw, db);
   copy_scratch_->reserve(OperandCopies::bytes_for(x.numel(), w.numel(), dy.numel()));
   OperandCopies copies(*copy_scratch_, threads_);

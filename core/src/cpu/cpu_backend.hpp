@@ -177,9 +177,9 @@ class CpuBackend final : public Backend {
   std::unique_ptr<ConvPlan> plan_conv_impl(const ConvGeometry& g, const ConvUse& use) override;
   void prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) override;
   void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                         const Tensor& y, const Tensor* workspace) override;
+                         const Tensor& y, const Tensor* workspace, const Tensor* w_bf16) override;
   void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
-                               const Tensor* workspace) override;
+                               const Tensor* workspace, const Tensor* w_bf16) override;
   void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
                                  const Tensor& dw, const Tensor* db,
                                  const Tensor* workspace) override;
@@ -207,9 +207,9 @@ class CpuBackend final : public Backend {
   size_t copy_bytes(const CpuConvPlan& plan, Layout filter_layout, ConvStage stage) const;
 
   void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
-                           bool relu) override;
+                           bool relu, const Tensor* w_bf16) override;
   void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                            const Tensor& dw, const Tensor* db) override;
+                            const Tensor& dw, const Tensor* db, const Tensor* w_bf16) override;
 
   void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     const Tensor& running_mean, const Tensor& running_var,
@@ -261,10 +261,12 @@ class CpuBackend final : public Backend {
                           const Tensor* slot) override;
 
   void sgd_update_impl(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                       const SgdParams& p, const StepRow* lr_row) override;
+                       const SgdParams& p, const StepRow* lr_row,
+                       const Tensor* params_bf16) override;
   void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                         const Tensor& exp_avg_sq, const AdamWParams& p,
-                         const StepRow* step_row) override;
+                         const Tensor& exp_avg_sq, const AdamWParams& p, const StepRow* step_row,
+                         const Tensor* params_bf16) override;
+  void pack_bf16_impl(const Tensor& x, const Tensor& y) override;
   void advance_impl(const Tensor& cursor) override;
 
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,

@@ -524,24 +524,36 @@ void CudaBackend::advance_impl(const Tensor& cursor) {
 
 // ---- optimizer ----------------------------------------------------------------------------------
 
+namespace {
+uint16_t* packed(const Tensor* t) {
+  return t != nullptr ? static_cast<uint16_t*>(t->data) : nullptr;
+}
+}  // namespace
+
 void CudaBackend::sgd_update_impl(const Tensor& params, const Tensor& grads,
                                   const Tensor* momentum_buf, const SgdParams& p,
-                                  const StepRow* lr_row) {
+                                  const StepRow* lr_row, const Tensor* params_bf16) {
   float* buf = p.momentum != 0.0f ? momentum_buf->f32() : nullptr;
   activate();
   kernels::sgd_update(params.f32(), grads.f32(), buf, params.numel(), p.lr, p.momentum,
-                      p.weight_decay, p.nesterov, device_row(lr_row), stream_);
+                      p.weight_decay, p.nesterov, device_row(lr_row), packed(params_bf16), stream_);
 }
 
 void CudaBackend::adamw_update_impl(const Tensor& params, const Tensor& grads,
                                     const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                                    const AdamWParams& p, const StepRow* step_row) {
+                                    const AdamWParams& p, const StepRow* step_row,
+                                    const Tensor* params_bf16) {
   // The step's scalars as the CPU twin computes them (adamw_step), or read from the row.
   const AdamWStep s = adamw_step(p);
   activate();
   kernels::adamw_update(params.f32(), grads.f32(), exp_avg.f32(), exp_avg_sq.f32(), params.numel(),
                         s.step_size, s.decay, p.beta1, p.beta2, p.eps, s.bias2_sqrt,
-                        device_row(step_row), stream_);
+                        device_row(step_row), packed(params_bf16), stream_);
+}
+
+void CudaBackend::pack_bf16_impl(const Tensor& x, const Tensor& y) {
+  activate();
+  kernels::to_bf16(x.f32(), static_cast<uint16_t*>(y.data), x.numel(), stream_);
 }
 
 // ---- data ---------------------------------------------------------------------------------------

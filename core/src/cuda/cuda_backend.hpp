@@ -125,19 +125,20 @@ class CudaBackend final : public Backend {
   bool batchnorm_takes_impl(DType dtype, Layout layout) const override;
   bool batchnorm_folds_bias_impl(Layout layout) const override;
   bool conv_takes_impl(DType dtype) const override;
+  bool reads_packed_weights_impl() const override { return bf16(); }
   void conv_forward_impl(ConvPlan& plan, const Tensor& x, const Tensor& w, const Tensor* b,
-                         const Tensor& y, const Tensor* workspace) override;
+                         const Tensor& y, const Tensor* workspace, const Tensor* w_bf16) override;
   void conv_backward_data_impl(ConvPlan& plan, const Tensor& dy, const Tensor& w, const Tensor& dx,
-                               const Tensor* workspace) override;
+                               const Tensor* workspace, const Tensor* w_bf16) override;
   void conv_backward_filter_impl(ConvPlan& plan, const Tensor& x, const Tensor& dy,
                                  const Tensor& dw, const Tensor* db,
                                  const Tensor* workspace) override;
 
   void prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out) override;
   void linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b, const Tensor& y,
-                           bool relu) override;
+                           bool relu, const Tensor* w_bf16) override;
   void linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor* dx,
-                            const Tensor& dw, const Tensor* db) override;
+                            const Tensor& dw, const Tensor* db, const Tensor* w_bf16) override;
 
   void prepare_batchnorm_impl(const Shape& max_input, Layout layout) override;
   void batchnorm_forward_train_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -190,10 +191,12 @@ class CudaBackend final : public Backend {
                           const Tensor* slot) override;
 
   void sgd_update_impl(const Tensor& params, const Tensor& grads, const Tensor* momentum_buf,
-                       const SgdParams& p, const StepRow* lr_row) override;
+                       const SgdParams& p, const StepRow* lr_row,
+                       const Tensor* params_bf16) override;
   void adamw_update_impl(const Tensor& params, const Tensor& grads, const Tensor& exp_avg,
-                         const Tensor& exp_avg_sq, const AdamWParams& p,
-                         const StepRow* step_row) override;
+                         const Tensor& exp_avg_sq, const AdamWParams& p, const StepRow* step_row,
+                         const Tensor* params_bf16) override;
+  void pack_bf16_impl(const Tensor& x, const Tensor& y) override;
   void advance_impl(const Tensor& cursor) override;
 
   void gather_batch_impl(const Tensor& images, const Tensor& labels, const Tensor& indices,
@@ -337,8 +340,10 @@ class CudaBackend final : public Backend {
     const uint16_t* filter;
     uint16_t* out;
   };
+  /// w_bf16: the caller's packed copy of w (conv_forward's), read as the filter operand where
+  /// no transpose is needed, instead of packing one.
   PackedOperands packed_operands(const CudnnConvPlan& plan, float* scratch, const Tensor& data,
-                                 const Tensor& w, int64_t out_numel);
+                                 const Tensor& w, const Tensor* w_bf16, int64_t out_numel);
   /// precision bf16: the bf16 scratch holding at least `floats`, grown now if it is smaller (at
   /// plan_conv and prepare_linear, or on first use of a larger pass, but never while capturing:
   /// `op` then fails naming what was not prepared).
@@ -351,8 +356,10 @@ class CudaBackend final : public Backend {
   std::array<const float*, 2> data_and_filter(const CudnnConvPlan& plan, const Tensor& data,
                                               const Tensor& w, float* bf16_scratch);
   /// A linear pass's GEMM operands: the tensors' own data (a null tensor gives null), or in
-  /// bf16 their packed copies in the bf16 scratch.
-  GemmOperands gemm_operands(const char* op, const Tensor* a, const Tensor* b, const Tensor* c);
+  /// bf16 their packed copies in the bf16 scratch; b_bf16 (may be null): b's packed copy, kept
+  /// by the caller (the weight's, linear_forward's w_bf16), b's operand in bf16 as it is.
+  GemmOperands gemm_operands(const char* op, const Tensor* a, const Tensor* b, const Tensor* c,
+                             const Tensor* b_bf16 = nullptr);
   /// A convolution's or linear layer's output y (N, C, HW) after its GEMM: the bias b (may be
   /// null) added, and in bf16 y rounded once, the bias joining the fp32 sum first; relu: then
   /// its ReLU (a fused ReLU: ConvUse::output_relu, linear_forward's relu), in the same pass.

@@ -1308,7 +1308,7 @@ ConvChoiceKey conv_choice_key(Backend& backend, ConvPlan& plan, ConvDirection d,
 
 CudaBackend::PackedOperands CudaBackend::packed_operands(const CudnnConvPlan& plan, float* scratch,
                                                          const Tensor& data, const Tensor& w,
-                                                         int64_t out_numel) {
+                                                         const Tensor* w_bf16, int64_t out_numel) {
   Bf16Operands copies(scratch, stream_);
   // A bf16 tensor (a batch norm's dx, ConvPlan::output_dtype) is cuDNN's operand as it is.
   const uint16_t* data16 = data.dtype == DType::bf16 ? static_cast<const uint16_t*>(data.data)
@@ -1320,6 +1320,8 @@ CudaBackend::PackedOperands CudaBackend::packed_operands(const CudnnConvPlan& pl
     kernels::kcrs_to_krsc_bf16(w.f32(), room, g.out_channels, g.in_channels,
                                g.kernel_h * g.kernel_w, stream_);
     w16 = room;
+  } else if (w_bf16 != nullptr) {  // the caller's packed copy (the optimizer keeps it)
+    w16 = static_cast<const uint16_t*>(w_bf16->data);
   } else {
     w16 = copies.take_packed(w.f32(), w.numel());
   }
@@ -1343,8 +1345,11 @@ const float* CudaBackend::filter_for(const CudnnConvPlan& plan, const float* w) 
 
 // ---- ops ----------------------------------------------------------------------------------------
 
+// w_bf16 (the caller's packed copy of w) is the filter operand of cuDNN's bf16 passes
+// (packed_operands); the others round w themselves, as without it.
 void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const Tensor& w,
-                                    const Tensor* b, const Tensor& y, const Tensor* workspace) {
+                                    const Tensor* b, const Tensor& y, const Tensor* workspace,
+                                    const Tensor* w_bf16) {
   CudnnConvPlan& plan = as_cudnn(plan_base);
   const ConvGeometry& g = plan.geometry();
   const int64_t n = x.shape[0];
@@ -1388,7 +1393,7 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
     // No bias (Backend::conv_forward refuses one): cuDNN's bf16 output is the rounded fp32 sum,
     // y itself when y is bf16, else widened into y.
     const PackedOperands p =
-        packed_operands(plan, scratch.bf16, x, w, plan.bf16_output ? 0 : y.numel());
+        packed_operands(plan, scratch.bf16, x, w, w_bf16, plan.bf16_output ? 0 : y.numel());
     void* out = plan.bf16_output ? y.data : static_cast<void*>(p.out);
     CUDNN_CHECK(cudnnConvolutionForward(cudnn_, &one, cb.x16, p.data, plan.w_desc16, p.filter,
                                         cb.conv[kForward], algo, scratch.cudnn, scratch.cudnn_bytes,
@@ -1405,7 +1410,8 @@ void CudaBackend::conv_forward_impl(ConvPlan& plan_base, const Tensor& x, const 
 }
 
 void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy, const Tensor& w,
-                                          const Tensor& dx, const Tensor* workspace) {
+                                          const Tensor& dx, const Tensor* workspace,
+                                          const Tensor* w_bf16) {
   CudnnConvPlan& plan = as_cudnn(plan_base);
   activate();
   const PassScratch scratch = pass_scratch(
@@ -1419,7 +1425,8 @@ void CudaBackend::conv_backward_data_impl(ConvPlan& plan_base, const Tensor& dy,
   if (plan.io_bf16[kBackwardData]) {
     // cuDNN's bf16 output is the rounded fp32 sum: dx's one rounding, written into a bf16 dx
     // as it is, else widened.
-    const PackedOperands p = packed_operands(plan, scratch.bf16, dy, w, packed_dx ? 0 : dx.numel());
+    const PackedOperands p =
+        packed_operands(plan, scratch.bf16, dy, w, w_bf16, packed_dx ? 0 : dx.numel());
     CUDNN_CHECK(cudnnConvolutionBackwardData(
         cudnn_, &one, plan.w_desc16, p.filter, cb.y16, p.data, cb.conv[kBackwardData], algo,
         scratch.cudnn, scratch.cudnn_bytes, &zero, cb.x16, packed_dx ? dx.data : p.out));

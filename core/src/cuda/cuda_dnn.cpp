@@ -320,19 +320,25 @@ void gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, i
 }  // namespace
 
 GemmOperands CudaBackend::gemm_operands(const char* op, const Tensor* a, const Tensor* b,
-                                        const Tensor* c) {
+                                        const Tensor* c, const Tensor* b_bf16) {
   const Tensor* tensors[3] = {a, b, c};
   GemmOperands out{};
   if (!bf16()) {
     for (int i = 0; i < 3; ++i) out[i] = {tensors[i] ? tensors[i]->data : nullptr, false};
     return out;
   }
+  if (b == nullptr) b_bf16 = nullptr;  // an operand not read (linear_backward without dx)
   const auto count = [](const Tensor* t) { return t ? t->numel() : int64_t{0}; };
-  Bf16Operands copies(bf16_scratch_for(bf16_packed_floats({count(a), count(b), count(c)}), op),
-                      stream_);
+  Bf16Operands copies(
+      bf16_scratch_for(bf16_packed_floats({count(a), b_bf16 ? 0 : count(b), count(c)}), op),
+      stream_);
   for (int i = 0; i < 3; ++i) {
-    out[i] = {tensors[i] ? copies.take_packed(tensors[i]->f32(), tensors[i]->numel()) : nullptr,
-              true};
+    if (i == 1 && b_bf16 != nullptr) {
+      out[i] = {b_bf16->data, true};
+    } else {
+      out[i] = {tensors[i] ? copies.take_packed(tensors[i]->f32(), tensors[i]->numel()) : nullptr,
+                true};
+    }
   }
   return out;
 }
@@ -346,20 +352,21 @@ void CudaBackend::prepare_linear_impl(int64_t max_batch, int64_t in, int64_t out
 }
 
 void CudaBackend::linear_forward_impl(const Tensor& x, const Tensor& w, const Tensor* b,
-                                      const Tensor& y, bool relu) {
+                                      const Tensor& y, bool relu, const Tensor* w_bf16) {
   const LinearDims d = linear_dims(x, w, "linear_forward");
   activate();
-  const auto [xs, ws, none] = gemm_operands("linear_forward", &x, &w, nullptr);
+  const auto [xs, ws, none] = gemm_operands("linear_forward", &x, &w, nullptr, w_bf16);
   gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, d.out, d.n, d.in, ws, d.in, xs, d.in, y.f32(), d.out);
   finish_forward(y, b, d.n, d.out, 1, /*nhwc=*/true, relu);  // a row-major (N, OUT) matrix
 }
 
 void CudaBackend::linear_backward_impl(const Tensor& x, const Tensor& w, const Tensor& dy,
-                                       const Tensor* dx, const Tensor& dw, const Tensor* db) {
+                                       const Tensor* dx, const Tensor& dw, const Tensor* db,
+                                       const Tensor* w_bf16) {
   const LinearDims d = linear_dims(x, w, "linear_backward");
   activate();
   // In bf16 dw and db stay fp32 (db sums the rounded dy); w is read for dx only.
-  const auto [xs, ws, dys] = gemm_operands("linear_backward", &x, dx ? &w : nullptr, &dy);
+  const auto [xs, ws, dys] = gemm_operands("linear_backward", &x, dx ? &w : nullptr, &dy, w_bf16);
   if (dx != nullptr) {
     // dx^T (IN, N) = w^T (IN, OUT) dy^T (OUT, N)
     gemm(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, d.in, d.n, d.out, ws, d.in, dys, d.out, dx->f32(),

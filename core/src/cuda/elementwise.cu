@@ -93,7 +93,7 @@ __device__ __forceinline__ float bf16_nearest(float x) {
 
 /// The packed bf16 nearest to x (dp::round_bits_to_bf16's high half), and back.
 __device__ __forceinline__ uint16_t bf16_bits(float x) {
-  return static_cast<uint16_t>(dp::round_bits_to_bf16(__float_as_uint(x)) >> 16);
+  return dp::packed_bf16_bits(__float_as_uint(x));
 }
 __device__ __forceinline__ float widen_bf16(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);

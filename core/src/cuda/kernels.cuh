@@ -141,15 +141,17 @@ void small_conv_filter(const float* x, const uint16_t* dy, float* dw, const Smal
 /// PyTorch SGD over flat buffers (optimizer.cu): d = g + wd * p; buf = momentum * buf + d (when
 /// buf); p -= lr * (buf, or d + momentum * buf with Nesterov, or d). grads are not modified.
 /// With lr_row.table (width 1) the learning rate is read from it (NaN for a cursor outside it).
+/// packed (or null): the updated params rounded to bf16, packed (to_bf16's bits), in the same
+/// pass.
 void sgd_update(float* params, const float* grads, float* momentum_buf, int64_t n, float lr,
                 float momentum, float weight_decay, bool nesterov, DeviceRow lr_row,
-                cudaStream_t stream);
+                uint16_t* packed, cudaStream_t stream);
 /// PyTorch AdamW over flat buffers, with the step's scalars computed on the host: step_size =
 /// lr / (1 - beta1^t), decay = 1 - lr * wd, bias2_sqrt = sqrt(1 - beta2^t); or read from
-/// step_row (width 3, in that order) when it has a table.
+/// step_row (width 3, in that order) when it has a table. packed: as sgd_update's.
 void adamw_update(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
                   float step_size, float decay, float beta1, float beta2, float eps,
-                  float bias2_sqrt, DeviceRow step_row, cudaStream_t stream);
+                  float bias2_sqrt, DeviceRow step_row, uint16_t* packed, cudaStream_t stream);
 
 /// A gather's transform (dp::GatherTransform) as a kernel takes it, by value.
 constexpr int kMaxNormChannels = 16;  // dp::kMaxNormaliseChannels (dp/augment.hpp)

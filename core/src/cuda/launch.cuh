@@ -72,7 +72,7 @@ __device__ __forceinline__ void store_f32(float* p, I i, float v) {
 }
 template <typename I>
 __device__ __forceinline__ void store_f32(uint16_t* p, I i, float v) {
-  p[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(__float_as_uint(v)) >> 16);
+  p[i] = dp::packed_bf16_bits(__float_as_uint(v));
 }
 /// The four values at i (a multiple of 4) in one store; p aligned as for load4_f32.
 template <typename I>
@@ -82,7 +82,7 @@ __device__ __forceinline__ void store4_f32(float* p, I i, float4 v) {
 template <typename I>
 __device__ __forceinline__ void store4_f32(uint16_t* p, I i, float4 v) {
   const auto bits = [](float f) {
-    return static_cast<uint64_t>(dp::round_bits_to_bf16(__float_as_uint(f)) >> 16);
+    return static_cast<uint64_t>(dp::packed_bf16_bits(__float_as_uint(f)));
   };
   *reinterpret_cast<uint64_t*>(p + i) =
       bits(v.x) | bits(v.y) << 16 | bits(v.z) << 32 | bits(v.w) << 48;

@@ -105,7 +105,7 @@ void store(void* dst, const std::vector<float>& result, float alpha, float beta,
     } else {
       uint32_t bits = 0;
       std::memcpy(&bits, &v, sizeof(float));
-      static_cast<uint16_t*>(dst)[i] = static_cast<uint16_t>(dp::round_bits_to_bf16(bits) >> 16);
+      static_cast<uint16_t*>(dst)[i] = dp::packed_bf16_bits(bits);
     }
   }
 }
