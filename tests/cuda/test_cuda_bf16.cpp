@@ -442,6 +442,35 @@ TEST_CASE("cuda bf16 LeNet steps equal the cpu's bf16 steps up to summation orde
   }
 }
 
+TEST_CASE("cuda bf16 steps read the optimizer's packed weights: the bits of packing them anew",
+          "[cuda][train][bf16]") {
+  // The trainer keeps a packed bf16 copy of the parameters (ParamRegistry::param_bf16), which
+  // the optimizer's update writes and the next step's bf16 passes read. A free-running run
+  // must give the bits of a run whose parameters are uploaded again after every step
+  // (Trainer::set_parameters packs the copy from the fp32 values): a copy the update did not
+  // write, or wrote wrong, would be read by the second step of the first run only.
+  if (!dptest::fashion_mnist_subset().ok) {
+    DPTEST_SKIPPED("Fashion-MNIST not found (set DPRUN_DATA): skipping a bf16 training test");
+    return;
+  }
+  for (Layout layout : {Layout::nchw, Layout::nhwc}) {
+    INFO(dp::layout_name(layout));
+    dptest::TrainCase c = dptest::bf16_train_case();
+    c.options.layout = layout;
+    c.options.backend = dp::BackendKind::cuda;
+    bool packed = true;
+    const dptest::StepRun free_running = dptest::run_case(c, {}, [&](dp::Trainer& t, size_t) {
+      packed = packed && t.registry(0).params_bf16_flat() != nullptr;
+    });
+    CHECK(packed);  // the trainer keeps the copy on the GPU in bf16
+    const dptest::StepRun repacked =
+        dptest::run_case(c, {}, [](dp::Trainer& t, size_t) { t.set_parameters(t.parameters(0)); });
+    REQUIRE(free_running.steps() >= 2);
+    CHECK(free_running.losses == repacked.losses);
+    CHECK(free_running.after == repacked.after);
+  }
+}
+
 TEST_CASE(
     "cuda bf16 stores a convolution's output for its batch norm and a batch norm's output for its "
     "convolution as bf16 with the bits of f32 storage",

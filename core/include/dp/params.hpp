@@ -77,9 +77,11 @@ class ParamRegistry {
   /// more of the parameters' length for the optimizer's state (Optimizer::state_buffers()).
   /// With `packed_bf16`, a copy of the parameters rounded to bf16 and packed (2 bytes a value),
   /// which every upload writes and the optimizer's update keeps current (its params_bf16): the
-  /// filters that precision bf16's passes read (Conv2d gives it as conv_forward's w_bf16), so no
-  /// pass rounds them again. Writing parameters other than through upload_params or the
-  /// optimizer leaves it stale.
+  /// weights that precision bf16's passes read (Conv2d gives it as conv_forward's and
+  /// conv_backward_data's w_bf16, Linear as linear_forward's and linear_backward's), so no pass
+  /// rounds them again. It mirrors the flat parameters value for value, so each entry's copy
+  /// starts 32-byte aligned (the fp32 entries: 64). Writing parameters other than through
+  /// upload_params or the optimizer leaves it stale.
   /// Every gradient starts at 0: a convolution bias folded into a batch norm keeps that as its
   /// gradient, which no backward pass writes (Conv2d::bias_folded), so nothing may leave another
   /// value in a gradient it does not own. Freed by the destructor.
