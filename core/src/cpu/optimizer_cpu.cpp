@@ -12,14 +12,12 @@
 namespace dp::cpu {
 
 namespace {
-// The high half of v's rounding to bf16: its packed bits.
-uint16_t packed_bf16(float v) { return dp::packed_bf16_bits(std::bit_cast<uint32_t>(v)); }
 // params_bf16 (or nothing) = the parameters' rounding, packed.
 void pack_into(const float* w, const Tensor* params_bf16, int64_t n, int threads) {
   if (params_bf16 == nullptr) return;
   auto* out = static_cast<uint16_t*>(params_bf16->data);
 #pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = packed_bf16(w[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = dp::packed_bf16_bits(std::bit_cast<uint32_t>(w[i]));
 }
 }  // namespace
 
