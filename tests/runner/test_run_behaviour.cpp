@@ -3,9 +3,12 @@
 // trial asking for more GPUs than the machine has is skipped, the runner never initialises CUDA,
 // the launch options and --jobs auto on the command line, and experiments/lr-scaling.toml. Each
 // case is listed in tests/readme_claims.txt with the README sentence it holds.
+#include <dlfcn.h>
+#include <link.h>
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <sstream>
 
 #include "cli_helpers.hpp"
@@ -155,6 +158,43 @@ TEST_CASE("the runner never initialises CUDA, its trial processes do", "[cli][re
   INFO("the cuInit log:\n" << clitest::slurp(log));
   CHECK(trials == 2);  // the stand-in works: the processes that should, did
   CHECK(counts >= 1);
+#endif
+}
+
+TEST_CASE("dprun starts without loading cuBLAS, which a CUDA backend loads when it starts",
+          "[cli][cuda][readme]") {
+#ifndef DPRUN_TEST_FAKE_CUDA_DIR
+  DPTEST_SKIPPED("dprun built without CUDA: it has no cuBLAS to load");
+  return;
+#else
+  // libcublas (with libcublasLt) cost every process that loaded libdpcore 361 ms of CPU at
+  // startup: it is loaded on first use now (core/src/cuda/cublas_lazy.cpp). The loader's own
+  // account (LD_DEBUG=files) of a dprun command names every object it loads.
+  dptest::TempDir dir;
+  auto r = run({"--version"}, dir.path(), {"LD_DEBUG=files"});
+  DPRUN_REQUIRE_EXIT(r, 0);
+  CHECK_THAT(r.err, Contains("file=libcudnn.so"));  // the account lists what was loaded
+  CHECK_THAT(r.err, !Contains("libcublas"));
+  // In this process: what loads cuBLAS works (cuda_versions asks it its version, as a CUDA
+  // backend's start creates its handle), it is then loaded, and libdpcore exports none of the
+  // cuBLAS functions it defines (so it interposes on no other cuBLAS in the process).
+  const auto loaded = [] {
+    bool found = false;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* data) {
+          if (info->dlpi_name != nullptr &&
+              std::strstr(info->dlpi_name, "/libcublas.so") != nullptr)
+            *static_cast<bool*>(data) = true;
+          return 0;
+        },
+        &found);
+    return found;
+  };
+  CHECK(dlsym(RTLD_DEFAULT, "cublasCreate_v2") == nullptr);
+  const dp::CudaVersions v = dp::cuda_versions();
+  CHECK(v.cublas >= 110000);  // 11.0.0 or later, as major * 10000 + minor * 100 + patch
+  CHECK(loaded());
+  CHECK(dlsym(RTLD_DEFAULT, "cublasCreate_v2") == nullptr);
 #endif
 }
 

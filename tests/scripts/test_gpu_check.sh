@@ -22,6 +22,8 @@ cp "$SRC/scripts/gpu-check" "$SRC/scripts/gpu-record" "$SRC/scripts/catch-name-f
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
   t10k-labels-idx1-ubyte.gz; do : >"$T/repo/.gpu/data/$f"; done
 echo abc1234 >"$T/repo/.gpu/commit"
+echo libstandin_cublas.so.13 >"$T/repo/.gpu/dlopened"
+: >"$T/py/nvidia/cudnn/lib/libstandin_cublas.so.13"
 cat >"$T/bin/nvidia-smi" <<'SMI'
 #!/bin/sh
 case "$*" in
@@ -384,6 +386,14 @@ if command -v cc >/dev/null; then
 else
   echo "FAILED: no C compiler to build the unresolved-library case"; fails=$((fails + 1))
 fi
+
+# 2a. A library libdpcore loads itself (.gpu/dlopened) that cannot be found is a failure too.
+mv "$T/py/nvidia/cudnn/lib/libstandin_cublas.so.13" "$T/standin_cublas.keep"
+run
+rc=$?
+check "a dlopened library that is not found fails the run (exit $rc)" test $rc -ne 0
+check "the failure names it" grep -q "libstandin_cublas.so.13 (which libdpcore loads when a CUDA backend starts) not found" "$T/log"
+mv "$T/standin_cublas.keep" "$T/py/nvidia/cudnn/lib/libstandin_cublas.so.13"
 
 # 3. A bundle without test_core, missing data, a missing nvidia package, no GPU: each a failure
 #    with its reason.
