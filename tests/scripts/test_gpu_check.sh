@@ -394,6 +394,17 @@ rc=$?
 check "a dlopened library that is not found fails the run (exit $rc)" test $rc -ne 0
 check "the failure names it" grep -q "libstandin_cublas.so.13 (which libdpcore loads when a CUDA backend starts) not found" "$T/log"
 mv "$T/standin_cublas.keep" "$T/py/nvidia/cudnn/lib/libstandin_cublas.so.13"
+# ... and so is one whose own dependencies are not found (cuBLAS needs libcublasLt).
+if command -v cc >/dev/null; then
+  printf 'int helper(void);\nint uses_helper(void){return helper();}\n' >"$T/u.c"
+  cp "$T/py/nvidia/cudnn/lib/libstandin_cublas.so.13" "$T/standin_cublas.keep"
+  cc -shared -fPIC -o "$T/py/nvidia/cudnn/lib/libstandin_cublas.so.13" "$T/u.c" -L"$T" -lhelper
+  run
+  rc=$?
+  check "a dlopened library whose dependencies are missing fails the run (exit $rc)" test $rc -ne 0
+  check "the failure names the missing dependency" grep -q "libhelper.so => not found" "$T/log"
+  mv "$T/standin_cublas.keep" "$T/py/nvidia/cudnn/lib/libstandin_cublas.so.13"
+fi
 
 # 3. A bundle without test_core, missing data, a missing nvidia package, no GPU: each a failure
 #    with its reason.

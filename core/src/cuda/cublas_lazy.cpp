@@ -10,7 +10,7 @@
 // So libdpcore does not link it: the cuBLAS functions dprun calls are defined here, with the
 // headers' own declarations (extern "C": a signature that differs from cublas_api.h's fails to
 // compile), each forwarding to the function of that name in DPRUN_CUBLAS_SONAME, which the first
-// call loads (dlopen, RTLD_LOCAL). This file is compiled with hidden visibility: libdpcore does
+// call loads (dlopen, RTLD_LOCAL; by its soname, else at the path the build found it at). This file is compiled with hidden visibility: libdpcore does
 // not export these names, so it interposes on no other cuBLAS user in the process, and one that
 // loaded the same library first shares it (dlopen returns the loaded object). When the library
 // cannot be loaded, or lacks one of the functions, every call returns
@@ -23,8 +23,8 @@
 
 #include <string>
 
-#ifndef DPRUN_CUBLAS_SONAME
-#error "DPRUN_CUBLAS_SONAME (the soname of the libcublas the build's headers are of) is not defined"
+#if !defined(DPRUN_CUBLAS_SONAME) || !defined(DPRUN_CUBLAS_BUILD_PATH)
+#error "DPRUN_CUBLAS_SONAME and DPRUN_CUBLAS_BUILD_PATH (the libcublas of the build's headers) are not defined"
 #endif
 
 namespace {
@@ -62,11 +62,17 @@ const Cublas& cublas() {
     void* library = dlopen(DPRUN_CUBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (library == nullptr) {
       const char* why = dlerror();
-      c.failure = std::string("cuBLAS could not be loaded: ") + (why != nullptr ? why : "?") +
-                  " (dprun's CUDA backend loads " + DPRUN_CUBLAS_SONAME +
-                  " when it starts; put the folder that holds it, the CUDA toolkit's lib or the "
-                  "nvidia-cublas Python package's, on LD_LIBRARY_PATH)";
-      return c;
+      const std::string by_name = why != nullptr ? why : "?";
+      // Where the build found it (a toolkit whose cuBLAS is not beside its runtime).
+      library = dlopen(DPRUN_CUBLAS_BUILD_PATH, RTLD_NOW | RTLD_LOCAL);
+      if (library == nullptr) {
+        why = dlerror();
+        c.failure = "cuBLAS could not be loaded: " + by_name + "; " + (why != nullptr ? why : "?") +
+                    " (dprun's CUDA backend loads " + DPRUN_CUBLAS_SONAME +
+                    " when it starts; put the folder that holds it, the CUDA toolkit's lib or "
+                    "the nvidia-cublas Python package's, on LD_LIBRARY_PATH)";
+        return c;
+      }
     }
     resolve(library, "cublasCreate_v2", c.create, c.failure);
     resolve(library, "cublasDestroy_v2", c.destroy, c.failure);
