@@ -10,12 +10,13 @@
 // So libdpcore does not link it: the cuBLAS functions dprun calls are defined here, with the
 // headers' own declarations (extern "C": a signature that differs from cublas_api.h's fails to
 // compile), each forwarding to the function of that name in DPRUN_CUBLAS_SONAME, which the first
-// call loads (dlopen, RTLD_LOCAL; by its soname, else at the path the build found it at). This file is compiled with hidden visibility: libdpcore does
-// not export these names, so it interposes on no other cuBLAS user in the process, and one that
-// loaded the same library first shares it (dlopen returns the loaded object). When the library
-// cannot be loaded, or lacks one of the functions, every call returns
-// CUBLAS_STATUS_NOT_INITIALIZED and cublasGetStatusString says what failed, naming the file and
-// the loader's reason: a CUDA backend then fails to start with that message (CUBLAS_CHECK).
+// call loads (dlopen, RTLD_LOCAL; by its soname, else at the path the build found it at). This file
+// is compiled with hidden visibility: libdpcore does not export these names, so it interposes on no
+// other cuBLAS user in the process, and one that loaded the same library first shares it (dlopen
+// returns the loaded object). When the library cannot be loaded, or lacks one of the functions,
+// every call returns CUBLAS_STATUS_NOT_INITIALIZED and cublasGetStatusString says what failed,
+// naming the file and the loader's reason: a CUDA backend then fails to start with that message
+// (CUBLAS_CHECK).
 //
 // The emulated GPU (tests/kernel_emu) leaves this file out and links its fake cuBLAS instead.
 #include <cublas_v2.h>
@@ -24,7 +25,8 @@
 #include <string>
 
 #if !defined(DPRUN_CUBLAS_SONAME) || !defined(DPRUN_CUBLAS_BUILD_PATH)
-#error "DPRUN_CUBLAS_SONAME and DPRUN_CUBLAS_BUILD_PATH (the libcublas of the build's headers) are not defined"
+#error \
+    "DPRUN_CUBLAS_SONAME and DPRUN_CUBLAS_BUILD_PATH (the libcublas of the build's headers) are not defined"
 #endif
 
 namespace {
